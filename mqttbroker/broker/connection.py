@@ -1,0 +1,604 @@
+"""One network connection's state machine: CONNECT -> CONNACK, the QoS flows, SUBSCRIBE,
+keep alive, DISCONNECT, and the answer to every malformed or illegal packet.
+
+Sans-I/O. The transport edge calls :meth:`Connection.data_received` with whatever bytes arrived
+and :meth:`Connection.connection_lost` when the socket closes; the connection writes through a
+:class:`Link` (``write``, ``close``). Output is not written per packet: it is appended to a
+per-connection buffer and the broker flushes every buffer once per event-loop pass.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..protocol import fastpath, grammar
+from ..protocol import packets as pk
+from ..protocol.errors import MalformedPacket, MQTTError, PacketTooLarge, ProtocolError
+from ..protocol.packets import MQTT_5, PacketType
+from ..protocol.properties import PropertyId as Prop
+from ..protocol.reasons import CONNACK_CODES, ReasonCode, v311_connack_code
+from .message import Message
+from .topics import Subscription, parse_shared, valid_topic_filter, valid_topic_name
+
+if TYPE_CHECKING:
+    from .core import Broker
+    from .session import Session
+
+log = logging.getLogger("mqttbroker.connection")
+
+AWAIT_CONNECT = 0
+CONNECTED = 1
+CLOSED = 2
+
+_PUBLISH = PacketType.PUBLISH
+_PUBACK = PacketType.PUBACK
+_PUBREC = PacketType.PUBREC
+_PUBREL = PacketType.PUBREL
+_PUBCOMP = PacketType.PUBCOMP
+_PINGREQ = PacketType.PINGREQ
+_CONNECT = PacketType.CONNECT
+_SUBSCRIBE = PacketType.SUBSCRIBE
+_UNSUBSCRIBE = PacketType.UNSUBSCRIBE
+_DISCONNECT = PacketType.DISCONNECT
+_AUTH = PacketType.AUTH
+
+
+class Link(Protocol):
+    """What a connection needs from its transport."""
+
+    def write(self, data: bytes) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Connection:
+    __slots__ = (
+        "broker",
+        "link",
+        "peer",
+        "state",
+        "version",
+        "session",
+        "client_id",
+        "keep_alive",
+        "last_received",
+        "opened_at",
+        "send_quota",
+        "max_send_size",
+        "problem_info",
+        "paused",
+        "will",
+        "connect_expiry",
+        "_aliases",
+        "_pending",
+        "_pending_len",
+        "_need",
+        "_out",
+    )
+
+    def __init__(self, broker: Broker, link: Link, peer: str = "?") -> None:
+        self.broker = broker
+        self.link = link
+        self.peer = peer
+        self.state = AWAIT_CONNECT
+        self.version = MQTT_5
+        self.session: Session | None = None
+        self.client_id = ""
+        self.keep_alive = 0
+        now = broker.clock()
+        self.last_received = now
+        self.opened_at = now
+        self.send_quota = 65535  # the client's Receive Maximum, capped by max_inflight
+        self.max_send_size = 268_435_460  # the client's Maximum Packet Size
+        self.problem_info = True  # the client's Request Problem Information
+        self.paused = False  # the transport asked us to stop writing
+        self.will: pk.Will | None = None
+        self.connect_expiry = 0
+        self._aliases: dict[int, str] = {}
+        self._pending: list[bytes] = []  # bytes of an incomplete packet
+        self._pending_len = 0
+        self._need = 0  # bytes the incomplete packet needs in all, when known
+        self._out: list[bytes] = []
+
+    def __repr__(self) -> str:
+        return f"Connection({self.client_id or self.peer!r})"
+
+    # -- input ------------------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        """Parse every complete packet in ``data`` (plus what was left over) and act on it."""
+        if self.state == CLOSED:
+            return  # MQTT-3.1.4-6: nothing after a refused CONNECT is processed
+        self.last_received = self.broker.clock()
+        if self._pending:
+            self._pending.append(data)
+            self._pending_len += len(data)
+            if self._pending_len < self._need:
+                return
+            data = b"".join(self._pending)
+            self._pending.clear()
+            self._pending_len = self._need = 0
+        end = len(data)
+        pos = 0
+        limit = self.broker.options.max_packet_size
+        try:
+            while pos < end:
+                header = fastpath.read_fixed_header(data, pos, end)
+                if header is None:
+                    break
+                length, body = header
+                if body - pos + length > limit:
+                    raise PacketTooLarge(
+                        f"packet of {body - pos + length} bytes exceeds the maximum of {limit}"
+                    )
+                stop = body + length
+                if stop > end:
+                    self._need = stop - pos
+                    break
+                self._dispatch(data[pos], data, body, stop)
+                pos = stop
+                if self.state == CLOSED:
+                    return
+        except MQTTError as exc:
+            self._fail(exc)
+            return
+        except Exception:  # a bug of ours: log it, close this client, keep serving the others
+            log.exception("client %s: internal error while handling its packet", self._name())
+            self._fail(MQTTError("internal error", ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR))
+            return
+        if pos < end:
+            rest = data[pos:]
+            self._pending.append(rest)
+            self._pending_len = len(rest)
+
+    def _dispatch(self, first: int, data: bytes, body: int, stop: int) -> None:
+        ptype = first >> 4
+        if self.state != CONNECTED:
+            if ptype != _CONNECT:
+                raise ProtocolError("the first packet must be CONNECT")  # MQTT-3.1.0-1
+            self._on_connect(self._decode_connect(first, data[body:stop]))
+            return
+        if ptype == _PUBLISH:
+            self._on_publish(fastpath.decode_publish(first & 0x0F, data, body, stop, self.version))
+        elif _PUBACK <= ptype <= _PUBCOMP:
+            ack = fastpath.decode_ack(ptype, first & 0x0F, data, body, stop, self.version)
+            self._on_ack(ptype, ack)
+        elif ptype == _PINGREQ:
+            if first != 0xC0 or stop != body:
+                raise MalformedPacket("PINGREQ with flags or a body")
+            self._send(fastpath.PINGRESP)  # MQTT-3.12.4-1
+        elif ptype == _CONNECT:
+            raise ProtocolError("second CONNECT on one connection")  # MQTT-3.1.0-2
+        elif ptype == 0 or ptype in (
+            PacketType.CONNACK,
+            PacketType.SUBACK,
+            PacketType.UNSUBACK,
+            PacketType.PINGRESP,
+        ):
+            raise ProtocolError(f"a client may not send packet type {ptype}")
+        else:
+            packet = grammar.decode(ptype, first & 0x0F, data[body:stop], self.version)
+            if isinstance(packet, pk.Subscribe):
+                self._on_subscribe(packet)
+            elif isinstance(packet, pk.Unsubscribe):
+                self._on_unsubscribe(packet)
+            elif isinstance(packet, pk.Disconnect):
+                self._on_disconnect(packet)
+            else:
+                raise ProtocolError("AUTH without an Authentication Method in CONNECT")
+
+    def _decode_connect(self, first: int, body: bytes) -> pk.Connect:
+        # Learn the protocol level first so a failure is answered in the client's own version.
+        if body[:6] == b"\x00\x04MQTT" and len(body) > 6:
+            self.version = MQTT_5 if body[6] >= MQTT_5 else body[6]
+        elif body[:8] == b"\x00\x06MQIsdp":
+            self.version = pk.MQTT_3_1
+        packet = grammar.decode(_CONNECT, first & 0x0F, body, MQTT_5)
+        assert isinstance(packet, pk.Connect)
+        return packet
+
+    # -- CONNECT ----------------------------------------------------------------------------
+
+    def _on_connect(self, packet: pk.Connect) -> None:
+        broker = self.broker
+        opts = broker.options
+        self.version = version = packet.protocol_level
+        v5 = version == MQTT_5
+        props = packet.properties
+        client_id = packet.client_id
+        assigned = False
+        if not client_id:
+            if not v5 and not packet.clean_start:
+                raise MQTTError(
+                    "empty client id with a persistent session",
+                    ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
+                )  # 3.1.1 MQTT-3.1.3-8
+            client_id = broker.new_client_id()  # MQTT-3.1.3-6
+            assigned = True
+        will = packet.will
+        if will is not None:
+            if not valid_topic_name(will.topic):
+                raise MQTTError("invalid will topic", ReasonCode.TOPIC_NAME_INVALID)
+            if will.qos > opts.maximum_qos:
+                raise MQTTError("will QoS above the maximum", ReasonCode.QOS_NOT_SUPPORTED)
+            if will.retain and not opts.retain_available:
+                raise MQTTError("retained will not supported", ReasonCode.RETAIN_NOT_SUPPORTED)
+            if will.properties.get(Prop.PAYLOAD_FORMAT_INDICATOR) == 1:
+                _check_utf8_payload(will.payload)
+        if Prop.AUTHENTICATION_METHOD in props:
+            raise MQTTError(
+                "authentication method not supported", ReasonCode.BAD_AUTHENTICATION_METHOD
+            )  # MQTT-4.12.0-1
+        self.send_quota = min(props.get(Prop.RECEIVE_MAXIMUM, 65535), opts.max_inflight)
+        self.max_send_size = props.get(Prop.MAXIMUM_PACKET_SIZE, 268_435_460)
+        self.problem_info = props.get(Prop.REQUEST_PROBLEM_INFORMATION, 1) == 1
+        keep_alive = packet.keep_alive
+        server_keep_alive = None
+        if opts.max_keepalive and (keep_alive == 0 or keep_alive > opts.max_keepalive):
+            keep_alive = server_keep_alive = opts.max_keepalive
+        self.keep_alive = keep_alive
+        if v5:
+            requested = props.get(Prop.SESSION_EXPIRY_INTERVAL, 0)
+        else:
+            requested = 0 if packet.clean_start else 0xFFFFFFFF
+        expiry = min(requested, opts.max_session_expiry)
+        self.connect_expiry = expiry
+        self.client_id = client_id
+        self.will = will
+        session, present = broker.attach(self, client_id, packet.clean_start, expiry)
+        self.session = session
+        self.state = CONNECTED
+        if v5:
+            ack_props: dict[int, Any] = {}
+            if opts.receive_maximum != 65535:
+                ack_props[Prop.RECEIVE_MAXIMUM] = opts.receive_maximum
+            if opts.maximum_qos < 2:
+                ack_props[Prop.MAXIMUM_QOS] = opts.maximum_qos
+            if not opts.retain_available:
+                ack_props[Prop.RETAIN_AVAILABLE] = 0
+            ack_props[Prop.MAXIMUM_PACKET_SIZE] = opts.max_packet_size
+            if opts.topic_alias_maximum:
+                ack_props[Prop.TOPIC_ALIAS_MAXIMUM] = opts.topic_alias_maximum
+            if not opts.wildcard_subscriptions:
+                ack_props[Prop.WILDCARD_SUBSCRIPTION_AVAILABLE] = 0
+            if not opts.subscription_identifiers:
+                ack_props[Prop.SUBSCRIPTION_IDENTIFIER_AVAILABLE] = 0
+            if not opts.shared_subscriptions:
+                ack_props[Prop.SHARED_SUBSCRIPTION_AVAILABLE] = 0
+            if assigned:
+                ack_props[Prop.ASSIGNED_CLIENT_IDENTIFIER] = client_id  # MQTT-3.2.2-16
+            if server_keep_alive is not None:
+                ack_props[Prop.SERVER_KEEP_ALIVE] = server_keep_alive
+            if expiry != requested:
+                ack_props[Prop.SESSION_EXPIRY_INTERVAL] = expiry
+            self._send(grammar.encode(pk.Connack(present, 0, ack_props), MQTT_5))
+        else:
+            self._send(grammar.encode(pk.Connack(present, 0), version))
+        log.info(
+            "client %s connected from %s (MQTT %s, keep alive %ds, session %s)",
+            client_id,
+            self.peer,
+            "5.0" if v5 else "3.1.1" if version == 4 else "3.1",
+            keep_alive,
+            "resumed" if present else "new",
+        )
+        session.resend(broker.clock())
+
+    # -- PUBLISH from the client ------------------------------------------------------------
+
+    def _on_publish(self, packet: pk.Publish) -> None:
+        broker = self.broker
+        opts = broker.options
+        qos = packet.qos
+        if qos > opts.maximum_qos:
+            raise MQTTError(
+                f"PUBLISH at QoS {qos} above the maximum", ReasonCode.QOS_NOT_SUPPORTED
+            )  # MQTT-3.2.2-11
+        if packet.retain and not opts.retain_available:
+            raise MQTTError(
+                "retained PUBLISH not supported", ReasonCode.RETAIN_NOT_SUPPORTED
+            )  # MQTT-3.2.2-14
+        topic = packet.topic
+        props = packet.properties
+        if props:
+            alias = props.get(Prop.TOPIC_ALIAS)
+            if alias is not None:
+                if not 0 < alias <= opts.topic_alias_maximum:
+                    raise MQTTError(
+                        f"topic alias {alias} out of range", ReasonCode.TOPIC_ALIAS_INVALID
+                    )  # MQTT-3.3.2-9
+                if topic:
+                    self._aliases[alias] = topic
+                else:
+                    known = self._aliases.get(alias)
+                    if known is None:
+                        raise ProtocolError(f"topic alias {alias} has no mapping")
+                    topic = packet.topic = known
+            if Prop.SUBSCRIPTION_IDENTIFIER in props:
+                raise ProtocolError("PUBLISH from a client with a Subscription Identifier")
+            if props.get(Prop.PAYLOAD_FORMAT_INDICATOR) == 1:
+                try:
+                    _check_utf8_payload(packet.payload)
+                except MQTTError:
+                    if not qos:
+                        raise
+                    self._send(
+                        fastpath.encode_ack(
+                            _PUBACK if qos == 1 else _PUBREC,
+                            packet.packet_id or 0,
+                            ReasonCode.PAYLOAD_FORMAT_INVALID,
+                            None,
+                            self.version,
+                        )
+                    )
+                    return
+            if Prop.RESPONSE_TOPIC in props and not valid_topic_name(props[Prop.RESPONSE_TOPIC]):
+                raise ProtocolError("Response Topic is not a valid topic name")  # 3.3.2-14
+        router = broker.router
+        match = router.lookup(topic)
+        if match is None:
+            if not topic:
+                raise ProtocolError("PUBLISH with an empty topic and no topic alias")
+            raise MQTTError(f"invalid topic name {topic!r}", ReasonCode.TOPIC_NAME_INVALID)
+        session = self.session
+        assert session is not None
+        if qos == 2:
+            packet_id = packet.packet_id
+            assert packet_id is not None
+            waiting = session.awaiting_release
+            if packet_id not in waiting:
+                if len(waiting) >= opts.receive_maximum:
+                    raise MQTTError(
+                        "more unacknowledged QoS 2 messages than Receive Maximum",
+                        ReasonCode.RECEIVE_MAXIMUM_EXCEEDED,
+                    )  # MQTT-3.3.4-7
+                now = broker.clock()
+                router.publish(Message.from_publish(packet, now), match, session, now)
+                waiting.add(packet_id)
+            # else a resend before PUBREL: acknowledged again, not delivered twice (4.3.3-10)
+            self._send(fastpath.encode_ack(_PUBREC, packet_id, 0, None, self.version))
+            return
+        now = broker.clock()
+        count = router.publish(Message.from_publish(packet, now), match, session, now)
+        if qos:
+            code = ReasonCode.NO_MATCHING_SUBSCRIBERS if not count and self.version == MQTT_5 else 0
+            self._send(
+                fastpath.encode_ack(_PUBACK, packet.packet_id or 0, code, None, self.version)
+            )
+
+    # -- acknowledgements from the client ---------------------------------------------------
+
+    def _on_ack(self, ptype: int, ack: pk.Ack) -> None:
+        session = self.session
+        assert session is not None
+        packet_id = ack.packet_id
+        now = self.broker.clock()
+        if ptype == _PUBACK:
+            session.acknowledge(packet_id, now)
+        elif ptype == _PUBREC:
+            delivery = session.inflight.get(packet_id)
+            if delivery is None or delivery.qos != 2:
+                if self.version == MQTT_5 and ack.reason_code < 0x80:
+                    self.send_pubrel(packet_id, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND)
+            elif delivery.released or session.received(packet_id, ack.reason_code, now):
+                self.send_pubrel(packet_id)  # MQTT-4.3.3-4
+        elif ptype == _PUBREL:
+            known = packet_id in session.awaiting_release
+            session.awaiting_release.discard(packet_id)
+            code = 0 if known or self.version != MQTT_5 else ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
+            self._send(fastpath.encode_ack(_PUBCOMP, packet_id, code, None, self.version))
+        else:
+            session.completed(packet_id, now)
+
+    # -- SUBSCRIBE / UNSUBSCRIBE ------------------------------------------------------------
+
+    def _on_subscribe(self, packet: pk.Subscribe) -> None:
+        broker = self.broker
+        opts = broker.options
+        session = self.session
+        assert session is not None
+        v5 = self.version == MQTT_5
+        identifier = packet.properties.get(Prop.SUBSCRIPTION_IDENTIFIER)
+        if identifier is not None and not opts.subscription_identifiers:
+            raise MQTTError(
+                "subscription identifiers are not supported",
+                ReasonCode.SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED,
+            )
+        codes: list[int] = []
+        new_subs: list[tuple[Subscription, bool]] = []
+        for request in packet.subscriptions:
+            topic_filter = request.topic_filter
+            try:
+                shared = parse_shared(topic_filter)
+            except ValueError:
+                codes.append(ReasonCode.TOPIC_FILTER_INVALID if v5 else 0x80)
+                continue
+            inner = shared[1] if shared else topic_filter
+            if shared is None and not valid_topic_filter(topic_filter):
+                codes.append(ReasonCode.TOPIC_FILTER_INVALID if v5 else 0x80)
+                continue
+            if shared is not None:
+                if request.no_local:
+                    raise ProtocolError("No Local on a shared subscription")  # MQTT-3.8.3-4
+                if not opts.shared_subscriptions:
+                    codes.append(ReasonCode.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED if v5 else 0x80)
+                    continue
+            if not opts.wildcard_subscriptions and ("+" in inner or "#" in inner):
+                codes.append(ReasonCode.WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED if v5 else 0x80)
+                continue
+            qos = min(request.qos, opts.maximum_qos)
+            sub = Subscription(
+                session,
+                topic_filter,
+                qos,
+                no_local=request.no_local,
+                retain_as_published=request.retain_as_published,
+                retain_handling=request.retain_handling,
+                identifier=identifier,
+            )
+            existed = broker.router.subscribe(sub)
+            session.subscriptions[topic_filter] = sub
+            codes.append(qos)
+            new_subs.append((sub, existed))
+        self._send(grammar.encode(pk.Suback(packet.packet_id, codes), self.version))
+        now = broker.clock()
+        for sub, existed in new_subs:
+            # Retained messages after the SUBACK, per Retain Handling; never on a shared
+            # subscription (MQTT-3.3.1-9, -10, -11; 4.8.2).
+            if sub.share_group is None and (
+                sub.retain_handling == 0 or (sub.retain_handling == 1 and not existed)
+            ):
+                broker.router.send_retained(sub, now)
+
+    def _on_unsubscribe(self, packet: pk.Unsubscribe) -> None:
+        session = self.session
+        assert session is not None
+        codes: list[int] = []
+        for topic_filter in packet.topic_filters:
+            sub = session.subscriptions.pop(topic_filter, None)  # literal compare, MQTT-3.10.4-1
+            if sub is not None:
+                self.broker.router.unsubscribe(sub)
+                codes.append(ReasonCode.SUCCESS)
+            else:
+                codes.append(ReasonCode.NO_SUBSCRIPTION_EXISTED)
+        if self.version != MQTT_5:
+            codes = []
+        self._send(grammar.encode(pk.Unsuback(packet.packet_id, codes), self.version))
+
+    # -- DISCONNECT -------------------------------------------------------------------------
+
+    def _on_disconnect(self, packet: pk.Disconnect) -> None:
+        session = self.session
+        assert session is not None
+        expiry = packet.properties.get(Prop.SESSION_EXPIRY_INTERVAL)
+        if expiry is not None:
+            if self.connect_expiry == 0 and expiry != 0:
+                raise ProtocolError("Session Expiry Interval set on DISCONNECT after CONNECT had 0")
+            session.expiry_interval = min(expiry, self.broker.options.max_session_expiry)
+        keep_will = packet.reason_code == ReasonCode.DISCONNECT_WITH_WILL_MESSAGE
+        if not keep_will:
+            self.will = None  # MQTT-3.14.4-3
+        log.info("client %s disconnected (reason 0x%02X)", self.client_id, packet.reason_code)
+        self.close()
+
+    # -- output -----------------------------------------------------------------------------
+
+    def _send(self, data: bytes) -> None:
+        if self.state == CLOSED:
+            return
+        out = self._out
+        if not out:
+            self.broker.mark_dirty(self)
+        out.append(data)
+
+    def flush(self) -> None:
+        """Write everything buffered since the last flush in one call."""
+        out = self._out
+        if out:
+            data = out[0] if len(out) == 1 else b"".join(out)
+            out.clear()
+            self.link.write(data)
+
+    def send_publish(
+        self,
+        message: Message,
+        qos: int,
+        retain: bool,
+        dup: bool,
+        packet_id: int | None,
+        sub_ids: tuple[int, ...],
+        now: float,
+    ) -> bool:
+        """Queue one PUBLISH to the client; False if it exceeds the client's Maximum Packet
+        Size and was dropped instead (MQTT-3.1.2-24, -25)."""
+        data = message.encode(self.version, qos, retain, dup, packet_id, sub_ids, now)
+        if len(data) > self.max_send_size:
+            return False
+        if self.state != CLOSED:
+            out = self._out
+            if not out:
+                self.broker.mark_dirty(self)
+            out.append(data)
+        return True
+
+    def send_pubrel(self, packet_id: int, reason_code: int = 0) -> None:
+        self._send(fastpath.encode_ack(_PUBREL, packet_id, reason_code, None, self.version))
+
+    # -- closing ----------------------------------------------------------------------------
+
+    def _name(self) -> str:
+        return self.client_id or self.peer
+
+    def _fail(self, exc: MQTTError) -> None:
+        """Answer a violation per the spec, then close (MQTT-4.13.1-1)."""
+        code = exc.reason_code
+        log.warning("client %s: %s; closing (reason 0x%02X)", self._name(), exc.message, code)
+        if self.state == AWAIT_CONNECT:
+            if self.version == MQTT_5:
+                if code in CONNACK_CODES:
+                    props: dict[int, Any] = {Prop.REASON_STRING: exc.message} if exc.message else {}
+                    self._send(grammar.encode(pk.Connack(False, code, props), MQTT_5))
+            elif code in (
+                ReasonCode.UNSUPPORTED_PROTOCOL_VERSION,
+                ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
+                ReasonCode.BAD_USER_NAME_OR_PASSWORD,
+                ReasonCode.NOT_AUTHORIZED,
+                ReasonCode.SERVER_UNAVAILABLE,
+            ):
+                self._send(bytes((0x20, 2, 0, v311_connack_code(code))))
+            self.close(publish_will=False)
+        else:
+            self.disconnect(code, exc.message)
+
+    def disconnect(self, reason_code: int, reason: str = "", publish_will: bool = True) -> None:
+        """Server-initiated DISCONNECT (MQTT 5 only; 3.1.1 has none) and close."""
+        if self.state == CLOSED:
+            return
+        if self.version == MQTT_5 and self.state == CONNECTED:  # MQTT-3.14.0-1
+            props: dict[int, Any] = {}
+            if reason:
+                props[Prop.REASON_STRING] = reason
+            data = grammar.encode(pk.Disconnect(reason_code, props), MQTT_5)
+            if len(data) > self.max_send_size:  # MQTT-3.14.2-3
+                data = grammar.encode(pk.Disconnect(reason_code), MQTT_5)
+            self._send(data)
+        self.close(publish_will)
+
+    def close(self, publish_will: bool = True) -> None:
+        """Flush what is buffered, close the transport and detach from the session."""
+        if self.state == CLOSED:
+            return
+        self.state = CLOSED
+        self.flush()
+        self.link.close()
+        self.broker.connection_closed(self, publish_will)
+
+    def connection_lost(self) -> None:
+        """The transport closed under us (network failure, client vanished)."""
+        if self.state != CLOSED:
+            if self.state == CONNECTED:
+                log.info("client %s: connection lost", self.client_id)
+            self.state = CLOSED
+            self._out.clear()
+            self.broker.connection_closed(self, True)
+
+    # -- flow control from the transport ----------------------------------------------------
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        if self.session is not None and self.state == CONNECTED:
+            self.session.drain(self.broker.clock())
+
+
+def _check_utf8_payload(payload: bytes) -> None:
+    try:
+        payload.decode("utf-8")
+    except UnicodeDecodeError:
+        raise MQTTError(
+            "payload is not UTF-8 although its Payload Format Indicator says so",
+            ReasonCode.PAYLOAD_FORMAT_INVALID,
+        ) from None

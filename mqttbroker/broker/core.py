@@ -1,0 +1,189 @@
+"""The broker's state and the rules that span connections: the session registry (takeover, Clean
+Start, expiry), wills, keep alive, and the once-per-loop-pass flush of every connection's output.
+
+Sans-I/O: time comes from the injected ``clock``; the transport edge calls :meth:`Broker.tick`
+about once a second and sets :attr:`Broker.wake` to schedule :meth:`Broker.flush`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable
+
+from ..protocol.packets import MQTT_5, Will
+from ..protocol.properties import PropertyId as Prop
+from ..protocol.reasons import ReasonCode
+from .connection import AWAIT_CONNECT, Connection, Link
+from .message import Message
+from .options import BrokerOptions
+from .router import Router
+from .session import NEVER, Session
+
+log = logging.getLogger("mqttbroker.broker")
+
+_WILL_NOT_FORWARDED = (Prop.WILL_DELAY_INTERVAL, Prop.MESSAGE_EXPIRY_INTERVAL)
+
+
+class Broker:
+    def __init__(
+        self, options: BrokerOptions | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.options = options or BrokerOptions()
+        self.options.check()
+        self.clock = clock
+        self.sessions: dict[str, Session] = {}
+        self.connections: set[Connection] = set()
+        self.router = Router(self.options)
+        # Called when the first connection of a loop pass has output; the edge schedules
+        # flush() for the end of the pass. None: the caller flushes (tests do).
+        self.wake: Callable[[], None] | None = None
+        self._dirty: list[Connection] = []
+
+    # -- connections and output -------------------------------------------------------------
+
+    def connect(self, link: Link, peer: str = "?") -> Connection:
+        conn = Connection(self, link, peer)
+        self.connections.add(conn)
+        return conn
+
+    def mark_dirty(self, conn: Connection) -> None:
+        if not self._dirty and self.wake is not None:
+            self.wake()
+        self._dirty.append(conn)
+
+    def flush(self) -> None:
+        """Write each connection's buffered output in one call."""
+        dirty = self._dirty
+        self._dirty = []
+        for conn in dirty:
+            conn.flush()
+
+    # -- sessions ---------------------------------------------------------------------------
+
+    def new_client_id(self) -> str:
+        while True:
+            client_id = self.options.client_id_prefix + uuid.uuid4().hex[:20]
+            if client_id not in self.sessions:
+                return client_id
+
+    def attach(
+        self, conn: Connection, client_id: str, clean_start: bool, expiry: int
+    ) -> tuple[Session, bool]:
+        """Bind ``conn`` to the session of ``client_id``: take it over from an older connection
+        (MQTT-3.1.4-3), discard it on Clean Start (MQTT-3.1.2-4) or resume it (-5, -6).
+        Returns (session, session present)."""
+        now = self.clock()
+        session = self.sessions.get(client_id)
+        if session is not None and session.connection is not None:
+            session.connection.disconnect(
+                ReasonCode.SESSION_TAKEN_OVER, "another connection took over the session"
+            )
+            session = self.sessions.get(client_id)  # gone if its expiry was 0
+        if session is not None and clean_start:
+            self.end_session(session, now)
+            session = None
+        present = session is not None
+        if session is None:
+            session = self.sessions[client_id] = Session(client_id, self.options)
+        else:
+            session.will = None  # reconnected before the will delay ran out (MQTT-3.1.3-9)
+            session.will_due = None
+            session.expires_at = None
+        session.expiry_interval = expiry
+        session.connection = conn
+        return session, present
+
+    def connection_closed(self, conn: Connection, publish_will: bool) -> None:
+        self.connections.discard(conn)
+        session = conn.session
+        will = conn.will
+        conn.will = None
+        if session is None or session.connection is not conn:
+            return
+        session.connection = None
+        now = self.clock()
+        if will is not None and publish_will:
+            delay = (
+                will.properties.get(Prop.WILL_DELAY_INTERVAL, 0) if conn.version == MQTT_5 else 0
+            )
+            if delay and session.expiry_interval:
+                session.will = will  # MQTT-3.1.2-8: after the delay, or when the session ends
+                session.will_due = now + delay
+            else:
+                self.publish_will(will, session, now)
+        if session.expiry_interval == 0:
+            self.end_session(session, now)
+        elif session.expiry_interval != NEVER:
+            session.expires_at = now + session.expiry_interval
+
+    def end_session(self, session: Session, now: float) -> None:
+        """Remove a session with its subscriptions and queue (MQTT-4.1.0-2); a will still
+        waiting out its delay is published now."""
+        if self.sessions.get(session.client_id) is session:
+            del self.sessions[session.client_id]
+        for sub in session.subscriptions.values():
+            self.router.unsubscribe(sub)
+        session.subscriptions.clear()
+        session.queue.clear()
+        session.inflight.clear()
+        if session.will is not None:
+            will = session.will
+            session.will = session.will_due = None
+            self.publish_will(will, session, now)
+
+    def publish_will(self, will: Will, session: Session, now: float) -> None:
+        props = will.properties
+        expires_at = None
+        if props:
+            interval = props.get(Prop.MESSAGE_EXPIRY_INTERVAL)
+            if interval is not None:
+                expires_at = now + interval
+            props = {k: v for k, v in props.items() if k not in _WILL_NOT_FORWARDED}
+        message = Message(will.topic, will.payload, will.qos, will.retain, props, expires_at)
+        match = self.router.lookup(will.topic)
+        if match is not None:
+            log.info("publishing the will of %s on %r", session.client_id, will.topic)
+            self.router.publish(message, match, session, now)
+
+    # -- time -------------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        """Enforce time: CONNECT timeout, keep alive (MQTT-3.1.2-22), delayed wills, session
+        expiry. Called by the edge about once a second."""
+        now = self.clock()
+        opts = self.options
+        for conn in list(self.connections):
+            if conn.state == AWAIT_CONNECT:
+                if now - conn.opened_at > opts.connect_timeout:
+                    log.info(
+                        "connection from %s sent no CONNECT in %gs; closing",
+                        conn.peer,
+                        opts.connect_timeout,
+                    )
+                    conn.close(publish_will=False)
+            elif conn.keep_alive and now - conn.last_received > 1.5 * conn.keep_alive:
+                log.info(
+                    "client %s: keep alive of %ds ran out; closing", conn.client_id, conn.keep_alive
+                )
+                conn.disconnect(ReasonCode.KEEP_ALIVE_TIMEOUT, "keep alive timeout")
+        for session in list(self.sessions.values()):
+            if session.connection is not None:
+                continue
+            if session.will_due is not None and now >= session.will_due:
+                will = session.will
+                session.will = session.will_due = None
+                if will is not None:
+                    self.publish_will(will, session, now)
+            if session.expires_at is not None and now >= session.expires_at:
+                log.info("session %s expired", session.client_id)
+                self.end_session(session, now)
+
+    def shutdown(self) -> None:
+        """Tell every MQTT 5 client the server is shutting down (0x8B) and close them all."""
+        for conn in list(self.connections):
+            conn.disconnect(
+                ReasonCode.SERVER_SHUTTING_DOWN, "server shutting down", publish_will=False
+            )
+        self.flush()

@@ -1,0 +1,119 @@
+"""An application message as the broker routes it: received once, encoded once per shape.
+
+A QoS 0 delivery with no per-subscriber properties is the same bytes for every subscriber, so
+they are built once and cached on the message; QoS 1/2 deliveries differ only in the packet id.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..protocol.fastpath import encode_properties, encode_publish_raw, encode_topic
+from ..protocol.packets import MQTT_5, Publish
+from ..protocol.properties import PropertyId
+
+_EXPIRY = PropertyId.MESSAGE_EXPIRY_INTERVAL
+_SUB_ID = PropertyId.SUBSCRIPTION_IDENTIFIER
+_NOT_FORWARDED = (PropertyId.TOPIC_ALIAS, PropertyId.SUBSCRIPTION_IDENTIFIER, _EXPIRY)
+
+
+class Message:
+    __slots__ = (
+        "topic",
+        "payload",
+        "qos",
+        "retain",
+        "properties",
+        "expires_at",
+        "topic_bytes",
+        "_props5",
+        "_q0",
+    )
+
+    def __init__(
+        self,
+        topic: str,
+        payload: bytes,
+        qos: int = 0,
+        retain: bool = False,
+        properties: dict[int, Any] | None = None,
+        expires_at: float | None = None,
+    ) -> None:
+        self.topic = topic
+        self.payload = payload
+        self.qos = qos
+        self.retain = retain
+        # Properties forwarded to subscribers (MQTT-3.3.2-4, -15..-20), without Topic Alias,
+        # Subscription Identifier and Message Expiry Interval, which are set per delivery.
+        self.properties = properties if properties is not None else {}
+        self.expires_at = expires_at
+        self.topic_bytes = encode_topic(topic)
+        self._props5: bytes | None = None
+        self._q0: dict[int, bytes] = {}
+
+    @classmethod
+    def from_publish(cls, packet: Publish, now: float) -> Message:
+        props = packet.properties
+        expires_at = None
+        if props:
+            interval = props.get(_EXPIRY)
+            if interval is not None:
+                expires_at = now + interval
+            if _EXPIRY in props or PropertyId.TOPIC_ALIAS in props or _SUB_ID in props:
+                props = {k: v for k, v in props.items() if k not in _NOT_FORWARDED}
+        return cls(packet.topic, packet.payload, packet.qos, packet.retain, props, expires_at)
+
+    def expired(self, now: float) -> bool:
+        return self.expires_at is not None and now >= self.expires_at
+
+    def remaining_expiry(self, now: float) -> int | None:
+        if self.expires_at is None:
+            return None
+        return max(0, math.ceil(self.expires_at - now))
+
+    def _properties_v5(self, sub_ids: tuple[int, ...], now: float) -> bytes:
+        if not sub_ids and self.expires_at is None:
+            cached = self._props5
+            if cached is None:
+                cached = self._props5 = encode_properties(self.properties)
+            return cached
+        props = dict(self.properties)
+        if self.expires_at is not None:
+            props[_EXPIRY] = self.remaining_expiry(now)  # MQTT-3.3.2-6
+        if sub_ids:
+            props[_SUB_ID] = list(sub_ids)
+        return encode_properties(props)
+
+    def encode(
+        self,
+        version: int,
+        qos: int,
+        retain: bool,
+        dup: bool,
+        packet_id: int | None,
+        sub_ids: tuple[int, ...],
+        now: float,
+    ) -> bytes:
+        """The PUBLISH packet for one delivery."""
+        if not qos and not sub_ids and self.expires_at is None:
+            key = version * 2 + retain
+            data = self._q0.get(key)
+            if data is None:
+                props = self._properties_v5((), now) if version == MQTT_5 else None
+                data = self._q0[key] = encode_publish_raw(
+                    retain, self.topic_bytes, None, props, self.payload
+                )
+            return data
+        props = self._properties_v5(sub_ids, now) if version == MQTT_5 else None
+        flags = (dup << 3) | (qos << 1) | retain
+        return encode_publish_raw(
+            flags, self.topic_bytes, packet_id if qos else None, props, self.payload
+        )
+
+    @property
+    def size(self) -> int:
+        return len(self.payload) + len(self.topic_bytes)
+
+    def __repr__(self) -> str:
+        return f"Message({self.topic!r}, {len(self.payload)} bytes, qos={self.qos}, retain={self.retain})"

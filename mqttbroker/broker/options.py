@@ -1,0 +1,64 @@
+"""The broker's limits and feature switches, with the defaults a fresh install runs with. The
+TOML config's ``[broker]`` table maps onto these fields one to one (see config.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class BrokerOptions:
+    # Largest packet accepted from a client, fixed header included (0x95 past it). Announced as
+    # Maximum Packet Size in CONNACK.
+    max_packet_size: int = 1_048_576
+    # Receive Maximum announced to clients: QoS 1/2 PUBLISHes a client may have unacknowledged.
+    receive_maximum: int = 1024
+    # Topic Alias Maximum announced to clients (0 disables inbound aliases).
+    topic_alias_maximum: int = 64
+    # Highest QoS accepted from publishers (Maximum QoS in CONNACK); subscriptions are granted at most this.
+    maximum_qos: int = 2
+    retain_available: bool = True
+    wildcard_subscriptions: bool = True
+    subscription_identifiers: bool = True
+    shared_subscriptions: bool = True
+    # Largest keep alive a client may ask for; 0 = no limit. A client asking for more (or for 0)
+    # is told this value as Server Keep Alive.
+    max_keepalive: int = 0
+    # Seconds a new connection has to send its CONNECT.
+    connect_timeout: float = 10.0
+    # Largest Session Expiry Interval granted (seconds); 3.1.1 persistent sessions get this too.
+    max_session_expiry: int = 0xFFFFFFFF
+    # Offline queue bounds per session; QoS 0 is queued for offline sessions only if enabled.
+    max_queued_messages: int = 1000
+    max_queued_bytes: int = 16 * 1_048_576
+    queue_qos0: bool = False
+    # Largest number of unacknowledged QoS 1/2 messages sent to one client (further capped by the
+    # client's own Receive Maximum).
+    max_inflight: int = 65535
+    # Match-cache entries (topic -> matching subscriptions) kept before the cache is cleared.
+    match_cache_size: int = 65536
+    # Prefix of generated client identifiers.
+    client_id_prefix: str = "auto-"
+
+    def check(self) -> None:
+        """Raise ValueError naming the field whose value is out of range."""
+        if not 0 < self.max_packet_size <= 268_435_460:
+            raise ValueError("max_packet_size must be between 1 and 268435460")
+        if not 0 < self.receive_maximum <= 65535:
+            raise ValueError("receive_maximum must be between 1 and 65535")
+        if not 0 <= self.topic_alias_maximum <= 65535:
+            raise ValueError("topic_alias_maximum must be between 0 and 65535")
+        if self.maximum_qos not in (0, 1, 2):
+            raise ValueError("maximum_qos must be 0, 1 or 2")
+        if not 0 <= self.max_keepalive <= 65535:
+            raise ValueError("max_keepalive must be between 0 and 65535")
+        if self.connect_timeout <= 0:
+            raise ValueError("connect_timeout must be positive")
+        if not 0 <= self.max_session_expiry <= 0xFFFFFFFF:
+            raise ValueError("max_session_expiry must be between 0 and 4294967295")
+        if self.max_queued_messages < 0 or self.max_queued_bytes < 0:
+            raise ValueError("max_queued_messages and max_queued_bytes must not be negative")
+        if not 0 < self.max_inflight <= 65535:
+            raise ValueError("max_inflight must be between 1 and 65535")
+        if self.match_cache_size < 0:
+            raise ValueError("match_cache_size must not be negative")

@@ -1,0 +1,114 @@
+"""The retained-message store (section 3.3.1.3): at most one message per topic, kept in a tree of
+topic levels so that a wildcard subscription walks only the matching branches."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from .message import Message
+
+
+class _Node:
+    __slots__ = ("children", "message")
+
+    def __init__(self) -> None:
+        self.children: dict[str, _Node] = {}
+        self.message: Message | None = None
+
+
+class RetainedStore:
+    def __init__(self) -> None:
+        self._root = _Node()
+        self.count = 0
+
+    def store(self, message: Message) -> None:
+        """Keep ``message`` as its topic's retained message, or clear the topic if the payload is
+        empty (MQTT-3.3.1-5, -6, -7)."""
+        levels = message.topic.split("/")
+        if not message.payload:
+            self._clear(levels)
+            return
+        node = self._root
+        for level in levels:
+            child = node.children.get(level)
+            if child is None:
+                child = node.children[level] = _Node()
+            node = child
+        if node.message is None:
+            self.count += 1
+        node.message = message
+
+    def _clear(self, levels: list[str]) -> None:
+        path = [self._root]
+        for level in levels:
+            child = path[-1].children.get(level)
+            if child is None:
+                return
+            path.append(child)
+        if path[-1].message is not None:
+            path[-1].message = None
+            self.count -= 1
+        for depth in range(len(levels), 0, -1):
+            if path[depth].message is not None or path[depth].children:
+                break
+            del path[depth - 1].children[levels[depth - 1]]
+
+    def get(self, topic: str) -> Message | None:
+        node = self._root
+        for level in topic.split("/"):
+            child = node.children.get(level)
+            if child is None:
+                return None
+            node = child
+        return node.message
+
+    def match(self, topic_filter: str, now: float) -> Iterator[Message]:
+        """Retained messages whose topic matches ``topic_filter``; expired ones are removed
+        instead of returned."""
+        expired: list[Message] = []
+        for message in self._walk(self._root, topic_filter.split("/"), 0):
+            if message.expired(now):
+                expired.append(message)
+            else:
+                yield message
+        for message in expired:
+            self._clear(message.topic.split("/"))
+
+    def _walk(self, node: _Node, levels: list[str], index: int) -> Iterator[Message]:
+        if index == len(levels):
+            if node.message is not None:
+                yield node.message
+            return
+        level = levels[index]
+        top = index == 0
+        if level == "#":
+            yield from self._subtree(node, skip_dollar=top, include_self=not top)
+        elif level == "+":
+            for name, child in list(node.children.items()):
+                if top and name.startswith("$"):
+                    continue  # MQTT-4.7.2-1
+                yield from self._walk(child, levels, index + 1)
+        else:
+            exact = node.children.get(level)
+            if exact is not None:
+                yield from self._walk(exact, levels, index + 1)
+
+    def _subtree(self, node: _Node, skip_dollar: bool, include_self: bool) -> Iterator[Message]:
+        if include_self and node.message is not None:
+            yield node.message  # "a/#" matches "a" itself
+        stack = [
+            child
+            for name, child in node.children.items()
+            if not (skip_dollar and name.startswith("$"))
+        ]
+        while stack:
+            current = stack.pop()
+            if current.message is not None:
+                yield current.message
+            stack.extend(current.children.values())
+
+    def __iter__(self) -> Iterator[Message]:
+        return self._subtree(self._root, skip_dollar=False, include_self=False)
+
+    def __len__(self) -> int:
+        return self.count

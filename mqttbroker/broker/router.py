@@ -1,0 +1,114 @@
+"""PUBLISH fan-out: match the topic, apply each subscription's options, hand the message to each
+matching session once.
+
+A match cache maps a topic name to its matching subscriptions. A hit also stands for "this topic
+name was validated", so the per-message cost of a repeated topic is one dict lookup. The cache is
+cleared on every subscription change and when it grows past its bound.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .message import Message
+from .options import BrokerOptions
+from .retained import RetainedStore
+from .topics import Match, Subscription, SubscriptionTrie, valid_topic_name
+
+if TYPE_CHECKING:
+    from .session import Session
+
+
+class Router:
+    def __init__(self, options: BrokerOptions) -> None:
+        self.options = options
+        self.trie = SubscriptionTrie()
+        self.retained = RetainedStore()
+        self._cache: dict[str, Match] = {}
+        self.published = 0
+        self.delivered = 0
+
+    def subscribe(self, sub: Subscription) -> bool:
+        """Add or replace ``sub``; True if it replaced one (MQTT-3.8.4-3)."""
+        self._cache.clear()
+        return self.trie.add(sub)
+
+    def unsubscribe(self, sub: Subscription) -> bool:
+        self._cache.clear()
+        return self.trie.remove(sub)
+
+    def lookup(self, topic: str) -> Match | None:
+        """The subscriptions matching ``topic``, or None if it is not a valid Topic Name."""
+        match = self._cache.get(topic)
+        if match is None:
+            if not valid_topic_name(topic):
+                return None
+            match = self.trie.match(topic)
+            cache = self._cache
+            if len(cache) >= self.options.match_cache_size:
+                cache.clear()
+            cache[topic] = match
+        return match
+
+    def publish(self, message: Message, match: Match, publisher: Session | None, now: float) -> int:
+        """Store if retained, then deliver to every matching session; returns how many sessions
+        it was handed to."""
+        if message.retain:
+            self.retained.store(message)
+        self.published += 1
+        targets, groups = match
+        count = 0
+        msg_qos = message.qos
+        retain = message.retain
+        for session, subs in targets:
+            if len(subs) == 1:
+                sub = subs[0]
+                if sub.no_local and session is publisher:
+                    continue  # MQTT-3.8.3-3
+                qos = sub.qos if sub.qos < msg_qos else msg_qos  # MQTT-3.8.4-8
+                ident = sub.identifier
+                session.deliver(
+                    message, qos, retain and sub.retain_as_published, (ident,) if ident else (), now
+                )
+                count += 1
+            else:
+                # Overlapping subscriptions of one client: one copy at the highest QoS, carrying
+                # every matching Subscription Identifier (MQTT-3.3.4-2, -3, -4).
+                qos = -1
+                rap = False
+                ids: list[int] = []
+                for sub in subs:
+                    if sub.no_local and session is publisher:
+                        continue
+                    if sub.qos > qos:
+                        qos = sub.qos
+                    rap = rap or sub.retain_as_published
+                    if sub.identifier:
+                        ids.append(sub.identifier)
+                if qos < 0:
+                    continue
+                session.deliver(message, min(qos, msg_qos), retain and rap, tuple(ids), now)
+                count += 1
+        for group in groups:
+            member = group.pick()
+            if member is None:
+                continue
+            ident = member.identifier
+            member.session.deliver(
+                message,
+                min(member.qos, msg_qos),
+                retain and member.retain_as_published,
+                (ident,) if ident else (),
+                now,
+            )
+            count += 1
+        self.delivered += count
+        return count
+
+    def send_retained(self, sub: Subscription, now: float) -> None:
+        """Deliver the retained messages matching a new subscription, RETAIN set (MQTT-3.3.1-9)."""
+        session = sub.session
+        ident = sub.identifier
+        ids = (ident,) if ident else ()
+        for message in list(self.retained.match(sub.filter, now)):
+            session.deliver(message, min(sub.qos, message.qos), True, ids, now)

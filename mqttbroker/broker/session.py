@@ -1,0 +1,220 @@
+"""One client's session state (section 4.1): subscriptions, the QoS 1/2 messages in flight to it,
+the queue of messages waiting for it, the QoS 2 packet ids it has sent and not yet released, its
+expiry and its will. It lives on while the client is away, for the Session Expiry Interval.
+
+Sans-I/O: a session talks to its client only through ``self.connection`` (a
+:class:`~mqttbroker.broker.connection.Connection`, or None while the client is away).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from typing import TYPE_CHECKING
+
+from .message import Message
+from .options import BrokerOptions
+from .topics import Subscription
+
+if TYPE_CHECKING:
+    from ..protocol.packets import Will
+    from .connection import Connection
+
+log = logging.getLogger("mqttbroker.session")
+
+NEVER = 0xFFFFFFFF
+
+
+class Delivery:
+    """One message on its way to one session: queued, or in flight under a packet id."""
+
+    __slots__ = ("message", "qos", "retain", "sub_ids", "released")
+
+    def __init__(self, message: Message, qos: int, retain: bool, sub_ids: tuple[int, ...]) -> None:
+        self.message = message
+        self.qos = qos
+        self.retain = retain
+        self.sub_ids = sub_ids
+        self.released = False  # QoS 2: PUBREC received and PUBREL sent; awaiting PUBCOMP
+
+
+class Session:
+    __slots__ = (
+        "client_id",
+        "options",
+        "subscriptions",
+        "connection",
+        "expiry_interval",
+        "expires_at",
+        "inflight",
+        "queue",
+        "queued_bytes",
+        "next_packet_id",
+        "awaiting_release",
+        "will",
+        "will_due",
+        "dropped",
+        "_drop_logged",
+    )
+
+    def __init__(self, client_id: str, options: BrokerOptions) -> None:
+        self.client_id = client_id
+        self.options = options
+        self.subscriptions: dict[str, Subscription] = {}
+        self.connection: Connection | None = None
+        self.expiry_interval = 0
+        self.expires_at: float | None = None  # set while the client is away
+        self.inflight: dict[int, Delivery] = {}  # insertion order is sending order
+        self.queue: deque[Delivery] = deque()
+        self.queued_bytes = 0
+        self.next_packet_id = 1
+        self.awaiting_release: set[int] = set()  # inbound QoS 2 ids before PUBREL
+        self.will: Will | None = None  # a will waiting out its Will Delay Interval
+        self.will_due: float | None = None
+        self.dropped = 0
+        self._drop_logged = 0
+
+    # -- delivery ---------------------------------------------------------------------------
+
+    def deliver(
+        self, message: Message, qos: int, retain: bool, sub_ids: tuple[int, ...], now: float
+    ) -> None:
+        """Hand one matched message to this session (MQTT-4.5.0-1)."""
+        conn = self.connection
+        if conn is None or conn.paused:
+            if qos or self.options.queue_qos0:
+                self._enqueue(Delivery(message, qos, retain, sub_ids))
+            elif conn is not None:
+                self._count_drop("client is not reading")
+            return
+        if not qos:
+            conn.send_publish(message, 0, retain, False, None, sub_ids, now)
+        elif not self.queue and len(self.inflight) < conn.send_quota:
+            self._start(Delivery(message, qos, retain, sub_ids), conn, now)
+        else:
+            self._enqueue(Delivery(message, qos, retain, sub_ids))
+
+    def _start(self, delivery: Delivery, conn: Connection, now: float) -> None:
+        packet_id = self._allocate_packet_id()
+        msg = delivery.message
+        if conn.send_publish(
+            msg, delivery.qos, delivery.retain, False, packet_id, delivery.sub_ids, now
+        ):
+            self.inflight[packet_id] = delivery
+        # else: too large for this client; dropped as though delivered (MQTT-3.1.2-25)
+
+    def _allocate_packet_id(self) -> int:
+        """A non-zero id not in use by a message in flight (MQTT-2.2.1-4)."""
+        packet_id = self.next_packet_id
+        inflight = self.inflight
+        while packet_id in inflight:
+            packet_id = packet_id % 65535 + 1
+        self.next_packet_id = packet_id % 65535 + 1
+        return packet_id
+
+    def _enqueue(self, delivery: Delivery) -> None:
+        opts = self.options
+        size = delivery.message.size
+        if (
+            len(self.queue) >= opts.max_queued_messages
+            or self.queued_bytes + size > opts.max_queued_bytes
+        ):
+            self._count_drop("offline queue full")
+            return
+        self.queue.append(delivery)
+        self.queued_bytes += size
+
+    def _count_drop(self, why: str) -> None:
+        self.dropped += 1
+        # One log line per burst: at the first drop, then at every power of two.
+        if self.dropped >= self._drop_logged * 2 or not self._drop_logged:
+            self._drop_logged = self.dropped
+            log.warning(
+                "session %s: message dropped (%s); %d dropped so far",
+                self.client_id,
+                why,
+                self.dropped,
+            )
+
+    def drain(self, now: float) -> None:
+        """Send queued messages while the client's receive window allows (MQTT-3.3.4-9)."""
+        conn = self.connection
+        queue = self.queue
+        if conn is None:
+            return
+        quota = conn.send_quota
+        inflight = self.inflight
+        while queue and not conn.paused:
+            delivery = queue[0]
+            if delivery.qos and len(inflight) >= quota:
+                break
+            queue.popleft()
+            self.queued_bytes -= delivery.message.size
+            if delivery.message.expired(now):
+                continue  # MQTT-3.3.2-5
+            if delivery.qos:
+                self._start(delivery, conn, now)
+            else:
+                conn.send_publish(
+                    delivery.message, 0, delivery.retain, False, None, delivery.sub_ids, now
+                )
+
+    def resend(self, now: float) -> None:
+        """On resuming a session: every unacknowledged PUBLISH again with DUP set, and every
+        PUBREL, in their original order (MQTT-4.4.0-1); then the queue."""
+        conn = self.connection
+        if conn is None:
+            return
+        for packet_id, delivery in list(self.inflight.items()):
+            if delivery.released:
+                conn.send_pubrel(packet_id)
+            elif not conn.send_publish(
+                delivery.message,
+                delivery.qos,
+                delivery.retain,
+                True,
+                packet_id,
+                delivery.sub_ids,
+                now,
+            ):
+                del self.inflight[packet_id]
+        self.drain(now)
+
+    # -- acknowledgements from the client ---------------------------------------------------
+
+    def acknowledge(self, packet_id: int, now: float) -> bool:
+        """PUBACK: the QoS 1 message is delivered. False if no QoS 1 message had that id."""
+        delivery = self.inflight.get(packet_id)
+        if delivery is None or delivery.qos != 1:
+            return False
+        del self.inflight[packet_id]
+        if self.queue:
+            self.drain(now)
+        return True
+
+    def received(self, packet_id: int, reason_code: int, now: float) -> bool:
+        """PUBREC: returns True if a PUBREL is to be sent for ``packet_id``."""
+        delivery = self.inflight.get(packet_id)
+        if delivery is None or delivery.qos != 2:
+            return False
+        if reason_code >= 0x80:  # refused: acknowledged, not retransmitted (MQTT-4.4.0-2)
+            del self.inflight[packet_id]
+            if self.queue:
+                self.drain(now)
+            return False
+        delivery.released = True
+        return True
+
+    def completed(self, packet_id: int, now: float) -> bool:
+        """PUBCOMP: the QoS 2 exchange is over."""
+        delivery = self.inflight.get(packet_id)
+        if delivery is None or not delivery.released:
+            return False
+        del self.inflight[packet_id]
+        if self.queue:
+            self.drain(now)
+        return True
+
+    def __repr__(self) -> str:
+        state = "online" if self.connection else "offline"
+        return f"Session({self.client_id!r}, {state}, {len(self.subscriptions)} subscriptions)"

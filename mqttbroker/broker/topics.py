@@ -1,0 +1,274 @@
+"""Topic names and filters (section 4.7), shared-subscription names (4.8.2), and the subscription
+trie the router matches against.
+
+The trie has one node per topic level, children in a dict keyed by the level's text; a node holds
+the subscriptions whose filter ends there, keyed by client id, and the shared-subscription groups
+whose filter ends there. A match walks only the branches that can match: the literal level, ``+``
+and ``#``. Never a scan of all subscriptions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .session import Session
+
+SHARE_PREFIX = "$share/"
+
+
+def valid_topic_name(topic: str) -> bool:
+    """A Topic Name: at least one character, no wildcards (MQTT-4.7.0-1, -4.7.3-1). U+0000 and the
+    65,535-byte limit are enforced by the codec."""
+    return bool(topic) and "+" not in topic and "#" not in topic
+
+
+def valid_topic_filter(topic_filter: str) -> bool:
+    """A Topic Filter: '#' alone in the last level, '+' alone in its level (MQTT-4.7.1-1, -2)."""
+    if not topic_filter:
+        return False
+    if "+" not in topic_filter and "#" not in topic_filter:
+        return True
+    levels = topic_filter.split("/")
+    last = len(levels) - 1
+    for index, level in enumerate(levels):
+        if "#" in level and (level != "#" or index != last):
+            return False
+        if "+" in level and level != "+":
+            return False
+    return True
+
+
+def parse_shared(topic_filter: str) -> tuple[str, str] | None:
+    """Split ``$share/<group>/<filter>`` into (group, filter); None if not a shared filter.
+    Raises ValueError if it is one but malformed (MQTT-4.8.2-1, -2)."""
+    if not topic_filter.startswith(SHARE_PREFIX):
+        return None
+    rest = topic_filter[len(SHARE_PREFIX) :]
+    group, sep, inner = rest.partition("/")
+    if not group or not sep or "+" in group or "#" in group:
+        raise ValueError("malformed shared subscription name")
+    if not valid_topic_filter(inner):
+        raise ValueError("malformed topic filter in shared subscription")
+    return group, inner
+
+
+def matches(topic_filter: str, topic: str) -> bool:
+    """Whether ``topic_filter`` matches the Topic Name ``topic``: the plain definition, used by the
+    retained store's tests and as the trie's reference in tests."""
+    if topic.startswith("$") and topic_filter[:1] in ("+", "#"):
+        return False  # MQTT-4.7.2-1
+    flevels = topic_filter.split("/")
+    tlevels = topic.split("/")
+    for index, level in enumerate(flevels):
+        if level == "#":
+            return True
+        if index >= len(tlevels):
+            return False
+        if level != "+" and level != tlevels[index]:
+            return False
+    return len(flevels) == len(tlevels)
+
+
+class Subscription:
+    """One subscription of one session: the filter as the client sent it and its options."""
+
+    __slots__ = (
+        "topic_filter",
+        "qos",
+        "no_local",
+        "retain_as_published",
+        "retain_handling",
+        "identifier",
+        "session",
+        "share_group",
+        "filter",
+    )
+
+    def __init__(
+        self,
+        session: Session,
+        topic_filter: str,
+        qos: int = 0,
+        *,
+        no_local: bool = False,
+        retain_as_published: bool = False,
+        retain_handling: int = 0,
+        identifier: int | None = None,
+    ) -> None:
+        self.session = session
+        self.topic_filter = topic_filter  # as subscribed, "$share/g/a/b" included
+        self.qos = qos
+        self.no_local = no_local
+        self.retain_as_published = retain_as_published
+        self.retain_handling = retain_handling
+        self.identifier = identifier
+        shared = parse_shared(topic_filter)
+        self.share_group = shared[0] if shared else None
+        self.filter = shared[1] if shared else topic_filter  # the part matched against names
+
+    def __repr__(self) -> str:
+        return f"Subscription({self.session.client_id!r}, {self.topic_filter!r}, qos={self.qos})"
+
+
+class SharedGroup:
+    """The members of one ``$share/<group>/<filter>``; each message goes to one of them, chosen
+    round robin, online members first."""
+
+    __slots__ = ("name", "members", "next_index")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.members: list[Subscription] = []
+        self.next_index = 0
+
+    def pick(self) -> Subscription | None:
+        members = self.members
+        count = len(members)
+        if not count:
+            return None
+        start = self.next_index % count
+        for offset in range(count):
+            sub = members[(start + offset) % count]
+            if sub.session.connection is not None:
+                self.next_index = start + offset + 1
+                return sub
+        self.next_index = start + 1
+        return members[start]
+
+
+class _Node:
+    __slots__ = ("children", "subs", "groups")
+
+    def __init__(self) -> None:
+        self.children: dict[str, _Node] = {}
+        self.subs: dict[str, Subscription] = {}
+        self.groups: dict[str, SharedGroup] = {}
+
+
+# One topic's match: per session the matching non-shared subscriptions, and the shared groups.
+Match = tuple[list[tuple["Session", tuple[Subscription, ...]]], list[SharedGroup]]
+
+
+class SubscriptionTrie:
+    def __init__(self) -> None:
+        self._root = _Node()
+        self.count = 0
+
+    def add(self, sub: Subscription) -> bool:
+        """Insert or replace; returns True if it replaced an existing subscription."""
+        node = self._root
+        for level in sub.filter.split("/"):
+            child = node.children.get(level)
+            if child is None:
+                child = node.children[level] = _Node()
+            node = child
+        client_id = sub.session.client_id
+        if sub.share_group is None:
+            existed = client_id in node.subs
+            node.subs[client_id] = sub
+        else:
+            group = node.groups.get(sub.share_group)
+            if group is None:
+                group = node.groups[sub.share_group] = SharedGroup(sub.share_group)
+            existed = False
+            for index, member in enumerate(group.members):
+                if member.session.client_id == client_id:
+                    group.members[index] = sub
+                    existed = True
+                    break
+            if not existed:
+                group.members.append(sub)
+        if not existed:
+            self.count += 1
+        return existed
+
+    def remove(self, sub: Subscription) -> bool:
+        path = [self._root]
+        node = self._root
+        levels = sub.filter.split("/")
+        for level in levels:
+            child = node.children.get(level)
+            if child is None:
+                return False
+            path.append(child)
+            node = child
+        client_id = sub.session.client_id
+        removed = False
+        if sub.share_group is None:
+            removed = node.subs.pop(client_id, None) is not None
+        else:
+            group = node.groups.get(sub.share_group)
+            if group is not None:
+                before = len(group.members)
+                group.members = [m for m in group.members if m.session.client_id != client_id]
+                removed = len(group.members) != before
+                if not group.members:
+                    del node.groups[sub.share_group]
+        if removed:
+            self.count -= 1
+        # Prune empty nodes bottom-up so the trie does not grow with churn.
+        for depth in range(len(levels), 0, -1):
+            child = path[depth]
+            if child.subs or child.groups or child.children:
+                break
+            del path[depth - 1].children[levels[depth - 1]]
+        return removed
+
+    def match(self, topic: str) -> Match:
+        """Every subscription whose filter matches ``topic``, grouped per session."""
+        levels = topic.split("/")
+        dollar = topic.startswith("$")
+        found: list[_Node] = []
+        nodes = [self._root]
+        for index, level in enumerate(levels):
+            following: list[_Node] = []
+            for node in nodes:
+                children = node.children
+                if not children:
+                    continue
+                wild_ok = index or not dollar  # MQTT-4.7.2-1
+                if wild_ok:
+                    hash_node = children.get("#")
+                    if hash_node is not None:
+                        found.append(hash_node)
+                    plus = children.get("+")
+                    if plus is not None:
+                        following.append(plus)
+                child = children.get(level)
+                if child is not None:
+                    following.append(child)
+            nodes = following
+            if not nodes:
+                break
+        else:
+            for node in nodes:
+                found.append(node)
+                hash_node = node.children.get("#")  # "a/#" matches "a"
+                if hash_node is not None:
+                    found.append(hash_node)
+        per_session: dict[str, list[Subscription]] = {}
+        groups: list[SharedGroup] = []
+        for node in found:
+            for client_id, sub in node.subs.items():
+                entry = per_session.get(client_id)
+                if entry is None:
+                    per_session[client_id] = [sub]
+                else:
+                    entry.append(sub)
+            if node.groups:
+                groups.extend(node.groups.values())
+        return [(subs[0].session, tuple(subs)) for subs in per_session.values()], groups
+
+    def __iter__(self) -> Iterator[Subscription]:
+        stack = [self._root]
+        while stack:
+            node = stack.pop()
+            yield from node.subs.values()
+            for group in node.groups.values():
+                yield from group.members
+            stack.extend(node.children.values())
+
+    def stats(self) -> dict[str, Any]:
+        return {"subscriptions": self.count}

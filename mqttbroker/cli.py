@@ -1,0 +1,59 @@
+"""Command line: ``mqttbroker [--config PATH] [--host H] [--port P] [--data-dir D] [--log-level L]``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from . import __version__
+from .config import LOG_LEVELS, ConfigError, ListenerConfig, check, load
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mqttbroker", description="An MQTT 5.0 / 3.1.1 broker.")
+    p.add_argument("--config", metavar="PATH", help="TOML configuration file")
+    p.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    p.add_argument(
+        "--port", type=int, help="TCP port to listen on (default 1883; 0 = any free port)"
+    )
+    p.add_argument(
+        "--data-dir", metavar="DIR", help="where the broker keeps its data (default ./data)"
+    )
+    p.add_argument("--log-level", choices=LOG_LEVELS, help="default info")
+    p.add_argument("--version", action="version", version=f"mqttbroker {__version__}")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        config = load(args.config)
+        if args.host is not None or args.port is not None:
+            first = config.listeners[0] if config.listeners else ListenerConfig()
+            config.listeners[:1] = [
+                ListenerConfig(
+                    host=args.host if args.host is not None else first.host,
+                    port=args.port if args.port is not None else first.port,
+                )
+            ]
+        if args.data_dir is not None:
+            config.data_dir = args.data_dir
+        if args.log_level is not None:
+            config.log_level = args.log_level
+        check(config)
+    except ConfigError as exc:
+        print(f"mqttbroker: configuration error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=config.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    from .server.app import run
+
+    try:
+        run(config)
+    except OSError as exc:
+        logging.getLogger("mqttbroker").error("cannot start: %s", exc)
+        return 1
+    return 0

@@ -1,0 +1,370 @@
+"""Hand-written codec for the packets on the hot path: PUBLISH, PUBACK, PUBREC, PUBREL, PUBCOMP,
+PINGREQ and PINGRESP, plus the framing (fixed header) and properties they need.
+
+It produces and accepts exactly what ``grammar.py`` does (tests/protocol/test_fastpath_agrees.py
+checks it with hypothesis) but slices bytes directly instead of going through construct.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import packets as pk
+from .errors import MalformedPacket, ProtocolError
+from .packets import MQTT_5, PacketType
+from .properties import SPEC, PropertyType, collect, pairs
+from .reasons import PUBACK_CODES, PUBREL_CODES
+
+MAX_VBI = 268_435_455
+
+_T = PropertyType
+_TYPE_OF: dict[int, int] = {pid: spec[0] for pid, spec in SPEC.items()}
+
+
+def _encode_vbi(value: int) -> bytes:
+    if not 0 <= value <= MAX_VBI:
+        raise ValueError(f"{value} does not fit a Variable Byte Integer")
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+_VBI_TABLE = [_encode_vbi(n) for n in range(16384)]
+
+
+def encode_vbi(value: int) -> bytes:
+    """Variable Byte Integer (section 1.5.5); values up to 16383 come from a table."""
+    if value < 16384:
+        return _VBI_TABLE[value]
+    return _encode_vbi(value)
+
+
+def decode_vbi(data: bytes, pos: int, end: int) -> tuple[int, int]:
+    """Decode a Variable Byte Integer at ``pos``; returns (value, position after it). Raises
+    MalformedPacket if it runs past ``end``, is longer than 4 bytes or is not minimal."""
+    value = 0
+    shift = 0
+    for index in range(4):
+        if pos >= end:
+            raise MalformedPacket("truncated Variable Byte Integer")
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            if index and not byte:
+                raise MalformedPacket("Variable Byte Integer is not minimally encoded")
+            return value, pos
+        shift += 7
+    raise MalformedPacket("Variable Byte Integer is longer than 4 bytes")
+
+
+def read_fixed_header(data: bytes, pos: int, end: int) -> tuple[int, int] | None:
+    """Read the Remaining Length after the first byte at ``pos``. Returns (remaining length,
+    position of the body), or None when more bytes are needed to know. Raises MalformedPacket for
+    an over-long or non-minimal length."""
+    value = 0
+    shift = 0
+    p = pos + 1
+    for index in range(4):
+        if p >= end:
+            return None
+        byte = data[p]
+        p += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            if index and not byte:
+                raise MalformedPacket("Remaining Length is not minimally encoded")
+            return value, p
+        shift += 7
+    raise MalformedPacket("Remaining Length is longer than 4 bytes")
+
+
+# ---------------------------------------------------------------------------------------------
+# Strings and properties
+
+
+def _utf8(data: bytes, pos: int, end: int) -> tuple[str, int]:
+    if pos + 2 > end:
+        raise MalformedPacket("truncated string length")
+    stop = pos + 2 + ((data[pos] << 8) | data[pos + 1])
+    if stop > end:
+        raise MalformedPacket("string runs past the end of the packet")
+    try:
+        text = data[pos + 2 : stop].decode()
+    except UnicodeDecodeError as exc:
+        raise MalformedPacket(f"string is not well-formed UTF-8: {exc.reason}") from None
+    if "\x00" in text:
+        raise MalformedPacket("string contains U+0000")
+    return text, stop
+
+
+def _binary(data: bytes, pos: int, end: int) -> tuple[bytes, int]:
+    if pos + 2 > end:
+        raise MalformedPacket("truncated binary data length")
+    stop = pos + 2 + ((data[pos] << 8) | data[pos + 1])
+    if stop > end:
+        raise MalformedPacket("binary data runs past the end of the packet")
+    return bytes(data[pos + 2 : stop]), stop
+
+
+def decode_properties(
+    data: bytes, pos: int, end: int, packet_type: int
+) -> tuple[dict[int, Any], int]:
+    """Decode a Property Length and the properties after it; returns (properties, position after)."""
+    length, pos = decode_vbi(data, pos, end)
+    stop = pos + length
+    if stop > end:
+        raise MalformedPacket("properties run past the end of the packet")
+    found: list[tuple[int, Any]] = []
+    while pos < stop:
+        pid, pos = decode_vbi(data, pos, stop)
+        kind = _TYPE_OF.get(pid)
+        value: Any
+        if kind is None:
+            raise MalformedPacket(f"unknown property identifier 0x{pid:02X}")
+        if kind == _T.BYTE:
+            if pos + 1 > stop:
+                raise MalformedPacket("truncated property")
+            value = data[pos]
+            pos += 1
+        elif kind == _T.TWO_BYTE:
+            if pos + 2 > stop:
+                raise MalformedPacket("truncated property")
+            value = (data[pos] << 8) | data[pos + 1]
+            pos += 2
+        elif kind == _T.FOUR_BYTE:
+            if pos + 4 > stop:
+                raise MalformedPacket("truncated property")
+            value = int.from_bytes(data[pos : pos + 4], "big")
+            pos += 4
+        elif kind == _T.VBI:
+            value, pos = decode_vbi(data, pos, stop)
+        elif kind == _T.UTF8:
+            value, pos = _utf8(data, pos, stop)
+        elif kind == _T.BINARY:
+            value, pos = _binary(data, pos, stop)
+        else:
+            name, pos = _utf8(data, pos, stop)
+            text, pos = _utf8(data, pos, stop)
+            value = (name, text)
+        found.append((pid, value))
+    return collect(found, packet_type), stop
+
+
+def _put_utf8(out: bytearray, text: str) -> None:
+    raw = text.encode()
+    if len(raw) > 65535:
+        raise ValueError("string longer than 65535 bytes")
+    out += len(raw).to_bytes(2, "big")
+    out += raw
+
+
+def encode_properties(props: dict[int, Any]) -> bytes:
+    """Property Length followed by the properties (b'\\x00' when there are none)."""
+    if not props:
+        return b"\x00"
+    out = bytearray()
+    for pid, value in pairs(props):
+        kind = _TYPE_OF[pid]
+        out += encode_vbi(pid)
+        if kind == _T.BYTE:
+            out.append(value)
+        elif kind == _T.TWO_BYTE:
+            out += value.to_bytes(2, "big")
+        elif kind == _T.FOUR_BYTE:
+            out += value.to_bytes(4, "big")
+        elif kind == _T.VBI:
+            out += encode_vbi(value)
+        elif kind == _T.UTF8:
+            _put_utf8(out, value)
+        elif kind == _T.BINARY:
+            if len(value) > 65535:
+                raise ValueError("binary data longer than 65535 bytes")
+            out += len(value).to_bytes(2, "big")
+            out += value
+        else:
+            _put_utf8(out, value[0])
+            _put_utf8(out, value[1])
+    return encode_vbi(len(out)) + bytes(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# PUBLISH
+
+
+def decode_publish(flags: int, data: bytes, pos: int, end: int, version: int) -> pk.Publish:
+    """Decode the body of a PUBLISH that lies in ``data[pos:end]``."""
+    qos = (flags >> 1) & 3
+    if qos == 3:
+        raise MalformedPacket("PUBLISH with QoS 3")
+    topic, p = _utf8(data, pos, end)
+    packet_id = None
+    if qos:
+        if p + 2 > end:
+            raise MalformedPacket("truncated packet identifier")
+        packet_id = (data[p] << 8) | data[p + 1]
+        p += 2
+    if version == MQTT_5:
+        if p >= end:
+            raise MalformedPacket("missing property length")
+        if data[p]:
+            props, p = decode_properties(data, p, end, PacketType.PUBLISH)
+        else:
+            props = {}
+            p += 1
+    else:
+        props = {}
+    if packet_id == 0:
+        raise ProtocolError("PUBLISH with packet identifier 0")
+    return pk.Publish(topic, data[p:end], qos, bool(flags & 1), bool(flags & 8), packet_id, props)
+
+
+def encode_publish_raw(
+    flags: int, topic: bytes, packet_id: int | None, props: bytes | None, payload: bytes
+) -> bytes:
+    """Assemble a PUBLISH from parts already encoded: ``topic`` with its 2-byte length, ``props``
+    with its Property Length (None for MQTT 3.1.1). The router uses this to encode once."""
+    if packet_id is None:
+        remaining = len(topic) + len(payload) + (len(props) if props is not None else 0)
+        head = bytes((0x30 | flags,)) + encode_vbi(remaining)
+        if props is None:
+            return head + topic + payload
+        return b"".join((head, topic, props, payload))
+    remaining = len(topic) + 2 + len(payload) + (len(props) if props is not None else 0)
+    return b"".join(
+        (
+            bytes((0x30 | flags,)),
+            encode_vbi(remaining),
+            topic,
+            packet_id.to_bytes(2, "big"),
+            props if props is not None else b"",
+            payload,
+        )
+    )
+
+
+def encode_topic(topic: str) -> bytes:
+    raw = topic.encode()
+    if len(raw) > 65535:
+        raise ValueError("topic longer than 65535 bytes")
+    return len(raw).to_bytes(2, "big") + raw
+
+
+def encode_publish(packet: pk.Publish, version: int) -> bytes:
+    flags = (packet.dup << 3) | (packet.qos << 1) | packet.retain
+    props = encode_properties(packet.properties) if version == MQTT_5 else None
+    return encode_publish_raw(
+        flags,
+        encode_topic(packet.topic),
+        packet.packet_id if packet.qos else None,
+        props,
+        packet.payload,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# PUBACK, PUBREC, PUBREL, PUBCOMP
+
+_ACK_CLASS: dict[int, type[pk.Ack]] = {
+    PacketType.PUBACK: pk.Puback,
+    PacketType.PUBREC: pk.Pubrec,
+    PacketType.PUBREL: pk.Pubrel,
+    PacketType.PUBCOMP: pk.Pubcomp,
+}
+_ACK_CODES: dict[int, frozenset[int]] = {
+    PacketType.PUBACK: PUBACK_CODES,
+    PacketType.PUBREC: PUBACK_CODES,
+    PacketType.PUBREL: PUBREL_CODES,
+    PacketType.PUBCOMP: PUBREL_CODES,
+}
+_ACK_FLAGS: dict[int, int] = {
+    PacketType.PUBACK: 0,
+    PacketType.PUBREC: 0,
+    PacketType.PUBREL: 2,
+    PacketType.PUBCOMP: 0,
+}
+
+
+def decode_ack(
+    packet_type: int, flags: int, data: bytes, pos: int, end: int, version: int
+) -> pk.Ack:
+    if flags != _ACK_FLAGS[packet_type]:
+        raise MalformedPacket(f"reserved fixed-header flags of packet type {packet_type} are wrong")
+    size = end - pos
+    if size < 2:
+        raise MalformedPacket("acknowledgement shorter than 2 bytes")
+    packet_id = (data[pos] << 8) | data[pos + 1]
+    if size == 2:
+        return _ACK_CLASS[packet_type](packet_id)
+    if version != MQTT_5:
+        raise MalformedPacket("acknowledgement longer than 2 bytes")
+    code = data[pos + 2]
+    if code not in _ACK_CODES[packet_type]:
+        raise MalformedPacket(f"0x{code:02X} is not a {PacketType(packet_type).name} reason code")
+    props: dict[int, Any] = {}
+    if size > 3:
+        props, p = decode_properties(data, pos + 3, end, packet_type)
+        if p != end:
+            raise MalformedPacket("bytes after the properties")
+    return _ACK_CLASS[packet_type](packet_id, code, props)
+
+
+def encode_ack(
+    packet_type: int,
+    packet_id: int,
+    reason_code: int = 0,
+    properties: dict[int, Any] | None = None,
+    version: int = MQTT_5,
+) -> bytes:
+    first = (packet_type << 4) | _ACK_FLAGS[packet_type]
+    if version != MQTT_5 or (not reason_code and not properties):
+        return bytes((first, 2, packet_id >> 8, packet_id & 0xFF))
+    if not properties:
+        return bytes((first, 3, packet_id >> 8, packet_id & 0xFF, reason_code))
+    props = encode_properties(properties)
+    return (
+        bytes((first,))
+        + encode_vbi(3 + len(props))
+        + bytes((packet_id >> 8, packet_id & 0xFF, reason_code))
+        + props
+    )
+
+
+PINGREQ = b"\xc0\x00"
+PINGRESP = b"\xd0\x00"
+
+
+def decode(
+    packet_type: int, flags: int, data: bytes, pos: int, end: int, version: int
+) -> pk.Packet:
+    """Decode a hot packet (PUBLISH, the four acks, PINGREQ, PINGRESP)."""
+    if packet_type == PacketType.PUBLISH:
+        return decode_publish(flags, data, pos, end, version)
+    if packet_type in _ACK_CLASS:
+        return decode_ack(packet_type, flags, data, pos, end, version)
+    if packet_type in (PacketType.PINGREQ, PacketType.PINGRESP):
+        if flags or end != pos:
+            raise MalformedPacket("PINGREQ/PINGRESP with flags or a body")
+        return pk.Pingreq() if packet_type == PacketType.PINGREQ else pk.Pingresp()
+    raise ValueError(f"packet type {packet_type} has no fast path")
+
+
+def encode(packet: pk.Packet, version: int) -> bytes:
+    """Encode a hot packet; the same bytes grammar.encode gives."""
+    if isinstance(packet, pk.Publish):
+        return encode_publish(packet, version)
+    if isinstance(packet, pk.Ack):
+        return encode_ack(
+            packet.packet_type, packet.packet_id, packet.reason_code, packet.properties, version
+        )
+    if isinstance(packet, pk.Pingreq):
+        return PINGREQ
+    if isinstance(packet, pk.Pingresp):
+        return PINGRESP
+    raise ValueError(f"{type(packet).__name__} has no fast path")

@@ -1,0 +1,1 @@
+"""The asyncio edges: sockets in, bytes to the sans-I/O core, bytes out."""

@@ -1,0 +1,76 @@
+"""Lifecycle: start the listeners, drive the broker's clock, stop cleanly on SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from ..broker.core import Broker
+from ..config import Config
+from .tcp import MQTTProtocol
+
+log = logging.getLogger("mqttbroker")
+
+TICK_SECONDS = 0.5
+
+
+class Server:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.broker = Broker(config.broker)
+        self._servers: list[asyncio.base_events.Server] = []
+        self._ticker: asyncio.Task[None] | None = None
+        self.addresses: list[tuple[str, int]] = []
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        broker = self.broker
+        broker.wake = lambda: loop.call_soon(broker.flush)
+        for listener in self.config.listeners:
+            server = await loop.create_server(
+                lambda: MQTTProtocol(broker), listener.host, listener.port, reuse_address=True
+            )
+            self._servers.append(server)
+            for sock in server.sockets:
+                host, port = sock.getsockname()[:2]
+                self.addresses.append((host, port))
+                log.info("listening on %s:%d (MQTT over TCP)", host, port)
+        self._ticker = asyncio.create_task(self._tick())
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_SECONDS)
+            self.broker.tick()
+
+    async def stop(self) -> None:
+        log.info("shutting down: disconnecting %d clients", len(self.broker.connections))
+        for server in self._servers:
+            server.close()
+        if self._ticker is not None:
+            self._ticker.cancel()
+        self.broker.shutdown()
+        await asyncio.sleep(0.05)  # let the transports write their DISCONNECTs
+        for server in self._servers:
+            await server.wait_closed()
+        log.info("stopped")
+
+    async def run_until_signalled(self) -> None:
+        await self.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        await stop.wait()
+        await self.stop()
+
+
+def run(config: Config) -> None:
+    """Run the broker until SIGINT/SIGTERM, on uvloop when it is installed."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(Server(config).run_until_signalled())
+    else:
+        log.debug("using uvloop")
+        uvloop.run(Server(config).run_until_signalled())

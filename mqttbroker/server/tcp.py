@@ -1,0 +1,63 @@
+"""The TCP listener: an asyncio Protocol per socket that hands bytes to a broker Connection.
+
+It is the Link the connection writes through. Nothing here parses or decides anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import cast
+
+from ..broker.connection import Connection
+from ..broker.core import Broker
+
+log = logging.getLogger("mqttbroker.tcp")
+
+# Bytes a slow subscriber's socket may buffer before the broker stops writing to it (QoS 0 is
+# then dropped and counted, QoS 1/2 waits in the session queue).
+WRITE_HIGH_WATER = 4 * 1_048_576
+
+
+class MQTTProtocol(asyncio.Protocol):
+    __slots__ = ("broker", "transport", "conn")
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.transport: asyncio.Transport | None = None
+        self.conn: Connection | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+        peer = transport.get_extra_info("peername")
+        name = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.conn = self.broker.connect(self, name)
+
+    def data_received(self, data: bytes) -> None:
+        assert self.conn is not None
+        self.conn.data_received(data)
+
+    def eof_received(self) -> bool:
+        return False  # close our side too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.conn is not None:
+            self.conn.connection_lost()
+
+    def pause_writing(self) -> None:
+        if self.conn is not None:
+            self.conn.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self.conn is not None:
+            self.conn.resume_writing()
+
+    # Link
+    def write(self, data: bytes) -> None:
+        if self.transport is not None:
+            self.transport.write(data)
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
