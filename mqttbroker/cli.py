@@ -20,6 +20,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--data-dir", metavar="DIR", help="where the broker keeps its data (default ./data)"
     )
+    p.add_argument(
+        "--memory", action="store_true", help='keep nothing on disk (storage.backend = "memory")'
+    )
     p.add_argument("--log-level", choices=LOG_LEVELS, help="default info")
     p.add_argument("--version", action="version", version=f"mqttbroker {__version__}")
     return p
@@ -39,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
             ]
         if args.data_dir is not None:
             config.data_dir = args.data_dir
+        if args.memory:
+            config.storage.backend = "memory"
         if args.log_level is not None:
             config.log_level = args.log_level
         check(config)

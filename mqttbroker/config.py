@@ -28,11 +28,33 @@ class ListenerConfig:
 
 
 @dataclass(slots=True)
+class StorageConfig:
+    # "sqlite": sessions, queues and retained messages survive restarts and crashes.
+    # "memory": nothing is written; a restart starts empty.
+    backend: str = "sqlite"
+    # Database file; relative paths are under data_dir. Default: <data_dir>/mqttbroker.db
+    path: str = "mqttbroker.db"
+    # SQLite synchronous level: "full" survives power loss, "normal" survives a process crash
+    # (kill -9) but may lose the last commits on power loss, "off" trusts the OS entirely.
+    sync: str = "full"
+    # A damaged database: "move" it aside and start empty, or "refuse" to start.
+    on_corrupt: str = "move"
+    # Seconds to wait before each commit so more changes share it (0: commit as soon as the
+    # previous commit ends; batching then follows the load by itself).
+    commit_interval: float = 0.0
+
+
+@dataclass(slots=True)
 class Config:
     listeners: list[ListenerConfig] = field(default_factory=lambda: [ListenerConfig()])
     broker: BrokerOptions = field(default_factory=BrokerOptions)
+    storage: StorageConfig = field(default_factory=StorageConfig)
     data_dir: str = "./data"
     log_level: str = "info"
+
+    @property
+    def store_path(self) -> Path:
+        return Path(self.data_dir) / self.storage.path
 
 
 def _typed(value: Any, expected: type, where: str) -> Any:
@@ -77,10 +99,10 @@ def load(path: str | Path | None) -> Config:
     except OSError as exc:
         raise ConfigError(f"{source}: cannot read: {exc.strerror}") from None
     for key, value in data.items():
-        if key == "broker":
+        if key in ("broker", "storage"):
             if not isinstance(value, dict):
-                raise ConfigError(f"{source}: broker: expected a table [broker]")
-            _fill(config.broker, value, "broker.", source)
+                raise ConfigError(f"{source}: {key}: expected a table [{key}]")
+            _fill(getattr(config, key), value, f"{key}.", source)
         elif key == "listener":
             if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
                 raise ConfigError(f"{source}: listener: expected an array of tables [[listener]]")
@@ -93,7 +115,8 @@ def load(path: str | Path | None) -> Config:
             setattr(config, key, _typed(value, str, f"{source}: {key}"))
         else:
             raise ConfigError(
-                f"{source}: {key}: unknown key (known: broker, listener, data_dir, log_level)"
+                f"{source}: {key}: unknown key "
+                "(known: broker, storage, listener, data_dir, log_level)"
             )
     check(config, source)
     return config
@@ -105,6 +128,15 @@ def check(config: Config, source: str = "command line") -> None:
     for index, listener in enumerate(config.listeners):
         if not 0 <= listener.port <= 65535:
             raise ConfigError(f"{source}: listener[{index}].port: must be between 0 and 65535")
+    storage = config.storage
+    if storage.backend not in ("sqlite", "memory"):
+        raise ConfigError(f'{source}: storage.backend: expected "sqlite" or "memory"')
+    if storage.sync not in ("full", "normal", "off"):
+        raise ConfigError(f'{source}: storage.sync: expected "full", "normal" or "off"')
+    if storage.on_corrupt not in ("move", "refuse"):
+        raise ConfigError(f'{source}: storage.on_corrupt: expected "move" or "refuse"')
+    if storage.commit_interval < 0:
+        raise ConfigError(f"{source}: storage.commit_interval: must not be negative")
     try:
         config.broker.check()
     except ValueError as exc:

@@ -75,6 +75,7 @@ class Connection:
         "_pending_len",
         "_need",
         "_out",
+        "gated",
     )
 
     def __init__(self, broker: Broker, link: Link, peer: str = "?") -> None:
@@ -100,6 +101,8 @@ class Connection:
         self._pending_len = 0
         self._need = 0  # bytes the incomplete packet needs in all, when known
         self._out: list[bytes] = []
+        # True while output waits for the store to commit what this connection's input changed.
+        self.gated = False
 
     def __repr__(self) -> str:
         return f"Connection({self.client_id or self.peer!r})"
@@ -122,6 +125,8 @@ class Connection:
         end = len(data)
         pos = 0
         limit = self.broker.options.max_packet_size
+        store = self.broker.store
+        writes = store.writes
         try:
             while pos < end:
                 header = fastpath.read_fixed_header(data, pos, end)
@@ -140,6 +145,10 @@ class Connection:
                 pos = stop
                 if self.state == CLOSED:
                     return
+            if store.writes != writes and not self.gated:
+                # Acknowledgements mean "stored": hold them until the batch is on disk.
+                self.gated = True
+                store.after_commit(self._release_output)
         except MQTTError as exc:
             self._fail(exc)
             return
@@ -356,6 +365,8 @@ class Connection:
                 now = broker.clock()
                 router.publish(Message.from_publish(packet, now), match, session, now)
                 waiting.add(packet_id)
+                if session.expiry_interval:
+                    broker.store.save_release(session, packet_id)
             # else a resend before PUBREL: acknowledged again, not delivered twice (4.3.3-10)
             self._send(fastpath.encode_ack(_PUBREC, packet_id, 0, None, self.version))
             return
@@ -381,11 +392,14 @@ class Connection:
             if delivery is None or delivery.qos != 2:
                 if self.version == MQTT_5 and ack.reason_code < 0x80:
                     self.send_pubrel(packet_id, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND)
-            elif delivery.released or session.received(packet_id, ack.reason_code, now):
+            elif session.received(packet_id, ack.reason_code, now):
                 self.send_pubrel(packet_id)  # MQTT-4.3.3-4
         elif ptype == _PUBREL:
             known = packet_id in session.awaiting_release
-            session.awaiting_release.discard(packet_id)
+            if known:
+                session.awaiting_release.discard(packet_id)
+                if session.expiry_interval:
+                    self.broker.store.delete_release(session, packet_id)
             code = 0 if known or self.version != MQTT_5 else ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
             self._send(fastpath.encode_ack(_PUBCOMP, packet_id, code, None, self.version))
         else:
@@ -439,6 +453,8 @@ class Connection:
             )
             existed = broker.router.subscribe(sub)
             session.subscriptions[topic_filter] = sub
+            if session.expiry_interval:
+                broker.store.save_subscription(session, sub)
             codes.append(qos)
             new_subs.append((sub, existed))
         self._send(grammar.encode(pk.Suback(packet.packet_id, codes), self.version))
@@ -459,6 +475,8 @@ class Connection:
             sub = session.subscriptions.pop(topic_filter, None)  # literal compare, MQTT-3.10.4-1
             if sub is not None:
                 self.broker.router.unsubscribe(sub)
+                if session.expiry_interval:
+                    self.broker.store.delete_subscription(session, topic_filter)
                 codes.append(ReasonCode.SUCCESS)
             else:
                 codes.append(ReasonCode.NO_SUBSCRIPTION_EXISTED)
@@ -477,8 +495,10 @@ class Connection:
                 raise ProtocolError("Session Expiry Interval set on DISCONNECT after CONNECT had 0")
             session.expiry_interval = min(expiry, self.broker.options.max_session_expiry)
         keep_will = packet.reason_code == ReasonCode.DISCONNECT_WITH_WILL_MESSAGE
-        if not keep_will:
+        if not keep_will and self.will is not None:
             self.will = None  # MQTT-3.14.4-3
+            if session.expiry_interval:
+                self.broker.store.delete_will(session)
         log.info("client %s disconnected (reason 0x%02X)", self.client_id, packet.reason_code)
         self.close()
 
@@ -491,6 +511,11 @@ class Connection:
         if not out:
             self.broker.mark_dirty(self)
         out.append(data)
+
+    def _release_output(self) -> None:
+        self.gated = False
+        if self._out and self.state != CLOSED:
+            self.broker.mark_dirty(self)
 
     def flush(self) -> None:
         """Write everything buffered since the last flush in one call."""

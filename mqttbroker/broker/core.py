@@ -20,6 +20,7 @@ from .message import Message
 from .options import BrokerOptions
 from .router import Router
 from .session import NEVER, Session
+from .store import Store
 
 log = logging.getLogger("mqttbroker.broker")
 
@@ -28,14 +29,18 @@ _WILL_NOT_FORWARDED = (Prop.WILL_DELAY_INTERVAL, Prop.MESSAGE_EXPIRY_INTERVAL)
 
 class Broker:
     def __init__(
-        self, options: BrokerOptions | None = None, clock: Callable[[], float] = time.monotonic
+        self,
+        options: BrokerOptions | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        store: Store | None = None,
     ) -> None:
         self.options = options or BrokerOptions()
         self.options.check()
         self.clock = clock
+        self.store = store or Store()
         self.sessions: dict[str, Session] = {}
         self.connections: set[Connection] = set()
-        self.router = Router(self.options)
+        self.router = Router(self.options, self.store)
         # Called when the first connection of a loop pass has output; the edge schedules
         # flush() for the end of the pass. None: the caller flushes (tests do).
         self.wake: Callable[[], None] | None = None
@@ -58,7 +63,8 @@ class Broker:
         dirty = self._dirty
         self._dirty = []
         for conn in dirty:
-            conn.flush()
+            if not conn.gated:
+                conn.flush()
 
     # -- sessions ---------------------------------------------------------------------------
 
@@ -86,13 +92,19 @@ class Broker:
             session = None
         present = session is not None
         if session is None:
-            session = self.sessions[client_id] = Session(client_id, self.options)
+            session = self.sessions[client_id] = Session(client_id, self.options, self.store)
         else:
-            session.will = None  # reconnected before the will delay ran out (MQTT-3.1.3-9)
-            session.will_due = None
+            if session.will is not None:
+                session.will = None  # reconnected before the will delay ran out (MQTT-3.1.3-9)
+                session.will_due = None
+                self.store.delete_will(session)
             session.expires_at = None
         session.expiry_interval = expiry
         session.connection = conn
+        if expiry:
+            self.store.save_session(session)
+            if conn.will is not None:
+                self.store.save_will(session, conn.will, None)
         return session, present
 
     def connection_closed(self, conn: Connection, publish_will: bool) -> None:
@@ -104,25 +116,35 @@ class Broker:
             return
         session.connection = None
         now = self.clock()
+        store = self.store
+        persistent = session.expiry_interval != 0
         if will is not None and publish_will:
             delay = (
                 will.properties.get(Prop.WILL_DELAY_INTERVAL, 0) if conn.version == MQTT_5 else 0
             )
-            if delay and session.expiry_interval:
+            if delay and persistent:
                 session.will = will  # MQTT-3.1.2-8: after the delay, or when the session ends
                 session.will_due = now + delay
+                store.save_will(session, will, session.will_due)
             else:
+                if persistent:
+                    store.delete_will(session)
                 self.publish_will(will, session, now)
-        if session.expiry_interval == 0:
+        # else (broker shutting down): a stored will stays armed and is published after the
+        # restart, when the client has not come back within its delay.
+        if not persistent:
             self.end_session(session, now)
-        elif session.expiry_interval != NEVER:
+            return
+        if session.expiry_interval != NEVER:
             session.expires_at = now + session.expiry_interval
+        store.save_session(session)
 
     def end_session(self, session: Session, now: float) -> None:
         """Remove a session with its subscriptions and queue (MQTT-4.1.0-2); a will still
         waiting out its delay is published now."""
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
+        self.store.delete_session(session)
         for sub in session.subscriptions.values():
             self.router.unsubscribe(sub)
         session.subscriptions.clear()
@@ -175,6 +197,7 @@ class Broker:
                 will = session.will
                 session.will = session.will_due = None
                 if will is not None:
+                    self.store.delete_will(session)
                     self.publish_will(will, session, now)
             if session.expires_at is not None and now >= session.expires_at:
                 log.info("session %s expired", session.client_id)

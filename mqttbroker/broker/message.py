@@ -29,6 +29,8 @@ class Message:
         "topic_bytes",
         "_props5",
         "_q0",
+        "store_id",
+        "store_refs",
     )
 
     def __init__(
@@ -51,6 +53,8 @@ class Message:
         self.topic_bytes = encode_topic(topic)
         self._props5: bytes | None = None
         self._q0: dict[int, bytes] = {}
+        self.store_id: int | None = None  # row in the durable store, while referenced
+        self.store_refs = 0
 
     @classmethod
     def from_publish(cls, packet: Publish, now: float) -> Message:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from .message import Message
+from .store import Store
 
 
 class _Node:
@@ -17,9 +18,10 @@ class _Node:
 
 
 class RetainedStore:
-    def __init__(self) -> None:
+    def __init__(self, store: Store | None = None) -> None:
         self._root = _Node()
         self.count = 0
+        self._store = store or Store()
 
     def store(self, message: Message) -> None:
         """Keep ``message`` as its topic's retained message, or clear the topic if the payload is
@@ -27,6 +29,7 @@ class RetainedStore:
         levels = message.topic.split("/")
         if not message.payload:
             self._clear(levels)
+            self._store.delete_retained(message.topic)
             return
         node = self._root
         for level in levels:
@@ -37,6 +40,7 @@ class RetainedStore:
         if node.message is None:
             self.count += 1
         node.message = message
+        self._store.save_retained(message)
 
     def _clear(self, levels: list[str]) -> None:
         path = [self._root]
@@ -73,6 +77,7 @@ class RetainedStore:
                 yield message
         for message in expired:
             self._clear(message.topic.split("/"))
+            self._store.delete_retained(message.topic)
 
     def _walk(self, node: _Node, levels: list[str], index: int) -> Iterator[Message]:
         if index == len(levels):

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from .message import Message
 from .options import BrokerOptions
 from .retained import RetainedStore
+from .store import Store
 from .topics import Match, Subscription, SubscriptionTrie, valid_topic_name
 
 if TYPE_CHECKING:
@@ -20,10 +21,11 @@ if TYPE_CHECKING:
 
 
 class Router:
-    def __init__(self, options: BrokerOptions) -> None:
+    def __init__(self, options: BrokerOptions, store: Store | None = None) -> None:
         self.options = options
+        self.store = store or Store()
         self.trie = SubscriptionTrie()
-        self.retained = RetainedStore()
+        self.retained = RetainedStore(self.store)
         self._cache: dict[str, Match] = {}
         self.published = 0
         self.delivered = 0
@@ -54,7 +56,7 @@ class Router:
         """Store if retained, then deliver to every matching session; returns how many sessions
         it was handed to."""
         if message.retain:
-            self.retained.store(message)
+            self.retained.store(message)  # and in the durable store
         self.published += 1
         targets, groups = match
         count = 0

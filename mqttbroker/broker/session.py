@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from .message import Message
 from .options import BrokerOptions
+from .store import Store
 from .topics import Subscription
 
 if TYPE_CHECKING:
@@ -28,7 +29,7 @@ NEVER = 0xFFFFFFFF
 class Delivery:
     """One message on its way to one session: queued, or in flight under a packet id."""
 
-    __slots__ = ("message", "qos", "retain", "sub_ids", "released")
+    __slots__ = ("message", "qos", "retain", "sub_ids", "released", "seq", "packet_id", "stored")
 
     def __init__(self, message: Message, qos: int, retain: bool, sub_ids: tuple[int, ...]) -> None:
         self.message = message
@@ -36,6 +37,12 @@ class Delivery:
         self.retain = retain
         self.sub_ids = sub_ids
         self.released = False  # QoS 2: PUBREC received and PUBREL sent; awaiting PUBCOMP
+        self.seq = 0  # order within the session, for the store
+        self.packet_id: int | None = None  # set while in flight
+        self.stored = False  # the store has a record of it
+
+
+_MEMORY = Store()
 
 
 class Session:
@@ -55,11 +62,15 @@ class Session:
         "will_due",
         "dropped",
         "_drop_logged",
+        "store",
+        "seq",
     )
 
-    def __init__(self, client_id: str, options: BrokerOptions) -> None:
+    def __init__(self, client_id: str, options: BrokerOptions, store: Store | None = None) -> None:
         self.client_id = client_id
         self.options = options
+        self.store = store or _MEMORY
+        self.seq = 0
         self.subscriptions: dict[str, Subscription] = {}
         self.connection: Connection | None = None
         self.expiry_interval = 0
@@ -96,12 +107,26 @@ class Session:
 
     def _start(self, delivery: Delivery, conn: Connection, now: float) -> None:
         packet_id = self._allocate_packet_id()
-        msg = delivery.message
         if conn.send_publish(
-            msg, delivery.qos, delivery.retain, False, packet_id, delivery.sub_ids, now
+            delivery.message, delivery.qos, delivery.retain, False, packet_id, delivery.sub_ids, now
         ):
+            delivery.packet_id = packet_id
             self.inflight[packet_id] = delivery
-        # else: too large for this client; dropped as though delivered (MQTT-3.1.2-25)
+            if self.expiry_interval:
+                if not delivery.stored:
+                    self.seq += 1
+                    delivery.seq = self.seq
+                self.store.save_delivery(self, delivery)
+        elif delivery.stored:
+            # too large for this client: dropped as though delivered (MQTT-3.1.2-25)
+            self.store.delete_delivery(self, delivery)
+
+    def _finish(self, packet_id: int, delivery: Delivery, now: float) -> None:
+        del self.inflight[packet_id]
+        if delivery.stored:
+            self.store.delete_delivery(self, delivery)
+        if self.queue:
+            self.drain(now)
 
     def _allocate_packet_id(self) -> int:
         """A non-zero id not in use by a message in flight (MQTT-2.2.1-4)."""
@@ -119,14 +144,18 @@ class Session:
             len(self.queue) >= opts.max_queued_messages
             or self.queued_bytes + size > opts.max_queued_bytes
         ):
-            self._count_drop("offline queue full")
+            self._count_drop("queue full")
             return
         self.queue.append(delivery)
         self.queued_bytes += size
+        if self.expiry_interval:
+            self.seq += 1
+            delivery.seq = self.seq
+            self.store.save_delivery(self, delivery)
 
     def _count_drop(self, why: str) -> None:
         self.dropped += 1
-        # One log line per burst: at the first drop, then at every power of two.
+        # One log line per burst: at the first drop, then each time the count doubles.
         if self.dropped >= self._drop_logged * 2 or not self._drop_logged:
             self._drop_logged = self.dropped
             log.warning(
@@ -150,14 +179,17 @@ class Session:
                 break
             queue.popleft()
             self.queued_bytes -= delivery.message.size
-            if delivery.message.expired(now):
-                continue  # MQTT-3.3.2-5
-            if delivery.qos:
+            if delivery.message.expired(now):  # MQTT-3.3.2-5
+                if delivery.stored:
+                    self.store.delete_delivery(self, delivery)
+            elif delivery.qos:
                 self._start(delivery, conn, now)
             else:
                 conn.send_publish(
                     delivery.message, 0, delivery.retain, False, None, delivery.sub_ids, now
                 )
+                if delivery.stored:
+                    self.store.delete_delivery(self, delivery)
 
     def resend(self, now: float) -> None:
         """On resuming a session: every unacknowledged PUBLISH again with DUP set, and every
@@ -177,7 +209,7 @@ class Session:
                 delivery.sub_ids,
                 now,
             ):
-                del self.inflight[packet_id]
+                self._finish(packet_id, delivery, now)
         self.drain(now)
 
     # -- acknowledgements from the client ---------------------------------------------------
@@ -187,22 +219,21 @@ class Session:
         delivery = self.inflight.get(packet_id)
         if delivery is None or delivery.qos != 1:
             return False
-        del self.inflight[packet_id]
-        if self.queue:
-            self.drain(now)
+        self._finish(packet_id, delivery, now)
         return True
 
     def received(self, packet_id: int, reason_code: int, now: float) -> bool:
-        """PUBREC: returns True if a PUBREL is to be sent for ``packet_id``."""
+        """PUBREC for a QoS 2 message in flight: True if a PUBREL is to be sent."""
         delivery = self.inflight.get(packet_id)
         if delivery is None or delivery.qos != 2:
             return False
         if reason_code >= 0x80:  # refused: acknowledged, not retransmitted (MQTT-4.4.0-2)
-            del self.inflight[packet_id]
-            if self.queue:
-                self.drain(now)
+            self._finish(packet_id, delivery, now)
             return False
-        delivery.released = True
+        if not delivery.released:
+            delivery.released = True
+            if delivery.stored:
+                self.store.save_delivery(self, delivery)
         return True
 
     def completed(self, packet_id: int, now: float) -> bool:
@@ -210,9 +241,7 @@ class Session:
         delivery = self.inflight.get(packet_id)
         if delivery is None or not delivery.released:
             return False
-        del self.inflight[packet_id]
-        if self.queue:
-            self.drain(now)
+        self._finish(packet_id, delivery, now)
         return True
 
     def __repr__(self) -> str:

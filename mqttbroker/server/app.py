@@ -7,7 +7,9 @@ import logging
 import signal
 
 from ..broker.core import Broker
+from ..broker.store import Store
 from ..config import Config
+from ..storage import StoreError
 from .tcp import MQTTProtocol
 
 log = logging.getLogger("mqttbroker")
@@ -18,14 +20,28 @@ TICK_SECONDS = 0.5
 class Server:
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.broker = Broker(config.broker)
+        self.store = self._make_store(config)
+        self.broker = Broker(config.broker, store=self.store)
         self._servers: list[asyncio.base_events.Server] = []
         self._ticker: asyncio.Task[None] | None = None
         self.addresses: list[tuple[str, int]] = []
 
+    @staticmethod
+    def _make_store(config: Config) -> Store:
+        if config.storage.backend == "memory":
+            return Store()
+        from ..storage.sqlite import SQLiteStore
+
+        storage = config.storage
+        return SQLiteStore(
+            config.store_path, storage.sync, storage.on_corrupt, storage.commit_interval
+        )
+
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         broker = self.broker
+        await self.store.load(broker)
+        broker.tick()  # expire what expired while the broker was down
         broker.wake = lambda: loop.call_soon(broker.flush)
         for listener in self.config.listeners:
             server = await loop.create_server(
@@ -50,6 +66,7 @@ class Server:
         if self._ticker is not None:
             self._ticker.cancel()
         self.broker.shutdown()
+        await self.store.close()
         await asyncio.sleep(0.05)  # let the transports write their DISCONNECTs
         for server in self._servers:
             await server.wait_closed()
@@ -67,6 +84,14 @@ class Server:
 
 def run(config: Config) -> None:
     """Run the broker until SIGINT/SIGTERM, on uvloop when it is installed."""
+    try:
+        _run(config)
+    except StoreError as exc:
+        log.error("cannot start: %s", exc)
+        raise SystemExit(1) from None
+
+
+def _run(config: Config) -> None:
     try:
         import uvloop
     except ImportError:
