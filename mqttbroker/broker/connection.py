@@ -165,7 +165,11 @@ class Connection:
         ptype = first >> 4
         if self.state != CONNECTED:
             if ptype != _CONNECT:
-                raise ProtocolError("the first packet must be CONNECT")  # MQTT-3.1.0-1
+                # MQTT-3.1.0-1: nothing to acknowledge and no version known; just close.
+                log.warning("connection from %s: first packet is type %d, not CONNECT; closing",
+                            self.peer, ptype)
+                self.close(publish_will=False)
+                return
             self._on_connect(self._decode_connect(first, data[body:stop]))
             return
         if ptype == _PUBLISH:
@@ -215,6 +219,7 @@ class Connection:
         self.version = version = packet.protocol_level
         v5 = version == MQTT_5
         props = packet.properties
+        self.max_send_size = props.get(Prop.MAXIMUM_PACKET_SIZE, 268_435_460)
         client_id = packet.client_id
         assigned = False
         if not client_id:
@@ -240,7 +245,6 @@ class Connection:
                 "authentication method not supported", ReasonCode.BAD_AUTHENTICATION_METHOD
             )  # MQTT-4.12.0-1
         self.send_quota = min(props.get(Prop.RECEIVE_MAXIMUM, 65535), opts.max_inflight)
-        self.max_send_size = props.get(Prop.MAXIMUM_PACKET_SIZE, 268_435_460)
         self.problem_info = props.get(Prop.REQUEST_PROBLEM_INFORMATION, 1) == 1
         keep_alive = packet.keep_alive
         server_keep_alive = None
@@ -563,7 +567,10 @@ class Connection:
             if self.version == MQTT_5:
                 if code in CONNACK_CODES:
                     props: dict[int, Any] = {Prop.REASON_STRING: exc.message} if exc.message else {}
-                    self._send(grammar.encode(pk.Connack(False, code, props), MQTT_5))
+                    data = grammar.encode(pk.Connack(False, code, props), MQTT_5)
+                    if len(data) > self.max_send_size:  # MQTT-3.2.2-19
+                        data = grammar.encode(pk.Connack(False, code), MQTT_5)
+                    self._send(data)
             elif code in (
                 ReasonCode.UNSUPPORTED_PROTOCOL_VERSION,
                 ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,

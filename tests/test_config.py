@@ -1,0 +1,81 @@
+"""Configuration: the shipped example matches the defaults, and every error names file and key."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mqttbroker.config import Config, ConfigError, load
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_example_config_lists_the_defaults() -> None:
+    """config/mqttbroker.toml documents every key; its values must be the real defaults."""
+    assert load(ROOT / "config" / "mqttbroker.toml") == Config()
+
+
+def test_no_file_gives_defaults() -> None:
+    assert load(None) == Config()
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("[broker]\nmax_packet_size = 'big'\n", "broker.max_packet_size: expected an integer"),
+        ("[broker]\nmax_packet_sise = 10\n", "broker.max_packet_sise: unknown key"),
+        ("[broker]\nretain_available = 1\n", "broker.retain_available: expected true or false"),
+        ("[broker]\nmax_packet_size = true\n", "broker.max_packet_size: expected an integer"),
+        ("[broker]\nreceive_maximum = 0\n", "broker.receive_maximum must be between"),
+        ("[storage]\nsync = 'sometimes'\n", "storage.sync: expected"),
+        ("[storage]\non_corrupt = 'delete'\n", "storage.on_corrupt: expected"),
+        ("[[listener]]\nport = 70000\n", "listener[0].port: must be between"),
+        ("[[listener]]\nhots = 'x'\n", "listener[0].hots: unknown key"),
+        ("log_level = 'loud'\n", "log_level: expected one of"),
+        ("colour = 'blue'\n", "colour: unknown key"),
+        ("broker = 3\n", "broker: expected a table"),
+        ("[broker\n", "not valid TOML"),
+    ],
+)
+def test_errors_name_the_file_and_the_key(tmp_path: Path, text: str, expected: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: ")
+    assert expected in message
+
+
+def test_missing_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="nothere.toml: file not found"):
+        load(tmp_path / "nothere.toml")
+
+
+def test_values_are_applied(tmp_path: Path) -> None:
+    path = tmp_path / "ok.toml"
+    path.write_text(
+        "data_dir = '/var/lib/mqtt'\n[broker]\nmax_keepalive = 30\nconnect_timeout = 5\n"
+        "[[listener]]\nhost = '0.0.0.0'\nport = 1884\n[storage]\nsync = 'normal'\n"
+    )
+    config = load(path)
+    assert config.broker.max_keepalive == 30
+    assert config.broker.connect_timeout == 5.0
+    assert [(x.host, x.port) for x in config.listeners] == [("0.0.0.0", 1884)]
+    assert config.storage.sync == "normal"
+    assert config.store_path == Path("/var/lib/mqtt/mqttbroker.db")
+
+
+def test_cli_reports_config_errors_and_exits_2(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text("[broker]\nmaximum_qos = 3\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "mqttbroker", "--config", str(path)],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert result.returncode == 2
+    assert f"{path}: broker.maximum_qos must be 0, 1 or 2" in result.stderr
+    assert "Traceback" not in result.stderr
