@@ -166,14 +166,17 @@ class Connection:
         if self.state != CONNECTED:
             if ptype != _CONNECT:
                 # MQTT-3.1.0-1: nothing to acknowledge and no version known; just close.
-                log.warning("connection from %s: first packet is type %d, not CONNECT; closing",
-                            self.peer, ptype)
+                log.warning(
+                    "connection from %s: first packet is type %d, not CONNECT; closing",
+                    self.peer,
+                    ptype,
+                )
                 self.close(publish_will=False)
                 return
             self._on_connect(self._decode_connect(first, data[body:stop]))
             return
         if ptype == _PUBLISH:
-            self._on_publish(fastpath.decode_publish(first & 0x0F, data, body, stop, self.version))
+            self._publish_fast(first, data, body, stop)
         elif _PUBACK <= ptype <= _PUBCOMP:
             ack = fastpath.decode_ack(ptype, first & 0x0F, data, body, stop, self.version)
             self._on_ack(ptype, ack)
@@ -300,65 +303,116 @@ class Connection:
 
     # -- PUBLISH from the client ------------------------------------------------------------
 
+    def _publish_fast(self, first: int, data: bytes, body: int, stop: int) -> None:
+        """PUBLISH without properties (the common case): sliced here, no packet object. One
+        with properties goes through the general decoder and :meth:`_on_publish`."""
+        if stop - body < 2:
+            raise MalformedPacket("truncated PUBLISH")
+        pos = topic_end = body + 2 + ((data[body] << 8) | data[body + 1])
+        if topic_end > stop:
+            raise MalformedPacket("topic runs past the end of the PUBLISH")
+        qos = (first >> 1) & 3
+        packet_id = 0
+        if qos:
+            if qos == 3:
+                raise MalformedPacket("PUBLISH with QoS 3")  # MQTT-3.3.1-4
+            if pos + 2 > stop:
+                raise MalformedPacket("truncated PUBLISH")
+            packet_id = (data[pos] << 8) | data[pos + 1]
+            if not packet_id:
+                raise ProtocolError("PUBLISH with packet identifier 0")
+            pos += 2
+        if self.version == MQTT_5:
+            if pos >= stop:
+                raise MalformedPacket("PUBLISH without a property length")
+            if data[pos]:
+                self._on_publish(
+                    fastpath.decode_publish(first & 0x0F, data, body, stop, self.version)
+                )
+                return
+            pos += 1
+        self._route(data[body:topic_end], None, data[pos:stop], qos, bool(first & 1), packet_id)
+
     def _on_publish(self, packet: pk.Publish) -> None:
+        """A PUBLISH with properties: topic aliases, property checks, then routing."""
+        opts = self.broker.options
+        qos = packet.qos
+        topic = packet.topic
+        props = packet.properties
+        alias = props.get(Prop.TOPIC_ALIAS)
+        if alias is not None:
+            if not 0 < alias <= opts.topic_alias_maximum:
+                raise MQTTError(
+                    f"topic alias {alias} out of range", ReasonCode.TOPIC_ALIAS_INVALID
+                )  # MQTT-3.3.2-9, -12
+            if topic:
+                self._aliases[alias] = topic
+            else:
+                known = self._aliases.get(alias)
+                if known is None:
+                    raise ProtocolError(f"topic alias {alias} has no mapping")
+                topic = known
+        if Prop.SUBSCRIPTION_IDENTIFIER in props:
+            raise ProtocolError("PUBLISH from a client with a Subscription Identifier")  # 3.3.4-6
+        if Prop.RESPONSE_TOPIC in props and not valid_topic_name(props[Prop.RESPONSE_TOPIC]):
+            raise ProtocolError("Response Topic is not a valid topic name")  # MQTT-3.3.2-14
+        if props.get(Prop.PAYLOAD_FORMAT_INDICATOR) == 1:
+            try:
+                _check_utf8_payload(packet.payload)
+            except MQTTError:
+                if not qos:
+                    raise
+                self._send(
+                    fastpath.encode_ack(
+                        _PUBACK if qos == 1 else _PUBREC,
+                        packet.packet_id or 0,
+                        ReasonCode.PAYLOAD_FORMAT_INVALID,
+                        None,
+                        self.version,
+                    )
+                )
+                return
+        self._route(
+            fastpath.encode_topic(topic),
+            props,
+            packet.payload,
+            qos,
+            packet.retain,
+            packet.packet_id or 0,
+        )
+
+    def _route(
+        self,
+        raw_topic: bytes,
+        props: dict[int, Any] | None,
+        payload: bytes,
+        qos: int,
+        retain: bool,
+        packet_id: int,
+    ) -> None:
+        """Route one received message and acknowledge it. ``raw_topic`` is the topic as on the
+        wire, with its 2-byte length."""
         broker = self.broker
         opts = broker.options
-        qos = packet.qos
         if qos > opts.maximum_qos:
             raise MQTTError(
                 f"PUBLISH at QoS {qos} above the maximum", ReasonCode.QOS_NOT_SUPPORTED
             )  # MQTT-3.2.2-11
-        if packet.retain and not opts.retain_available:
+        if retain and not opts.retain_available:
             raise MQTTError(
                 "retained PUBLISH not supported", ReasonCode.RETAIN_NOT_SUPPORTED
             )  # MQTT-3.2.2-14
-        topic = packet.topic
-        props = packet.properties
-        if props:
-            alias = props.get(Prop.TOPIC_ALIAS)
-            if alias is not None:
-                if not 0 < alias <= opts.topic_alias_maximum:
-                    raise MQTTError(
-                        f"topic alias {alias} out of range", ReasonCode.TOPIC_ALIAS_INVALID
-                    )  # MQTT-3.3.2-9
-                if topic:
-                    self._aliases[alias] = topic
-                else:
-                    known = self._aliases.get(alias)
-                    if known is None:
-                        raise ProtocolError(f"topic alias {alias} has no mapping")
-                    topic = packet.topic = known
-            if Prop.SUBSCRIPTION_IDENTIFIER in props:
-                raise ProtocolError("PUBLISH from a client with a Subscription Identifier")
-            if props.get(Prop.PAYLOAD_FORMAT_INDICATOR) == 1:
-                try:
-                    _check_utf8_payload(packet.payload)
-                except MQTTError:
-                    if not qos:
-                        raise
-                    self._send(
-                        fastpath.encode_ack(
-                            _PUBACK if qos == 1 else _PUBREC,
-                            packet.packet_id or 0,
-                            ReasonCode.PAYLOAD_FORMAT_INVALID,
-                            None,
-                            self.version,
-                        )
-                    )
-                    return
-            if Prop.RESPONSE_TOPIC in props and not valid_topic_name(props[Prop.RESPONSE_TOPIC]):
-                raise ProtocolError("Response Topic is not a valid topic name")  # 3.3.2-14
         router = broker.router
-        match = router.lookup(topic)
-        if match is None:
-            if not topic:
+        found = router.lookup_raw(raw_topic)
+        if found is None:
+            if raw_topic == b"\x00\x00":
                 raise ProtocolError("PUBLISH with an empty topic and no topic alias")
-            raise MQTTError(f"invalid topic name {topic!r}", ReasonCode.TOPIC_NAME_INVALID)
+            raise MQTTError("invalid topic name", ReasonCode.TOPIC_NAME_INVALID)  # 3.3.2-2
+        topic, match = found
         session = self.session
         assert session is not None
+        now = broker.clock()
         if qos == 2:
-            packet_id = packet.packet_id
-            assert packet_id is not None
             waiting = session.awaiting_release
             if packet_id not in waiting:
                 if len(waiting) >= opts.receive_maximum:
@@ -366,21 +420,19 @@ class Connection:
                         "more unacknowledged QoS 2 messages than Receive Maximum",
                         ReasonCode.RECEIVE_MAXIMUM_EXCEEDED,
                     )  # MQTT-3.3.4-7
-                now = broker.clock()
-                router.publish(Message.from_publish(packet, now), match, session, now)
+                message = Message.received(topic, raw_topic, payload, qos, retain, props, now)
+                router.publish(message, match, session, now)
                 waiting.add(packet_id)
                 if session.expiry_interval:
                     broker.store.save_release(session, packet_id)
             # else a resend before PUBREL: acknowledged again, not delivered twice (4.3.3-10)
             self._send(fastpath.encode_ack(_PUBREC, packet_id, 0, None, self.version))
             return
-        now = broker.clock()
-        count = router.publish(Message.from_publish(packet, now), match, session, now)
+        message = Message.received(topic, raw_topic, payload, qos, retain, props, now)
+        count = router.publish(message, match, session, now)
         if qos:
             code = ReasonCode.NO_MATCHING_SUBSCRIBERS if not count and self.version == MQTT_5 else 0
-            self._send(
-                fastpath.encode_ack(_PUBACK, packet.packet_id or 0, code, None, self.version)
-            )
+            self._send(fastpath.encode_ack(_PUBACK, packet_id, code, None, self.version))
 
     # -- acknowledgements from the client ---------------------------------------------------
 

@@ -10,7 +10,7 @@ import math
 from typing import Any
 
 from ..protocol.fastpath import encode_properties, encode_publish_raw, encode_topic
-from ..protocol.packets import MQTT_5, Publish
+from ..protocol.packets import MQTT_5
 from ..protocol.properties import PropertyId
 
 _EXPIRY = PropertyId.MESSAGE_EXPIRY_INTERVAL
@@ -41,6 +41,7 @@ class Message:
         retain: bool = False,
         properties: dict[int, Any] | None = None,
         expires_at: float | None = None,
+        topic_bytes: bytes | None = None,
     ) -> None:
         self.topic = topic
         self.payload = payload
@@ -50,15 +51,24 @@ class Message:
         # Subscription Identifier and Message Expiry Interval, which are set per delivery.
         self.properties = properties if properties is not None else {}
         self.expires_at = expires_at
-        self.topic_bytes = encode_topic(topic)
+        self.topic_bytes = topic_bytes if topic_bytes is not None else encode_topic(topic)
         self._props5: bytes | None = None
         self._q0: dict[int, bytes] = {}
         self.store_id: int | None = None  # row in the durable store, while referenced
         self.store_refs = 0
 
     @classmethod
-    def from_publish(cls, packet: Publish, now: float) -> Message:
-        props = packet.properties
+    def received(
+        cls,
+        topic: str,
+        topic_bytes: bytes,
+        payload: bytes,
+        qos: int,
+        retain: bool,
+        props: dict[int, Any] | None,
+        now: float,
+    ) -> Message:
+        """A message as a client published it; ``props`` are the PUBLISH's properties."""
         expires_at = None
         if props:
             interval = props.get(_EXPIRY)
@@ -66,7 +76,7 @@ class Message:
                 expires_at = now + interval
             if _EXPIRY in props or PropertyId.TOPIC_ALIAS in props or _SUB_ID in props:
                 props = {k: v for k, v in props.items() if k not in _NOT_FORWARDED}
-        return cls(packet.topic, packet.payload, packet.qos, packet.retain, props, expires_at)
+        return cls(topic, payload, qos, retain, props, expires_at, topic_bytes)
 
     def expired(self, now: float) -> bool:
         return self.expires_at is not None and now >= self.expires_at

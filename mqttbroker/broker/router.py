@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..protocol.errors import MalformedPacket
+from ..protocol.fastpath import encode_topic
 from .message import Message
 from .options import BrokerOptions
 from .retained import RetainedStore
@@ -26,7 +28,7 @@ class Router:
         self.store = store or Store()
         self.trie = SubscriptionTrie()
         self.retained = RetainedStore(self.store)
-        self._cache: dict[str, Match] = {}
+        self._cache: dict[bytes, tuple[str, Match]] = {}
         self.published = 0
         self.delivered = 0
 
@@ -39,18 +41,31 @@ class Router:
         self._cache.clear()
         return self.trie.remove(sub)
 
-    def lookup(self, topic: str) -> Match | None:
-        """The subscriptions matching ``topic``, or None if it is not a valid Topic Name."""
-        match = self._cache.get(topic)
-        if match is None:
+    def lookup_raw(self, raw: bytes) -> tuple[str, Match] | None:
+        """The topic name and the subscriptions matching it, from the topic as it is on the wire
+        (2-byte length, then UTF-8); None if it is not a valid Topic Name. A cache hit skips
+        decoding and validation as well as matching."""
+        found = self._cache.get(raw)
+        if found is None:
+            try:
+                topic = raw[2:].decode()
+            except UnicodeDecodeError:
+                raise MalformedPacket("topic name is not well-formed UTF-8") from None
+            if "\x00" in topic:
+                raise MalformedPacket("topic name contains U+0000")  # MQTT-4.7.3-2
             if not valid_topic_name(topic):
                 return None
-            match = self.trie.match(topic)
+            found = (topic, self.trie.match(topic))
             cache = self._cache
             if len(cache) >= self.options.match_cache_size:
                 cache.clear()
-            cache[topic] = match
-        return match
+            cache[raw] = found
+        return found
+
+    def lookup(self, topic: str) -> Match | None:
+        """The subscriptions matching ``topic``, or None if it is not a valid Topic Name."""
+        found = self.lookup_raw(encode_topic(topic))
+        return None if found is None else found[1]
 
     def publish(self, message: Message, match: Match, publisher: Session | None, now: float) -> int:
         """Store if retained, then deliver to every matching session; returns how many sessions

@@ -40,7 +40,7 @@ _VBI_TABLE = [_encode_vbi(n) for n in range(16384)]
 
 def encode_vbi(value: int) -> bytes:
     """Variable Byte Integer (section 1.5.5); values up to 16383 come from a table."""
-    if value < 16384:
+    if 0 <= value < 16384:
         return _VBI_TABLE[value]
     return _encode_vbi(value)
 
