@@ -113,7 +113,6 @@ class Connection:
         """Parse every complete packet in ``data`` (plus what was left over) and act on it."""
         if self.state == CLOSED:
             return  # MQTT-3.1.4-6: nothing after a refused CONNECT is processed
-        self.last_received = self.broker.clock()
         if self._pending:
             self._pending.append(data)
             self._pending_len += len(data)
@@ -145,6 +144,8 @@ class Connection:
                 pos = stop
                 if self.state == CLOSED:
                     return
+            if pos:  # keep alive counts whole packets, not a trickle of bytes (MQTT-3.1.2-22)
+                self.last_received = self.broker.clock()
             if store.writes != writes and not self.gated:
                 # Acknowledgements mean "stored": hold them until the batch is on disk.
                 self.gated = True

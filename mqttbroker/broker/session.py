@@ -29,7 +29,17 @@ NEVER = 0xFFFFFFFF
 class Delivery:
     """One message on its way to one session: queued, or in flight under a packet id."""
 
-    __slots__ = ("message", "qos", "retain", "sub_ids", "released", "seq", "packet_id", "stored")
+    __slots__ = (
+        "message",
+        "qos",
+        "retain",
+        "sub_ids",
+        "released",
+        "seq",
+        "packet_id",
+        "stored",
+        "held",
+    )
 
     def __init__(self, message: Message, qos: int, retain: bool, sub_ids: tuple[int, ...]) -> None:
         self.message = message
@@ -40,6 +50,7 @@ class Delivery:
         self.seq = 0  # order within the session, for the store
         self.packet_id: int | None = None  # set while in flight
         self.stored = False  # the store has a record of it
+        self.held = False  # in flight, but its resend waits for room in the receive window
 
 
 _MEMORY = Store()
@@ -64,6 +75,7 @@ class Session:
         "_drop_logged",
         "store",
         "seq",
+        "held",
     )
 
     def __init__(self, client_id: str, options: BrokerOptions, store: Store | None = None) -> None:
@@ -71,6 +83,7 @@ class Session:
         self.options = options
         self.store = store or _MEMORY
         self.seq = 0
+        self.held = 0  # in-flight deliveries whose resend is held (see resend)
         self.subscriptions: dict[str, Subscription] = {}
         self.connection: Connection | None = None
         self.expiry_interval = 0
@@ -125,7 +138,11 @@ class Session:
         del self.inflight[packet_id]
         if delivery.stored:
             self.store.delete_delivery(self, delivery)
-        if self.queue:
+        if delivery.held:
+            self.held -= 1
+        if self.held:
+            self._resend_held(now)
+        elif self.queue:
             self.drain(now)
 
     def _allocate_packet_id(self) -> int:
@@ -197,20 +214,54 @@ class Session:
         conn = self.connection
         if conn is None:
             return
+        # The new connection's Receive Maximum bounds the PUBLISHes resent now (MQTT-3.3.4-9);
+        # the others keep their packet ids and go out as acknowledgements make room.
+        room = conn.send_quota
         for packet_id, delivery in list(self.inflight.items()):
             if delivery.released:
                 conn.send_pubrel(packet_id)
-            elif not conn.send_publish(
-                delivery.message,
-                delivery.qos,
-                delivery.retain,
-                True,
-                packet_id,
-                delivery.sub_ids,
-                now,
-            ):
-                self._finish(packet_id, delivery, now)
-        self.drain(now)
+                room -= 1
+            elif room > 0:
+                room -= 1
+                if delivery.held:
+                    delivery.held = False
+                    self.held -= 1
+                if not conn.send_publish(
+                    delivery.message,
+                    delivery.qos,
+                    delivery.retain,
+                    True,
+                    packet_id,
+                    delivery.sub_ids,
+                    now,
+                ):
+                    room += 1
+                    self._finish(packet_id, delivery, now)
+            elif not delivery.held:
+                delivery.held = True
+                self.held += 1
+        if not self.held:
+            self.drain(now)
+
+    def _resend_held(self, now: float) -> None:
+        conn = self.connection
+        if conn is None:
+            return
+        for packet_id, delivery in self.inflight.items():
+            if delivery.held:
+                delivery.held = False
+                self.held -= 1
+                if not conn.send_publish(
+                    delivery.message,
+                    delivery.qos,
+                    delivery.retain,
+                    True,
+                    packet_id,
+                    delivery.sub_ids,
+                    now,
+                ):
+                    self._finish(packet_id, delivery, now)
+                return
 
     # -- acknowledgements from the client ---------------------------------------------------
 

@@ -1,0 +1,317 @@
+"""A test harness for the sans-I/O broker: a fake clock, fake links, and clients that speak in
+packets encoded with the real codec and read back what the broker wrote.
+
+No sockets, no sleeps: time moves only when a test calls ``clock.advance`` and enforcement
+happens only when it calls ``broker.tick()``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mqttbroker.broker.connection import Connection
+from mqttbroker.broker.core import Broker
+from mqttbroker.broker.options import BrokerOptions
+from mqttbroker.broker.session import Session
+from mqttbroker.protocol import decode_packet, fastpath, grammar
+from mqttbroker.protocol import packets as pk
+from mqttbroker.protocol.packets import MQTT_5
+from mqttbroker.protocol.properties import PropertyId as Prop
+
+__all__ = [
+    "FakeClock",
+    "FakeLink",
+    "Harness",
+    "Client",
+    "split_packets",
+    "split_raw",
+    "Prop",
+    "pk",
+    "MQTT_5",
+]
+
+
+class FakeClock:
+    """A monotonic clock that only moves when told to."""
+
+    def __init__(self, start: float = 1_000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        assert seconds >= 0, "a monotonic clock does not go back"
+        self.now += seconds
+
+
+class FakeLink:
+    """A transport that records every write and whether (and how often) it was closed."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.closed = False
+        self.close_calls = 0
+        self.writes_after_close = 0
+
+    def write(self, data: bytes) -> None:
+        if self.closed:
+            self.writes_after_close += 1
+        self.writes.append(bytes(data))
+
+    def close(self) -> None:
+        self.closed = True
+        self.close_calls += 1
+
+    @property
+    def data(self) -> bytes:
+        return b"".join(self.writes)
+
+
+def split_raw(data: bytes) -> list[bytes]:
+    """Cut a written byte stream into whole packets (fixed header included)."""
+    raw: list[bytes] = []
+    pos = 0
+    end = len(data)
+    while pos < end:
+        header = fastpath.read_fixed_header(data, pos, end)
+        assert header is not None, f"truncated fixed header in the output at byte {pos}"
+        length, body = header
+        stop = body + length
+        assert stop <= end, f"the output stops inside a packet (at byte {pos})"
+        raw.append(data[pos:stop])
+        pos = stop
+    return raw
+
+
+def decode_raw(raw: bytes, version: int) -> Any:
+    header = fastpath.read_fixed_header(raw, 0, len(raw))
+    assert header is not None
+    return decode_packet(raw[0], raw[header[1] :], version)
+
+
+def split_packets(data: bytes, version: int) -> list[Any]:
+    """Cut a written byte stream into packets and decode each one with the real codec."""
+    return [decode_raw(raw, version) for raw in split_raw(data)]
+
+
+class Client:
+    """One fake network connection to the broker, speaking MQTT at ``version``."""
+
+    def __init__(self, harness: Harness, version: int = MQTT_5, peer: str = "peer") -> None:
+        self.h = harness
+        self.version = version
+        self.link = FakeLink()
+        self.conn: Connection = harness.broker.connect(self.link, peer)
+        self.connack: pk.Connack | None = None
+        self._read = 0
+        self._next_id = 1
+        self._connack_seen = False
+
+    # -- sending ------------------------------------------------------------------------
+
+    def send_raw(self, data: bytes) -> None:
+        self.conn.data_received(data)
+
+    def send(self, *packets: Any) -> None:
+        """Encode ``packets`` with the grammar and feed them to the broker in one chunk."""
+        self.send_raw(b"".join(grammar.encode(p, self.version) for p in packets))
+
+    def next_id(self) -> int:
+        packet_id = self._next_id
+        self._next_id = packet_id % 65535 + 1
+        return packet_id
+
+    def publish(
+        self,
+        topic: str,
+        payload: bytes = b"x",
+        qos: int = 0,
+        *,
+        retain: bool = False,
+        dup: bool = False,
+        packet_id: int | None = None,
+        properties: dict[int, Any] | None = None,
+    ) -> int | None:
+        if qos and packet_id is None:
+            packet_id = self.next_id()
+        self.send(
+            pk.Publish(
+                topic, payload, qos, retain, dup, packet_id if qos else None, properties or {}
+            )
+        )
+        return packet_id
+
+    def subscribe(
+        self,
+        topic_filter: str,
+        qos: int = 0,
+        *,
+        no_local: bool = False,
+        retain_as_published: bool = False,
+        retain_handling: int = 0,
+        sub_id: int | None = None,
+    ) -> list[Any]:
+        """SUBSCRIBE to one filter; returns everything received afterwards (SUBACK first)."""
+        props = {Prop.SUBSCRIPTION_IDENTIFIER: sub_id} if sub_id is not None else {}
+        packet_id = self.next_id()
+        request = pk.SubscriptionRequest(
+            topic_filter, qos, no_local, retain_as_published, retain_handling
+        )
+        self.send(pk.Subscribe(packet_id, [request], props))
+        received = self.receive()
+        assert received, "no SUBACK"
+        suback = received[0]
+        assert isinstance(suback, pk.Suback), received
+        assert suback.packet_id == packet_id  # MQTT-3.8.4-2
+        return received
+
+    def unsubscribe(self, *filters: str) -> list[Any]:
+        packet_id = self.next_id()
+        self.send(pk.Unsubscribe(packet_id, list(filters)))
+        return self.receive()
+
+    def puback(self, packet_id: int) -> None:
+        self.send(pk.Puback(packet_id))
+
+    def pubrec(self, packet_id: int, reason_code: int = 0) -> None:
+        self.send(pk.Pubrec(packet_id, reason_code))
+
+    def pubrel(self, packet_id: int) -> None:
+        self.send(pk.Pubrel(packet_id))
+
+    def pubcomp(self, packet_id: int) -> None:
+        self.send(pk.Pubcomp(packet_id))
+
+    def pingreq(self) -> None:
+        self.send_raw(fastpath.PINGREQ)
+
+    def disconnect(self, reason_code: int = 0, properties: dict[int, Any] | None = None) -> None:
+        self.send(pk.Disconnect(reason_code, properties or {}))
+
+    def lose(self) -> None:
+        """The network fails under the connection."""
+        self.conn.connection_lost()
+
+    # -- receiving ----------------------------------------------------------------------
+
+    def receive(self, limit: int | None = None) -> list[Any]:
+        """Flush the broker and decode whatever this client was sent since the last call (at
+        most ``limit`` packets; the rest stay for the next call)."""
+        self.h.broker.flush()
+        raw = split_raw(self.link.data[self._read :])
+        if limit is not None:
+            raw = raw[:limit]
+        self._read += sum(len(r) for r in raw)
+        packets = [decode_raw(r, self.version) for r in raw]
+        self._check(packets)
+        return packets
+
+    def _check(self, packets: list[Any]) -> None:
+        """Rules every server packet must follow, checked on everything a test reads."""
+        for index, packet in enumerate(packets):
+            if isinstance(packet, pk.Disconnect):
+                # [MQTT-3.14.4-1] nothing after a DISCONNECT; [MQTT-3.14.4-2] then closed;
+                # [MQTT-3.14.2-2] never a Session Expiry Interval from the server.
+                assert index == len(packets) - 1, packets
+                assert self.link.closed
+                assert Prop.SESSION_EXPIRY_INTERVAL not in packet.properties
+            elif isinstance(packet, pk.Connack):
+                # [MQTT-3.2.0-2] one CONNACK per connection.
+                assert self.connack is None and not self._connack_seen, packets
+                self._connack_seen = True
+                if packet.reason_code >= 0x80 or (self.version != MQTT_5 and packet.reason_code):
+                    # [MQTT-3.2.2-6] [MQTT-3.2.2-7] refused: Session Present 0, then closed.
+                    assert not packet.session_present
+                    assert index == len(packets) - 1, packets
+                    assert self.link.closed
+            elif isinstance(packet, pk.Publish):
+                if packet.qos == 0:
+                    assert not packet.dup  # [MQTT-3.3.1-2]
+                    assert packet.packet_id is None  # [MQTT-2.2.1-2]
+                else:
+                    assert packet.packet_id  # [MQTT-2.2.1-4]
+                # [MQTT-3.1.2-27] these clients never announce a Topic Alias Maximum.
+                assert Prop.TOPIC_ALIAS not in packet.properties
+
+    def publishes(self) -> list[pk.Publish]:
+        """Received packets, asserting they are all PUBLISHes."""
+        received = self.receive()
+        assert all(isinstance(p, pk.Publish) for p in received), received
+        return received
+
+    def one(self, cls: type) -> Any:
+        """Exactly one packet was received and it is a ``cls``."""
+        received = self.receive()
+        assert len(received) == 1 and isinstance(received[0], cls), received
+        return received[0]
+
+    @property
+    def closed(self) -> bool:
+        return self.link.closed
+
+    @property
+    def session(self) -> Session:
+        session = self.conn.session
+        assert session is not None
+        return session
+
+
+class Harness:
+    """A broker with a fake clock, and the clients connected to it."""
+
+    def __init__(self, **options: Any) -> None:
+        self.clock = FakeClock()
+        self.options = BrokerOptions(**options)
+        self.broker = Broker(self.options, clock=self.clock)
+        self.clients: list[Client] = []
+
+    def client(self, version: int = MQTT_5, peer: str = "peer") -> Client:
+        client = Client(self, version, peer)
+        self.clients.append(client)
+        return client
+
+    def connect(
+        self,
+        client_id: str = "c",
+        *,
+        version: int = MQTT_5,
+        clean_start: bool = True,
+        keep_alive: int = 0,
+        properties: dict[int, Any] | None = None,
+        will: pk.Will | None = None,
+        expect_present: bool | None = None,
+    ) -> Client:
+        """Open a connection, send CONNECT and check the CONNACK says success."""
+        client = self.client(version, peer=f"peer-{client_id or 'anon'}")
+        client.send(
+            pk.Connect(
+                client_id=client_id,
+                protocol_level=version,
+                clean_start=clean_start,
+                keep_alive=keep_alive,
+                will=will,
+                properties=properties or {},
+            )
+        )
+        # Only the CONNACK: what follows it (a resumed session's resends) is left for the test.
+        received = client.receive(limit=1)
+        assert received and isinstance(received[0], pk.Connack), received
+        connack = received[0]
+        assert connack.reason_code == 0, connack
+        if expect_present is not None:
+            assert connack.session_present == expect_present, connack
+        client.connack = connack
+        return client
+
+    def tick(self, advance: float = 0.0) -> None:
+        if advance:
+            self.clock.advance(advance)
+        self.broker.tick()
+
+    def check_no_write_after_close(self) -> None:
+        """[MQTT-3.14.4-1] nothing is written on a connection after it was closed, and a link is
+        closed at most once."""
+        for client in self.clients:
+            assert client.link.writes_after_close == 0, client.conn
+            assert client.link.close_calls <= 1, client.conn

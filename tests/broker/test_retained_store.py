@@ -1,0 +1,127 @@
+"""The retained-message store on its own (section 3.3.1.3): one message per topic, replaced by a
+newer one, cleared by an empty payload, matched by wildcard filters with the '$' rule, expired
+messages removed instead of returned."""
+
+from __future__ import annotations
+
+import pytest
+
+from mqttbroker.broker.message import Message
+from mqttbroker.broker.retained import RetainedStore
+
+
+def retained(topic: str, payload: bytes = b"v", expires_at: float | None = None) -> Message:
+    return Message(topic, payload, qos=1, retain=True, expires_at=expires_at)
+
+
+def topics(store: RetainedStore, topic_filter: str, now: float = 0.0) -> list[str]:
+    return sorted(m.topic for m in store.match(topic_filter, now))
+
+
+def test_store_and_get() -> None:
+    """[MQTT-3.3.1-5] A retained message is kept for its topic."""
+    store = RetainedStore()
+    assert store.get("a/b") is None
+    message = retained("a/b")
+    store.store(message)
+    assert store.get("a/b") is message
+    assert store.get("a") is None
+    assert store.get("a/b/c") is None
+    assert len(store) == 1
+    assert list(store) == [message]
+
+
+def test_store_replaces() -> None:
+    """[MQTT-3.3.1-5] A newer retained message replaces the one kept for the same topic."""
+    store = RetainedStore()
+    store.store(retained("a/b", b"1"))
+    newer = retained("a/b", b"2")
+    store.store(newer)
+    assert store.get("a/b") is newer
+    assert len(store) == 1
+    assert [m.payload for m in store.match("a/b", 0.0)] == [b"2"]
+
+
+def test_empty_payload_clears() -> None:
+    """[MQTT-3.3.1-6] [MQTT-3.3.1-7] An empty payload removes the topic's retained message and is
+    not kept itself."""
+    store = RetainedStore()
+    store.store(retained("a/b"))
+    store.store(retained("a/b", b""))
+    assert store.get("a/b") is None
+    assert len(store) == 0
+    assert list(store) == []
+    assert topics(store, "#") == []
+    # Clearing a topic that has nothing is harmless, and an empty payload is never stored.
+    store.store(retained("x/y", b""))
+    assert len(store) == 0
+    assert store.get("x/y") is None
+
+
+def test_clear_keeps_parent_and_children() -> None:
+    """Clearing 'a/b' leaves 'a' and 'a/b/c' alone; clearing 'a' leaves 'a/b'."""
+    store = RetainedStore()
+    for topic in ("a", "a/b", "a/b/c"):
+        store.store(retained(topic))
+    store.store(retained("a/b", b""))
+    assert topics(store, "#") == ["a", "a/b/c"]
+    store.store(retained("a", b""))
+    assert topics(store, "#") == ["a/b/c"]
+    store.store(retained("a/b/c", b""))
+    assert topics(store, "#") == []
+    assert len(store) == 0
+    # Storing again after everything was pruned works.
+    store.store(retained("a/b"))
+    assert topics(store, "a/+") == ["a/b"]
+
+
+TOPICS = ["a", "a/b", "a/b/c", "a//c", "/a", "a/", "/", "b", "$SYS/load", "$SYS", "$x/a", "x/$y"]
+
+
+@pytest.mark.parametrize(
+    ("topic_filter", "expected"),
+    [
+        ("#", ["/", "/a", "a", "a/", "a//c", "a/b", "a/b/c", "b", "x/$y"]),
+        ("+", ["a", "b"]),
+        ("+/+", ["/", "/a", "a/", "a/b", "x/$y"]),
+        ("a/#", ["a", "a/", "a//c", "a/b", "a/b/c"]),
+        ("a/+", ["a/", "a/b"]),
+        ("a/+/c", ["a//c", "a/b/c"]),
+        ("+/a", ["/a"]),
+        ("/+", ["/", "/a"]),
+        ("/#", ["/", "/a"]),
+        ("$SYS/#", ["$SYS", "$SYS/load"]),
+        ("$SYS/+", ["$SYS/load"]),
+        ("+/load", []),
+        ("+/#", ["/", "/a", "a", "a/", "a//c", "a/b", "a/b/c", "b", "x/$y"]),
+        ("$x/+", ["$x/a"]),
+        ("x/+", ["x/$y"]),
+        ("a/b", ["a/b"]),
+        ("nothing/#", []),
+    ],
+)
+def test_wildcard_match(topic_filter: str, expected: list[str]) -> None:
+    """[MQTT-4.7.2-1] [MQTT-4.7.1-1] [MQTT-4.7.1-2] Wildcard filters find exactly the matching
+    retained topics; '+' and '#' in the first level never match a '$' topic."""
+    store = RetainedStore()
+    for topic in TOPICS:
+        store.store(retained(topic))
+    assert topics(store, topic_filter) == expected
+
+
+def test_expired_message_removed_not_returned() -> None:
+    """[MQTT-3.3.2-5] An expired retained message is not returned and is dropped from the store;
+    one that has not expired is returned."""
+    store = RetainedStore()
+    store.store(retained("a/old", expires_at=10.0))
+    store.store(retained("a/new", expires_at=20.0))
+    store.store(retained("a/forever"))
+    assert topics(store, "a/#", now=9.9) == ["a/forever", "a/new", "a/old"]
+    assert len(store) == 3
+    assert topics(store, "a/#", now=10.0) == ["a/forever", "a/new"]
+    assert store.get("a/old") is None
+    assert len(store) == 2
+    assert topics(store, "a/new", now=25.0) == []
+    assert store.get("a/new") is None
+    assert len(store) == 1
+    assert topics(store, "#", now=1e9) == ["a/forever"]
