@@ -51,6 +51,10 @@ class Link(Protocol):
 
     def close(self) -> None: ...
 
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
 
 class Connection:
     __slots__ = (
@@ -76,6 +80,8 @@ class Connection:
         "_need",
         "_out",
         "gated",
+        "work",
+        "input_paused",
     )
 
     def __init__(self, broker: Broker, link: Link, peer: str = "?") -> None:
@@ -103,6 +109,8 @@ class Connection:
         self._out: list[bytes] = []
         # True while output waits for the store to commit what this connection's input changed.
         self.gated = False
+        self.work = 0  # packets and deliveries handled in the current data_received call
+        self.input_paused = False  # reading paused until the broker resumes our input
 
     def __repr__(self) -> str:
         return f"Connection({self.client_id or self.peer!r})"
@@ -110,7 +118,12 @@ class Connection:
     # -- input ------------------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
-        """Parse every complete packet in ``data`` (plus what was left over) and act on it."""
+        """Parse the complete packets in ``data`` (plus what was left over) and act on them.
+
+        The work done for one call is bounded (``input_budget`` packets and deliveries): past it,
+        the rest waits, reading from this client pauses, and the broker resumes it after the
+        pass's output is flushed. A publisher whose messages fan out widely cannot hold the event
+        loop (and everyone's output) for seconds."""
         if self.state == CLOSED:
             return  # MQTT-3.1.4-6: nothing after a refused CONNECT is processed
         if self._pending:
@@ -126,8 +139,22 @@ class Connection:
         limit = self.broker.options.max_packet_size
         store = self.broker.store
         writes = store.writes
+        budget = self.broker.options.input_budget
+        self.work = 0
         try:
             while pos < end:
+                if self.work >= budget:
+                    break
+                if self.state == AWAIT_CONNECT and data[pos] >> 4 != _CONNECT:
+                    # MQTT-3.1.0-1: not MQTT, or not a CONNECT. There is nothing to acknowledge
+                    # and no protocol version to answer in: close at once.
+                    log.warning(
+                        "connection from %s: first packet is not CONNECT (byte 0x%02X); closing",
+                        self.peer,
+                        data[pos],
+                    )
+                    self.close(publish_will=False)
+                    return
                 header = fastpath.read_fixed_header(data, pos, end)
                 if header is None:
                     break
@@ -141,6 +168,7 @@ class Connection:
                     self._need = stop - pos
                     break
                 self._dispatch(data[pos], data, body, stop)
+                self.work += 1
                 pos = stop
                 if self.state == CLOSED:
                     return
@@ -161,19 +189,25 @@ class Connection:
             rest = data[pos:]
             self._pending.append(rest)
             self._pending_len = len(rest)
+            if self.work >= budget:
+                self._need = 0  # parse the rest when resumed
+                if not self.input_paused:
+                    self.input_paused = True
+                    self.link.pause_reading()
+                self.broker.defer(self)
+                return
+        if self.input_paused:
+            self.input_paused = False
+            self.link.resume_reading()
+
+    def resume_input(self) -> None:
+        """Go on with input left over when the budget ran out (called by the broker)."""
+        if self.state != CLOSED and self._pending:
+            self.data_received(b"")
 
     def _dispatch(self, first: int, data: bytes, body: int, stop: int) -> None:
         ptype = first >> 4
-        if self.state != CONNECTED:
-            if ptype != _CONNECT:
-                # MQTT-3.1.0-1: nothing to acknowledge and no version known; just close.
-                log.warning(
-                    "connection from %s: first packet is type %d, not CONNECT; closing",
-                    self.peer,
-                    ptype,
-                )
-                self.close(publish_will=False)
-                return
+        if self.state != CONNECTED:  # the first byte was checked: this is a CONNECT
             self._on_connect(self._decode_connect(first, data[body:stop]))
             return
         if ptype == _PUBLISH:
@@ -244,6 +278,8 @@ class Connection:
                 raise MQTTError("retained will not supported", ReasonCode.RETAIN_NOT_SUPPORTED)
             if will.properties.get(Prop.PAYLOAD_FORMAT_INDICATOR) == 1:
                 _check_utf8_payload(will.payload)
+        if Prop.AUTHENTICATION_DATA in props and Prop.AUTHENTICATION_METHOD not in props:
+            raise ProtocolError("Authentication Data without an Authentication Method")
         if Prop.AUTHENTICATION_METHOD in props:
             raise MQTTError(
                 "authentication method not supported", ReasonCode.BAD_AUTHENTICATION_METHOD
@@ -422,7 +458,7 @@ class Connection:
                         ReasonCode.RECEIVE_MAXIMUM_EXCEEDED,
                     )  # MQTT-3.3.4-7
                 message = Message.received(topic, raw_topic, payload, qos, retain, props, now)
-                router.publish(message, match, session, now)
+                self.work += router.publish(message, match, session, now)
                 waiting.add(packet_id)
                 if session.expiry_interval:
                     broker.store.save_release(session, packet_id)
@@ -431,6 +467,7 @@ class Connection:
             return
         message = Message.received(topic, raw_topic, payload, qos, retain, props, now)
         count = router.publish(message, match, session, now)
+        self.work += count
         if qos:
             code = ReasonCode.NO_MATCHING_SUBSCRIBERS if not count and self.version == MQTT_5 else 0
             self._send(fastpath.encode_ack(_PUBACK, packet_id, code, None, self.version))

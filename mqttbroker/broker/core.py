@@ -45,6 +45,7 @@ class Broker:
         # flush() for the end of the pass. None: the caller flushes (tests do).
         self.wake: Callable[[], None] | None = None
         self._dirty: list[Connection] = []
+        self._deferred: list[Connection] = []  # input left for the next pass
 
     # -- connections and output -------------------------------------------------------------
 
@@ -58,13 +59,25 @@ class Broker:
             self.wake()
         self._dirty.append(conn)
 
+    def defer(self, conn: Connection) -> None:
+        """``conn`` has input left over after its budget: resume it after the next flush."""
+        if not self._dirty and not self._deferred and self.wake is not None:
+            self.wake()
+        self._deferred.append(conn)
+
     def flush(self) -> None:
-        """Write each connection's buffered output in one call."""
+        """Write each connection's buffered output in one call, then go on with deferred input
+        (whose output is flushed on the next pass)."""
         dirty = self._dirty
         self._dirty = []
         for conn in dirty:
             if not conn.gated:
                 conn.flush()
+        if self._deferred:
+            deferred = self._deferred
+            self._deferred = []
+            for conn in deferred:
+                conn.resume_input()
 
     # -- sessions ---------------------------------------------------------------------------
 
@@ -157,13 +170,21 @@ class Broker:
 
     def publish_will(self, will: Will, session: Session, now: float) -> None:
         props = will.properties
-        expires_at = None
+        expires_at = interval = None
         if props:
             interval = props.get(Prop.MESSAGE_EXPIRY_INTERVAL)
             if interval is not None:
                 expires_at = now + interval
             props = {k: v for k, v in props.items() if k not in _WILL_NOT_FORWARDED}
-        message = Message(will.topic, will.payload, will.qos, will.retain, props, expires_at)
+        message = Message(
+            will.topic,
+            will.payload,
+            will.qos,
+            will.retain,
+            props,
+            expires_at,
+            expiry_interval=interval,
+        )
         match = self.router.lookup(will.topic)
         if match is not None:
             log.info("publishing the will of %s on %r", session.client_id, will.topic)

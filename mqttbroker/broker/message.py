@@ -6,7 +6,6 @@ they are built once and cached on the message; QoS 1/2 deliveries differ only in
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from ..protocol.fastpath import encode_properties, encode_publish_raw, encode_topic
@@ -26,6 +25,7 @@ class Message:
         "retain",
         "properties",
         "expires_at",
+        "expiry_interval",
         "topic_bytes",
         "_props5",
         "_q0",
@@ -42,6 +42,7 @@ class Message:
         properties: dict[int, Any] | None = None,
         expires_at: float | None = None,
         topic_bytes: bytes | None = None,
+        expiry_interval: int | None = None,
     ) -> None:
         self.topic = topic
         self.payload = payload
@@ -51,6 +52,7 @@ class Message:
         # Subscription Identifier and Message Expiry Interval, which are set per delivery.
         self.properties = properties if properties is not None else {}
         self.expires_at = expires_at
+        self.expiry_interval = expiry_interval  # as published; the forwarded value never exceeds it
         self.topic_bytes = topic_bytes if topic_bytes is not None else encode_topic(topic)
         self._props5: bytes | None = None
         self._q0: dict[int, bytes] = {}
@@ -69,22 +71,26 @@ class Message:
         now: float,
     ) -> Message:
         """A message as a client published it; ``props`` are the PUBLISH's properties."""
-        expires_at = None
+        expires_at = interval = None
         if props:
             interval = props.get(_EXPIRY)
             if interval is not None:
                 expires_at = now + interval
             if _EXPIRY in props or PropertyId.TOPIC_ALIAS in props or _SUB_ID in props:
                 props = {k: v for k, v in props.items() if k not in _NOT_FORWARDED}
-        return cls(topic, payload, qos, retain, props, expires_at, topic_bytes)
+        return cls(topic, payload, qos, retain, props, expires_at, topic_bytes, interval)
 
     def expired(self, now: float) -> bool:
         return self.expires_at is not None and now >= self.expires_at
 
     def remaining_expiry(self, now: float) -> int | None:
+        """Whole seconds left (MQTT-3.3.2-6): rounded down, never more than was published (the
+        millisecond slack absorbs float rounding of large intervals)."""
         if self.expires_at is None:
             return None
-        return max(0, math.ceil(self.expires_at - now))
+        left = max(0, int(self.expires_at - now + 0.001))
+        interval = self.expiry_interval
+        return left if interval is None or left < interval else interval
 
     def _properties_v5(self, sub_ids: tuple[int, ...], now: float) -> bytes:
         if not sub_ids and self.expires_at is None:

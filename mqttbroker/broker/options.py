@@ -35,6 +35,9 @@ class BrokerOptions:
     # Largest number of unacknowledged QoS 1/2 messages sent to one client (further capped by the
     # client's own Receive Maximum).
     max_inflight: int = 65535
+    # Packets plus deliveries one connection's input may cause before the broker flushes output
+    # and serves other connections; the rest of that input waits for the next event-loop pass.
+    input_budget: int = 10000
     # Match-cache entries (topic -> matching subscriptions) kept before the cache is cleared.
     match_cache_size: int = 65536
     # Prefix of generated client identifiers.
@@ -60,5 +63,7 @@ class BrokerOptions:
             raise ValueError("max_queued_messages and max_queued_bytes must not be negative")
         if not 0 < self.max_inflight <= 65535:
             raise ValueError("max_inflight must be between 1 and 65535")
+        if self.input_budget < 1:
+            raise ValueError("input_budget must be at least 1")
         if self.match_cache_size < 0:
             raise ValueError("match_cache_size must not be negative")

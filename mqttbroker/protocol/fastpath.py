@@ -257,6 +257,8 @@ def encode_topic(topic: str) -> bytes:
 
 
 def encode_publish(packet: pk.Publish, version: int) -> bytes:
+    if packet.qos and not packet.packet_id:
+        raise ValueError("a QoS 1 or 2 PUBLISH needs a non-zero packet identifier")
     flags = (packet.dup << 3) | (packet.qos << 1) | packet.retain
     props = encode_properties(packet.properties) if version == MQTT_5 else None
     return encode_publish_raw(
@@ -309,9 +311,10 @@ def decode_ack(
         raise MalformedPacket(f"0x{code:02X} is not a {PacketType(packet_type).name} reason code")
     props: dict[int, Any] = {}
     if size > 3:
-        props, p = decode_properties(data, pos + 3, end, packet_type)
-        if p != end:
-            raise MalformedPacket("bytes after the properties")
+        length, p = decode_vbi(data, pos + 3, end)
+        if p + length != end:
+            raise MalformedPacket("property length does not match the packet's length")
+        props = decode_properties(data, pos + 3, end, packet_type)[0]
     return _ACK_CLASS[packet_type](packet_id, code, props)
 
 

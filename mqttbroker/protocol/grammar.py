@@ -305,6 +305,8 @@ def check_protocol(name: str, level: int) -> None:
 def decode(packet_type: int, flags: int, body: bytes, version: int) -> pk.Packet:
     """Decode one packet body. ``version`` is the connection's protocol level (CONNECT carries its
     own). Raises MalformedPacket / ProtocolError / UnsupportedProtocolVersion."""
+    if packet_type not in BODY:
+        raise MalformedPacket(f"reserved packet type {packet_type}")
     required = pk.REQUIRED_FLAGS.get(packet_type)
     if required is not None and flags != required:
         raise MalformedPacket(f"reserved fixed-header flags of packet type {packet_type} are wrong")
@@ -441,6 +443,8 @@ def _to_subscribe(raw: Any, version: int) -> pk.Subscribe:
                 raise MalformedPacket("reserved subscription option bits are not 0")
             retain_handling = 0
         if options & 3 == 3:
+            if version == MQTT_5:
+                raise ProtocolError("subscription Maximum QoS 3")  # section 3.8.3.1
             raise MalformedPacket("subscription QoS 3")
         requests.append(
             pk.SubscriptionRequest(
@@ -479,6 +483,8 @@ def encode(packet: pk.Packet, version: int = MQTT_5) -> bytes:
     flags = pk.REQUIRED_FLAGS.get(ptype, 0)
     v5 = version == MQTT_5
     if isinstance(packet, pk.Publish):
+        if packet.qos and not packet.packet_id:
+            raise ValueError("a QoS 1 or 2 PUBLISH needs a non-zero packet identifier")
         flags = (packet.dup << 3) | (packet.qos << 1) | packet.retain
         obj: dict[str, Any] = {
             "topic": packet.topic,

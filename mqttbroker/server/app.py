@@ -73,11 +73,11 @@ class Server:
         log.info("stopped")
 
     async def run_until_signalled(self) -> None:
-        await self.start()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in (signal.SIGINT, signal.SIGTERM):  # before "listening" is logged
             loop.add_signal_handler(signum, stop.set)
+        await self.start()
         await stop.wait()
         await self.stop()
 

@@ -53,6 +53,7 @@ class FakeLink:
         self.closed = False
         self.close_calls = 0
         self.writes_after_close = 0
+        self.reading_paused = False
 
     def write(self, data: bytes) -> None:
         if self.closed:
@@ -62,6 +63,12 @@ class FakeLink:
     def close(self) -> None:
         self.closed = True
         self.close_calls += 1
+
+    def pause_reading(self) -> None:
+        self.reading_paused = True
+
+    def resume_reading(self) -> None:
+        self.reading_paused = False
 
     @property
     def data(self) -> bytes:
