@@ -1,0 +1,280 @@
+"""Starting, watching and stopping the brokers under test.
+
+* ours: ``python -m mqttbroker --port 0 --log-level warning`` (its port read from /proc);
+* Mosquitto: ``mosquitto -c <generated config>`` on a free loopback port;
+* amqtt: only when it is importable (never installed by this suite); MQTT 3.1.1 only;
+* an external broker at HOST:PORT (its pid, when given, enables CPU and RSS figures).
+
+Started brokers are pinned to core 0 with taskset when taskset exists and there are two or more
+cores; the generator then runs on core 1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import procfs
+from .wire import MQTT_5, MQTT_311
+
+REPO = Path(__file__).resolve().parent.parent
+BROKER_CORE = 0
+GENERATOR_CORE = 1
+START_TIMEOUT = 20.0
+
+MOSQUITTO_CONF = """\
+listener {port} 127.0.0.1
+allow_anonymous true
+persistence false
+max_queued_messages 100000
+max_inflight_messages 0
+max_connections -1
+log_dest stderr
+log_type error
+log_type warning
+connection_messages false
+"""
+
+AMQTT_LAUNCHER = """\
+import asyncio, sys
+from amqtt.broker import Broker
+
+async def main(port):
+    broker = Broker({"listeners": {"default": {"type": "tcp", "bind": f"127.0.0.1:{port}"}},
+                     "sys_interval": 0,
+                     "auth": {"allow-anonymous": True, "plugins": ["auth_anonymous"]},
+                     "topic-check": {"enabled": False}})
+    await broker.start()
+    await asyncio.Event().wait()
+
+asyncio.run(main(int(sys.argv[1])))
+"""
+
+
+def pinning_available() -> bool:
+    return shutil.which("taskset") is not None and (os.cpu_count() or 1) >= 2
+
+
+def pinned(core: int, cmd: list[str], pin: bool) -> list[str]:
+    return ["taskset", "-c", str(core), *cmd] if pin else cmd
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def mosquitto_path() -> str | None:
+    return shutil.which("mosquitto") or (
+        "/usr/sbin/mosquitto" if os.access("/usr/sbin/mosquitto", os.X_OK) else None
+    )
+
+
+def amqtt_available() -> bool:
+    return importlib.util.find_spec("amqtt") is not None
+
+
+@dataclass
+class BrokerHandle:
+    name: str
+    host: str
+    port: int = 0
+    pid: int | None = None
+    version: int = MQTT_5  # the MQTT version the generator speaks to it
+    proc: subprocess.Popen[bytes] | None = None
+    workdir: str | None = None
+    log_path: str | None = None
+    crashes: int = 0
+    description: str = ""
+
+    @property
+    def managed(self) -> bool:
+        return self.proc is not None
+
+    def alive(self) -> bool:
+        if self.proc is None:
+            return port_open(self.host, self.port)
+        return self.proc.poll() is None
+
+    def log_tail(self, lines: int = 15) -> str:
+        if not self.log_path:
+            return ""
+        try:
+            text = Path(self.log_path).read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        if self.workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = None
+
+    def wait_idle(self, limit: float = 30.0, busy: float = 0.10) -> float:
+        """Wait until the broker uses under ``busy`` of a core (what a previous run left it doing
+        must not count against the next); returns the seconds waited."""
+        start = time.monotonic()
+        if self.pid is None:
+            time.sleep(0.3)
+            return time.monotonic() - start
+        quiet = 0
+        last = procfs.cpu_seconds(self.pid)
+        while time.monotonic() - start < limit and last is not None:
+            time.sleep(0.1)
+            now = procfs.cpu_seconds(self.pid)
+            if now is None:
+                break
+            quiet = quiet + 1 if now - last <= busy * 0.1 + 1e-9 else 0
+            last = now
+            if quiet >= 2:
+                break
+        return time.monotonic() - start
+
+
+def _spawn(
+    name: str, cmd: list[str], workdir: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
+    log_path = os.path.join(workdir, f"{name}.log")
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            cmd,
+            cwd=workdir,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # a Ctrl-C in the runner's terminal is the runner's to handle
+        )
+    return proc, log_path
+
+
+def _wait_port(handle: BrokerHandle, find_port: bool) -> None:
+    deadline = time.monotonic() + START_TIMEOUT
+    assert handle.proc is not None and handle.pid is not None
+    while time.monotonic() < deadline:
+        if handle.proc.poll() is not None:
+            raise RuntimeError(
+                f"{handle.name} exited with {handle.proc.returncode} while starting:\n"
+                + handle.log_tail()
+            )
+        if find_port and not handle.port:
+            ports = procfs.listening_ports(handle.pid)
+            if ports:
+                handle.port = ports[0]
+        if handle.port and port_open(handle.host, handle.port):
+            return
+        time.sleep(0.05)
+    handle.stop()
+    raise RuntimeError(f"{handle.name} did not start listening in {START_TIMEOUT:.0f} s")
+
+
+def start_ours(pin: bool, version: int = MQTT_5) -> BrokerHandle:
+    workdir = tempfile.mkdtemp(prefix="bench-ours-")
+    cmd = [
+        sys.executable,
+        "-m",
+        "mqttbroker",
+        "--port",
+        "0",
+        "--log-level",
+        "warning",
+        "--data-dir",
+        os.path.join(workdir, "data"),
+    ]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    proc, log_path = _spawn("ours", pinned(BROKER_CORE, cmd, pin), workdir, env)
+    handle = BrokerHandle(
+        "ours", "127.0.0.1", 0, proc.pid, version, proc, workdir, log_path, description="mqttbroker"
+    )
+    _wait_port(handle, find_port=True)
+    return handle
+
+
+def start_mosquitto(pin: bool, version: int = MQTT_5) -> BrokerHandle:
+    binary = mosquitto_path()
+    if binary is None:
+        raise RuntimeError("mosquitto is not installed")
+    workdir = tempfile.mkdtemp(prefix="bench-mosquitto-")
+    port = free_port()
+    conf = os.path.join(workdir, "mosquitto.conf")
+    Path(conf).write_text(MOSQUITTO_CONF.format(port=port))
+    os.chmod(workdir, 0o755)  # mosquitto drops root for its own user and must read the config
+    os.chmod(conf, 0o644)
+    proc, log_path = _spawn("mosquitto", pinned(BROKER_CORE, [binary, "-c", conf], pin), workdir)
+    handle = BrokerHandle(
+        "mosquitto", "127.0.0.1", port, proc.pid, version, proc, workdir, log_path
+    )
+    _wait_port(handle, find_port=False)
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        out = subprocess.run([binary, "-h"], capture_output=True, text=True, timeout=5).stdout
+        handle.description = out.splitlines()[0].strip() if out else "mosquitto"
+    return handle
+
+
+def start_amqtt(pin: bool) -> BrokerHandle:
+    workdir = tempfile.mkdtemp(prefix="bench-amqtt-")
+    port = free_port()
+    cmd = [sys.executable, "-c", AMQTT_LAUNCHER, str(port)]
+    proc, log_path = _spawn("amqtt", pinned(BROKER_CORE, cmd, pin), workdir)
+    handle = BrokerHandle(
+        "amqtt",
+        "127.0.0.1",
+        port,
+        proc.pid,
+        MQTT_311,
+        proc,
+        workdir,
+        log_path,
+        description="amqtt (MQTT 3.1.1)",
+    )
+    _wait_port(handle, find_port=False)
+    return handle
+
+
+def external(address: str, pid: int | None, version: int = MQTT_5) -> BrokerHandle:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"--broker wants HOST:PORT, got {address!r}")
+    return BrokerHandle(
+        "ours", host.strip("[]"), int(port), pid, version, description=f"external {address}"
+    )
+
+
+STARTERS = {"ours": start_ours, "mosquitto": start_mosquitto}
+
+
+def restart(handle: BrokerHandle, pin: bool) -> BrokerHandle:
+    """Start a managed broker again after it died; the old handle's log is kept."""
+    if handle.name == "amqtt":
+        fresh = start_amqtt(pin)
+    else:
+        fresh = STARTERS[handle.name](pin, handle.version)
+    fresh.crashes = handle.crashes
+    return fresh

@@ -1,0 +1,81 @@
+"""What /proc tells about a process: CPU seconds, resident memory, listening TCP ports; and the
+generator's own CPU time (os.times). Linux only; every reader returns None where /proc is absent."""
+
+from __future__ import annotations
+
+import os
+import resource
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def own_cpu_seconds() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
+def cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU seconds used by ``pid`` so far."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(b")") + 2 :].split()  # the command name may contain spaces
+    return (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime (fields 14 and 15)
+
+
+def rss_kb(pid: int | None) -> int | None:
+    """VmRSS of ``pid`` in KiB."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def listening_ports(pid: int) -> list[int]:
+    """TCP ports ``pid`` listens on (sockets in state LISTEN among its file descriptors)."""
+    inodes = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                inodes.add(link[8:-1])
+    except OSError:
+        return []
+    ports = []
+    for table in ("tcp", "tcp6"):
+        try:
+            with open(f"/proc/{pid}/net/{table}") as f:
+                next(f)
+                for line in f:
+                    parts = line.split()
+                    if len(parts) > 9 and parts[3] == "0A" and parts[9] in inodes:
+                        ports.append(int(parts[1].rsplit(":", 1)[1], 16))
+        except (OSError, StopIteration):
+            continue
+    return sorted(set(ports))
+
+
+def raise_fd_limit(want: int = 1 << 20) -> int:
+    """Raise RLIMIT_NOFILE's soft limit towards ``want`` (up to the hard limit); returns it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return soft

@@ -1,0 +1,341 @@
+"""``python -m benchmarks``: run the scenarios against our broker and its peers, side by side.
+
+Each (scenario, run, broker) is one generator process (benchmarks/generator.py) pinned to core 1
+while the brokers sit on core 0. Every run is written as one JSON line to
+benchmarks/results/<timestamp>.jsonl; at the end a table shows, per scenario, the median of the
+runs for each broker and the ratio ours/peer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from . import brokers as br
+from . import procfs
+from .scenarios import SCENARIOS, Scenario, Sizes, pick, titled
+from .wire import MQTT_5, MQTT_311
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SMOKE_DURATION = 0.3
+SMOKE_WARMUP = 0.1
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description="MQTT broker benchmarks: our broker beside Mosquitto (and amqtt if installed).",
+    )
+    p.add_argument(
+        "--scenarios",
+        metavar="LIST",
+        help=f"comma-separated scenarios to run (default all: {','.join(SCENARIOS)})",
+    )
+    p.add_argument("--duration", type=float, help="measuring seconds per run (default 5)")
+    p.add_argument("--warmup", type=float, help="seconds of load before measuring (default 1)")
+    p.add_argument("--runs", type=int, help="runs per scenario and broker (default 3)")
+    p.add_argument(
+        "--broker",
+        metavar="HOST:PORT",
+        help="measure this already-running broker as 'ours' instead of starting mqttbroker",
+    )
+    p.add_argument("--broker-pid", type=int, metavar="PID", help="its pid, for CPU and RSS figures")
+    p.add_argument("--no-mosquitto", action="store_true", help="do not start Mosquitto")
+    p.add_argument("--no-amqtt", action="store_true", help="do not start amqtt even if installed")
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny runs of every scenario against our broker only; exit 1 if one delivers nothing",
+    )
+    p.add_argument(
+        "--mqtt", choices=("5", "3.1.1"), default="5", help="protocol version (default 5)"
+    )
+    p.add_argument("--connections", type=int, help="idle connections, scenario 6 (default 5000)")
+    p.add_argument("--topics", type=int, help="own-topic subscribers, scenario 7 (default 10000)")
+    p.add_argument("--subscribers", type=int, help="fan-out subscribers, scenario 2 (default 100)")
+    p.add_argument("--no-pin", action="store_true", help="do not pin with taskset")
+    p.add_argument(
+        "--out", metavar="PATH", help="JSON lines file (default benchmarks/results/<time>.jsonl)"
+    )
+    return p
+
+
+# -- formatting ------------------------------------------------------------------------------------
+
+
+def fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float | int):
+        if abs(value) >= 1000:
+            return f"{value:,.0f}"
+        if abs(value) >= 100:
+            return f"{value:.0f}"
+        if abs(value) >= 10:
+            return f"{value:.1f}"
+        return f"{value:.2f}" if value else "0"
+    return str(value)
+
+
+def median(values: list[Any]) -> float | None:
+    numbers = [v for v in values if isinstance(v, int | float)]
+    return statistics.median(numbers) if numbers else None
+
+
+def table(records: list[dict[str, Any]], names: list[str], sizes: Sizes) -> str:
+    peers = [n for n in names if n != "ours"]
+    head = ["scenario", "metric", *names, *(f"ours/{p}" for p in peers)]
+    rows: list[list[str]] = []
+    seen = list(dict.fromkeys(r["scenario"] for r in records))
+    for key in seen:
+        scenario = SCENARIOS[key]
+        mine = [r for r in records if r["scenario"] == key]
+        metric_rows: list[tuple[str, str, bool]] = [
+            (m.key, m.label + ("" if m.higher_is_better else " *"), True) for m in scenario.metrics
+        ]
+        metric_rows += [
+            ("gen_cpu_pct", "gen CPU %", False),
+            ("broker_cpu_pct", "broker CPU %", False),
+        ]
+        first = True
+        for mkey, label, ratio in metric_rows:
+            medians = {}
+            for name in names:
+                values = [
+                    (r.get("metrics") or {}).get(mkey, r.get(mkey))
+                    for r in mine
+                    if r["broker"] == name and not r.get("error")
+                ]
+                medians[name] = median(values)
+            cells = [f"{key:<2} {titled(scenario, sizes)}" if first else "", label]
+            cells += [fmt(medians[n]) for n in names]
+            for peer in peers:
+                a, b = medians.get("ours"), medians.get(peer)
+                cells.append(f"{a / b:.2f}x" if ratio and a is not None and b else "")
+            rows.append(cells)
+            first = False
+        failed = [r for r in mine if r.get("error")]
+        if failed:
+            rows.append(
+                ["", f"({len(failed)} failed run(s): see the JSON lines)"] + [""] * (len(head) - 2)
+            )
+    widths = [max(len(str(row[i])) for row in [head, *rows]) for i in range(len(head))]
+    lines = []
+    for n, row in enumerate([head, *rows]):
+        cells = [
+            str(c).ljust(widths[i]) if i < 2 else str(c).rjust(widths[i]) for i, c in enumerate(row)
+        ]
+        lines.append("  ".join(cells).rstrip())
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+# -- running -------------------------------------------------------------------------------------
+
+
+def run_one(
+    scenario: Scenario,
+    broker: br.BrokerHandle,
+    run: int,
+    args: argparse.Namespace,
+    sizes: Sizes,
+    pin: bool,
+    suite: str,
+) -> dict[str, Any]:
+    idle_wait = broker.wait_idle()
+    spec = {
+        "scenario": scenario.key,
+        "host": broker.host,
+        "port": broker.port,
+        "version": broker.version,
+        "warmup": args.warmup,
+        "duration": args.duration,
+        "broker_pid": broker.pid,
+        "run_id": f"{suite[-6:]}{scenario.key}{broker.name[0]}{run}",
+        "sizes": asdict(sizes),
+    }
+    cmd = br.pinned(
+        br.GENERATOR_CORE, [sys.executable, "-m", "benchmarks.generator", json.dumps(spec)], pin
+    )
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(br.REPO), env.get("PYTHONPATH")) if p)
+    many = sizes.idle_connections + sizes.spray_topics if scenario.many_fds else 0
+    timeout = args.warmup + args.duration + 60 + many / 100
+    record: dict[str, Any] = {
+        "suite": suite,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "scenario": scenario.key,
+        "title": titled(scenario, sizes),
+        "broker": broker.name,
+        "broker_description": broker.description,
+        "run": run + 1,
+        "mqtt_version": "5" if broker.version == MQTT_5 else "3.1.1",
+        "warmup": args.warmup,
+        "duration": args.duration,
+        "pinned": pin,
+        "idle_wait_s": round(idle_wait, 2),
+    }
+    try:
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout, cwd=br.REPO, env=env
+        )
+    except subprocess.TimeoutExpired as exc:
+        record["error"] = f"generator timed out after {timeout:.0f} s"
+        stderr = (
+            exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr
+        )
+        record["generator_stderr"] = (stderr or "")[-2000:]
+    else:
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+        try:
+            record.update(json.loads(lines[-1]))
+        except (IndexError, json.JSONDecodeError):
+            record["error"] = f"generator exited with {proc.returncode} and no result"
+        if proc.returncode != 0 or record.get("error"):
+            record["generator_stderr"] = proc.stderr[-2000:]
+    if not broker.alive():
+        record["broker_crashed"] = True
+        record["broker_log_tail"] = broker.log_tail(30)
+        record.setdefault("error", f"{broker.name} died during the run")
+    return record
+
+
+def summary_line(record: dict[str, Any]) -> str:
+    scenario = SCENARIOS[record["scenario"]]
+    metrics = record.get("metrics") or {}
+    parts = [f"{m.label} {fmt(metrics.get(m.key))}" for m in scenario.metrics]
+    parts.append(f"gen CPU {fmt(record.get('gen_cpu_pct'))}%")
+    parts.append(f"broker CPU {fmt(record.get('broker_cpu_pct'))}%")
+    text = f"{record['scenario']:<2} {record['broker']:<9} run {record['run']}: " + ", ".join(parts)
+    if (record.get("stall_max_s") or 0) >= 0.25:
+        text += f"  [longest stretch without a delivery: {record['stall_max_s']:.2f} s]"
+    for key in ("lost_connections", "unexpected_packets", "failed_acks", "error"):
+        if record.get(key):
+            text += f"  [{key}: {record[key]}]"
+    return text
+
+
+def problems(record: dict[str, Any]) -> list[str]:
+    out = []
+    if record.get("error"):
+        out.append(str(record["error"]))
+    if not record.get("delivered"):
+        out.append("delivered nothing")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.smoke:
+        args.no_mosquitto = args.no_amqtt = True
+        args.duration = SMOKE_DURATION if args.duration is None else args.duration
+        args.warmup = SMOKE_WARMUP if args.warmup is None else args.warmup
+        args.runs = 1 if args.runs is None else args.runs
+    args.duration = 5.0 if args.duration is None else args.duration
+    args.warmup = 1.0 if args.warmup is None else args.warmup
+    args.runs = 3 if args.runs is None else args.runs
+    try:
+        scenarios = pick(args.scenarios)
+    except KeyError as exc:
+        parser().error(str(exc.args[0]))
+    sizes = Sizes.smoke() if args.smoke else Sizes()
+    if args.connections:
+        sizes.idle_connections = args.connections
+    if args.topics:
+        sizes.spray_topics = args.topics
+    if args.subscribers:
+        sizes.fanout_subscribers = args.subscribers
+    version = MQTT_5 if args.mqtt == "5" else MQTT_311
+    pin = br.pinning_available() and not args.no_pin
+    fds = procfs.raise_fd_limit()  # inherited by the brokers and the generators
+    suite = time.strftime("%Y%m%d-%H%M%S")
+    out = Path(args.out) if args.out else RESULTS / f"{suite}.jsonl"
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    handles: list[br.BrokerHandle] = []
+    records: list[dict[str, Any]] = []
+    try:
+        try:
+            if args.broker:
+                handles.append(br.external(args.broker, args.broker_pid, version))
+            else:
+                handles.append(br.start_ours(pin, version))
+        except (RuntimeError, ValueError, OSError) as exc:
+            print(f"benchmarks: cannot start our broker: {exc}", file=sys.stderr)
+            return 2
+        if not args.no_mosquitto:
+            if br.mosquitto_path() is None:
+                print("benchmarks: mosquitto not found: measuring without it", file=sys.stderr)
+            else:
+                try:
+                    handles.append(br.start_mosquitto(pin, version))
+                except (RuntimeError, OSError) as exc:
+                    print(f"benchmarks: mosquitto did not start: {exc}", file=sys.stderr)
+        if not args.no_amqtt and br.amqtt_available():
+            try:
+                handles.append(br.start_amqtt(pin))
+            except (RuntimeError, OSError) as exc:
+                print(f"benchmarks: amqtt did not start: {exc}", file=sys.stderr)
+
+        print(
+            f"benchmarks {suite}: {platform.python_implementation()} {platform.python_version()}, "
+            f"{os.cpu_count()} cores, "
+            + ("brokers pinned to core 0, generator to core 1" if pin else "no pinning")
+            + f", fd limit {fds}"
+        )
+        for h in handles:
+            pid = f"pid {h.pid}" if h.pid else "pid unknown"
+            print(f"  {h.name:<9} {h.host}:{h.port} ({pid}) {h.description}")
+        print(
+            f"  {len(scenarios)} scenario(s) x {args.runs} run(s): warm-up {args.warmup:g} s, "
+            f"measuring {args.duration:g} s; JSON lines -> {out}"
+        )
+        with out.open("a") as sink:
+            for scenario in scenarios:
+                for run in range(args.runs):
+                    for i, handle in enumerate(handles):
+                        if handle.managed and not handle.alive():
+                            print(f"  {handle.name} is down: restarting it", file=sys.stderr)
+                            handle.stop()
+                            handles[i] = handle = br.restart(handle, pin)
+                        record = run_one(scenario, handle, run, args, sizes, pin, suite)
+                        if record.get("broker_crashed"):
+                            handle.crashes += 1
+                            print(
+                                f"  !! {handle.name} crashed; log tail:\n{record['broker_log_tail']}",
+                                file=sys.stderr,
+                            )
+                        records.append(record)
+                        sink.write(json.dumps(record) + "\n")
+                        sink.flush()
+                        print("  " + summary_line(record), flush=True)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+    finally:
+        for h in handles:
+            h.stop()
+
+    print()
+    print(table(records, [h.name for h in handles], sizes))
+    print("  * lower is better; ratios are ours/peer of the medians; CPU % is of one core.")
+    print(f"  results: {out}")
+    bad = [(r, p) for r in records for p in problems(r)]
+    missing = {s.key for s in scenarios} - {r["scenario"] for r in records}
+    for record, problem in bad:
+        print(
+            f"  FAILED {record['scenario']} {record['broker']} run {record['run']}: {problem}",
+            file=sys.stderr,
+        )
+    if missing:
+        print(f"  not run: {', '.join(sorted(missing))}", file=sys.stderr)
+    return 1 if bad or missing else 0

@@ -1,0 +1,522 @@
+"""The benchmark scenarios, one coroutine each, run inside the generator process.
+
+Each takes a :class:`Ctx` (where the broker is, the MQTT version, warm-up and measuring time,
+the sizes) and returns ``{"metrics": {...}, "delivered": N, ...}``. Throughput is counted at the
+receiving side over the measuring window, after a warm-up; the generator's own CPU use over the
+same window is reported beside it, and the broker's when its pid is known.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import procfs, wire
+from .client import Client, RawClient, close_clients, close_raw, open_client, open_many
+
+BLOCK_BYTES = 65536  # a flood publisher's write: as many PUBLISH packets as fit
+STALL_SAMPLE = 0.05  # seconds between samples of the delivery counter
+
+
+@dataclass
+class Sizes:
+    fanin_publishers: int = 8
+    fanout_subscribers: int = 100
+    qos_pairs: int = 4
+    window: int = 32
+    latency_rate: float = 1000.0
+    idle_connections: int = 5000
+    spray_topics: int = 10000
+    spray_wildcards: int = 10
+    connect_concurrency: int = 64
+
+    @classmethod
+    def smoke(cls) -> Sizes:
+        return cls(
+            fanout_subscribers=10,
+            idle_connections=50,
+            spray_topics=200,
+            spray_wildcards=3,
+        )
+
+
+@dataclass
+class Ctx:
+    host: str
+    port: int
+    version: int = wire.MQTT_5
+    warmup: float = 1.0
+    duration: float = 5.0
+    broker_pid: int | None = None
+    run_id: str = "0"
+    sizes: Sizes = field(default_factory=Sizes)
+    clients: list[Client] = field(default_factory=list)
+    raw: list[RawClient] = field(default_factory=list)
+
+    def cid(self, name: str) -> str:
+        return f"bm{self.run_id}-{name}"
+
+    async def client(self, name: str) -> Client:
+        client = await open_client(self.host, self.port, self.cid(name), self.version)
+        self.clients.append(client)
+        return client
+
+    def publish_len(self, topic: str, qos: int = 0) -> int:
+        return len(wire.publish(topic, wire.payload(), qos, 1 if qos else 0, self.version))
+
+    def flood_blocks(self, topics: Sequence[str]) -> tuple[list[bytes], list[int]]:
+        """Pre-encoded QoS 0 PUBLISHes to ``topics`` (round robin), cut into ~64 KiB blocks."""
+        packets = [
+            wire.publish(t, wire.payload(i), 0, 0, self.version) for i, t in enumerate(topics)
+        ]
+        per = max(1, BLOCK_BYTES // len(packets[0]))
+        if len(packets) < per:  # one topic (or a few): repeat them to fill a block
+            packets = packets * math.ceil(per / len(packets))
+        blocks, counts = [], []
+        for start in range(0, len(packets), per):
+            chunk = packets[start : start + per]
+            blocks.append(b"".join(chunk))
+            counts.append(len(chunk))
+        return blocks, counts
+
+    def snapshot(self) -> tuple[float, float, float | None]:
+        return time.perf_counter(), procfs.own_cpu_seconds(), procfs.cpu_seconds(self.broker_pid)
+
+    async def measure(
+        self,
+        read: Callable[[], dict[str, float]],
+        before_read: Callable[[], Any] | None = None,
+        progress: Callable[[], float] | None = None,
+    ) -> dict[str, Any]:
+        """Warm up, then read the counters at the start and end of the measuring window.
+
+        With ``progress`` (a delivery counter), the window is also sampled every 50 ms and the
+        longest stretch without any delivery is reported as ``stall_max_s``: a broker that
+        delivers in bursts shows here even when its average looks fine."""
+        await asyncio.sleep(self.warmup)
+        if before_read:
+            before_read()
+        c0, s0 = read(), self.snapshot()
+        stall = 0.0
+        if progress is None:
+            await asyncio.sleep(self.duration)
+        else:
+            loop = asyncio.get_running_loop()
+            end = loop.time() + self.duration
+            last, since = progress(), loop.time()
+            while (now := loop.time()) < end:
+                await asyncio.sleep(min(STALL_SAMPLE, end - now))
+                count, now = progress(), loop.time()
+                if count != last:
+                    last, since = count, now
+                stall = max(stall, now - since)
+        if before_read:
+            before_read()
+        c1, s1 = read(), self.snapshot()
+        result = window(c0, c1, s0, s1)
+        if progress is not None:
+            result["stall_max_s"] = round(stall, 3)
+        return result
+
+    def open_many(
+        self,
+        names: Sequence[str],
+        filters: Callable[[int], Sequence[tuple[str, int]]] | None = None,
+        frame_len: int = 0,
+    ) -> list[RawClient]:
+        """Open (and subscribe) one raw connection per name, ``connect_concurrency`` at a time."""
+        clients = open_many(
+            self.host,
+            self.port,
+            [self.cid(name) for name in names],
+            self.version,
+            filters,
+            frame_len,
+            self.sizes.connect_concurrency,
+            timeout=60 + len(names) / 100,
+        )
+        self.raw.extend(clients)
+        return clients
+
+    async def close(self) -> None:
+        clients, self.clients = self.clients, []
+        raw, self.raw = self.raw, []
+        await close_clients(clients)
+        await close_raw(raw)
+
+
+def window(
+    c0: dict[str, float],
+    c1: dict[str, float],
+    s0: tuple[float, float, float | None],
+    s1: tuple[float, float, float | None],
+) -> dict[str, Any]:
+    elapsed = s1[0] - s0[0]
+    out: dict[str, Any] = {
+        "elapsed": elapsed,
+        "delta": {k: c1[k] - c0[k] for k in c0},
+        "gen_cpu_pct": round(100 * (s1[1] - s0[1]) / elapsed, 1),
+        "broker_cpu_pct": None,
+    }
+    if s0[2] is not None and s1[2] is not None:
+        out["broker_cpu_pct"] = round(100 * (s1[2] - s0[2]) / elapsed, 1)
+    return out
+
+
+def rate(n: float, elapsed: float) -> float:
+    return round(n / elapsed, 1) if elapsed > 0 else 0.0
+
+
+# -- 1 / 1b / 2: QoS 0 throughput --------------------------------------------------------------
+
+
+async def _qos0_flow(
+    ctx: Ctx, publishers: int, subscribers: int, sub_filter: str, topics: list[str]
+) -> dict[str, Any]:
+    frame = ctx.publish_len(topics[0])
+    subs = []
+    for i in range(subscribers):
+        sub = await ctx.client(f"sub{i}")
+        await sub.subscribe([(sub_filter, 0)])
+        sub.start_counting(frame)
+        subs.append(sub)
+    pubs = []
+    for i in range(publishers):
+        pub = await ctx.client(f"pub{i}")
+        pubs.append(pub)
+    for i, pub in enumerate(pubs):
+        pub.start_flood(*ctx.flood_blocks([topics[i % len(topics)]]))
+    w = await ctx.measure(
+        lambda: {
+            "received": sum(s.count for s in subs),
+            "sent": sum(p.sent for p in pubs),
+        },
+        progress=lambda: sum(s.count for s in subs),
+    )
+    received = w["delta"]["received"]
+    w["metrics"] = {
+        "deliveries_per_s": rate(received, w["elapsed"]),
+        "msgs_per_s": rate(received / subscribers, w["elapsed"]),
+        "sent_per_s": rate(w["delta"]["sent"], w["elapsed"]),
+    }
+    w["delivered"] = sum(s.count for s in subs)  # over the whole run, warm-up included
+    return w
+
+
+async def fan_in(ctx: Ctx) -> dict[str, Any]:
+    n = ctx.sizes.fanin_publishers
+    topics = [f"bench/{i}/data" for i in range(n)]
+    if n > 10:  # keep every topic the same length, so every frame is the same size
+        topics = [f"bench/{i:03d}/data" for i in range(n)]
+    return await _qos0_flow(ctx, n, 1, "bench/+/data", topics)
+
+
+async def one_to_one(ctx: Ctx) -> dict[str, Any]:
+    return await _qos0_flow(ctx, 1, 1, "bench/one", ["bench/one"])
+
+
+async def fan_out(ctx: Ctx) -> dict[str, Any]:
+    return await _qos0_flow(ctx, 1, ctx.sizes.fanout_subscribers, "bench/fanout", ["bench/fanout"])
+
+
+# -- 3 / 4: QoS 1 and 2 end to end -------------------------------------------------------------
+
+
+async def _qos_flow(ctx: Ctx, qos: int) -> dict[str, Any]:
+    n = ctx.sizes.qos_pairs
+    topics = [f"bench/q{qos}/{i:02d}" for i in range(n)]
+    subs = []
+    for i, topic in enumerate(topics):
+        sub = await ctx.client(f"sub{i}")
+        await sub.subscribe([(topic, qos)])
+        sub.start_acking()
+        subs.append(sub)
+    pubs = [await ctx.client(f"pub{i}") for i in range(n)]
+    for pub, topic in zip(pubs, topics, strict=True):
+        pub.start_windowed(topic, qos, ctx.sizes.window, wire.payload())
+    w = await ctx.measure(
+        lambda: {
+            "received": sum(s.count for s in subs),
+            "acked": sum(p.acked for p in pubs),
+        },
+        progress=lambda: sum(s.count for s in subs),
+    )
+    received = w["delta"]["received"]
+    w["metrics"] = {
+        "msgs_per_s": rate(received, w["elapsed"]),
+        "acked_per_s": rate(w["delta"]["acked"], w["elapsed"]),
+    }
+    w["delivered"] = sum(s.count for s in subs)
+    w["failed_acks"] = sum(p.failed_acks for p in pubs)
+    w["window"] = min([ctx.sizes.window] + [p.receive_max for p in pubs])
+    return w
+
+
+async def qos1(ctx: Ctx) -> dict[str, Any]:
+    return await _qos_flow(ctx, 1)
+
+
+async def qos2(ctx: Ctx) -> dict[str, Any]:
+    return await _qos_flow(ctx, 2)
+
+
+# -- 5: latency at a fixed rate ----------------------------------------------------------------
+
+
+def percentile(sorted_values: Sequence[int], q: float) -> int:
+    """Nearest-rank percentile of an ascending sequence."""
+    index = max(0, math.ceil(q * len(sorted_values)) - 1)
+    return sorted_values[min(index, len(sorted_values) - 1)]
+
+
+async def latency(ctx: Ctx) -> dict[str, Any]:
+    topic = "bench/latency"
+    sub = await ctx.client("sub")
+    await sub.subscribe([(topic, 0)])
+    sub.start_latency()
+    pub = await ctx.client("pub")
+    pub.start_rate(topic, ctx.sizes.latency_rate)
+
+    def read() -> dict[str, float]:
+        sub.recording = not sub.recording  # on at the start of the window, off at its end
+        return {"received": sub.count, "sent": pub.sent}
+
+    w = await ctx.measure(read)
+    samples = sorted(sub.samples)
+    if samples:
+        w["metrics"] = {
+            "p50_us": round(percentile(samples, 0.50) / 1000, 1),
+            "p99_us": round(percentile(samples, 0.99) / 1000, 1),
+            "max_us": round(samples[-1] / 1000, 1),
+            "msgs_per_s": rate(w["delta"]["received"], w["elapsed"]),
+        }
+    else:
+        w["metrics"] = {"p50_us": None, "p99_us": None, "max_us": None, "msgs_per_s": 0.0}
+    w["delivered"] = sub.count
+    w["samples"] = len(samples)
+    return w
+
+
+# -- 6: idle connections -----------------------------------------------------------------------
+
+
+async def idle_connections(ctx: Ctx) -> dict[str, Any]:
+    n = ctx.sizes.idle_connections
+    rss0 = procfs.rss_kb(ctx.broker_pid)
+    s0 = ctx.snapshot()
+    clients = ctx.open_many([f"idle{i}" for i in range(n)])
+    s1 = ctx.snapshot()
+    w = window({"connected": 0}, {"connected": len(clients)}, s0, s1)
+    await asyncio.sleep(min(ctx.warmup, 1.0))  # let the broker settle before reading its RSS
+    rss1 = procfs.rss_kb(ctx.broker_pid)
+    await asyncio.sleep(ctx.duration)  # idle: nothing is sent (keep alive 0)
+    for client in clients:
+        client.sweep()
+    dropped = sum(1 for c in clients if c.eof)
+    per_conn = None
+    if rss0 is not None and rss1 is not None:
+        per_conn = round((rss1 - rss0) / n, 2)
+    connect_s = round(w["elapsed"], 3)
+    w["metrics"] = {
+        "connect_s": connect_s,
+        "conns_per_s": rate(n, w["elapsed"]),
+        "rss_kb_per_conn": per_conn,
+        "rss_before_kb": rss0,
+        "rss_after_kb": rss1,
+        "dropped": dropped,
+    }
+    w["delivered"] = len(clients) - dropped
+    return w
+
+
+# -- 7: many topics, a publisher spraying all of them ------------------------------------------
+
+
+async def topic_spray(ctx: Ctx) -> dict[str, Any]:
+    n = ctx.sizes.spray_topics
+    width = max(5, len(str(n - 1)))
+    topics = [f"spray/{i:0{width}d}" for i in range(n)]
+    frame = ctx.publish_len(topics[0])
+    s0 = ctx.snapshot()
+    own = ctx.open_many([f"t{i}" for i in range(n)], lambda i: [(topics[i], 0)], frame)
+    wild = []
+    for i in range(ctx.sizes.spray_wildcards):
+        sub = await ctx.client(f"wild{i}")
+        await sub.subscribe([("spray/+", 0)])
+        sub.start_counting(frame)
+        wild.append(sub)
+    s1 = ctx.snapshot()
+    setup = window({"subs": 0}, {"subs": len(own) + len(wild)}, s0, s1)
+
+    # The 10,000 own-topic subscribers each get 1/10,000 of the traffic: reading each of them on
+    # every message would cost the generator one event-loop callback per message, so they are
+    # read by a sweep twice a second (and at both ends of the window).
+    stop = asyncio.Event()
+
+    async def sweeper() -> None:
+        while not stop.is_set():
+            for client in own:
+                client.sweep()
+            try:
+                await asyncio.wait_for(stop.wait(), 0.5)
+            except TimeoutError:
+                pass
+
+    sweeping = asyncio.get_running_loop().create_task(sweeper())
+    pub = await ctx.client("pub")
+    pub.start_flood(*ctx.flood_blocks(topics))
+
+    def sweep_all() -> None:
+        for client in own:
+            client.sweep()
+
+    w = await ctx.measure(
+        lambda: {
+            "wild": sum(s.count for s in wild),
+            "own": sum(c.count for c in own),
+            "sent": pub.sent,
+        },
+        before_read=sweep_all,
+        progress=lambda: sum(s.count for s in wild),
+    )
+    stop.set()
+    await sweeping
+    sweep_all()
+    routed = w["delta"]["wild"] / max(1, len(wild))
+    w["metrics"] = {
+        "msgs_per_s": rate(routed, w["elapsed"]),
+        "deliveries_per_s": rate(w["delta"]["wild"] + w["delta"]["own"], w["elapsed"]),
+        "own_topic_per_s": rate(w["delta"]["own"], w["elapsed"]),
+        "setup_s": round(setup["elapsed"], 3),
+        "setup_gen_cpu_pct": setup["gen_cpu_pct"],
+        "setup_broker_cpu_pct": setup["broker_cpu_pct"],
+    }
+    w["delivered"] = sum(s.count for s in wild) + sum(c.count for c in own)
+    w["own_topic_subscribers_dropped"] = sum(1 for c in own if c.eof)
+    return w
+
+
+# -- the registry -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Metric:
+    key: str
+    label: str
+    higher_is_better: bool = True
+
+
+@dataclass(frozen=True)
+class Scenario:
+    key: str
+    title: str
+    run: Callable[[Ctx], Awaitable[dict[str, Any]]]
+    metrics: tuple[Metric, ...]
+    many_fds: bool = False
+
+
+MSGS = Metric("msgs_per_s", "msg/s")
+SCENARIOS: dict[str, Scenario] = {
+    s.key: s
+    for s in (
+        Scenario("1", "fan-in QoS0 8->1", fan_in, (MSGS,)),
+        Scenario("1b", "1->1 QoS0", one_to_one, (MSGS,)),
+        Scenario(
+            "2",
+            "fan-out QoS0 1->100",
+            fan_out,
+            (Metric("deliveries_per_s", "deliveries/s"),),
+        ),
+        Scenario("3", "QoS1 4->4, 32 in flight", qos1, (MSGS,)),
+        Scenario("4", "QoS2 4->4, 32 in flight", qos2, (MSGS,)),
+        Scenario(
+            "5",
+            "latency QoS0 @1000/s",
+            latency,
+            (
+                Metric("p50_us", "p50 us", False),
+                Metric("p99_us", "p99 us", False),
+                Metric("max_us", "max us", False),
+            ),
+        ),
+        Scenario(
+            "6",
+            "idle connections",
+            idle_connections,
+            (
+                Metric("connect_s", "connect all, s", False),
+                Metric("rss_kb_per_conn", "RSS KiB/conn", False),
+            ),
+            many_fds=True,
+        ),
+        Scenario(
+            "7",
+            "10k topics spray",
+            topic_spray,
+            (
+                MSGS,
+                Metric("deliveries_per_s", "deliveries/s"),
+                Metric("setup_s", "subscribe all, s", False),
+            ),
+            many_fds=True,
+        ),
+    )
+}
+
+
+def titled(scenario: Scenario, sizes: Sizes) -> str:
+    """The scenario's title with the sizes actually used."""
+    title = scenario.title
+    if scenario.key == "1":
+        title = title.replace("8->", f"{sizes.fanin_publishers}->")
+    elif scenario.key == "2":
+        title = title.replace("->100", f"->{sizes.fanout_subscribers}")
+    elif scenario.key in ("3", "4"):
+        title = title.replace("4->4", f"{sizes.qos_pairs}->{sizes.qos_pairs}").replace(
+            "32 in", f"{sizes.window} in"
+        )
+    elif scenario.key == "5":
+        title = title.replace("@1000", f"@{sizes.latency_rate:g}")
+    elif scenario.key == "6":
+        title = f"{sizes.idle_connections} idle connections"
+    elif scenario.key == "7":
+        title = f"{sizes.spray_topics} topics spray +{sizes.spray_wildcards} wildcards"
+    return title
+
+
+async def run(scenario: Scenario, ctx: Ctx) -> dict[str, Any]:
+    """Run one scenario and close everything it opened; adds what went wrong on the wire."""
+    try:
+        result = await scenario.run(ctx)
+        lost = sum(1 for c in ctx.clients if c.lost.done())
+        unexpected: dict[str, int] = {}
+        for client in ctx.clients:
+            for first, _ in client.others:
+                key = f"0x{first:02X}"
+                unexpected[key] = unexpected.get(key, 0) + 1
+        for raw in ctx.raw:
+            for first, _ in raw.others:
+                key = f"0x{first:02X}"
+                unexpected[key] = unexpected.get(key, 0) + 1
+        if lost:
+            result["lost_connections"] = lost
+        if unexpected:
+            result["unexpected_packets"] = unexpected
+        return result
+    finally:
+        await ctx.close()
+
+
+def pick(keys: str | Sequence[str] | None) -> list[Scenario]:
+    if not keys:
+        return list(SCENARIOS.values())
+    if isinstance(keys, str):
+        keys = [k.strip() for k in keys.split(",") if k.strip()]
+    unknown = [k for k in keys if k not in SCENARIOS]
+    if unknown:
+        raise KeyError(f"unknown scenario(s) {unknown}; known: {', '.join(SCENARIOS)}")
+    return [SCENARIOS[k] for k in keys]

@@ -1,0 +1,203 @@
+"""MQTT bytes for the load generator, built by hand: CONNECT, SUBSCRIBE, PUBLISH, the acks and
+DISCONNECT for MQTT 5 (protocol level 5) and 3.1.1 (level 4), plus the frame walking the receivers
+use. Nothing here imports the broker under test, so the suite measures any broker.
+
+Receivers do not decode PUBLISH packets: they walk fixed headers, and :func:`count_publishes`
+checks a whole chunk of same-sized frames with two strided slices (C speed) instead of a Python
+loop per packet.
+"""
+
+from __future__ import annotations
+
+MQTT_5 = 5
+MQTT_311 = 4
+
+CONNACK = 2
+PUBLISH = 3
+PUBACK = 4
+PUBREC = 5
+PUBREL = 6
+PUBCOMP = 7
+SUBACK = 9
+PINGRESP = 13
+DISCONNECT = 14
+
+PROP_RECEIVE_MAXIMUM = 0x21
+PROP_SESSION_EXPIRY = 0x11
+
+PAYLOAD_SIZE = 64
+
+
+def vbi(value: int) -> bytes:
+    """Variable Byte Integer (MQTT 1.5.5)."""
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def s16(text: str | bytes) -> bytes:
+    raw = text.encode() if isinstance(text, str) else text
+    return len(raw).to_bytes(2, "big") + raw
+
+
+def _packet(first: int, body: bytes) -> bytes:
+    return bytes([first]) + vbi(len(body)) + body
+
+
+def connect(client_id: str, version: int = MQTT_5, keep_alive: int = 0) -> bytes:
+    """CONNECT with Clean Start, no will, no credentials, no properties."""
+    body = b"\x00\x04MQTT" + bytes([version, 0x02]) + keep_alive.to_bytes(2, "big")
+    if version == MQTT_5:
+        body += b"\x00"
+    return _packet(0x10, body + s16(client_id))
+
+
+def subscribe(packet_id: int, filters: list[tuple[str, int]], version: int = MQTT_5) -> bytes:
+    body = packet_id.to_bytes(2, "big")
+    if version == MQTT_5:
+        body += b"\x00"
+    for topic, qos in filters:
+        body += s16(topic) + bytes([qos])
+    return _packet(0x82, body)
+
+
+def publish(
+    topic: str, payload: bytes, qos: int = 0, packet_id: int = 0, version: int = MQTT_5
+) -> bytes:
+    body = s16(topic)
+    if qos:
+        body += packet_id.to_bytes(2, "big")
+    if version == MQTT_5:
+        body += b"\x00"
+    return _packet(0x30 | (qos << 1), body + payload)
+
+
+def disconnect(version: int = MQTT_5) -> bytes:
+    return b"\xe0\x00"
+
+
+def payload(seed: int = 0, size: int = PAYLOAD_SIZE) -> bytes:
+    """A payload of ``size`` bytes; the first 8 are free for a timestamp or sequence number."""
+    return seed.to_bytes(8, "big") + b"x" * (size - 8)
+
+
+# -- receiving ------------------------------------------------------------------------------------
+
+
+def read_remaining_length(data: bytes, pos: int, end: int) -> tuple[int, int] | None:
+    """Remaining Length of the frame starting at ``pos``: (length, body position), or None when
+    more bytes are needed. Raises ValueError on a malformed length."""
+    value = 0
+    shift = 0
+    p = pos + 1
+    for _ in range(4):
+        if p >= end:
+            return None
+        byte = data[p]
+        p += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, p
+        shift += 7
+    raise ValueError("Remaining Length longer than 4 bytes")
+
+
+def next_frame(data: bytes, pos: int = 0) -> tuple[int, int, int] | None:
+    """(first byte, body position, end position) of the frame at ``pos``, or None if incomplete."""
+    end = len(data)
+    if pos + 2 > end:
+        return None
+    header = read_remaining_length(data, pos, end)
+    if header is None:
+        return None
+    length, body = header
+    if body + length > end:
+        return None
+    return data[pos], body, body + length
+
+
+def count_publishes(
+    data: bytes, frame_len: int, first: int, second: int, others: list[tuple[int, bytes]]
+) -> tuple[int, int]:
+    """Count complete PUBLISH frames in ``data``; returns (count, position of the first byte not
+    consumed). ``frame_len``/``first``/``second`` describe the expected frame (all the same size,
+    as in every throughput scenario): a run of them is verified with two strided slices, which
+    check the fixed header of every frame at C speed. Anything else is walked frame by frame;
+    frames that are not PUBLISH are appended to ``others`` as (first byte, body)."""
+    end = len(data)
+    pos = 0
+    count = 0
+    if frame_len > 1 and second >= 0:
+        k = end // frame_len
+        if k:
+            stop = k * frame_len
+            if (
+                data[0:stop:frame_len].count(first) == k
+                and data[1:stop:frame_len].count(second) == k
+            ):
+                count = k
+                pos = stop
+    # The tail (an incomplete frame), or a chunk holding anything else: walk it.
+    while pos < end:
+        header = read_remaining_length(data, pos, end)
+        if header is None:
+            break
+        length, body = header
+        stop = body + length
+        if stop > end:
+            break
+        b0 = data[pos]
+        if b0 >> 4 == PUBLISH:
+            count += 1
+        else:
+            others.append((b0, data[body:stop]))
+        pos = stop
+    return count, pos
+
+
+def connack_result(body: bytes, version: int) -> tuple[int, dict[int, int]]:
+    """(reason code, the integer properties we care about) of a CONNACK body."""
+    code = body[1] if len(body) > 1 else 255
+    props: dict[int, int] = {}
+    if version == MQTT_5 and len(body) > 2:
+        header = read_remaining_length(body, 1, len(body))  # property length is a VBI at 2
+        if header is not None:
+            length, pos = header
+            stop = min(pos + length, len(body))
+            while pos < stop:
+                pid = body[pos]
+                pos += 1
+                if pid in (0x24, 0x25, 0x28, 0x29, 0x2A, 0x01, 0x17, 0x19):  # byte
+                    props[pid] = body[pos]
+                    pos += 1
+                elif pid in (0x21, 0x13, 0x22):  # two-byte integer
+                    props[pid] = int.from_bytes(body[pos : pos + 2], "big")
+                    pos += 2
+                elif pid in (0x11, 0x27, 0x02):  # four-byte integer
+                    props[pid] = int.from_bytes(body[pos : pos + 4], "big")
+                    pos += 4
+                elif pid == 0x26:  # user property: two strings
+                    for _ in range(2):
+                        pos += 2 + int.from_bytes(body[pos : pos + 2], "big")
+                elif pid in (0x12, 0x1A, 0x1C, 0x1F, 0x15, 0x16):  # string / binary
+                    pos += 2 + int.from_bytes(body[pos : pos + 2], "big")
+                else:
+                    break  # unknown: stop reading properties
+    return code, props
+
+
+def suback_codes(body: bytes, version: int) -> list[int]:
+    pos = 2
+    if version == MQTT_5:
+        header = read_remaining_length(body, pos - 1, len(body))
+        if header is None:
+            return []
+        length, pos = header
+        pos += length
+    return list(body[pos:])

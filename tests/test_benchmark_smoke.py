@@ -1,0 +1,52 @@
+"""The benchmark suite keeps working: ``python -m benchmarks --smoke`` runs every scenario once,
+briefly, against our broker, and each delivers something. No speed is asserted here."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+TIMEOUT = 300
+
+
+def scenario_keys() -> set[str]:
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    from benchmarks.scenarios import SCENARIOS
+
+    return set(SCENARIOS)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the generator reads /proc")
+def test_benchmark_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "smoke.jsonl"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "benchmarks", "--smoke", "--no-mosquitto", "--out", str(out)],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"benchmark smoke run took over {TIMEOUT} s: {exc.stdout!r} {exc.stderr!r}")
+    report = f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert proc.returncode == 0, report
+
+    records = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+    by_scenario = {r["scenario"]: r for r in records}
+    assert set(by_scenario) == scenario_keys(), report
+    for key, record in by_scenario.items():
+        assert record["broker"] == "ours"
+        assert not record.get("error"), f"scenario {key}: {record.get('error')}\n{report}"
+        assert record.get("delivered", 0) > 0, f"scenario {key} delivered nothing\n{report}"
+    assert "ours" in proc.stdout and "msg/s" in proc.stdout  # the table was printed
