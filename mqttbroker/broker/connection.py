@@ -81,6 +81,7 @@ class Connection:
         "_out",
         "gated",
         "work",
+        "work_pass",
         "input_paused",
     )
 
@@ -109,7 +110,8 @@ class Connection:
         self._out: list[bytes] = []
         # True while output waits for the store to commit what this connection's input changed.
         self.gated = False
-        self.work = 0  # packets and deliveries handled in the current data_received call
+        self.work = 0  # packets and deliveries caused by our input in this loop pass
+        self.work_pass = -1  # the pass ``work`` counts
         self.input_paused = False  # reading paused until the broker resumes our input
 
     def __repr__(self) -> str:
@@ -120,9 +122,10 @@ class Connection:
     def data_received(self, data: bytes) -> None:
         """Parse the complete packets in ``data`` (plus what was left over) and act on them.
 
-        The work done for one call is bounded (``input_budget`` packets and deliveries): past it,
-        the rest waits, reading from this client pauses, and the broker resumes it after the
-        pass's output is flushed. A publisher whose messages fan out widely cannot hold the event
+        The work one connection's input causes in one event-loop pass is bounded
+        (``input_budget`` packets and deliveries; an event loop may hand over many reads per
+        pass): past it, the rest waits, reading from this client pauses, and the broker resumes
+        it after the pass's output is flushed. A publisher whose messages fan out widely cannot hold the event
         loop (and everyone's output) for seconds."""
         if self.state == CLOSED:
             return  # MQTT-3.1.4-6: nothing after a refused CONNECT is processed
@@ -139,8 +142,11 @@ class Connection:
         limit = self.broker.options.max_packet_size
         store = self.broker.store
         writes = store.writes
-        budget = self.broker.options.input_budget
-        self.work = 0
+        broker = self.broker
+        budget = broker.options.input_budget
+        if self.work_pass != broker.passes:  # the budget is per event-loop pass
+            self.work_pass = broker.passes
+            self.work = 0
         try:
             while pos < end:
                 if self.work >= budget:

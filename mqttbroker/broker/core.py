@@ -46,6 +46,7 @@ class Broker:
         self.wake: Callable[[], None] | None = None
         self._dirty: list[Connection] = []
         self._deferred: list[Connection] = []  # input left for the next pass
+        self.passes = 0  # flushes so far: one per event-loop pass with output
 
     # -- connections and output -------------------------------------------------------------
 
@@ -68,6 +69,7 @@ class Broker:
     def flush(self) -> None:
         """Write each connection's buffered output in one call, then go on with deferred input
         (whose output is flushed on the next pass)."""
+        self.passes += 1
         dirty = self._dirty
         self._dirty = []
         for conn in dirty:
