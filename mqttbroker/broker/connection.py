@@ -10,6 +10,7 @@ per-connection buffer and the broker flushes every buffer once per event-loop pa
 from __future__ import annotations
 
 import logging
+from collections import deque
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..protocol import fastpath, grammar
@@ -79,7 +80,10 @@ class Connection:
         "_pending_len",
         "_need",
         "_out",
-        "gated",
+        "_marks",
+        "_out_base",
+        "_free_upto",
+        "_writes_seen",
         "work",
         "work_pass",
         "input_paused",
@@ -108,8 +112,12 @@ class Connection:
         self._pending_len = 0
         self._need = 0  # bytes the incomplete packet needs in all, when known
         self._out: list[bytes] = []
-        # True while output waits for the store to commit what this connection's input changed.
-        self.gated = False
+        # Output held for the store (see _hold_output): absolute output positions that wait for
+        # a commit each, the number of chunks flushed so far, and how far output may go.
+        self._marks: deque[int] = deque()
+        self._out_base = 0
+        self._free_upto = 0
+        self._writes_seen = 0  # the store's write count when our current input began
         self.work = 0  # packets and deliveries caused by our input in this loop pass
         self.work_pass = -1  # the pass ``work`` counts
         self.input_paused = False  # reading paused until the broker resumes our input
@@ -141,7 +149,7 @@ class Connection:
         pos = 0
         limit = self.broker.options.max_packet_size
         store = self.broker.store
-        writes = store.writes
+        writes = self._writes_seen = store.writes
         broker = self.broker
         budget = broker.options.input_budget
         if self.work_pass != broker.passes:  # the budget is per event-loop pass
@@ -180,10 +188,8 @@ class Connection:
                     return
             if pos:  # keep alive counts whole packets, not a trickle of bytes (MQTT-3.1.2-22)
                 self.last_received = self.broker.clock()
-            if store.writes != writes and not self.gated:
-                # Acknowledgements mean "stored": hold them until the batch is on disk.
-                self.gated = True
-                store.after_commit(self._release_output)
+            if store.writes != writes:
+                self._hold_output()
         except MQTTError as exc:
             self._fail(exc)
             return
@@ -612,18 +618,38 @@ class Connection:
             self.broker.mark_dirty(self)
         out.append(data)
 
+    def _hold_output(self) -> None:
+        """Our input changed the store: what we have buffered so far (acknowledgements among
+        it) waits until the store's current batch is committed, so that "acknowledged" means
+        "on disk". Later output waits behind it, in order."""
+        self._marks.append(self._out_base + len(self._out))
+        self.broker.store.after_commit(self._release_output)
+
     def _release_output(self) -> None:
-        self.gated = False
-        if self._out and self.state != CLOSED:
+        if not self._marks:  # the connection was closed and flushed meanwhile
+            return
+        # Batches commit in order, so the oldest mark is the one committed now.
+        self._free_upto = self._marks.popleft()
+        if self._out:
             self.broker.mark_dirty(self)
 
     def flush(self) -> None:
-        """Write everything buffered since the last flush in one call."""
+        """Write what is buffered (up to what still waits for a commit) in one call."""
         out = self._out
-        if out:
-            data = out[0] if len(out) == 1 else b"".join(out)
+        if not out:
+            return
+        count = len(out)
+        if self._marks:
+            count = min(count, self._free_upto - self._out_base)
+            if count <= 0:
+                return
+        data = out[0] if count == 1 else b"".join(out[:count])
+        if count == len(out):
             out.clear()
-            self.link.write(data)
+        else:
+            del out[:count]
+        self._out_base += count
+        self.link.write(data)
 
     def send_publish(
         self,
@@ -694,13 +720,22 @@ class Connection:
         self.close(publish_will)
 
     def close(self, publish_will: bool = True) -> None:
-        """Flush what is buffered, close the transport and detach from the session."""
+        """Flush what is buffered, close the transport and detach from the session. Output
+        that waits for the store (acknowledgements) goes out once committed, then the close."""
         if self.state == CLOSED:
             return
         self.state = CLOSED
+        store = self.broker.store
+        if self._marks or store.writes != self._writes_seen:
+            store.after_commit(self._close_link)
+        else:
+            self._close_link()
+        self.broker.connection_closed(self, publish_will)
+
+    def _close_link(self) -> None:
+        self._marks.clear()
         self.flush()
         self.link.close()
-        self.broker.connection_closed(self, publish_will)
 
     def connection_lost(self) -> None:
         """The transport closed under us (network failure, client vanished)."""

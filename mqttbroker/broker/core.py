@@ -73,8 +73,7 @@ class Broker:
         dirty = self._dirty
         self._dirty = []
         for conn in dirty:
-            if not conn.gated:
-                conn.flush()
+            conn.flush()
         if self._deferred:
             deferred = self._deferred
             self._deferred = []
@@ -114,6 +113,8 @@ class Broker:
                 session.will_due = None
                 self.store.delete_will(session)
             session.expires_at = None
+        if present and not expiry:
+            self.store.delete_session(session)  # it ends with this connection now
         session.expiry_interval = expiry
         session.connection = conn
         if expiry:

@@ -76,6 +76,7 @@ class Session:
         "store",
         "seq",
         "held",
+        "stored",
     )
 
     def __init__(self, client_id: str, options: BrokerOptions, store: Store | None = None) -> None:
@@ -84,6 +85,7 @@ class Session:
         self.store = store or _MEMORY
         self.seq = 0
         self.held = 0  # in-flight deliveries whose resend is held (see resend)
+        self.stored = False  # the durable store has a record of this session
         self.subscriptions: dict[str, Subscription] = {}
         self.connection: Connection | None = None
         self.expiry_interval = 0

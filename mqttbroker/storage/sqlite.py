@@ -227,6 +227,10 @@ class SQLiteStore(Store):
                 ) from None
             stamp = time.strftime("%Y%m%d-%H%M%S")
             moved = self.path.with_name(f"{self.path.name}.damaged-{stamp}")
+            count = 1
+            while moved.exists():  # never overwrite an earlier damaged copy
+                count += 1
+                moved = self.path.with_name(f"{self.path.name}.damaged-{stamp}-{count}")
             for suffix in ("", "-wal", "-shm"):
                 source = Path(f"{self.path}{suffix}")
                 if source.exists():
@@ -283,6 +287,7 @@ class SQLiteStore(Store):
             db, "SELECT client_id, expiry_interval, expires_at FROM sessions"
         ):
             session = Session(client_id, broker.options, self)
+            session.stored = True
             session.expiry_interval = expiry
             if expires_at is not None:
                 session.expires_at = self._local(expires_at)
@@ -386,6 +391,7 @@ class SQLiteStore(Store):
     def save_session(self, session: Session) -> None:
         if self._loading:
             return
+        session.stored = True
         self._batch.sessions[session.client_id] = (
             session.client_id,
             session.expiry_interval,
@@ -394,8 +400,9 @@ class SQLiteStore(Store):
         self._changed()
 
     def delete_session(self, session: Session) -> None:
-        if self._loading:
-            return
+        if self._loading or not session.stored:
+            return  # never written: a clean session costs the store nothing
+        session.stored = False
         client_id = session.client_id
         for delivery in list(session.inflight.values()) + list(session.queue):
             if delivery.stored:

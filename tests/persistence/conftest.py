@@ -1,0 +1,42 @@
+"""Fixtures of the persistence tests: a data directory that outlives broker runs, and a factory of
+broker processes on it, each killed at the end of the test if it is still running."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from persistence_support import BrokerProc, Paho
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    path = tmp_path / "data"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def brokers(data_dir: Path) -> Iterator[Callable[..., BrokerProc]]:
+    """``brokers(*extra_args)``: a started broker on ``data_dir``."""
+    made: list[BrokerProc] = []
+
+    def make(*extra: str, start: bool = True) -> BrokerProc:
+        proc = BrokerProc(data_dir, *extra)
+        made.append(proc)
+        return proc.start() if start else proc.launch()
+
+    yield make
+    for proc in made:
+        if proc.proc is not None and proc.proc.poll() is None:
+            proc.kill()
+
+
+@pytest.fixture
+def clients() -> Iterator[list[Paho]]:
+    """Paho clients to stop after the test (append them)."""
+    made: list[Paho] = []
+    yield made
+    for client in made:
+        client.abandon()

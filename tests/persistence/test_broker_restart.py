@@ -1,0 +1,431 @@
+"""The broker as a real subprocess with a real SQLite file under --data-dir, killed (SIGKILL) or
+stopped (SIGTERM) and started again on the same directory: nothing it acknowledged is lost.
+
+Waiting is on events (log lines, CONNACK/SUBACK/PUBACK, arriving messages) with timeouts as
+failure guards. To prove that no duplicate is still on its way, a test publishes a marker after
+the messages it counts and waits for it: the session's queue is delivered in order, so anything
+queued before the marker has arrived once the marker has.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from persistence_support import (
+    MQTT_5,
+    MQTT_311,
+    TIMEOUT,
+    BrokerProc,
+    Got,
+    Paho,
+    raw_connect,
+)
+
+from mqttbroker.protocol import packets as pk
+from mqttbroker.protocol.properties import PropertyId as Prop
+
+N = 200
+Brokers = Callable[..., BrokerProc]
+
+
+def persistent(
+    clients: list[Paho], broker: BrokerProc, client_id: str, version: int, expiry: int = 300
+) -> Paho:
+    """A client that resumes its session: MQTT 5 Clean Start 0 with a Session Expiry Interval, or
+    MQTT 3.1.1 Clean Session 0."""
+    if version == MQTT_5:
+        client = Paho(broker, client_id, MQTT_5, clean=False, expiry=expiry)
+    else:
+        client = Paho(broker, client_id, MQTT_311, clean=False)
+    clients.append(client)
+    return client
+
+
+def plain(clients: list[Paho], broker: BrokerProc, client_id: str, version: int = MQTT_5) -> Paho:
+    client = Paho(broker, client_id, version, clean=True)
+    clients.append(client)
+    client.connect()
+    return client
+
+
+def until_marker(client: Paho, publisher: Paho, topic: str, count: int) -> list[Got]:
+    """Wait for ``count`` messages, then publish a marker on ``topic`` and wait for it; everything
+    received before the marker."""
+    client.wait_messages(count, timeout=4 * TIMEOUT)
+    publisher.publish_all([(topic, b"marker", 1, False)])
+    got = client.wait_messages(count + 1)
+    index = next(i for i, m in enumerate(got) if m.payload == b"marker")
+    return got[:index]
+
+
+@pytest.mark.parametrize("version", [MQTT_5, MQTT_311], ids=["mqtt5", "mqtt311"])
+def test_sigkill_loses_no_acknowledged_qos1_or_qos2_message(
+    brokers: Brokers, clients: list[Paho], version: int
+):
+    first = brokers()
+    sub = persistent(clients, first, f"crash-sub-{version}", version)
+    assert not sub.connect()
+    sub.subscribe("crash/q1", 1)
+    sub.subscribe("crash/q2", 2)
+    sub.disconnect()
+
+    pub = plain(clients, first, f"crash-pub-{version}", version)
+    q1 = [b"q1-%03d" % i for i in range(N)]
+    q2 = [b"q2-%03d" % i for i in range(N)]
+    pub.publish_all(
+        [("crash/q1", p, 1, False) for p in q1] + [("crash/q2", p, 2, False) for p in q2]
+    )  # every PUBACK and PUBCOMP received
+    assert first.kill() == -9
+    pub.abandon()
+
+    second = brokers()
+    restored = second.wait_for_log(r"restored (\d+) sessions, (\d+) queued", timeout=0)
+    assert restored is not None and restored.groups() == ("1", str(2 * N)), second.log_text()
+    sub = persistent(clients, second, f"crash-sub-{version}", version)
+    assert sub.connect(), "the session was not resumed (Session Present 0)"
+    pub = plain(clients, second, f"crash-pub2-{version}", version)
+    got = until_marker(sub, pub, "crash/q1", 2 * N)
+    assert [m.payload for m in got if m.topic == "crash/q1"] == q1
+    assert [m.payload for m in got if m.topic == "crash/q2"] == q2  # exactly once, in order
+    assert {m.qos for m in got if m.topic == "crash/q2"} == {2}
+    assert {m.qos for m in got if m.topic == "crash/q1"} == {1}
+    assert len(got) == 2 * N
+    assert "Traceback" not in second.log_text()
+
+
+def test_sigkill_while_publishing_loses_no_acknowledged_message(
+    brokers: Brokers, clients: list[Paho], tmp_path: Path
+):
+    """The broker is killed in the middle of a stream of QoS 1 messages (from the publisher's
+    network thread, the moment it has counted 1500 PUBACKs): every message the publisher got a
+    PUBACK for, before or after that moment, is delivered after the restart."""
+    config = tmp_path / "big-queues.toml"
+    config.write_text("[broker]\nmax_queued_messages = 100000\n")
+    first = brokers("--config", str(config))
+    sub = persistent(clients, first, "midstream-sub", MQTT_5)
+    sub.connect()
+    sub.subscribe("mid/#", 1)
+    sub.disconnect()
+
+    pub = Paho(first, "midstream-pub", MQTT_5)
+    clients.append(pub)
+    pub.client.max_inflight_messages_set(100)
+    pub.connect()
+    assert first.proc is not None
+    pid = first.proc.pid
+    payload_of: dict[int, bytes] = {}
+    acked: list[bytes] = []
+
+    def on_publish(client: object, userdata: object, mid: int, rc: object, props: object) -> None:
+        acked.append(payload_of[mid])
+        if len(acked) == 1500:
+            os.kill(pid, signal.SIGKILL)
+
+    pub.client.on_publish = on_publish
+    for i in range(4000):
+        payload = b"mid-%05d" % i
+        info = pub.client.publish("mid/x", payload, 1)
+        payload_of[info.mid] = payload
+    assert first.wait_exit() == -9
+    pub.abandon()
+    assert len(acked) >= 1500
+
+    second = brokers("--config", str(config))
+    sub = persistent(clients, second, "midstream-sub", MQTT_5)
+    assert sub.connect()
+    marker = plain(clients, second, "midstream-marker")
+    marker.publish_all([("mid/x", b"marker", 1, False)])
+    with sub.cond:
+        assert sub.cond.wait_for(
+            lambda: any(m.payload == b"marker" for m in sub.messages), 4 * TIMEOUT
+        )
+        received = [m.payload for m in sub.messages]
+    missing = sorted(set(acked) - set(received))
+    assert missing == [], f"{len(missing)} acknowledged messages lost, first {missing[:3]}"
+    body = [p for p in received if p != b"marker"]
+    assert body == sorted(body), "not in publishing order"
+    assert len(body) == len(set(body)), "duplicates"
+
+
+def test_sigkill_keeps_retained_messages_and_their_removal(brokers: Brokers, clients: list[Paho]):
+    first = brokers()
+    pub = plain(clients, first, "ret-pub")
+    pub.publish_all(
+        [
+            ("ret/kept", b"retained value", 1, True),
+            ("ret/cleared", b"to be cleared", 1, True),
+            ("ret/replaced", b"old", 2, True),
+            ("ret/replaced", b"new", 2, True),
+            ("ret/cleared", b"", 1, True),
+        ],
+        matched=False,
+    )
+    assert first.kill() == -9
+    pub.abandon()
+
+    second = brokers()
+    observer = plain(clients, second, "ret-observer")
+    observer.subscribe("ret/#", 1)
+    pub = plain(clients, second, "ret-pub2")
+    got = until_marker(observer, pub, "ret/marker", 2)
+    assert sorted((m.topic, m.payload, m.retain) for m in got) == [
+        ("ret/kept", b"retained value", True),
+        ("ret/replaced", b"new", True),
+    ]
+
+
+def drop_with_delayed_will(broker: BrokerProc, client_id: str, topic: str, delay: int) -> float:
+    """A client with a will (Will Delay Interval ``delay``, Session Expiry 300) whose network
+    connection fails; returns when the broker has seen it go, with the time it was dropped."""
+    will = pk.Will(topic, b"%s went away" % client_id.encode(), 1, False)
+    will.properties[Prop.WILL_DELAY_INTERVAL] = delay
+    mark = broker.mark()
+    sock = raw_connect(
+        broker,
+        pk.Connect(
+            client_id=client_id,
+            keep_alive=0,
+            will=will,
+            properties={Prop.SESSION_EXPIRY_INTERVAL: 300},
+        ),
+    )
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+    sock.close()  # no DISCONNECT: the will waits out its delay
+    dropped_at = time.time()
+    assert broker.wait_for_log(rf"client {client_id}: connection lost", since=mark) is not None
+    return dropped_at
+
+
+def test_pending_delayed_will_published_after_the_delay_across_sigkill(
+    brokers: Brokers, clients: list[Paho]
+):
+    delay = 3
+    first = brokers()
+    observer = persistent(clients, first, "will-observer", MQTT_5)
+    observer.connect()
+    observer.subscribe("will/dev", 1)
+    observer.disconnect()
+
+    dropped_at = drop_with_delayed_will(first, "will-dev", "will/dev", delay)
+    # The observer's CONNACK is held until its session is committed, in a batch no earlier than
+    # the one holding the pending will: once it arrives, the will is on disk.
+    observer = persistent(clients, first, "will-observer", MQTT_5)
+    assert observer.connect()
+    assert first.kill() == -9
+    assert time.time() - dropped_at < delay, "too slow: the delay ran out before the kill"
+    assert observer.messages == []
+    observer.abandon()
+
+    second = brokers()
+    observer = persistent(clients, second, "will-observer", MQTT_5)
+    assert observer.connect()
+    got = observer.wait_messages(1, timeout=delay + TIMEOUT)
+    assert [(m.topic, m.payload) for m in got] == [("will/dev", b"will-dev went away")]
+    assert got[0].at >= dropped_at + delay - 0.5, "the will was published before its delay"
+
+
+def test_sigterm_restart_keeps_sessions_queues_retained_and_pending_wills(
+    brokers: Brokers, clients: list[Paho]
+):
+    delay = 2
+    first = brokers()
+    sub = persistent(clients, first, "term-sub", MQTT_5)
+    sub.connect()
+    sub.subscribe("term/#", 2)
+    sub.disconnect()
+    watcher = persistent(clients, first, "term-watcher", MQTT_5)
+    watcher.connect()
+    watcher.subscribe("lastwill/#", 1)
+    watcher.disconnect()
+    dropped_at = drop_with_delayed_will(first, "term-dev", "lastwill/term-dev", delay)
+    pub = plain(clients, first, "term-pub")
+    sent = [(f"term/{i % 3}", b"term-%02d" % i, 1 + i % 2, i == 5) for i in range(30)]
+    pub.publish_all(sent)  # acknowledged: committed, and so is the pending will before them
+    mark = first.mark()
+    assert first.terminate() == 0
+    assert first.wait_for_log("stopped", since=mark, timeout=0) is not None
+    assert time.time() - dropped_at < delay, "too slow: the will delay ran out before the stop"
+    pub.abandon()
+
+    second = brokers()
+    sub = persistent(clients, second, "term-sub", MQTT_5)
+    assert sub.connect()
+    pub = plain(clients, second, "term-pub2")
+    got = until_marker(sub, pub, "term/0", len(sent))
+    # in order per QoS (paho hands a QoS 2 message over at PUBREL, so the two interleave)
+    for qos in (1, 2):
+        assert [(m.topic, m.payload) for m in got if m.qos == qos] == [
+            (t, p) for t, p, q, _ in sent if q == qos
+        ]
+    assert len(got) == len(sent)
+    observer = plain(clients, second, "term-observer")
+    observer.subscribe("term/#", 0)
+    retained = until_marker(observer, pub, "term/x", 1)
+    assert [(m.topic, m.payload, m.retain) for m in retained] == [("term/2", b"term-05", True)]
+
+    watcher = persistent(clients, second, "term-watcher", MQTT_5)
+    assert watcher.connect()
+    wills = watcher.wait_messages(1, timeout=delay + TIMEOUT)
+    assert [(m.topic, m.payload) for m in wills] == [("lastwill/term-dev", b"term-dev went away")]
+    assert wills[0].at >= dropped_at + delay - 0.5, "the will was published before its delay"
+    assert "Traceback" not in second.log_text()
+
+
+def test_session_whose_expiry_passed_before_the_restart_is_gone(
+    brokers: Brokers, clients: list[Paho]
+):
+    first = brokers()
+    short = persistent(clients, first, "short-lived", MQTT_5, expiry=1)
+    short.connect()
+    short.subscribe("exp/#", 1)
+    short.disconnect()
+    gone_at = time.time()
+    long = persistent(clients, first, "long-lived", MQTT_5, expiry=300)
+    long.connect()
+    long.subscribe("exp/#", 1)
+    long.disconnect()
+    pub = plain(clients, first, "exp-pub")
+    pub.publish_all([("exp/a", b"queued", 1, False)])
+    assert first.terminate() == 0
+    pub.abandon()
+    # the restart must come after the 1 s expiry: nothing to wait on but the time itself
+    time.sleep(max(0.0, gone_at + 1.2 - time.time()))
+
+    second = brokers()
+    short = persistent(clients, second, "short-lived", MQTT_5, expiry=1)
+    assert not short.connect(), "an expired session was resumed"
+    long = persistent(clients, second, "long-lived", MQTT_5, expiry=300)
+    assert long.connect()
+    assert [m.payload for m in long.wait_messages(1)] == [b"queued"]
+    short_pub = plain(clients, second, "exp-pub2")
+    short_pub.publish_all([("exp/b", b"after", 1, False)])
+    assert [m.payload for m in long.wait_messages(2)] == [b"queued", b"after"]
+    assert short.messages == []  # no old subscription came back with the new session
+
+
+# ---------------------------------------------------------------------------------------------
+# mosquitto_sub -c -i ID -x 300
+
+
+def mosquitto_sub(broker: BrokerProc, *args: str, timeout: float = TIMEOUT) -> str:
+    result = subprocess.run(
+        [
+            "mosquitto_sub",
+            "-h",
+            broker.host,
+            "-p",
+            str(broker.port),
+            "-V",
+            "mqttv5",
+            "-c",
+            "-i",
+            "mosq-resume",
+            "-x",
+            "300",
+            "-q",
+            "1",
+            "-t",
+            "mosq/#",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def mosquitto_pub(broker: BrokerProc, message: str) -> None:
+    result = subprocess.run(
+        [
+            "mosquitto_pub",
+            "-h",
+            broker.host,
+            "-p",
+            str(broker.port),
+            "-q",
+            "1",
+            "-t",
+            "mosq/t",
+            "-m",
+            message,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_mosquitto_sub_resumes_its_session_across_restart_and_sigkill(brokers: Brokers):
+    first = brokers()
+    mosquitto_sub(first, "-E")  # subscribes, then exits: the session stays for 300 s
+    for i in range(3):
+        mosquitto_pub(first, f"while away {i}")
+    assert first.terminate() == 0
+
+    second = brokers()
+    out = mosquitto_sub(second, "-C", "3", "-W", str(int(TIMEOUT)))
+    assert out.splitlines() == [f"while away {i}" for i in range(3)]
+    for i in range(3):
+        mosquitto_pub(second, f"before the kill {i}")
+    assert second.kill() == -9
+
+    third = brokers()
+    out = mosquitto_sub(third, "-C", "3", "-W", str(int(TIMEOUT)))
+    assert out.splitlines() == [f"before the kill {i}" for i in range(3)]
+
+
+# ---------------------------------------------------------------------------------------------
+# damaged database
+
+
+def test_damaged_database_is_moved_aside_and_the_broker_starts(
+    brokers: Brokers, clients: list[Paho], data_dir: Path
+):
+    db = data_dir / "mqttbroker.db"
+    garbage = b"this is not an sqlite database " * 500
+    db.write_bytes(garbage)
+    broker = brokers()
+    line = broker.wait_for_log(
+        r"STORE DAMAGED: (\S+) could not be used .* moved to (\S+) ", timeout=0
+    )
+    assert line is not None, broker.log_text()
+    assert line.group(1) == str(db)
+    moved = Path(line.group(2))
+    assert moved.parent == data_dir and moved.name.startswith("mqttbroker.db.damaged-")
+    assert moved.read_bytes() == garbage
+    # it serves, with an empty store that works
+    sub = persistent(clients, broker, "after-damage", MQTT_5)
+    assert not sub.connect()
+    sub.subscribe("d/#", 1)
+    pub = plain(clients, broker, "after-damage-pub")
+    pub.publish_all([("d/x", b"fine", 1, False)])
+    assert [m.payload for m in sub.wait_messages(1)] == [b"fine"]
+
+
+def test_damaged_database_with_refuse_exits_naming_the_file(
+    brokers: Brokers, data_dir: Path, tmp_path: Path
+):
+    db = data_dir / "mqttbroker.db"
+    garbage = b"\x00\xffnot sqlite" * 1000
+    db.write_bytes(garbage)
+    config = tmp_path / "broker.toml"
+    config.write_text('[storage]\non_corrupt = "refuse"\n')
+    broker = brokers("--config", str(config), start=False)
+    code = broker.wait_exit()
+    text = broker.log_text()
+    assert code != 0, text
+    assert str(db) in text, text
+    assert "Move it aside" in text, text
+    assert "listening on" not in text
+    assert db.read_bytes() == garbage
+    assert not list(data_dir.glob("*.damaged-*"))

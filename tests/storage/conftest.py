@@ -1,0 +1,28 @@
+"""Fixtures of the SQLite store tests: a fake wall clock patched into the store, a database path."""
+
+from __future__ import annotations
+
+import time
+import types
+from pathlib import Path
+
+import pytest
+from sqlite_harness import FakeTime
+
+import mqttbroker.storage.sqlite as sqlite_store
+
+
+@pytest.fixture
+def fake_time(monkeypatch: pytest.MonkeyPatch) -> FakeTime:
+    """The broker's clock and the store's wall clock, moved only by the test."""
+    t = FakeTime()
+    fake_module = types.SimpleNamespace(
+        time=t.time, strftime=time.strftime, monotonic=time.monotonic, localtime=time.localtime
+    )
+    monkeypatch.setattr(sqlite_store, "time", fake_module)
+    return t
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "data" / "mqttbroker.db"

@@ -1,0 +1,173 @@
+"""Acknowledgements mean "stored": a PUBACK/PUBREC (and a SUBACK of a persistent session) reaches
+the link only once the batch holding what it acknowledges has committed.
+
+``AckAudit`` watches a publisher's link: at the moment each acknowledgement is written it reads
+the database through a connection of its own, and records any acknowledgement whose message (and,
+for QoS 2, the packet id awaiting PUBREL) is not committed yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from sqlite_harness import FakeTime, Node, async_test, decode, pk, rows, split_raw
+
+
+class AckAudit:
+    def __init__(self, path: Path, publisher_id: str) -> None:
+        self.path = path
+        self.publisher_id = publisher_id
+        self.payloads: dict[int, bytes] = {}  # packet id -> payload, as sent
+        self.acked: list[int] = []
+        self.violations: list[str] = []
+
+    def __call__(self, data: bytes) -> None:
+        for raw in split_raw(data):
+            packet = decode(raw, 5)
+            if not isinstance(packet, pk.Puback | pk.Pubrec):
+                continue
+            payload = self.payloads[packet.packet_id]
+            stored = rows(self.path, "SELECT count(*) FROM messages WHERE payload = ?", (payload,))
+            if stored != [(1,)]:
+                self.violations.append(f"{type(packet).__name__} {payload!r} before its commit")
+            if isinstance(packet, pk.Pubrec):
+                release = rows(
+                    self.path,
+                    "SELECT count(*) FROM releases WHERE client_id = ? AND packet_id = ?",
+                    (self.publisher_id, packet.packet_id),
+                )
+                if release != [(1,)]:
+                    self.violations.append(f"PUBREC {payload!r} before its packet id was stored")
+            self.acked.append(packet.packet_id)
+
+
+async def offline_subscriber(node: Node, client_id: str, topic_filter: str) -> None:
+    client = await node.connect(client_id, expiry=300)
+    await client.subscribe(topic_filter, 2)
+    await client.disconnect()
+
+
+@async_test
+async def test_puback_is_written_only_after_the_commit(db_path: Path, fake_time: FakeTime):
+    node = await Node(db_path, fake_time).start()
+    await offline_subscriber(node, "sub", "d/#")
+    pub = await node.connect("pub")
+    before = len(pub.written())
+    commits = node.s.commits
+
+    packet_id = pub.publish("d/1", b"durable", 1)
+    node.b.flush()
+    assert pub.written()[before:] == []  # held: nothing is committed yet
+    assert node.s.commits == commits
+    assert rows(db_path, "SELECT count(*) FROM deliveries") == [(0,)]
+
+    await node.committed()
+    assert node.s.commits > commits
+    assert rows(db_path, "SELECT count(*) FROM deliveries WHERE client_id = 'sub'") == [(1,)]
+    node.b.flush()
+    after = pub.written()[before:]
+    assert [(type(p), p.packet_id) for p in after] == [(pk.Puback, packet_id)]
+
+
+@async_test
+async def test_pubrec_is_written_only_after_the_commit(db_path: Path, fake_time: FakeTime):
+    node = await Node(db_path, fake_time).start()
+    await offline_subscriber(node, "sub", "d/#")
+    pub = await node.connect("pub", expiry=300)
+    before = len(pub.written())
+
+    pub.publish("d/2", b"durable two", 2, packet_id=9)
+    node.b.flush()
+    assert pub.written()[before:] == []
+    assert rows(db_path, "SELECT count(*) FROM releases") == [(0,)]
+
+    await node.committed()
+    assert rows(db_path, "SELECT client_id, packet_id FROM releases") == [("pub", 9)]
+    node.b.flush()
+    assert [(type(p), p.packet_id) for p in pub.written()[before:]] == [(pk.Pubrec, 9)]
+
+
+@async_test
+async def test_suback_of_a_persistent_session_is_written_after_the_commit(
+    db_path: Path, fake_time: FakeTime
+):
+    node = await Node(db_path, fake_time).start()
+    client = await node.connect("s", expiry=300)
+    before = len(client.written())
+    client.send(pk.Subscribe(1, [pk.SubscriptionRequest("a/#", 1)]))
+    node.b.flush()
+    assert client.written()[before:] == []
+    await node.committed()
+    assert rows(db_path, "SELECT topic_filter FROM subscriptions") == [("a/#",)]
+    node.b.flush()
+    assert [type(p) for p in client.written()[before:]] == [pk.Suback]
+
+
+@async_test
+async def test_ack_to_a_message_for_an_online_persistent_session_follows_its_commit(
+    db_path: Path, fake_time: FakeTime
+):
+    """The subscriber is connected: the copy in flight to it is stored before the PUBACK."""
+    node = await Node(db_path, fake_time).start()
+    sub = await node.connect("sub", expiry=300)
+    await sub.subscribe("on/#", 1)
+    audit = AckAudit(db_path, "pub")
+    pub = await node.connect("pub", on_write=audit)
+    for i in range(5):
+        payload = b"online %d" % i
+        packet_id = pub.publish("on/x", payload, 1)
+        assert packet_id is not None
+        audit.payloads[packet_id] = payload
+        await pub.receive()
+    assert len(audit.acked) == 5
+    assert audit.violations == []
+
+
+@async_test
+async def test_acks_never_precede_their_commit_while_publishes_stream_in(
+    db_path: Path, fake_time: FakeTime
+):
+    """A publisher keeps sending while the store is committing earlier batches (as a pipelined
+    client does: one PUBLISH per event-loop pass). Every PUBACK/PUBREC it gets must acknowledge a
+    committed message: an acknowledgement released by the commit of an earlier batch, for a
+    message recorded in the next batch, is one a SIGKILL can lose."""
+    node = await Node(db_path, fake_time, auto_flush=True).start()
+    await offline_subscriber(node, "sub", "stream/#")
+    audit = AckAudit(db_path, "pub")
+    pub = await node.connect("pub", expiry=300, on_write=audit)
+    count = 60
+    for i in range(count):
+        qos = 1 + i % 2
+        payload = b"stream %03d" % i
+        packet_id = pub.publish("stream/x", payload, qos)
+        assert packet_id is not None
+        audit.payloads[packet_id] = payload
+        await asyncio.sleep(0)  # the next PUBLISH arrives in a later loop pass
+        if i % 7 == 0:
+            await asyncio.sleep(0.002)
+    deadline = time.monotonic() + 10
+    while len(audit.acked) < count and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    assert len(audit.acked) == count
+    assert audit.violations == []
+
+
+@async_test
+async def test_puback_before_a_disconnect_in_the_same_read_waits_for_the_commit(
+    db_path: Path, fake_time: FakeTime
+):
+    """PUBLISH and DISCONNECT arrive in one read (mosquitto_pub -q 1 may do this with a small
+    message; any client may). The PUBACK must still not be written before the message is
+    committed; closing the connection must not bypass the hold."""
+    node = await Node(db_path, fake_time).start()
+    await offline_subscriber(node, "sub", "bye/#")
+    audit = AckAudit(db_path, "pub")
+    audit.payloads[1] = b"last words"
+    pub = await node.connect("pub", on_write=audit)
+    pub.send(pk.Publish("bye/x", b"last words", 1, False, False, 1), pk.Disconnect(0))
+    await node.committed()
+    node.b.flush()
+    assert rows(db_path, "SELECT count(*) FROM deliveries") == [(1,)]
+    assert audit.violations == []
