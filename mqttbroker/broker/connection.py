@@ -18,7 +18,8 @@ from ..protocol import packets as pk
 from ..protocol.errors import MalformedPacket, MQTTError, PacketTooLarge, ProtocolError
 from ..protocol.packets import MQTT_5, PacketType
 from ..protocol.properties import PropertyId as Prop
-from ..protocol.reasons import CONNACK_CODES, ReasonCode, v311_connack_code
+from ..protocol.reasons import CONNACK_CODES, DISCONNECT_CODES, ReasonCode, v311_connack_code
+from .auth import CONTINUE, SUCCESS, AuthExchange
 from .message import Message
 from .topics import Subscription, parse_shared, valid_topic_filter, valid_topic_name
 
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("mqttbroker.connection")
 
 AWAIT_CONNECT = 0
+AUTHENTICATING = 3  # CONNECT received, enhanced authentication under way
 CONNECTED = 1
 CLOSED = 2
 
@@ -84,6 +86,11 @@ class Connection:
         "_out_base",
         "_free_upto",
         "_writes_seen",
+        "assigned_id",
+        "alias_maximum",
+        "_auth",
+        "_auth_method",
+        "_connect",
         "work",
         "work_pass",
         "input_paused",
@@ -118,6 +125,11 @@ class Connection:
         self._out_base = 0
         self._free_upto = 0
         self._writes_seen = 0  # the store's write count when our current input began
+        self.assigned_id = False  # the broker chose the client id
+        self.alias_maximum = 0  # the client's Topic Alias Maximum
+        self._auth: AuthExchange | None = None  # an enhanced-authentication exchange under way
+        self._auth_method: str | None = None
+        self._connect: pk.Connect | None = None  # held while authenticating
         self.work = 0  # packets and deliveries caused by our input in this loop pass
         self.work_pass = -1  # the pass ``work`` counts
         self.input_paused = False  # reading paused until the broker resumes our input
@@ -219,8 +231,19 @@ class Connection:
 
     def _dispatch(self, first: int, data: bytes, body: int, stop: int) -> None:
         ptype = first >> 4
-        if self.state != CONNECTED:  # the first byte was checked: this is a CONNECT
-            self._on_connect(self._decode_connect(first, data[body:stop]))
+        if self.state != CONNECTED:
+            if self.state == AWAIT_CONNECT:  # the first byte was checked: this is a CONNECT
+                self._on_connect(self._decode_connect(first, data[body:stop]))
+                return
+            # AUTHENTICATING: only AUTH or DISCONNECT until CONNACK (MQTT-3.1.2-30)
+            if ptype not in (_AUTH, _DISCONNECT):
+                raise ProtocolError(f"packet type {ptype} during authentication")
+            packet = grammar.decode(ptype, first & 0x0F, data[body:stop], self.version)
+            if isinstance(packet, pk.Auth):
+                self._on_auth(packet)
+            else:
+                log.info("client %s gave up authenticating", self.client_id)
+                self.close(publish_will=False)
             return
         if ptype == _PUBLISH:
             self._publish_fast(first, data, body, stop)
@@ -248,8 +271,8 @@ class Connection:
                 self._on_unsubscribe(packet)
             elif isinstance(packet, pk.Disconnect):
                 self._on_disconnect(packet)
-            else:
-                raise ProtocolError("AUTH without an Authentication Method in CONNECT")
+            elif isinstance(packet, pk.Auth):
+                self._on_auth(packet)
 
     def _decode_connect(self, first: int, body: bytes) -> pk.Connect:
         # Learn the protocol level first so a failure is answered in the client's own version.
@@ -264,40 +287,113 @@ class Connection:
     # -- CONNECT ----------------------------------------------------------------------------
 
     def _on_connect(self, packet: pk.Connect) -> None:
+        """Check a CONNECT; accept it at once, or after an enhanced-authentication exchange."""
         broker = self.broker
         opts = broker.options
         self.version = version = packet.protocol_level
         v5 = version == MQTT_5
         props = packet.properties
         self.max_send_size = props.get(Prop.MAXIMUM_PACKET_SIZE, 268_435_460)
-        client_id = packet.client_id
-        assigned = False
-        if not client_id:
+        self.problem_info = props.get(Prop.REQUEST_PROBLEM_INFORMATION, 1) == 1
+        if not packet.client_id:
             if not v5 and not packet.clean_start:
                 raise MQTTError(
                     "empty client id with a persistent session",
                     ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
                 )  # 3.1.1 MQTT-3.1.3-8
-            client_id = broker.new_client_id()  # MQTT-3.1.3-6
-            assigned = True
+            self.assigned_id = True
+            packet.client_id = broker.new_client_id()  # MQTT-3.1.3-6, -7
+        self.client_id = packet.client_id
         will = packet.will
         if will is not None:
             if not valid_topic_name(will.topic):
                 raise MQTTError("invalid will topic", ReasonCode.TOPIC_NAME_INVALID)
             if will.qos > opts.maximum_qos:
-                raise MQTTError("will QoS above the maximum", ReasonCode.QOS_NOT_SUPPORTED)
+                raise MQTTError(
+                    "will QoS above the maximum", ReasonCode.QOS_NOT_SUPPORTED
+                )  # MQTT-3.2.2-12
             if will.retain and not opts.retain_available:
-                raise MQTTError("retained will not supported", ReasonCode.RETAIN_NOT_SUPPORTED)
+                raise MQTTError(
+                    "retained will not supported", ReasonCode.RETAIN_NOT_SUPPORTED
+                )  # MQTT-3.2.2-13
             if will.properties.get(Prop.PAYLOAD_FORMAT_INDICATOR) == 1:
                 _check_utf8_payload(will.payload)
-        if Prop.AUTHENTICATION_DATA in props and Prop.AUTHENTICATION_METHOD not in props:
+        if opts.server_reference:
+            moved = ReasonCode.SERVER_MOVED if opts.server_moved else ReasonCode.USE_ANOTHER_SERVER
+            raise MQTTError("redirected to " + opts.server_reference, moved)
+        method = props.get(Prop.AUTHENTICATION_METHOD)
+        if Prop.AUTHENTICATION_DATA in props and method is None:
             raise ProtocolError("Authentication Data without an Authentication Method")
-        if Prop.AUTHENTICATION_METHOD in props:
+        if method is None:
+            code = broker.authenticator.check_password(
+                packet.client_id, packet.username, packet.password
+            )
+            if code:
+                raise MQTTError("authentication failed", code)
+            self._accept(packet, None)
+            return
+        exchange = broker.authenticator.exchange(method, packet.client_id, packet.username)
+        if exchange is None:
             raise MQTTError(
-                "authentication method not supported", ReasonCode.BAD_AUTHENTICATION_METHOD
+                f"authentication method {method!r} not supported",
+                ReasonCode.BAD_AUTHENTICATION_METHOD,
             )  # MQTT-4.12.0-1
+        self._auth = exchange
+        self._auth_method = method
+        self._connect = packet
+        self.state = AUTHENTICATING
+        self._auth_step(props.get(Prop.AUTHENTICATION_DATA))
+
+    def _auth_step(self, data: bytes | None) -> None:
+        """Run one step of the enhanced-authentication exchange (section 4.12)."""
+        assert self._auth is not None
+        outcome = self._auth.step(data)
+        auth_props: dict[int, Any] = {Prop.AUTHENTICATION_METHOD: self._auth_method}
+        if outcome.data is not None:
+            auth_props[Prop.AUTHENTICATION_DATA] = outcome.data
+        if outcome.status == CONTINUE:  # MQTT-4.12.0-2, -5
+            self._send(grammar.encode(pk.Auth(ReasonCode.CONTINUE_AUTHENTICATION, auth_props)))
+            return
+        self._auth = None
+        if outcome.status != SUCCESS:
+            raise MQTTError("authentication failed", outcome.reason_code)  # MQTT-4.12.0-4
+        if self.state == AUTHENTICATING:
+            packet = self._connect
+            assert packet is not None
+            self._connect = None
+            if outcome.username is not None:
+                packet.username = outcome.username
+            self._accept(packet, auth_props)
+        else:  # re-authentication succeeded
+            self._send(grammar.encode(pk.Auth(ReasonCode.SUCCESS, auth_props)))
+            log.info("client %s re-authenticated", self.client_id)
+
+    def _on_auth(self, packet: pk.Auth) -> None:
+        method = packet.properties.get(Prop.AUTHENTICATION_METHOD)
+        if self._auth_method is None:
+            raise ProtocolError("AUTH without an Authentication Method in CONNECT")  # 4.12.0-7
+        if method != self._auth_method:
+            raise ProtocolError("AUTH with another Authentication Method")  # MQTT-4.12.1-1
+        code = packet.reason_code
+        if self.state == CONNECTED and code == ReasonCode.RE_AUTHENTICATE and self._auth is None:
+            exchange = self.broker.authenticator.exchange(method, self.client_id, None)
+            if exchange is None:
+                raise MQTTError("re-authentication refused", ReasonCode.NOT_AUTHORIZED)
+            self._auth = exchange
+        elif code != ReasonCode.CONTINUE_AUTHENTICATION or self._auth is None:
+            raise ProtocolError(f"unexpected AUTH reason code 0x{code:02X}")
+        self._auth_step(packet.properties.get(Prop.AUTHENTICATION_DATA))
+
+    def _accept(self, packet: pk.Connect, auth_props: dict[int, Any] | None) -> None:
+        """The client is who it says: take over or create its session and send CONNACK."""
+        broker = self.broker
+        opts = broker.options
+        version = self.version
+        v5 = version == MQTT_5
+        props = packet.properties
+        client_id = packet.client_id
         self.send_quota = min(props.get(Prop.RECEIVE_MAXIMUM, 65535), opts.max_inflight)
-        self.problem_info = props.get(Prop.REQUEST_PROBLEM_INFORMATION, 1) == 1
+        self.alias_maximum = props.get(Prop.TOPIC_ALIAS_MAXIMUM, 0) if v5 else 0
         keep_alive = packet.keep_alive
         server_keep_alive = None
         if opts.max_keepalive and (keep_alive == 0 or keep_alive > opts.max_keepalive):
@@ -309,34 +405,24 @@ class Connection:
             requested = 0 if packet.clean_start else 0xFFFFFFFF
         expiry = min(requested, opts.max_session_expiry)
         self.connect_expiry = expiry
-        self.client_id = client_id
-        self.will = will
+        self.will = packet.will
         session, present = broker.attach(self, client_id, packet.clean_start, expiry)
         self.session = session
         self.state = CONNECTED
         if v5:
-            ack_props: dict[int, Any] = {}
-            if opts.receive_maximum != 65535:
-                ack_props[Prop.RECEIVE_MAXIMUM] = opts.receive_maximum
-            if opts.maximum_qos < 2:
-                ack_props[Prop.MAXIMUM_QOS] = opts.maximum_qos
-            if not opts.retain_available:
-                ack_props[Prop.RETAIN_AVAILABLE] = 0
-            ack_props[Prop.MAXIMUM_PACKET_SIZE] = opts.max_packet_size
-            if opts.topic_alias_maximum:
-                ack_props[Prop.TOPIC_ALIAS_MAXIMUM] = opts.topic_alias_maximum
-            if not opts.wildcard_subscriptions:
-                ack_props[Prop.WILDCARD_SUBSCRIPTION_AVAILABLE] = 0
-            if not opts.subscription_identifiers:
-                ack_props[Prop.SUBSCRIPTION_IDENTIFIER_AVAILABLE] = 0
-            if not opts.shared_subscriptions:
-                ack_props[Prop.SHARED_SUBSCRIPTION_AVAILABLE] = 0
-            if assigned:
+            ack_props: dict[int, Any] = dict(broker.connack_properties)
+            if self.assigned_id:
                 ack_props[Prop.ASSIGNED_CLIENT_IDENTIFIER] = client_id  # MQTT-3.2.2-16
             if server_keep_alive is not None:
                 ack_props[Prop.SERVER_KEEP_ALIVE] = server_keep_alive
             if expiry != requested:
                 ack_props[Prop.SESSION_EXPIRY_INTERVAL] = expiry
+            if opts.response_information and props.get(Prop.REQUEST_RESPONSE_INFORMATION):
+                ack_props[Prop.RESPONSE_INFORMATION] = opts.response_information.replace(
+                    "%c", client_id
+                )  # absent unless requested: MQTT-3.1.2-28
+            if auth_props:
+                ack_props.update(auth_props)  # MQTT-4.12.0-5
             self._send(grammar.encode(pk.Connack(present, 0, ack_props), MQTT_5))
         else:
             self._send(grammar.encode(pk.Connack(present, 0), version))
@@ -685,10 +771,12 @@ class Connection:
         """Answer a violation per the spec, then close (MQTT-4.13.1-1)."""
         code = exc.reason_code
         log.warning("client %s: %s; closing (reason 0x%02X)", self._name(), exc.message, code)
-        if self.state == AWAIT_CONNECT:
+        if self.state in (AWAIT_CONNECT, AUTHENTICATING):
             if self.version == MQTT_5:
                 if code in CONNACK_CODES:
                     props: dict[int, Any] = {Prop.REASON_STRING: exc.message} if exc.message else {}
+                    if code in (ReasonCode.USE_ANOTHER_SERVER, ReasonCode.SERVER_MOVED):
+                        props[Prop.SERVER_REFERENCE] = self.broker.options.server_reference
                     data = grammar.encode(pk.Connack(False, code, props), MQTT_5)
                     if len(data) > self.max_send_size:  # MQTT-3.2.2-19
                         data = grammar.encode(pk.Connack(False, code), MQTT_5)
@@ -699,6 +787,8 @@ class Connection:
                 ReasonCode.BAD_USER_NAME_OR_PASSWORD,
                 ReasonCode.NOT_AUTHORIZED,
                 ReasonCode.SERVER_UNAVAILABLE,
+                ReasonCode.USE_ANOTHER_SERVER,
+                ReasonCode.SERVER_MOVED,
             ):
                 self._send(bytes((0x20, 2, 0, v311_connack_code(code))))
             self.close(publish_will=False)
@@ -710,6 +800,13 @@ class Connection:
         if self.state == CLOSED:
             return
         if self.version == MQTT_5 and self.state == CONNECTED:  # MQTT-3.14.0-1
+            if reason_code not in DISCONNECT_CODES:  # MQTT-3.14.2-1: e.g. a failed re-auth
+                reason_code = (
+                    ReasonCode.NOT_AUTHORIZED
+                    if reason_code
+                    in (ReasonCode.BAD_USER_NAME_OR_PASSWORD, ReasonCode.BAD_AUTHENTICATION_METHOD)
+                    else ReasonCode.UNSPECIFIED_ERROR
+                )
             props: dict[int, Any] = {}
             if reason:
                 props[Prop.REASON_STRING] = reason

@@ -11,11 +11,13 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 from ..protocol.packets import MQTT_5, Will
 from ..protocol.properties import PropertyId as Prop
 from ..protocol.reasons import ReasonCode
-from .connection import AWAIT_CONNECT, Connection, Link
+from .auth import AllowAll, Authenticator
+from .connection import AUTHENTICATING, AWAIT_CONNECT, Connection, Link
 from .message import Message
 from .options import BrokerOptions
 from .router import Router
@@ -33,11 +35,14 @@ class Broker:
         options: BrokerOptions | None = None,
         clock: Callable[[], float] = time.monotonic,
         store: Store | None = None,
+        authenticator: Authenticator | None = None,
     ) -> None:
         self.options = options or BrokerOptions()
         self.options.check()
         self.clock = clock
         self.store = store or Store()
+        self.authenticator: Authenticator = authenticator or AllowAll()
+        self.connack_properties = self._connack_properties()
         self.sessions: dict[str, Session] = {}
         self.connections: set[Connection] = set()
         self.router = Router(self.options, self.store)
@@ -47,6 +52,28 @@ class Broker:
         self._dirty: list[Connection] = []
         self._deferred: list[Connection] = []  # input left for the next pass
         self.passes = 0  # flushes so far: one per event-loop pass with output
+
+    def _connack_properties(self) -> dict[int, Any]:
+        """What every MQTT 5 CONNACK tells the client about this broker (section 3.2.2.3);
+        properties at their default value are left out."""
+        opts = self.options
+        props: dict[int, Any] = {}
+        if opts.receive_maximum != 65535:
+            props[Prop.RECEIVE_MAXIMUM] = opts.receive_maximum
+        if opts.maximum_qos < 2:
+            props[Prop.MAXIMUM_QOS] = opts.maximum_qos  # MQTT-3.2.2-9
+        if not opts.retain_available:
+            props[Prop.RETAIN_AVAILABLE] = 0
+        props[Prop.MAXIMUM_PACKET_SIZE] = opts.max_packet_size
+        if opts.topic_alias_maximum:
+            props[Prop.TOPIC_ALIAS_MAXIMUM] = opts.topic_alias_maximum
+        if not opts.wildcard_subscriptions:
+            props[Prop.WILDCARD_SUBSCRIPTION_AVAILABLE] = 0
+        if not opts.subscription_identifiers:
+            props[Prop.SUBSCRIPTION_IDENTIFIER_AVAILABLE] = 0
+        if not opts.shared_subscriptions:
+            props[Prop.SHARED_SUBSCRIPTION_AVAILABLE] = 0
+        return props
 
     # -- connections and output -------------------------------------------------------------
 
@@ -201,7 +228,7 @@ class Broker:
         now = self.clock()
         opts = self.options
         for conn in list(self.connections):
-            if conn.state == AWAIT_CONNECT:
+            if conn.state in (AWAIT_CONNECT, AUTHENTICATING):
                 if now - conn.opened_at > opts.connect_timeout:
                     log.info(
                         "connection from %s sent no CONNECT in %gs; closing",

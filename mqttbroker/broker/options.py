@@ -42,6 +42,13 @@ class BrokerOptions:
     match_cache_size: int = 65536
     # Prefix of generated client identifiers.
     client_id_prefix: str = "auto-"
+    # Response Information returned to MQTT 5 clients that ask for it (Request Response
+    # Information 1); "%c" is replaced by the client id. Empty: none is returned.
+    response_information: str = ""
+    # Redirect every MQTT 5 client elsewhere: CONNACK 0x9C (use another server) or, with
+    # server_moved, 0x9D (server moved), carrying this Server Reference. Empty: serve clients.
+    server_reference: str = ""
+    server_moved: bool = False
 
     def check(self) -> None:
         """Raise ValueError naming the field whose value is out of range."""

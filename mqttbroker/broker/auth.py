@@ -1,0 +1,59 @@
+"""Authentication: the interface the connection asks, and the default that lets everyone in.
+
+Two ways a client proves who it is (section 4.12):
+
+* user name and password in CONNECT: :meth:`Authenticator.check_password` answers with a reason
+  code (0x00 accepted, 0x86 bad user name or password, 0x87 not authorized...);
+* enhanced authentication, an Authentication Method named in CONNECT followed by AUTH packets
+  (a challenge/response such as SCRAM): :meth:`Authenticator.exchange` returns an
+  :class:`AuthExchange` for that method, or None when the method is not supported (CONNACK 0x8C).
+  The same exchange serves re-authentication (AUTH 0x19) on an established connection.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from ..protocol.reasons import ReasonCode
+
+SUCCESS = "success"
+CONTINUE = "continue"
+FAIL = "fail"
+
+
+@dataclass(slots=True)
+class AuthOutcome:
+    """One step's result: ``success`` (CONNACK or AUTH 0x00), ``continue`` (AUTH 0x18 carrying
+    ``data``), or ``fail`` (CONNACK or DISCONNECT with ``reason_code``)."""
+
+    status: str
+    data: bytes | None = None
+    reason_code: int = ReasonCode.NOT_AUTHORIZED
+    username: str | None = None  # the identity the exchange established, if any
+
+
+class AuthExchange(Protocol):
+    def step(self, data: bytes | None) -> AuthOutcome:
+        """Take the client's Authentication Data (from CONNECT, or from its AUTH packets)."""
+        ...
+
+
+class Authenticator(Protocol):
+    def check_password(self, client_id: str, username: str | None, password: bytes | None) -> int:
+        """The reason code for a CONNECT's user name and password (0 accepts)."""
+        ...
+
+    def exchange(self, method: str, client_id: str, username: str | None) -> AuthExchange | None:
+        """A new exchange for ``method``, or None if this broker does not support it."""
+        ...
+
+
+class AllowAll:
+    """The default: any user name and password is accepted; no enhanced method is supported."""
+
+    def check_password(self, client_id: str, username: str | None, password: bytes | None) -> int:
+        return ReasonCode.SUCCESS
+
+    def exchange(self, method: str, client_id: str, username: str | None) -> AuthExchange | None:
+        return None
