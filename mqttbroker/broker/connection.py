@@ -10,7 +10,7 @@ per-connection buffer and the broker flushes every buffer once per event-loop pa
 from __future__ import annotations
 
 import logging
-from collections import deque
+from collections import OrderedDict, deque
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..protocol import fastpath, grammar
@@ -88,6 +88,7 @@ class Connection:
         "_writes_seen",
         "assigned_id",
         "alias_maximum",
+        "_out_aliases",
         "_auth",
         "_auth_method",
         "_connect",
@@ -127,6 +128,7 @@ class Connection:
         self._writes_seen = 0  # the store's write count when our current input began
         self.assigned_id = False  # the broker chose the client id
         self.alias_maximum = 0  # the client's Topic Alias Maximum
+        self._out_aliases: OrderedDict[str, int] = OrderedDict()  # topic -> alias, LRU first
         self._auth: AuthExchange | None = None  # an enhanced-authentication exchange under way
         self._auth_method: str | None = None
         self._connect: pk.Connect | None = None  # held while authenticating
@@ -749,6 +751,8 @@ class Connection:
     ) -> bool:
         """Queue one PUBLISH to the client; False if it exceeds the client's Maximum Packet
         Size and was dropped instead (MQTT-3.1.2-24, -25)."""
+        if self.alias_maximum:
+            return self._send_aliased(message, qos, retain, dup, packet_id, sub_ids, now)
         data = message.encode(self.version, qos, retain, dup, packet_id, sub_ids, now)
         if len(data) > self.max_send_size:
             return False
@@ -757,6 +761,43 @@ class Connection:
             if not out:
                 self.broker.mark_dirty(self)
             out.append(data)
+        return True
+
+    def _send_aliased(
+        self,
+        message: Message,
+        qos: int,
+        retain: bool,
+        dup: bool,
+        packet_id: int | None,
+        sub_ids: tuple[int, ...],
+        now: float,
+    ) -> bool:
+        """Send with a Topic Alias: the client allowed ``alias_maximum`` of them
+        (MQTT-3.1.2-26); the least recently used is reassigned when they are all taken."""
+        aliases = self._out_aliases
+        topic = message.topic
+        alias = aliases.get(topic)
+        evicted = None
+        if alias is not None:
+            aliases.move_to_end(topic)
+            data = message.encode_aliased(qos, retain, dup, packet_id, sub_ids, now, alias, False)
+        else:
+            if len(aliases) < self.alias_maximum:
+                alias = len(aliases) + 1
+            else:
+                evicted = aliases.popitem(last=False)
+                alias = evicted[1]
+            data = message.encode_aliased(qos, retain, dup, packet_id, sub_ids, now, alias, True)
+            if len(data) > self.max_send_size:
+                if evicted is not None:  # not sent: the client still has the old mapping
+                    aliases[evicted[0]] = evicted[1]
+                    aliases.move_to_end(evicted[0], last=False)
+                return False
+            aliases[topic] = alias
+        if len(data) > self.max_send_size:
+            return False
+        self._send(data)
         return True
 
     def send_pubrel(self, packet_id: int, reason_code: int = 0) -> None:

@@ -191,12 +191,35 @@ class Broker:
         for sub in session.subscriptions.values():
             self.router.unsubscribe(sub)
         session.subscriptions.clear()
+        self._hand_over_shared(session, now)
         session.queue.clear()
         session.inflight.clear()
         if session.will is not None:
             will = session.will
             session.will = session.will_due = None
             self.publish_will(will, session, now)
+
+    def _hand_over_shared(self, session: Session, now: float) -> None:
+        """Messages a shared subscription gave to a session that has now ended go to another
+        member of the group: queued ones, and QoS 1 ones in flight (section 4.8.2). A QoS 2
+        message in flight is not sent to anyone else (MQTT-4.8.2-5)."""
+        strategy = self.options.shared_subscription_strategy
+        pending = [d for d in session.inflight.values() if d.qos == 1 and not d.released]
+        pending.extend(session.queue)
+        for delivery in pending:
+            group = delivery.share
+            if group is None or delivery.message.expired(now):
+                continue
+            member = group.pick(strategy, delivery.message.topic, "", exclude=session)
+            if member is not None:
+                member.session.deliver(
+                    delivery.message,
+                    min(member.qos, delivery.message.qos),
+                    delivery.retain,
+                    delivery.sub_ids,
+                    now,
+                    group,
+                )
 
     def publish_will(self, will: Will, session: Session, now: float) -> None:
         props = will.properties

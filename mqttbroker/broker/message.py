@@ -92,8 +92,8 @@ class Message:
         interval = self.expiry_interval
         return left if interval is None or left < interval else interval
 
-    def _properties_v5(self, sub_ids: tuple[int, ...], now: float) -> bytes:
-        if not sub_ids and self.expires_at is None:
+    def _properties_v5(self, sub_ids: tuple[int, ...], now: float, alias: int = 0) -> bytes:
+        if not sub_ids and self.expires_at is None and not alias:
             cached = self._props5
             if cached is None:
                 cached = self._props5 = encode_properties(self.properties)
@@ -103,6 +103,8 @@ class Message:
             props[_EXPIRY] = self.remaining_expiry(now)  # MQTT-3.3.2-6
         if sub_ids:
             props[_SUB_ID] = list(sub_ids)
+        if alias:
+            props[PropertyId.TOPIC_ALIAS] = alias
         return encode_properties(props)
 
     def encode(
@@ -129,6 +131,29 @@ class Message:
         flags = (dup << 3) | (qos << 1) | retain
         return encode_publish_raw(
             flags, self.topic_bytes, packet_id if qos else None, props, self.payload
+        )
+
+    def encode_aliased(
+        self,
+        qos: int,
+        retain: bool,
+        dup: bool,
+        packet_id: int | None,
+        sub_ids: tuple[int, ...],
+        now: float,
+        alias: int,
+        with_topic: bool,
+    ) -> bytes:
+        """An MQTT 5 PUBLISH carrying Topic Alias ``alias``: with the topic name when the alias
+        is being set, with an empty one when the client already knows it (section 3.3.2.3.4)."""
+        props = self._properties_v5(sub_ids, now, alias)
+        flags = (dup << 3) | (qos << 1) | retain
+        return encode_publish_raw(
+            flags,
+            self.topic_bytes if with_topic else b"\x00\x00",
+            packet_id if qos else None,
+            props,
+            self.payload,
         )
 
     @property

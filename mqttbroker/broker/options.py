@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .topics import SHARE_STRATEGIES
+
 
 @dataclass(slots=True)
 class BrokerOptions:
@@ -21,6 +23,9 @@ class BrokerOptions:
     wildcard_subscriptions: bool = True
     subscription_identifiers: bool = True
     shared_subscriptions: bool = True
+    # How a shared subscription picks the member for each message: "round_robin", "random",
+    # "sticky" (per publisher) or "hash" (per topic).
+    shared_subscription_strategy: str = "round_robin"
     # Largest keep alive a client may ask for; 0 = no limit. A client asking for more (or for 0)
     # is told this value as Server Keep Alive.
     max_keepalive: int = 0
@@ -70,6 +75,10 @@ class BrokerOptions:
             raise ValueError("max_queued_messages and max_queued_bytes must not be negative")
         if not 0 < self.max_inflight <= 65535:
             raise ValueError("max_inflight must be between 1 and 65535")
+        if self.shared_subscription_strategy not in SHARE_STRATEGIES:
+            raise ValueError(
+                "shared_subscription_strategy must be round_robin, random, sticky or hash"
+            )
         if self.input_budget < 1:
             raise ValueError("input_budget must be at least 1")
         if self.match_cache_size < 0:

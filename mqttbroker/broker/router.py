@@ -106,8 +106,9 @@ class Router:
                     continue
                 session.deliver(message, min(qos, msg_qos), retain and rap, tuple(ids), now)
                 count += 1
+        strategy = self.options.shared_subscription_strategy
         for group in groups:
-            member = group.pick()
+            member = group.pick(strategy, message.topic, publisher.client_id if publisher else "")
             if member is None:
                 continue
             ident = member.identifier
@@ -117,6 +118,7 @@ class Router:
                 retain and member.retain_as_published,
                 (ident,) if ident else (),
                 now,
+                group,
             )
             count += 1
         self.delivered += count

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from .message import Message
 from .options import BrokerOptions
 from .store import Store
-from .topics import Subscription
+from .topics import SharedGroup, Subscription
 
 if TYPE_CHECKING:
     from ..protocol.packets import Will
@@ -39,9 +39,17 @@ class Delivery:
         "packet_id",
         "stored",
         "held",
+        "share",
     )
 
-    def __init__(self, message: Message, qos: int, retain: bool, sub_ids: tuple[int, ...]) -> None:
+    def __init__(
+        self,
+        message: Message,
+        qos: int,
+        retain: bool,
+        sub_ids: tuple[int, ...],
+        share: SharedGroup | None = None,
+    ) -> None:
         self.message = message
         self.qos = qos
         self.retain = retain
@@ -51,6 +59,7 @@ class Delivery:
         self.packet_id: int | None = None  # set while in flight
         self.stored = False  # the store has a record of it
         self.held = False  # in flight, but its resend waits for room in the receive window
+        self.share = share  # the shared subscription it came through, if any
 
 
 _MEMORY = Store()
@@ -103,22 +112,28 @@ class Session:
     # -- delivery ---------------------------------------------------------------------------
 
     def deliver(
-        self, message: Message, qos: int, retain: bool, sub_ids: tuple[int, ...], now: float
+        self,
+        message: Message,
+        qos: int,
+        retain: bool,
+        sub_ids: tuple[int, ...],
+        now: float,
+        share: SharedGroup | None = None,
     ) -> None:
         """Hand one matched message to this session (MQTT-4.5.0-1)."""
         conn = self.connection
         if conn is None or conn.paused:
             if qos or self.options.queue_qos0:
-                self._enqueue(Delivery(message, qos, retain, sub_ids))
+                self._enqueue(Delivery(message, qos, retain, sub_ids, share))
             elif conn is not None:
                 self._count_drop("client is not reading")
             return
         if not qos:
             conn.send_publish(message, 0, retain, False, None, sub_ids, now)
         elif not self.queue and len(self.inflight) < conn.send_quota:
-            self._start(Delivery(message, qos, retain, sub_ids), conn, now)
+            self._start(Delivery(message, qos, retain, sub_ids, share), conn, now)
         else:
-            self._enqueue(Delivery(message, qos, retain, sub_ids))
+            self._enqueue(Delivery(message, qos, retain, sub_ids, share))
 
     def _start(self, delivery: Delivery, conn: Connection, now: float) -> None:
         packet_id = self._allocate_packet_id()

@@ -9,6 +9,8 @@ and ``#``. Never a scan of all subscriptions.
 
 from __future__ import annotations
 
+import random
+import zlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -112,30 +114,51 @@ class Subscription:
         return f"Subscription({self.session.client_id!r}, {self.topic_filter!r}, qos={self.qos})"
 
 
-class SharedGroup:
-    """The members of one ``$share/<group>/<filter>``; each message goes to one of them, chosen
-    round robin, online members first."""
+SHARE_STRATEGIES = ("round_robin", "random", "sticky", "hash")
 
-    __slots__ = ("name", "members", "next_index")
+
+class SharedGroup:
+    """The members of one ``$share/<group>/<filter>``; each message goes to one of them.
+
+    Strategies: ``round_robin`` (each member in turn, whether its client is connected or its
+    persistent session queues the message), ``random``, ``sticky`` (a publisher's messages keep
+    going to the member first chosen for it, while that member stays), ``hash`` (by topic: one
+    topic always reaches the same member while the membership is unchanged)."""
+
+    __slots__ = ("name", "members", "next_index", "sticky")
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.members: list[Subscription] = []
         self.next_index = 0
+        self.sticky: dict[str, Subscription] = {}
 
-    def pick(self) -> Subscription | None:
+    def pick(
+        self,
+        strategy: str = "round_robin",
+        topic: str = "",
+        publisher: str = "",
+        exclude: Session | None = None,
+    ) -> Subscription | None:
         members = self.members
+        if exclude is not None:
+            members = [m for m in members if m.session is not exclude]
         count = len(members)
         if not count:
             return None
-        start = self.next_index % count
-        for offset in range(count):
-            sub = members[(start + offset) % count]
-            if sub.session.connection is not None:
-                self.next_index = start + offset + 1
-                return sub
-        self.next_index = start + 1
-        return members[start]
+        if strategy == "round_robin":
+            sub = members[self.next_index % count]
+            self.next_index += 1
+            return sub
+        if strategy == "random":
+            return members[random.randrange(count)]
+        if strategy == "hash":
+            return members[zlib.crc32(topic.encode()) % count]
+        chosen = self.sticky.get(publisher)
+        if chosen is None or chosen not in members:
+            chosen = self.sticky[publisher] = members[self.next_index % count]
+            self.next_index += 1
+        return chosen
 
 
 class _Node:
@@ -204,6 +227,7 @@ class SubscriptionTrie:
                 before = len(group.members)
                 group.members = [m for m in group.members if m.session.client_id != client_id]
                 removed = len(group.members) != before
+                group.sticky = {p: m for p, m in group.sticky.items() if m in group.members}
                 if not group.members:
                     del node.groups[sub.share_group]
         if removed:
