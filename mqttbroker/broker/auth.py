@@ -57,3 +57,20 @@ class AllowAll:
 
     def exchange(self, method: str, client_id: str, username: str | None) -> AuthExchange | None:
         return None
+
+
+class Authorizer(Protocol):
+    """Who may publish and subscribe where (an ACL). ``generation`` changes whenever the rules
+    change (a reload), so connections may cache answers per generation."""
+
+    generation: int
+
+    def can_publish(self, client_id: str, username: str | None, topic: str) -> bool: ...
+
+    def can_subscribe(self, client_id: str, username: str | None, topic_filter: str) -> bool:
+        """False also when a wildcard filter could reach a topic the client may not read."""
+        ...
+
+    def can_read(self, client_id: str, username: str | None, topic: str) -> bool:
+        """Whether a message on ``topic`` may be delivered (checked for retained messages)."""
+        ...

@@ -89,6 +89,9 @@ class Connection:
         "assigned_id",
         "alias_maximum",
         "_out_aliases",
+        "username",
+        "_allowed",
+        "_allowed_generation",
         "_auth",
         "_auth_method",
         "_connect",
@@ -129,6 +132,9 @@ class Connection:
         self.assigned_id = False  # the broker chose the client id
         self.alias_maximum = 0  # the client's Topic Alias Maximum
         self._out_aliases: OrderedDict[str, int] = OrderedDict()  # topic -> alias, LRU first
+        self.username: str | None = None
+        self._allowed: dict[str, bool] = {}  # topic -> may publish, for the rules' generation
+        self._allowed_generation = -1
         self._auth: AuthExchange | None = None  # an enhanced-authentication exchange under way
         self._auth_method: str | None = None
         self._connect: pk.Connect | None = None  # held while authenticating
@@ -409,6 +415,7 @@ class Connection:
         self.connect_expiry = expiry
         self.will = packet.will
         session, present = broker.attach(self, client_id, packet.clean_start, expiry)
+        session.username = self.username = packet.username
         self.session = session
         self.state = CONNECTED
         if v5:
@@ -546,6 +553,19 @@ class Connection:
                 raise ProtocolError("PUBLISH with an empty topic and no topic alias")
             raise MQTTError("invalid topic name", ReasonCode.TOPIC_NAME_INVALID)  # 3.3.2-2
         topic, match = found
+        if broker.authorizer is not None and not self._may_publish(topic):
+            broker.denied += 1
+            if qos:  # QoS 0 is dropped silently (and counted)
+                self._send(
+                    fastpath.encode_ack(
+                        _PUBACK if qos == 1 else _PUBREC,
+                        packet_id,
+                        ReasonCode.NOT_AUTHORIZED,
+                        None,
+                        self.version,
+                    )
+                )
+            return
         session = self.session
         assert session is not None
         now = broker.clock()
@@ -573,6 +593,19 @@ class Connection:
             self._send(fastpath.encode_ack(_PUBACK, packet_id, code, None, self.version))
 
     # -- acknowledgements from the client ---------------------------------------------------
+
+    def _may_publish(self, topic: str) -> bool:
+        authorizer = self.broker.authorizer
+        assert authorizer is not None
+        if self._allowed_generation != authorizer.generation:
+            self._allowed.clear()
+            self._allowed_generation = authorizer.generation
+        allowed = self._allowed.get(topic)
+        if allowed is None:
+            allowed = authorizer.can_publish(self.client_id, self.username, topic)
+            if len(self._allowed) < 1024:
+                self._allowed[topic] = allowed
+        return allowed
 
     def _on_ack(self, ptype: int, ack: pk.Ack) -> None:
         session = self.session
@@ -632,6 +665,15 @@ class Connection:
                 if not opts.shared_subscriptions:
                     codes.append(ReasonCode.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED if v5 else 0x80)
                     continue
+            authorizer = broker.authorizer
+            if authorizer is not None and not authorizer.can_subscribe(
+                self.client_id, self.username, inner
+            ):
+                log.info(
+                    "client %s: not authorized to subscribe to %r", self.client_id, topic_filter
+                )
+                codes.append(ReasonCode.NOT_AUTHORIZED if v5 else 0x80)
+                continue
             if not opts.wildcard_subscriptions and ("+" in inner or "#" in inner):
                 codes.append(ReasonCode.WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED if v5 else 0x80)
                 continue
@@ -659,7 +701,7 @@ class Connection:
             if sub.share_group is None and (
                 sub.retain_handling == 0 or (sub.retain_handling == 1 and not existed)
             ):
-                broker.router.send_retained(sub, now)
+                broker.router.send_retained(sub, now, broker.authorizer)
 
     def _on_unsubscribe(self, packet: pk.Unsubscribe) -> None:
         session = self.session

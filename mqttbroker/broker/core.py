@@ -16,7 +16,7 @@ from typing import Any
 from ..protocol.packets import MQTT_5, Will
 from ..protocol.properties import PropertyId as Prop
 from ..protocol.reasons import ReasonCode
-from .auth import AllowAll, Authenticator
+from .auth import AllowAll, Authenticator, Authorizer
 from .connection import AUTHENTICATING, AWAIT_CONNECT, Connection, Link
 from .message import Message
 from .options import BrokerOptions
@@ -36,12 +36,15 @@ class Broker:
         clock: Callable[[], float] = time.monotonic,
         store: Store | None = None,
         authenticator: Authenticator | None = None,
+        authorizer: Authorizer | None = None,
     ) -> None:
         self.options = options or BrokerOptions()
         self.options.check()
         self.clock = clock
         self.store = store or Store()
         self.authenticator: Authenticator = authenticator or AllowAll()
+        self.authorizer = authorizer  # None: everyone may publish and subscribe anywhere
+        self.denied = 0  # PUBLISHes refused by the authorizer
         self.connack_properties = self._connack_properties()
         self.sessions: dict[str, Session] = {}
         self.connections: set[Connection] = set()
@@ -238,6 +241,14 @@ class Broker:
             expires_at,
             expiry_interval=interval,
         )
+        authorizer = self.authorizer
+        if authorizer is not None and not authorizer.can_publish(
+            session.client_id, session.username, will.topic
+        ):
+            log.warning(
+                "will of %s not published: not authorized for %r", session.client_id, will.topic
+            )
+            return
         match = self.router.lookup(will.topic)
         if match is not None:
             log.info("publishing the will of %s on %r", session.client_id, will.topic)

@@ -86,6 +86,7 @@ class Session:
         "seq",
         "held",
         "stored",
+        "username",
     )
 
     def __init__(self, client_id: str, options: BrokerOptions, store: Store | None = None) -> None:
@@ -95,6 +96,7 @@ class Session:
         self.seq = 0
         self.held = 0  # in-flight deliveries whose resend is held (see resend)
         self.stored = False  # the durable store has a record of this session
+        self.username: str | None = None  # as authenticated by its latest connection
         self.subscriptions: dict[str, Subscription] = {}
         self.connection: Connection | None = None
         self.expiry_interval = 0

@@ -45,7 +45,8 @@ MIGRATIONS: list[str] = [
     CREATE TABLE sessions (
         client_id TEXT PRIMARY KEY,
         expiry_interval INTEGER NOT NULL,
-        expires_at REAL                     -- wall clock; NULL while the client is connected
+        expires_at REAL,                    -- wall clock; NULL while the client is connected
+        username TEXT                       -- as last authenticated (for its will's ACL check)
     );
     CREATE TABLE subscriptions (
         client_id TEXT NOT NULL,
@@ -283,10 +284,11 @@ class SQLiteStore(Store):
             messages[mid] = msg
             self._next_message_id = max(self._next_message_id, mid + 1)
         sessions = broker.sessions
-        for client_id, expiry, expires_at in await self._rows(
-            db, "SELECT client_id, expiry_interval, expires_at FROM sessions"
+        for client_id, expiry, expires_at, username in await self._rows(
+            db, "SELECT client_id, expiry_interval, expires_at, username FROM sessions"
         ):
             session = Session(client_id, broker.options, self)
+            session.username = username
             session.stored = True
             session.expiry_interval = expiry
             if expires_at is not None:
@@ -396,6 +398,7 @@ class SQLiteStore(Store):
             session.client_id,
             session.expiry_interval,
             self._wall(session.expires_at),
+            session.username,
         )
         self._changed()
 
@@ -586,7 +589,7 @@ class SQLiteStore(Store):
                 )
             if b.sessions:
                 await db.executemany(
-                    "INSERT OR REPLACE INTO sessions VALUES (?, ?, ?)", list(b.sessions.values())
+                    "INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?)", list(b.sessions.values())
                 )
             await self._upsert(db, "subscriptions", "client_id = ? AND topic_filter = ?", b.subs, 7)
             await self._upsert(db, "deliveries", "client_id = ? AND seq = ?", b.deliveries, 8)
