@@ -35,8 +35,7 @@ START_TIMEOUT = 20.0
 MOSQUITTO_CONF = """\
 listener {port} 127.0.0.1
 allow_anonymous true
-persistence false
-max_queued_messages 100000
+{persistence}
 max_inflight_messages 0
 max_connections -1
 log_dest stderr
@@ -44,6 +43,35 @@ log_type error
 log_type warning
 connection_messages false
 """
+MOSQUITTO_VOLATILE = "persistence false\nmax_queued_messages 100000"
+# Scenario 8: the offline session's queue unbounded (0), saved under the run's own directory
+# (Mosquitto writes it at autosave_interval, default 1800 s, and on exit: not per message).
+MOSQUITTO_PERSISTENT = "persistence true\npersistence_location {dir}/\nmax_queued_messages 0"
+
+# Scenario 8 (QoS 1 into an offline session): our broker's per-session queue bounds raised so
+# that nothing is dropped during a run; one fresh broker and data directory per variant and run.
+QUEUE_MESSAGES = 10_000_000
+QUEUE_BYTES = 4 * 1024**3
+OURS_VARIANTS: dict[str, tuple[str, str | None]] = {  # name -> (storage backend, sync)
+    "ours-memory": ("memory", None),
+    "ours-normal": ("sqlite", "normal"),
+    "ours-full": ("sqlite", "full"),
+}
+
+
+def ours_config(backend: str, sync: str | None) -> str:
+    lines = [
+        "[broker]",
+        f"max_queued_messages = {QUEUE_MESSAGES}",
+        f"max_queued_bytes = {QUEUE_BYTES}",
+        "",
+        "[storage]",
+        f'backend = "{backend}"',
+    ]
+    if sync:
+        lines.append(f'sync = "{sync}"')
+    return "\n".join(lines) + "\n"
+
 
 AMQTT_LAUNCHER = """\
 import asyncio, sys
@@ -194,7 +222,14 @@ def _wait_port(handle: BrokerHandle, find_port: bool) -> None:
     raise RuntimeError(f"{handle.name} did not start listening in {START_TIMEOUT:.0f} s")
 
 
-def start_ours(pin: bool, version: int = MQTT_5) -> BrokerHandle:
+def start_ours(
+    pin: bool,
+    version: int = MQTT_5,
+    name: str = "ours",
+    config: str | None = None,
+    description: str = "mqttbroker",
+) -> BrokerHandle:
+    """Our broker with its defaults, or with ``config`` (TOML text) written to its directory."""
     workdir = tempfile.mkdtemp(prefix="bench-ours-")
     cmd = [
         sys.executable,
@@ -207,24 +242,34 @@ def start_ours(pin: bool, version: int = MQTT_5) -> BrokerHandle:
         "--data-dir",
         os.path.join(workdir, "data"),
     ]
+    if config is not None:
+        path = os.path.join(workdir, "mqttbroker.toml")
+        Path(path).write_text(config)
+        cmd += ["--config", path]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    proc, log_path = _spawn("ours", pinned(BROKER_CORE, cmd, pin), workdir, env)
+    proc, log_path = _spawn(name, pinned(BROKER_CORE, cmd, pin), workdir, env)
     handle = BrokerHandle(
-        "ours", "127.0.0.1", 0, proc.pid, version, proc, workdir, log_path, description="mqttbroker"
+        name, "127.0.0.1", 0, proc.pid, version, proc, workdir, log_path, description=description
     )
     _wait_port(handle, find_port=True)
     return handle
 
 
-def start_mosquitto(pin: bool, version: int = MQTT_5) -> BrokerHandle:
+def start_mosquitto(pin: bool, version: int = MQTT_5, persistent: bool = False) -> BrokerHandle:
     binary = mosquitto_path()
     if binary is None:
         raise RuntimeError("mosquitto is not installed")
     workdir = tempfile.mkdtemp(prefix="bench-mosquitto-")
     port = free_port()
     conf = os.path.join(workdir, "mosquitto.conf")
-    Path(conf).write_text(MOSQUITTO_CONF.format(port=port))
+    persistence = MOSQUITTO_VOLATILE
+    if persistent:
+        data = os.path.join(workdir, "data")
+        os.mkdir(data)
+        os.chmod(data, 0o777)  # written by the user mosquitto drops root for
+        persistence = MOSQUITTO_PERSISTENT.format(dir=data)
+    Path(conf).write_text(MOSQUITTO_CONF.format(port=port, persistence=persistence))
     os.chmod(workdir, 0o755)  # mosquitto drops root for its own user and must read the config
     os.chmod(conf, 0o644)
     proc, log_path = _spawn("mosquitto", pinned(BROKER_CORE, [binary, "-c", conf], pin), workdir)
@@ -235,7 +280,20 @@ def start_mosquitto(pin: bool, version: int = MQTT_5) -> BrokerHandle:
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         out = subprocess.run([binary, "-h"], capture_output=True, text=True, timeout=5).stdout
         handle.description = out.splitlines()[0].strip() if out else "mosquitto"
+    if persistent:
+        handle.description += " (persistence true, max_queued_messages 0)"
     return handle
+
+
+def start_for_own(name: str, pin: bool, version: int = MQTT_5) -> BrokerHandle:
+    """A fresh broker for one run of a scenario measured on brokers of its own (scenario 8):
+    one of OURS_VARIANTS, or "mosquitto" with persistence on."""
+    if name == "mosquitto":
+        return start_mosquitto(pin, version, persistent=True)
+    backend, sync = OURS_VARIANTS[name]
+    description = f"mqttbroker, storage {backend}" + (f" sync {sync}" if sync else "")
+    description += f", max_queued_messages {QUEUE_MESSAGES}, max_queued_bytes {QUEUE_BYTES}"
+    return start_ours(pin, version, name, ours_config(backend, sync), description)
 
 
 def start_amqtt(pin: bool) -> BrokerHandle:
@@ -267,14 +325,13 @@ def external(address: str, pid: int | None, version: int = MQTT_5) -> BrokerHand
     )
 
 
-STARTERS = {"ours": start_ours, "mosquitto": start_mosquitto}
-
-
 def restart(handle: BrokerHandle, pin: bool) -> BrokerHandle:
     """Start a managed broker again after it died; the old handle's log is kept."""
     if handle.name == "amqtt":
         fresh = start_amqtt(pin)
+    elif handle.name == "mosquitto":
+        fresh = start_mosquitto(pin, handle.version)
     else:
-        fresh = STARTERS[handle.name](pin, handle.version)
+        fresh = start_ours(pin, handle.version)
     fresh.crashes = handle.crashes
     return fresh

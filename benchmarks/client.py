@@ -58,6 +58,9 @@ class Client(asyncio.Protocol):
         self.paused = False
         self._resumed: asyncio.Future[None] | None = None
         self.receive_max = 65535
+        self.session_present = False  # from CONNACK
+        self.end_session = False  # MQTT 5: DISCONNECT with Session Expiry Interval 0
+        self.granted_expiry: int | None = None  # Session Expiry Interval the CONNACK set
         self.count = 0  # PUBLISH packets received
         self.sent = 0  # PUBLISH packets written
         self.acked = 0  # QoS 1/2 flows completed (publisher)
@@ -347,7 +350,7 @@ class Client(asyncio.Protocol):
 
     def send_disconnect(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(wire.disconnect(self.version))
+            self.transport.write(wire.disconnect(self.version, self.end_session))
 
     def abort(self) -> None:
         if self.transport is not None:
@@ -355,19 +358,30 @@ class Client(asyncio.Protocol):
 
 
 async def open_client(
-    host: str, port: int, client_id: str, version: int, timeout: float = SETUP_TIMEOUT
+    host: str,
+    port: int,
+    client_id: str,
+    version: int,
+    timeout: float = SETUP_TIMEOUT,
+    clean_start: bool = True,
+    session_expiry: int = 0,
 ) -> Client:
     loop = asyncio.get_running_loop()
     _, client = await asyncio.wait_for(
         loop.create_connection(lambda: Client(version), host, port), timeout
     )
     assert client.transport is not None
-    client.transport.write(wire.connect(client_id, version))
-    code, props = wire.connack_result(await client.expect(CONNACK, timeout), version)
+    client.transport.write(
+        wire.connect(client_id, version, clean_start=clean_start, session_expiry=session_expiry)
+    )
+    body = await client.expect(CONNACK, timeout)
+    code, props = wire.connack_result(body, version)
     if code != 0:
         client.abort()
         raise BrokerRefused(f"CONNACK refused {client_id}: reason 0x{code:02X}")
     client.receive_max = props.get(wire.PROP_RECEIVE_MAXIMUM, 65535)
+    client.session_present = bool(body and body[0] & 1)
+    client.granted_expiry = props.get(wire.PROP_SESSION_EXPIRY)
     return client
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from . import brokers as br
 from . import procfs
-from .scenarios import SCENARIOS, Scenario, Sizes, pick, titled
+from .scenarios import SCENARIOS, Scenario, Sizes, pick, resume_limit, titled
 from .wire import MQTT_5, MQTT_311
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -91,12 +91,27 @@ def median(values: list[Any]) -> float | None:
     return statistics.median(numbers) if numbers else None
 
 
-def table(records: list[dict[str, Any]], names: list[str], sizes: Sizes) -> str:
-    peers = [n for n in names if n != "ours"]
-    head = ["scenario", "metric", *names, *(f"ours/{p}" for p in peers)]
+def is_ours(name: str) -> bool:
+    return name == "ours" or name.startswith("ours-")
+
+
+def table(records: list[dict[str, Any]], sizes: Sizes) -> str:
+    """One table per set of brokers: scenarios 1-7 share ours and the peers, scenario 8 has its
+    own (ours-memory, ours-normal, ours-full, mosquitto)."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for key in dict.fromkeys(r["scenario"] for r in records):
+        names = tuple(dict.fromkeys(r["broker"] for r in records if r["scenario"] == key))
+        groups.setdefault(names, []).append(key)
+    return "\n\n".join(_table(records, list(names), keys, sizes) for names, keys in groups.items())
+
+
+def _table(records: list[dict[str, Any]], names: list[str], keys: list[str], sizes: Sizes) -> str:
+    ours = [n for n in names if is_ours(n)]
+    peers = [n for n in names if not is_ours(n)]
+    pairs = [(o, p) for o in ours for p in peers]
+    head = ["scenario", "metric", *names, *(f"{o}/{p}" for o, p in pairs)]
     rows: list[list[str]] = []
-    seen = list(dict.fromkeys(r["scenario"] for r in records))
-    for key in seen:
+    for key in keys:
         scenario = SCENARIOS[key]
         mine = [r for r in records if r["scenario"] == key]
         metric_rows: list[tuple[str, str, bool]] = [
@@ -118,8 +133,8 @@ def table(records: list[dict[str, Any]], names: list[str], sizes: Sizes) -> str:
                 medians[name] = median(values)
             cells = [f"{key:<2} {titled(scenario, sizes)}" if first else "", label]
             cells += [fmt(medians[n]) for n in names]
-            for peer in peers:
-                a, b = medians.get("ours"), medians.get(peer)
+            for mine_name, peer in pairs:
+                a, b = medians.get(mine_name), medians.get(peer)
                 cells.append(f"{a / b:.2f}x" if ratio and a is not None and b else "")
             rows.append(cells)
             first = False
@@ -153,6 +168,7 @@ def run_one(
     suite: str,
 ) -> dict[str, Any]:
     idle_wait = broker.wait_idle()
+    tag = "".join(word[0] for word in broker.name.split("-"))  # ours-full -> of
     spec = {
         "scenario": scenario.key,
         "host": broker.host,
@@ -161,7 +177,7 @@ def run_one(
         "warmup": args.warmup,
         "duration": args.duration,
         "broker_pid": broker.pid,
-        "run_id": f"{suite[-6:]}{scenario.key}{broker.name[0]}{run}",
+        "run_id": f"{suite[-6:]}{scenario.key}{tag}{run}",
         "sizes": asdict(sizes),
     }
     cmd = br.pinned(
@@ -171,6 +187,8 @@ def run_one(
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(br.REPO), env.get("PYTHONPATH")) if p)
     many = sizes.idle_connections + sizes.spray_topics if scenario.many_fds else 0
     timeout = args.warmup + args.duration + 60 + many / 100
+    if scenario.own_brokers:  # scenario 8 waits for the resumed subscriber too
+        timeout += resume_limit(args.warmup, args.duration) + 10
     record: dict[str, Any] = {
         "suite": suite,
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -210,16 +228,64 @@ def run_one(
     return record
 
 
+def run_fresh(
+    scenario: Scenario,
+    name: str,
+    run: int,
+    args: argparse.Namespace,
+    sizes: Sizes,
+    pin: bool,
+    suite: str,
+    version: int,
+) -> dict[str, Any]:
+    """One run of a scenario on a broker started for it alone (scenario 8), stopped after."""
+    try:
+        handle = br.start_for_own(name, pin, version)
+    except (RuntimeError, OSError) as exc:
+        return {
+            "suite": suite,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "scenario": scenario.key,
+            "title": titled(scenario, sizes),
+            "broker": name,
+            "run": run + 1,
+            "error": f"{name} did not start: {exc}",
+        }
+    try:
+        record = run_one(scenario, handle, run, args, sizes, pin, suite)
+        if record.get("broker_crashed"):
+            print(f"  !! {name} crashed; log tail:\n{record['broker_log_tail']}", file=sys.stderr)
+        elif record.get("error"):
+            tail = handle.log_tail(10)
+            if tail:
+                record["broker_log_tail"] = tail
+        return record
+    finally:
+        handle.stop()
+
+
 def summary_line(record: dict[str, Any]) -> str:
     scenario = SCENARIOS[record["scenario"]]
     metrics = record.get("metrics") or {}
     parts = [f"{m.label} {fmt(metrics.get(m.key))}" for m in scenario.metrics]
     parts.append(f"gen CPU {fmt(record.get('gen_cpu_pct'))}%")
     parts.append(f"broker CPU {fmt(record.get('broker_cpu_pct'))}%")
-    text = f"{record['scenario']:<2} {record['broker']:<9} run {record['run']}: " + ", ".join(parts)
+    text = f"{record['scenario']:<2} {record['broker']:<11} run {record['run']}: "
+    text += ", ".join(parts)
+    if "resumed" in metrics:
+        text += f"; resumed {fmt(metrics['resumed'])} of {fmt(metrics.get('accepted'))} accepted"
     if (record.get("stall_max_s") or 0) >= 0.25:
         text += f"  [longest stretch without a delivery: {record['stall_max_s']:.2f} s]"
-    for key in ("lost_connections", "unexpected_packets", "failed_acks", "error"):
+    for key in (
+        "lost_connections",
+        "unexpected_packets",
+        "failed_acks",
+        "unacked_at_end",
+        "resumed_extra",
+        "resume_incomplete",
+        "stale_session",
+        "error",
+    ):
         if record.get(key):
             text += f"  [{key}: {record[key]}]"
     return text
@@ -262,30 +328,36 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out) if args.out else RESULTS / f"{suite}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
 
+    shared = [s for s in scenarios if not s.own_brokers]
+    own = [s for s in scenarios if s.own_brokers]
     handles: list[br.BrokerHandle] = []
     records: list[dict[str, Any]] = []
     try:
         try:
             if args.broker:
                 handles.append(br.external(args.broker, args.broker_pid, version))
-            else:
+            elif shared:
                 handles.append(br.start_ours(pin, version))
         except (RuntimeError, ValueError, OSError) as exc:
             print(f"benchmarks: cannot start our broker: {exc}", file=sys.stderr)
             return 2
-        if not args.no_mosquitto:
-            if br.mosquitto_path() is None:
-                print("benchmarks: mosquitto not found: measuring without it", file=sys.stderr)
-            else:
-                try:
-                    handles.append(br.start_mosquitto(pin, version))
-                except (RuntimeError, OSError) as exc:
-                    print(f"benchmarks: mosquitto did not start: {exc}", file=sys.stderr)
-        if not args.no_amqtt and br.amqtt_available():
+        mosquitto = not args.no_mosquitto and br.mosquitto_path() is not None
+        if not args.no_mosquitto and not mosquitto:
+            print("benchmarks: mosquitto not found: measuring without it", file=sys.stderr)
+        if mosquitto and shared:
+            try:
+                handles.append(br.start_mosquitto(pin, version))
+            except (RuntimeError, OSError) as exc:
+                print(f"benchmarks: mosquitto did not start: {exc}", file=sys.stderr)
+        if shared and not args.no_amqtt and br.amqtt_available():
             try:
                 handles.append(br.start_amqtt(pin))
             except (RuntimeError, OSError) as exc:
                 print(f"benchmarks: amqtt did not start: {exc}", file=sys.stderr)
+        # Scenario 8: a fresh broker per variant and run (an external broker is measured as is).
+        own_names = ["ours"] if args.broker else list(br.OURS_VARIANTS)
+        if mosquitto:
+            own_names.append("mosquitto")
 
         print(
             f"benchmarks {suite}: {platform.python_implementation()} {platform.python_version()}, "
@@ -295,15 +367,39 @@ def main(argv: list[str] | None = None) -> int:
         )
         for h in handles:
             pid = f"pid {h.pid}" if h.pid else "pid unknown"
-            print(f"  {h.name:<9} {h.host}:{h.port} ({pid}) {h.description}")
+            print(f"  {h.name:<11} {h.host}:{h.port} ({pid}) {h.description}")
+        if own:
+            print(
+                f"  scenario {','.join(s.key for s in own)}: "
+                + (
+                    "the external broker as is"
+                    if args.broker
+                    else "a fresh broker and data directory per run for each of "
+                    + ", ".join(own_names)
+                )
+                + " (see benchmarks/README.md)"
+            )
         print(
             f"  {len(scenarios)} scenario(s) x {args.runs} run(s): warm-up {args.warmup:g} s, "
             f"measuring {args.duration:g} s; JSON lines -> {out}"
         )
         with out.open("a") as sink:
+
+            def keep(record: dict[str, Any]) -> None:
+                records.append(record)
+                sink.write(json.dumps(record) + "\n")
+                sink.flush()
+                print("  " + summary_line(record), flush=True)
+
             for scenario in scenarios:
                 for run in range(args.runs):
+                    if scenario.own_brokers and not args.broker:
+                        for name in own_names:
+                            keep(run_fresh(scenario, name, run, args, sizes, pin, suite, version))
+                        continue
                     for i, handle in enumerate(handles):
+                        if scenario.own_brokers and handle.name != "ours":
+                            continue  # with --broker, scenario 8 gets a fresh Mosquitto below
                         if handle.managed and not handle.alive():
                             print(f"  {handle.name} is down: restarting it", file=sys.stderr)
                             handle.stop()
@@ -315,10 +411,11 @@ def main(argv: list[str] | None = None) -> int:
                                 f"  !! {handle.name} crashed; log tail:\n{record['broker_log_tail']}",
                                 file=sys.stderr,
                             )
-                        records.append(record)
-                        sink.write(json.dumps(record) + "\n")
-                        sink.flush()
-                        print("  " + summary_line(record), flush=True)
+                        keep(record)
+                    if scenario.own_brokers and mosquitto:
+                        keep(
+                            run_fresh(scenario, "mosquitto", run, args, sizes, pin, suite, version)
+                        )
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
     finally:
@@ -326,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
             h.stop()
 
     print()
-    print(table(records, [h.name for h in handles], sizes))
+    print(table(records, sizes))
     print("  * lower is better; ratios are ours/peer of the medians; CPU % is of one core.")
     print(f"  results: {out}")
     bad = [(r, p) for r in records for p in problems(r)]

@@ -33,6 +33,8 @@ class Sizes:
     spray_topics: int = 10000
     spray_wildcards: int = 10
     connect_concurrency: int = 64
+    persist_publishers: int = 4
+    session_expiry: int = 3600
 
     @classmethod
     def smoke(cls) -> Sizes:
@@ -56,14 +58,30 @@ class Ctx:
     sizes: Sizes = field(default_factory=Sizes)
     clients: list[Client] = field(default_factory=list)
     raw: list[RawClient] = field(default_factory=list)
+    retired: list[Client] = field(default_factory=list)  # closed by the scenario itself
+    lost_before_retiring: int = 0
 
     def cid(self, name: str) -> str:
         return f"bm{self.run_id}-{name}"
 
-    async def client(self, name: str) -> Client:
-        client = await open_client(self.host, self.port, self.cid(name), self.version)
+    async def client(self, name: str, clean_start: bool = True, session_expiry: int = 0) -> Client:
+        client = await open_client(
+            self.host,
+            self.port,
+            self.cid(name),
+            self.version,
+            clean_start=clean_start,
+            session_expiry=session_expiry,
+        )
         self.clients.append(client)
         return client
+
+    async def retire(self, clients: Sequence[Client]) -> None:
+        """Close ``clients`` now (DISCONNECT, the broker closes); what they saw still counts."""
+        self.lost_before_retiring += sum(1 for c in clients if c.lost.done())
+        await close_clients(clients)
+        self.clients = [c for c in self.clients if c not in clients]
+        self.retired.extend(clients)
 
     def publish_len(self, topic: str, qos: int = 0) -> int:
         return len(wire.publish(topic, wire.payload(), qos, 1 if qos else 0, self.version))
@@ -144,6 +162,7 @@ class Ctx:
 
     async def close(self) -> None:
         clients, self.clients = self.clients, []
+        self.retired = []
         raw, self.raw = self.raw, []
         await close_clients(clients)
         await close_raw(raw)
@@ -400,6 +419,121 @@ async def topic_spray(ctx: Ctx) -> dict[str, Any]:
     return w
 
 
+# -- 8: QoS 1 into an offline persistent session ---------------------------------------------
+
+PERSIST_TOPIC = "bench/persist"
+ACK_SETTLE_LIMIT = 10.0  # seconds the publishers wait for their last acks after the window
+RESUME_STALL = 10.0  # the resumed subscriber gives up after this long without a message
+
+
+def resume_limit(warmup: float, duration: float) -> float:
+    """Longest the resumed subscriber of scenario 8 waits for everything accepted."""
+    return 30.0 + 3 * (warmup + duration)
+
+
+async def _until(done: Callable[[], bool], limit: float, step: float = 0.01) -> bool:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + limit
+    while not done():
+        if loop.time() >= end:
+            return False
+        await asyncio.sleep(step)
+    return True
+
+
+async def persistent(ctx: Ctx) -> dict[str, Any]:
+    """A subscriber makes a persistent session (Clean Start 0, Session Expiry Interval), subscribes
+    at QoS 1 and leaves with a normal DISCONNECT; publishers then send QoS 1 into that offline
+    session, each keeping ``window`` PUBLISHes unacknowledged. The figure is PUBACKs per second:
+    messages the broker accepted into the session (a durable broker commits them first). Then
+    the subscriber comes back with Clean Start 0 and must receive every accepted message."""
+    topic = PERSIST_TOPIC
+    expiry = ctx.sizes.session_expiry
+    sub = await ctx.client("sub", clean_start=False, session_expiry=expiry)
+    stale_session = sub.session_present  # a leftover of an earlier run on an external broker
+    granted = sub.granted_expiry
+    await sub.subscribe([(topic, 1)])
+    await ctx.retire([sub])
+
+    pubs = [await ctx.client(f"pub{i}") for i in range(ctx.sizes.persist_publishers)]
+    for pub in pubs:
+        pub.start_windowed(topic, 1, ctx.sizes.window, wire.payload())
+    w = await ctx.measure(
+        lambda: {
+            "acked": sum(p.acked for p in pubs),
+            "failed": sum(p.failed_acks for p in pubs),
+            "sent": sum(p.sent for p in pubs),
+        },
+        progress=lambda: sum(p.acked for p in pubs),
+    )
+    for pub in pubs:  # no new PUBLISH from here; the ones in flight get their acks
+        pub.stopping = True
+    settled = await _until(
+        lambda: sum(p.acked for p in pubs) >= sum(p.sent for p in pubs), ACK_SETTLE_LIMIT
+    )
+    sent = sum(p.sent for p in pubs)
+    failed = sum(p.failed_acks for p in pubs)
+    accepted = sum(p.acked for p in pubs) - failed
+    rss_queued = procfs.rss_kb(ctx.broker_pid)
+    await ctx.retire(pubs)
+
+    # The subscriber comes back: every accepted message must reach it.
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    back = await ctx.client("sub", clean_start=False, session_expiry=expiry)
+    back.end_session = True  # leave nothing behind on an external broker (MQTT 5)
+    back.start_acking()
+    limit = resume_limit(ctx.warmup, ctx.duration)
+    last, last_at, why = back.count, t0, "time limit"
+    while (now := loop.time()) - t0 < limit:
+        if back.count >= accepted > 0 or back.lost.done():
+            why = "all" if back.count >= accepted else "connection lost"
+            break
+        if back.count != last:
+            last, last_at = back.count, now
+        elif now - last_at >= RESUME_STALL:
+            why = "stalled"
+            break
+        await asyncio.sleep(0.02)
+    if back.count != last:
+        last_at = loop.time()
+    resumed = back.count
+    resume_s = max(last_at - t0, 1e-9)
+
+    elapsed = w["elapsed"]
+    w["metrics"] = {
+        "msgs_per_s": rate(w["delta"]["acked"] - w["delta"]["failed"], elapsed),
+        "sent_per_s": rate(w["delta"]["sent"], elapsed),
+        "resume_msgs_per_s": rate(resumed, resume_s),
+        "resume_s": round(resume_s, 3),
+        "accepted": accepted,
+        "resumed": resumed,
+        "rss_queued_kb": rss_queued,
+    }
+    w["delivered"] = resumed
+    w["failed_acks"] = failed
+    w["window"] = min([ctx.sizes.window] + [p.receive_max for p in pubs])
+    w["resume"] = why
+    w["session_present_on_resume"] = back.session_present
+    w["granted_session_expiry"] = granted
+    if not settled:
+        w["unacked_at_end"] = sent - failed - accepted
+    if stale_session:
+        w["stale_session"] = True
+    if resumed > accepted:
+        w["resumed_extra"] = resumed - accepted  # duplicates, or unacked ones that got through
+    if not back.session_present:
+        w["error"] = "the subscriber's session was not resumed (CONNACK Session Present 0)"
+    elif resumed < accepted and why != "time limit":
+        w["error"] = (
+            f"{accepted - resumed} of {accepted} acknowledged messages not delivered on resume "
+            f"({why})"
+        )
+    elif resumed < accepted:
+        w["resume_incomplete"] = f"{resumed} of {accepted} after {limit:.0f} s"
+    return w
+
+
 # -- the registry -------------------------------------------------------------------------------
 
 
@@ -417,6 +551,8 @@ class Scenario:
     run: Callable[[Ctx], Awaitable[dict[str, Any]]]
     metrics: tuple[Metric, ...]
     many_fds: bool = False
+    # Measured on brokers of its own, started fresh for each run (see runner.own_brokers).
+    own_brokers: bool = False
 
 
 MSGS = Metric("msgs_per_s", "msg/s")
@@ -464,6 +600,13 @@ SCENARIOS: dict[str, Scenario] = {
             ),
             many_fds=True,
         ),
+        Scenario(
+            "8",
+            "QoS1 4->offline session, 32 in flight",
+            persistent,
+            (MSGS, Metric("resume_msgs_per_s", "resume msg/s")),
+            own_brokers=True,
+        ),
     )
 }
 
@@ -485,6 +628,10 @@ def titled(scenario: Scenario, sizes: Sizes) -> str:
         title = f"{sizes.idle_connections} idle connections"
     elif scenario.key == "7":
         title = f"{sizes.spray_topics} topics spray +{sizes.spray_wildcards} wildcards"
+    elif scenario.key == "8":
+        title = title.replace("4->", f"{sizes.persist_publishers}->").replace(
+            "32 in", f"{sizes.window} in"
+        )
     return title
 
 
@@ -492,9 +639,9 @@ async def run(scenario: Scenario, ctx: Ctx) -> dict[str, Any]:
     """Run one scenario and close everything it opened; adds what went wrong on the wire."""
     try:
         result = await scenario.run(ctx)
-        lost = sum(1 for c in ctx.clients if c.lost.done())
+        lost = sum(1 for c in ctx.clients if c.lost.done()) + ctx.lost_before_retiring
         unexpected: dict[str, int] = {}
-        for client in ctx.clients:
+        for client in ctx.clients + ctx.retired:
             for first, _ in client.others:
                 key = f"0x{first:02X}"
                 unexpected[key] = unexpected.get(key, 0) + 1

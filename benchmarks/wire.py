@@ -50,11 +50,23 @@ def _packet(first: int, body: bytes) -> bytes:
     return bytes([first]) + vbi(len(body)) + body
 
 
-def connect(client_id: str, version: int = MQTT_5, keep_alive: int = 0) -> bytes:
-    """CONNECT with Clean Start, no will, no credentials, no properties."""
-    body = b"\x00\x04MQTT" + bytes([version, 0x02]) + keep_alive.to_bytes(2, "big")
+def connect(
+    client_id: str,
+    version: int = MQTT_5,
+    keep_alive: int = 0,
+    clean_start: bool = True,
+    session_expiry: int = 0,
+) -> bytes:
+    """CONNECT, no will, no credentials. By default Clean Start (3.1.1: Clean Session) and no
+    properties; ``clean_start=False`` resumes or keeps a session, which in MQTT 5 lives on after
+    the connection for ``session_expiry`` seconds (sent as Session Expiry Interval)."""
+    flags = 0x02 if clean_start else 0x00
+    body = b"\x00\x04MQTT" + bytes([version, flags]) + keep_alive.to_bytes(2, "big")
     if version == MQTT_5:
-        body += b"\x00"
+        if session_expiry:
+            body += b"\x05" + bytes([PROP_SESSION_EXPIRY]) + session_expiry.to_bytes(4, "big")
+        else:
+            body += b"\x00"
     return _packet(0x10, body + s16(client_id))
 
 
@@ -78,7 +90,11 @@ def publish(
     return _packet(0x30 | (qos << 1), body + payload)
 
 
-def disconnect(version: int = MQTT_5) -> bytes:
+def disconnect(version: int = MQTT_5, end_session: bool = False) -> bytes:
+    """Normal DISCONNECT (0x00). ``end_session`` (MQTT 5 only): also set Session Expiry
+    Interval 0, so a persistent session ends with the connection."""
+    if end_session and version == MQTT_5:
+        return b"\xe0\x07\x00\x05" + bytes([PROP_SESSION_EXPIRY]) + b"\x00\x00\x00\x00"
     return b"\xe0\x00"
 
 
