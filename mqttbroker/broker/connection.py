@@ -92,6 +92,9 @@ class Connection:
         "username",
         "_allowed",
         "_allowed_generation",
+        "address",
+        "_tokens",
+        "_tokens_at",
         "_auth",
         "_auth_method",
         "_connect",
@@ -135,6 +138,9 @@ class Connection:
         self.username: str | None = None
         self._allowed: dict[str, bool] = {}  # topic -> may publish, for the rules' generation
         self._allowed_generation = -1
+        self.address: str | None = None  # counted against max_connections_per_address
+        self._tokens = float(broker.options.max_publish_burst)  # publish-rate bucket
+        self._tokens_at = now
         self._auth: AuthExchange | None = None  # an enhanced-authentication exchange under way
         self._auth_method: str | None = None
         self._connect: pk.Connect | None = None  # held while authenticating
@@ -569,6 +575,42 @@ class Connection:
         session = self.session
         assert session is not None
         now = broker.clock()
+        if opts.max_publish_rate:
+            tokens = min(
+                float(opts.max_publish_burst),
+                self._tokens + (now - self._tokens_at) * opts.max_publish_rate,
+            )
+            if tokens < 1.0:
+                raise MQTTError(
+                    f"publishing faster than {opts.max_publish_rate:g} messages/s",
+                    ReasonCode.MESSAGE_RATE_TOO_HIGH,
+                )
+            self._tokens = tokens - 1.0
+            self._tokens_at = now
+        if (
+            retain
+            and payload
+            and len(router.retained) >= opts.max_retained
+            and (router.retained.get(topic) is None)
+        ):
+            log.warning(
+                "client %s: retained message on %r refused: max_retained (%d) reached",
+                self.client_id,
+                topic,
+                opts.max_retained,
+            )
+            broker.denied += 1
+            if qos:
+                self._send(
+                    fastpath.encode_ack(
+                        _PUBACK if qos == 1 else _PUBREC,
+                        packet_id,
+                        ReasonCode.QUOTA_EXCEEDED,
+                        None,
+                        self.version,
+                    )
+                )
+            return
         if qos == 2:
             waiting = session.awaiting_release
             if packet_id not in waiting:
@@ -656,7 +698,9 @@ class Connection:
                 codes.append(ReasonCode.TOPIC_FILTER_INVALID if v5 else 0x80)
                 continue
             inner = shared[1] if shared else topic_filter
-            if shared is None and not valid_topic_filter(topic_filter):
+            if (shared is None and not valid_topic_filter(topic_filter)) or (
+                not broker.router.within_limits(inner)
+            ):
                 codes.append(ReasonCode.TOPIC_FILTER_INVALID if v5 else 0x80)
                 continue
             if shared is not None:
@@ -676,6 +720,18 @@ class Connection:
                 continue
             if not opts.wildcard_subscriptions and ("+" in inner or "#" in inner):
                 codes.append(ReasonCode.WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED if v5 else 0x80)
+                continue
+            if (
+                opts.max_subscriptions_per_client
+                and len(session.subscriptions) >= opts.max_subscriptions_per_client
+                and topic_filter not in session.subscriptions
+            ):
+                log.info(
+                    "client %s: max_subscriptions_per_client (%d) reached",
+                    self.client_id,
+                    opts.max_subscriptions_per_client,
+                )
+                codes.append(ReasonCode.QUOTA_EXCEEDED if v5 else 0x80)
                 continue
             qos = min(request.qos, opts.maximum_qos)
             sub = Subscription(

@@ -45,6 +45,8 @@ class Broker:
         self.authenticator: Authenticator = authenticator or AllowAll()
         self.authorizer = authorizer  # None: everyone may publish and subscribe anywhere
         self.denied = 0  # PUBLISHes refused by the authorizer
+        self.refused = 0  # connections refused by the connection limits
+        self._per_address: dict[str, int] = {}  # open connections per source address
         self.connack_properties = self._connack_properties()
         self.sessions: dict[str, Session] = {}
         self.connections: set[Connection] = set()
@@ -81,9 +83,34 @@ class Broker:
     # -- connections and output -------------------------------------------------------------
 
     def connect(self, link: Link, peer: str = "?") -> Connection:
+        """A new network connection from ``peer`` ("address:port"). Past the connection limits
+        it is closed at once (the log says which limit)."""
         conn = Connection(self, link, peer)
+        opts = self.options
+        address = peer.rpartition(":")[0] or peer
+        if opts.max_connections and len(self.connections) >= opts.max_connections:
+            self._refuse(conn, f"max_connections ({opts.max_connections}) reached")
+            return conn
+        per_address = opts.max_connections_per_address
+        if per_address:
+            count = self._per_address.get(address, 0)
+            if count >= per_address:
+                self._refuse(
+                    conn, f"max_connections_per_address ({per_address}) reached for {address}"
+                )
+                return conn
+            self._per_address[address] = count + 1
+            conn.address = address
         self.connections.add(conn)
         return conn
+
+    def _refuse(self, conn: Connection, why: str) -> None:
+        self.refused += 1
+        if self.refused & (self.refused - 1) == 0:  # 1st, 2nd, 4th, 8th... refusal
+            log.warning(
+                "connection from %s refused: %s (%d refused so far)", conn.peer, why, self.refused
+            )
+        conn.close(publish_will=False)
 
     def mark_dirty(self, conn: Connection) -> None:
         if not self._dirty and self.wake is not None:
@@ -155,6 +182,13 @@ class Broker:
 
     def connection_closed(self, conn: Connection, publish_will: bool) -> None:
         self.connections.discard(conn)
+        if conn.address is not None:
+            left = self._per_address.get(conn.address, 1) - 1
+            if left > 0:
+                self._per_address[conn.address] = left
+            else:
+                self._per_address.pop(conn.address, None)
+            conn.address = None
         session = conn.session
         will = conn.will
         conn.will = None

@@ -40,6 +40,19 @@ class BrokerOptions:
     # Largest number of unacknowledged QoS 1/2 messages sent to one client (further capped by the
     # client's own Receive Maximum).
     max_inflight: int = 65535
+    # Limits (0: none). Connections past max_connections (in all, or from one address) are
+    # closed at once; a topic or filter past the length/levels limit is invalid (0x90/0x8F);
+    # subscriptions past the per-client limit get 0x97; a client publishing faster than
+    # max_publish_rate messages/s (bursts of max_publish_burst allowed) is disconnected with
+    # 0x96; new retained topics past max_retained get 0x97 (QoS 0: dropped and counted).
+    max_connections: int = 100_000
+    max_connections_per_address: int = 0
+    max_topic_length: int = 65535
+    max_topic_levels: int = 128
+    max_subscriptions_per_client: int = 1000
+    max_publish_rate: float = 0.0
+    max_publish_burst: int = 1000
+    max_retained: int = 1_000_000
     # Packets plus deliveries one connection's input may cause before the broker flushes output
     # and serves other connections; the rest of that input waits for the next event-loop pass.
     input_budget: int = 10000
@@ -79,6 +92,19 @@ class BrokerOptions:
             raise ValueError(
                 "shared_subscription_strategy must be round_robin, random, sticky or hash"
             )
+        for name in (
+            "max_connections",
+            "max_connections_per_address",
+            "max_topic_length",
+            "max_topic_levels",
+            "max_subscriptions_per_client",
+            "max_publish_burst",
+            "max_retained",
+        ):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must not be negative")
+        if self.max_publish_rate < 0:
+            raise ValueError("max_publish_rate must not be negative")
         if self.input_budget < 1:
             raise ValueError("input_budget must be at least 1")
         if self.match_cache_size < 0:

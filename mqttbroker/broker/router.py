@@ -54,7 +54,7 @@ class Router:
                 raise MalformedPacket("topic name is not well-formed UTF-8") from None
             if "\x00" in topic:
                 raise MalformedPacket("topic name contains U+0000")  # MQTT-4.7.3-2
-            if not valid_topic_name(topic):
+            if not valid_topic_name(topic) or not self.within_limits(topic):
                 return None
             found = (topic, self.trie.match(topic))
             cache = self._cache
@@ -62,6 +62,11 @@ class Router:
                 cache.clear()
             cache[raw] = found
         return found
+
+    def within_limits(self, topic: str) -> bool:
+        """The configured length and depth limits for topic names and filters."""
+        opts = self.options
+        return len(topic) <= opts.max_topic_length and topic.count("/") < opts.max_topic_levels
 
     def lookup(self, topic: str) -> Match | None:
         """The subscriptions matching ``topic``, or None if it is not a valid Topic Name."""
