@@ -277,11 +277,13 @@ class Connection:
             PacketType.PINGRESP,
         ):
             raise ProtocolError(f"a client may not send packet type {ptype}")
+        elif ptype == _SUBSCRIBE:
+            self._on_subscribe(
+                fastpath.decode_subscribe(first & 0x0F, data, body, stop, self.version)
+            )
         else:
             packet = grammar.decode(ptype, first & 0x0F, data[body:stop], self.version)
-            if isinstance(packet, pk.Subscribe):
-                self._on_subscribe(packet)
-            elif isinstance(packet, pk.Unsubscribe):
+            if isinstance(packet, pk.Unsubscribe):
                 self._on_unsubscribe(packet)
             elif isinstance(packet, pk.Disconnect):
                 self._on_disconnect(packet)
@@ -294,9 +296,7 @@ class Connection:
             self.version = MQTT_5 if body[6] >= MQTT_5 else body[6]
         elif body[:8] == b"\x00\x06MQIsdp":
             self.version = pk.MQTT_3_1
-        packet = grammar.decode(_CONNECT, first & 0x0F, body, MQTT_5)
-        assert isinstance(packet, pk.Connect)
-        return packet
+        return fastpath.decode_connect(first & 0x0F, body, 0, len(body))
 
     # -- CONNECT ----------------------------------------------------------------------------
 
@@ -438,9 +438,9 @@ class Connection:
                 )  # absent unless requested: MQTT-3.1.2-28
             if auth_props:
                 ack_props.update(auth_props)  # MQTT-4.12.0-5
-            self._send(grammar.encode(pk.Connack(present, 0, ack_props), MQTT_5))
+            self._send(fastpath.encode_connack(pk.Connack(present, 0, ack_props), MQTT_5))
         else:
-            self._send(grammar.encode(pk.Connack(present, 0), version))
+            self._send(fastpath.encode_connack(pk.Connack(present, 0), version))
         log.info(
             "client %s connected from %s (MQTT %s, keep alive %ds, session %s)",
             client_id,
@@ -749,7 +749,7 @@ class Connection:
                 broker.store.save_subscription(session, sub)
             codes.append(qos)
             new_subs.append((sub, existed))
-        self._send(grammar.encode(pk.Suback(packet.packet_id, codes), self.version))
+        self._send(fastpath.encode_suback(pk.Suback(packet.packet_id, codes), self.version))
         now = broker.clock()
         for sub, existed in new_subs:
             # Retained messages after the SUBACK, per Retain Handling; never on a shared
@@ -774,7 +774,7 @@ class Connection:
                 codes.append(ReasonCode.NO_SUBSCRIPTION_EXISTED)
         if self.version != MQTT_5:
             codes = []
-        self._send(grammar.encode(pk.Unsuback(packet.packet_id, codes), self.version))
+        self._send(fastpath.encode_suback(pk.Unsuback(packet.packet_id, codes), self.version))
 
     # -- DISCONNECT -------------------------------------------------------------------------
 
@@ -916,9 +916,9 @@ class Connection:
                     props: dict[int, Any] = {Prop.REASON_STRING: exc.message} if exc.message else {}
                     if code in (ReasonCode.USE_ANOTHER_SERVER, ReasonCode.SERVER_MOVED):
                         props[Prop.SERVER_REFERENCE] = self.broker.options.server_reference
-                    data = grammar.encode(pk.Connack(False, code, props), MQTT_5)
+                    data = fastpath.encode_connack(pk.Connack(False, code, props), MQTT_5)
                     if len(data) > self.max_send_size:  # MQTT-3.2.2-19
-                        data = grammar.encode(pk.Connack(False, code), MQTT_5)
+                        data = fastpath.encode_connack(pk.Connack(False, code), MQTT_5)
                     self._send(data)
             elif code in (
                 ReasonCode.UNSUPPORTED_PROTOCOL_VERSION,

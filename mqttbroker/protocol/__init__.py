@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from . import fastpath, grammar
-from .packets import Packet, PacketType
+from .packets import Connack, Packet, PacketType, Suback, Unsuback
 
 _HOT: frozenset[int] = frozenset(
     {
@@ -23,6 +23,10 @@ def decode_packet(first_byte: int, body: bytes, version: int) -> Packet:
     ptype = first_byte >> 4
     if ptype in _HOT:
         return fastpath.decode(ptype, first_byte & 0x0F, body, 0, len(body), version)
+    if ptype == PacketType.CONNECT:
+        return fastpath.decode_connect(first_byte & 0x0F, body, 0, len(body))
+    if ptype == PacketType.SUBSCRIBE:
+        return fastpath.decode_subscribe(first_byte & 0x0F, body, 0, len(body), version)
     if ptype == 0:
         from .errors import MalformedPacket
 
@@ -34,4 +38,8 @@ def encode_packet(packet: Packet, version: int) -> bytes:
     """Encode a whole packet (fixed header included) for a connection at ``version``."""
     if packet.packet_type in _HOT:
         return fastpath.encode(packet, version)
+    if isinstance(packet, Connack):
+        return fastpath.encode_connack(packet, version)
+    if isinstance(packet, (Suback, Unsuback)):
+        return fastpath.encode_suback(packet, version)
     return grammar.encode(packet, version)

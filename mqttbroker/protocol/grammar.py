@@ -429,33 +429,36 @@ def _to_subscribe(raw: Any, version: int) -> pk.Subscribe:
         raise ProtocolError("SUBSCRIBE with packet identifier 0")
     if not raw.subscriptions:
         raise ProtocolError("SUBSCRIBE with no topic filter")  # MQTT-3.8.3-2
-    requests = []
-    for entry in raw.subscriptions:
-        options = entry.options
-        if version == MQTT_5:
-            if options & 0xC0:
-                raise MalformedPacket("reserved subscription option bits are not 0")  # 3.8.3-5
-            retain_handling = (options >> 4) & 3
-            if retain_handling == 3:
-                raise ProtocolError("Retain Handling 3")
-        else:
-            if options & 0xFC:
-                raise MalformedPacket("reserved subscription option bits are not 0")
-            retain_handling = 0
-        if options & 3 == 3:
-            if version == MQTT_5:
-                raise ProtocolError("subscription Maximum QoS 3")  # section 3.8.3.1
-            raise MalformedPacket("subscription QoS 3")
-        requests.append(
-            pk.SubscriptionRequest(
-                entry.topic_filter,
-                qos=options & 3,
-                no_local=bool(options & 4) and version == MQTT_5,
-                retain_as_published=bool(options & 8) and version == MQTT_5,
-                retain_handling=retain_handling,
-            )
-        )
+    requests = [
+        subscription_request(entry.topic_filter, entry.options, version)
+        for entry in raw.subscriptions
+    ]
     return pk.Subscribe(raw.packet_id, requests, _props(raw.properties, PacketType.SUBSCRIBE))
+
+
+def subscription_request(topic_filter: str, options: int, version: int) -> pk.SubscriptionRequest:
+    """One Topic Filter with its Subscription Options byte (section 3.8.3.1), checked."""
+    if version == MQTT_5:
+        if options & 0xC0:
+            raise MalformedPacket("reserved subscription option bits are not 0")  # 3.8.3-5
+        retain_handling = (options >> 4) & 3
+        if retain_handling == 3:
+            raise ProtocolError("Retain Handling 3")
+    else:
+        if options & 0xFC:
+            raise MalformedPacket("reserved subscription option bits are not 0")
+        retain_handling = 0
+    if options & 3 == 3:
+        if version == MQTT_5:
+            raise ProtocolError("subscription Maximum QoS 3")  # section 3.8.3.1
+        raise MalformedPacket("subscription QoS 3")
+    return pk.SubscriptionRequest(
+        topic_filter,
+        qos=options & 3,
+        no_local=bool(options & 4) and version == MQTT_5,
+        retain_as_published=bool(options & 8) and version == MQTT_5,
+        retain_handling=retain_handling,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
