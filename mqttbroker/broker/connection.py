@@ -10,7 +10,7 @@ per-connection buffer and the broker flushes every buffer once per event-loop pa
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..protocol import fastpath, grammar
@@ -128,13 +128,13 @@ class Connection:
         self._out: list[bytes] = []
         # Output held for the store (see _hold_output): absolute output positions that wait for
         # a commit each, the number of chunks flushed so far, and how far output may go.
-        self._marks: deque[int] = deque()
+        self._marks: list[int] = []  # few at a time: a list is smaller than a deque
         self._out_base = 0
         self._free_upto = 0
         self._writes_seen = 0  # the store's write count when our current input began
         self.assigned_id = False  # the broker chose the client id
         self.alias_maximum = 0  # the client's Topic Alias Maximum
-        self._out_aliases: OrderedDict[str, int] = OrderedDict()  # topic -> alias, LRU first
+        self._out_aliases: OrderedDict[str, int] | None = None  # topic -> alias, LRU first
         self.username: str | None = None
         self._allowed: dict[str, bool] = {}  # topic -> may publish, for the rules' generation
         self._allowed_generation = -1
@@ -815,7 +815,7 @@ class Connection:
         if not self._marks:  # the connection was closed and flushed meanwhile
             return
         # Batches commit in order, so the oldest mark is the one committed now.
-        self._free_upto = self._marks.popleft()
+        self._free_upto = self._marks.pop(0)
         if self._out:
             self.broker.mark_dirty(self)
 
@@ -874,6 +874,8 @@ class Connection:
         """Send with a Topic Alias: the client allowed ``alias_maximum`` of them
         (MQTT-3.1.2-26); the least recently used is reassigned when they are all taken."""
         aliases = self._out_aliases
+        if aliases is None:
+            aliases = self._out_aliases = OrderedDict()
         topic = message.topic
         alias = aliases.get(topic)
         evicted = None
