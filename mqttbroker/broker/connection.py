@@ -575,6 +575,7 @@ class Connection:
         session = self.session
         assert session is not None
         now = broker.clock()
+        broker.received += 1
         if opts.max_publish_rate:
             tokens = min(
                 float(opts.max_publish_burst),

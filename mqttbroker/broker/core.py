@@ -44,6 +44,7 @@ class Broker:
         self.store = store or Store()
         self.authenticator: Authenticator = authenticator or AllowAll()
         self.authorizer = authorizer  # None: everyone may publish and subscribe anywhere
+        self.received = 0  # PUBLISHes accepted from clients
         self.denied = 0  # PUBLISHes refused by the authorizer
         self.refused = 0  # connections refused by the connection limits
         self._per_address: dict[str, int] = {}  # open connections per source address

@@ -53,6 +53,8 @@ class BrokerOptions:
     max_publish_rate: float = 0.0
     max_publish_burst: int = 1000
     max_retained: int = 1_000_000
+    # Seconds between publications of the $SYS/broker/... counters (0: none).
+    sys_interval: float = 10.0
     # Packets plus deliveries one connection's input may cause before the broker flushes output
     # and serves other connections; the rest of that input waits for the next event-loop pass.
     input_budget: int = 10000
@@ -105,6 +107,8 @@ class BrokerOptions:
                 raise ValueError(f"{name} must not be negative")
         if self.max_publish_rate < 0:
             raise ValueError("max_publish_rate must not be negative")
+        if self.sys_interval < 0:
+            raise ValueError("sys_interval must not be negative")
         if self.input_budget < 1:
             raise ValueError("input_budget must be at least 1")
         if self.match_cache_size < 0:

@@ -40,7 +40,8 @@ class RetainedStore:
         if node.message is None:
             self.count += 1
         node.message = message
-        self._store.save_retained(message)
+        if not message.topic.startswith("$SYS/"):  # the broker's own counters stay in memory
+            self._store.save_retained(message)
 
     def _clear(self, levels: list[str]) -> None:
         path = [self._root]

@@ -30,7 +30,6 @@ class Router:
         self.trie = SubscriptionTrie()
         self.retained = RetainedStore(self.store)
         self._cache: dict[bytes, tuple[str, Match]] = {}
-        self.published = 0
         self.delivered = 0
 
     def subscribe(self, sub: Subscription) -> bool:
@@ -78,7 +77,6 @@ class Router:
         it was handed to."""
         if message.retain:
             self.retained.store(message)  # and in the durable store
-        self.published += 1
         targets, groups = match
         count = 0
         msg_qos = message.qos

@@ -9,8 +9,9 @@ import signal
 from ..broker.core import Broker
 from ..broker.store import Store
 from ..config import Config
+from ..ops.sys_tree import SysTree
 from ..storage import StoreError
-from .tcp import MQTTProtocol
+from .listeners import Listener, start_listener
 
 log = logging.getLogger("mqttbroker")
 
@@ -22,7 +23,8 @@ class Server:
         self.config = config
         self.store = self._make_store(config)
         self.broker = Broker(config.broker, store=self.store)
-        self._servers: list[asyncio.base_events.Server] = []
+        self.sys_tree = SysTree(self.broker, config.broker.sys_interval)
+        self.listeners: list[Listener] = []
         self._ticker: asyncio.Task[None] | None = None
         self.addresses: list[tuple[str, int]] = []
 
@@ -43,33 +45,29 @@ class Server:
         await self.store.load(broker)
         broker.tick()  # expire what expired while the broker was down
         broker.wake = lambda: loop.call_soon(broker.flush)
-        for listener in self.config.listeners:
-            server = await loop.create_server(
-                lambda: MQTTProtocol(broker), listener.host, listener.port, reuse_address=True
-            )
-            self._servers.append(server)
-            for sock in server.sockets:
-                host, port = sock.getsockname()[:2]
-                self.addresses.append((host, port))
-                log.info("listening on %s:%d (MQTT over TCP)", host, port)
+        for index, config in enumerate(self.config.listeners):
+            listener = await start_listener(broker, config, f"listener[{index}]")
+            self.listeners.append(listener)
+            self.addresses.extend(listener.addresses)
         self._ticker = asyncio.create_task(self._tick())
 
     async def _tick(self) -> None:
         while True:
             await asyncio.sleep(TICK_SECONDS)
             self.broker.tick()
+            self.sys_tree.tick()
 
     async def stop(self) -> None:
         log.info("shutting down: disconnecting %d clients", len(self.broker.connections))
-        for server in self._servers:
-            server.close()
+        for listener in self.listeners:
+            listener.close()
         if self._ticker is not None:
             self._ticker.cancel()
         self.broker.shutdown()
         await self.store.close()
         await asyncio.sleep(0.05)  # let the transports write their DISCONNECTs
-        for server in self._servers:
-            await server.wait_closed()
+        for listener in self.listeners:
+            await listener.wait_closed()
         log.info("stopped")
 
     async def run_until_signalled(self) -> None:

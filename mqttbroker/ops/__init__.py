@@ -1,0 +1,1 @@
+"""Operations: what the broker tells about itself ($SYS topics)."""
