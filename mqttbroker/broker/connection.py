@@ -472,6 +472,8 @@ class Connection:
             if not packet_id:
                 raise ProtocolError("PUBLISH with packet identifier 0")
             pos += 2
+        elif first & 8:
+            raise MalformedPacket("QoS 0 PUBLISH with DUP set")  # MQTT-3.3.1-2
         if self.version == MQTT_5:
             if pos >= stop:
                 raise MalformedPacket("PUBLISH without a property length")
@@ -787,7 +789,9 @@ class Connection:
             if self.connect_expiry == 0 and expiry != 0:
                 raise ProtocolError("Session Expiry Interval set on DISCONNECT after CONNECT had 0")
             session.expiry_interval = min(expiry, self.broker.options.max_session_expiry)
-        keep_will = packet.reason_code == ReasonCode.DISCONNECT_WITH_WILL_MESSAGE
+        # Only a normal disconnection (0x00) discards the will (MQTT-3.1.2-8, -10, 3.14.4-3);
+        # 0x04 asks for it, and so does any error code.
+        keep_will = packet.reason_code != ReasonCode.NORMAL_DISCONNECTION
         if not keep_will and self.will is not None:
             self.will = None  # MQTT-3.14.4-3
             if session.expiry_interval:

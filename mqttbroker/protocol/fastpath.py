@@ -203,6 +203,8 @@ def decode_publish(flags: int, data: bytes, pos: int, end: int, version: int) ->
     qos = (flags >> 1) & 3
     if qos == 3:
         raise MalformedPacket("PUBLISH with QoS 3")
+    if not qos and flags & 8:
+        raise MalformedPacket("QoS 0 PUBLISH with DUP set")  # MQTT-3.3.1-2
     topic, p = _utf8(data, pos, end)
     packet_id = None
     if qos:

@@ -314,6 +314,8 @@ def decode(packet_type: int, flags: int, body: bytes, version: int) -> pk.Packet
         raise MalformedPacket("AUTH does not exist before MQTT 5")
     if packet_type == PacketType.PUBLISH and (flags >> 1) & 3 == 3:
         raise MalformedPacket("PUBLISH with QoS 3")
+    if packet_type == PacketType.PUBLISH and flags & 0x0E == 0x08:
+        raise MalformedPacket("QoS 0 PUBLISH with DUP set")  # MQTT-3.3.1-2
     try:
         if packet_type == PacketType.CONNECT:
             head = ConnectHeader.parse(body)

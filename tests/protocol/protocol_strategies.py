@@ -200,7 +200,7 @@ def publishes(draw: st.DrawFn, version: int) -> pk.Publish:
         payload=draw(st.binary(max_size=64)),
         qos=qos,
         retain=draw(st.booleans()),
-        dup=draw(st.booleans()),
+        dup=draw(st.booleans()) if qos else False,  # MQTT-3.3.1-2: never on QoS 0
         packet_id=draw(packet_ids) if qos else None,
         properties=draw(_props_or_empty(T.PUBLISH, version)),
     )

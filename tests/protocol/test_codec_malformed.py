@@ -624,3 +624,10 @@ def test_grammar_raises_only_mqtt_errors(case: tuple[int, int, bytes, int]) -> N
     except MQTTError:
         return
     assert packet.packet_type == case[0]
+
+
+@pytest.mark.parametrize("version", [V4, V5])
+def test_qos0_publish_with_dup_is_malformed(version: int) -> None:
+    """[MQTT-3.3.1-2] DUP must be 0 on every QoS 0 PUBLISH; a set DUP is a malformed packet."""
+    body = b"\x00\x01t" + (b"\x00" if version == V5 else b"") + b"x"
+    assert_rejects(MalformedPacket, 0x81, 3, 0x08, body, version)

@@ -1,0 +1,1 @@
+"""MQTT 5.0 conformance suite: black-box tests of a broker over sockets (see README.md)."""

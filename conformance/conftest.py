@@ -1,0 +1,389 @@
+"""Fixtures of the conformance suite: the broker under test, raw clients, unique names.
+
+By default the suite starts this project's broker (``python -m mqttbroker --port 0``). Options:
+
+``--broker HOST:PORT``          test a broker that is already running
+``--mosquitto``                 start Debian's ``/usr/sbin/mosquitto`` with a generated config
+``--limited-broker HOST:PORT``  with ``--broker``: a second broker configured as LIMITED_PROFILE
+                                (tests that need it are skipped when it is not given)
+
+Every test's docstring names the statements it checks as ``[MQTT-x.y.z-n]``; they are recorded as
+the JUnit property ``statements`` so that ``python -m conformance.coverage`` can count them.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .mqtt import MQTT_5, Client
+
+REPO = Path(__file__).resolve().parent.parent
+STATEMENT = re.compile(r"\[(MQTT-\d+(?:\.\d+)*-\d+)\]")
+MOSQUITTO = os.environ.get("MOSQUITTO", "/usr/sbin/mosquitto")
+
+# The second, restricted broker some tests need: Maximum QoS 1, no retained messages, a 4096-byte
+# Maximum Packet Size and no inbound topic aliases.
+LIMITED_PROFILE = (
+    "Maximum QoS 1, Retain Available 0, Maximum Packet Size 4096, Topic Alias Maximum 0"
+)
+LIMITED_MAX_PACKET_SIZE = 4096
+
+_OURS_LIMITED_TOML = f"""\
+[broker]
+maximum_qos = 1
+retain_available = false
+max_packet_size = {LIMITED_MAX_PACKET_SIZE}
+topic_alias_maximum = 0
+"""
+# Our main broker: the optional capabilities the suite checks, switched on.
+_OURS_TOML = """\
+[broker]
+response_information = "response/%c/"
+"""
+_MOSQUITTO_LIMITED = """\
+max_qos 1
+max_topic_alias 0
+"""
+_MOSQUITTO_LIMITED_GLOBAL = f"""\
+retain_available false
+max_packet_size {LIMITED_MAX_PACKET_SIZE}
+"""
+
+
+def statements_of(item: Any) -> list[str]:
+    """The statement IDs in a test's docstring, in order, without repeats."""
+    doc = getattr(getattr(item, "function", None), "__doc__", None) or ""
+    return list(dict.fromkeys(STATEMENT.findall(doc)))
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("conformance", "MQTT conformance suite")
+    group.addoption(
+        "--broker", metavar="HOST:PORT", help="test an already running broker at HOST:PORT"
+    )
+    group.addoption(
+        "--limited-broker",
+        metavar="HOST:PORT",
+        help=f"with --broker: a second running broker configured with {LIMITED_PROFILE}",
+    )
+    group.addoption(
+        "--auth-method",
+        default="SCRAM-SHA-256",
+        help="enhanced authentication method of test_12_auth (default SCRAM-SHA-256)",
+    )
+    group.addoption(
+        "--auth-user", default="conformance", help="user the broker knows (default conformance)"
+    )
+    group.addoption(
+        "--auth-password",
+        default="conformance-password",
+        help="that user's password (default conformance-password)",
+    )
+    group.addoption(
+        "--mosquitto",
+        action="store_true",
+        help=f"start Debian's mosquitto ({MOSQUITTO}) on a free loopback port and test it",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "feature: behaviour the spec leaves optional (a MAY, or an optional capability such as "
+        "enhanced authentication) that issue 4 requires of this broker; a broker that lacks "
+        "it fails the test without deviating from the spec",
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        ids = statements_of(item)
+        if ids:
+            item.user_properties.append(("statements", " ".join(ids)))
+
+
+# -- brokers ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Broker:
+    """A broker under test: its address, what it is, and (if we started it) its log."""
+
+    host: str
+    port: int
+    kind: str  # "mqttbroker", "mosquitto" or "external"
+    log: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=2000))
+    process: subprocess.Popen[str] | None = None
+    lines: int = 0  # log lines received so far
+
+    def log_since(self, mark: int) -> list[str]:
+        """Log lines received after the ``lines`` count ``mark``."""
+        new = self.lines - mark
+        return list(self.log)[-new:] if new > 0 else []
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.host, self.port
+
+    def alive(self) -> bool:
+        return self.process is None or self.process.poll() is None
+
+    def stop(self) -> None:
+        proc = self.process
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+def _parse_address(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        raise pytest.UsageError(f"expected HOST:PORT, got {text!r}")
+    return host, int(port)
+
+
+def _drain(proc: subprocess.Popen[str], broker: Broker, ready: Any) -> None:
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        broker.log.append(line.rstrip("\n"))
+        broker.lines += 1
+        ready(line)
+
+
+def _start_ours(workdir: Path, config: str | None = None) -> Broker:
+    cmd = [sys.executable, "-m", "mqttbroker", "--port", "0", "--log-level", "info"]
+    if config is not None:
+        path = workdir / "broker.toml"
+        path.write_text(config)
+        cmd += ["--config", str(path)]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    proc = subprocess.Popen(
+        cmd,
+        cwd=workdir,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    broker = Broker("127.0.0.1", 0, "mqttbroker", process=proc)
+    found = threading.Event()
+    pattern = re.compile(r"listening on ([\d.]+):(\d+) \(MQTT over TCP\)")
+
+    def ready(line: str) -> None:
+        m = pattern.search(line)
+        if m and not found.is_set():
+            broker.host, broker.port = m.group(1), int(m.group(2))
+            found.set()
+
+    threading.Thread(target=_drain, args=(proc, broker, ready), daemon=True).start()
+    deadline = time.monotonic() + 15
+    while not found.wait(0.05):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            broker.stop()
+            raise RuntimeError("mqttbroker did not start:\n" + "\n".join(broker.log))
+    return broker
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start_mosquitto(workdir: Path, limited: bool = False) -> Broker:
+    if not Path(MOSQUITTO).exists() and not shutil.which("mosquitto"):
+        pytest.exit(f"--mosquitto: {MOSQUITTO} not found (apt-get install mosquitto)", 2)
+    port = _free_port()
+    conf = workdir / "mosquitto.conf"
+    text = (
+        "per_listener_settings false\n"
+        "allow_anonymous true\n"
+        "persistence false\n"
+        "log_dest stderr\n"
+        "log_type all\n"
+        "sys_interval 0\n"
+        + (_MOSQUITTO_LIMITED_GLOBAL if limited else "")
+        + f"listener {port} 127.0.0.1\n"
+        + (_MOSQUITTO_LIMITED if limited else "")
+    )
+    conf.write_text(text)
+    os.chmod(workdir, 0o755)
+    os.chmod(conf, 0o644)
+    proc = subprocess.Popen(
+        [MOSQUITTO, "-c", str(conf)],
+        cwd=workdir,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    broker = Broker("127.0.0.1", port, "mosquitto", process=proc)
+    threading.Thread(target=_drain, args=(proc, broker, lambda line: None), daemon=True).start()
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            socket.create_connection(broker.address, timeout=1).close()
+            return broker
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                broker.stop()
+                raise RuntimeError("mosquitto did not start:\n" + "\n".join(broker.log)) from None
+            time.sleep(0.02)
+
+
+_brokers: list[Broker] = []
+
+
+def _start(config: pytest.Config, limited: bool) -> Broker | None:
+    external = config.getoption("--limited-broker" if limited else "--broker")
+    if external:
+        host, port = _parse_address(external)
+        return Broker(host, port, "external")
+    if config.getoption("--broker"):
+        return None  # an external broker under test but no limited one given
+    workdir = Path(tempfile.mkdtemp(prefix="mqtt-conformance-"))
+    if config.getoption("--mosquitto"):
+        broker = _start_mosquitto(workdir, limited)
+    else:
+        broker = _start_ours(workdir, _OURS_LIMITED_TOML if limited else _OURS_TOML)
+    _brokers.append(broker)
+    return broker
+
+
+@pytest.fixture(scope="session")
+def broker(pytestconfig: pytest.Config) -> Iterator[Broker]:
+    b = _start(pytestconfig, limited=False)
+    assert b is not None
+    yield b
+    b.stop()
+
+
+@pytest.fixture(scope="session")
+def limited_broker(pytestconfig: pytest.Config) -> Iterator[Broker]:
+    b = _start(pytestconfig, limited=True)
+    if b is None:
+        pytest.skip(f"needs --limited-broker HOST:PORT (a broker with {LIMITED_PROFILE})")
+    yield b
+    b.stop()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    for b in _brokers:
+        b.stop()
+
+
+# -- clients ------------------------------------------------------------------------------------
+
+
+class Clients:
+    """Makes raw clients for one test and closes them all at its end."""
+
+    def __init__(self, broker: Broker, uid: str) -> None:
+        self.broker = broker
+        self.uid = uid
+        self.made: list[Client] = []
+        self._count = 0
+        self.log_mark = broker.lines
+
+    def new(self, version: int = MQTT_5, name: str = "") -> Client:
+        """A TCP connection, nothing sent yet."""
+        self._count += 1
+        client = Client(self.broker.address, version, name or f"{self.uid}-{self._count}")
+        self.made.append(client)
+        return client
+
+    def connected(self, client_id: str | None = None, version: int = MQTT_5, **kw: Any) -> Client:
+        """A connected client; its id defaults to a new unique one."""
+        client = self.new(version, client_id or "")
+        client.connect(client_id if client_id is not None else client.name, **kw)
+        return client
+
+    def close_all(self) -> None:
+        for client in self.made:
+            client.close()
+
+
+@pytest.fixture
+def uid() -> str:
+    """A short unique name for this test's client ids and topics."""
+    return "cf" + uuid.uuid4().hex[:12]
+
+
+@pytest.fixture
+def clients(broker: Broker, uid: str) -> Iterator[Clients]:
+    made = Clients(broker, uid)
+    yield made
+    made.close_all()
+
+
+@pytest.fixture
+def limited_clients(limited_broker: Broker, uid: str) -> Iterator[Clients]:
+    made = Clients(limited_broker, uid)
+    yield made
+    made.close_all()
+
+
+@pytest.fixture
+def topic(uid: str) -> str:
+    """A topic no other test uses."""
+    return f"conformance/{uid}"
+
+
+@pytest.fixture
+def retained(broker: Broker, uid: str) -> Iterator[Any]:
+    """``retained(topic)`` registers a topic whose retained message is cleared after the test."""
+    topics: list[str] = []
+    yield topics.append
+    if topics:
+        try:
+            client = Client(broker.address, MQTT_5, uid + "-cleanup")
+            client.connect(uid + "-cleanup")
+            for name in topics:
+                client.publish(name, b"", retain=True)
+            client.disconnect()
+        except (OSError, AssertionError):
+            pass
+
+
+# -- reporting ----------------------------------------------------------------------------------
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call" or not report.failed:
+        return
+    # Attach what each client sent and received, and the broker's log lines, to the failure.
+    for attr in ("clients", "limited_clients"):
+        made = item.funcargs.get(attr) if hasattr(item, "funcargs") else None
+        if isinstance(made, Clients):
+            for client in made.made:
+                report.sections.append((f"wire {client.name}", "\n".join(client.log[-60:])))
+            tail = made.broker.log_since(made.log_mark)[-80:]
+            if tail:
+                report.sections.append((f"{made.broker.kind} log (tail)", "\n".join(tail)))

@@ -1,0 +1,42 @@
+"""The suite's own bookkeeping: every statement ID a test names exists, and every server/both
+statement is either named by a test or explained in UNTESTED.md. No broker needed."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from .conftest import STATEMENT
+from .coverage import find_spec, load_statements, untested_ids
+
+
+def _named() -> dict[str, list[str]]:
+    """Statement ID -> names of the tests naming it, over every test module (whatever -k or -m
+    selected)."""
+    named: dict[str, list[str]] = {}
+    for path in sorted(Path(__file__).parent.glob("test_*.py")):
+        module = importlib.import_module(f"{__package__}.{path.stem}")
+        for name, obj in vars(module).items():
+            if name.startswith("test_") and callable(obj):
+                for sid in dict.fromkeys(STATEMENT.findall(obj.__doc__ or "")):
+                    named.setdefault(sid, []).append(name)
+    return named
+
+
+def test_statement_ids_exist():
+    """Every [MQTT-...] in a docstring is an ID of the spec list, of role server or both."""
+    statements = load_statements(find_spec())
+    for sid, tests in _named().items():
+        assert sid in statements, f"{sid} (in {tests[0]}) is not a statement ID"
+        assert statements[sid]["role"] in ("server", "both"), f"{sid} binds only clients"
+
+
+def test_every_statement_tested_or_explained():
+    """Each server/both statement is named by a test or listed in UNTESTED.md, not both."""
+    statements = load_statements(find_spec())
+    scope = {sid for sid, row in statements.items() if row["role"] in ("server", "both")}
+    untested = set(untested_ids())
+    assert untested <= scope, f"UNTESTED.md lists unknown IDs: {sorted(untested - scope)}"
+    named = set(_named())
+    assert not (named & untested), f"both tested and untested: {sorted(named & untested)}"
+    assert not (scope - named - untested), f"unaccounted for: {sorted(scope - named - untested)}"
