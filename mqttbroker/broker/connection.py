@@ -514,14 +514,11 @@ class Connection:
             except MQTTError:
                 if not qos:
                     raise
-                self._send(
-                    fastpath.encode_ack(
-                        _PUBACK if qos == 1 else _PUBREC,
-                        packet.packet_id or 0,
-                        ReasonCode.PAYLOAD_FORMAT_INVALID,
-                        None,
-                        self.version,
-                    )
+                self._refuse_publish(
+                    qos,
+                    packet.packet_id or 0,
+                    ReasonCode.PAYLOAD_FORMAT_INVALID,
+                    "payload is not UTF-8 as its Payload Format Indicator says",
                 )
                 return
         self._route(
@@ -564,14 +561,11 @@ class Connection:
         if broker.authorizer is not None and not self._may_publish(topic):
             broker.denied += 1
             if qos:  # QoS 0 is dropped silently (and counted)
-                self._send(
-                    fastpath.encode_ack(
-                        _PUBACK if qos == 1 else _PUBREC,
-                        packet_id,
-                        ReasonCode.NOT_AUTHORIZED,
-                        None,
-                        self.version,
-                    )
+                self._refuse_publish(
+                    qos,
+                    packet_id,
+                    ReasonCode.NOT_AUTHORIZED,
+                    "not authorized to publish to this topic",
                 )
             return
         session = self.session
@@ -604,14 +598,8 @@ class Connection:
             )
             broker.denied += 1
             if qos:
-                self._send(
-                    fastpath.encode_ack(
-                        _PUBACK if qos == 1 else _PUBREC,
-                        packet_id,
-                        ReasonCode.QUOTA_EXCEEDED,
-                        None,
-                        self.version,
-                    )
+                self._refuse_publish(
+                    qos, packet_id, ReasonCode.QUOTA_EXCEEDED, "too many retained messages"
                 )
             return
         if qos == 2:
@@ -638,6 +626,17 @@ class Connection:
             self._send(fastpath.encode_ack(_PUBACK, packet_id, code, None, self.version))
 
     # -- acknowledgements from the client ---------------------------------------------------
+
+    def _refuse_publish(self, qos: int, packet_id: int, code: int, reason: str) -> None:
+        """PUBACK/PUBREC with a failure code: the message is acknowledged, not delivered
+        (MQTT-4.4.0-2). A Reason String says why, unless the client asked for none
+        (MQTT-3.1.2-29) or it would not fit the client's Maximum Packet Size (MQTT-3.4.2-2)."""
+        ptype = _PUBACK if qos == 1 else _PUBREC
+        props: dict[int, Any] | None = {Prop.REASON_STRING: reason} if self.problem_info else None
+        data = fastpath.encode_ack(ptype, packet_id, code, props, self.version)
+        if len(data) > self.max_send_size:
+            data = fastpath.encode_ack(ptype, packet_id, code, None, self.version)
+        self._send(data)
 
     def _may_publish(self, topic: str) -> bool:
         authorizer = self.broker.authorizer
