@@ -338,12 +338,18 @@ class Connection:
         method = props.get(Prop.AUTHENTICATION_METHOD)
         if Prop.AUTHENTICATION_DATA in props and method is None:
             raise ProtocolError("Authentication Data without an Authentication Method")
-        if method is None:
+        certificate_user = getattr(self.link, "certificate_user", None)
+        if certificate_user is not None:
+            # A client certificate the listener verified is the credential; its name is the
+            # user name (mutual TLS with tls_certificate_username).
+            packet.username = certificate_user
+        elif method is None:
             code = broker.authenticator.check_password(
                 packet.client_id, packet.username, packet.password
             )
             if code:
                 raise MQTTError("authentication failed", code)
+        if method is None:
             self._accept(packet, None)
             return
         exchange = broker.authenticator.exchange(method, packet.client_id, packet.username)

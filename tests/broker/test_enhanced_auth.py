@@ -228,3 +228,16 @@ def test_response_information_only_when_requested(make_harness: Any) -> None:
     silent = h.connect("silent", properties={Prop.REQUEST_RESPONSE_INFORMATION: 0})
     assert silent.connack is not None
     assert Prop.RESPONSE_INFORMATION not in silent.connack.properties
+
+
+def test_certificate_user_replaces_the_password_check(ha: Harness) -> None:
+    """A link whose listener verified a client certificate names the user: the CONNECT's own
+    user name is replaced and no password is asked for."""
+    client = ha.client()
+    client.link.certificate_user = "alice"  # type: ignore[attr-defined]
+    client.send(pk.Connect(client_id="cert", username="mallory", password=b"nothing"))
+    assert client.one(pk.Connack).reason_code == 0
+    assert client.conn.username == "alice"
+    plain = ha.client()  # the same credentials without a certificate are refused
+    plain.send(pk.Connect(client_id="nocert", username="mallory", password=b"nothing"))
+    assert plain.one(pk.Connack).reason_code == 0x86
