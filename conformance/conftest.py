@@ -57,6 +57,34 @@ _OURS_TOML = """\
 [broker]
 response_information = "response/%c/"
 """
+
+
+def _ours_toml(workdir: Path, config: pytest.Config) -> str:
+    """Our main broker's config, with a password file that knows the SCRAM test user
+    (written by ``mqttbroker passwd``; anonymous clients stay allowed on loopback)."""
+    passwd = workdir / "passwd"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mqttbroker",
+            "passwd",
+            "-c",
+            "--password-stdin",
+            "--iterations",
+            "4096",
+            str(passwd),
+            config.getoption("--auth-user"),
+        ],
+        input=config.getoption("--auth-password") + "\n",
+        text=True,
+        check=True,
+        capture_output=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    return _OURS_TOML + f'\n[security]\npassword_file = "{passwd}"\n'
+
+
 _MOSQUITTO_LIMITED = """\
 max_qos 1
 max_topic_alias 0
@@ -269,7 +297,9 @@ def _start(config: pytest.Config, limited: bool) -> Broker | None:
     if config.getoption("--mosquitto"):
         broker = _start_mosquitto(workdir, limited)
     else:
-        broker = _start_ours(workdir, _OURS_LIMITED_TOML if limited else _OURS_TOML)
+        broker = _start_ours(
+            workdir, _OURS_LIMITED_TOML if limited else _ours_toml(workdir, config)
+        )
     _brokers.append(broker)
     return broker
 

@@ -61,10 +61,10 @@ def test_client_id_of_23_letters_and_digits_accepted(clients, uid):
     short.connect(uid[-1])  # one character
 
 
-def test_username_and_password_in_payload_order(clients, topic):
+def test_username_and_password_in_payload_order(clients, topic, pytestconfig):
     """A CONNECT carrying every payload field (ClientID, Will Properties, Will Topic, Will
-    Payload, User Name, Password) in that order is accepted. The broker runs without
-    authentication, so any user name and password will do.
+    Payload, User Name, Password) in that order is accepted, with the user the broker knows
+    (``--auth-user``/``--auth-password``; a broker without authentication takes any).
     [MQTT-3.1.3-1] [MQTT-3.1.2-9] [MQTT-3.1.2-17] [MQTT-3.1.2-19] [MQTT-3.1.3-12]"""
     c = clients.new()
     c.connect(
@@ -72,8 +72,8 @@ def test_username_and_password_in_payload_order(clients, topic):
         will_topic=topic,
         will_payload=b"will",
         will_props=[(P.CONTENT_TYPE, "text/plain")],
-        username="user",
-        password=b"\x00\xffpassword",
+        username=pytestconfig.getoption("--auth-user"),
+        password=pytestconfig.getoption("--auth-password").encode(),
     )
     assert c.ping() == []
 

@@ -1,8 +1,10 @@
-"""Command line: ``mqttbroker [--config PATH] [--host H] [--port P] [--data-dir D] [--log-level L]``."""
+"""Command line: ``mqttbroker [--config PATH] [--host H] [--port P] [--ws-port P] [--data-dir D]
+[--log-level L]``."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 
@@ -11,11 +13,26 @@ from .config import LOG_LEVELS, ConfigError, ListenerConfig, check, load
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mqttbroker", description="An MQTT 5.0 / 3.1.1 broker.")
+    p = argparse.ArgumentParser(
+        prog="mqttbroker",
+        description="An MQTT 5.0 / 3.1.1 broker.",
+        epilog="mqttbroker passwd [-c | -D] FILE USER: add, change or delete a user of a "
+        "password file (mqttbroker passwd --help)",
+    )
     p.add_argument("--config", metavar="PATH", help="TOML configuration file")
-    p.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     p.add_argument(
-        "--port", type=int, help="TCP port to listen on (default 1883; 0 = any free port)"
+        "--host", help="address to listen on (default 127.0.0.1; the first [[listener]]'s)"
+    )
+    p.add_argument(
+        "--port",
+        type=int,
+        help="TCP port to listen on (default 1883; 0 = any free port; the first [[listener]]'s)",
+    )
+    p.add_argument(
+        "--ws-port",
+        type=int,
+        metavar="PORT",
+        help="also listen for MQTT over WebSocket (ws://HOST:PORT/mqtt) on --host",
     )
     p.add_argument(
         "--data-dir", metavar="DIR", help="where the broker keeps its data (default ./data)"
@@ -29,17 +46,27 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["passwd"]:
+        from .security.passwd import main as passwd_main
+
+        return passwd_main(argv[1:])
     args = parser().parse_args(argv)
     try:
         config = load(args.config)
         if args.host is not None or args.port is not None:
+            # The first listener's address; its protocol and TLS settings stay.
             first = config.listeners[0] if config.listeners else ListenerConfig()
             config.listeners[:1] = [
-                ListenerConfig(
+                dataclasses.replace(
+                    first,
                     host=args.host if args.host is not None else first.host,
                     port=args.port if args.port is not None else first.port,
                 )
             ]
+        if args.ws_port is not None:
+            host = config.listeners[0].host if config.listeners else ListenerConfig().host
+            config.listeners.append(ListenerConfig(host=host, port=args.ws_port, protocol="ws"))
         if args.data_dir is not None:
             config.data_dir = args.data_dir
         if args.memory:
@@ -47,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.log_level is not None:
             config.log_level = args.log_level
         check(config)
+        from .server.tls import check_listeners
+
+        check_listeners(config, args.config or "command line")
     except ConfigError as exc:
         print(f"mqttbroker: configuration error: {exc}", file=sys.stderr)
         return 2
@@ -58,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         run(config)
+    except ConfigError as exc:  # a password or ACL file that does not load (file and line)
+        print(f"mqttbroker: configuration error: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:
         logging.getLogger("mqttbroker").error("cannot start: %s", exc)
         return 1

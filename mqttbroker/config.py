@@ -25,6 +25,33 @@ class ConfigError(Exception):
 class ListenerConfig:
     host: str = "127.0.0.1"
     port: int = 1883
+    # "mqtt": MQTT over TCP (TLS with tls_cert_file); "ws": MQTT over WebSocket (wss with TLS).
+    protocol: str = "mqtt"
+    ws_path: str = "/mqtt"  # the HTTP path WebSocket clients connect to
+    # TLS: a PEM certificate chain makes this a TLS listener; its private key is in
+    # tls_key_file, or in tls_cert_file itself when that is empty.
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_min_version: str = "1.2"  # "1.2" or "1.3"
+    tls_ciphers: str = ""  # OpenSSL cipher list for TLS 1.2 ("": Python's secure defaults)
+    # Mutual TLS: client certificates are verified against the CAs in tls_ca_file; with
+    # tls_require_certificate a client without a valid certificate is refused in the handshake.
+    tls_ca_file: str = ""
+    tls_require_certificate: bool = False
+    # "cn" or "san": a verified client certificate's Common Name (or first Subject Alternative
+    # Name) is the connection's user name; "none": certificates only grant the connection.
+    tls_certificate_username: str = "none"
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.tls_cert_file)
+
+    @property
+    def kind(self) -> str:
+        """How the log names it: MQTT over TCP, TLS, WebSocket or WebSocket+TLS."""
+        if self.protocol == "ws":
+            return "MQTT over WebSocket+TLS" if self.tls else "MQTT over WebSocket"
+        return "MQTT over TLS" if self.tls else "MQTT over TCP"
 
 
 @dataclass(slots=True)
@@ -45,10 +72,23 @@ class StorageConfig:
 
 
 @dataclass(slots=True)
+class SecurityConfig:
+    # Password file (our format or mosquitto_passwd's; `mqttbroker passwd` writes it).
+    # "": user names and passwords are not checked.
+    password_file: str = ""
+    # ACL file (Mosquitto's acl_file syntax, and more: see mqttbroker/security/acl.py).
+    # "": every client may publish and subscribe anywhere; set: what it does not allow is denied.
+    acl_file: str = ""
+    # Clients without a user name. Absent: allowed only if every listener binds to loopback.
+    allow_anonymous: bool | None = None
+
+
+@dataclass(slots=True)
 class Config:
     listeners: list[ListenerConfig] = field(default_factory=lambda: [ListenerConfig()])
     broker: BrokerOptions = field(default_factory=BrokerOptions)
     storage: StorageConfig = field(default_factory=StorageConfig)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
     data_dir: str = "./data"
     log_level: str = "info"
 
@@ -73,7 +113,7 @@ def _typed(value: Any, expected: type, where: str) -> Any:
 
 def _fill(target: Any, table: dict[str, Any], prefix: str, source: str) -> None:
     types = {f.name: f.type for f in dataclasses.fields(target)}
-    py_types = {"int": int, "float": float, "bool": bool, "str": str}
+    py_types = {"int": int, "float": float, "bool": bool, "str": str, "bool | None": bool}
     for key, value in table.items():
         where = f"{source}: {prefix}{key}"
         if key not in types:
@@ -99,7 +139,7 @@ def load(path: str | Path | None) -> Config:
     except OSError as exc:
         raise ConfigError(f"{source}: cannot read: {exc.strerror}") from None
     for key, value in data.items():
-        if key in ("broker", "storage"):
+        if key in ("broker", "storage", "security"):
             if not isinstance(value, dict):
                 raise ConfigError(f"{source}: {key}: expected a table [{key}]")
             _fill(getattr(config, key), value, f"{key}.", source)
@@ -116,7 +156,7 @@ def load(path: str | Path | None) -> Config:
         else:
             raise ConfigError(
                 f"{source}: {key}: unknown key "
-                "(known: broker, storage, listener, data_dir, log_level)"
+                "(known: broker, storage, security, listener, data_dir, log_level)"
             )
     check(config, source)
     return config
@@ -125,9 +165,20 @@ def load(path: str | Path | None) -> Config:
 def check(config: Config, source: str = "command line") -> None:
     if config.log_level.lower() not in LOG_LEVELS:
         raise ConfigError(f"{source}: log_level: expected one of {', '.join(LOG_LEVELS)}")
+    bound: dict[tuple[str, int], int] = {}
     for index, listener in enumerate(config.listeners):
-        if not 0 <= listener.port <= 65535:
-            raise ConfigError(f"{source}: listener[{index}].port: must be between 0 and 65535")
+        _check_listener(listener, f"{source}: listener[{index}]")
+        if listener.port:
+            other = bound.setdefault((listener.host, listener.port), index)
+            if other != index:
+                raise ConfigError(
+                    f"{source}: listener[{index}].port: {listener.host}:{listener.port} is "
+                    f"already listener[{other}]"
+                )
+    for key in ("password_file", "acl_file"):
+        path = getattr(config.security, key)
+        if path and not Path(path).is_file():
+            raise ConfigError(f"{source}: security.{key}: file not found: {path}")
     storage = config.storage
     if storage.backend not in ("sqlite", "memory"):
         raise ConfigError(f'{source}: storage.backend: expected "sqlite" or "memory"')
@@ -141,3 +192,38 @@ def check(config: Config, source: str = "command line") -> None:
         config.broker.check()
     except ValueError as exc:
         raise ConfigError(f"{source}: broker.{exc}") from None
+
+
+def _check_listener(listener: ListenerConfig, where: str) -> None:
+    """The values of one [[listener]], and that its files exist (``server.tls`` loads them)."""
+    if not 0 <= listener.port <= 65535:
+        raise ConfigError(f"{where}.port: must be between 0 and 65535")
+    if listener.protocol not in ("mqtt", "ws"):
+        raise ConfigError(f'{where}.protocol: expected "mqtt" or "ws", got {listener.protocol!r}')
+    if not listener.ws_path.startswith("/"):
+        raise ConfigError(f"{where}.ws_path: must start with '/', got {listener.ws_path!r}")
+    if listener.tls_min_version not in ("1.2", "1.3"):
+        raise ConfigError(
+            f'{where}.tls_min_version: expected "1.2" or "1.3", got {listener.tls_min_version!r}'
+        )
+    if listener.tls_certificate_username not in ("none", "cn", "san"):
+        raise ConfigError(
+            f'{where}.tls_certificate_username: expected "none", "cn" or "san", '
+            f"got {listener.tls_certificate_username!r}"
+        )
+    if not listener.tls_cert_file:
+        for key in ("tls_key_file", "tls_ciphers", "tls_ca_file"):
+            if getattr(listener, key):
+                raise ConfigError(f"{where}.{key}: needs tls_cert_file (a TLS listener)")
+    if listener.tls_require_certificate and not listener.tls_ca_file:
+        raise ConfigError(
+            f"{where}.tls_require_certificate: needs tls_ca_file (the CA of client certificates)"
+        )
+    if listener.tls_certificate_username != "none" and not listener.tls_ca_file:
+        raise ConfigError(
+            f"{where}.tls_certificate_username: needs tls_ca_file (the CA of client certificates)"
+        )
+    for key in ("tls_cert_file", "tls_key_file", "tls_ca_file"):
+        path = getattr(listener, key)
+        if path and not Path(path).is_file():
+            raise ConfigError(f"{where}.{key}: file not found: {path}")

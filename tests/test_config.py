@@ -74,7 +74,9 @@ def test_cli_reports_config_errors_and_exits_2(tmp_path: Path) -> None:
     path.write_text("[broker]\nmaximum_qos = 3\n")
     result = subprocess.run(
         [sys.executable, "-m", "mqttbroker", "--config", str(path)],
-        capture_output=True, text=True, timeout=30,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert result.returncode == 2
     assert f"{path}: broker.maximum_qos must be 0, 1 or 2" in result.stderr

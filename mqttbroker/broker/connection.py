@@ -385,6 +385,8 @@ class Connection:
                 packet.username = outcome.username
             self._accept(packet, auth_props)
         else:  # re-authentication succeeded
+            if outcome.username is not None and outcome.username != self.username:
+                raise MQTTError("re-authenticated as another user", ReasonCode.NOT_AUTHORIZED)
             self._send(grammar.encode(pk.Auth(ReasonCode.SUCCESS, auth_props)))
             log.info("client %s re-authenticated", self.client_id)
 
@@ -396,7 +398,7 @@ class Connection:
             raise ProtocolError("AUTH with another Authentication Method")  # MQTT-4.12.1-1
         code = packet.reason_code
         if self.state == CONNECTED and code == ReasonCode.RE_AUTHENTICATE and self._auth is None:
-            exchange = self.broker.authenticator.exchange(method, self.client_id, None)
+            exchange = self.broker.authenticator.exchange(method, self.client_id, self.username)
             if exchange is None:
                 raise MQTTError("re-authentication refused", ReasonCode.NOT_AUTHORIZED)
             self._auth = exchange
@@ -938,6 +940,7 @@ class Connection:
                 ReasonCode.BAD_USER_NAME_OR_PASSWORD,
                 ReasonCode.NOT_AUTHORIZED,
                 ReasonCode.SERVER_UNAVAILABLE,
+                ReasonCode.SERVER_BUSY,
                 ReasonCode.USE_ANOTHER_SERVER,
                 ReasonCode.SERVER_MOVED,
             ):

@@ -10,6 +10,7 @@ from ..broker.core import Broker
 from ..broker.store import Store
 from ..config import Config
 from ..ops.sys_tree import SysTree
+from ..security import build_security
 from ..storage import StoreError
 from .listeners import Listener, start_listener
 
@@ -21,8 +22,14 @@ TICK_SECONDS = 0.5
 class Server:
     def __init__(self, config: Config) -> None:
         self.config = config
+        self.security = build_security(config)  # SecurityFileError (a ConfigError) if bad
         self.store = self._make_store(config)
-        self.broker = Broker(config.broker, store=self.store)
+        self.broker = Broker(
+            config.broker,
+            store=self.store,
+            authenticator=self.security.authenticator,
+            authorizer=self.security.authorizer,
+        )
         self.sys_tree = SysTree(self.broker, config.broker.sys_interval)
         self.listeners: list[Listener] = []
         self._ticker: asyncio.Task[None] | None = None
@@ -44,7 +51,11 @@ class Server:
         broker = self.broker
         await self.store.load(broker)
         broker.tick()  # expire what expired while the broker was down
-        broker.wake = lambda: loop.call_soon(broker.flush)
+
+        def wake() -> None:
+            loop.call_soon(broker.flush)
+
+        broker.wake = wake
         for index, config in enumerate(self.config.listeners):
             listener = await start_listener(broker, config, f"listener[{index}]")
             self.listeners.append(listener)
@@ -70,11 +81,19 @@ class Server:
             await listener.wait_closed()
         log.info("stopped")
 
+    def reload_security(self) -> None:
+        """SIGHUP: read the password and ACL files again; connections stay up, and a file that
+        does not load is reported and its previous contents kept."""
+        log.info("SIGHUP: reloading the password and ACL files")
+        self.security.reload()
+
     async def run_until_signalled(self) -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):  # before "listening" is logged
             loop.add_signal_handler(signum, stop.set)
+        if hasattr(signal, "SIGHUP"):  # not on Windows
+            loop.add_signal_handler(signal.SIGHUP, self.reload_security)
         await self.start()
         await stop.wait()
         await self.stop()

@@ -1,6 +1,9 @@
 """The TCP listener: an asyncio Protocol per socket that hands bytes to a broker Connection.
 
-It is the Link the connection writes through. Nothing here parses or decides anything.
+It is the Link the connection writes through. Nothing here parses or decides anything. On a TLS
+listener asyncio's SSL transport sits underneath (the Protocol sees plain bytes, after the
+handshake); ``certificate_user`` is then the user name the client's verified certificate gives,
+when the listener has ``tls_certificate_username`` (see ``tls.py``), else None.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from typing import cast
 
 from ..broker.connection import Connection
 from ..broker.core import Broker
+from ..config import ListenerConfig
+from .tls import certificate_user
 
 log = logging.getLogger("mqttbroker.tcp")
 
@@ -20,18 +25,25 @@ WRITE_HIGH_WATER = 4 * 1_048_576
 
 
 class MQTTProtocol(asyncio.Protocol):
-    __slots__ = ("broker", "transport", "conn")
+    __slots__ = ("broker", "listener", "transport", "conn", "certificate_user")
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, listener: ListenerConfig | None = None) -> None:
         self.broker = broker
+        self.listener = listener if listener is not None else ListenerConfig()
         self.transport: asyncio.Transport | None = None
         self.conn: Connection | None = None
+        self.certificate_user: str | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
         peer = transport.get_extra_info("peername")
         name = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        field = self.listener.tls_certificate_username
+        if field != "none":
+            user = certificate_user(transport.get_extra_info("ssl_object"), field)
+            self.certificate_user = user
+            log.debug("connection from %s: client certificate user %r", name, user)
         self.conn = self.broker.connect(self, name)
 
     def data_received(self, data: bytes) -> None:

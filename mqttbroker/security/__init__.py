@@ -1,0 +1,141 @@
+"""Authentication and authorization from files: the password file (:mod:`.passwords`), the ACL file
+(:mod:`.acl`), SCRAM (:mod:`.scram`), and :func:`build_security`, which makes the broker's
+Authenticator and Authorizer from the ``[security]`` configuration and reloads both files on
+demand (SIGHUP).
+
+``[security]`` keys: ``password_file`` (none: user names are not checked), ``acl_file`` (none:
+everyone may publish and subscribe anywhere; set: everything it does not allow is denied), and
+``allow_anonymous`` (clients without a user name; when absent, allowed only if every listener
+binds to a loopback address).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from .acl import AclAuthorizer, AclRules
+from .authenticator import FileAuthenticator
+from .errors import SecurityFileError
+from .passwords import PasswordFile
+
+if TYPE_CHECKING:
+    from ..config import Config
+
+__all__ = [
+    "AclAuthorizer",
+    "AclRules",
+    "FileAuthenticator",
+    "PasswordFile",
+    "Security",
+    "SecurityFileError",
+    "anonymous_default",
+    "build_security",
+    "is_loopback",
+]
+
+log = logging.getLogger("mqttbroker.security")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a listener bound to ``host`` is reachable from this machine only."""
+    host = host.strip().strip("[]").split("%", 1)[0]
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name, or "" (every interface): assume it is reachable from outside
+
+
+def anonymous_default(hosts: Iterable[str]) -> bool:
+    """Anonymous access is on by default only when every listener is loopback-only."""
+    hosts = list(hosts)
+    return bool(hosts) and all(is_loopback(h) for h in hosts)
+
+
+class Security:
+    """The broker's authenticator and authorizer, and the files they come from."""
+
+    def __init__(
+        self,
+        authenticator: FileAuthenticator,
+        authorizer: AclAuthorizer | None,
+        password_file: str = "",
+        acl_file: str = "",
+    ) -> None:
+        self.authenticator = authenticator
+        self.authorizer = authorizer
+        self.password_file = password_file
+        self.acl_file = acl_file
+
+    def reload(self) -> bool:
+        """Read both files again. A file that fails to load is reported (file and line) and its
+        previous contents stay in force; True if everything reloaded. Connections stay up; the
+        new rules apply to what clients do next."""
+        ok = True
+        if self.password_file:
+            try:
+                passwords = PasswordFile.load(self.password_file)
+            except SecurityFileError as exc:
+                log.error("reload: %s; keeping the previous password file", exc)
+                ok = False
+            else:
+                self.authenticator.replace_passwords(passwords)
+                for warning in passwords.warnings:
+                    log.warning("%s", warning)
+                log.info("reloaded password file %s (%d users)", self.password_file, len(passwords))
+        if self.acl_file and self.authorizer is not None:
+            try:
+                rules = AclRules.load(self.acl_file)
+            except SecurityFileError as exc:
+                log.error("reload: %s; keeping the previous ACL rules", exc)
+                ok = False
+            else:
+                self.authorizer.replace(rules)
+                log.info(
+                    "reloaded ACL file %s (%d rules, generation %d)",
+                    self.acl_file,
+                    rules.rule_count,
+                    self.authorizer.generation,
+                )
+        return ok
+
+
+def build_security(config: Config) -> Security:
+    """The Security of ``config``: loads the files (SecurityFileError names file and line)."""
+    settings = config.security
+    hosts = [str(getattr(listener, "host", "")) for listener in config.listeners]
+    allow_anonymous = settings.allow_anonymous
+    if allow_anonymous is None:
+        allow_anonymous = anonymous_default(hosts)
+    password_file = os.path.abspath(settings.password_file) if settings.password_file else ""
+    acl_file = os.path.abspath(settings.acl_file) if settings.acl_file else ""
+    passwords = PasswordFile.load(password_file) if password_file else None
+    rules = AclRules.load(acl_file) if acl_file else None
+    authenticator = FileAuthenticator(passwords, allow_anonymous)
+    authorizer = AclAuthorizer(rules) if rules is not None else None
+    if passwords is not None:
+        for warning in passwords.warnings:
+            log.warning("%s", warning)
+        log.info("password file %s: %d users", password_file, len(passwords))
+    elif not allow_anonymous:
+        log.warning(
+            "anonymous access is off and there is no password file: every client will be refused"
+        )
+    if rules is not None:
+        log.info("ACL file %s: %d rules", acl_file, rules.rule_count)
+        if passwords is None and rules.users:
+            log.warning(
+                "the ACL file has user rules but there is no password file: user names are not "
+                "checked, so any client may claim them"
+            )
+    log.info(
+        "anonymous access %s%s",
+        "allowed" if allow_anonymous else "refused",
+        "" if settings.allow_anonymous is not None else " (default for these listeners)",
+    )
+    return Security(authenticator, authorizer, password_file, acl_file)

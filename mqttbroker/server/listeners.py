@@ -1,0 +1,99 @@
+"""Listeners: one per [[listener]] table, each with its own address, protocol and TLS settings.
+
+``start_listener`` binds one and returns a ``Listener`` that the Server stops in two steps:
+``close()`` stops accepting (before the broker disconnects its clients), ``wait_closed()`` waits
+for the sockets, and for a WebSocket listener gives aiohttp's handlers time to finish their
+closing handshakes.
+
+Every listener is an asyncio server made by ``loop.create_server``: MQTT over TCP (or TLS) with
+an ``MQTTProtocol`` per socket, MQTT over WebSocket with aiohttp's low-level ``web.Server`` as
+the protocol factory (aiohttp is imported only when a WebSocket listener is configured). TLS
+handshakes must finish within the broker's ``connect_timeout``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ..broker.core import Broker
+from ..config import ListenerConfig
+from .tcp import MQTTProtocol
+from .tls import server_context
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+log = logging.getLogger("mqttbroker")
+
+
+class Listener:
+    __slots__ = ("config", "server", "runner", "addresses")
+
+    def __init__(
+        self,
+        config: ListenerConfig,
+        server: asyncio.base_events.Server,
+        runner: web.AppRunner | None = None,
+    ) -> None:
+        self.config = config
+        self.server = server
+        self.runner = runner
+        self.addresses: list[tuple[str, int]] = [
+            (sock.getsockname()[0], sock.getsockname()[1]) for sock in server.sockets
+        ]
+
+    def close(self) -> None:
+        """Stop accepting connections."""
+        self.server.close()
+
+    async def wait_closed(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()  # waits for the handlers (bounded), then cancels them
+        await self.server.wait_closed()
+
+
+async def start_listener(broker: Broker, listener: ListenerConfig, where: str) -> Listener:
+    """Bind ``listener`` and log "listening on HOST:PORT (MQTT over ...)" for each socket.
+    ``where`` names it in configuration errors (e.g. ``"listener[1]"``)."""
+    loop = asyncio.get_running_loop()
+    context = server_context(listener, where)
+    handshake_timeout = broker.options.connect_timeout if context is not None else None
+    runner: web.AppRunner | None = None
+    factory: Callable[[], asyncio.BaseProtocol]
+    if listener.protocol == "ws":
+        from aiohttp import web
+
+        from .websocket import SHUTDOWN_TIMEOUT, make_app
+
+        runner = web.AppRunner(
+            make_app(broker, listener),
+            access_log=None,
+            handle_signals=False,
+            shutdown_timeout=SHUTDOWN_TIMEOUT,
+        )
+        await runner.setup()
+        web_server = runner.server
+        assert web_server is not None
+        factory = web_server
+    else:
+        factory = lambda: MQTTProtocol(broker, listener)  # noqa: E731
+    try:
+        server = await loop.create_server(
+            factory,
+            listener.host,
+            listener.port,
+            ssl=context,
+            ssl_handshake_timeout=handshake_timeout,
+            reuse_address=True,
+        )
+    except BaseException:
+        if runner is not None:
+            await runner.cleanup()
+        raise
+    result = Listener(listener, server, runner)
+    for host, port in result.addresses:
+        log.info("listening on %s:%d (%s)", host, port, listener.kind)
+    return result

@@ -1,0 +1,247 @@
+"""MQTT over WebSocket (``ws://`` and ``wss://``) on aiohttp: the Link of a connection whose
+bytes travel in WebSocket binary frames (MQTT 5.0 section 6).
+
+- The handshake must offer the subprotocol ``mqtt`` (``mqttv3.1`` is accepted for MQTT 3.1
+  clients); it is selected and returned (MQTT-6.0.0-3, -4). A request without it gets HTTP 400.
+- Only binary data frames carry MQTT. Any other data frame (text) closes the connection
+  (MQTT-6.0.0-1) with WebSocket close code 1003, unsupported data.
+- Frames and packets are independent (MQTT-6.0.0-2): the payload of every binary message goes to
+  ``Connection.data_received``, which joins a packet spread over several messages and walks
+  several packets in one. (aiohttp itself joins the fragments of one fragmented message.)
+- Ping/pong control frames are answered by aiohttp; MQTT's keep alive is the broker's business.
+  permessage-deflate is not offered: it would make sending asynchronous and costly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from aiohttp import WSCloseCode, WSMsgType, web
+
+from ..broker.connection import Connection
+from ..broker.core import Broker
+from ..config import ListenerConfig
+from .tcp import WRITE_HIGH_WATER
+from .tls import certificate_user
+
+log = logging.getLogger("mqttbroker.websocket")
+
+SUBPROTOCOLS = ("mqtt", "mqttv3.1")
+# The writer stops the connection's output (Connection.pause_writing) past this many bytes
+# written and not yet accepted by the socket, and resumes it at a quarter of it.
+WRITE_LOW_WATER = WRITE_HIGH_WATER // 4
+# Output that piled up while a send waited is joined into frames of about this size.
+FRAME_TARGET = 256 * 1024
+CLOSE_TIMEOUT = 5.0  # seconds to wait for the client's answer to our close frame
+SHUTDOWN_TIMEOUT = 2.0  # seconds aiohttp gives the handlers at shutdown before cancelling them
+
+
+class WebSocketLink:
+    """The Link of one WebSocket connection (``write``, ``close``, ``pause_reading``,
+    ``resume_reading``), and the loop that reads its frames.
+
+    Writing. The broker calls ``write`` synchronously from its flush, once per connection per
+    event-loop pass, but aiohttp sends through a coroutine. Each connection therefore has one
+    writer task for its whole life (not a task per message), fed by a plain list and an Event:
+    ``write`` appends the bytes and wakes the task, which sends what has piled up as one binary
+    frame (joined up to ``FRAME_TARGET``) per wake-up. Without compression aiohttp's send writes
+    to the transport at once and only suspends while the socket's buffer is full, so a reading
+    client costs one frame per flush and one loop iteration of latency.
+
+    The list is bounded the way a TCP transport's buffer is: past ``WRITE_HIGH_WATER`` bytes not
+    yet taken by the socket (queued or in a send that waits for the socket to drain), the
+    connection is told ``pause_writing`` (the broker then queues QoS 1/2 in the session and
+    drops QoS 0, counted), and ``resume_writing`` once it is below ``WRITE_LOW_WATER``. Writing
+    through aiohttp's public API keeps its framing, closing handshake and TLS in charge, instead
+    of writing frames to the transport behind its back.
+
+    Reading. ``pause_reading`` stops calling ``receive()``; aiohttp then stops reading the
+    socket once its own queue holds 128 KiB, which is the backpressure TCP's pause_reading gives.
+
+    ``certificate_user`` is the user name a verified client certificate gives (wss:// with
+    ``tls_certificate_username``), or None.
+    """
+
+    __slots__ = (
+        "ws",
+        "listener",
+        "certificate_user",
+        "conn",
+        "_out",
+        "_buffered",
+        "_wake",
+        "_closing",
+        "_close_code",
+        "_reading",
+        "_write_paused",
+    )
+
+    def __init__(
+        self, ws: web.WebSocketResponse, listener: ListenerConfig, user: str | None = None
+    ) -> None:
+        self.ws = ws
+        self.listener = listener
+        self.certificate_user = user
+        self.conn: Connection | None = None
+        self._out: list[bytes] = []
+        self._buffered = 0  # bytes written to us and not yet taken by the transport
+        self._wake = asyncio.Event()
+        self._closing = False
+        self._close_code: int = WSCloseCode.OK
+        self._reading = asyncio.Event()
+        self._reading.set()
+        self._write_paused = False
+
+    # -- Link -------------------------------------------------------------------------------
+
+    def write(self, data: bytes) -> None:
+        if self._closing or not data:
+            return
+        self._out.append(data)
+        self._buffered += len(data)
+        self._wake.set()
+        if not self._write_paused and self._buffered > WRITE_HIGH_WATER:
+            self._write_paused = True
+            if self.conn is not None:
+                self.conn.pause_writing()
+
+    def close(self) -> None:
+        """Send what is written, then the close frame; the reading loop ends with it."""
+        if not self._closing:
+            self._closing = True
+            self._wake.set()
+            self._reading.set()
+
+    def pause_reading(self) -> None:
+        self._reading.clear()
+
+    def resume_reading(self) -> None:
+        self._reading.set()
+
+    # -- the connection's life --------------------------------------------------------------
+
+    async def serve(self, broker: Broker, peer: str) -> None:
+        """Read frames until either side closes; the writer task lives as long."""
+        conn = self.conn = broker.connect(self, peer)
+        writer = asyncio.create_task(self._write_loop())
+        ws = self.ws
+        try:
+            while True:
+                if not self._reading.is_set():
+                    await self._reading.wait()
+                if self._closing:
+                    break
+                msg = await ws.receive()
+                kind = msg.type
+                if kind is WSMsgType.BINARY:
+                    conn.data_received(msg.data)
+                elif kind is WSMsgType.TEXT:
+                    log.warning(
+                        "connection from %s: WebSocket text frame; MQTT travels in binary "
+                        "frames only: closing",
+                        peer,
+                    )
+                    self._abort(WSCloseCode.UNSUPPORTED_DATA)
+                    break
+                else:  # CLOSE, CLOSING, CLOSED, ERROR: the client went or the link closed
+                    if kind is WSMsgType.ERROR:
+                        log.info("connection from %s: WebSocket error: %s", peer, msg.data)
+                    break
+        finally:
+            conn.connection_lost()  # nothing if the broker closed it
+            if self._closing and not writer.done():
+                try:  # let the writer send what is left and the close frame
+                    await asyncio.wait_for(asyncio.shield(writer), CLOSE_TIMEOUT + 1)
+                except TimeoutError:
+                    writer.cancel()
+                except asyncio.CancelledError:
+                    writer.cancel()
+                    raise
+            else:
+                writer.cancel()
+
+    def _abort(self, code: int) -> None:
+        """Close at once with ``code``, dropping unsent output (the client broke the rules)."""
+        self._out.clear()
+        self._buffered = 0
+        self._close_code = code
+        self.close()
+        if self.conn is not None:
+            self.conn.connection_lost()
+
+    async def _write_loop(self) -> None:
+        ws = self.ws
+        out = self._out
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                while out:
+                    count = 1
+                    size = len(out[0])
+                    while count < len(out) and size + len(out[count]) <= FRAME_TARGET:
+                        size += len(out[count])
+                        count += 1
+                    data = out[0] if count == 1 else b"".join(out[:count])
+                    del out[:count]
+                    await ws.send_bytes(data)
+                    self._buffered -= size
+                    if self._write_paused and self._buffered <= WRITE_LOW_WATER:
+                        self._write_paused = False
+                        if self.conn is not None:
+                            self.conn.resume_writing()
+                if self._closing:
+                    await ws.close(code=self._close_code)
+                    return
+        except ConnectionError:
+            pass  # the client went away; the reading loop sees it too
+        except Exception:
+            log.exception("WebSocket writer failed")
+            await ws.close(code=WSCloseCode.INTERNAL_ERROR)
+        finally:
+            out.clear()
+            self._buffered = 0
+            self._closing = True
+            self._reading.set()  # a paused reading loop must see the end too
+
+
+def make_app(broker: Broker, listener: ListenerConfig) -> web.Application:
+    """An aiohttp application with one route: GET ``listener.ws_path``."""
+    max_msg_size = max(4 * 1_048_576, broker.options.max_packet_size + 16)
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        ws = web.WebSocketResponse(
+            protocols=SUBPROTOCOLS,
+            autoping=True,
+            compress=False,
+            max_msg_size=max_msg_size,
+            timeout=CLOSE_TIMEOUT,
+        )
+        ready = ws.can_prepare(request)
+        if not ready.ok:
+            return web.Response(
+                status=400, text="MQTT over WebSocket: expected a WebSocket upgrade\n"
+            )
+        if ready.protocol is None:
+            return web.Response(
+                status=400, text='MQTT over WebSocket: the subprotocol "mqtt" is required\n'
+            )
+        await ws.prepare(request)
+        transport = request.transport
+        peer = _peer_name(transport.get_extra_info("peername") if transport else None)
+        user = None
+        if listener.tls_certificate_username != "none" and transport is not None:
+            ssl_object = transport.get_extra_info("ssl_object")
+            user = certificate_user(ssl_object, listener.tls_certificate_username)
+        await WebSocketLink(ws, listener, user).serve(broker, peer)
+        return ws
+
+    app = web.Application()
+    app.router.add_get(listener.ws_path, handle)
+    return app
+
+
+def _peer_name(peer: Any) -> str:
+    return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)

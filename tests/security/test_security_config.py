@@ -1,0 +1,125 @@
+"""The [security] table: values, errors naming file and key, and what build_security makes of it
+(anonymous access from the listener addresses, the files loaded, reload keeping old rules)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+from security_support import ITERATIONS
+
+from mqttbroker.config import Config, ConfigError, ListenerConfig, SecurityConfig, load
+from mqttbroker.security import build_security
+from mqttbroker.security.passwords import make_entry_line
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_defaults() -> None:
+    assert Config().security == SecurityConfig("", "", None)
+
+
+def test_values_are_applied(tmp_path: Path) -> None:
+    pw = write(tmp_path, "pw.txt", "")
+    acl = write(tmp_path, "acl.txt", "")
+    config = load(
+        write(
+            tmp_path,
+            "c.toml",
+            f"[security]\npassword_file = {str(pw)!r}\nacl_file = {str(acl)!r}\n"
+            "allow_anonymous = false\n",
+        )
+    )
+    assert config.security == SecurityConfig(str(pw), str(acl), False)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "[security]\nallow_anonymous = 'yes'\n",
+            "security.allow_anonymous: expected true or false",
+        ),
+        ("[security]\npassword_file = 3\n", "security.password_file: expected a string"),
+        ("[security]\nacl = 'x'\n", "security.acl: unknown key (known keys: acl_file"),
+        ("[security]\npassword_file = '/no/such/file'\n", "security.password_file: file not found"),
+        ("[security]\nacl_file = '/no/such/acl'\n", "security.acl_file: file not found"),
+        ("security = 1\n", "security: expected a table [security]"),
+    ],
+)
+def test_errors_name_file_and_key(tmp_path: Path, text: str, expected: str) -> None:
+    path = write(tmp_path, "bad.toml", text)
+    with pytest.raises(ConfigError) as info:
+        load(path)
+    assert str(info.value).startswith(f"{path}: ")
+    assert expected in str(info.value)
+
+
+def config_with(hosts: list[str], **security: object) -> Config:
+    config = Config()
+    config.listeners = [ListenerConfig(host=h, port=0) for h in hosts]
+    for key, value in security.items():
+        setattr(config.security, key, value)
+    return config
+
+
+@pytest.mark.parametrize(
+    ("hosts", "setting", "allowed"),
+    [
+        (["127.0.0.1"], None, True),
+        (["127.0.0.1", "0.0.0.0"], None, False),
+        (["0.0.0.0"], True, True),
+        (["127.0.0.1"], False, False),
+    ],
+)
+def test_anonymous_access(hosts: list[str], setting: bool | None, allowed: bool) -> None:
+    security = build_security(config_with(hosts, allow_anonymous=setting))
+    code = security.authenticator.check_password("c", None, None)
+    assert code == (0 if allowed else 0x87)
+    assert security.authorizer is None  # no ACL file: no authorizer, everything allowed
+
+
+def test_files_loaded_and_reloaded(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    pw = write(tmp_path, "pw.txt", make_entry_line("alice", b"one", ITERATIONS) + "\n")
+    acl = write(tmp_path, "acl.txt", "user alice\ntopic read a/#\n")
+    security = build_security(config_with(["127.0.0.1"], password_file=str(pw), acl_file=str(acl)))
+    auth, acls = security.authenticator, security.authorizer
+    assert acls is not None
+    assert auth.check_password("c", "alice", b"one") == 0
+    assert acls.can_subscribe("c", "alice", "a/#") and acls.generation == 0
+
+    pw.write_text(make_entry_line("alice", b"two", ITERATIONS) + "\n")
+    acl.write_text("user alice\ntopic read b/#\n")
+    assert security.reload()
+    assert auth.check_password("c", "alice", b"two") == 0
+    assert auth.check_password("c", "alice", b"one") == 0x86
+    assert acls.can_subscribe("c", "alice", "b/#") and not acls.can_subscribe("c", "alice", "a/#")
+    assert acls.generation == 1
+
+    pw.write_text("alice\n")
+    acl.write_text("user alice\nbogus\n")
+    with caplog.at_level(logging.ERROR, logger="mqttbroker.security"):
+        assert not security.reload()
+    assert f"{pw}:1: expected NAME:HASH; keeping the previous password file" in caplog.text
+    assert f"{acl}:2: unknown keyword 'bogus'" in caplog.text
+    assert auth.check_password("c", "alice", b"two") == 0
+    assert acls.can_subscribe("c", "alice", "b/#") and acls.generation == 1
+
+    pw.unlink()
+    with caplog.at_level(logging.ERROR, logger="mqttbroker.security"):
+        assert not security.reload()
+    assert f"{pw}: file not found" in caplog.text
+    assert auth.check_password("c", "alice", b"two") == 0
+
+
+def test_warnings_at_startup(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    acl = write(tmp_path, "acl.txt", "user admin\ntopic readwrite #\n")
+    with caplog.at_level(logging.WARNING, logger="mqttbroker.security"):
+        build_security(config_with(["0.0.0.0"], acl_file=str(acl)))
+    assert "every client will be refused" in caplog.text
+    assert "user names are not checked" in caplog.text

@@ -1,0 +1,177 @@
+"""[[listener]] settings: values applied, errors naming the file and the key (missing and broken
+certificate files, impossible combinations), ``--ws-port``, and the log line of every kind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from transport_support import BrokerRun, Certificates, Paho, run_cli, toml_listener
+
+from mqttbroker.config import ConfigError, ListenerConfig, load
+
+
+def test_listener_values_are_applied(tmp_path: Path, certs: Certificates) -> None:
+    path = tmp_path / "ok.toml"
+    path.write_text(
+        toml_listener(port=1883)
+        + toml_listener(
+            host="0.0.0.0",
+            port=8884,
+            protocol="ws",
+            ws_path="/ws",
+            tls_cert_file=str(certs.server_cert),
+            tls_key_file=str(certs.server_key),
+            tls_min_version="1.3",
+            tls_ciphers="ECDHE-ECDSA-AES128-GCM-SHA256",
+            tls_ca_file=str(certs.ca),
+            tls_require_certificate=True,
+            tls_certificate_username="san",
+        )
+    )
+    first, second = load(path).listeners
+    assert first == ListenerConfig(port=1883)
+    assert (first.kind, second.kind) == ("MQTT over TCP", "MQTT over WebSocket+TLS")
+    assert second.host == "0.0.0.0" and second.port == 8884
+    assert (second.protocol, second.ws_path, second.tls_min_version) == ("ws", "/ws", "1.3")
+    assert second.tls_ca_file == str(certs.ca) and second.tls_require_certificate
+    assert second.tls_certificate_username == "san"
+
+
+@pytest.mark.parametrize(
+    ("table", "expected"),
+    [
+        ({"protocol": "http"}, 'listener[0].protocol: expected "mqtt" or "ws"'),
+        ({"protocol": "ws", "ws_path": "mqtt"}, "listener[0].ws_path: must start with '/'"),
+        ({"tls_min_version": "1.1"}, 'listener[0].tls_min_version: expected "1.2" or "1.3"'),
+        ({"tls_certificate_username": "dn"}, "listener[0].tls_certificate_username: expected"),
+        ({"tls_key_file": "k.pem"}, "listener[0].tls_key_file: needs tls_cert_file"),
+        ({"tls_ca_file": "ca.pem"}, "listener[0].tls_ca_file: needs tls_cert_file"),
+        ({"tls_require_certificate": "yes"}, "listener[0].tls_require_certificate: expected true"),
+        ({"tls_cert_file": "/nonexistent/server.pem"}, "listener[0].tls_cert_file: file not found"),
+    ],
+)
+def test_listener_errors_name_the_file_and_the_key(
+    tmp_path: Path, table: dict[str, object], expected: str
+) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(toml_listener(**table))  # type: ignore[arg-type]
+    with pytest.raises(ConfigError) as info:
+        load(path)
+    assert str(info.value).startswith(f"{path}: ")
+    assert expected in str(info.value)
+
+
+def test_tls_combinations_and_files(tmp_path: Path, certs: Certificates) -> None:
+    tls = {"tls_cert_file": str(certs.server_cert), "tls_key_file": str(certs.server_key)}
+    cases = [
+        ({**tls, "tls_require_certificate": True}, "tls_require_certificate: needs tls_ca_file"),
+        ({**tls, "tls_certificate_username": "cn"}, "tls_certificate_username: needs tls_ca_file"),
+        ({**tls, "tls_key_file": str(tmp_path / "no.key")}, "tls_key_file: file not found"),
+        ({**tls, "tls_ca_file": str(tmp_path / "no-ca.pem")}, "tls_ca_file: file not found"),
+    ]
+    for index, (table, expected) in enumerate(cases):
+        path = tmp_path / f"bad{index}.toml"
+        path.write_text(toml_listener(port=1883) + toml_listener(port=8883, **table))  # type: ignore[arg-type]
+        with pytest.raises(ConfigError) as info:
+            load(path)
+        assert str(info.value).startswith(f"{path}: listener[1].{expected}"), info.value
+
+
+def test_two_listeners_on_one_port(tmp_path: Path) -> None:
+    path = tmp_path / "twice.toml"
+    path.write_text(toml_listener(port=1883) + toml_listener(port=1883, protocol="ws"))
+    with pytest.raises(ConfigError, match=r"listener\[1\]\.port: 127\.0\.0\.1:1883 is already"):
+        load(path)
+
+
+@pytest.mark.parametrize(
+    ("which", "expected"),
+    [
+        ("cert", "listener[0].tls_cert_file: {garbage} holds no PEM certificate"),
+        ("key", "listener[0].tls_key_file: {garbage} holds no PEM private key"),
+        ("mismatch", "listener[0].tls_cert_file: cannot load the certificate and private key"),
+        ("encrypted", "listener[0].tls_key_file: the private key in {key} is encrypted"),
+        ("ca", "listener[0].tls_ca_file: cannot load CA certificates"),
+        ("ciphers", "listener[0].tls_ciphers: no cipher matches 'NO-SUCH-CIPHER'"),
+    ],
+)
+def test_broken_tls_material_is_a_configuration_error(
+    tmp_path: Path, certs: Certificates, which: str, expected: str
+) -> None:
+    """Files that exist but do not load, and a cipher list that matches nothing: the broker
+    exits with status 2 naming the file and the key, before listening."""
+    table = {
+        "port": 0,
+        "tls_cert_file": str(certs.garbage if which == "cert" else certs.server_cert),
+        "tls_key_file": str(certs.garbage if which == "key" else certs.server_key),
+    }
+    if which == "mismatch":  # alice's key does not go with the server's certificate
+        table["tls_key_file"] = str(certs.client_key)
+    if which == "encrypted":  # the server's key under a passphrase: never prompted for
+        key = serialization.load_pem_private_key(certs.server_key.read_bytes(), None)
+        encrypted = tmp_path / "encrypted.key"
+        encrypted.write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.BestAvailableEncryption(b"secret"),
+            )
+        )
+        table["tls_key_file"] = str(encrypted)
+    if which == "ca":
+        table["tls_ca_file"] = str(certs.garbage)
+    if which == "ciphers":
+        table["tls_ciphers"] = "NO-SUCH-CIPHER"
+    path = tmp_path / "broken.toml"
+    path.write_text(toml_listener(**table))  # type: ignore[arg-type]
+    result = run_cli(tmp_path, "--config", str(path), "--memory")
+    assert result.returncode == 2, result.stderr
+    expected = expected.format(garbage=certs.garbage, key=table["tls_key_file"])
+    assert f"{path}: {expected}" in result.stderr, result.stderr
+
+
+def test_cli_missing_certificate_exits_2(tmp_path: Path) -> None:
+    path = tmp_path / "missing.toml"
+    path.write_text(toml_listener(port=0, tls_cert_file=str(tmp_path / "gone.pem")))
+    result = run_cli(tmp_path, "--config", str(path), "--memory")
+    assert result.returncode == 2
+    assert f"{path}: listener[0].tls_cert_file: file not found: {tmp_path / 'gone.pem'}" in (
+        result.stderr
+    )
+
+
+def test_ws_port_option_and_log_lines(tmp_path: Path, certs: Certificates) -> None:
+    """``--ws-port`` adds a WebSocket listener on the first listener's host; ``--port`` changes
+    only the first listener's port (a TLS first listener stays TLS). Each kind logs its line."""
+    path = tmp_path / "cli.toml"
+    path.write_text(
+        toml_listener(
+            port=8883,
+            tls_cert_file=str(certs.server_cert),
+            tls_key_file=str(certs.server_key),
+        )
+        + toml_listener(
+            port=0,
+            protocol="ws",
+            tls_cert_file=str(certs.server_cert),
+            tls_key_file=str(certs.server_key),
+        )
+    )
+    broker = BrokerRun(
+        tmp_path / "data", "--config", str(path), "--port", "0", "--ws-port", "0", "--memory"
+    ).start(3)
+    try:
+        kinds = [a.kind for a in broker.addresses]
+        assert kinds == ["MQTT over TLS", "MQTT over WebSocket+TLS", "MQTT over WebSocket"]
+        assert all(a.host == "127.0.0.1" and a.port for a in broker.addresses)
+        ws = broker.addresses[2]
+        client = Paho(transport="websockets")
+        try:
+            assert client.connect(ws.host, ws.port) == 0
+        finally:
+            client.close()
+    finally:
+        assert broker.stop() == 0
+    broker.assert_clean_log()

@@ -1,0 +1,136 @@
+"""Mutual TLS: a listener that requires a client certificate signed by its CA accepts such a
+client (paho-mqtt, mosquitto_pub, WebSocket+TLS) and refuses a client without a certificate or
+with one from another CA."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import ssl
+import subprocess
+
+import paho.mqtt.client as mqtt
+import pytest
+from transport_support import (
+    CONNACK_OK,
+    TIMEOUT,
+    Certificates,
+    Listeners,
+    Paho,
+    RawWebSocket,
+    client_context,
+    connect_packet,
+    unique,
+)
+
+
+@pytest.mark.parametrize("version", [mqtt.MQTTv5, mqtt.MQTTv311], ids=["v5", "v311"])
+def test_paho_with_a_client_certificate_is_accepted(
+    listeners: Listeners, certs: Certificates, version: int
+) -> None:
+    topic = f"mtls/{unique()}"
+    client = Paho(version, tls=client_context(certs, with_cert=True))
+    try:
+        assert client.connect(listeners.mtls.host, listeners.mtls.port) == 0
+        assert client.subscribe(topic, 1) == 1
+        client.publish(topic, b"with a certificate", 1)
+        [message] = client.wait_messages(1)
+        assert message.payload == b"with a certificate"
+    finally:
+        client.close()
+
+
+def _mqtt_connect_answer(port: int, context: ssl.SSLContext) -> bytes | Exception:
+    """What a raw TLS client gets for its CONNECT: the first bytes of the answer, or the
+    exception that ended the attempt (a refused handshake shows up in the handshake with TLS
+    1.2, and at the first read with TLS 1.3, where the server checks the certificate after the
+    client considers the handshake done)."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT)
+    try:
+        tls = context.wrap_socket(sock, server_hostname="localhost")
+        tls.sendall(connect_packet(unique("mtls")))
+        data = tls.recv(4)
+        return data
+    except (ssl.SSLError, ConnectionError, OSError) as exc:
+        return exc
+    finally:
+        sock.close()
+
+
+@pytest.mark.parametrize("maximum", [ssl.TLSVersion.TLSv1_2, None], ids=["tls1.2", "tls1.3"])
+def test_client_certificate_accepted_and_refused(
+    listeners: Listeners, certs: Certificates, maximum: ssl.TLSVersion | None
+) -> None:
+    port = listeners.mtls.port
+    accepted = _mqtt_connect_answer(port, client_context(certs, True, maximum=maximum))
+    assert accepted == CONNACK_OK
+    without = _mqtt_connect_answer(port, client_context(certs, maximum=maximum))
+    assert isinstance(without, Exception) or without == b"", without
+    rogue = _mqtt_connect_answer(port, client_context(certs, rogue=True, maximum=maximum))
+    assert isinstance(rogue, Exception) or rogue == b"", rogue
+
+
+def test_mosquitto_pub_with_and_without_a_client_certificate(
+    listeners: Listeners, certs: Certificates
+) -> None:
+    tool = shutil.which("mosquitto_pub")
+    assert tool is not None, "mosquitto_pub is not installed (Debian package mosquitto-clients)"
+    topic = f"mtls/{unique()}"
+    subscriber = Paho()
+    try:
+        assert subscriber.connect(listeners.tcp.host, listeners.tcp.port) == 0
+        assert subscriber.subscribe(topic, 1) == 1
+        common = [
+            tool,
+            "-h",
+            "localhost",
+            "-p",
+            str(listeners.mtls.port),
+            "--cafile",
+            str(certs.ca),
+        ]
+        refused = subprocess.run(
+            [*common, "-t", topic, "-m", "no certificate", "-q", "1"],
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+        )
+        assert refused.returncode != 0
+        sent = subprocess.run(
+            [
+                *common,
+                "--cert",
+                str(certs.client_cert),
+                "--key",
+                str(certs.client_key),
+                "-t",
+                topic,
+                "-m",
+                "certificate",
+                "-q",
+                "1",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+        )
+        assert sent.returncode == 0, sent.stderr
+        [message] = subscriber.wait_messages(1)
+        assert message.payload == b"certificate"
+    finally:
+        subscriber.close()
+
+
+def test_websocket_tls_with_and_without_a_client_certificate(
+    listeners: Listeners, certs: Certificates
+) -> None:
+    address = listeners.wss_mtls
+    ws = RawWebSocket(address.host, address.port, tls=client_context(certs, with_cert=True))
+    try:
+        ws.send_binary(connect_packet(unique("wss-mtls")))
+        assert ws.read_packet() == CONNACK_OK
+    finally:
+        ws.close()
+    with pytest.raises((ssl.SSLError, ConnectionError, EOFError)):
+        # TLS 1.3: the refusal arrives as an alert when the client reads the HTTP answer
+        RawWebSocket(address.host, address.port, tls=client_context(certs))
