@@ -81,3 +81,11 @@ def test_cli_reports_config_errors_and_exits_2(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert f"{path}: broker.maximum_qos must be 0, 1 or 2" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_exposed_example_has_only_known_keys() -> None:
+    """config/exposed.toml (the worked example for an internet-facing broker) parses; the only
+    complaint on a machine without its certificate files is the first missing file."""
+    with pytest.raises(ConfigError) as info:
+        load(ROOT / "config" / "exposed.toml")
+    assert "tls_cert_file: file not found: /etc/mqttbroker/tls/server.pem" in str(info.value)
