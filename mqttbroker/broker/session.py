@@ -241,21 +241,8 @@ class Session:
                 conn.send_pubrel(packet_id)
                 room -= 1
             elif room > 0:
-                room -= 1
-                if delivery.held:
-                    delivery.held = False
-                    self.held -= 1
-                if not conn.send_publish(
-                    delivery.message,
-                    delivery.qos,
-                    delivery.retain,
-                    True,
-                    packet_id,
-                    delivery.sub_ids,
-                    now,
-                ):
-                    room += 1
-                    self._finish(packet_id, delivery, now)
+                if self._resend_one(conn, packet_id, delivery, now):
+                    room -= 1
             elif not delivery.held:
                 delivery.held = True
                 self.held += 1
@@ -268,19 +255,21 @@ class Session:
             return
         for packet_id, delivery in self.inflight.items():
             if delivery.held:
-                delivery.held = False
-                self.held -= 1
-                if not conn.send_publish(
-                    delivery.message,
-                    delivery.qos,
-                    delivery.retain,
-                    True,
-                    packet_id,
-                    delivery.sub_ids,
-                    now,
-                ):
-                    self._finish(packet_id, delivery, now)
+                self._resend_one(conn, packet_id, delivery, now)
                 return
+
+    def _resend_one(self, conn: Connection, packet_id: int, delivery: Delivery, now: float) -> bool:
+        """Send an in-flight PUBLISH again, DUP set; False if it no longer fits the client's
+        Maximum Packet Size and was dropped as delivered instead."""
+        if delivery.held:
+            delivery.held = False
+            self.held -= 1
+        if conn.send_publish(
+            delivery.message, delivery.qos, delivery.retain, True, packet_id, delivery.sub_ids, now
+        ):
+            return True
+        self._finish(packet_id, delivery, now)
+        return False
 
     # -- acknowledgements from the client ---------------------------------------------------
 

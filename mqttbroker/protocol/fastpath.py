@@ -13,7 +13,7 @@ from . import packets as pk
 from .errors import MalformedPacket, ProtocolError
 from .packets import MQTT_5, PacketType
 from .properties import SPEC, WILL, PropertyType, collect, pairs
-from .reasons import PUBACK_CODES, PUBREL_CODES
+from .reasons import ACK_REASON_CODES
 
 MAX_VBI = 268_435_455
 
@@ -275,18 +275,6 @@ def encode_publish(packet: pk.Publish, version: int) -> bytes:
 # ---------------------------------------------------------------------------------------------
 # PUBACK, PUBREC, PUBREL, PUBCOMP
 
-_ACK_CLASS: dict[int, type[pk.Ack]] = {
-    PacketType.PUBACK: pk.Puback,
-    PacketType.PUBREC: pk.Pubrec,
-    PacketType.PUBREL: pk.Pubrel,
-    PacketType.PUBCOMP: pk.Pubcomp,
-}
-_ACK_CODES: dict[int, frozenset[int]] = {
-    PacketType.PUBACK: PUBACK_CODES,
-    PacketType.PUBREC: PUBACK_CODES,
-    PacketType.PUBREL: PUBREL_CODES,
-    PacketType.PUBCOMP: PUBREL_CODES,
-}
 _ACK_FLAGS: dict[int, int] = {
     PacketType.PUBACK: 0,
     PacketType.PUBREC: 0,
@@ -305,11 +293,11 @@ def decode_ack(
         raise MalformedPacket("acknowledgement shorter than 2 bytes")
     packet_id = (data[pos] << 8) | data[pos + 1]
     if size == 2:
-        return _ACK_CLASS[packet_type](packet_id)
+        return pk.ACK_CLASSES[packet_type](packet_id)
     if version != MQTT_5:
         raise MalformedPacket("acknowledgement longer than 2 bytes")
     code = data[pos + 2]
-    if code not in _ACK_CODES[packet_type]:
+    if code not in ACK_REASON_CODES[packet_type]:
         raise MalformedPacket(f"0x{code:02X} is not a {PacketType(packet_type).name} reason code")
     props: dict[int, Any] = {}
     if size > 3:
@@ -317,7 +305,7 @@ def decode_ack(
         if p + length != end:
             raise MalformedPacket("property length does not match the packet's length")
         props = decode_properties(data, pos + 3, end, packet_type)[0]
-    return _ACK_CLASS[packet_type](packet_id, code, props)
+    return pk.ACK_CLASSES[packet_type](packet_id, code, props)
 
 
 def encode_ack(
@@ -351,7 +339,7 @@ def decode(
     """Decode a hot packet (PUBLISH, the four acks, PINGREQ, PINGRESP)."""
     if packet_type == PacketType.PUBLISH:
         return decode_publish(flags, data, pos, end, version)
-    if packet_type in _ACK_CLASS:
+    if packet_type in pk.ACK_CLASSES:
         return decode_ack(packet_type, flags, data, pos, end, version)
     if packet_type in (PacketType.PINGREQ, PacketType.PINGRESP):
         if flags or end != pos:

@@ -42,11 +42,10 @@ from .errors import MalformedPacket, MQTTError, ProtocolError, UnsupportedProtoc
 from .packets import MQTT_5, PacketType
 from .properties import SPEC, WILL, PropertyType, collect, pairs
 from .reasons import (
+    ACK_REASON_CODES,
     AUTH_CODES,
     CONNACK_CODES,
     DISCONNECT_CODES,
-    PUBACK_CODES,
-    PUBREL_CODES,
     SUBACK_CODES,
     UNSUBACK_CODES,
 )
@@ -264,19 +263,6 @@ BODY: dict[int, Construct] = {
     PacketType.AUTH: ReasonOnly,
 }
 
-_ACK_CLASS: dict[int, type[pk.Ack]] = {
-    PacketType.PUBACK: pk.Puback,
-    PacketType.PUBREC: pk.Pubrec,
-    PacketType.PUBREL: pk.Pubrel,
-    PacketType.PUBCOMP: pk.Pubcomp,
-}
-_ACK_CODES: dict[int, frozenset[int]] = {
-    PacketType.PUBACK: PUBACK_CODES,
-    PacketType.PUBREC: PUBACK_CODES,
-    PacketType.PUBREL: PUBREL_CODES,
-    PacketType.PUBCOMP: PUBREL_CODES,
-}
-
 # ---------------------------------------------------------------------------------------------
 # Decoding
 
@@ -344,10 +330,10 @@ def _to_packet(packet_type: int, flags: int, raw: Any, version: int) -> pk.Packe
             packet_id=raw.packet_id,
             properties=_props(raw.properties, T.PUBLISH),
         )
-    if packet_type in _ACK_CLASS:
+    if packet_type in pk.ACK_CLASSES:
         code = 0 if raw.reason_code is None else raw.reason_code
-        _check_code(code, _ACK_CODES[packet_type], T(packet_type).name)
-        return _ACK_CLASS[packet_type](raw.packet_id, code, _props(raw.properties, packet_type))
+        _check_code(code, ACK_REASON_CODES[packet_type], T(packet_type).name)
+        return pk.ACK_CLASSES[packet_type](raw.packet_id, code, _props(raw.properties, packet_type))
     if packet_type == T.CONNECT:
         return _to_connect(raw)
     if packet_type == T.CONNACK:

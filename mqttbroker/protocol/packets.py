@@ -177,6 +177,14 @@ class Auth:
     properties: dict[int, Any] = field(default_factory=_props)
 
 
+# PUBACK, PUBREC, PUBREL and PUBCOMP by packet type.
+ACK_CLASSES: dict[int, type[Ack]] = {
+    PacketType.PUBACK: Puback,
+    PacketType.PUBREC: Pubrec,
+    PacketType.PUBREL: Pubrel,
+    PacketType.PUBCOMP: Pubcomp,
+}
+
 Packet = (
     Ack
     | Connect

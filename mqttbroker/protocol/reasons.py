@@ -122,6 +122,13 @@ DISCONNECT_CODES = frozenset(
     }
 )
 AUTH_CODES = frozenset({0x00, 0x18, 0x19})
+# By packet type: PUBACK 4, PUBREC 5, PUBREL 6, PUBCOMP 7.
+ACK_REASON_CODES: dict[int, frozenset[int]] = {
+    4: PUBACK_CODES,
+    5: PUBREC_CODES,
+    6: PUBREL_CODES,
+    7: PUBCOMP_CODES,
+}
 
 
 def v311_connack_code(reason: int) -> int:

@@ -49,7 +49,7 @@ from functools import partial
 from pathlib import Path
 
 from ..broker.topics import valid_topic_filter
-from .errors import SecurityFileError
+from .errors import SecurityFileError, read_file
 from .filters import Levels, covers, matches, overlaps, split
 
 READ = 1
@@ -158,14 +158,7 @@ class AclRules:
 
     @classmethod
     def load(cls, path: str | Path) -> AclRules:
-        source = str(path)
-        try:
-            data = Path(path).read_bytes()
-        except FileNotFoundError:
-            raise SecurityFileError(source, "file not found") from None
-        except OSError as exc:
-            raise SecurityFileError(source, f"cannot read: {exc.strerror}") from None
-        return cls.parse(data, source)
+        return cls.parse(read_file(path), str(path))
 
     @classmethod
     def parse(cls, data: bytes, source: str) -> AclRules:

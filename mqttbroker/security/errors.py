@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ..config import ConfigError
 
 
@@ -14,3 +16,13 @@ class SecurityFileError(ConfigError):
         self.detail = message
         where = f"{path}:{line}" if line is not None else path
         super().__init__(f"{where}: {message}")
+
+
+def read_file(path: str | Path) -> bytes:
+    """The bytes of a password or ACL file, or a SecurityFileError naming it."""
+    try:
+        return Path(path).read_bytes()
+    except FileNotFoundError:
+        raise SecurityFileError(str(path), "file not found") from None
+    except OSError as exc:
+        raise SecurityFileError(str(path), f"cannot read: {exc.strerror}") from None

@@ -45,7 +45,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import SecurityFileError
+from .errors import SecurityFileError, read_file
 from .saslprep import normalize_password
 
 # SCRAM mechanism -> hashlib name
@@ -308,14 +308,7 @@ class PasswordFile:
 
     @classmethod
     def load(cls, path: str | Path) -> PasswordFile:
-        source = str(path)
-        try:
-            data = Path(path).read_bytes()
-        except FileNotFoundError:
-            raise SecurityFileError(source, "file not found") from None
-        except OSError as exc:
-            raise SecurityFileError(source, f"cannot read: {exc.strerror}") from None
-        return cls.parse(data, source)
+        return cls.parse(read_file(path), str(path))
 
     @classmethod
     def parse(cls, data: bytes, source: str) -> PasswordFile:
