@@ -41,6 +41,9 @@ class ListenerConfig:
     # "cn" or "san": a verified client certificate's Common Name (or first Subject Alternative
     # Name) is the connection's user name; "none": certificates only grant the connection.
     tls_certificate_username: str = "none"
+    # Clients without a user name on this listener. Absent: [security] allow_anonymous, or
+    # when that is absent too, allowed only if this listener binds to a loopback address.
+    allow_anonymous: bool | None = None
 
     @property
     def tls(self) -> bool:

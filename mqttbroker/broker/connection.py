@@ -344,11 +344,19 @@ class Connection:
             # user name (mutual TLS with tls_certificate_username).
             packet.username = certificate_user
         elif method is None:
-            code = broker.authenticator.check_password(
-                packet.client_id, packet.username, packet.password
-            )
-            if code:
-                raise MQTTError("authentication failed", code)
+            listener = getattr(self.link, "listener", None)
+            anonymous = getattr(listener, "allow_anonymous", None)
+            if packet.username is None and anonymous is not None:
+                if not anonymous:  # this listener's own rule
+                    raise MQTTError(
+                        "anonymous access refused on this listener", ReasonCode.NOT_AUTHORIZED
+                    )
+            else:
+                code = broker.authenticator.check_password(
+                    packet.client_id, packet.username, packet.password
+                )
+                if code:
+                    raise MQTTError("authentication failed", code)
         if method is None:
             self._accept(packet, None)
             return

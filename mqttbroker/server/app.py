@@ -10,7 +10,7 @@ from ..broker.core import Broker
 from ..broker.store import Store
 from ..config import Config
 from ..ops.sys_tree import SysTree
-from ..security import build_security
+from ..security import build_security, is_loopback
 from ..storage import StoreError
 from .listeners import Listener, start_listener
 
@@ -23,6 +23,12 @@ class Server:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.security = build_security(config)  # SecurityFileError (a ConfigError) if bad
+        for listener in config.listeners:
+            # Each listener's rule for clients without a user name: its own setting, else
+            # [security] allow_anonymous, else allowed only on a loopback listener.
+            if listener.allow_anonymous is None:
+                chosen = config.security.allow_anonymous
+                listener.allow_anonymous = is_loopback(listener.host) if chosen is None else chosen
         self.store = self._make_store(config)
         self.broker = Broker(
             config.broker,

@@ -241,3 +241,22 @@ def test_certificate_user_replaces_the_password_check(ha: Harness) -> None:
     plain = ha.client()  # the same credentials without a certificate are refused
     plain.send(pk.Connect(client_id="nocert", username="mallory", password=b"nothing"))
     assert plain.one(pk.Connack).reason_code == 0x86
+
+
+class _Listener:
+    def __init__(self, allow_anonymous: bool | None) -> None:
+        self.allow_anonymous = allow_anonymous
+
+
+@pytest.mark.parametrize(("allowed", "code"), [(False, 0x87), (True, 0)])
+def test_anonymous_access_per_listener(ha: Harness, allowed: bool, code: int) -> None:
+    """A listener's own anonymous rule decides for clients without a user name (the toy
+    authenticator alone would refuse them with 0x87); named users are still checked."""
+    anonymous = ha.client()
+    anonymous.link.listener = _Listener(allowed)  # type: ignore[attr-defined]
+    anonymous.send(pk.Connect(client_id="anon"))
+    assert anonymous.one(pk.Connack).reason_code == code
+    named = ha.client()
+    named.link.listener = _Listener(allowed)  # type: ignore[attr-defined]
+    named.send(pk.Connect(client_id="named", username="alice", password=b"wrong"))
+    assert named.one(pk.Connack).reason_code == 0x86
