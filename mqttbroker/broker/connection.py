@@ -98,6 +98,7 @@ class Connection:
         "_auth",
         "_auth_method",
         "_connect",
+        "_checking",
         "work",
         "work_pass",
         "input_paused",
@@ -144,6 +145,7 @@ class Connection:
         self._auth: AuthExchange | None = None  # an enhanced-authentication exchange under way
         self._auth_method: str | None = None
         self._connect: pk.Connect | None = None  # held while authenticating
+        self._checking = False  # a password check runs off the event loop
         self.work = 0  # packets and deliveries caused by our input in this loop pass
         self.work_pass = -1  # the pass ``work`` counts
         self.input_paused = False  # reading paused until the broker resumes our input
@@ -163,6 +165,11 @@ class Connection:
         loop (and everyone's output) for seconds."""
         if self.state == CLOSED:
             return  # MQTT-3.1.4-6: nothing after a refused CONNECT is processed
+        if self._checking:  # a password check is under way: keep the bytes for later
+            self._pending.append(data)
+            self._pending_len += len(data)
+            self._need = 0
+            return
         if self._pending:
             self._pending.append(data)
             self._pending_len += len(data)
@@ -212,6 +219,8 @@ class Connection:
                 pos = stop
                 if self.state == CLOSED:
                     return
+                if self._checking:
+                    break
             if pos:  # keep alive counts whole packets, not a trickle of bytes (MQTT-3.1.2-22)
                 self.last_received = self.broker.clock()
             if store.writes != writes:
@@ -223,10 +232,17 @@ class Connection:
             log.exception("client %s: internal error while handling its packet", self._name())
             self._fail(MQTTError("internal error", ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR))
             return
-        if pos < end:
+        if pos < end or self._checking:
             rest = data[pos:]
-            self._pending.append(rest)
-            self._pending_len = len(rest)
+            if rest:
+                self._pending.append(rest)
+                self._pending_len = len(rest)
+            if self._checking:  # the rest waits for the password check's answer
+                self._need = 0
+                if not self.input_paused:
+                    self.input_paused = True
+                    self.link.pause_reading()
+                return
             if self.work >= budget:
                 self._need = 0  # parse the rest when resumed
                 if not self.input_paused:
@@ -351,6 +367,20 @@ class Connection:
                     raise MQTTError(
                         "anonymous access refused on this listener", ReasonCode.NOT_AUTHORIZED
                     )
+            elif broker.offload is not None:
+                # Hashing a password takes milliseconds: off the event loop, while this
+                # connection waits (state AUTHENTICATING, input held) for the answer.
+                self.state = AUTHENTICATING
+                self._checking = True
+                self._connect = packet
+                authenticator = broker.authenticator
+                broker.offload(
+                    lambda: authenticator.check_password(
+                        packet.client_id, packet.username, packet.password
+                    ),
+                    self._password_checked,
+                )
+                return
             else:
                 code = broker.authenticator.check_password(
                     packet.client_id, packet.username, packet.password
@@ -371,6 +401,30 @@ class Connection:
         self._connect = packet
         self.state = AUTHENTICATING
         self._auth_step(props.get(Prop.AUTHENTICATION_DATA))
+
+    def _password_checked(self, code: int) -> None:
+        """The answer of a password check run off the event loop (see _on_connect)."""
+        self._checking = False
+        packet = self._connect
+        self._connect = None
+        if self.state == CLOSED or packet is None:
+            return
+        store = self.broker.store
+        writes = store.writes
+        try:
+            if code:
+                raise MQTTError("authentication failed", code)
+            self._accept(packet, None)
+        except MQTTError as exc:
+            self._fail(exc)
+            return
+        if store.writes != writes:
+            self._hold_output()
+        if self.input_paused:
+            self.input_paused = False
+            self.link.resume_reading()
+        if self._pending:
+            self.data_received(b"")
 
     def _auth_step(self, data: bytes | None) -> None:
         """Run one step of the enhanced-authentication exchange (section 4.12)."""

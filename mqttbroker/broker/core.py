@@ -55,6 +55,9 @@ class Broker:
         # Called when the first connection of a loop pass has output; the edge schedules
         # flush() for the end of the pass. None: the caller flushes (tests do).
         self.wake: Callable[[], None] | None = None
+        # Runs a blocking function (a password check) elsewhere and calls back on the event
+        # loop with its result; set by the edge. None: run it here (tests do).
+        self.offload: Callable[[Callable[[], int], Callable[[int], None]], None] | None = None
         self._dirty: list[Connection] = []
         self._deferred: list[Connection] = []  # input left for the next pass
         self.passes = 0  # flushes so far: one per event-loop pass with output

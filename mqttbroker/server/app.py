@@ -5,11 +5,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from ..broker.core import Broker
 from ..broker.store import Store
 from ..config import Config
 from ..ops.sys_tree import SysTree
+from ..protocol.reasons import ReasonCode
 from ..security import build_security, is_loopback
 from ..storage import StoreError
 from .listeners import Listener, start_listener
@@ -39,6 +42,7 @@ class Server:
         self.sys_tree = SysTree(self.broker, config.broker.sys_interval)
         self.listeners: list[Listener] = []
         self._ticker: asyncio.Task[None] | None = None
+        self._executor: ThreadPoolExecutor | None = None
         self.addresses: list[tuple[str, int]] = []
 
     @staticmethod
@@ -62,6 +66,8 @@ class Server:
             loop.call_soon(broker.flush)
 
         broker.wake = wake
+        if self.security.authenticator is not None and self.config.security.password_file:
+            broker.offload = self._offloader(loop)
         for index, config in enumerate(self.config.listeners):
             listener = await start_listener(broker, config, f"listener[{index}]")
             self.listeners.append(listener)
@@ -74,6 +80,28 @@ class Server:
             self.broker.tick()
             self.sys_tree.tick()
 
+    def _offloader(
+        self, loop: asyncio.AbstractEventLoop
+    ) -> Callable[[Callable[[], int], Callable[[int], None]], None]:
+        """Password checks (PBKDF2: milliseconds each) run on worker threads, which hashlib
+        lets run beside the event loop; the answer comes back on the loop."""
+        executor = self._executor = ThreadPoolExecutor(
+            max_workers=2, thread_name_prefix="password-check"
+        )
+
+        def offload(work: Callable[[], int], done: Callable[[int], None]) -> None:
+            def finished(future: asyncio.Future[int]) -> None:
+                try:
+                    result = future.result()
+                except Exception:
+                    log.exception("password check failed")
+                    result = ReasonCode.UNSPECIFIED_ERROR
+                done(result)
+
+            loop.run_in_executor(executor, work).add_done_callback(finished)
+
+        return offload
+
     async def stop(self) -> None:
         log.info("shutting down: disconnecting %d clients", len(self.broker.connections))
         for listener in self.listeners:
@@ -82,6 +110,8 @@ class Server:
             self._ticker.cancel()
         self.broker.shutdown()
         await self.store.close()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
         await asyncio.sleep(0.05)  # let the transports write their DISCONNECTs
         for listener in self.listeners:
             await listener.wait_closed()

@@ -260,3 +260,62 @@ def test_anonymous_access_per_listener(ha: Harness, allowed: bool, code: int) ->
     named.link.listener = _Listener(allowed)  # type: ignore[attr-defined]
     named.send(pk.Connect(client_id="named", username="alice", password=b"wrong"))
     assert named.one(pk.Connack).reason_code == 0x86
+
+
+class _Offload:
+    """Stands in for the worker threads: holds each check until the test runs it."""
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[Any, Any]] = []
+
+    def __call__(self, work: Any, done: Any) -> None:
+        self.pending.append((work, done))
+
+    def run_all(self) -> None:
+        jobs, self.pending = self.pending, []
+        for work, done in jobs:
+            done(work())
+
+
+def test_password_check_off_the_loop_holds_pipelined_packets(ha: Harness) -> None:
+    """While the password is checked elsewhere, packets the client sent right after CONNECT
+    wait; once accepted, CONNACK comes first and then their answers, in order."""
+    offload = _Offload()
+    ha.broker.offload = offload
+    client = ha.client()
+    client.send(
+        pk.Connect(client_id="fast", username="alice", password=b"secret"),
+        pk.Subscribe(1, [pk.SubscriptionRequest("a/b")]),
+        pk.Pingreq(),
+    )
+    assert client.receive() == []  # nothing before the check's answer
+    client.send_raw(b"\xc0\x00")  # more arrives meanwhile
+    assert len(offload.pending) == 1
+    offload.run_all()
+    got = client.receive()
+    assert [type(p) for p in got] == [pk.Connack, pk.Suback, pk.Pingresp, pk.Pingresp]
+    assert got[0].reason_code == 0
+
+
+def test_refused_password_off_the_loop(ha: Harness) -> None:
+    offload = _Offload()
+    ha.broker.offload = offload
+    client = ha.client()
+    client.send(
+        pk.Connect(client_id="bad", username="alice", password=b"wrong"),
+        pk.Subscribe(1, [pk.SubscriptionRequest("a/b")]),
+    )
+    offload.run_all()
+    assert client.one(pk.Connack).reason_code == 0x86
+    assert client.closed
+
+
+def test_connection_lost_during_the_check(ha: Harness) -> None:
+    offload = _Offload()
+    ha.broker.offload = offload
+    client = ha.client()
+    client.send(pk.Connect(client_id="gone", username="alice", password=b"secret"))
+    client.lose()
+    offload.run_all()  # the answer finds the connection closed: nothing happens
+    assert "gone" not in ha.broker.sessions
+    assert client.link.data == b""
