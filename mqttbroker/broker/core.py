@@ -292,6 +292,29 @@ class Broker:
             log.info("publishing the will of %s on %r", session.client_id, will.topic)
             self.router.publish(message, match, session, now)
 
+    def recheck_subscriptions(self) -> int:
+        """After the rules changed (SIGHUP): remove the subscriptions the authorizer no longer
+        allows, so that a revoked right stops the flow at once. Returns how many went."""
+        authorizer = self.authorizer
+        if authorizer is None:
+            return 0
+        removed = 0
+        for session in list(self.sessions.values()):
+            for topic_filter, sub in list(session.subscriptions.items()):
+                if authorizer.can_subscribe(session.client_id, session.username, sub.filter):
+                    continue
+                del session.subscriptions[topic_filter]
+                self.router.unsubscribe(sub)
+                if session.expiry_interval:
+                    self.store.delete_subscription(session, topic_filter)
+                removed += 1
+                log.warning(
+                    "session %s: subscription %r removed: no longer authorized",
+                    session.client_id,
+                    topic_filter,
+                )
+        return removed
+
     # -- time -------------------------------------------------------------------------------
 
     def tick(self) -> None:

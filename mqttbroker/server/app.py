@@ -122,6 +122,7 @@ class Server:
         does not load is reported and its previous contents kept."""
         log.info("SIGHUP: reloading the password and ACL files")
         self.security.reload()
+        self.broker.recheck_subscriptions()
 
     async def run_until_signalled(self) -> None:
         stop = asyncio.Event()
