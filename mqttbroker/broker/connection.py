@@ -1039,7 +1039,11 @@ class Connection:
             return
         self.state = CLOSED
         store = self.broker.store
-        if self._marks or store.writes != self._writes_seen:
+        if store.writes != self._writes_seen:
+            # This input changed the store and then closed us (DISCONNECT, or an error, in
+            # the same read): what it produced (its acks) still waits for the commit.
+            self._hold_output()
+        if self._marks:
             store.after_commit(self._close_link)
         else:
             self._close_link()

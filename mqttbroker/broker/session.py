@@ -153,15 +153,29 @@ class Session:
             # too large for this client: dropped as though delivered (MQTT-3.1.2-25)
             self.store.delete_delivery(self, delivery)
 
-    def _finish(self, packet_id: int, delivery: Delivery, now: float) -> None:
+    def _finish(self, packet_id: int, delivery: Delivery, now: float, refill: bool = True) -> None:
         del self.inflight[packet_id]
         if delivery.stored:
             self.store.delete_delivery(self, delivery)
         if delivery.held:
+            delivery.held = False
             self.held -= 1
-        if self.held:
-            self._resend_held(now)
-        elif self.queue:
+        if refill:
+            self._refill(now)
+
+    def _refill(self, now: float) -> None:
+        """Use the room in the client's receive window: first the in-flight messages whose
+        resend was held (in their order, MQTT-4.4.0-1), then the queue (MQTT-3.3.4-9)."""
+        conn = self.connection
+        if conn is None:
+            return
+        while self.held and len(self.inflight) - self.held < conn.send_quota:
+            packet_id, delivery = next((p, d) for p, d in self.inflight.items() if d.held)
+            delivery.held = False
+            self.held -= 1
+            if not self._send_again(conn, packet_id, delivery, now):
+                self._finish(packet_id, delivery, now, refill=False)
+        if not self.held and self.queue:
             self.drain(now)
 
     def _allocate_packet_id(self) -> int:
@@ -236,40 +250,34 @@ class Session:
         # The new connection's Receive Maximum bounds the PUBLISHes resent now (MQTT-3.3.4-9);
         # the others keep their packet ids and go out as acknowledgements make room.
         room = conn.send_quota
+        too_large = []
         for packet_id, delivery in list(self.inflight.items()):
             if delivery.released:
                 conn.send_pubrel(packet_id)
                 room -= 1
             elif room > 0:
-                if self._resend_one(conn, packet_id, delivery, now):
+                if delivery.held:
+                    delivery.held = False
+                    self.held -= 1
+                if self._send_again(conn, packet_id, delivery, now):
                     room -= 1
+                else:
+                    too_large.append((packet_id, delivery))
             elif not delivery.held:
                 delivery.held = True
                 self.held += 1
-        if not self.held:
-            self.drain(now)
+        # Dropped only after the loop, so that nothing is sent out of order meanwhile.
+        for packet_id, delivery in too_large:
+            self._finish(packet_id, delivery, now, refill=False)
+        self._refill(now)
 
-    def _resend_held(self, now: float) -> None:
-        conn = self.connection
-        if conn is None:
-            return
-        for packet_id, delivery in self.inflight.items():
-            if delivery.held:
-                self._resend_one(conn, packet_id, delivery, now)
-                return
-
-    def _resend_one(self, conn: Connection, packet_id: int, delivery: Delivery, now: float) -> bool:
+    @staticmethod
+    def _send_again(conn: Connection, packet_id: int, delivery: Delivery, now: float) -> bool:
         """Send an in-flight PUBLISH again, DUP set; False if it no longer fits the client's
-        Maximum Packet Size and was dropped as delivered instead."""
-        if delivery.held:
-            delivery.held = False
-            self.held -= 1
-        if conn.send_publish(
+        Maximum Packet Size (it is then dropped as delivered, MQTT-3.1.2-25)."""
+        return conn.send_publish(
             delivery.message, delivery.qos, delivery.retain, True, packet_id, delivery.sub_ids, now
-        ):
-            return True
-        self._finish(packet_id, delivery, now)
-        return False
+        )
 
     # -- acknowledgements from the client ---------------------------------------------------
 
