@@ -154,9 +154,12 @@ class SharedGroup:
             return members[random.randrange(count)]
         if strategy == "hash":
             return members[zlib.crc32(topic.encode()) % count]
-        chosen = self.sticky.get(publisher)
+        sticky = self.sticky
+        chosen = sticky.get(publisher)
         if chosen is None or chosen not in members:
-            chosen = self.sticky[publisher] = members[self.next_index % count]
+            if len(sticky) >= 65536:  # bounded: publishers come and go
+                sticky.clear()
+            chosen = sticky[publisher] = members[self.next_index % count]
             self.next_index += 1
         return chosen
 
