@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 import zlib
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .session import Session
@@ -296,6 +296,3 @@ class SubscriptionTrie:
             for group in node.groups.values():
                 yield from group.members
             stack.extend(node.children.values())
-
-    def stats(self) -> dict[str, Any]:
-        return {"subscriptions": self.count}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from . import fastpath, grammar
+from .errors import MalformedPacket
 from .packets import Connack, Packet, PacketType, Suback, Unsuback
 
 _HOT: frozenset[int] = frozenset(
@@ -28,8 +29,6 @@ def decode_packet(first_byte: int, body: bytes, version: int) -> Packet:
     if ptype == PacketType.SUBSCRIBE:
         return fastpath.decode_subscribe(first_byte & 0x0F, body, 0, len(body), version)
     if ptype == 0:
-        from .errors import MalformedPacket
-
         raise MalformedPacket("reserved packet type 0")
     return grammar.decode(ptype, first_byte & 0x0F, body, version)
 

@@ -14,6 +14,7 @@ from .errors import MalformedPacket, ProtocolError
 from .packets import MQTT_5, PacketType
 from .properties import SPEC, WILL, PropertyType, collect, pairs
 from .reasons import ACK_REASON_CODES
+from .rules import check_protocol, subscription_request
 
 MAX_VBI = 268_435_455
 
@@ -370,8 +371,6 @@ def encode(packet: pk.Packet, version: int) -> bytes:
 
 def decode_connect(flags: int, data: bytes, pos: int, end: int) -> pk.Connect:
     """Decode a CONNECT body; the same result and errors as grammar.decode."""
-    from .grammar import check_protocol  # the one list of protocol names and levels
-
     if flags:
         raise MalformedPacket("reserved fixed-header flags of packet type 1 are wrong")
     name, p = _utf8(data, pos, end)
@@ -427,8 +426,6 @@ def decode_connect(flags: int, data: bytes, pos: int, end: int) -> pk.Connect:
 
 def decode_subscribe(flags: int, data: bytes, pos: int, end: int, version: int) -> pk.Subscribe:
     """Decode a SUBSCRIBE body; the same result and errors as grammar.decode."""
-    from .grammar import subscription_request
-
     if flags != 2:
         raise MalformedPacket("reserved fixed-header flags of packet type 8 are wrong")
     if pos + 2 > end:

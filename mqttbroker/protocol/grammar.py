@@ -38,7 +38,7 @@ from construct import (
 from construct.core import stream_iseof, stream_read, stream_write
 
 from . import packets as pk
-from .errors import MalformedPacket, MQTTError, ProtocolError, UnsupportedProtocolVersion
+from .errors import MalformedPacket, MQTTError, ProtocolError
 from .packets import MQTT_5, PacketType
 from .properties import SPEC, WILL, PropertyType, collect, pairs
 from .reasons import (
@@ -49,6 +49,7 @@ from .reasons import (
     SUBACK_CODES,
     UNSUBACK_CODES,
 )
+from .rules import check_protocol, subscription_request
 
 # ---------------------------------------------------------------------------------------------
 # Data types (section 1.5)
@@ -282,12 +283,6 @@ def _check_code(code: int, allowed: frozenset[int], what: str) -> int:
     return code
 
 
-def check_protocol(name: str, level: int) -> None:
-    """MQTT-3.1.2-1 / -2: the protocol names and levels this broker speaks."""
-    if (name, level) not in (("MQTT", 5), ("MQTT", 4), ("MQIsdp", 3)):
-        raise UnsupportedProtocolVersion(f"unsupported protocol {name!r} level {level}")
-
-
 def decode(packet_type: int, flags: int, body: bytes, version: int) -> pk.Packet:
     """Decode one packet body. ``version`` is the connection's protocol level (CONNECT carries its
     own). Raises MalformedPacket / ProtocolError / UnsupportedProtocolVersion."""
@@ -422,31 +417,6 @@ def _to_subscribe(raw: Any, version: int) -> pk.Subscribe:
         for entry in raw.subscriptions
     ]
     return pk.Subscribe(raw.packet_id, requests, _props(raw.properties, PacketType.SUBSCRIBE))
-
-
-def subscription_request(topic_filter: str, options: int, version: int) -> pk.SubscriptionRequest:
-    """One Topic Filter with its Subscription Options byte (section 3.8.3.1), checked."""
-    if version == MQTT_5:
-        if options & 0xC0:
-            raise MalformedPacket("reserved subscription option bits are not 0")  # 3.8.3-5
-        retain_handling = (options >> 4) & 3
-        if retain_handling == 3:
-            raise ProtocolError("Retain Handling 3")
-    else:
-        if options & 0xFC:
-            raise MalformedPacket("reserved subscription option bits are not 0")
-        retain_handling = 0
-    if options & 3 == 3:
-        if version == MQTT_5:
-            raise ProtocolError("subscription Maximum QoS 3")  # section 3.8.3.1
-        raise MalformedPacket("subscription QoS 3")
-    return pk.SubscriptionRequest(
-        topic_filter,
-        qos=options & 3,
-        no_local=bool(options & 4) and version == MQTT_5,
-        retain_as_published=bool(options & 8) and version == MQTT_5,
-        retain_handling=retain_handling,
-    )
 
 
 # ---------------------------------------------------------------------------------------------

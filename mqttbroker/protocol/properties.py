@@ -7,6 +7,7 @@ from __future__ import annotations
 from enum import IntEnum
 from typing import Any
 
+from .errors import MalformedPacket, ProtocolError
 from .packets import PacketType as P
 
 
@@ -157,8 +158,6 @@ def collect(pairs: list[tuple[int, Any]], packet_type: int) -> Properties:
     """Fold decoded (id, value) pairs into a properties dict, enforcing the spec's rules: the
     property must be allowed in this packet, and may appear only once unless it repeats. Raises
     ProtocolError (0x82): the spec calls both a Protocol Error (section 2.2.2.2)."""
-    from .errors import MalformedPacket, ProtocolError
-
     props: Properties = {}
     for pid, value in pairs:
         spec = SPEC.get(pid)
