@@ -8,6 +8,7 @@ import signal
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from .. import compiled
 from ..broker.core import Broker
 from ..broker.store import Store
 from ..config import Config
@@ -58,6 +59,12 @@ class Server:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
+        if compiled.mode == "compiled":
+            log.info("hot path: compiled (mypyc)")
+        else:  # a stale build is worth a warning: the speed a user expects is not there
+            (log.warning if compiled.stale else log.info)(
+                "hot path: pure Python (%s)", compiled.reason
+            )
         broker = self.broker
         await self.store.load(broker)
         broker.tick()  # expire what expired while the broker was down

@@ -9,7 +9,9 @@ from __future__ import annotations
 import pytest
 
 from mqttbroker.broker.message import Message
+from mqttbroker.broker.options import BrokerOptions
 from mqttbroker.broker.retained import RetainedStore
+from mqttbroker.broker.session import Session
 from mqttbroker.broker.topics import (
     Subscription,
     SubscriptionTrie,
@@ -20,12 +22,8 @@ from mqttbroker.broker.topics import (
 )
 
 
-class FakeSession:
-    """What a Subscription needs of a session: a client id (and a connection for groups)."""
-
-    def __init__(self, client_id: str) -> None:
-        self.client_id = client_id
-        self.connection = None
+def session_of(client_id: str) -> Session:
+    return Session(client_id, BrokerOptions())
 
 
 # (topic name, topic filter, expected)
@@ -120,9 +118,9 @@ def test_trie_matches_table(topic: str, topic_filter: str, expected: bool) -> No
     """[MQTT-4.7.1-1] [MQTT-4.7.1-2] [MQTT-4.7.2-1] The trie agrees with the table, for a plain
     subscription and for the same filter in a shared group."""
     trie = SubscriptionTrie()
-    session = FakeSession("c1")
-    trie.add(Subscription(session, topic_filter))  # type: ignore[arg-type]
-    trie.add(Subscription(FakeSession("c2"), f"$share/g/{topic_filter}"))  # type: ignore[arg-type]
+    session = session_of("c1")
+    trie.add(Subscription(session, topic_filter))
+    trie.add(Subscription(session_of("c2"), f"$share/g/{topic_filter}"))
     targets, groups = trie.match(topic)
     assert bool(targets) is expected
     assert bool(groups) is expected

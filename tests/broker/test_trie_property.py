@@ -12,6 +12,8 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mqttbroker.broker.options import BrokerOptions
+from mqttbroker.broker.session import Session
 from mqttbroker.broker.topics import Subscription, SubscriptionTrie, matches
 
 LEVELS = ["a", "b", "", "$", "$a", "a$"]
@@ -19,13 +21,7 @@ CLIENTS = ["c1", "c2", "c3"]
 GROUPS = [None, None, "g", "h"]
 
 
-class FakeSession:
-    def __init__(self, client_id: str) -> None:
-        self.client_id = client_id
-        self.connection = None
-
-
-SESSIONS = {cid: FakeSession(cid) for cid in CLIENTS}
+SESSIONS = {cid: Session(cid, BrokerOptions()) for cid in CLIENTS}
 
 # Every topic name of 1 to 4 levels, and every filter of 0 to 3 levels with an optional '#'
 # after them: sampling from precomputed lists keeps generation cheap.
@@ -57,7 +53,7 @@ def subscriptions(draw: st.DrawFn) -> dict[tuple[str, str], Subscription]:
     subs: dict[tuple[str, str], Subscription] = {}
     for client_id, topic_filter, group in entries:
         full = topic_filter if group is None else f"$share/{group}/{topic_filter}"
-        subs[(client_id, full)] = Subscription(SESSIONS[client_id], full)  # type: ignore[arg-type]
+        subs[(client_id, full)] = Subscription(SESSIONS[client_id], full)
     return subs
 
 
@@ -181,7 +177,7 @@ def test_trie_add_replaces(subs: dict[tuple[str, str], Subscription]) -> None:
     for sub in subs.values():
         trie.add(sub)
     for (client_id, full), _sub in subs.items():
-        newer = Subscription(SESSIONS[client_id], full, qos=2)  # type: ignore[arg-type]
+        newer = Subscription(SESSIONS[client_id], full, qos=2)
         assert trie.add(newer) is True
     assert trie.count == len(subs)
     assert sorted((s.session.client_id, s.topic_filter) for s in trie) == sorted(subs)
@@ -191,10 +187,10 @@ def test_trie_add_replaces(subs: dict[tuple[str, str], Subscription]) -> None:
 def test_remove_unknown_filter() -> None:
     """Removing a subscription that was never added is a no-op returning False."""
     trie = SubscriptionTrie()
-    keep = Subscription(SESSIONS["c1"], "a/b")  # type: ignore[arg-type]
+    keep = Subscription(SESSIONS["c1"], "a/b")
     trie.add(keep)
-    assert trie.remove(Subscription(SESSIONS["c2"], "a/b")) is False  # type: ignore[arg-type]
-    assert trie.remove(Subscription(SESSIONS["c1"], "a/b/c")) is False  # type: ignore[arg-type]
-    assert trie.remove(Subscription(SESSIONS["c1"], "$share/g/a/b")) is False  # type: ignore[arg-type]
+    assert trie.remove(Subscription(SESSIONS["c2"], "a/b")) is False
+    assert trie.remove(Subscription(SESSIONS["c1"], "a/b/c")) is False
+    assert trie.remove(Subscription(SESSIONS["c1"], "$share/g/a/b")) is False
     assert trie.count == 1
     assert trie_matches(trie, "a/b") == {("c1", "a/b")}

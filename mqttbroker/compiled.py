@@ -1,0 +1,133 @@
+"""The hot-path modules compiled to C with mypyc, and the pure-Python source as the fallback.
+
+``pip install`` compiles the modules in :data:`MODULES` (``setup.py``) from the very same source
+files, when a C compiler is there: the compiled broker runs the same code, about twice as fast.
+:func:`select` runs when the package is imported, before any of them is, and decides which
+form is loaded:
+
+* the compiled one when it is built and was built from the source files now on disk (their
+  SHA-256 digests are recorded in ``compiled.sha256`` at build time);
+* the pure-Python one when nothing was compiled, when ``MQTTBROKER_PURE`` is set to a non-empty
+  value other than ``0``, or when a source file changed since the build (an edited checkout must
+  never run stale machine code: reinstall to compile again). A meta-path finder then loads these
+  modules from their ``.py`` files, all of them, since compiled modules call each other directly.
+
+The test suite runs in whichever form is installed, and ``tests/test_compiled.py`` runs the
+sans-I/O broker tests again in the other form.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+
+MODULES = (
+    "mqttbroker.protocol.fastpath",
+    "mqttbroker.broker.message",
+    "mqttbroker.broker.topics",
+    "mqttbroker.broker.router",
+    "mqttbroker.broker.session",
+    "mqttbroker.broker.connection",
+    "mqttbroker.broker.core",
+)
+SHARED_LIBRARY = "mqttbroker.native__mypyc"  # the C code of all of them; the modules are shims
+DIGESTS = "compiled.sha256"  # written by setup.py next to this file
+_PACKAGE_DIR = Path(__file__).resolve().parent
+
+# What select() decided: "compiled" or "pure", and why.
+mode = "pure"
+reason = "not selected yet"
+stale = False  # compiled modules are there but do not match the source (or are incomplete)
+
+
+def source_path(module: str) -> Path:
+    return _PACKAGE_DIR.joinpath(*module.split(".")[1:]).with_suffix(".py")
+
+
+def digests(paths: Sequence[Path]) -> dict[str, str]:
+    """SHA-256 of each source file, keyed by its path relative to the package."""
+    return {
+        path.relative_to(_PACKAGE_DIR).as_posix(): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in paths
+    }
+
+
+def _extension_built(module: str) -> bool:
+    stem = source_path(module).with_suffix("")
+    return any(
+        stem.with_name(stem.name + suffix).exists()
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES
+    )
+
+
+def _recorded() -> dict[str, str]:
+    try:
+        text = (_PACKAGE_DIR / DIGESTS).read_text()
+    except OSError:
+        return {}
+    recorded: dict[str, str] = {}
+    for line in text.splitlines():
+        digest, _, name = line.partition("  ")
+        if name:
+            recorded[name] = digest
+    return recorded
+
+
+class _SourceFinder(importlib.abc.MetaPathFinder):
+    """Loads the compiled modules from their ``.py`` files instead."""
+
+    def find_spec(
+        self,
+        fullname: str,
+        path: Sequence[str] | None,
+        target: ModuleType | None = None,
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in MODULES:
+            return None
+        return importlib.util.spec_from_file_location(fullname, source_path(fullname))
+
+
+def _use_source(why: str, outdated: bool = False) -> None:
+    global mode, reason, stale
+    mode, reason, stale = "pure", why, outdated
+    if not any(isinstance(finder, _SourceFinder) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _SourceFinder())
+
+
+def select() -> None:
+    """Decide between the compiled and the pure-Python modules (see the module docstring)."""
+    global mode, reason
+    loaded = [name for name in MODULES if name in sys.modules]
+    if loaded:  # too late to choose: keep what is there
+        module = sys.modules[loaded[0]]
+        compiled = not (module.__file__ or "").endswith(".py")
+        mode, reason = ("compiled" if compiled else "pure"), "already imported"
+        return
+    flag = os.environ.get("MQTTBROKER_PURE", "")
+    if flag and flag != "0":
+        _use_source("MQTTBROKER_PURE is set")
+        return
+    built = [name for name in (*MODULES, SHARED_LIBRARY) if _extension_built(name)]
+    if not built:
+        mode, reason = "pure", "not compiled (no C compiler at install, or MQTTBROKER_COMPILE=0)"
+        return
+    if len(built) != len(MODULES) + 1:
+        _use_source("only part of the compiled modules is there; reinstall to compile again", True)
+        return
+    now = digests([source_path(name) for name in MODULES])
+    changed = sorted(name for name, digest in now.items() if _recorded().get(name) != digest)
+    if changed:
+        _use_source(
+            f"{', '.join(changed)} changed since the modules were compiled; "
+            "reinstall (pip install -e .) to compile again",
+            True,
+        )
+        return
+    mode, reason = "compiled", "built from the current sources"

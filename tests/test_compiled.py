@@ -1,0 +1,98 @@
+"""The compiled hot path (mypyc, see mqttbroker/compiled.py) and its pure-Python fallback.
+
+The suite runs in whichever form is installed; the sans-I/O broker and codec tests are run again
+here in the other form (in a subprocess, since the choice is made once per process), so both
+forms pass the same tests. A copy of the package with one source file edited must load the
+pure-Python modules, never the stale machine code.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import mqttbroker
+from mqttbroker import compiled
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = Path(mqttbroker.__file__).resolve().parent
+PROBE = (
+    "import mqttbroker.compiled as c, mqttbroker.broker.connection as m; "
+    "print(c.mode, m.__file__.endswith('.py'), c.stale); print(c.reason)"
+)
+
+
+def _probe(path: Path, **env: str) -> tuple[str, bool, bool, str]:
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE],
+        cwd=path,
+        env={**os.environ, "PYTHONPATH": str(path), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    first, reason = result.stdout.splitlines()
+    mode, from_source, stale = first.split()
+    return mode, from_source == "True", stale == "True", reason
+
+
+def _built() -> bool:
+    return any(PACKAGE.glob("native__mypyc*"))
+
+
+def test_the_loaded_form_is_the_one_reported() -> None:
+    from mqttbroker.broker import connection
+
+    from_source = (connection.__file__ or "").endswith(".py")
+    assert compiled.mode == ("pure" if from_source else "compiled"), compiled.reason
+    if compiled.mode == "compiled":
+        assert _built()
+
+
+def test_pure_is_forced_by_the_environment() -> None:
+    mode, from_source, stale, reason = _probe(ROOT, MQTTBROKER_PURE="1")
+    assert (mode, from_source, stale) == ("pure", True, False)
+    assert "MQTTBROKER_PURE" in reason
+
+
+def test_an_edited_source_file_is_never_run_compiled(tmp_path: Path) -> None:
+    """With the compiled build there, a copy whose router.py differs by one comment loads every
+    hot module from source and says why; without a build, the copy is pure and not stale."""
+    copy = tmp_path / "mqttbroker"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    if _built():
+        assert _probe(tmp_path)[:3] == ("compiled", False, False)
+    router = copy / "broker" / "router.py"
+    router.write_text(router.read_text() + "\n# edited\n")
+    mode, from_source, stale, reason = _probe(tmp_path)
+    assert mode == "pure" and from_source
+    if _built():
+        assert stale and "broker/router.py changed" in reason
+    else:
+        assert not stale and "not compiled" in reason
+
+
+def test_the_other_form_passes_the_broker_and_codec_tests() -> None:
+    """The sans-I/O broker and protocol tests, in the form this process did not load: pure
+    Python when the suite runs compiled. (Without a compiled build there is no other form; the
+    suite itself then ran pure, and this checks that the fallback really is the source.)"""
+    if compiled.mode != "compiled":
+        mode, from_source, _, _ = _probe(ROOT)
+        assert mode == "pure" and from_source
+        return
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"]
+        + ["tests/broker", "tests/protocol", "tests/storage"],
+        cwd=ROOT,
+        env={**os.environ, "MQTTBROKER_PURE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    tail = result.stdout[-3000:]
+    assert result.returncode == 0, tail
+    assert " passed" in tail and "failed" not in tail
