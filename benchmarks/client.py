@@ -4,18 +4,24 @@ A :class:`Client` connects, waits for CONNACK, subscribes, and is then switched 
 
 * counting subscriber: counts PUBLISH frames by walking fixed headers (wire.count_publishes);
 * QoS 1/2 subscriber: acknowledges every PUBLISH (PUBACK, or PUBREC then PUBCOMP on PUBREL);
-* latency subscriber: reads the send timestamp in each payload;
 * QoS 0 flood publisher: writes pre-encoded blocks of many PUBLISH packets, as fast as the
   socket takes them (flow control through pause_writing/resume_writing);
 * QoS 1/2 windowed publisher: keeps ``window`` PUBLISHes unacknowledged, each acknowledgement
-  releasing a pre-encoded packet with the same packet identifier;
-* rate publisher: one timestamped PUBLISH at a fixed rate.
+  releasing a pre-encoded packet with the same packet identifier.
 
-Every handler works on whole received chunks and answers with one write per chunk.
+Every handler works on whole received chunks and answers with one write per chunk; the ack
+handlers answer the usual chunk shapes with C-level slicing and lookups (``_on_sub_ack``,
+``_on_pub_ack``), their per-frame walks (``_sub_ack_walk``, ``_pub_ack_walk``) being the
+reference and the fallback.
 
 :class:`RawClient` is a plain non-blocking socket that the event loop never watches: for
 thousands of idle or nearly idle connections (scenarios 6 and 7), set up by :func:`open_many`
 and read by an explicit sweep instead of one event-loop callback per message.
+
+:class:`LatencyProbe` (scenario 5) is a publisher and a subscriber on two such sockets, driven by
+one busy-polling loop in a worker thread: it sends one timestamped PUBLISH at a time and spins on
+``recv`` until it is back, so the generator never sleeps in epoll and its wake-up is not
+counted as the broker's latency.
 """
 
 from __future__ import annotations
@@ -26,13 +32,24 @@ import errno
 import os
 import select
 import socket
+import struct
+import sys
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from . import wire
 from .wire import CONNACK, DISCONNECT, PUBLISH, SUBACK
 
 SETUP_TIMEOUT = 30.0
+# Below this many frames a chunk of PUBLISHes goes through the loop: the strided checks cost
+# about as much as the loop does for a few frames.
+STRIDE_MIN = 4
+_PUBACK = bytearray(b"\x40\x02\x00\x00")  # templates: the identifiers are filled in
+_PUBREC = bytearray(b"\x50\x02\x00\x00")
+_NATIVE = sys.byteorder  # memoryview.cast("I") reads native-endian
+if struct.calcsize("I") != 4:  # pragma: no cover - every platform CPython runs on today
+    raise ImportError("benchmarks.client needs a 4-byte C unsigned int")
 FLOOD_SNDBUF = 128 * 1024  # the kernel doubles it
 
 
@@ -44,6 +61,19 @@ def _nodelay(sock: socket.socket | None) -> None:
     if sock is not None:
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def _reply_table(packets: dict[bytes, bytes], stopping: bool) -> dict[int, bytes]:
+    """A windowed publisher's answer to each 4-byte ack frame of its window, keyed by the frame
+    read as one native-endian uint32 (what ``memoryview(chunk).cast("I")`` yields): PUBACK or
+    PUBCOMP of an identifier -> the pre-encoded PUBLISH with that identifier (nothing once
+    stopping), PUBREC -> PUBREL."""
+    table: dict[int, bytes] = {}
+    for pid, packet in packets.items():
+        for first in (b"\x40\x02", b"\x70\x02"):  # PUBACK, PUBCOMP
+            table[int.from_bytes(first + pid, _NATIVE)] = b"" if stopping else packet
+        table[int.from_bytes(b"\x50\x02" + pid, _NATIVE)] = b"\x62\x02" + pid  # PUBREC
+    return table
 
 
 class Client(asyncio.Protocol):
@@ -72,9 +102,9 @@ class Client(asyncio.Protocol):
         self._frame = (0, 0, 0)
         # QoS publisher mode: packet identifier bytes -> pre-encoded PUBLISH
         self._packets: dict[bytes, bytes] = {}
-        # latency mode
-        self.recording = False
-        self.samples: list[int] = []
+        # ... and a 4-byte ack frame read as a native uint32 -> the reply (see _reply_table)
+        self._replies: dict[int, bytes] = {}
+        self._replies_stopping: dict[int, bytes] = {}
 
     # -- asyncio.Protocol --------------------------------------------------------------------
 
@@ -196,7 +226,83 @@ class Client(asyncio.Protocol):
         self._switch(self._on_sub_ack)
 
     def _on_sub_ack(self, data: bytes) -> None:
-        out = []
+        """Acknowledge a chunk: PUBACK or PUBREC per PUBLISH, PUBCOMP per PUBREL.
+
+        The common shapes are answered without a Python step per frame, or with a short one:
+        a run of same-sized PUBLISH frames of one QoS (a QoS 1 flow) is verified and answered
+        with strided slices; a few PUBLISH frames, or PUBLISH frames mixed with PUBRELs (a QoS 2
+        flow), go through a tight loop over the fixed headers. Whatever does not fit (and the
+        bytes after it) is walked frame by frame by :meth:`_sub_ack_walk`, which is the
+        reference for what the answer must be."""
+        if self.rest:
+            data = self.rest + data
+            self.rest = b""
+        end = len(data)
+        out: list[bytes | bytearray] = []
+        n = 0
+        pos = 0
+        first = data[0] if end >= 4 else 0
+        if (first == 0x32 or first == 0x34) and data[1] < 0x80:
+            size = data[1] + 2
+            if size == end:  # one PUBLISH: the most common chunk of a QoS 1 flow under load
+                p = 4 + ((data[2] << 8) | data[3])  # after the topic: the packet identifier
+                self.count += 1
+                if self.transport is not None:
+                    self.transport.write(
+                        (b"\x40\x02" if first == 0x32 else b"\x50\x02") + data[p : p + 2]
+                    )
+                return
+            # A run of PUBLISH frames with the same fixed header (one-byte Remaining Length)
+            # and topic length: frame 0 is a real frame, so if every L-th byte matches its
+            # header, every frame is L bytes with its packet identifier at the same offset.
+            k = end // size
+            o = 4 + ((data[2] << 8) | data[3])
+            if k >= STRIDE_MIN and o + 2 <= size:
+                stop = k * size
+                if (
+                    data[0:stop:size].count(first) == k
+                    and data[1:stop:size].count(data[1]) == k
+                    and data[2:stop:size].count(data[2]) == k
+                    and data[3:stop:size].count(data[3]) == k
+                ):
+                    acks = (_PUBACK if first == 0x32 else _PUBREC) * k
+                    acks[2::4] = data[o:stop:size]
+                    acks[3::4] = data[o + 1 : stop : size]
+                    out.append(acks)
+                    n = k
+                    pos = stop
+        # PUBLISH (QoS 1/2, one-byte Remaining Length) and PUBREL without a reason code.
+        while pos + 4 <= end:
+            b0 = data[pos]
+            if b0 == 0x62 and data[pos + 1] == 2:  # PUBREL -> PUBCOMP
+                out.append(b"\x70\x02" + data[pos + 2 : pos + 4])
+                pos += 4
+                continue
+            if (b0 != 0x34 and b0 != 0x32) or data[pos + 1] & 0x80:
+                break
+            stop = pos + 2 + data[pos + 1]
+            if stop > end:  # an incomplete PUBLISH: carried to the next chunk
+                self.rest = data[pos:]
+                pos = end
+                break
+            p = pos + 4 + ((data[pos + 2] << 8) | data[pos + 3])  # after the topic
+            out.append((b"\x50\x02" if b0 == 0x34 else b"\x40\x02") + data[p : p + 2])
+            n += 1
+            pos = stop
+        self.count += n
+        if pos < end:
+            self._sub_ack_walk(data[pos:] if pos else data, out)
+        if out and self.transport is not None:
+            self.transport.write(b"".join(out))
+
+    def _on_sub_ack_slow(self, data: bytes) -> None:
+        """:meth:`_on_sub_ack` without the fast paths (the reference the tests compare with)."""
+        out: list[bytes | bytearray] = []
+        self._sub_ack_walk(data, out)
+        if out and self.transport is not None:
+            self.transport.write(b"".join(out))
+
+    def _sub_ack_walk(self, data: bytes, out: list[bytes | bytearray]) -> None:
         n = 0
         for first, buf, body, stop in self._walk(data):
             kind = first >> 4
@@ -211,33 +317,6 @@ class Client(asyncio.Protocol):
             else:
                 self.others.append((first, buf[body:stop]))
         self.count += n
-        if out and self.transport is not None:
-            self.transport.write(b"".join(out))
-
-    # -- latency subscriber ------------------------------------------------------------------
-
-    def start_latency(self) -> None:
-        self._switch(self._on_latency)
-
-    def _on_latency(self, data: bytes) -> None:
-        now = time.perf_counter_ns()
-        v5 = self.version == wire.MQTT_5
-        for first, buf, body, stop in self._walk(data):
-            if first >> 4 != 3:
-                self.others.append((first, buf[body:stop]))
-                continue
-            self.count += 1
-            p = body + 2 + ((buf[body] << 8) | buf[body + 1])
-            if (first >> 1) & 3:
-                p += 2
-            if v5:
-                header = wire.read_remaining_length(buf, p - 1, stop)  # property length
-                if header is None:
-                    continue
-                plen, p = header
-                p += plen
-            if self.recording and p + 8 <= stop:
-                self.samples.append(now - int.from_bytes(buf[p : p + 8], "big"))
 
     # -- publishers ------------------------------------------------------------------------
 
@@ -284,12 +363,68 @@ class Client(asyncio.Protocol):
             pid.to_bytes(2, "big"): wire.publish(topic, body, qos, pid, self.version)
             for pid in range(1, window + 1)
         }
+        self._replies = _reply_table(self._packets, stopping=False)
+        self._replies_stopping = _reply_table(self._packets, stopping=True)
         self._switch(self._on_pub_ack)
         self.sent += window
         self.transport.write(b"".join(self._packets.values()))
 
     def _on_pub_ack(self, data: bytes) -> None:
+        """Answer a chunk of acks: a new PUBLISH per PUBACK/PUBCOMP, PUBREL per PUBREC.
+
+        Every ack of a successful flow is 4 bytes, ``40|50|70 02 hi lo`` (MQTT 5 leaves out
+        reason code 0 when there are no properties). A chunk made only of those is answered at
+        C speed: its 4-byte groups, read as native uint32s, are looked up in a table of replies
+        (:func:`_reply_table`). Every key has Remaining Length 2 in its second byte, so when
+        every group is found, group 0 is a 4-byte frame, hence group 1 starts a frame, and so
+        on: the chunk is exactly those frames. Anything else (a failed ack, an identifier
+        outside the window, another packet: a KeyError) is walked by :meth:`_pub_ack_walk`;
+        so are the bytes after the last whole group (an incomplete frame, or a short one)."""
+        if self.rest:
+            data = self.rest + data
+            self.rest = b""
+        size = len(data)
+        whole = size & -4
+        if whole:
+            head = data if whole == size else data[:whole]
+            n = whole >> 2
+            stopping = self.stopping
+            table = self._replies_stopping if stopping else self._replies
+            try:
+                if n == 1:
+                    reply = table[int.from_bytes(head, _NATIVE)]
+                else:
+                    reply = b"".join(map(table.__getitem__, memoryview(head).cast("I")))
+            except KeyError:
+                pass
+            else:
+                # PUBACK and PUBCOMP complete a flow (the keys start with 0x40, 0x50 or 0x70)
+                done = (head[0] != 0x50) if n == 1 else n - head[0::4].count(0x50)
+                self.acked += done
+                if not stopping:
+                    self.sent += done
+                if whole == size:
+                    if reply and self.transport is not None:
+                        self.transport.write(reply)
+                    return
+                out = [reply] if reply else []
+                self._pub_ack_walk(data[whole:], out)
+                if out and self.transport is not None:
+                    self.transport.write(b"".join(out))
+                return
         out = []
+        self._pub_ack_walk(data, out)
+        if out and self.transport is not None:
+            self.transport.write(b"".join(out))
+
+    def _on_pub_ack_slow(self, data: bytes) -> None:
+        """:meth:`_on_pub_ack` without the fast path (the reference the tests compare with)."""
+        out: list[bytes] = []
+        self._pub_ack_walk(data, out)
+        if out and self.transport is not None:
+            self.transport.write(b"".join(out))
+
+    def _pub_ack_walk(self, data: bytes, out: list[bytes]) -> None:
         packets = self._packets
         stopping = self.stopping
         done = 0
@@ -314,29 +449,6 @@ class Client(asyncio.Protocol):
                 self.others.append((first, buf[body:stop]))
         self.acked += done
         self.sent += fresh
-        if out and self.transport is not None:
-            self.transport.write(b"".join(out))
-
-    def start_rate(self, topic: str, rate: float) -> None:
-        """QoS 0 at ``rate`` messages per second, each stamped with perf_counter_ns()."""
-        self._switch(self._on_ignore)
-        self.task = asyncio.get_running_loop().create_task(self._rate(topic, rate))
-
-    async def _rate(self, topic: str, rate: float) -> None:
-        transport = self.transport
-        assert transport is not None
-        sample = wire.publish(topic, wire.payload(0), 0, 0, self.version)
-        head, tail = sample[: -wire.PAYLOAD_SIZE], sample[-wire.PAYLOAD_SIZE + 8 :]
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        interval = 1.0 / rate
-        n = 0
-        while not self.stopping and not self.lost.done():
-            transport.write(head + time.perf_counter_ns().to_bytes(8, "big") + tail)
-            n += 1
-            self.sent += 1
-            delay = start + n * interval - loop.time()
-            await asyncio.sleep(delay if delay > 0 else 0)
 
     # -- teardown --------------------------------------------------------------------------
 
@@ -574,3 +686,251 @@ async def close_raw(clients: Sequence[RawClient], timeout: float = 3.0) -> None:
                     socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00"
                 )
         client.sock.close()
+
+
+# -- scenario 5: the busy-polling latency probe ---------------------------------------------------
+
+LOST_AFTER = 1.0  # seconds: a message not back by then is counted as lost and the probe goes on
+
+
+def _expect_blocking(
+    sock: socket.socket, ptype: int, buf: bytes, deadline: float, others: list[tuple[int, bytes]]
+) -> tuple[bytes, bytes]:
+    """Read from a blocking socket until a packet of type ``ptype``: (its body, bytes after)."""
+    while True:
+        frame = wire.next_frame(buf)
+        if frame is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no packet of type {ptype} from the broker")
+            sock.settimeout(left)
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("connection closed by the broker during setup")
+            buf += chunk
+            continue
+        first, body, end = frame
+        payload, buf = buf[body:end], buf[end:]
+        if first >> 4 == ptype:
+            return payload, buf
+        if first >> 4 == DISCONNECT:
+            raise BrokerRefused(f"broker sent DISCONNECT {payload.hex()}")
+        if first >> 4 != PUBLISH:
+            others.append((first, payload))
+
+
+def open_blocking(
+    host: str,
+    port: int,
+    client_id: str,
+    version: int,
+    filters: Sequence[tuple[str, int]] = (),
+    timeout: float = SETUP_TIMEOUT,
+) -> RawClient:
+    """One connection set up on a plain blocking socket (CONNECT, then SUBSCRIBE to ``filters``
+    if any), TCP_NODELAY, returned non-blocking as a :class:`RawClient`."""
+    deadline = time.monotonic() + timeout
+    sock = socket.create_connection((host, port), timeout)
+    others: list[tuple[int, bytes]] = []
+    try:
+        _nodelay(sock)
+        sock.sendall(wire.connect(client_id, version))
+        body, buf = _expect_blocking(sock, CONNACK, b"", deadline, others)
+        code, _ = wire.connack_result(body, version)
+        if code != 0:
+            raise BrokerRefused(f"CONNACK refused {client_id}: reason 0x{code:02X}")
+        if filters:
+            sock.sendall(wire.subscribe(1, list(filters), version))
+            body, buf = _expect_blocking(sock, SUBACK, buf, deadline, others)
+            codes = wire.suback_codes(body, version)
+            if len(codes) != len(filters) or any(code >= 0x80 for code in codes):
+                raise BrokerRefused(f"SUBACK refused {list(filters)}: codes {codes}")
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    client = RawClient(sock, buf, 0)
+    client.others = others
+    return client
+
+
+def stamp_offset(frame: bytes, version: int) -> int:
+    """Where the payload starts in a PUBLISH ``frame`` (after the properties in MQTT 5)."""
+    rl = wire.read_remaining_length(frame, 0, len(frame))
+    if rl is None:
+        raise ValueError("incomplete PUBLISH")
+    p = rl[1] + 2 + int.from_bytes(frame[rl[1] : rl[1] + 2], "big")
+    if (frame[0] >> 1) & 3:
+        p += 2
+    if version == wire.MQTT_5:
+        props = wire.read_remaining_length(frame, p - 1, len(frame))  # Property Length
+        if props is None:
+            raise ValueError("incomplete PUBLISH")
+        p = props[1] + props[0]
+    return p
+
+
+class LatencyProbe:
+    """Scenario 5: a QoS 0 publisher and its subscriber on plain sockets, one busy-polling loop.
+
+    At each send time (``1/rate`` apart) the loop sends one pre-built PUBLISH stamped with
+    ``perf_counter_ns()``, then spins on the subscriber's non-blocking ``recv`` until that
+    message is back and records now - stamp. Between messages it spins on the clock instead of
+    sleeping: a sleeping generator would be woken by epoll when the message arrives, and that
+    wake-up (tens of microseconds on a VM) would be counted as the broker's latency. A message
+    not back after :data:`LOST_AFTER` seconds is counted as lost and the probe goes on.
+
+    Run :meth:`run` in a worker thread (it holds the GIL while it spins, which is fine while
+    the event loop has nothing else to do). The two connections are :class:`RawClient` objects,
+    closed like the others (DISCONNECT, then the broker closes)."""
+
+    def __init__(self, pub: RawClient, sub: RawClient, topic: str, version: int, rate: float):
+        self.pub = pub
+        self.sub = sub
+        self.version = version
+        self.interval_ns = max(1, round(1e9 / rate))
+        frame = wire.publish(topic, wire.payload(0), 0, 0, version)
+        self.packet = bytearray(frame)
+        self.at = stamp_offset(frame, version)  # the send time goes here, 8 bytes
+        self.sent = 0
+        self.lost = 0
+        self.late = 0  # messages that arrived after they had been counted as lost
+        self.samples: list[int] = []  # ns, of messages sent within the measuring window
+
+    @classmethod
+    def open(
+        cls, host: str, port: int, pub_id: str, sub_id: str, topic: str, version: int, rate: float
+    ) -> LatencyProbe:
+        sub = open_blocking(host, port, sub_id, version, [(topic, 0)])
+        try:
+            pub = open_blocking(host, port, pub_id, version)
+        except BaseException:
+            sub.sock.close()
+            raise
+        return cls(pub, sub, topic, version, rate)
+
+    def counters(self) -> dict[str, float]:
+        return {"received": self.sub.count, "sent": self.sent, "lost": self.lost}
+
+    def run(self, warmup: float, duration: float, snapshot: Callable[[], Any]) -> tuple[Any, ...]:
+        """Warm up, then measure for ``duration`` s; returns (counters, counters, snapshot,
+        snapshot) at the start and end of the measuring window (``snapshot`` is Ctx.snapshot,
+        taken between two messages)."""
+        clock = time.perf_counter_ns
+        pub, sub = self.pub, self.sub
+        packet, at = self.packet, self.at
+        pack_into = struct.pack_into
+        interval = self.interval_ns
+        lost_ns = round(LOST_AFTER * 1e9)
+        v5 = self.version == wire.MQTT_5
+        samples = self.samples
+        t0 = clock()
+        start = t0 + round(warmup * 1e9)
+        end = start + round(duration * 1e9)
+        recording = False
+        c0, s0 = self.counters(), snapshot()
+        due = t0
+        while not (pub.eof or sub.eof):
+            now = clock()
+            if not recording and now >= start:
+                c0, s0 = self.counters(), snapshot()
+                recording = True
+            elif recording and now >= end:
+                break
+            while clock() < due:
+                pass
+            stamp = clock()
+            pack_into(">Q", packet, at, stamp)
+            if not self._send(packet, stamp + lost_ns):
+                break  # the connection is gone (or the broker stopped reading for 1 s)
+            self.sent += 1
+            arrived = self._await(stamp, stamp + lost_ns, v5)
+            if arrived is not None:
+                if recording:
+                    samples.append(arrived - stamp)
+                due += interval  # a slow message delays the next ones, which then catch up
+            else:
+                if recording:
+                    self.lost += 1
+                due = clock()  # after a second without an answer: no catching up
+            self._drain_publisher()
+        return c0, self.counters(), s0, snapshot()
+
+    def _send(self, packet: bytearray, deadline: int) -> bool:
+        sock = self.pub.sock
+        view = memoryview(packet)
+        while view:
+            try:
+                view = view[sock.send(view) :]
+            except (BlockingIOError, InterruptedError):
+                if time.perf_counter_ns() > deadline:
+                    return False  # the broker stopped reading
+            except OSError:
+                self.pub.eof = True
+                return False
+        return True
+
+    def _await(self, stamp: int, deadline: int, v5: bool) -> int | None:
+        """Spin on the subscriber until the PUBLISH stamped ``stamp`` is read: the clock then,
+        or None after ``deadline`` (or when the connection ends)."""
+        clock = time.perf_counter_ns
+        sub = self.sub
+        recv = sub.sock.recv
+        buf = sub.rest
+        found = None
+        while found is None:
+            try:
+                chunk = recv(1 << 16)
+            except (BlockingIOError, InterruptedError):
+                if clock() > deadline:
+                    break
+                continue
+            except OSError:
+                sub.eof = True
+                break
+            now = clock()
+            if not chunk:
+                sub.eof = True
+                break
+            buf = buf + chunk if buf else chunk
+            pos = 0
+            while (frame := wire.next_frame(buf, pos)) is not None:
+                first, body, stop = frame
+                pos = stop
+                if first >> 4 != PUBLISH:
+                    sub.others.append((first, buf[body:stop]))
+                    continue
+                sub.count += 1
+                p = body + 2 + ((buf[body] << 8) | buf[body + 1])
+                if (first >> 1) & 3:
+                    p += 2
+                if v5:
+                    props = wire.read_remaining_length(buf, p - 1, stop)  # Property Length
+                    if props is None:
+                        continue
+                    p = props[1] + props[0]
+                if p + 8 <= stop and int.from_bytes(buf[p : p + 8], "big") == stamp:
+                    found = now
+                else:
+                    self.late += 1
+            buf = buf[pos:]
+        sub.rest = buf
+        return found
+
+    def _drain_publisher(self) -> None:
+        """Read what the broker sent the publisher (nothing, normally): a DISCONNECT or the
+        connection closing must not go unnoticed."""
+        pub = self.pub
+        try:
+            chunk = pub.sock.recv(1 << 16)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            pub.eof = True
+            return
+        if not chunk:
+            pub.eof = True
+            return
+        data = pub.rest + chunk
+        _, pos = wire.count_publishes(data, 0, 0x30, -1, pub.others)
+        pub.rest = data[pos:]

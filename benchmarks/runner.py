@@ -274,6 +274,8 @@ def summary_line(record: dict[str, Any]) -> str:
     text += ", ".join(parts)
     if "resumed" in metrics:
         text += f"; resumed {fmt(metrics['resumed'])} of {fmt(metrics.get('accepted'))} accepted"
+    if metrics.get("lost"):  # scenario 5: messages not back within 1 s
+        text += f"  [lost: {metrics['lost']}]"
     if (record.get("stall_max_s") or 0) >= 0.25:
         text += f"  [longest stretch without a delivery: {record['stall_max_s']:.2f} s]"
     for key in (

@@ -16,7 +16,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import procfs, wire
-from .client import Client, RawClient, close_clients, close_raw, open_client, open_many
+from .client import (
+    Client,
+    LatencyProbe,
+    RawClient,
+    close_clients,
+    close_raw,
+    open_client,
+    open_many,
+)
 
 BLOCK_BYTES = 65536  # a flood publisher's write: as many PUBLISH packets as fit
 STALL_SAMPLE = 0.05  # seconds between samples of the delivery counter
@@ -293,30 +301,44 @@ def percentile(sorted_values: Sequence[int], q: float) -> int:
 
 
 async def latency(ctx: Ctx) -> dict[str, Any]:
+    """One QoS 0 message at a time, ``latency_rate`` per second, timed from the publisher's send
+    to the subscriber's read by a busy-polling probe in a worker thread (see LatencyProbe)."""
     topic = "bench/latency"
-    sub = await ctx.client("sub")
-    await sub.subscribe([(topic, 0)])
-    sub.start_latency()
-    pub = await ctx.client("pub")
-    pub.start_rate(topic, ctx.sizes.latency_rate)
+    probe = await asyncio.to_thread(
+        LatencyProbe.open,
+        ctx.host,
+        ctx.port,
+        ctx.cid("pub"),
+        ctx.cid("sub"),
+        topic,
+        ctx.version,
+        ctx.sizes.latency_rate,
+    )
+    ctx.raw.extend([probe.sub, probe.pub])  # closed with DISCONNECT by ctx.close()
+    c0, c1, s0, s1 = await asyncio.to_thread(probe.run, ctx.warmup, ctx.duration, ctx.snapshot)
+    w = window(c0, c1, s0, s1)
+    samples = sorted(probe.samples)
 
-    def read() -> dict[str, float]:
-        sub.recording = not sub.recording  # on at the start of the window, off at its end
-        return {"received": sub.count, "sent": pub.sent}
+    def us(q: float) -> float | None:
+        return round(percentile(samples, q) / 1000, 1) if samples else None
 
-    w = await ctx.measure(read)
-    samples = sorted(sub.samples)
-    if samples:
-        w["metrics"] = {
-            "p50_us": round(percentile(samples, 0.50) / 1000, 1),
-            "p99_us": round(percentile(samples, 0.99) / 1000, 1),
-            "max_us": round(samples[-1] / 1000, 1),
-            "msgs_per_s": rate(w["delta"]["received"], w["elapsed"]),
-        }
-    else:
-        w["metrics"] = {"p50_us": None, "p99_us": None, "max_us": None, "msgs_per_s": 0.0}
-    w["delivered"] = sub.count
+    w["metrics"] = {
+        "p50_us": us(0.50),
+        "p90_us": us(0.90),
+        "p99_us": us(0.99),
+        "p999_us": us(0.999),
+        "max_us": round(samples[-1] / 1000, 1) if samples else None,
+        "msgs_per_s": rate(w["delta"]["received"], w["elapsed"]),
+        "samples": len(samples),
+        "lost": int(w["delta"]["lost"]),
+    }
+    w["delivered"] = probe.sub.count
     w["samples"] = len(samples)
+    if probe.late:
+        w["late"] = probe.late  # arrived after being counted as lost
+    lost = sum(1 for c in (probe.pub, probe.sub) if c.eof)
+    if lost:
+        w["lost_connections"] = lost
     return w
 
 
@@ -575,7 +597,9 @@ SCENARIOS: dict[str, Scenario] = {
             latency,
             (
                 Metric("p50_us", "p50 us", False),
+                Metric("p90_us", "p90 us", False),
                 Metric("p99_us", "p99 us", False),
+                Metric("p999_us", "p99.9 us", False),
                 Metric("max_us", "max us", False),
             ),
         ),
