@@ -94,6 +94,10 @@ class Config:
     security: SecurityConfig = field(default_factory=SecurityConfig)
     data_dir: str = "./data"
     log_level: str = "info"
+    # Allocations between two young-generation runs of Python's cycle collector (its default is
+    # 700). Thousands of long-lived connection objects make each run costly: at 700 it took
+    # about a fifth of the broker's CPU while 10,000 clients connected. 0 leaves Python's setting.
+    gc_threshold: int = 100_000
 
     @property
     def store_path(self) -> Path:
@@ -156,10 +160,12 @@ def load(path: str | Path | None) -> Config:
                 config.listeners.append(listener)
         elif key in ("data_dir", "log_level"):
             setattr(config, key, _typed(value, str, f"{source}: {key}"))
+        elif key == "gc_threshold":
+            config.gc_threshold = _typed(value, int, f"{source}: {key}")
         else:
             raise ConfigError(
                 f"{source}: {key}: unknown key "
-                "(known: broker, storage, security, listener, data_dir, log_level)"
+                "(known: broker, storage, security, listener, data_dir, log_level, gc_threshold)"
             )
     check(config, source)
     return config
@@ -168,6 +174,8 @@ def load(path: str | Path | None) -> Config:
 def check(config: Config, source: str = "command line") -> None:
     if config.log_level.lower() not in LOG_LEVELS:
         raise ConfigError(f"{source}: log_level: expected one of {', '.join(LOG_LEVELS)}")
+    if config.gc_threshold < 0:
+        raise ConfigError(f"{source}: gc_threshold: must be 0 or more")
     bound: dict[tuple[str, int], int] = {}
     for index, listener in enumerate(config.listeners):
         _check_listener(listener, f"{source}: listener[{index}]")

@@ -35,6 +35,8 @@ def test_no_file_gives_defaults() -> None:
         ("[[listener]]\nport = 70000\n", "listener[0].port: must be between"),
         ("[[listener]]\nhots = 'x'\n", "listener[0].hots: unknown key"),
         ("log_level = 'loud'\n", "log_level: expected one of"),
+        ("gc_threshold = -1\n", "gc_threshold: must be 0 or more"),
+        ("gc_threshold = '700'\n", "gc_threshold: expected an integer"),
         ("colour = 'blue'\n", "colour: unknown key"),
         ("broker = 3\n", "broker: expected a table"),
         ("[broker\n", "not valid TOML"),
@@ -89,3 +91,17 @@ def test_exposed_example_has_only_known_keys() -> None:
     with pytest.raises(ConfigError) as info:
         load(ROOT / "config" / "exposed.toml")
     assert "tls_cert_file: file not found: /etc/mqttbroker/tls/server.pem" in str(info.value)
+
+
+@pytest.mark.parametrize(("threshold", "expected"), [(1234, (1234, 10, 10)), (0, (700, 10, 10))])
+def test_gc_threshold_is_applied(threshold: int, expected: tuple[int, int, int]) -> None:
+    """gc_threshold sets the collector's first threshold (0 leaves Python's default); the
+    objects that exist after start-up are frozen out of later collections."""
+    code = (
+        "import gc; from mqttbroker.server.app import _tune_gc; "
+        f"_tune_gc({threshold}); print(gc.get_threshold()); print(gc.get_freeze_count() > 0)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    ).stdout.splitlines()
+    assert out == [str(expected), "True"]

@@ -553,7 +553,12 @@ class Connection:
                 )
                 return
             pos += 1
-        self._route(data[body:topic_end], None, data[pos:stop], qos, bool(first & 1), packet_id)
+        raw = None
+        if not qos:  # what a subscriber of the same version gets is this very packet
+            raw = data[body - fastpath.fixed_header_size(stop - body) : stop]
+        self._route(
+            data[body:topic_end], None, data[pos:stop], qos, bool(first & 1), packet_id, raw
+        )
 
     def _on_publish(self, packet: pk.Publish) -> None:
         """A PUBLISH with properties: topic aliases, property checks, then routing."""
@@ -608,9 +613,11 @@ class Connection:
         qos: int,
         retain: bool,
         packet_id: int,
+        raw: bytes | None = None,
     ) -> None:
         """Route one received message and acknowledge it. ``raw_topic`` is the topic as on the
-        wire, with its 2-byte length."""
+        wire, with its 2-byte length; ``raw``, when given, the whole QoS 0 packet as received
+        (no properties), which subscribers of this client's version get unchanged."""
         broker = self.broker
         opts = broker.options
         if qos > opts.maximum_qos:
@@ -689,6 +696,8 @@ class Connection:
             self._send(fastpath.encode_ack(_PUBREC, packet_id, 0, None, self.version))
             return
         message = Message.received(topic, raw_topic, payload, qos, retain, props, now)
+        if raw is not None:
+            message.forward(self.version, raw)
         count = router.publish(message, match, session, now)
         self.work += count
         if qos:

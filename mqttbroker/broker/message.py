@@ -80,6 +80,11 @@ class Message:
                 props = {k: v for k, v in props.items() if k not in _NOT_FORWARDED}
         return cls(topic, payload, qos, retain, props, expires_at, topic_bytes, interval)
 
+    def forward(self, version: int, packet: bytes) -> None:
+        """``packet`` is this message's QoS 0 PUBLISH, without properties, as a client of
+        ``version`` sent it: subscribers of that version get it as it is (same RETAIN flag)."""
+        self._q0[version * 2 + self.retain] = packet
+
     def expired(self, now: float) -> bool:
         return self.expires_at is not None and now >= self.expires_at
 

@@ -86,6 +86,16 @@ def read_fixed_header(data: bytes, pos: int, end: int) -> tuple[int, int] | None
     raise MalformedPacket("Remaining Length is longer than 4 bytes")
 
 
+def fixed_header_size(remaining_length: int) -> int:
+    """Bytes of the fixed header in front of a body of ``remaining_length`` bytes (the length is
+    always minimally encoded)."""
+    if remaining_length < 128:
+        return 2
+    if remaining_length < 16_384:
+        return 3
+    return 4 if remaining_length < 2_097_152 else 5
+
+
 # ---------------------------------------------------------------------------------------------
 # Strings and properties
 

@@ -54,8 +54,10 @@ class MQTTProtocol(asyncio.Protocol):
         return False  # close our side too
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.conn is not None:
-            self.conn.connection_lost()
+        conn = self.conn
+        if conn is not None:
+            conn.connection_lost()
+            self.conn = None  # no reference cycle left for the garbage collector
 
     def pause_writing(self) -> None:
         if self.conn is not None:

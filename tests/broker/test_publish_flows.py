@@ -9,6 +9,8 @@ from collections.abc import Callable
 import pytest
 from broker_harness import Harness, Prop, pk, split_raw
 
+from mqttbroker.protocol import grammar
+
 MQTT_3_1_1 = 4
 
 
@@ -637,3 +639,34 @@ def test_paused_transport_queues_then_drains(h: Harness) -> None:
     assert subscriber.receive() == []
     subscriber.conn.resume_writing()
     assert [p.payload for p in subscriber.publishes()] == [b"a", b"b"]
+
+
+# Remaining Length is the payload plus 6 bytes in MQTT 5 ("t/a", property length), plus 5 in
+# 3.1.1: these sizes put it on both sides of 128, 16,384 and 2,097,152 in both versions.
+@pytest.mark.parametrize(
+    "size", [0, 121, 122, 123, 16_377, 16_378, 16_379, 2_097_145, 2_097_146, 2_097_147]
+)
+@pytest.mark.parametrize("version", [5, MQTT_3_1_1])
+def test_qos0_packet_forwarded_unchanged(
+    make_harness: Callable[..., Harness], size: int, version: int
+) -> None:
+    """A QoS 0 PUBLISH without properties reaches subscribers of the publisher's version as the
+    bytes received (the broker forwards them), across the 1-, 2-, 3- and 4-byte Remaining Length
+    boundaries; subscribers of the other version get it re-encoded. RETAIN is kept only where
+    Retain As Published asks for it [MQTT-3.3.1-12] [MQTT-3.3.1-13]."""
+    h = make_harness(max_packet_size=4_194_304)
+    same = h.connect("same", version=version)
+    same.subscribe("t/#", 0, retain_as_published=version == 5)
+    differ = h.connect("differ", version=5 if version == MQTT_3_1_1 else MQTT_3_1_1)
+    differ.subscribe("t/#", 0)
+    publisher = h.connect("pub", version=version)
+    payload = bytes(range(256)) * (size // 256) + b"p" * (size % 256)
+    for retain in (False, True):
+        publisher.send(pk.Publish("t/a", payload, 0, retain, False, None, {}))
+        kept = retain and version == 5
+        expected = grammar.encode(pk.Publish("t/a", payload, 0, kept, False, None, {}), version)
+        h.broker.flush()
+        assert same.link.data[same._read :] == expected
+        assert same.publishes()[0].retain is kept
+        got = differ.publishes()
+        assert len(got) == 1 and got[0].payload == payload and got[0].retain is False
