@@ -495,20 +495,24 @@ class Connection:
         self.session = session
         self.state = CONNECTED
         if v5:
-            ack_props: dict[int, Any] = dict(broker.connack_properties)
+            extra: dict[int, Any] = {}
             if self.assigned_id:
-                ack_props[Prop.ASSIGNED_CLIENT_IDENTIFIER] = client_id  # MQTT-3.2.2-16
+                extra[Prop.ASSIGNED_CLIENT_IDENTIFIER] = client_id  # MQTT-3.2.2-16
             if server_keep_alive is not None:
-                ack_props[Prop.SERVER_KEEP_ALIVE] = server_keep_alive
+                extra[Prop.SERVER_KEEP_ALIVE] = server_keep_alive
             if expiry != requested:
-                ack_props[Prop.SESSION_EXPIRY_INTERVAL] = expiry
+                extra[Prop.SESSION_EXPIRY_INTERVAL] = expiry
             if opts.response_information and props.get(Prop.REQUEST_RESPONSE_INFORMATION):
-                ack_props[Prop.RESPONSE_INFORMATION] = opts.response_information.replace(
+                extra[Prop.RESPONSE_INFORMATION] = opts.response_information.replace(
                     "%c", client_id
                 )  # absent unless requested: MQTT-3.1.2-28
             if auth_props:
-                ack_props.update(auth_props)  # MQTT-4.12.0-5
-            self._send(fastpath.encode_connack(pk.Connack(present, 0, ack_props), MQTT_5))
+                extra.update(auth_props)  # MQTT-4.12.0-5
+            if extra:
+                ack_props = {**broker.connack_properties, **extra}
+                self._send(fastpath.encode_connack(pk.Connack(present, 0, ack_props), MQTT_5))
+            else:  # the usual answer, encoded once by the broker
+                self._send(broker.connack_v5[present])
         else:
             self._send(fastpath.encode_connack(pk.Connack(present, 0), version))
         log.info(

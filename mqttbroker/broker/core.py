@@ -13,6 +13,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from ..protocol import fastpath
+from ..protocol import packets as pk
 from ..protocol.packets import MQTT_5, Will
 from ..protocol.properties import PropertyId as Prop
 from ..protocol.reasons import ReasonCode
@@ -49,6 +51,12 @@ class Broker:
         self.refused = 0  # connections refused by the connection limits
         self._per_address: dict[str, int] = {}  # open connections per source address
         self.connack_properties = self._connack_properties()
+        # The MQTT 5 CONNACK most clients get (success, nothing particular to the client),
+        # indexed by Session Present.
+        self.connack_v5: tuple[bytes, bytes] = (
+            fastpath.encode_connack(pk.Connack(False, 0, self.connack_properties), MQTT_5),
+            fastpath.encode_connack(pk.Connack(True, 0, self.connack_properties), MQTT_5),
+        )
         self.sessions: dict[str, Session] = {}
         self.connections: set[Connection] = set()
         self.router = Router(self.options, self.store)
