@@ -222,6 +222,15 @@ def _wait_port(handle: BrokerHandle, find_port: bool) -> None:
     raise RuntimeError(f"{handle.name} did not start listening in {START_TIMEOUT:.0f} s")
 
 
+def _hot_path_form(env: dict[str, str]) -> str:
+    """ "compiled" or "pure" (mqttbroker/compiled.py decides the same way in the broker)."""
+    probe = "import mqttbroker.compiled as c; print(c.mode)"
+    result = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60
+    )
+    return result.stdout.strip() or "unknown"
+
+
 def start_ours(
     pin: bool,
     version: int = MQTT_5,
@@ -248,6 +257,7 @@ def start_ours(
         cmd += ["--config", path]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    description += f", {_hot_path_form(env)} hot path"
     proc, log_path = _spawn(name, pinned(BROKER_CORE, cmd, pin), workdir, env)
     handle = BrokerHandle(
         name, "127.0.0.1", 0, proc.pid, version, proc, workdir, log_path, description=description
