@@ -24,23 +24,35 @@ GROUP = compiled.SHARED_LIBRARY.removesuffix("__mypyc")
 
 
 class OptionalBuildExt(build_ext):
-    """A failed compilation leaves the pure-Python package, with a warning, not a failed install."""
+    """A failed compilation leaves the pure-Python package, with a warning, not a failed install.
+
+    The digests of the sources are written next to the package only once every extension is
+    built; before that any older digest file there is removed. So a build that fails, in part
+    or whole, can never make older machine code pass for the current source."""
 
     def run(self) -> None:
+        self.failed = False
+        package = ROOT / "mqttbroker" if self.inplace else Path(self.build_lib) / "mqttbroker"
+        record = package / compiled.DIGESTS
+        record.unlink(missing_ok=True)
         try:
             super().run()
         except Exception as exc:  # no compiler, missing headers...
-            print(
-                f"warning: mqttbroker's hot path was not compiled ({exc}); "
-                "the pure-Python modules will be used",
-                file=sys.stderr,
-            )
+            print(f"warning: mqttbroker's hot path was not compiled ({exc})", file=sys.stderr)
+            self.failed = True
+        if self.failed or not self.extensions:
+            print("warning: the pure-Python modules will be used", file=sys.stderr)
+            return
+        lines = [f"{digest}  {name}" for name, digest in compiled.digests().items()]
+        package.mkdir(parents=True, exist_ok=True)
+        record.write_text("\n".join(lines) + "\n")
 
     def build_extension(self, ext) -> None:  # type: ignore[no-untyped-def]
         try:
             super().build_extension(ext)
         except Exception as exc:
             print(f"warning: {ext.name} was not compiled ({exc})", file=sys.stderr)
+            self.failed = True
 
 
 def extensions() -> list:  # type: ignore[type-arg]
@@ -54,11 +66,16 @@ def extensions() -> list:  # type: ignore[type-arg]
         )
         return []
     paths = [compiled.source_path(name) for name in compiled.MODULES]
-    lines = [f"{digest}  {name}" for name, digest in compiled.digests(paths).items()]
-    (ROOT / "mqttbroker" / compiled.DIGESTS).write_text("\n".join(lines) + "\n")
-    return mypycify(
-        [str(path.relative_to(ROOT)) for path in paths], group_name=GROUP, opt_level="3"
-    )
+    try:
+        return mypycify(
+            [str(path.relative_to(ROOT)) for path in paths], group_name=GROUP, opt_level="3"
+        )
+    except SystemExit:  # mypyc found an error it will not compile (a newer mypy, say)
+        print(
+            "warning: mypyc refused the hot path; installing the pure-Python modules",
+            file=sys.stderr,
+        )
+        return []
 
 
 setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt})

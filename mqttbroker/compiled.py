@@ -5,8 +5,10 @@ files, when a C compiler is there: the compiled broker runs the same code, about
 :func:`select` runs when the package is imported, before any of them is, and decides which
 form is loaded:
 
-* the compiled one when it is built and was built from the source files now on disk (their
-  SHA-256 digests are recorded in ``compiled.sha256`` at build time);
+* the compiled one when it is built and was built from the source files now on disk: every
+  file of ``protocol/`` and ``broker/``, since mypyc also builds in the types of the modules the
+  compiled ones import (their SHA-256 digests are recorded in ``compiled.sha256`` once the build
+  has succeeded);
 * the pure-Python one when nothing was compiled, when ``MQTTBROKER_PURE`` is set to a non-empty
   value other than ``0``, or when a source file changed since the build (an edited checkout must
   never run stale machine code: reinstall to compile again). A meta-path finder then loads these
@@ -51,11 +53,20 @@ def source_path(module: str) -> Path:
     return _PACKAGE_DIR.joinpath(*module.split(".")[1:]).with_suffix(".py")
 
 
-def digests(paths: Sequence[Path]) -> dict[str, str]:
+def sources() -> list[Path]:
+    """What the compiled code was built from: the compiled modules, and the modules beside them
+    whose types mypyc built in (options, packets, store...): every file of protocol/ and
+    broker/."""
+    return sorted(
+        path for folder in ("protocol", "broker") for path in (_PACKAGE_DIR / folder).glob("*.py")
+    )
+
+
+def digests() -> dict[str, str]:
     """SHA-256 of each source file, keyed by its path relative to the package."""
     return {
         path.relative_to(_PACKAGE_DIR).as_posix(): hashlib.sha256(path.read_bytes()).hexdigest()
-        for path in paths
+        for path in sources()
     }
 
 
@@ -121,8 +132,14 @@ def select() -> None:
     if len(built) != len(MODULES) + 1:
         _use_source("only part of the compiled modules is there; reinstall to compile again", True)
         return
-    now = digests([source_path(name) for name in MODULES])
-    changed = sorted(name for name, digest in now.items() if _recorded().get(name) != digest)
+    recorded = _recorded()
+    if not recorded:
+        _use_source(f"{DIGESTS} is missing; reinstall to compile again", True)
+        return
+    now = digests()
+    changed = sorted(
+        name for name in now.keys() | recorded.keys() if recorded.get(name) != now.get(name)
+    )
     if changed:
         _use_source(
             f"{', '.join(changed)} changed since the modules were compiled; "

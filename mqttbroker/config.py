@@ -174,8 +174,8 @@ def load(path: str | Path | None) -> Config:
 def check(config: Config, source: str = "command line") -> None:
     if config.log_level.lower() not in LOG_LEVELS:
         raise ConfigError(f"{source}: log_level: expected one of {', '.join(LOG_LEVELS)}")
-    if config.gc_threshold < 0:
-        raise ConfigError(f"{source}: gc_threshold: must be 0 or more")
+    if not 0 <= config.gc_threshold <= 2**31 - 1:
+        raise ConfigError(f"{source}: gc_threshold: must be between 0 and {2**31 - 1}")
     bound: dict[tuple[str, int], int] = {}
     for index, listener in enumerate(config.listeners):
         _check_listener(listener, f"{source}: listener[{index}]")

@@ -154,8 +154,8 @@ def run(config: Config) -> None:
 
 
 def _tune_gc(threshold: int) -> None:
-    """Run the cycle collector less often (``gc_threshold``), and keep what exists after
-    start-up (modules, configuration) out of its full collections for good."""
+    """Run the cycle collector less often (``gc_threshold``), and keep what exists when the
+    broker starts (modules, configuration) out of its full collections for good."""
     if threshold:
         gc.set_threshold(threshold, 10, 10)
     gc.collect()

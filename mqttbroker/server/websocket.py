@@ -151,6 +151,7 @@ class WebSocketLink:
                     break
         finally:
             conn.connection_lost()  # nothing if the broker closed it
+            self.conn = None  # no reference cycle left for the garbage collector
             if self._closing and not writer.done():
                 try:  # let the writer send what is left and the close frame
                     await asyncio.wait_for(asyncio.shield(writer), CLOSE_TIMEOUT + 1)
