@@ -8,7 +8,8 @@ closing handshakes.
 Every listener is an asyncio server made by ``loop.create_server``: MQTT over TCP (or TLS) with
 an ``MQTTProtocol`` per socket, MQTT over WebSocket with aiohttp's low-level ``web.Server`` as
 the protocol factory (aiohttp is imported only when a WebSocket listener is configured). TLS
-handshakes must finish within the broker's ``connect_timeout``.
+handshakes, and the WebSocket upgrade after the accept, must finish within the broker's
+``connect_timeout``.
 """
 
 from __future__ import annotations
@@ -66,18 +67,16 @@ async def start_listener(broker: Broker, listener: ListenerConfig, where: str) -
     if listener.protocol == "ws":
         from aiohttp import web
 
-        from .websocket import SHUTDOWN_TIMEOUT, make_app
+        from .websocket import SHUTDOWN_TIMEOUT, bounded, make_app
 
+        app = make_app(broker, listener)
         runner = web.AppRunner(
-            make_app(broker, listener),
-            access_log=None,
-            handle_signals=False,
-            shutdown_timeout=SHUTDOWN_TIMEOUT,
+            app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_TIMEOUT
         )
         await runner.setup()
         web_server = runner.server
         assert web_server is not None
-        factory = web_server
+        factory = bounded(web_server, app, broker.options.connect_timeout)
     else:
         factory = lambda: MQTTProtocol(broker, listener)  # noqa: E731
     try:

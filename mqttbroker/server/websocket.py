@@ -28,6 +28,9 @@ from .tls import certificate_user
 
 log = logging.getLogger("mqttbroker.websocket")
 
+# The request handlers (one per accepted connection) that reached the WebSocket upgrade.
+UPGRADED = web.AppKey("upgraded", set)
+
 SUBPROTOCOLS = ("mqtt", "mqttv3.1")
 # The writer stops the connection's output (Connection.pause_writing) past this many bytes
 # written and not yet accepted by the socket, and resumes it at a quarter of it.
@@ -230,6 +233,7 @@ def make_app(broker: Broker, listener: ListenerConfig) -> web.Application:
                 status=400, text='MQTT over WebSocket: the subprotocol "mqtt" is required\n'
             )
         await ws.prepare(request)
+        request.app[UPGRADED].add(request.protocol)
         transport = request.transport
         peer = _peer_name(transport.get_extra_info("peername") if transport else None)
         user = None
@@ -240,8 +244,35 @@ def make_app(broker: Broker, listener: ListenerConfig) -> web.Application:
         return ws
 
     app = web.Application()
+    app[UPGRADED] = set()
     app.router.add_get(listener.ws_path, handle)
     return app
+
+
+def bounded(web_server: web.Server, app: web.Application, timeout: float) -> Any:
+    """aiohttp's protocol factory, except that a connection which is not a WebSocket
+    ``timeout`` seconds after it was accepted (no request, a request never finished, or only
+    refused ones) is closed: until the upgrade the broker does not know it, so neither its
+    ``connect_timeout`` nor its connection limits would stop a client holding sockets open."""
+    loop = asyncio.get_running_loop()
+    upgraded = app[UPGRADED]
+
+    def expire(handler: Any) -> None:
+        if handler in upgraded:
+            upgraded.discard(handler)
+            return
+        transport = handler.transport
+        if transport is not None and not transport.is_closing():
+            peer = _peer_name(transport.get_extra_info("peername"))
+            log.info("connection from %s: no WebSocket upgrade within %gs; closing", peer, timeout)
+            transport.close()
+
+    def factory() -> Any:
+        handler = web_server()
+        loop.call_later(timeout, expire, handler)
+        return handler
+
+    return factory
 
 
 def _peer_name(peer: Any) -> str:

@@ -5,6 +5,7 @@ path), and the HTTP side of the handshake: the "mqtt" subprotocol selected and r
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import paho.mqtt.client as mqtt
 import pytest
@@ -12,6 +13,7 @@ from transport_support import (
     CONNACK_OK,
     CUSTOM_PATH,
     TIMEOUT,
+    BrokerRun,
     Certificates,
     HandshakeRefused,
     Listeners,
@@ -19,6 +21,7 @@ from transport_support import (
     RawWebSocket,
     client_context,
     connect_packet,
+    toml_listener,
     unique,
 )
 
@@ -108,3 +111,53 @@ def test_plain_http_request_is_refused(listeners: Listeners) -> None:
         while chunk := sock.recv(4096):
             answer += chunk
     assert answer.startswith(b"HTTP/1.1 400"), answer[:100]
+
+
+def _closed_within(sock: socket.socket, seconds: float) -> bool:
+    """True if the broker closes ``sock`` within ``seconds`` (whatever it sent before)."""
+    sock.settimeout(seconds)
+    try:
+        while sock.recv(4096):
+            pass
+    except TimeoutError:
+        return False
+    except ConnectionError:
+        pass
+    return True
+
+
+def test_connections_that_do_not_upgrade_in_time_are_closed(tmp_path: Path) -> None:
+    """A socket accepted on a WebSocket listener is closed when it has not become a WebSocket
+    within connect_timeout: silent, a request never finished, or only refused requests on a
+    kept-alive connection. One that upgrades in time stays, and its CONNECT is then bounded
+    by connect_timeout as on TCP."""
+    config = tmp_path / "ws.toml"
+    config.write_text(
+        toml_listener(host="127.0.0.1", port=0, protocol="ws")
+        + '\n[broker]\nconnect_timeout = 1.0\n[storage]\nbackend = "memory"\n'
+    )
+    broker = BrokerRun(tmp_path, "--config", str(config)).start(1)
+    try:
+        host, port = broker.addresses[0].host, broker.addresses[0].port
+        silent = socket.create_connection((host, port), timeout=TIMEOUT)
+        partial = socket.create_connection((host, port), timeout=TIMEOUT)
+        partial.sendall(b"GET /mqtt HTTP/1.1\r\nHost: x\r\n")  # the headers never end
+        refused = socket.create_connection((host, port), timeout=TIMEOUT)
+        refused.sendall(b"GET /mqtt HTTP/1.1\r\nHost: x\r\n\r\n")  # keep-alive, 400
+        ws = RawWebSocket(host, port, protocols=("mqtt",))
+        ws.send_binary(connect_packet(unique("in-time")))
+        assert ws.read_packet() == CONNACK_OK
+        for sock in (silent, partial, refused):
+            with sock:
+                assert _closed_within(sock, 5.0)
+        assert broker.wait_for_log(r"no WebSocket upgrade within 1s; closing")
+        ws.send_binary(b"\xc0\x00")  # PINGREQ, well past the deadline
+        assert ws.read_packet() == b"\xd0\x00"
+        ws.close()
+        late = RawWebSocket(host, port, protocols=("mqtt",))  # upgraded, never sends CONNECT
+        try:
+            assert _closed_within(late.sock, 5.0)
+        finally:
+            late.close()
+    finally:
+        broker.stop()
