@@ -292,13 +292,10 @@ class Client(asyncio.Protocol):
         self.count += n
         if pos < end:
             self._sub_ack_walk(data[pos:] if pos else data, out)
-        if out and self.transport is not None:
-            self.transport.write(b"".join(out))
+        self._send_all(out)
 
-    def _on_sub_ack_slow(self, data: bytes) -> None:
-        """:meth:`_on_sub_ack` without the fast paths (the reference the tests compare with)."""
-        out: list[bytes | bytearray] = []
-        self._sub_ack_walk(data, out)
+    def _send_all(self, out: Sequence[bytes | bytearray]) -> None:
+        """Answer a chunk with one write."""
         if out and self.transport is not None:
             self.transport.write(b"".join(out))
 
@@ -409,20 +406,11 @@ class Client(asyncio.Protocol):
                     return
                 out = [reply] if reply else []
                 self._pub_ack_walk(data[whole:], out)
-                if out and self.transport is not None:
-                    self.transport.write(b"".join(out))
+                self._send_all(out)
                 return
         out = []
         self._pub_ack_walk(data, out)
-        if out and self.transport is not None:
-            self.transport.write(b"".join(out))
-
-    def _on_pub_ack_slow(self, data: bytes) -> None:
-        """:meth:`_on_pub_ack` without the fast path (the reference the tests compare with)."""
-        out: list[bytes] = []
-        self._pub_ack_walk(data, out)
-        if out and self.transport is not None:
-            self.transport.write(b"".join(out))
+        self._send_all(out)
 
     def _pub_ack_walk(self, data: bytes, out: list[bytes]) -> None:
         packets = self._packets

@@ -127,7 +127,13 @@ def select() -> None:
         return
     built = [name for name in (*MODULES, SHARED_LIBRARY) if _extension_built(name)]
     if not built:
-        mode, reason = "pure", "not compiled (no C compiler at install, or MQTTBROKER_COMPILE=0)"
+        mode, reason = (
+            "pure",
+            (
+                "not compiled beside these sources (installed without a C compiler or with "
+                "MQTTBROKER_COMPILE=0, or run from a checkout that was not installed)"
+            ),
+        )
         return
     if len(built) != len(MODULES) + 1:
         _use_source("only part of the compiled modules is there; reinstall to compile again", True)

@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -68,10 +69,22 @@ def state(client: bc.Client) -> dict[str, object]:
     }
 
 
+def by_walk(client: bc.Client, walk: Any) -> Any:
+    """The reference handler: ``walk`` (the per-frame walk the fast paths fall back on) over
+    the whole chunk, answered with one write."""
+
+    def handler(data: bytes) -> None:
+        out: list[Any] = []
+        walk(data, out)
+        client._send_all(out)
+
+    return handler
+
+
 def subscribers(version: int = MQTT_5) -> tuple[bc.Client, bc.Client]:
     fast, slow = new_client(version), new_client(version)
     fast.start_acking()
-    slow._switch(slow._on_sub_ack_slow)
+    slow._switch(by_walk(slow, slow._sub_ack_walk))
     return fast, slow
 
 
@@ -79,7 +92,7 @@ def publishers(qos: int, window: int = 32, version: int = MQTT_5) -> tuple[bc.Cl
     fast, slow = new_client(version), new_client(version)
     for c in (fast, slow):
         c.start_windowed(f"bench/q{qos}/00", qos, window, wire.payload())
-    slow._switch(slow._on_pub_ack_slow)
+    slow._switch(by_walk(slow, slow._pub_ack_walk))
     return fast, slow
 
 
