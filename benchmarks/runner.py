@@ -351,6 +351,12 @@ def main(argv: list[str] | None = None) -> int:
                 handles.append(br.start_mosquitto(pin, version))
             except (RuntimeError, OSError) as exc:
                 print(f"benchmarks: mosquitto did not start: {exc}", file=sys.stderr)
+        if not args.broker:
+            for name in dict.fromkeys(v for s in shared for v in s.variants):
+                try:
+                    handles.append(br.start_tuned(name, pin, version))
+                except (RuntimeError, OSError) as exc:
+                    print(f"benchmarks: {name} did not start: {exc}", file=sys.stderr)
         if shared and not args.no_amqtt and br.amqtt_available():
             try:
                 handles.append(br.start_amqtt(pin))
@@ -402,6 +408,9 @@ def main(argv: list[str] | None = None) -> int:
                     for i, handle in enumerate(handles):
                         if scenario.own_brokers and handle.name != "ours":
                             continue  # with --broker, scenario 8 gets a fresh Mosquitto below
+                        tuned = handle.name in br.TUNED_VARIANTS
+                        if tuned and handle.name not in scenario.variants:
+                            continue  # a configuration measured in other scenarios only
                         if handle.managed and not handle.alive():
                             print(f"  {handle.name} is down: restarting it", file=sys.stderr)
                             handle.stop()

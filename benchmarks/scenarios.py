@@ -575,6 +575,8 @@ class Scenario:
     many_fds: bool = False
     # Measured on brokers of its own, started fresh for each run (see runner.own_brokers).
     own_brokers: bool = False
+    # Configurations of our broker (brokers.TUNED_VARIANTS) measured here beside the others.
+    variants: tuple[str, ...] = ()
 
 
 MSGS = Metric("msgs_per_s", "msg/s")
@@ -602,6 +604,7 @@ SCENARIOS: dict[str, Scenario] = {
                 Metric("p999_us", "p99.9 us", False),
                 Metric("max_us", "max us", False),
             ),
+            variants=("ours-busy-poll",),
         ),
         Scenario(
             "6",

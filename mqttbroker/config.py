@@ -15,6 +15,7 @@ from typing import Any
 from .broker.options import BrokerOptions
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+MAX_BUSY_POLL_US = 1_000_000
 
 
 class ConfigError(Exception):
@@ -98,6 +99,9 @@ class Config:
     # 700). Thousands of long-lived connection objects make each run costly: at 700 it took
     # about a fifth of the broker's CPU while 10,000 clients connected. 0 leaves Python's setting.
     gc_threshold: int = 100_000
+    # Microseconds the event loop keeps polling, instead of sleeping, after a pass that sent
+    # something (server/polling.py): lower latency for a core spinning meanwhile. 0: off.
+    busy_poll_us: int = 0
 
     @property
     def store_path(self) -> Path:
@@ -160,12 +164,12 @@ def load(path: str | Path | None) -> Config:
                 config.listeners.append(listener)
         elif key in ("data_dir", "log_level"):
             setattr(config, key, _typed(value, str, f"{source}: {key}"))
-        elif key == "gc_threshold":
-            config.gc_threshold = _typed(value, int, f"{source}: {key}")
+        elif key in ("gc_threshold", "busy_poll_us"):
+            setattr(config, key, _typed(value, int, f"{source}: {key}"))
         else:
             raise ConfigError(
-                f"{source}: {key}: unknown key "
-                "(known: broker, storage, security, listener, data_dir, log_level, gc_threshold)"
+                f"{source}: {key}: unknown key (known: broker, storage, security, listener, "
+                "data_dir, log_level, gc_threshold, busy_poll_us)"
             )
     check(config, source)
     return config
@@ -176,6 +180,10 @@ def check(config: Config, source: str = "command line") -> None:
         raise ConfigError(f"{source}: log_level: expected one of {', '.join(LOG_LEVELS)}")
     if not 0 <= config.gc_threshold <= 2**31 - 1:
         raise ConfigError(f"{source}: gc_threshold: must be between 0 and {2**31 - 1}")
+    if not 0 <= config.busy_poll_us <= MAX_BUSY_POLL_US:
+        raise ConfigError(
+            f"{source}: busy_poll_us: must be between 0 (off) and {MAX_BUSY_POLL_US:,} (1 s)"
+        )
     bound: dict[tuple[str, int], int] = {}
     for index, listener in enumerate(config.listeners):
         _check_listener(listener, f"{source}: listener[{index}]")

@@ -50,6 +50,9 @@ def test_benchmark_smoke(tmp_path: Path) -> None:
         assert record["broker"] == "ours" or record["broker"].startswith("ours-"), report
         assert not record.get("error"), f"{key}: {record.get('error')}\n{report}"
         assert record.get("delivered", 0) > 0, f"{key} delivered nothing\n{report}"
+    # Scenario 5 also runs on our broker with busy polling, and only scenario 5 does.
+    tuned = {(r["scenario"], r["broker"]) for r in records if r["broker"] == "ours-busy-poll"}
+    assert tuned == {("5", "ours-busy-poll")}, report
     # Scenario 8 runs on a fresh broker per storage variant, and the resumed subscriber gets
     # every message the broker accepted into its offline session.
     persistent = {r["broker"]: r for r in records if r["scenario"] == "8"}

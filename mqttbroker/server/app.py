@@ -18,6 +18,7 @@ from ..protocol.reasons import ReasonCode
 from ..security import build_security, is_loopback
 from ..storage import StoreError
 from .listeners import Listener, start_listener
+from .polling import BusyPoll
 
 log = logging.getLogger("mqttbroker")
 
@@ -46,6 +47,7 @@ class Server:
         self._ticker: asyncio.Task[None] | None = None
         self._executor: ThreadPoolExecutor | None = None
         self.addresses: list[tuple[str, int]] = []
+        self.busy_poll: BusyPoll | None = None
 
     @staticmethod
     def _make_store(config: Config) -> Store:
@@ -70,10 +72,17 @@ class Server:
         await self.store.load(broker)
         broker.tick()  # expire what expired while the broker was down
 
-        def wake() -> None:
-            loop.call_soon(broker.flush)
+        window = self.config.busy_poll_us
+        if window:
+            self.busy_poll = BusyPoll(loop, broker.flush, window / 1_000_000)
+            broker.wake = self.busy_poll.wake
+            log.info("busy polling for %d microseconds after each pass that sends", window)
+        else:
 
-        broker.wake = wake
+            def wake() -> None:
+                loop.call_soon(broker.flush)
+
+            broker.wake = wake
         if self.security.authenticator is not None and self.config.security.password_file:
             broker.offload = self._offloader(loop)
         for index, config in enumerate(self.config.listeners):
