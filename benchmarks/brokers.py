@@ -172,13 +172,14 @@ class BrokerHandle:
             shutil.rmtree(self.workdir, ignore_errors=True)
             self.workdir = None
 
-    def wait_idle(self, limit: float = 30.0, busy: float = 0.10) -> float:
+    def wait_idle(self, limit: float = 30.0, busy: float = 0.10) -> tuple[float, bool]:
         """Wait until the broker uses under ``busy`` of a core (what a previous run left it doing
-        must not count against the next); returns the seconds waited."""
+        must not count against the next); returns the seconds waited and whether it got there
+        (True too when its CPU cannot be read)."""
         start = time.monotonic()
         if self.pid is None:
             time.sleep(0.3)
-            return time.monotonic() - start
+            return time.monotonic() - start, True
         quiet = 0
         last = procfs.cpu_seconds(self.pid)
         while time.monotonic() - start < limit and last is not None:
@@ -189,8 +190,8 @@ class BrokerHandle:
             quiet = quiet + 1 if now - last <= busy * 0.1 + 1e-9 else 0
             last = now
             if quiet >= 2:
-                break
-        return time.monotonic() - start
+                return time.monotonic() - start, True
+        return time.monotonic() - start, last is None
 
 
 def _spawn(

@@ -28,6 +28,7 @@ from .wire import MQTT_5, MQTT_311
 RESULTS = Path(__file__).resolve().parent / "results"
 SMOKE_DURATION = 0.3
 SMOKE_WARMUP = 0.1
+NEIGHBOUR_WAIT = 5.0  # seconds another broker may stay busy before the next run (then restarted)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -167,7 +168,7 @@ def run_one(
     pin: bool,
     suite: str,
 ) -> dict[str, Any]:
-    idle_wait = broker.wait_idle()
+    idle_wait, _ = broker.wait_idle()
     tag = "".join(word[0] for word in broker.name.split("-"))  # ours-full -> of
     spec = {
         "scenario": scenario.key,
@@ -226,6 +227,24 @@ def run_one(
         record["broker_log_tail"] = broker.log_tail(30)
         record.setdefault("error", f"{broker.name} died during the run")
     return record
+
+
+def quiet_neighbours(handles: list[br.BrokerHandle], current: int, pin: bool) -> list[str]:
+    """The other brokers share the measured one's core, so one still busy would take the core
+    from it. A broker busy NEIGHBOUR_WAIT s after its own run is working off what that run left
+    it, for clients long gone (amqtt, which stalls under these loads, does that for minutes):
+    it is restarted. Returns the names of those restarted."""
+    restarted = []
+    for j, other in enumerate(handles):
+        if j == current or not other.managed or not other.alive():
+            continue
+        _, idle = other.wait_idle(NEIGHBOUR_WAIT)
+        if not idle:
+            print(f"  {other.name} still busy: restarting it", file=sys.stderr)
+            other.stop()
+            handles[j] = br.restart(other, pin)
+            restarted.append(other.name)
+    return restarted
 
 
 def run_fresh(
@@ -343,6 +362,12 @@ def main(argv: list[str] | None = None) -> int:
         except (RuntimeError, ValueError, OSError) as exc:
             print(f"benchmarks: cannot start our broker: {exc}", file=sys.stderr)
             return 2
+        if not args.broker:
+            for name in dict.fromkeys(v for s in shared for v in s.variants):
+                try:
+                    handles.append(br.start_tuned(name, pin, version))
+                except (RuntimeError, OSError) as exc:
+                    print(f"benchmarks: {name} did not start: {exc}", file=sys.stderr)
         mosquitto = not args.no_mosquitto and br.mosquitto_path() is not None
         if not args.no_mosquitto and not mosquitto:
             print("benchmarks: mosquitto not found: measuring without it", file=sys.stderr)
@@ -351,12 +376,6 @@ def main(argv: list[str] | None = None) -> int:
                 handles.append(br.start_mosquitto(pin, version))
             except (RuntimeError, OSError) as exc:
                 print(f"benchmarks: mosquitto did not start: {exc}", file=sys.stderr)
-        if not args.broker:
-            for name in dict.fromkeys(v for s in shared for v in s.variants):
-                try:
-                    handles.append(br.start_tuned(name, pin, version))
-                except (RuntimeError, OSError) as exc:
-                    print(f"benchmarks: {name} did not start: {exc}", file=sys.stderr)
         if shared and not args.no_amqtt and br.amqtt_available():
             try:
                 handles.append(br.start_amqtt(pin))
@@ -393,7 +412,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         with out.open("a") as sink:
 
-            def keep(record: dict[str, Any]) -> None:
+            def keep(record: dict[str, Any], restarted: list[str]) -> None:
+                if restarted:
+                    record["neighbours_restarted"] = restarted
                 records.append(record)
                 sink.write(json.dumps(record) + "\n")
                 sink.flush()
@@ -403,7 +424,11 @@ def main(argv: list[str] | None = None) -> int:
                 for run in range(args.runs):
                     if scenario.own_brokers and not args.broker:
                         for name in own_names:
-                            keep(run_fresh(scenario, name, run, args, sizes, pin, suite, version))
+                            restarted = quiet_neighbours(handles, -1, pin)
+                            record = run_fresh(
+                                scenario, name, run, args, sizes, pin, suite, version
+                            )
+                            keep(record, restarted)
                         continue
                     for i, handle in enumerate(handles):
                         if scenario.own_brokers and handle.name != "ours":
@@ -415,6 +440,7 @@ def main(argv: list[str] | None = None) -> int:
                             print(f"  {handle.name} is down: restarting it", file=sys.stderr)
                             handle.stop()
                             handles[i] = handle = br.restart(handle, pin)
+                        restarted = quiet_neighbours(handles, i, pin)
                         record = run_one(scenario, handle, run, args, sizes, pin, suite)
                         if record.get("broker_crashed"):
                             handle.crashes += 1
@@ -422,11 +448,13 @@ def main(argv: list[str] | None = None) -> int:
                                 f"  !! {handle.name} crashed; log tail:\n{record['broker_log_tail']}",
                                 file=sys.stderr,
                             )
-                        keep(record)
+                        keep(record, restarted)
                     if scenario.own_brokers and mosquitto:
-                        keep(
-                            run_fresh(scenario, "mosquitto", run, args, sizes, pin, suite, version)
+                        restarted = quiet_neighbours(handles, -1, pin)
+                        record = run_fresh(
+                            scenario, "mosquitto", run, args, sizes, pin, suite, version
                         )
+                        keep(record, restarted)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
     finally:
