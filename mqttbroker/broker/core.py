@@ -255,9 +255,13 @@ class Broker:
         strategy = self.options.shared_subscription_strategy
         pending = [d for d in session.inflight.values() if d.qos == 1 and not d.released]
         pending.extend(session.queue)
+        trie = self.router.trie
         for delivery in pending:
-            group = delivery.share
-            if group is None or delivery.message.expired(now):
+            share = delivery.share
+            if share is None or delivery.message.expired(now):
+                continue
+            group = trie.shared_group(share)
+            if group is None:  # no member left
                 continue
             member = group.pick(strategy, delivery.message.topic, "", exclude=session)
             if member is not None:
@@ -267,7 +271,7 @@ class Broker:
                     delivery.retain,
                     delivery.sub_ids,
                     now,
-                    group,
+                    share,
                 )
 
     def publish_will(self, will: Will, session: Session, now: float) -> None:

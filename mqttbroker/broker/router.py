@@ -122,7 +122,7 @@ class Router:
                 retain and member.retain_as_published,
                 (ident,) if ident else (),
                 now,
-                group,
+                member.topic_filter,
             )
             count += 1
         self.delivered += count

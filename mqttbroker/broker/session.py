@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from .message import Message
 from .options import BrokerOptions
 from .store import Store
-from .topics import SharedGroup, Subscription
+from .topics import Subscription
 
 if TYPE_CHECKING:
     from ..protocol.packets import Will
@@ -48,7 +48,7 @@ class Delivery:
         qos: int,
         retain: bool,
         sub_ids: tuple[int, ...],
-        share: SharedGroup | None = None,
+        share: str | None = None,
     ) -> None:
         self.message = message
         self.qos = qos
@@ -59,7 +59,9 @@ class Delivery:
         self.packet_id: int | None = None  # set while in flight
         self.stored = False  # the store has a record of it
         self.held = False  # in flight, but its resend waits for room in the receive window
-        self.share = share  # the shared subscription it came through, if any
+        # The shared subscription it came through ("$share/<group>/<filter>"), if any: when the
+        # session ends first, the message goes to another member of that group as it is then.
+        self.share = share
 
 
 _MEMORY = Store()
@@ -120,7 +122,7 @@ class Session:
         retain: bool,
         sub_ids: tuple[int, ...],
         now: float,
-        share: SharedGroup | None = None,
+        share: str | None = None,
     ) -> None:
         """Hand one matched message to this session (MQTT-4.5.0-1)."""
         conn = self.connection

@@ -243,6 +243,19 @@ class SubscriptionTrie:
             del path[depth - 1].children[levels[depth - 1]]
         return removed
 
+    def shared_group(self, topic_filter: str) -> SharedGroup | None:
+        """The group of ``$share/<group>/<filter>`` as it is now; None once it has no members."""
+        shared = parse_shared(topic_filter)
+        if shared is None:
+            return None
+        node = self._root
+        for level in shared[1].split("/"):
+            child = node.children.get(level)
+            if child is None:
+                return None
+            node = child
+        return node.groups.get(shared[0])
+
     def match(self, topic: str) -> Match:
         """Every subscription whose filter matches ``topic``, grouped per session."""
         levels = topic.split("/")

@@ -101,6 +101,11 @@ MIGRATIONS: list[str] = [
         due_at REAL                         -- wall clock; NULL while the client is connected
     );
     """,
+    # 2: the shared subscription a queued or in-flight message came through ("$share/g/f"; NULL:
+    # none), so that after a restart it still goes to another member when its session ends.
+    """
+    ALTER TABLE deliveries ADD COLUMN share TEXT;
+    """,
 ]
 
 _PER_CLIENT = ("sessions", "subscriptions", "deliveries", "releases", "wills")
@@ -315,10 +320,20 @@ class SQLiteStore(Store):
             )
             broker.router.subscribe(sub)
             owner.subscriptions[topic_filter] = sub
-        for client_id, seq, mid, qos, retain, sub_ids, packet_id, released in await self._rows(
+        for (
+            client_id,
+            seq,
+            mid,
+            qos,
+            retain,
+            sub_ids,
+            packet_id,
+            released,
+            share,
+        ) in await self._rows(
             db,
-            "SELECT client_id, seq, message_id, qos, retain, sub_ids, packet_id, released "
-            "FROM deliveries ORDER BY client_id, seq",
+            "SELECT client_id, seq, message_id, qos, retain, sub_ids, packet_id, released, "
+            "share FROM deliveries ORDER BY client_id, seq",
         ):
             owner = sessions.get(client_id)
             stored = messages.get(mid)
@@ -326,7 +341,7 @@ class SQLiteStore(Store):
                 continue
             msg = stored
             ids = tuple(int(i) for i in sub_ids.split(",")) if sub_ids else ()
-            delivery = Delivery(msg, qos, bool(retain), ids)
+            delivery = Delivery(msg, qos, bool(retain), ids, share)
             delivery.seq = seq
             delivery.stored = True
             delivery.released = bool(released)
@@ -461,6 +476,7 @@ class SQLiteStore(Store):
             ",".join(map(str, delivery.sub_ids)),
             delivery.packet_id,
             int(delivery.released),
+            delivery.share,
         )
         self._changed()
 
@@ -592,7 +608,7 @@ class SQLiteStore(Store):
                     "INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?)", list(b.sessions.values())
                 )
             await self._upsert(db, "subscriptions", "client_id = ? AND topic_filter = ?", b.subs, 7)
-            await self._upsert(db, "deliveries", "client_id = ? AND seq = ?", b.deliveries, 8)
+            await self._upsert(db, "deliveries", "client_id = ? AND seq = ?", b.deliveries, 9)
             if b.releases:
                 await db.executemany(
                     "INSERT OR REPLACE INTO releases VALUES (?, ?)",

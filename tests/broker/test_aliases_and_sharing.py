@@ -165,6 +165,22 @@ def test_qos1_in_flight_goes_to_another_member_when_the_session_ends(make_harnes
     assert handed[0].qos == 1
 
 
+def test_hand_over_goes_to_the_group_as_it_is_when_the_session_ends(make_harness: Any) -> None:
+    """The group a message came through may have emptied and filled again before the session
+    holding it ends: the message goes to whoever is subscribed to that shared subscription then."""
+    h = make_harness()
+    first = h.connect("first")
+    first.subscribe("$share/g/job", 1)
+    pub = h.connect("pub")
+    pub.publish("job", b"m1", 1)
+    assert [p.payload for p in first.publishes()] == [b"m1"]  # in flight, not acknowledged
+    first.unsubscribe("$share/g/job")  # the group is left without members
+    later = h.connect("later")
+    later.subscribe("$share/g/job", 1)
+    first.lose()
+    assert [p.payload for p in later.publishes()] == [b"m1"]
+
+
 @pytest.mark.parametrize("strategy", ["bogus", ""])
 def test_unknown_strategy_is_refused(strategy: str) -> None:
     from mqttbroker.broker.options import BrokerOptions

@@ -76,6 +76,28 @@ async def test_version_0_file_is_migrated(db_path: Path, fake_time: FakeTime, ca
 
 
 @async_test
+async def test_version_1_file_keeps_its_queued_messages_when_migrated(
+    db_path: Path, fake_time: FakeTime
+):
+    """Version 2 added deliveries.share; a version 1 file's queue survives the upgrade."""
+    db_path.parent.mkdir(parents=True)
+    db = sqlite3.connect(db_path)
+    db.executescript(MIGRATIONS[0])
+    db.execute("INSERT INTO sessions VALUES ('old', 600, ?, NULL)", (fake_time.time() + 600,))
+    db.execute("INSERT INTO subscriptions VALUES ('old', 'q', 1, 0, 0, 0, NULL)")
+    db.execute("INSERT INTO messages VALUES (1, 'q', x'6869', 1, 0, x'00', NULL)")
+    db.execute("INSERT INTO deliveries VALUES ('old', 1, 1, 1, 0, '', NULL, 0)")
+    db.execute("PRAGMA user_version = 1")
+    db.commit()
+    db.close()
+    node = await Node(db_path, fake_time).start()
+    assert [(d.message.payload, d.share) for d in node.session("old").queue] == [(b"hi", None)]
+    await node.close()
+    assert rows(db_path, "PRAGMA user_version") == [(len(MIGRATIONS),)]
+    assert rows(db_path, "SELECT share FROM deliveries") == [(None,)]
+
+
+@async_test
 async def test_file_from_a_newer_broker_is_refused_and_left_alone(
     db_path: Path, fake_time: FakeTime
 ):
@@ -324,6 +346,30 @@ async def test_queued_messages_restored_in_order_after_a_crash(db_path: Path, fa
     await client.ack_all(resent)
     assert rows(crashed, "SELECT count(*) FROM deliveries") == [(0,)]
     assert rows(crashed, "SELECT count(*) FROM messages") == [(0,)]
+
+
+@async_test
+async def test_shared_messages_still_handed_over_after_a_crash(db_path: Path, fake_time: FakeTime):
+    """A persistent member of a shared subscription holds its share queued across a crash; when
+    its session then expires, its messages go to the other member (section 4.8.2), as they would
+    have without the restart."""
+    node = await Node(db_path, fake_time).start()
+    await offline_subscriber(node, "brief", "$share/g/job/+", qos=1, expiry=60)
+    await offline_subscriber(node, "lasting", "$share/g/job/+", qos=1, expiry=3600)
+    pub = await node.connect("pub")
+    for i in range(6):  # round robin: three each
+        await pub.publish_acked(f"job/{i}", f"m{i}".encode(), 1)
+    crashed = snapshot(db_path)
+
+    node2 = await Node(crashed, fake_time).start()
+    brief = node2.session("brief")
+    assert [d.share for d in brief.queue] == ["$share/g/job/+"] * 3
+    node2.tick(advance=61)  # "brief" expires
+    assert "brief" not in node2.b.sessions
+    lasting = node2.session("lasting")
+    assert sorted(d.message.payload for d in lasting.queue) == [f"m{i}".encode() for i in range(6)]
+    await node2.committed()
+    assert rows(crashed, "SELECT count(*) FROM deliveries WHERE client_id = 'lasting'") == [(6,)]
 
 
 @async_test
