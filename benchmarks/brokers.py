@@ -351,7 +351,8 @@ def external(address: str, pid: int | None, version: int = MQTT_5) -> BrokerHand
 
 
 def restart(handle: BrokerHandle, pin: bool) -> BrokerHandle:
-    """Start a managed broker again after it died; the old handle's log is kept."""
+    """Start a managed broker again (after it died, or stalled); stop() has removed the old
+    one's directory, its log with it, so a run record keeps the tail it needs first."""
     if handle.name == "amqtt":
         fresh = start_amqtt(pin)
     elif handle.name == "mosquitto":

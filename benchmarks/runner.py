@@ -28,7 +28,7 @@ from .wire import MQTT_5, MQTT_311
 RESULTS = Path(__file__).resolve().parent / "results"
 SMOKE_DURATION = 0.3
 SMOKE_WARMUP = 0.1
-NEIGHBOUR_WAIT = 5.0  # seconds another broker may stay busy before the next run (then restarted)
+IDLE_LIMIT = 30.0  # seconds a broker may stay busy before a run (a neighbour is then restarted)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -168,7 +168,7 @@ def run_one(
     pin: bool,
     suite: str,
 ) -> dict[str, Any]:
-    idle_wait, _ = broker.wait_idle()
+    idle_wait, _ = broker.wait_idle(IDLE_LIMIT)
     tag = "".join(word[0] for word in broker.name.split("-"))  # ours-full -> of
     spec = {
         "scenario": scenario.key,
@@ -230,20 +230,25 @@ def run_one(
 
 
 def quiet_neighbours(handles: list[br.BrokerHandle], current: int, pin: bool) -> list[str]:
-    """The other brokers share the measured one's core, so one still busy would take the core
-    from it. A broker busy NEIGHBOUR_WAIT s after its own run is working off what that run left
-    it, for clients long gone (amqtt, which stalls under these loads, does that for minutes):
-    it is restarted. Returns the names of those restarted."""
+    """The other brokers share the measured one's core, so they must be idle too, by the same
+    rule as the measured one. One still busy after IDLE_LIMIT s is working off what its own run
+    left it, for clients long gone (amqtt, which stalls under these loads, does that for
+    minutes): it is restarted. Returns the names of those restarted; one that does not start
+    again is left down (the next run on it restarts it, or reports it)."""
     restarted = []
     for j, other in enumerate(handles):
         if j == current or not other.managed or not other.alive():
             continue
-        _, idle = other.wait_idle(NEIGHBOUR_WAIT)
-        if not idle:
-            print(f"  {other.name} still busy: restarting it", file=sys.stderr)
-            other.stop()
+        _, idle = other.wait_idle(IDLE_LIMIT)
+        if idle:
+            continue
+        print(f"  {other.name} still busy: restarting it", file=sys.stderr)
+        other.stop()
+        restarted.append(other.name)
+        try:
             handles[j] = br.restart(other, pin)
-            restarted.append(other.name)
+        except (RuntimeError, OSError) as exc:
+            print(f"  {other.name} did not start again: {exc}", file=sys.stderr)
     return restarted
 
 
@@ -289,7 +294,7 @@ def summary_line(record: dict[str, Any]) -> str:
     parts = [f"{m.label} {fmt(metrics.get(m.key))}" for m in scenario.metrics]
     parts.append(f"gen CPU {fmt(record.get('gen_cpu_pct'))}%")
     parts.append(f"broker CPU {fmt(record.get('broker_cpu_pct'))}%")
-    text = f"{record['scenario']:<2} {record['broker']:<11} run {record['run']}: "
+    text = f"{record['scenario']:<2} {record['broker']:<14} run {record['run']}: "
     text += ", ".join(parts)
     if "resumed" in metrics:
         text += f"; resumed {fmt(metrics['resumed'])} of {fmt(metrics.get('accepted'))} accepted"
@@ -394,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         for h in handles:
             pid = f"pid {h.pid}" if h.pid else "pid unknown"
-            print(f"  {h.name:<11} {h.host}:{h.port} ({pid}) {h.description}")
+            print(f"  {h.name:<14} {h.host}:{h.port} ({pid}) {h.description}")
         if own:
             print(
                 f"  scenario {','.join(s.key for s in own)}: "

@@ -25,6 +25,7 @@ from .options import BrokerOptions
 from .router import Router
 from .session import NEVER, Session
 from .store import Store
+from .topics import SharedGroup
 
 log = logging.getLogger("mqttbroker.broker")
 
@@ -255,21 +256,26 @@ class Broker:
         strategy = self.options.shared_subscription_strategy
         pending = [d for d in session.inflight.values() if d.qos == 1 and not d.released]
         pending.extend(session.queue)
-        trie = self.router.trie
+        groups: dict[str, SharedGroup | None] = {}
         for delivery in pending:
             share = delivery.share
-            if share is None or delivery.message.expired(now):
+            message = delivery.message
+            if share is None or message.expired(now):
                 continue
-            group = trie.shared_group(share)
+            if share in groups:
+                group = groups[share]
+            else:
+                group = groups[share] = self.router.trie.shared_group(share)
             if group is None:  # no member left
                 continue
-            member = group.pick(strategy, delivery.message.topic, "", exclude=session)
-            if member is not None:
+            member = group.pick(strategy, message.topic, "", exclude=session)
+            if member is not None:  # sent as that member's subscription would have sent it
+                ident = member.identifier
                 member.session.deliver(
-                    delivery.message,
-                    min(member.qos, delivery.message.qos),
-                    delivery.retain,
-                    delivery.sub_ids,
+                    message,
+                    min(member.qos, message.qos),
+                    message.retain and member.retain_as_published,
+                    (ident,) if ident else (),
                     now,
                     share,
                 )

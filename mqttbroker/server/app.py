@@ -121,6 +121,8 @@ class Server:
 
     async def stop(self) -> None:
         log.info("shutting down: disconnecting %d clients", len(self.broker.connections))
+        if self.busy_poll is not None:
+            self.busy_poll.stop()  # the DISCONNECTs below must not start it again
         for listener in self.listeners:
             listener.close()
         if self._ticker is not None:

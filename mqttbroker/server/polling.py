@@ -3,21 +3,31 @@
 Between two messages an idle broker sleeps in the kernel's poll, and the next message pays for
 the wake-up: the scheduler, the CPU leaving its idle state and, on a virtual machine, the host
 giving the virtual CPU back. On this project's 2-core VM that wake-up is most of the delivery
-latency at 1,000 msg/s and all of its tail (p99 ~1 ms, the same for Mosquitto), while a core that
-never sleeps delivers with a p99 under 100 µs (benchmarks/README.md, scenario 5).
+latency at 1,000 msg/s and all of its tail: p99 0.25 to 2 ms from run to run, for Mosquitto as
+for this broker, against a median of 95-116 µs for this broker with ``busy_poll_us = 2000``
+(scenario 5 of benchmarks/README.md; the README's Performance section has the runs).
 
-With ``busy_poll_us`` set, every loop pass that produced output keeps the loop polling its sockets
-without sleeping (a zero-timeout poll per pass) for that long. While messages keep arriving closer
-together than the window the core never sleeps and no wake-up is paid; once the traffic stops, the
-loop sleeps again after the window. The cost is one core at 100% while it spins, so it is off
-unless set. Under load the loop is busy anyway and nothing changes.
+With ``busy_poll_us`` set, every loop pass that produced output (or left input over for the next
+pass) keeps the loop polling its sockets without sleeping (a zero-timeout poll per pass) for that
+long. While messages keep arriving closer together than the window the core never sleeps and no
+wake-up is paid; once the traffic stops, the loop sleeps again after the window. The cost is one
+core at 100% while it spins, so it is off unless set.
+
+The broker's own threads (the SQLite store's writer, password checks) share the core: each spin
+pass yields it (``sched_yield``), and the loop lets go of the GIL in every poll, so a thread that
+is ready runs at once. Without the yield, QoS 1 into an offline session with the SQLite store
+(benchmark scenario 8, sync normal, one core) fell from 28-34k to 23-24k msg/s; with it,
+31-35k.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable
+
+_yield_cpu: Callable[[], None] = getattr(os, "sched_yield", lambda: None)  # not on Windows
 
 
 class BusyPoll:
@@ -50,6 +60,13 @@ class BusyPoll:
             self.spinning = True
             self.loop.call_soon(self._spin_cb)
 
+    def stop(self) -> None:
+        """No more spinning (shutdown): the current window ends at the next pass, and later
+        wakes only schedule the flush."""
+        self.window = 0.0
+        self.woken = False
+        self.deadline = 0.0
+
     def _spin(self) -> None:
         # A callback in the ready queue makes the loop's next poll a zero-timeout one (asyncio
         # and uvloop alike), so rescheduling ourselves is the spin.
@@ -58,6 +75,7 @@ class BusyPoll:
             self.woken = False
             self.deadline = now + self.window
         if now < self.deadline:
+            _yield_cpu()
             self.loop.call_soon(self._spin_cb)
         else:
             self.spinning = False

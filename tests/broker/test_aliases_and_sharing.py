@@ -167,18 +167,25 @@ def test_qos1_in_flight_goes_to_another_member_when_the_session_ends(make_harnes
 
 def test_hand_over_goes_to_the_group_as_it_is_when_the_session_ends(make_harness: Any) -> None:
     """The group a message came through may have emptied and filled again before the session
-    holding it ends: the message goes to whoever is subscribed to that shared subscription then."""
+    holding it ends: the message goes to whoever is subscribed to that shared subscription then,
+    with that member's subscription options."""
     h = make_harness()
     first = h.connect("first")
-    first.subscribe("$share/g/job", 1)
+    first.subscribe("$share/g/job", 1, sub_id=3, retain_as_published=True)
     pub = h.connect("pub")
-    pub.publish("job", b"m1", 1)
-    assert [p.payload for p in first.publishes()] == [b"m1"]  # in flight, not acknowledged
+    pub.publish("job", b"m1", 1, retain=True)
+    got = first.publishes()  # in flight, not acknowledged
+    assert [(p.payload, p.retain) for p in got] == [(b"m1", True)]
+    assert got[0].properties[Prop.SUBSCRIPTION_IDENTIFIER] == [3]
     first.unsubscribe("$share/g/job")  # the group is left without members
     later = h.connect("later")
-    later.subscribe("$share/g/job", 1)
+    later.subscribe("$share/g/job", 1, sub_id=7)
     first.lose()
-    assert [p.payload for p in later.publishes()] == [b"m1"]
+    # As the receiving member's subscription sends it: its identifier (MQTT-3.3.4-3), and
+    # RETAIN cleared since it did not ask for Retain As Published (MQTT-3.3.1-12).
+    handed = later.publishes()
+    assert [(p.payload, p.retain) for p in handed] == [(b"m1", False)]
+    assert handed[0].properties[Prop.SUBSCRIPTION_IDENTIFIER] == [7]
 
 
 @pytest.mark.parametrize("strategy", ["bogus", ""])

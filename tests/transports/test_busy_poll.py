@@ -1,6 +1,6 @@
 """``busy_poll_us`` with a real Server on both event loops: output starts the spin, the loop keeps
 polling while the window lasts (spin passes go on while the test's own coroutine sleeps), stops
-once it is over, and starts again with the next output. The poller's clock is replaced by one the
+once it is over, starts again with the next output, and ends for good when the server stops. The poller's clock is replaced by one the
 test moves, so the window ends when the test says, never by timing."""
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ def test_output_keeps_the_loop_polling_for_the_window(tmp_path: Path, loop: str)
         assert poll is not None and poll.window == WINDOW_US / 1_000_000
         clock = poll.clock = StillClock()
         writers = []
+        stopped = False
         try:
             sub_reader, sub = await _client(server.addresses[0][1], "bp-sub")
             _, pub = await _client(server.addresses[0][1], "bp-pub")
@@ -86,10 +87,20 @@ def test_output_keeps_the_loop_polling_for_the_window(tmp_path: Path, loop: str)
             before = clock.reads
             await asyncio.sleep(LOOP_TIME)
             assert clock.reads - before > 1
+
+            # Shutting down (its DISCONNECTs are output too) ends the spin for good, although
+            # the test's clock never reaches the window's end.
+            await server.stop()
+            stopped = True
+            assert not poll.spinning
+            reads = clock.reads
+            await asyncio.sleep(LOOP_TIME)
+            assert clock.reads == reads
         finally:
             for writer in writers:
                 writer.close()
-            await server.stop()
+            if not stopped:
+                await server.stop()
 
     if loop == "uvloop":
         import uvloop  # the [fast] extra, which the test command installs
