@@ -28,7 +28,7 @@ from .wire import MQTT_5, MQTT_311
 RESULTS = Path(__file__).resolve().parent / "results"
 SMOKE_DURATION = 0.3
 SMOKE_WARMUP = 0.1
-IDLE_LIMIT = 30.0  # seconds a broker may stay busy before a run (a neighbour is then restarted)
+IDLE_LIMIT = 30.0  # seconds a broker may stay busy before a run; then it is restarted
 
 
 def parser() -> argparse.ArgumentParser:
@@ -229,15 +229,15 @@ def run_one(
     return record
 
 
-def quiet_neighbours(handles: list[br.BrokerHandle], current: int, pin: bool) -> list[str]:
-    """The other brokers share the measured one's core, so they must be idle too, by the same
-    rule as the measured one. One still busy after IDLE_LIMIT s is working off what its own run
-    left it, for clients long gone (amqtt, which stalls under these loads, does that for
-    minutes): it is restarted. Returns the names of those restarted; one that does not start
+def settle(handles: list[br.BrokerHandle], pin: bool) -> list[str]:
+    """Every broker shares the core of the one about to be measured, so all of them must be
+    idle first, the measured one included. One still busy after IDLE_LIMIT s is working off what
+    its own run left it, for clients long gone (amqtt, which stalls under these loads, does that
+    for minutes): it is restarted. Returns the names of those restarted; one that does not start
     again is left down (the next run on it restarts it, or reports it)."""
     restarted = []
     for j, other in enumerate(handles):
-        if j == current or not other.managed or not other.alive():
+        if not other.managed or not other.alive():
             continue
         _, idle = other.wait_idle(IDLE_LIMIT)
         if idle:
@@ -419,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
 
             def keep(record: dict[str, Any], restarted: list[str]) -> None:
                 if restarted:
-                    record["neighbours_restarted"] = restarted
+                    record["restarted_before"] = restarted
                 records.append(record)
                 sink.write(json.dumps(record) + "\n")
                 sink.flush()
@@ -429,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
                 for run in range(args.runs):
                     if scenario.own_brokers and not args.broker:
                         for name in own_names:
-                            restarted = quiet_neighbours(handles, -1, pin)
+                            restarted = settle(handles, pin)
                             record = run_fresh(
                                 scenario, name, run, args, sizes, pin, suite, version
                             )
@@ -441,11 +441,12 @@ def main(argv: list[str] | None = None) -> int:
                         tuned = handle.name in br.TUNED_VARIANTS
                         if tuned and handle.name not in scenario.variants:
                             continue  # a configuration measured in other scenarios only
+                        restarted = settle(handles, pin)
+                        handle = handles[i]
                         if handle.managed and not handle.alive():
                             print(f"  {handle.name} is down: restarting it", file=sys.stderr)
                             handle.stop()
                             handles[i] = handle = br.restart(handle, pin)
-                        restarted = quiet_neighbours(handles, i, pin)
                         record = run_one(scenario, handle, run, args, sizes, pin, suite)
                         if record.get("broker_crashed"):
                             handle.crashes += 1
@@ -455,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
                             )
                         keep(record, restarted)
                     if scenario.own_brokers and mosquitto:
-                        restarted = quiet_neighbours(handles, -1, pin)
+                        restarted = settle(handles, pin)
                         record = run_fresh(
                             scenario, "mosquitto", run, args, sizes, pin, suite, version
                         )

@@ -1,5 +1,5 @@
-"""The benchmark runner's rule for the brokers that share the measured one's core: before a run,
-every other managed broker must be idle; one that is not is restarted, one that will not start
+"""The benchmark runner's rule for the brokers sharing core 0: before a run every managed broker
+must be idle, the measured one included; one that is not is restarted, one that will not start
 again is left down without ending the benchmark. Stub handles, no processes."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class StubHandle(br.BrokerHandle):
         self.stopped = True
 
 
-def test_a_busy_neighbour_is_restarted_and_the_measured_broker_left_alone(
+def test_every_busy_broker_is_restarted_and_the_others_left_alone(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     fresh: list[str] = []
@@ -52,19 +52,18 @@ def test_a_busy_neighbour_is_restarted_and_the_measured_broker_left_alone(
         return StubHandle(handle.name)
 
     monkeypatch.setattr(br, "restart", restart)
-    measured = StubHandle("ours", idle=False)  # its own wait is run_one's business
-    quiet = StubHandle("mosquitto")
+    quiet = StubHandle("ours")
     stalled = StubHandle("amqtt", idle=False)
-    external = StubHandle("external", idle=False, managed=False)
-    handles: list[br.BrokerHandle] = [measured, quiet, stalled, external]
+    down = StubHandle("mosquitto", alive=False)  # the "is down" path's business
+    external = StubHandle("external", idle=False, managed=False)  # not ours to restart
+    handles: list[br.BrokerHandle] = [quiet, stalled, down, external]
 
-    assert runner.quiet_neighbours(handles, 0, pin=False) == ["amqtt"]
+    assert runner.settle(handles, pin=False) == ["amqtt"]
     assert fresh == ["amqtt"] and stalled.stopped
-    assert handles[2] is not stalled and handles[2].name == "amqtt"
-    assert handles[:2] == [measured, quiet] and handles[3] is external
-    assert not measured.waited and not measured.stopped and not quiet.stopped
-    assert quiet.waited == [runner.IDLE_LIMIT]  # the same rule as the measured broker's
-    assert not external.waited  # not ours to restart
+    assert handles[1] is not stalled and handles[1].name == "amqtt"
+    assert handles[0] is quiet and handles[2] is down and handles[3] is external
+    assert quiet.waited == [runner.IDLE_LIMIT] and not quiet.stopped
+    assert not down.waited and not external.waited
 
 
 def test_a_neighbour_that_does_not_start_again_does_not_end_the_benchmark(
@@ -76,6 +75,6 @@ def test_a_neighbour_that_does_not_start_again_does_not_end_the_benchmark(
     monkeypatch.setattr(br, "restart", restart)
     stalled = StubHandle("amqtt", idle=False)
     handles: list[br.BrokerHandle] = [StubHandle("ours"), stalled]
-    assert runner.quiet_neighbours(handles, -1, pin=False) == ["amqtt"]
+    assert runner.settle(handles, pin=False) == ["amqtt"]
     assert handles[1] is stalled and stalled.stopped  # left down for the "is down" path
     assert "amqtt did not start again: no port after 20 s" in capsys.readouterr().err
