@@ -7,6 +7,7 @@ integer, got 'big'``. See ``config/mqttbroker.toml`` for every key with its defa
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 
 from .broker.options import BrokerOptions
 
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 MAX_BUSY_POLL_US = 1_000_000
 
@@ -45,6 +47,10 @@ class ListenerConfig:
     # Clients without a user name on this listener. Absent: [security] allow_anonymous, or
     # when that is absent too, allowed only if this listener binds to a loopback address.
     allow_anonymous: bool | None = None
+    # "ws" behind a reverse proxy: comma-separated addresses or networks ("127.0.0.1, 10.0.0.0/8")
+    # whose X-Forwarded-For header names the client. The address it names is the one logged and
+    # counted against max_connections_per_address. "": the header is ignored.
+    ws_trusted_proxies: str = ""
 
     @property
     def tls(self) -> bool:
@@ -246,3 +252,24 @@ def _check_listener(listener: ListenerConfig, where: str) -> None:
         path = getattr(listener, key)
         if path and not Path(path).is_file():
             raise ConfigError(f"{where}.{key}: file not found: {path}")
+    if listener.ws_trusted_proxies:
+        if listener.protocol != "ws":
+            raise ConfigError(f'{where}.ws_trusted_proxies: needs protocol = "ws"')
+        try:
+            trusted_networks(listener.ws_trusted_proxies)
+        except ValueError as exc:
+            raise ConfigError(f"{where}.ws_trusted_proxies: {exc}") from None
+
+
+def trusted_networks(text: str) -> tuple[IPNetwork, ...]:
+    """``ws_trusted_proxies``: comma-separated addresses or networks; ValueError names a bad one."""
+    networks = []
+    for entry in text.split(","):
+        entry = entry.strip()
+        if not entry:
+            continue
+        try:
+            networks.append(ipaddress.ip_network(entry, strict=False))
+        except ValueError:
+            raise ValueError(f"not an IP address or network: {entry!r}") from None
+    return tuple(networks)

@@ -38,6 +38,14 @@ def test_no_file_gives_defaults() -> None:
         ("gc_threshold = -1\n", "gc_threshold: must be between 0 and 2147483647"),
         ("gc_threshold = 3000000000\n", "gc_threshold: must be between 0 and 2147483647"),
         ("gc_threshold = '700'\n", "gc_threshold: expected an integer"),
+        (
+            "[[listener]]\nprotocol = 'ws'\nws_trusted_proxies = '10.0.0.0/8, 10.0.0.0/33'\n",
+            "listener[0].ws_trusted_proxies: not an IP address or network: '10.0.0.0/33'",
+        ),
+        (
+            "[[listener]]\nws_trusted_proxies = '127.0.0.1'\n",
+            'listener[0].ws_trusted_proxies: needs protocol = "ws"',
+        ),
         ("busy_poll_us = -1\n", "busy_poll_us: must be between 0 (off) and 1,000,000"),
         ("busy_poll_us = 1000001\n", "busy_poll_us: must be between 0 (off) and 1,000,000"),
         ("busy_poll_us = 2.5\n", "busy_poll_us: expected an integer"),

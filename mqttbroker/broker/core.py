@@ -95,12 +95,14 @@ class Broker:
 
     # -- connections and output -------------------------------------------------------------
 
-    def connect(self, link: Link, peer: str = "?") -> Connection:
-        """A new network connection from ``peer`` ("address:port"). Past the connection limits
-        it is closed at once (the log says which limit)."""
+    def connect(self, link: Link, peer: str = "?", address: str | None = None) -> Connection:
+        """A new network connection from ``peer`` ("address:port", how the log names it) and
+        ``address`` (by default the address in ``peer``; a proxy's client may differ). Past the
+        connection limits it is closed at once (the log says which limit)."""
         conn = Connection(self, link, peer)
         opts = self.options
-        address = peer.rpartition(":")[0] or peer
+        if address is None:
+            address = peer.rpartition(":")[0] or peer
         if opts.max_connections and len(self.connections) >= opts.max_connections:
             self._refuse(conn, f"max_connections ({opts.max_connections}) reached")
             return conn

@@ -15,6 +15,7 @@ bytes travel in WebSocket binary frames (MQTT 5.0 section 6).
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 from typing import Any
 
@@ -22,7 +23,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from ..broker.connection import Connection
 from ..broker.core import Broker
-from ..config import ListenerConfig
+from ..config import IPNetwork, ListenerConfig, trusted_networks
 from .tcp import WRITE_HIGH_WATER
 from .tls import certificate_user
 
@@ -125,9 +126,10 @@ class WebSocketLink:
 
     # -- the connection's life --------------------------------------------------------------
 
-    async def serve(self, broker: Broker, peer: str) -> None:
-        """Read frames until either side closes; the writer task lives as long."""
-        conn = self.conn = broker.connect(self, peer)
+    async def serve(self, broker: Broker, peer: str, address: str | None = None) -> None:
+        """Read frames until either side closes; the writer task lives as long. ``address``:
+        the client's, when a trusted proxy named it (``peer`` is then "address (via proxy)")."""
+        conn = self.conn = broker.connect(self, peer, address)
         writer = asyncio.create_task(self._write_loop())
         ws = self.ws
         try:
@@ -214,6 +216,7 @@ class WebSocketLink:
 def make_app(broker: Broker, listener: ListenerConfig) -> web.Application:
     """An aiohttp application with one route: GET ``listener.ws_path``."""
     max_msg_size = max(4 * 1_048_576, broker.options.max_packet_size + 16)
+    trusted = trusted_networks(listener.ws_trusted_proxies)
 
     async def handle(request: web.Request) -> web.StreamResponse:
         ws = web.WebSocketResponse(
@@ -235,12 +238,20 @@ def make_app(broker: Broker, listener: ListenerConfig) -> web.Application:
         await ws.prepare(request)
         request.app[UPGRADED].add(request.protocol)
         transport = request.transport
-        peer = _peer_name(transport.get_extra_info("peername") if transport else None)
+        peername = transport.get_extra_info("peername") if transport else None
+        peer = _peer_name(peername)
+        address = None
+        if trusted and isinstance(peername, tuple):
+            address = forwarded_client(
+                peername[0], request.headers.getall("X-Forwarded-For", []), trusted
+            )
+            if address is not None:
+                peer = f"{address} (via {peer})"
         user = None
         if listener.tls_certificate_username != "none" and transport is not None:
             ssl_object = transport.get_extra_info("ssl_object")
             user = certificate_user(ssl_object, listener.tls_certificate_username)
-        await WebSocketLink(ws, listener, user).serve(broker, peer)
+        await WebSocketLink(ws, listener, user).serve(broker, peer, address)
         return ws
 
     app = web.Application()
@@ -273,6 +284,50 @@ def bounded(web_server: web.Server, app: web.Application, timeout: float) -> Any
         return handler
 
     return factory
+
+
+def forwarded_client(proxy: str, values: list[str], trusted: tuple[IPNetwork, ...]) -> str | None:
+    """The client's address by the X-Forwarded-For header(s) ``values`` of a request from
+    ``proxy``, or None when the header does not count: ``proxy`` is not trusted, there is no
+    header, or it is malformed. Each proxy appends the address it got the request from, so the
+    client is the right-most entry that is not itself a trusted proxy (anything left of it may
+    have been written by the client)."""
+    if not values or not _within(proxy, trusted):
+        return None
+    entries = [entry.strip() for value in values for entry in value.split(",")]
+    chosen = None
+    for entry in reversed(entries):
+        address = _address(entry)
+        if address is None:
+            log.info("X-Forwarded-For from %s ignored: %r is not an address", proxy, entry)
+            return None
+        chosen = address
+        if not _within(address, trusted):
+            break
+    return chosen
+
+
+def _address(entry: str) -> str | None:
+    """An X-Forwarded-For entry as an address: "203.0.113.7", "2001:db8::1", or with a port as
+    some proxies write it ("203.0.113.7:4711", "[2001:db8::1]:4711")."""
+    if entry.startswith("["):
+        entry = entry[1:].partition("]")[0]
+    elif entry.count(":") == 1:
+        entry = entry.partition(":")[0]
+    try:
+        return str(ipaddress.ip_address(entry))
+    except ValueError:
+        return None
+
+
+def _within(address: str, networks: tuple[IPNetwork, ...]) -> bool:
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    if ip.version == 6 and ip.ipv4_mapped is not None:  # ::ffff:127.0.0.1 on a dual-stack socket
+        ip = ip.ipv4_mapped
+    return any(ip in network for network in networks)
 
 
 def _peer_name(peer: Any) -> str:

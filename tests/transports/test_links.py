@@ -83,7 +83,7 @@ class FakeBroker:
     def __init__(self, conn: FakeConnection) -> None:
         self.conn = conn
 
-    def connect(self, link: Any, peer: str) -> FakeConnection:
+    def connect(self, link: Any, peer: str, address: str | None = None) -> FakeConnection:
         return self.conn
 
 
