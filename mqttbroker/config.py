@@ -272,4 +272,6 @@ def trusted_networks(text: str) -> tuple[IPNetwork, ...]:
             networks.append(ipaddress.ip_network(entry, strict=False))
         except ValueError:
             raise ValueError(f"not an IP address or network: {entry!r}") from None
+    if text and not networks:
+        raise ValueError(f"no address in {text!r}")
     return tuple(networks)

@@ -43,6 +43,10 @@ def test_no_file_gives_defaults() -> None:
             "listener[0].ws_trusted_proxies: not an IP address or network: '10.0.0.0/33'",
         ),
         (
+            "[[listener]]\nprotocol = 'ws'\nws_trusted_proxies = ' , '\n",
+            "listener[0].ws_trusted_proxies: no address in ' , '",
+        ),
+        (
             "[[listener]]\nws_trusted_proxies = '127.0.0.1'\n",
             'listener[0].ws_trusted_proxies: needs protocol = "ws"',
         ),

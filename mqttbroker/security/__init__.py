@@ -23,7 +23,7 @@ from .errors import SecurityFileError
 from .passwords import PasswordFile
 
 if TYPE_CHECKING:
-    from ..config import Config
+    from ..config import Config, ListenerConfig
 
 __all__ = [
     "AclAuthorizer",
@@ -35,6 +35,7 @@ __all__ = [
     "anonymous_default",
     "build_security",
     "is_loopback",
+    "local_only",
 ]
 
 log = logging.getLogger("mqttbroker.security")
@@ -51,10 +52,17 @@ def is_loopback(host: str) -> bool:
         return False  # a name, or "" (every interface): assume it is reachable from outside
 
 
-def anonymous_default(hosts: Iterable[str]) -> bool:
-    """Anonymous access is on by default only when every listener is loopback-only."""
-    hosts = list(hosts)
-    return bool(hosts) and all(is_loopback(h) for h in hosts)
+def local_only(listener: ListenerConfig) -> bool:
+    """Whether only this machine's own clients reach ``listener``: it binds to loopback and is
+    not a WebSocket listener behind a reverse proxy (``ws_trusted_proxies``), which may bind to
+    loopback but serves whoever the proxy serves."""
+    return is_loopback(listener.host) and not listener.ws_trusted_proxies
+
+
+def anonymous_default(listeners: Iterable[ListenerConfig]) -> bool:
+    """Anonymous access is on by default only when every listener is local-only."""
+    listeners = list(listeners)
+    return bool(listeners) and all(local_only(listener) for listener in listeners)
 
 
 class Security:
@@ -108,10 +116,9 @@ class Security:
 def build_security(config: Config) -> Security:
     """The Security of ``config``: loads the files (SecurityFileError names file and line)."""
     settings = config.security
-    hosts = [str(getattr(listener, "host", "")) for listener in config.listeners]
     allow_anonymous = settings.allow_anonymous
     if allow_anonymous is None:
-        allow_anonymous = anonymous_default(hosts)
+        allow_anonymous = anonymous_default(config.listeners)
     password_file = os.path.abspath(settings.password_file) if settings.password_file else ""
     acl_file = os.path.abspath(settings.acl_file) if settings.acl_file else ""
     passwords = PasswordFile.load(password_file) if password_file else None

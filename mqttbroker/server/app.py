@@ -15,7 +15,7 @@ from ..broker.store import Store
 from ..config import Config
 from ..ops.sys_tree import SysTree
 from ..protocol.reasons import ReasonCode
-from ..security import build_security, is_loopback
+from ..security import build_security, local_only
 from ..storage import StoreError
 from .listeners import Listener, start_listener
 from .polling import BusyPoll
@@ -34,7 +34,7 @@ class Server:
             # [security] allow_anonymous, else allowed only on a loopback listener.
             if listener.allow_anonymous is None:
                 chosen = config.security.allow_anonymous
-                listener.allow_anonymous = is_loopback(listener.host) if chosen is None else chosen
+                listener.allow_anonymous = local_only(listener) if chosen is None else chosen
         self.store = self._make_store(config)
         self.broker = Broker(
             config.broker,

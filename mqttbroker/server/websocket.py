@@ -291,42 +291,54 @@ def forwarded_client(proxy: str, values: list[str], trusted: tuple[IPNetwork, ..
     ``proxy``, or None when the header does not count: ``proxy`` is not trusted, there is no
     header, or it is malformed. Each proxy appends the address it got the request from, so the
     client is the right-most entry that is not itself a trusted proxy (anything left of it may
-    have been written by the client)."""
-    if not values or not _within(proxy, trusted):
+    have been written by the client). Empty entries are skipped (RFC 9110, section 5.6.1)."""
+    peer = _ip(proxy)
+    if not values or peer is None or not _within(peer, trusted):
         return None
-    entries = [entry.strip() for value in values for entry in value.split(",")]
     chosen = None
-    for entry in reversed(entries):
-        address = _address(entry)
+    for entry in reversed([e.strip() for value in values for e in value.split(",")]):
+        if not entry:
+            continue
+        address = _entry_ip(entry)
         if address is None:
             log.info("X-Forwarded-For from %s ignored: %r is not an address", proxy, entry)
             return None
         chosen = address
         if not _within(address, trusted):
             break
-    return chosen
+    return None if chosen is None else str(chosen)
 
 
-def _address(entry: str) -> str | None:
-    """An X-Forwarded-For entry as an address: "203.0.113.7", "2001:db8::1", or with a port as
-    some proxies write it ("203.0.113.7:4711", "[2001:db8::1]:4711")."""
-    if entry.startswith("["):
-        entry = entry[1:].partition("]")[0]
-    elif entry.count(":") == 1:
-        entry = entry.partition(":")[0]
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def _ip(text: str) -> IPAddress | None:
+    """An address, an IPv4-mapped IPv6 one (a dual-stack socket's) as the IPv4 address it is."""
     try:
-        return str(ipaddress.ip_address(entry))
+        ip = ipaddress.ip_address(text)
     except ValueError:
         return None
+    if ip.version == 6 and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip
 
 
-def _within(address: str, networks: tuple[IPNetwork, ...]) -> bool:
-    try:
-        ip = ipaddress.ip_address(address)
-    except ValueError:
-        return False
-    if ip.version == 6 and ip.ipv4_mapped is not None:  # ::ffff:127.0.0.1 on a dual-stack socket
-        ip = ip.ipv4_mapped
+def _entry_ip(entry: str) -> IPAddress | None:
+    """An X-Forwarded-For entry: "203.0.113.7", "2001:db8::1", or with a port as some proxies
+    write it, "203.0.113.7:4711" or "[2001:db8::1]:4711"."""
+    if entry.startswith("["):
+        inside, bracket, port = entry[1:].partition("]")
+        if not bracket or (port and not (port[0] == ":" and port[1:].isdigit())):
+            return None
+        entry = inside
+    elif entry.count(":") == 1:
+        entry, _, port = entry.partition(":")
+        if not port.isdigit():
+            return None
+    return _ip(entry)
+
+
+def _within(ip: IPAddress, networks: tuple[IPNetwork, ...]) -> bool:
     return any(ip in network for network in networks)
 
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from security_support import ITERATIONS, mosquitto_pbkdf2_line, mosquitto_sha512_line
 
-from mqttbroker.security import SecurityFileError, anonymous_default, is_loopback
+from mqttbroker.config import ListenerConfig
+from mqttbroker.security import SecurityFileError, anonymous_default, is_loopback, local_only
 from mqttbroker.security.authenticator import FileAuthenticator, KdfBudget
 from mqttbroker.security.passwords import (
     PasswordFile,
@@ -309,7 +310,16 @@ def test_scram_credential_text_round_trip() -> None:
     ],
 )
 def test_anonymous_default_follows_the_listeners(hosts: list[str], allowed: bool) -> None:
-    assert anonymous_default(hosts) is allowed
+    assert anonymous_default([ListenerConfig(host=host) for host in hosts]) is allowed
+
+
+def test_a_loopback_listener_behind_a_reverse_proxy_is_not_local() -> None:
+    """It binds to 127.0.0.1, but the proxy in front of it serves the internet: clients without
+    a user name are not let in by default."""
+    proxied = ListenerConfig(host="127.0.0.1", protocol="ws", ws_trusted_proxies="127.0.0.1")
+    assert not local_only(proxied)
+    assert not anonymous_default([ListenerConfig(), proxied])
+    assert local_only(ListenerConfig(host="127.0.0.1", protocol="ws"))
 
 
 def test_is_loopback_forms() -> None:

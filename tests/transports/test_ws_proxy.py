@@ -39,7 +39,14 @@ TRUSTED = trusted_networks("127.0.0.1, 10.0.0.0/8, 2001:db8::/32")
         ("127.0.0.1", ["203.0.113.7:4711"], "203.0.113.7"),
         ("127.0.0.1", ["[2001:db9::1]:4711"], "2001:db9::1"),
         ("2001:db8::5", ["2001:db9::1"], "2001:db9::1"),
+        ("127.0.0.1", ["203.0.113.7,"], "203.0.113.7"),  # empty entries are skipped
+        ("127.0.0.1", ["", "203.0.113.7"], "203.0.113.7"),
+        ("127.0.0.1", [""], None),
+        ("127.0.0.1", ["::ffff:203.0.113.7"], "203.0.113.7"),  # one client, one address
         ("127.0.0.1", ["203.0.113.7, unknown"], None),  # malformed: not believed at all
+        ("127.0.0.1", ["[203.0.113.7]junk"], None),
+        ("127.0.0.1", ["[2001:db9::1"], None),
+        ("127.0.0.1", ["203.0.113.7:http"], None),
         ("127.0.0.1", ["not-an-address"], None),
         ("127.0.0.1", [], None),  # no header
         ("192.0.2.50", ["203.0.113.7"], None),  # not a trusted proxy: its header counts for nothing
@@ -75,8 +82,13 @@ def test_limits_and_logs_count_the_forwarded_client(
 ) -> None:
     config = Config(
         listeners=[
-            ListenerConfig(port=0, protocol="ws", ws_trusted_proxies="127.0.0.1"),
+            ListenerConfig(
+                port=0, protocol="ws", ws_trusted_proxies="127.0.0.1", allow_anonymous=True
+            ),
             ListenerConfig(port=0, protocol="ws"),  # trusts nobody
+            # Behind a proxy, a loopback listener serves whoever the proxy serves: anonymous
+            # clients are refused unless allowed (3.1.1 CONNACK 5, not authorized).
+            ListenerConfig(port=0, protocol="ws", ws_trusted_proxies="127.0.0.1"),
         ],
         data_dir=str(tmp_path),
     )
@@ -86,7 +98,7 @@ def test_limits_and_logs_count_the_forwarded_client(
     async def scenario() -> dict[str, Any]:
         server = Server(config)
         await server.start()
-        behind, plain = (listener.addresses[0][1] for listener in server.listeners)
+        behind, plain, guarded = (listener.addresses[0][1] for listener in server.listeners)
         seen: dict[str, Any] = {}
         async with aiohttp.ClientSession() as session:
             sockets = []
@@ -97,6 +109,7 @@ def test_limits_and_logs_count_the_forwarded_client(
                     ("again", behind, "203.0.113.7"),
                     ("plain-first", plain, "192.0.2.1"),
                     ("plain-second", plain, "192.0.2.2"),
+                    ("anonymous", guarded, "192.0.2.3"),
                 ]:
                     ws, connack = await _mqtt_over_ws(session, port, forwarded)
                     sockets.append(ws)
@@ -114,6 +127,7 @@ def test_limits_and_logs_count_the_forwarded_client(
     assert seen["again"] is None  # the same client address behind the proxy: over the limit
     # Without trusted proxies both come from 127.0.0.1 whatever the header says.
     assert seen["plain-first"] == CONNACK_OK and seen["plain-second"] is None
+    assert seen["anonymous"] == b"\x20\x02\x00\x05"
     forwarded = [p for p in seen["peers"] if "(via 127.0.0.1:" in p]
     assert sorted(p.partition(" ")[0] for p in forwarded) == ["203.0.113.7", "203.0.113.8"]
     assert "max_connections_per_address (1) reached for 203.0.113.7" in caplog.text
