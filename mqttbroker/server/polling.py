@@ -3,8 +3,8 @@
 Between two messages an idle broker sleeps in the kernel's poll, and the next message pays for
 the wake-up: the scheduler, the CPU leaving its idle state and, on a virtual machine, the host
 giving the virtual CPU back. On this project's 2-core VM that wake-up is most of the delivery
-latency at 1,000 msg/s and all of its tail: p99 0.25 to 2 ms from run to run, for Mosquitto as
-for this broker, against a median of 95-116 µs for this broker with ``busy_poll_us = 2000``
+latency at 1,000 msg/s and all of its tail: p99 from 0.14 to 2 ms from run to run, for Mosquitto
+as for this broker, against medians of 95-116 µs for this broker with ``busy_poll_us = 2000``
 (scenario 5 of benchmarks/README.md; the README's Performance section has the runs).
 
 With ``busy_poll_us`` set, every loop pass that produced output (or left input over for the next
