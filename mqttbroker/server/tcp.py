@@ -24,6 +24,11 @@ log = logging.getLogger("mqttbroker.tcp")
 WRITE_HIGH_WATER = 4 * 1_048_576
 
 
+def peer_name(peer: object) -> str:
+    """A socket's peer as the log names it: "address:port" (a Unix socket's path as it is)."""
+    return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+
+
 class MQTTProtocol(asyncio.Protocol):
     __slots__ = ("broker", "listener", "transport", "conn", "certificate_user")
 
@@ -37,8 +42,7 @@ class MQTTProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
-        peer = transport.get_extra_info("peername")
-        name = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        name = peer_name(transport.get_extra_info("peername"))
         field = self.listener.tls_certificate_username
         if field != "none":
             user = certificate_user(transport.get_extra_info("ssl_object"), field)

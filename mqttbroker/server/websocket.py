@@ -24,7 +24,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from ..broker.connection import Connection
 from ..broker.core import Broker
 from ..config import IPNetwork, ListenerConfig, trusted_networks
-from .tcp import WRITE_HIGH_WATER
+from .tcp import WRITE_HIGH_WATER, peer_name
 from .tls import certificate_user
 
 log = logging.getLogger("mqttbroker.websocket")
@@ -239,7 +239,7 @@ def make_app(broker: Broker, listener: ListenerConfig) -> web.Application:
         request.app[UPGRADED].add(request.protocol)
         transport = request.transport
         peername = transport.get_extra_info("peername") if transport else None
-        peer = _peer_name(peername)
+        peer = peer_name(peername)
         address = None
         if trusted and isinstance(peername, tuple):
             address = forwarded_client(
@@ -274,7 +274,7 @@ def bounded(web_server: web.Server, app: web.Application, timeout: float) -> Any
             return
         transport = handler.transport
         if transport is not None and not transport.is_closing():
-            peer = _peer_name(transport.get_extra_info("peername"))
+            peer = peer_name(transport.get_extra_info("peername"))
             log.info("connection from %s: no WebSocket upgrade within %gs; closing", peer, timeout)
             transport.close()
 
@@ -340,7 +340,3 @@ def _entry_ip(entry: str) -> IPAddress | None:
 
 def _within(ip: IPAddress, networks: tuple[IPNetwork, ...]) -> bool:
     return any(ip in network for network in networks)
-
-
-def _peer_name(peer: Any) -> str:
-    return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)

@@ -320,21 +320,12 @@ class SQLiteStore(Store):
             )
             broker.router.subscribe(sub)
             owner.subscriptions[topic_filter] = sub
-        for (
-            client_id,
-            seq,
-            mid,
-            qos,
-            retain,
-            sub_ids,
-            packet_id,
-            released,
-            share,
-        ) in await self._rows(
+        for row in await self._rows(
             db,
             "SELECT client_id, seq, message_id, qos, retain, sub_ids, packet_id, released, "
             "share FROM deliveries ORDER BY client_id, seq",
         ):
+            client_id, seq, mid, qos, retain, sub_ids, packet_id, released, share = row
             owner = sessions.get(client_id)
             stored = messages.get(mid)
             if owner is None or stored is None:
