@@ -3,7 +3,9 @@
 * ours: ``python -m mqttbroker --port 0 --log-level warning`` (its port read from /proc);
 * Mosquitto: ``mosquitto -c <generated config>`` on a free loopback port;
 * amqtt: only when it is importable (never installed by this suite); MQTT 3.1.1 only;
-* an external broker at HOST:PORT (its pid, when given, enables CPU and RSS figures).
+* an external broker at HOST:PORT (its pid, when given, enables CPU and RSS figures);
+* the floor (scenario 5 only): ``python -m benchmarks.floor PORT``, not a broker but a bare
+  forwarder spinning on plain sockets, the machine's own round trip (see floor.py).
 
 Started brokers are pinned to core 0 with taskset when taskset exists and there are two or more
 cores; the generator then runs on core 1.
@@ -65,6 +67,16 @@ OURS_VARIANTS: dict[str, tuple[str, str | None]] = {  # name -> (storage backend
 TUNED_VARIANTS: dict[str, tuple[str, str]] = {
     "ours-busy-poll": ("busy_poll_us = 2000\n", "busy_poll_us 2000"),
 }
+
+
+# Not a broker: the bare forwarder of floor.py, measured beside the brokers in the scenarios that
+# list it (Scenario.variants), as the lowest latency this machine and probe allow a Python process.
+FLOOR = "floor"
+
+
+def is_variant(name: str) -> bool:
+    """Measured only in the scenarios that list it (Scenario.variants)."""
+    return name in TUNED_VARIANTS or name == FLOOR
 
 
 def ours_config(backend: str, sync: str | None) -> str:
@@ -341,6 +353,33 @@ def start_amqtt(pin: bool) -> BrokerHandle:
     return handle
 
 
+def start_floor(pin: bool) -> BrokerHandle:
+    workdir = tempfile.mkdtemp(prefix="bench-floor-")
+    port = free_port()
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    cmd = [sys.executable, "-m", "benchmarks.floor", str(port)]
+    proc, log_path = _spawn(FLOOR, pinned(BROKER_CORE, cmd, pin), workdir, env)
+    handle = BrokerHandle(
+        FLOOR,
+        "127.0.0.1",
+        port,
+        proc.pid,
+        MQTT_5,
+        proc,
+        workdir,
+        log_path,
+        description="a bare forwarder spinning on plain sockets (benchmarks/floor.py), not a broker",
+    )
+    _wait_port(handle, find_port=False)
+    return handle
+
+
+def start_variant(name: str, pin: bool, version: int = MQTT_5) -> BrokerHandle:
+    """One of TUNED_VARIANTS, or the floor."""
+    return start_floor(pin) if name == FLOOR else start_tuned(name, pin, version)
+
+
 def external(address: str, pid: int | None, version: int = MQTT_5) -> BrokerHandle:
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
@@ -357,8 +396,8 @@ def restart(handle: BrokerHandle, pin: bool) -> BrokerHandle:
         fresh = start_amqtt(pin)
     elif handle.name == "mosquitto":
         fresh = start_mosquitto(pin, handle.version)
-    elif handle.name in TUNED_VARIANTS:
-        fresh = start_tuned(handle.name, pin, handle.version)
+    elif is_variant(handle.name):
+        fresh = start_variant(handle.name, pin, handle.version)
     else:
         fresh = start_ours(pin, handle.version)
     fresh.crashes = handle.crashes

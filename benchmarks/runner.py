@@ -156,6 +156,39 @@ def _table(records: list[dict[str, Any]], names: list[str], keys: list[str], siz
     return "\n".join(lines)
 
 
+def floor_lines(records: list[dict[str, Any]]) -> list[str]:
+    """For each scenario the floor was measured in: its ratio to each broker that is not ours,
+    which is about the best ratio to that broker a broker in Python could show in this run."""
+    lines = []
+    for key in dict.fromkeys(r["scenario"] for r in records if r["broker"] == br.FLOOR):
+        mine = [r for r in records if r["scenario"] == key and not r.get("error")]
+        peers = [n for n in dict.fromkeys(r["broker"] for r in mine) if not is_ours(n)]
+        for peer in (p for p in peers if p != br.FLOOR):
+            cells = []
+            for metric in SCENARIOS[key].metrics:
+                values = {}
+                for name in (br.FLOOR, peer):
+                    values[name] = median(
+                        [
+                            (r.get("metrics") or {}).get(metric.key)
+                            for r in mine
+                            if r["broker"] == name
+                        ]
+                    )
+                a, b = values[br.FLOOR], values[peer]
+                if a is not None and b:
+                    cells.append(f"{metric.label} {a / b:.2f}x")
+            if cells:
+                lines.append(f"  {key}: floor/{peer}: " + ", ".join(cells))
+    if lines:
+        lines.insert(
+            0,
+            "  The floor is a bare forwarder (benchmarks/floor.py), not a broker: its ratio to a "
+            "peer is about the best\n  ratio to that peer any broker in Python could show in this run.",
+        )
+    return lines
+
+
 # -- running -------------------------------------------------------------------------------------
 
 
@@ -367,12 +400,13 @@ def main(argv: list[str] | None = None) -> int:
         except (RuntimeError, ValueError, OSError) as exc:
             print(f"benchmarks: cannot start our broker: {exc}", file=sys.stderr)
             return 2
-        if not args.broker:
-            for name in dict.fromkeys(v for s in shared for v in s.variants):
-                try:
-                    handles.append(br.start_tuned(name, pin, version))
-                except (RuntimeError, OSError) as exc:
-                    print(f"benchmarks: {name} did not start: {exc}", file=sys.stderr)
+        for name in dict.fromkeys(v for s in shared for v in s.variants):
+            if args.broker and name in br.TUNED_VARIANTS:
+                continue  # our broker in another configuration: not with --broker
+            try:
+                handles.append(br.start_variant(name, pin, version))
+            except (RuntimeError, OSError) as exc:
+                print(f"benchmarks: {name} did not start: {exc}", file=sys.stderr)
         mosquitto = not args.no_mosquitto and br.mosquitto_path() is not None
         if not args.no_mosquitto and not mosquitto:
             print("benchmarks: mosquitto not found: measuring without it", file=sys.stderr)
@@ -438,9 +472,8 @@ def main(argv: list[str] | None = None) -> int:
                     for i, handle in enumerate(handles):
                         if scenario.own_brokers and handle.name != "ours":
                             continue  # with --broker, scenario 8 gets a fresh Mosquitto below
-                        tuned = handle.name in br.TUNED_VARIANTS
-                        if tuned and handle.name not in scenario.variants:
-                            continue  # a configuration measured in other scenarios only
+                        if br.is_variant(handle.name) and handle.name not in scenario.variants:
+                            continue  # measured in other scenarios only
                         restarted = settle(handles, pin)
                         handle = handles[i]
                         if handle.managed and not handle.alive():
@@ -470,6 +503,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(table(records, sizes))
     print("  * lower is better; ratios are ours/peer of the medians; CPU % is of one core.")
+    for line in floor_lines(records):
+        print(line)
     print(f"  results: {out}")
     bad = [(r, p) for r in records for p in problems(r)]
     missing = {s.key for s in scenarios} - {r["scenario"] for r in records}

@@ -575,7 +575,8 @@ class Scenario:
     many_fds: bool = False
     # Measured on brokers of its own, started fresh for each run (see runner.own_brokers).
     own_brokers: bool = False
-    # Configurations of our broker (brokers.TUNED_VARIANTS) measured here beside the others.
+    # Configurations of our broker (brokers.TUNED_VARIANTS), or the floor (brokers.FLOOR),
+    # measured here beside the others.
     variants: tuple[str, ...] = ()
 
 
@@ -604,7 +605,7 @@ SCENARIOS: dict[str, Scenario] = {
                 Metric("p999_us", "p99.9 us", False),
                 Metric("max_us", "max us", False),
             ),
-            variants=("ours-busy-poll",),
+            variants=("ours-busy-poll", "floor"),
         ),
         Scenario(
             "6",
