@@ -51,6 +51,11 @@ class ListenerConfig:
     # whose X-Forwarded-For header names the client. The address it names is the one logged and
     # counted against max_connections_per_address. "": the header is ignored.
     ws_trusted_proxies: str = ""
+    # "mqtt" behind a TCP load balancer that sends the PROXY protocol header (v1 or v2):
+    # comma-separated addresses or networks of the balancers. Only they may connect, each
+    # connection must start with the header, and the client it names is the one logged and
+    # counted against max_connections_per_address. Not with TLS (terminate TLS at the balancer).
+    proxy_protocol: str = ""
 
     @property
     def tls(self) -> bool:
@@ -259,10 +264,26 @@ def _check_listener(listener: ListenerConfig, where: str) -> None:
             trusted_networks(listener.ws_trusted_proxies)
         except ValueError as exc:
             raise ConfigError(f"{where}.ws_trusted_proxies: {exc}") from None
+    if listener.proxy_protocol:
+        if listener.protocol != "mqtt":
+            raise ConfigError(
+                f'{where}.proxy_protocol: needs protocol = "mqtt" (behind a reverse proxy a '
+                "WebSocket listener reads X-Forwarded-For: ws_trusted_proxies)"
+            )
+        if listener.tls:
+            raise ConfigError(
+                f"{where}.proxy_protocol: not with TLS (tls_cert_file): terminate TLS at the "
+                "load balancer and forward plain MQTT with the header"
+            )
+        try:
+            trusted_networks(listener.proxy_protocol)
+        except ValueError as exc:
+            raise ConfigError(f"{where}.proxy_protocol: {exc}") from None
 
 
 def trusted_networks(text: str) -> tuple[IPNetwork, ...]:
-    """``ws_trusted_proxies``: comma-separated addresses or networks; ValueError names a bad one."""
+    """``ws_trusted_proxies``, ``proxy_protocol``: comma-separated addresses or networks;
+    ValueError names a bad one."""
     networks = []
     for entry in text.split(","):
         entry = entry.strip()

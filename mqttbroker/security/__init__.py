@@ -54,9 +54,11 @@ def is_loopback(host: str) -> bool:
 
 def local_only(listener: ListenerConfig) -> bool:
     """Whether only this machine's own clients reach ``listener``: it binds to loopback and is
-    not a WebSocket listener behind a reverse proxy (``ws_trusted_proxies``), which may bind to
-    loopback but serves whoever the proxy serves."""
-    return is_loopback(listener.host) and not listener.ws_trusted_proxies
+    not behind a proxy (``ws_trusted_proxies``, ``proxy_protocol``), which may bind to loopback
+    but serves whoever the proxy serves."""
+    return is_loopback(listener.host) and not (
+        listener.ws_trusted_proxies or listener.proxy_protocol
+    )
 
 
 def anonymous_default(listeners: Iterable[ListenerConfig]) -> bool:

@@ -7,7 +7,8 @@ closing handshakes.
 
 Every listener is an asyncio server made by ``loop.create_server``: MQTT over TCP (or TLS) with
 an ``MQTTProtocol`` per socket, MQTT over WebSocket with aiohttp's low-level ``web.Server`` as
-the protocol factory (aiohttp is imported only when a WebSocket listener is configured). TLS
+the protocol factory (aiohttp is imported only when a WebSocket listener is configured); behind
+a PROXY-protocol balancer, a ``ProxiedMQTTProtocol`` that reads the header first (proxy.py). TLS
 handshakes, and the WebSocket upgrade after the accept, must finish within the broker's
 ``connect_timeout``.
 """
@@ -20,7 +21,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..broker.core import Broker
-from ..config import ListenerConfig
+from ..config import ListenerConfig, trusted_networks
+from .proxy import ProxiedMQTTProtocol
 from .tcp import MQTTProtocol
 from .tls import server_context
 
@@ -77,6 +79,9 @@ async def start_listener(broker: Broker, listener: ListenerConfig, where: str) -
         web_server = runner.server
         assert web_server is not None
         factory = bounded(web_server, app, broker.options.connect_timeout)
+    elif listener.proxy_protocol:
+        trusted = trusted_networks(listener.proxy_protocol)
+        factory = lambda: ProxiedMQTTProtocol(broker, listener, trusted)  # noqa: E731
     else:
         factory = lambda: MQTTProtocol(broker, listener)  # noqa: E731
     try:
@@ -93,6 +98,7 @@ async def start_listener(broker: Broker, listener: ListenerConfig, where: str) -
             await runner.cleanup()
         raise
     result = Listener(listener, server, runner)
+    behind = f", PROXY protocol from {listener.proxy_protocol}" if listener.proxy_protocol else ""
     for host, port in result.addresses:
-        log.info("listening on %s:%d (%s)", host, port, listener.kind)
+        log.info("listening on %s:%d (%s)%s", host, port, listener.kind, behind)
     return result

@@ -15,7 +15,6 @@ bytes travel in WebSocket binary frames (MQTT 5.0 section 6).
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 from typing import Any
 
@@ -24,6 +23,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from ..broker.connection import Connection
 from ..broker.core import Broker
 from ..config import IPNetwork, ListenerConfig, trusted_networks
+from .proxy import IPAddress, ip_of, within
 from .tcp import WRITE_HIGH_WATER, peer_name
 from .tls import certificate_user
 
@@ -292,8 +292,8 @@ def forwarded_client(proxy: str, values: list[str], trusted: tuple[IPNetwork, ..
     header, or it is malformed. Each proxy appends the address it got the request from, so the
     client is the right-most entry that is not itself a trusted proxy (anything left of it may
     have been written by the client). Empty entries are skipped (RFC 9110, section 5.6.1)."""
-    peer = _ip(proxy)
-    if not values or peer is None or not _within(peer, trusted):
+    peer = ip_of(proxy)
+    if not values or peer is None or not within(peer, trusted):
         return None
     chosen = None
     for entry in reversed([e.strip() for value in values for e in value.split(",")]):
@@ -304,23 +304,9 @@ def forwarded_client(proxy: str, values: list[str], trusted: tuple[IPNetwork, ..
             log.info("X-Forwarded-For from %s ignored: %r is not an address", proxy, entry)
             return None
         chosen = address
-        if not _within(address, trusted):
+        if not within(address, trusted):
             break
     return None if chosen is None else str(chosen)
-
-
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-
-
-def _ip(text: str) -> IPAddress | None:
-    """An address, an IPv4-mapped IPv6 one (a dual-stack socket's) as the IPv4 address it is."""
-    try:
-        ip = ipaddress.ip_address(text)
-    except ValueError:
-        return None
-    if ip.version == 6 and ip.ipv4_mapped is not None:
-        return ip.ipv4_mapped
-    return ip
 
 
 def _entry_ip(entry: str) -> IPAddress | None:
@@ -335,8 +321,4 @@ def _entry_ip(entry: str) -> IPAddress | None:
         entry, _, port = entry.partition(":")
         if not port.isdigit():
             return None
-    return _ip(entry)
-
-
-def _within(ip: IPAddress, networks: tuple[IPNetwork, ...]) -> bool:
-    return any(ip in network for network in networks)
+    return ip_of(entry)

@@ -417,9 +417,10 @@ class Paho:
             self.disconnected = True
             self._cond.notify_all()
 
-    def connect(self, host: str, port: int) -> int:
-        """Connect and wait for CONNACK; its reason code (0: success)."""
-        self.client.connect(host, port, keepalive=30)
+    def connect(self, host: str, port: int, bind_address: str = "") -> int:
+        """Connect (from ``bind_address`` if given) and wait for CONNACK; its reason code (0:
+        success)."""
+        self.client.connect(host, port, keepalive=30, bind_address=bind_address)
         self.client.loop_start()
         self._started = True
         with self._cond:

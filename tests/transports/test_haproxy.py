@@ -1,0 +1,132 @@
+"""``proxy_protocol`` behind a real HAProxy (Debian's ``haproxy``, installed by .ci/run): one
+frontend sends the version 2 header (``send-proxy-v2``), another version 1 (``send-proxy``).
+paho-mqtt subscribes through the first from 127.0.0.3, mosquitto_pub publishes through the
+second; the message arrives, and the broker logs each client by the address HAProxy names, the
+balancer's own beside it. A client that skips HAProxy is closed: it sends no header."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from transport_support import TIMEOUT, BrokerRun, Paho, connect_packet, toml_listener, unique
+
+HAPROXY_CONFIG = """\
+defaults
+    mode tcp
+    timeout connect 5s
+    timeout client 60s
+    timeout server 60s
+
+frontend v2
+    bind 127.0.0.1:{v2}
+    default_backend broker_v2
+
+backend broker_v2
+    server broker 127.0.0.1:{broker} send-proxy-v2
+
+frontend v1
+    bind 127.0.0.1:{v1}
+    default_backend broker_v1
+
+backend broker_v1
+    server broker 127.0.0.1:{broker} send-proxy
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_open(port: int) -> None:
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), 0.5):
+                return
+        except OSError:
+            assert time.monotonic() < deadline, f"nothing listens on {port}"
+            time.sleep(0.05)
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[BrokerRun]:
+    config = tmp_path / "proxied.toml"
+    listener = toml_listener(
+        host="127.0.0.1", port=0, proxy_protocol="127.0.0.1", allow_anonymous=True
+    )
+    config.write_text(listener + '\n[storage]\nbackend = "memory"\n')
+    run = BrokerRun(tmp_path, "--config", str(config), "--log-level", "info").start(1)
+    try:
+        yield run
+    finally:
+        run.stop()
+
+
+@pytest.fixture
+def haproxy(tmp_path: Path, broker: BrokerRun) -> Iterator[tuple[int, int]]:
+    binary = shutil.which("haproxy") or "/usr/sbin/haproxy"
+    assert Path(binary).exists(), "haproxy is not installed (.ci/run installs it from Debian)"
+    v2, v1 = free_port(), free_port()
+    config = tmp_path / "haproxy.cfg"
+    config.write_text(HAPROXY_CONFIG.format(v2=v2, v1=v1, broker=broker.addresses[0].port))
+    proc = subprocess.Popen(
+        [binary, "-db", "-f", str(config)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_open(v2)
+        wait_open(v1)
+        yield v2, v1
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(TIMEOUT)
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
+def test_clients_through_haproxy_are_named_by_its_header(
+    broker: BrokerRun, haproxy: tuple[int, int]
+) -> None:
+    v2, v1 = haproxy
+    mark = broker.log_mark()
+    sub = Paho()
+    try:
+        assert sub.connect("127.0.0.1", v2, bind_address="127.0.0.3") == 0
+        assert sub.subscribe("proxied/#", qos=1) == 1
+        published = subprocess.run(
+            ["mosquitto_pub", "-h", "127.0.0.1", "-p", str(v1), "-V", "mqttv311", "-q", "1"]
+            + ["-i", unique("pub"), "-t", "proxied/haproxy", "-m", "through HAProxy"],
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+        )
+        assert published.returncode == 0, published.stderr
+        messages = sub.wait_messages(1)
+        assert [(m.topic, m.payload) for m in messages] == [("proxied/haproxy", b"through HAProxy")]
+    finally:
+        sub.close()
+    via = r" \(via 127\.0\.0\.1:\d+\)"
+    assert broker.wait_for_log(r"connected from 127\.0\.0\.3:\d+" + via + r" \(MQTT 5\.0", mark)
+    assert broker.wait_for_log(r"connected from 127\.0\.0\.1:\d+" + via + r" \(MQTT 3\.1\.1", mark)
+
+    # Straight to the broker, past HAProxy: no header, so the connection is closed unanswered.
+    with socket.create_connection(("127.0.0.1", broker.addresses[0].port), TIMEOUT) as direct:
+        direct.settimeout(TIMEOUT)
+        direct.sendall(connect_packet(unique("direct")))
+        assert direct.recv(16) == b""
+    assert broker.wait_for_log(r"closed: no PROXY protocol header", mark)
+    broker.assert_clean_log()

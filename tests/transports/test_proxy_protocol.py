@@ -1,0 +1,312 @@
+"""``proxy_protocol``: an MQTT listener behind a TCP load balancer that sends the PROXY protocol
+header (HAProxy's versions 1 and 2).
+
+``read_header`` on its own (both versions, incomplete and malformed headers, LOCAL and UNKNOWN,
+TLVs), then a real Server whose listener trusts "a balancer" on 127.0.0.1: clients named by the
+header are logged and counted as themselves (``max_connections_per_address = 1`` refuses a
+second from the same client address), the header and the CONNECT may arrive in one segment or
+byte by byte, a LOCAL header keeps the socket's address, a bad header or none closes the
+connection without harming the others, and a listener trusting another network refuses
+127.0.0.1 outright. The configuration errors name the key."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import struct
+from pathlib import Path
+from typing import Any
+
+import paho.mqtt.client as mqtt
+import pytest
+from transport_support import CONNACK_OK, connect_packet, unique
+
+from mqttbroker.config import Config, ConfigError, ListenerConfig, load
+from mqttbroker.server.app import Server
+from mqttbroker.server.proxy import V2_SIGNATURE, Header, ProxyHeaderError, read_header
+
+GUARD = 10.0  # seconds: a failure guard, never a measured time
+
+
+def v2(
+    command: int = 1,
+    family: int = 0x11,
+    source: str = "203.0.113.7",
+    port: int = 4711,
+    tlvs: bytes = b"",
+) -> bytes:
+    """A version 2 header; ``family`` 0x11 TCP over IPv4, 0x21 over IPv6."""
+    ip = ipaddress.ip_address(source)
+    if ip.version == 4:
+        addresses = ip.packed + bytes([10, 0, 0, 5]) + struct.pack("!HH", port, 1883)
+    else:
+        addresses = ip.packed + ipaddress.IPv6Address("2001:db8::5").packed
+        addresses += struct.pack("!HH", port, 1883)
+    if family in (0x00, 0x31):
+        addresses = b""
+    body = addresses + tlvs
+    return V2_SIGNATURE + bytes([0x20 | command, family]) + struct.pack("!H", len(body)) + body
+
+
+V1 = b"PROXY TCP4 203.0.113.7 10.0.0.5 4711 1883\r\n"
+
+
+@pytest.mark.parametrize(
+    ("data", "header"),
+    [
+        (V1, Header(len(V1), ("203.0.113.7", 4711))),
+        (V1 + b"\x10\x0c", Header(len(V1), ("203.0.113.7", 4711))),  # the client's bytes follow
+        (
+            b"PROXY TCP6 2001:db9::1 2001:db8::5 65535 1883\r\n",
+            Header(47, ("2001:db9::1", 65535)),
+        ),
+        (
+            b"PROXY TCP6 ::ffff:203.0.113.7 ::ffff:10.0.0.5 0 1883\r\n",
+            Header(54, ("203.0.113.7", 0)),
+        ),
+        (b"PROXY UNKNOWN\r\n", Header(15, None)),
+        (b"PROXY UNKNOWN ffff:f::1 ffff:f::2 1 2\r\n", Header(39, None)),
+        (v2(), Header(28, ("203.0.113.7", 4711))),
+        (v2(family=0x21, source="2001:db9::1", port=1), Header(52, ("2001:db9::1", 1))),
+        (v2(family=0x21, source="::ffff:203.0.113.7"), Header(52, ("203.0.113.7", 4711))),
+        (v2(tlvs=b"\x04\x00\x01\x00"), Header(32, ("203.0.113.7", 4711))),  # a TLV, skipped
+        (v2(command=0), Header(28, None)),  # LOCAL: the balancer's own health check
+        (v2(family=0x00), Header(16, None)),  # UNSPEC
+        (v2(family=0x31), Header(16, None)),  # a Unix socket: no address to give
+        (v2(family=0x10), Header(28, ("203.0.113.7", 4711))),  # UNSPEC transport
+    ],
+)
+def test_read_header(data: bytes, header: Header) -> None:
+    assert read_header(data) == header
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"P", b"PROXY", b"PROXY TCP4 203.0.113.7", V1[:-1], b"\r\n\r\n", v2()[:12], v2()[:27]],
+)
+def test_read_header_waits_for_the_rest(data: bytes) -> None:
+    assert read_header(data) is None
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"\x10\x0c\x00\x04MQTT",  # a client talking MQTT directly
+        b"GET / HTTP/1.1\r\n",
+        b"PROXY TCP4 203.0.113.7 10.0.0.5 4711\r\n",  # a port missing
+        b"PROXY TCP4 2001:db9::1 10.0.0.5 4711 1883\r\n",  # an IPv6 address in TCP4
+        b"PROXY TCP6 203.0.113.7 2001:db8::5 4711 1883\r\n",
+        b"PROXY TCP4 203.0.113.7 10.0.0.5 65536 1883\r\n",
+        b"PROXY TCP4 203.0.113.7 10.0.0.5 04711 1883\r\n",
+        b"PROXY TCP4 203.0.113.7 10.0.0.5 -1 1883\r\n",
+        b"PROXY TCP4 203.0.113.7  10.0.0.5 4711 1883\r\n",
+        b"PROXY UDP4 203.0.113.7 10.0.0.5 4711 1883\r\n",
+        b"PROXY TCP4 203.0.113.\xff 10.0.0.5 4711 1883\r\n",
+        b"PROXY " + b"9" * 120,  # no CRLF within 107 bytes
+        V2_SIGNATURE + b"\x11\x11\x00\x0c" + bytes(12),  # version 1 in a version 2 header
+        V2_SIGNATURE + b"\x22\x11\x00\x0c" + bytes(12),  # command 2
+        V2_SIGNATURE + b"\x21\x12\x00\x0c" + bytes(12),  # datagrams
+        V2_SIGNATURE + b"\x21\x41\x00\x0c" + bytes(12),  # family 4
+        V2_SIGNATURE + b"\x21\x11\x00\x04" + bytes(4),  # IPv4 addresses cut short
+        V2_SIGNATURE + b"\x21\x21\x00\x0c" + bytes(12),  # IPv6 addresses cut short
+    ],
+)
+def test_read_header_refuses(data: bytes) -> None:
+    with pytest.raises(ProxyHeaderError):
+        read_header(data)
+
+
+async def _exchange(port: int, chunks: list[bytes], pause: float = 0.0) -> bytes | None:
+    """Send ``chunks`` (one write each) and return the first 4 bytes answered (a 3.1.1 CONNACK),
+    or None when the broker closes the connection first."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        for chunk in chunks:
+            writer.write(chunk)
+            await writer.drain()
+            if pause:
+                await asyncio.sleep(pause)
+        try:
+            return await asyncio.wait_for(reader.readexactly(4), GUARD)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return None
+    finally:
+        writer.close()
+
+
+def test_the_header_names_the_client_and_nothing_else_gets_through(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = Config(
+        listeners=[
+            ListenerConfig(port=0, proxy_protocol="127.0.0.1", allow_anonymous=True),
+            ListenerConfig(port=0, proxy_protocol="10.0.0.0/8", allow_anonymous=True),
+            ListenerConfig(port=0, proxy_protocol="127.0.0.0/8"),  # anonymous not allowed
+        ],
+        data_dir=str(tmp_path),
+    )
+    config.storage.backend = "memory"
+    config.broker.max_connections_per_address = 1
+    config.broker.connect_timeout = 1
+
+    async def scenario() -> dict[str, Any]:
+        server = Server(config)
+        await server.start()
+        behind, elsewhere, guarded = (listener.addresses[0][1] for listener in server.listeners)
+        seen: dict[str, Any] = {}
+        held: list[asyncio.StreamWriter] = []
+        try:
+            # Each accepted client keeps its connection, so that the per-address limit counts it.
+            async def keep(name: str, port: int, header: bytes, split: bool = False) -> None:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                held.append(writer)
+                data = header + connect_packet(unique(name))
+                for piece in [data[i : i + 1] for i in range(len(data))] if split else [data]:
+                    writer.write(piece)
+                    await writer.drain()
+                try:
+                    seen[name] = await asyncio.wait_for(reader.readexactly(4), GUARD)
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    seen[name] = None
+
+            await keep("v1", behind, V1)
+            await keep("v2", behind, v2(source="198.51.100.9", port=5000), split=True)
+            await keep("again", behind, v2(source="203.0.113.7", port=4712))
+            await keep("local", behind, v2(command=0))  # the balancer's own: 127.0.0.1
+            await keep("local-again", behind, b"PROXY UNKNOWN\r\n")  # 127.0.0.1 once more
+            seen["peers"] = sorted(conn.peer for conn in server.broker.connections)
+            seen["garbage"] = await _exchange(behind, [b"\x10\x0c\x00\x04MQTT\x04\x02"])
+            seen["half"] = await _exchange(behind, [V1[:20]])  # then nothing: timed out
+            seen["silent"] = await _exchange(behind, [])
+            seen["untrusted"] = await _exchange(elsewhere, [V1 + connect_packet(unique("u"))])
+            seen["anonymous"] = await _exchange(
+                guarded, [v2(source="192.0.2.3") + connect_packet(unique("a"))]
+            )
+            # The first clients were not harmed by any of that.
+            seen["still"] = sorted(conn.peer for conn in server.broker.connections)
+        finally:
+            for writer in held:
+                writer.close()
+            await server.stop()
+        return seen
+
+    with caplog.at_level(logging.DEBUG, logger="mqttbroker"):
+        seen = asyncio.run(scenario())
+    assert seen["v1"] == CONNACK_OK and seen["v2"] == CONNACK_OK and seen["local"] == CONNACK_OK
+    assert seen["again"] is None  # 203.0.113.7 again: over max_connections_per_address
+    assert seen["local-again"] is None  # 127.0.0.1 again
+    proxied = [p for p in seen["peers"] if " (via 127.0.0.1:" in p]
+    assert sorted(p.partition(" ")[0] for p in proxied) == ["198.51.100.9:5000", "203.0.113.7:4711"]
+    assert "max_connections_per_address (1) reached for 203.0.113.7" in caplog.text
+    assert "max_connections_per_address (1) reached for 127.0.0.1" in caplog.text
+    assert seen["garbage"] is None and seen["half"] is None and seen["silent"] is None
+    assert seen["untrusted"] is None
+    assert seen["anonymous"] == b"\x20\x02\x00\x05"  # a proxied loopback listener is not local
+    assert seen["still"] == seen["peers"]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert any("no PROXY protocol header" in m for m in warnings)
+    assert any("not one of this listener's proxy_protocol addresses" in m for m in warnings)
+    assert any("no PROXY protocol header within connect_timeout" in m for m in warnings)
+    quiet = [r for r in caplog.records if "closed: no PROXY protocol header within" in r.message]
+    assert any(r.levelno == logging.DEBUG for r in quiet)  # the silent one: a health check
+
+
+def test_paho_through_a_balancer(tmp_path: Path) -> None:
+    """paho-mqtt (MQTT 5) publishes and subscribes through a stand-in balancer that sends a
+    version 2 header, then relays both ways."""
+    config = Config(
+        listeners=[ListenerConfig(port=0, proxy_protocol="127.0.0.1", allow_anonymous=True)],
+        data_dir=str(tmp_path),
+    )
+    config.storage.backend = "memory"
+
+    async def relay(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, header: bytes | None = None
+    ) -> None:
+        try:
+            if header is not None:
+                writer.write(header)
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    async def scenario() -> tuple[list[Any], list[str]]:
+        server = Server(config)
+        await server.start()
+        port = server.listeners[0].addresses[0][1]
+        clients = 0
+
+        async def balance(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            nonlocal clients
+            clients += 1
+            upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", port)
+            header = v2(source=f"203.0.113.{clients}", port=40000 + clients)
+            await asyncio.gather(
+                relay(reader, upstream_writer, header), relay(upstream_reader, writer)
+            )
+
+        balancer = await asyncio.start_server(balance, "127.0.0.1", 0)
+        front = balancer.sockets[0].getsockname()[1]
+        received: list[Any] = []
+        got = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        sub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, unique("sub"), protocol=mqtt.MQTTv5)
+        pub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, unique("pub"), protocol=mqtt.MQTTv5)
+        subscribed = asyncio.Event()
+        sub.on_subscribe = lambda *a: loop.call_soon_threadsafe(subscribed.set)
+
+        def on_message(client: Any, userdata: Any, message: mqtt.MQTTMessage) -> None:
+            received.append((message.topic, message.payload))
+            loop.call_soon_threadsafe(got.set)
+
+        sub.on_message = on_message
+        try:
+            await loop.run_in_executor(None, sub.connect, "127.0.0.1", front)
+            sub.loop_start()
+            sub.subscribe("proxied/#", qos=1)
+            await asyncio.wait_for(subscribed.wait(), GUARD)
+            await loop.run_in_executor(None, pub.connect, "127.0.0.1", front)
+            pub.loop_start()
+            pub.publish("proxied/hello", b"through the balancer", qos=1)
+            await asyncio.wait_for(got.wait(), GUARD)
+            peers = sorted(conn.peer for conn in server.broker.connections)
+        finally:
+            for client in (sub, pub):
+                client.disconnect()
+                client.loop_stop()
+            balancer.close()
+            await server.stop()
+        return received, peers
+
+    received, peers = asyncio.run(scenario())
+    assert received == [("proxied/hello", b"through the balancer")]
+    assert [p.partition(" ")[0] for p in peers] == ["203.0.113.1:40001", "203.0.113.2:40002"]
+
+
+@pytest.mark.parametrize(
+    ("listener", "message"),
+    [
+        (
+            'protocol = "ws"\nproxy_protocol = "127.0.0.1"',
+            'proxy_protocol: needs protocol = "mqtt"',
+        ),
+        ('proxy_protocol = "10.0.0.0/33"', "proxy_protocol: not an IP address or network"),
+        ('proxy_protocol = ","', "proxy_protocol: no address"),
+        ('tls_cert_file = "CERT"\nproxy_protocol = "127.0.0.1"', "proxy_protocol: not with TLS"),
+    ],
+)
+def test_configuration_errors_name_the_key_and_file(
+    tmp_path: Path, listener: str, message: str
+) -> None:
+    cert = tmp_path / "cert.pem"
+    cert.write_text("not read before the check")
+    path = tmp_path / "broker.toml"
+    path.write_text(f"[[listener]]\nport = 1883\n{listener.replace('CERT', str(cert))}\n")
+    with pytest.raises(ConfigError) as info:
+        load(path)
+    assert str(path) in str(info.value) and "listener[0]." + message in str(info.value)
