@@ -54,7 +54,7 @@ class ListenerConfig:
     # "mqtt" behind a TCP load balancer that sends the PROXY protocol header (v1 or v2):
     # comma-separated addresses or networks of the balancers. Only they may connect, each
     # connection must start with the header, and the client it names is the one logged and
-    # counted against max_connections_per_address. Not with TLS (terminate TLS at the balancer).
+    # counted against max_connections_per_address. With TLS, the balancer passes TLS through.
     proxy_protocol: str = ""
 
     @property
@@ -269,11 +269,6 @@ def _check_listener(listener: ListenerConfig, where: str) -> None:
             raise ConfigError(
                 f'{where}.proxy_protocol: needs protocol = "mqtt" (behind a reverse proxy a '
                 "WebSocket listener reads X-Forwarded-For: ws_trusted_proxies)"
-            )
-        if listener.tls:
-            raise ConfigError(
-                f"{where}.proxy_protocol: not with TLS (tls_cert_file): terminate TLS at the "
-                "load balancer and forward plain MQTT with the header"
             )
         try:
             trusted_networks(listener.proxy_protocol)

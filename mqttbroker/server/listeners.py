@@ -7,8 +7,9 @@ closing handshakes.
 
 Every listener is an asyncio server made by ``loop.create_server``: MQTT over TCP (or TLS) with
 an ``MQTTProtocol`` per socket, MQTT over WebSocket with aiohttp's low-level ``web.Server`` as
-the protocol factory (aiohttp is imported only when a WebSocket listener is configured); behind
-a PROXY-protocol balancer, a ``ProxiedMQTTProtocol`` that reads the header first (proxy.py). TLS
+the protocol factory (aiohttp is imported only when a WebSocket listener is configured). Behind
+PROXY-protocol balancers (``proxy_protocol``) a ``ProxyAcceptor`` accepts instead and hands each
+socket to the loop once its header is read (proxy.py). TLS
 handshakes, and the WebSocket upgrade after the accept, must finish within the broker's
 ``connect_timeout``.
 """
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from ..broker.core import Broker
 from ..config import ListenerConfig, trusted_networks
-from .proxy import ProxiedMQTTProtocol
+from .proxy import ProxyAcceptor, bind
 from .tcp import MQTTProtocol
 from .tls import server_context
 
@@ -38,7 +39,7 @@ class Listener:
     def __init__(
         self,
         config: ListenerConfig,
-        server: asyncio.base_events.Server,
+        server: asyncio.base_events.Server | ProxyAcceptor,
         runner: web.AppRunner | None = None,
     ) -> None:
         self.config = config
@@ -80,8 +81,24 @@ async def start_listener(broker: Broker, listener: ListenerConfig, where: str) -
         assert web_server is not None
         factory = bounded(web_server, app, broker.options.connect_timeout)
     elif listener.proxy_protocol:
-        trusted = trusted_networks(listener.proxy_protocol)
-        factory = lambda: ProxiedMQTTProtocol(broker, listener, trusted)  # noqa: E731
+        acceptor = ProxyAcceptor(
+            loop,
+            bind(listener.host, listener.port),
+            trusted_networks(listener.proxy_protocol),
+            lambda name, address: MQTTProtocol(broker, listener, (name, address)),
+            context,
+            broker.options.connect_timeout,
+        )
+        result = Listener(listener, acceptor)
+        for host, port in result.addresses:
+            log.info(
+                "listening on %s:%d (%s), PROXY protocol from %s",
+                host,
+                port,
+                listener.kind,
+                listener.proxy_protocol,
+            )
+        return result
     else:
         factory = lambda: MQTTProtocol(broker, listener)  # noqa: E731
     try:
@@ -98,7 +115,6 @@ async def start_listener(broker: Broker, listener: ListenerConfig, where: str) -
             await runner.cleanup()
         raise
     result = Listener(listener, server, runner)
-    behind = f", PROXY protocol from {listener.proxy_protocol}" if listener.proxy_protocol else ""
     for host, port in result.addresses:
-        log.info("listening on %s:%d (%s)%s", host, port, listener.kind, behind)
+        log.info("listening on %s:%d (%s)", host, port, listener.kind)
     return result

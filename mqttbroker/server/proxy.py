@@ -10,15 +10,19 @@ protocol it first sends one header naming the client, then the client's bytes. A
 - requires the header on every connection, version 1 (text) or 2 (binary), told apart by their
   first bytes, as the protocol's specification allows; nothing is guessed: a connection that
   does not start with a valid header is closed, and one that sends none within
-  ``connect_timeout`` too;
+  ``connect_timeout`` too (one closed before sending anything, as a balancer's TCP health check
+  is, goes unlogged);
 - then treats the connection as the named client's: that address is logged ("203.0.113.7:4711
   (via 10.0.0.5:40112)") and counted against ``max_connections_per_address``. A version 2
   LOCAL header (the balancer's own health check) and a version 1 ``UNKNOWN`` keep the socket's
   address, as the specification says.
 
-TLS is not combined with it here: the balancer terminates TLS (as an NLB TLS listener or HAProxy
-``ssl`` bind does) and forwards plain MQTT with the header. A configuration with both is refused
-(config.py). WebSocket listeners read X-Forwarded-For instead (``ws_trusted_proxies``).
+On a TLS listener the header comes first, in clear, and the client's TLS handshake follows on the
+same connection: the balancer passes TLS through (HAProxy ``mode tcp``, an NLB TCP listener), so
+the broker still terminates it and client certificates (mutual TLS) still work. That is why the
+header is read here, off the raw socket and not one byte beyond it, before the loop makes a
+transport of the socket; asyncio's ``create_server`` would have begun TLS at once. WebSocket
+listeners read X-Forwarded-For instead (``ws_trusted_proxies``).
 """
 
 from __future__ import annotations
@@ -26,11 +30,13 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
-from typing import NamedTuple, cast
+import socket
+import ssl
+from collections.abc import Callable
+from typing import NamedTuple
 
-from ..broker.core import Broker
-from ..config import IPNetwork, ListenerConfig
-from .tcp import WRITE_HIGH_WATER, MQTTProtocol, peer_name
+from ..config import IPNetwork
+from .tcp import peer_name
 
 log = logging.getLogger("mqttbroker.proxy")
 
@@ -151,91 +157,164 @@ def _read_v2(data: bytes) -> Header | None:
     return Header(size, (str(ip), port))  # what follows the addresses (TLVs) is not needed
 
 
-class ProxiedMQTTProtocol(MQTTProtocol):
-    """An MQTT listener's protocol behind a PROXY-protocol balancer: the broker's Connection is
-    made once the header has named the client; until then the bytes are held here."""
+async def receive_header(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> Header:
+    """Read the PROXY header off the non-blocking ``sock`` and not one byte more: the client's
+    bytes (a CONNECT, or a TLS ClientHello) stay in the socket for the transport that follows.
+    Each wake-up peeks at what has arrived and consumes only what is surely header (all of it
+    while the header is incomplete), so the socket never stays readable for nothing."""
+    got = b""
+    while True:
+        await _readable(loop, sock)
+        try:
+            peeked = sock.recv(V1_MAX + 65536, socket.MSG_PEEK)
+        except (BlockingIOError, InterruptedError):
+            continue
+        if not peeked:
+            raise ConnectionResetError("closed before the end of the PROXY protocol header")
+        header = read_header(got + peeked)
+        take = len(peeked) if header is None else header.size - len(got)
+        if take:
+            got += sock.recv(take)  # already there, so all of it
+        if header is not None:
+            return header
 
-    __slots__ = ("trusted", "pending", "timer", "socket_peer")
 
-    refused = 0  # connections closed for a missing, malformed or untrusted header, all listeners
+def _readable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> asyncio.Future[None]:
+    fd = sock.fileno()
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(fd, wake)
+    ready.add_done_callback(lambda _: loop.remove_reader(fd))  # cancelled too
+    return ready
+
+
+class ProxyAcceptor:
+    """A listener behind PROXY-protocol balancers, in place of ``loop.create_server``: it accepts
+    each socket itself, admits only the balancers' addresses, reads the header within
+    ``connect_timeout``, and only then hands the socket to the loop
+    (``connect_accepted_socket``), with the listener's TLS when it has one, for a protocol that
+    knows the client by the header. It has what the Server needs of an asyncio server:
+    ``sockets``, ``close()`` and ``wait_closed()``."""
+
+    refused = 0  # connections closed for a missing, malformed or untrusted header
 
     def __init__(
-        self, broker: Broker, listener: ListenerConfig, trusted: tuple[IPNetwork, ...]
+        self,
+        loop: asyncio.AbstractEventLoop,
+        sockets: list[socket.socket],
+        trusted: tuple[IPNetwork, ...],
+        factory: Callable[[str, str | None], asyncio.BaseProtocol],
+        context: ssl.SSLContext | None,
+        timeout: float,
     ) -> None:
-        super().__init__(broker, listener)
+        self.loop = loop
+        self.sockets = sockets
         self.trusted = trusted
-        self.pending = b""
-        self.timer: asyncio.TimerHandle | None = None
-        self.socket_peer = "?"
+        self.factory = factory
+        self.context = context
+        self.timeout = timeout
+        self._admitting: set[asyncio.Task[None]] = set()
+        self._accepting = [loop.create_task(self._accept(sock)) for sock in sockets]
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-        self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
-        peername = transport.get_extra_info("peername")
-        self.socket_peer = peer_name(peername)
-        ip = ip_of(str(peername[0])) if isinstance(peername, tuple) else None
-        if ip is None or not within(ip, self.trusted):
-            self._refuse("not one of this listener's proxy_protocol addresses", loud=True)
-            return
-        self.timer = asyncio.get_running_loop().call_later(
-            self.broker.options.connect_timeout, self._too_slow
-        )
+    def close(self) -> None:
+        """Stop accepting; connections still being admitted are dropped."""
+        for task in self._accepting + list(self._admitting):
+            task.cancel()
+        for sock in self.sockets:
+            sock.close()
 
-    def data_received(self, data: bytes) -> None:
-        conn = self.conn
-        if conn is not None:
-            conn.data_received(data)
-            return
-        if self.transport is None or self.transport.is_closing():
-            return
-        pending = self.pending + data if self.pending else data
+    async def wait_closed(self) -> None:
+        await asyncio.gather(*self._accepting, *self._admitting, return_exceptions=True)
+
+    async def _accept(self, listening: socket.socket) -> None:
+        while True:
+            try:
+                sock, peer = await self.loop.sock_accept(listening)
+            except OSError as exc:  # out of file descriptors, say: the next accept may work
+                log.warning("accept on %s failed: %s", peer_name(listening.getsockname()), exc)
+                await asyncio.sleep(0.1)
+                continue
+            task = self.loop.create_task(self._admit(sock, peer))
+            self._admitting.add(task)
+            task.add_done_callback(self._admitting.discard)
+
+    async def _admit(self, sock: socket.socket, peer: object) -> None:
+        balancer = peer_name(peer)
+        ip = ip_of(str(peer[0])) if isinstance(peer, tuple) else None
+        handed = False
         try:
-            header = read_header(pending)
-        except ProxyHeaderError as exc:
-            self._refuse(str(exc), loud=True)
-            return
-        if header is None:
-            self.pending = pending
-            return
-        self.pending = b""
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-        if header.client is None:
-            peer, address = self.socket_peer, None
-        else:
-            ip, port = header.client
-            peer, address = f"{ip}:{port} (via {self.socket_peer})", ip
-        self.conn = conn = self.broker.connect(self, peer, address)
-        rest = pending[header.size :]
-        if rest:
-            conn.data_received(rest)
+            if ip is None or not within(ip, self.trusted):
+                self._refuse(balancer, "not one of this listener's proxy_protocol addresses")
+                return
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            try:
+                header = await asyncio.wait_for(receive_header(self.loop, sock), self.timeout)
+            except ProxyHeaderError as exc:
+                self._refuse(balancer, str(exc))
+                return
+            except TimeoutError:
+                self._refuse(balancer, "no PROXY protocol header within connect_timeout")
+                return
+            except OSError:
+                return  # gone before its header: a balancer's TCP health check, say
+            if header.client is None:  # LOCAL or UNKNOWN: the socket's own address
+                name, address = balancer, None
+            else:
+                name = f"{header.client[0]}:{header.client[1]} (via {balancer})"
+                address = header.client[0]
+            handed = True
+            try:
+                await self.loop.connect_accepted_socket(
+                    lambda: self.factory(name, address),
+                    sock,
+                    ssl=self.context,
+                    ssl_handshake_timeout=self.timeout if self.context is not None else None,
+                )
+            except (OSError, ssl.SSLError, TimeoutError) as exc:
+                log.debug("TLS handshake with %s failed: %s", name, exc)
+        finally:
+            if not handed:
+                sock.close()
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-        super().connection_lost(exc)
-
-    def _too_slow(self) -> None:
-        self.timer = None
-        if self.conn is None:
-            # Nothing at all is what a balancer's TCP health check sends: not worth a warning.
-            self._refuse("no PROXY protocol header within connect_timeout", loud=bool(self.pending))
-
-    def _refuse(self, why: str, loud: bool) -> None:
-        cls = ProxiedMQTTProtocol
+    def _refuse(self, balancer: str, why: str) -> None:
+        cls = ProxyAcceptor
         cls.refused += 1
-        first = cls.refused & (cls.refused - 1) == 0  # 1st, 2nd, 4th, 8th...
         log.log(
-            logging.WARNING if loud and first else logging.DEBUG,
+            logging.WARNING if cls.refused & (cls.refused - 1) == 0 else logging.DEBUG,
             "connection from %s closed: %s (%d closed so far)",
-            self.socket_peer,
+            balancer,
             why,
             cls.refused,
         )
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-        if self.transport is not None:
-            self.transport.abort()
+
+
+def bind(host: str, port: int) -> list[socket.socket]:
+    """Listening sockets for ``host``:``port``, one per address it resolves to, as
+    ``loop.create_server`` binds them (SO_REUSEADDR; IPv6 sockets IPv6 only)."""
+    sockets: list[socket.socket] = []
+    try:
+        seen = set()
+        for family, kind, proto, _, address in socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        ):
+            if (family, address) in seen:
+                continue
+            seen.add((family, address))
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+            sock.listen(100)
+            sock.setblocking(False)
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets

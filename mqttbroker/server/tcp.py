@@ -30,25 +30,37 @@ def peer_name(peer: object) -> str:
 
 
 class MQTTProtocol(asyncio.Protocol):
-    __slots__ = ("broker", "listener", "transport", "conn", "certificate_user")
+    """``origin``: (name, address) of a client a PROXY protocol header named (proxy.py), which
+    the log and the per-address limit then use instead of the socket's peer."""
 
-    def __init__(self, broker: Broker, listener: ListenerConfig | None = None) -> None:
+    __slots__ = ("broker", "listener", "transport", "conn", "certificate_user", "origin")
+
+    def __init__(
+        self,
+        broker: Broker,
+        listener: ListenerConfig | None = None,
+        origin: tuple[str, str | None] | None = None,
+    ) -> None:
         self.broker = broker
         self.listener = listener if listener is not None else ListenerConfig()
         self.transport: asyncio.Transport | None = None
         self.conn: Connection | None = None
         self.certificate_user: str | None = None
+        self.origin = origin
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
-        name = peer_name(transport.get_extra_info("peername"))
+        if self.origin is None:
+            name, address = peer_name(transport.get_extra_info("peername")), None
+        else:
+            name, address = self.origin
         field = self.listener.tls_certificate_username
         if field != "none":
             user = certificate_user(transport.get_extra_info("ssl_object"), field)
             self.certificate_user = user
             log.debug("connection from %s: client certificate user %r", name, user)
-        self.conn = self.broker.connect(self, name)
+        self.conn = self.broker.connect(self, name, address)
 
     def data_received(self, data: bytes) -> None:
         assert self.conn is not None

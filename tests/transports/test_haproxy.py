@@ -2,7 +2,9 @@
 frontend sends the version 2 header (``send-proxy-v2``), another version 1 (``send-proxy``).
 paho-mqtt subscribes through the first from 127.0.0.3, mosquitto_pub publishes through the
 second; the message arrives, and the broker logs each client by the address HAProxy names, the
-balancer's own beside it. A client that skips HAProxy is closed: it sends no header."""
+balancer's own beside it. A client that skips HAProxy is closed: it sends no header. A third
+frontend passes TLS through to a mutual-TLS listener (header in clear, then the client's own
+handshake): mosquitto_pub with a client certificate publishes through it."""
 
 from __future__ import annotations
 
@@ -14,7 +16,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from transport_support import TIMEOUT, BrokerRun, Paho, connect_packet, toml_listener, unique
+from transport_support import (
+    TIMEOUT,
+    BrokerRun,
+    Certificates,
+    Paho,
+    connect_packet,
+    toml_listener,
+    unique,
+)
 
 HAPROXY_CONFIG = """\
 defaults
@@ -36,6 +46,13 @@ frontend v1
 
 backend broker_v1
     server broker 127.0.0.1:{broker} send-proxy
+
+frontend tls
+    bind 127.0.0.1:{tls}
+    default_backend broker_tls
+
+backend broker_tls
+    server broker 127.0.0.1:{broker_tls} send-proxy-v2
 """
 
 
@@ -57,13 +74,24 @@ def wait_open(port: int) -> None:
 
 
 @pytest.fixture
-def broker(tmp_path: Path) -> Iterator[BrokerRun]:
+def broker(tmp_path: Path, certs: Certificates) -> Iterator[BrokerRun]:
     config = tmp_path / "proxied.toml"
-    listener = toml_listener(
+    plain = toml_listener(
         host="127.0.0.1", port=0, proxy_protocol="127.0.0.1", allow_anonymous=True
     )
-    config.write_text(listener + '\n[storage]\nbackend = "memory"\n')
-    run = BrokerRun(tmp_path, "--config", str(config), "--log-level", "info").start(1)
+    mtls = toml_listener(
+        host="127.0.0.1",
+        port=0,
+        proxy_protocol="127.0.0.1",
+        allow_anonymous=True,
+        tls_cert_file=certs.server_cert,
+        tls_key_file=certs.server_key,
+        tls_ca_file=certs.ca,
+        tls_require_certificate=True,
+        tls_certificate_username="cn",
+    )
+    config.write_text(plain + "\n" + mtls + '\n[storage]\nbackend = "memory"\n')
+    run = BrokerRun(tmp_path, "--config", str(config), "--log-level", "info").start(2)
     try:
         yield run
     finally:
@@ -71,12 +99,15 @@ def broker(tmp_path: Path) -> Iterator[BrokerRun]:
 
 
 @pytest.fixture
-def haproxy(tmp_path: Path, broker: BrokerRun) -> Iterator[tuple[int, int]]:
+def haproxy(tmp_path: Path, broker: BrokerRun) -> Iterator[tuple[int, int, int]]:
     binary = shutil.which("haproxy") or "/usr/sbin/haproxy"
     assert Path(binary).exists(), "haproxy is not installed (.ci/run installs it from Debian)"
-    v2, v1 = free_port(), free_port()
+    v2, v1, tls = free_port(), free_port(), free_port()
     config = tmp_path / "haproxy.cfg"
-    config.write_text(HAPROXY_CONFIG.format(v2=v2, v1=v1, broker=broker.addresses[0].port))
+    plain, mtls = broker.addresses
+    config.write_text(
+        HAPROXY_CONFIG.format(v2=v2, v1=v1, tls=tls, broker=plain.port, broker_tls=mtls.port)
+    )
     proc = subprocess.Popen(
         [binary, "-db", "-f", str(config)],
         stdout=subprocess.DEVNULL,
@@ -84,9 +115,9 @@ def haproxy(tmp_path: Path, broker: BrokerRun) -> Iterator[tuple[int, int]]:
         text=True,
     )
     try:
-        wait_open(v2)
-        wait_open(v1)
-        yield v2, v1
+        for port in (v2, v1, tls):
+            wait_open(port)
+        yield v2, v1, tls
     finally:
         proc.terminate()
         try:
@@ -99,9 +130,9 @@ def haproxy(tmp_path: Path, broker: BrokerRun) -> Iterator[tuple[int, int]]:
 
 
 def test_clients_through_haproxy_are_named_by_its_header(
-    broker: BrokerRun, haproxy: tuple[int, int]
+    broker: BrokerRun, haproxy: tuple[int, int, int], certs: Certificates
 ) -> None:
-    v2, v1 = haproxy
+    v2, v1, tls = haproxy
     mark = broker.log_mark()
     sub = Paho()
     try:
@@ -123,10 +154,42 @@ def test_clients_through_haproxy_are_named_by_its_header(
     assert broker.wait_for_log(r"connected from 127\.0\.0\.3:\d+" + via + r" \(MQTT 5\.0", mark)
     assert broker.wait_for_log(r"connected from 127\.0\.0\.1:\d+" + via + r" \(MQTT 3\.1\.1", mark)
 
+    # TLS passed through: the broker checks the client certificate, whose CN names the user.
+    sub = Paho()
+    try:
+        assert sub.connect("127.0.0.1", v2, bind_address="127.0.0.3") == 0
+        assert sub.subscribe("proxied/#", qos=1) == 1
+        published = subprocess.run(
+            ["mosquitto_pub", "-h", "localhost", "-p", str(tls), "-V", "mqttv5", "-q", "1"]
+            + ["--cafile", str(certs.ca), "--cert", str(certs.client_cert)]
+            + ["--key", str(certs.client_key), "-i", unique("tls")]
+            + ["-t", "proxied/tls", "-m", "TLS through HAProxy"],
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+        )
+        assert published.returncode == 0, published.stderr
+        messages = sub.wait_messages(1)
+        assert [(m.topic, m.payload) for m in messages] == [("proxied/tls", b"TLS through HAProxy")]
+    finally:
+        sub.close()
+    without = subprocess.run(  # no client certificate: refused in the handshake
+        ["mosquitto_pub", "-h", "localhost", "-p", str(tls), "-V", "mqttv5", "-q", "1"]
+        + ["--cafile", str(certs.ca), "-t", "proxied/tls", "-m", "no certificate"],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert without.returncode != 0
+
     # Straight to the broker, past HAProxy: no header, so the connection is closed unanswered.
     with socket.create_connection(("127.0.0.1", broker.addresses[0].port), TIMEOUT) as direct:
         direct.settimeout(TIMEOUT)
         direct.sendall(connect_packet(unique("direct")))
-        assert direct.recv(16) == b""
+        try:
+            answer = direct.recv(16)
+        except ConnectionResetError:  # closed with the CONNECT unread: a reset
+            answer = b""
+        assert answer == b""
     assert broker.wait_for_log(r"closed: no PROXY protocol header", mark)
     broker.assert_clean_log()

@@ -7,20 +7,24 @@ header are logged and counted as themselves (``max_connections_per_address = 1``
 second from the same client address), the header and the CONNECT may arrive in one segment or
 byte by byte, a LOCAL header keeps the socket's address, a bad header or none closes the
 connection without harming the others, and a listener trusting another network refuses
-127.0.0.1 outright. The configuration errors name the key."""
+127.0.0.1 outright. On a TLS listener the header comes in clear before the handshake, and a
+client certificate still names the user (mutual TLS through a balancer that passes TLS through).
+The configuration errors name the key."""
 
 from __future__ import annotations
 
 import asyncio
 import ipaddress
 import logging
+import socket
+import ssl
 import struct
 from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as mqtt
 import pytest
-from transport_support import CONNACK_OK, connect_packet, unique
+from transport_support import CONNACK_OK, Certificates, client_context, connect_packet, unique
 
 from mqttbroker.config import Config, ConfigError, ListenerConfig, load
 from mqttbroker.server.app import Server
@@ -179,6 +183,10 @@ def test_the_header_names_the_client_and_nothing_else_gets_through(
             seen["garbage"] = await _exchange(behind, [b"\x10\x0c\x00\x04MQTT\x04\x02"])
             seen["half"] = await _exchange(behind, [V1[:20]])  # then nothing: timed out
             seen["silent"] = await _exchange(behind, [])
+            # A balancer's TCP health check: connects, and closes without a byte. Not logged.
+            _, probe = await asyncio.open_connection("127.0.0.1", behind)
+            probe.close()
+            await probe.wait_closed()
             seen["untrusted"] = await _exchange(elsewhere, [V1 + connect_packet(unique("u"))])
             seen["anonymous"] = await _exchange(
                 guarded, [v2(source="192.0.2.3") + connect_packet(unique("a"))]
@@ -208,8 +216,11 @@ def test_the_header_names_the_client_and_nothing_else_gets_through(
     assert any("no PROXY protocol header" in m for m in warnings)
     assert any("not one of this listener's proxy_protocol addresses" in m for m in warnings)
     assert any("no PROXY protocol header within connect_timeout" in m for m in warnings)
-    quiet = [r for r in caplog.records if "closed: no PROXY protocol header within" in r.message]
-    assert any(r.levelno == logging.DEBUG for r in quiet)  # the silent one: a health check
+    # One line for each connection closed: garbage, half, silent, untrusted; not the probe.
+    closed = [
+        r for r in caplog.records if r.name == "mqttbroker.proxy" and " closed: " in r.message
+    ]
+    assert len(closed) == 4, [r.getMessage() for r in closed]
 
 
 def test_paho_through_a_balancer(tmp_path: Path) -> None:
@@ -297,16 +308,71 @@ def test_paho_through_a_balancer(tmp_path: Path) -> None:
         ),
         ('proxy_protocol = "10.0.0.0/33"', "proxy_protocol: not an IP address or network"),
         ('proxy_protocol = ","', "proxy_protocol: no address"),
-        ('tls_cert_file = "CERT"\nproxy_protocol = "127.0.0.1"', "proxy_protocol: not with TLS"),
     ],
 )
 def test_configuration_errors_name_the_key_and_file(
     tmp_path: Path, listener: str, message: str
 ) -> None:
-    cert = tmp_path / "cert.pem"
-    cert.write_text("not read before the check")
     path = tmp_path / "broker.toml"
-    path.write_text(f"[[listener]]\nport = 1883\n{listener.replace('CERT', str(cert))}\n")
+    path.write_text(f"[[listener]]\nport = 1883\n{listener}\n")
     with pytest.raises(ConfigError) as info:
         load(path)
     assert str(path) in str(info.value) and "listener[0]." + message in str(info.value)
+
+
+def test_mutual_tls_after_the_header(tmp_path: Path, certs: Certificates) -> None:
+    """The balancer passes TLS through: header in clear, then the client's handshake, on one
+    connection. The broker terminates TLS, the client certificate names the user, the header
+    names the client; a client without a certificate is refused in the handshake."""
+    config = Config(
+        listeners=[
+            ListenerConfig(
+                port=0,
+                proxy_protocol="127.0.0.1",
+                allow_anonymous=True,
+                tls_cert_file=str(certs.server_cert),
+                tls_key_file=str(certs.server_key),
+                tls_ca_file=str(certs.ca),
+                tls_require_certificate=True,
+                tls_certificate_username="cn",
+            )
+        ],
+        data_dir=str(tmp_path),
+    )
+    config.storage.backend = "memory"
+
+    def through_balancer(port: int, header: bytes, with_cert: bool) -> bytes | Exception:
+        sock = socket.create_connection(("127.0.0.1", port), timeout=GUARD)
+        try:
+            sock.sendall(header)  # in the same segment as the ClientHello, most likely
+            tls = client_context(certs, with_cert=with_cert).wrap_socket(
+                sock, server_hostname="localhost"
+            )
+            tls.sendall(connect_packet(unique("mtls")))
+            return tls.recv(4)
+        except (ssl.SSLError, OSError) as exc:
+            return exc
+        finally:
+            sock.close()
+
+    async def scenario() -> tuple[Any, Any, list[tuple[str, str | None]]]:
+        server = Server(config)
+        await server.start()
+        port = server.listeners[0].addresses[0][1]
+        loop = asyncio.get_running_loop()
+        try:
+            accepted = await loop.run_in_executor(
+                None, through_balancer, port, v2(source="203.0.113.7", port=4711), True
+            )
+            users = [(c.peer, c.username) for c in server.broker.connections]
+            refused = await loop.run_in_executor(None, through_balancer, port, V1, False)
+        finally:
+            await server.stop()
+        return accepted, refused, users
+
+    accepted, refused, users = asyncio.run(scenario())
+    assert accepted == CONNACK_OK
+    assert [(peer.partition(" ")[0], user) for peer, user in users] == [
+        ("203.0.113.7:4711", "alice")
+    ]
+    assert isinstance(refused, Exception) or refused == b"", refused
