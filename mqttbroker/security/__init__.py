@@ -33,6 +33,7 @@ __all__ = [
     "Security",
     "SecurityFileError",
     "anonymous_default",
+    "listener_anonymous",
     "build_security",
     "is_loopback",
     "local_only",
@@ -59,6 +60,15 @@ def local_only(listener: ListenerConfig) -> bool:
     return is_loopback(listener.host) and not (
         listener.ws_trusted_proxies or listener.proxy_protocol
     )
+
+
+def listener_anonymous(listener: ListenerConfig, setting: bool | None) -> bool:
+    """Whether clients without a user name may connect to ``listener``: its own
+    ``allow_anonymous``, else ``setting`` ([security] allow_anonymous), else only if it is
+    local-only."""
+    if listener.allow_anonymous is not None:
+        return listener.allow_anonymous
+    return local_only(listener) if setting is None else setting
 
 
 def anonymous_default(listeners: Iterable[ListenerConfig]) -> bool:
@@ -131,9 +141,16 @@ def build_security(config: Config) -> Security:
         for warning in passwords.warnings:
             log.warning("%s", warning)
         log.info("password file %s: %d users", password_file, len(passwords))
-    elif not allow_anonymous:
+    anonymous = [
+        f"listener[{i}]"
+        for i, listener in enumerate(config.listeners)
+        if listener_anonymous(listener, settings.allow_anonymous)
+    ]
+    certificates = any(lst.tls_certificate_username != "none" for lst in config.listeners)
+    if passwords is None and not anonymous and not certificates:
         log.warning(
-            "anonymous access is off and there is no password file: every client will be refused"
+            "anonymous access is off, there is no password file and no listener takes user "
+            "names from client certificates: every client will be refused"
         )
     if rules is not None:
         log.info("ACL file %s: %d rules", acl_file, rules.rule_count)
@@ -142,9 +159,15 @@ def build_security(config: Config) -> Security:
                 "the ACL file has user rules but there is no password file: user names are not "
                 "checked, so any client may claim them"
             )
-    log.info(
-        "anonymous access %s%s",
-        "allowed" if allow_anonymous else "refused",
-        "" if settings.allow_anonymous is not None else " (default for these listeners)",
-    )
+    if anonymous and len(anonymous) < len(config.listeners):
+        log.info("anonymous access allowed on %s only", ", ".join(anonymous))
+    else:
+        defaulted = settings.allow_anonymous is None and all(
+            listener.allow_anonymous is None for listener in config.listeners
+        )
+        log.info(
+            "anonymous access %s%s",
+            "allowed" if anonymous else "refused",
+            " (default for these listeners)" if defaulted else "",
+        )
     return Security(authenticator, authorizer, password_file, acl_file)

@@ -15,7 +15,7 @@ from ..broker.store import Store
 from ..config import Config
 from ..ops.sys_tree import SysTree
 from ..protocol.reasons import ReasonCode
-from ..security import build_security, local_only
+from ..security import build_security, listener_anonymous
 from ..storage import StoreError
 from .listeners import Listener, start_listener
 from .polling import BusyPoll
@@ -30,11 +30,8 @@ class Server:
         self.config = config
         self.security = build_security(config)  # SecurityFileError (a ConfigError) if bad
         for listener in config.listeners:
-            # Each listener's rule for clients without a user name: its own setting, else
-            # [security] allow_anonymous, else allowed only on a loopback listener.
-            if listener.allow_anonymous is None:
-                chosen = config.security.allow_anonymous
-                listener.allow_anonymous = local_only(listener) if chosen is None else chosen
+            # Each listener's rule for clients without a user name, settled once.
+            listener.allow_anonymous = listener_anonymous(listener, config.security.allow_anonymous)
         self.store = self._make_store(config)
         self.broker = Broker(
             config.broker,

@@ -117,6 +117,49 @@ def test_files_loaded_and_reloaded(tmp_path: Path, caplog: pytest.LogCaptureFixt
     assert auth.check_password("c", "alice", b"two") == 0
 
 
+@pytest.mark.parametrize(
+    ("listeners", "refused_all", "summary"),
+    [
+        ([ListenerConfig(host="0.0.0.0")], True, "anonymous access refused (default"),
+        ([ListenerConfig(host="127.0.0.1")], False, "anonymous access allowed (default"),
+        (
+            [ListenerConfig(host="0.0.0.0"), ListenerConfig(host="0.0.0.0", allow_anonymous=True)],
+            False,
+            "anonymous access allowed on listener[1] only",
+        ),
+        (
+            [ListenerConfig(host="127.0.0.1"), ListenerConfig(host="0.0.0.0")],
+            False,
+            "anonymous access allowed on listener[0] only",
+        ),
+        (
+            [ListenerConfig(host="0.0.0.0", tls_certificate_username="cn")],
+            False,  # a verified client certificate names the user: no password needed
+            "anonymous access refused (default",
+        ),
+        (
+            [ListenerConfig(host="127.0.0.1", allow_anonymous=False)],
+            True,
+            "anonymous access refused\n",
+        ),
+    ],
+)
+def test_the_startup_summary_counts_each_listeners_own_rule(
+    caplog: pytest.LogCaptureFixture,
+    listeners: list[ListenerConfig],
+    refused_all: bool,
+    summary: str,
+) -> None:
+    """No password file: "every client will be refused" only when that is so, and the summary
+    names the listeners that allow anonymous clients when not all of them do."""
+    config = Config()
+    config.listeners = listeners
+    with caplog.at_level(logging.INFO, logger="mqttbroker.security"):
+        build_security(config)
+    assert ("every client will be refused" in caplog.text) is refused_all, caplog.text
+    assert summary in caplog.text + "\n", caplog.text
+
+
 def test_warnings_at_startup(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     acl = write(tmp_path, "acl.txt", "user admin\ntopic readwrite #\n")
     with caplog.at_level(logging.WARNING, logger="mqttbroker.security"):
