@@ -353,7 +353,8 @@ def start_amqtt(pin: bool) -> BrokerHandle:
     return handle
 
 
-def start_floor(pin: bool) -> BrokerHandle:
+def start_floor(pin: bool, version: int = MQTT_5) -> BrokerHandle:
+    """The floor; it answers CONNECT in the version the generator speaks (``version``)."""
     workdir = tempfile.mkdtemp(prefix="bench-floor-")
     port = free_port()
     env = dict(os.environ)
@@ -365,7 +366,7 @@ def start_floor(pin: bool) -> BrokerHandle:
         "127.0.0.1",
         port,
         proc.pid,
-        MQTT_5,
+        version,
         proc,
         workdir,
         log_path,
@@ -377,7 +378,7 @@ def start_floor(pin: bool) -> BrokerHandle:
 
 def start_variant(name: str, pin: bool, version: int = MQTT_5) -> BrokerHandle:
     """One of TUNED_VARIANTS, or the floor."""
-    return start_floor(pin) if name == FLOOR else start_tuned(name, pin, version)
+    return start_floor(pin, version) if name == FLOOR else start_tuned(name, pin, version)
 
 
 def external(address: str, pid: int | None, version: int = MQTT_5) -> BrokerHandle:

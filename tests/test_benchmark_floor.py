@@ -127,7 +127,7 @@ def test_the_floor_forwards_what_it_receives_to_the_subscribers(
         assert pub.recv(16) == b""  # closed by the floor
         sub.settimeout(0.2)
         with pytest.raises(TimeoutError):
-            sub.recv(16)  # nothing but what was published: the publisher got no copy either
+            sub.recv(16)  # nothing but what was published, and each message once
     finally:
         sub.close()
         pub.close()

@@ -10,12 +10,13 @@ protocol it first sends one header naming the client, then the client's bytes. A
 - requires the header on every connection, version 1 (text) or 2 (binary), told apart by their
   first bytes, as the protocol's specification allows; nothing is guessed: a connection that
   does not start with a valid header is closed, and one that sends none within
-  ``connect_timeout`` too (one closed before sending anything, as a balancer's TCP health check
-  is, goes unlogged);
+  ``connect_timeout`` too (one that ends before its header is complete, as a balancer's TCP
+  health check does, goes unlogged);
 - then treats the connection as the named client's: that address is logged ("203.0.113.7:4711
   (via 10.0.0.5:40112)") and counted against ``max_connections_per_address``. A version 2
-  LOCAL header (the balancer's own health check) and a version 1 ``UNKNOWN`` keep the socket's
-  address, as the specification says.
+  LOCAL header (the balancer's own health check), a version 1 ``UNKNOWN`` and a version 2 header
+  without an IP address keep the socket's address, as the specification says: they count as the
+  balancer.
 
 On a TLS listener the header comes first, in clear, and the client's TLS handshake follows on the
 same connection: the balancer passes TLS through (HAProxy ``mode tcp``, an NLB TCP listener), so
@@ -28,6 +29,7 @@ listeners read X-Forwarded-For instead (``ws_trusted_proxies``).
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import logging
 import socket
@@ -46,6 +48,9 @@ V2_SIGNATURE = b"\r\n\r\n\x00\r\nQUIT\n"
 V1_PREFIX = b"PROXY "
 V1_MAX = 107  # the longest version 1 header, CRLF included
 V2_FIXED = 16  # signature, version and command, family, length
+# Byte 14 of a version 2 PROXY header: UNSPEC, or TCP over IPv4, IPv6 or a Unix socket. The
+# datagram ones (0x12, 0x22, 0x32) are valid but not for MQTT, which runs over streams.
+V2_FAMILIES = (0x00, 0x11, 0x21, 0x31)
 
 
 def ip_of(text: str) -> IPAddress | None:
@@ -107,6 +112,8 @@ def _read_v1(data: bytes) -> Header | None:
 
 
 def _is_address(text: str, family: str) -> bool:
+    if "%" in text:  # a scoped IPv6 address ("fe80::1%eth0") names no client elsewhere
+        return False
     try:
         ip = ipaddress.ip_address(text)
     except ValueError:
@@ -134,26 +141,28 @@ def _read_v2(data: bytes) -> Header | None:
         return None
     if command == 0:  # LOCAL: the balancer's own connection, e.g. a health check
         return Header(size, None)
-    family, transport = data[13] >> 4, data[13] & 0x0F
-    if transport not in (0, 1):  # UNSPEC or STREAM; MQTT does not run over datagrams
-        raise ProxyHeaderError(f"version 2 header for transport {transport}, not a stream")
+    family = data[13]
+    if family not in V2_FAMILIES:  # every other value must be refused (section 2.2)
+        raise ProxyHeaderError(f"version 2 header with address family and protocol 0x{family:02X}")
     body = data[V2_FIXED:size]
-    if family == 1:  # AF_INET: source, destination, source port, destination port
+    if family == 0x11:  # TCP over IPv4: source, destination, source port, destination port
         if len(body) < 12:
             raise ProxyHeaderError("version 2 IPv4 addresses cut short")
         ip: IPAddress = ipaddress.IPv4Address(body[0:4])
         port = int.from_bytes(body[8:10], "big")
-    elif family == 2:  # AF_INET6
+    elif family == 0x21:  # TCP over IPv6
         if len(body) < 36:
             raise ProxyHeaderError("version 2 IPv6 addresses cut short")
         ip = ipaddress.IPv6Address(body[0:16])
         port = int.from_bytes(body[32:34], "big")
         if ip.ipv4_mapped is not None:
             ip = ip.ipv4_mapped
-    elif family in (0, 3):  # UNSPEC, or a Unix socket: no address to give
+    elif family == 0x31:  # a Unix stream socket: no address to give
+        if len(body) < 216:
+            raise ProxyHeaderError("version 2 Unix addresses cut short")
         return Header(size, None)
-    else:
-        raise ProxyHeaderError(f"version 2 header with unknown address family {family}")
+    else:  # UNSPEC: the balancer does not know; the socket's own address
+        return Header(size, None)
     return Header(size, (str(ip), port))  # what follows the addresses (TLVs) is not needed
 
 
@@ -198,9 +207,12 @@ class ProxyAcceptor:
     ``connect_timeout``, and only then hands the socket to the loop
     (``connect_accepted_socket``), with the listener's TLS when it has one, for a protocol that
     knows the client by the header. It has what the Server needs of an asyncio server:
-    ``sockets``, ``close()`` and ``wait_closed()``."""
+    ``sockets``, ``close()`` and ``wait_closed()``.
 
-    refused = 0  # connections closed for a missing, malformed or untrusted header
+    Accepting is a reader callback on each listening socket, as in asyncio's own servers, so
+    that closing it leaves no accepted socket behind in a cancelled coroutine; every socket not
+    yet handed to the loop is in ``_held`` and closed with its admitting task, however that
+    task ends (cancelled before its first step included)."""
 
     def __init__(
         self,
@@ -217,79 +229,103 @@ class ProxyAcceptor:
         self.factory = factory
         self.context = context
         self.timeout = timeout
+        self.refused = 0  # connections closed for a missing, malformed or untrusted header
+        self.accept_errors = 0
+        self._held: set[socket.socket] = set()
         self._admitting: set[asyncio.Task[None]] = set()
-        self._accepting = [loop.create_task(self._accept(sock)) for sock in sockets]
+        self._closed = False
+        for listening in sockets:
+            loop.add_reader(listening.fileno(), self._accept, listening)
 
     def close(self) -> None:
-        """Stop accepting; connections still being admitted are dropped."""
-        for task in self._accepting + list(self._admitting):
-            task.cancel()
-        for sock in self.sockets:
-            sock.close()
+        """Stop accepting, at once; connections still being admitted are dropped."""
+        if self._closed:
+            return
+        self._closed = True
+        for listening in self.sockets:
+            self.loop.remove_reader(listening.fileno())
+            listening.close()
+        for task in self._admitting:
+            task.cancel()  # each closes its socket as it ends
 
     async def wait_closed(self) -> None:
-        await asyncio.gather(*self._accepting, *self._admitting, return_exceptions=True)
+        await asyncio.gather(*self._admitting, return_exceptions=True)
 
-    async def _accept(self, listening: socket.socket) -> None:
-        while True:
+    def _accept(self, listening: socket.socket) -> None:
+        for _ in range(100):  # then let the loop serve the others
             try:
-                sock, peer = await self.loop.sock_accept(listening)
-            except OSError as exc:  # out of file descriptors, say: the next accept may work
-                log.warning("accept on %s failed: %s", peer_name(listening.getsockname()), exc)
-                await asyncio.sleep(0.1)
-                continue
+                sock, peer = listening.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # out of file descriptors, say: pause, as asyncio does
+                self.accept_errors += 1
+                if self.accept_errors & (self.accept_errors - 1) == 0:
+                    log.warning(
+                        "accept on %s failed: %s; retrying in 1 s (%d failures so far)",
+                        peer_name(listening.getsockname()),
+                        exc,
+                        self.accept_errors,
+                    )
+                self.loop.remove_reader(listening.fileno())
+                self.loop.call_later(1.0, self._resume, listening)
+                return
+            self._held.add(sock)
             task = self.loop.create_task(self._admit(sock, peer))
             self._admitting.add(task)
-            task.add_done_callback(self._admitting.discard)
+            task.add_done_callback(functools.partial(self._settle, sock))
+
+    def _resume(self, listening: socket.socket) -> None:
+        if not self._closed:
+            self.loop.add_reader(listening.fileno(), self._accept, listening)
+
+    def _settle(self, sock: socket.socket, task: asyncio.Task[None]) -> None:
+        self._admitting.discard(task)
+        if sock in self._held:  # not handed to the loop: refused, gone, or cancelled
+            self._held.discard(sock)
+            sock.close()
 
     async def _admit(self, sock: socket.socket, peer: object) -> None:
         balancer = peer_name(peer)
         ip = ip_of(str(peer[0])) if isinstance(peer, tuple) else None
-        handed = False
+        if ip is None or not within(ip, self.trusted):
+            self._refuse(balancer, "not one of this listener's proxy_protocol addresses")
+            return
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
-            if ip is None or not within(ip, self.trusted):
-                self._refuse(balancer, "not one of this listener's proxy_protocol addresses")
-                return
-            sock.setblocking(False)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            try:
-                header = await asyncio.wait_for(receive_header(self.loop, sock), self.timeout)
-            except ProxyHeaderError as exc:
-                self._refuse(balancer, str(exc))
-                return
-            except TimeoutError:
-                self._refuse(balancer, "no PROXY protocol header within connect_timeout")
-                return
-            except OSError:
-                return  # gone before its header: a balancer's TCP health check, say
-            if header.client is None:  # LOCAL or UNKNOWN: the socket's own address
-                name, address = balancer, None
-            else:
-                name = f"{header.client[0]}:{header.client[1]} (via {balancer})"
-                address = header.client[0]
-            handed = True
-            try:
-                await self.loop.connect_accepted_socket(
-                    lambda: self.factory(name, address),
-                    sock,
-                    ssl=self.context,
-                    ssl_handshake_timeout=self.timeout if self.context is not None else None,
-                )
-            except (OSError, ssl.SSLError, TimeoutError) as exc:
-                log.debug("TLS handshake with %s failed: %s", name, exc)
-        finally:
-            if not handed:
-                sock.close()
+            header = await asyncio.wait_for(receive_header(self.loop, sock), self.timeout)
+        except ProxyHeaderError as exc:
+            self._refuse(balancer, str(exc))
+            return
+        except TimeoutError:
+            self._refuse(balancer, "no PROXY protocol header within connect_timeout")
+            return
+        except OSError:
+            return  # ended before its header was complete: a balancer's TCP health check, say
+        if header.client is None:  # LOCAL or UNKNOWN: the socket's own address
+            name, address = balancer, None
+        else:
+            name = f"{header.client[0]}:{header.client[1]} (via {balancer})"
+            address = header.client[0]
+        self._held.discard(sock)  # the loop's now, closed with its transport
+        try:
+            await self.loop.connect_accepted_socket(
+                lambda: self.factory(name, address),
+                sock,
+                ssl=self.context,
+                ssl_handshake_timeout=self.timeout if self.context is not None else None,
+            )
+        except (OSError, ssl.SSLError, TimeoutError) as exc:
+            log.debug("TLS handshake with %s failed: %s", name, exc)
 
     def _refuse(self, balancer: str, why: str) -> None:
-        cls = ProxyAcceptor
-        cls.refused += 1
+        self.refused += 1
         log.log(
-            logging.WARNING if cls.refused & (cls.refused - 1) == 0 else logging.DEBUG,
+            logging.WARNING if self.refused & (self.refused - 1) == 0 else logging.DEBUG,
             "connection from %s closed: %s (%d closed so far)",
             balancer,
             why,
-            cls.refused,
+            self.refused,
         )
 
 
@@ -305,7 +341,10 @@ def bind(host: str, port: int) -> list[socket.socket]:
             if (family, address) in seen:
                 continue
             seen.add((family, address))
-            sock = socket.socket(family, kind, proto)
+            try:
+                sock = socket.socket(family, kind, proto)
+            except OSError:  # no such family here (IPv6 off, say): as create_server does
+                continue
             sockets.append(sock)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             if family == socket.AF_INET6:
@@ -317,4 +356,6 @@ def bind(host: str, port: int) -> list[socket.socket]:
         for sock in sockets:
             sock.close()
         raise
+    if not sockets:
+        raise OSError(f"cannot make a listening socket for {host!r} port {port}")
     return sockets

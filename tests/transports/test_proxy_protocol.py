@@ -14,11 +14,14 @@ The configuration errors name the key."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import ipaddress
 import logging
 import socket
 import ssl
 import struct
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +29,16 @@ import paho.mqtt.client as mqtt
 import pytest
 from transport_support import CONNACK_OK, Certificates, client_context, connect_packet, unique
 
-from mqttbroker.config import Config, ConfigError, ListenerConfig, load
+from mqttbroker.config import Config, ConfigError, ListenerConfig, load, trusted_networks
 from mqttbroker.server.app import Server
-from mqttbroker.server.proxy import V2_SIGNATURE, Header, ProxyHeaderError, read_header
+from mqttbroker.server.proxy import (
+    V2_SIGNATURE,
+    Header,
+    ProxyAcceptor,
+    ProxyHeaderError,
+    bind,
+    read_header,
+)
 
 GUARD = 10.0  # seconds: a failure guard, never a measured time
 
@@ -47,8 +57,10 @@ def v2(
     else:
         addresses = ip.packed + ipaddress.IPv6Address("2001:db8::5").packed
         addresses += struct.pack("!HH", port, 1883)
-    if family in (0x00, 0x31):
+    if family == 0x00:
         addresses = b""
+    elif family == 0x31:  # two Unix socket paths, 108 bytes each
+        addresses = b"/run/balancer.sock".ljust(108, b"\0") + b"/run/broker.sock".ljust(108, b"\0")
     body = addresses + tlvs
     return V2_SIGNATURE + bytes([0x20 | command, family]) + struct.pack("!H", len(body)) + body
 
@@ -77,8 +89,8 @@ V1 = b"PROXY TCP4 203.0.113.7 10.0.0.5 4711 1883\r\n"
         (v2(tlvs=b"\x04\x00\x01\x00"), Header(32, ("203.0.113.7", 4711))),  # a TLV, skipped
         (v2(command=0), Header(28, None)),  # LOCAL: the balancer's own health check
         (v2(family=0x00), Header(16, None)),  # UNSPEC
-        (v2(family=0x31), Header(16, None)),  # a Unix socket: no address to give
-        (v2(family=0x10), Header(28, ("203.0.113.7", 4711))),  # UNSPEC transport
+        (v2(family=0x31), Header(16 + 216, None)),  # a Unix socket: no address to give
+        (v2(command=0, family=0x12), Header(28, None)),  # LOCAL: the family is not looked at
     ],
 )
 def test_read_header(data: bytes, header: Header) -> None:
@@ -111,7 +123,13 @@ def test_read_header_waits_for_the_rest(data: bytes) -> None:
         V2_SIGNATURE + b"\x11\x11\x00\x0c" + bytes(12),  # version 1 in a version 2 header
         V2_SIGNATURE + b"\x22\x11\x00\x0c" + bytes(12),  # command 2
         V2_SIGNATURE + b"\x21\x12\x00\x0c" + bytes(12),  # datagrams
+        V2_SIGNATURE + b"\x21\x22\x00\x24" + bytes(36),
         V2_SIGNATURE + b"\x21\x41\x00\x0c" + bytes(12),  # family 4
+        V2_SIGNATURE + b"\x21\x10\x00\x0c" + bytes(12),  # values section 2.2 does not list
+        V2_SIGNATURE + b"\x21\x01\x00\x0c" + bytes(12),
+        V2_SIGNATURE + b"\x21\x20\x00\x24" + bytes(36),
+        V2_SIGNATURE + b"\x21\x31\x00\x10" + bytes(16),  # Unix addresses cut short
+        b"PROXY TCP6 fe80::1%eth0 2001:db8::5 4711 1883\r\n",  # a scoped address
         V2_SIGNATURE + b"\x21\x11\x00\x04" + bytes(4),  # IPv4 addresses cut short
         V2_SIGNATURE + b"\x21\x21\x00\x0c" + bytes(12),  # IPv6 addresses cut short
     ],
@@ -212,10 +230,12 @@ def test_the_header_names_the_client_and_nothing_else_gets_through(
     assert seen["untrusted"] is None
     assert seen["anonymous"] == b"\x20\x02\x00\x05"  # a proxied loopback listener is not local
     assert seen["still"] == seen["peers"]
+    # Each listener counts its own refusals: the first of each is a warning.
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    assert any("no PROXY protocol header" in m for m in warnings)
+    assert any("closed: no PROXY protocol header (1 closed so far)" in m for m in warnings)
     assert any("not one of this listener's proxy_protocol addresses" in m for m in warnings)
-    assert any("no PROXY protocol header within connect_timeout" in m for m in warnings)
+    logged = [r.getMessage() for r in caplog.records]
+    assert any("closed: no PROXY protocol header within connect_timeout" in m for m in logged)
     # One line for each connection closed: garbage, half, silent, untrusted; not the probe.
     closed = [
         r for r in caplog.records if r.name == "mqttbroker.proxy" and " closed: " in r.message
@@ -342,14 +362,38 @@ def test_mutual_tls_after_the_header(tmp_path: Path, certs: Certificates) -> Non
     config.storage.backend = "memory"
 
     def through_balancer(port: int, header: bytes, with_cert: bool) -> bytes | Exception:
+        """The header and the ClientHello in one segment, as a balancer relaying a client's
+        first bytes sends them: the broker must read the header and not a byte more."""
+        tls = client_context(certs, with_cert=with_cert).wrap_bio(
+            incoming := ssl.MemoryBIO(), outgoing := ssl.MemoryBIO(), server_hostname="localhost"
+        )
         sock = socket.create_connection(("127.0.0.1", port), timeout=GUARD)
+
+        def pump(step: Callable[[], Any]) -> Any:
+            while True:
+                try:
+                    result = step()
+                except ssl.SSLWantReadError:
+                    if pending := outgoing.read():
+                        sock.sendall(pending)
+                    data = sock.recv(65536)
+                    if not data:
+                        raise ConnectionResetError("closed by the broker") from None
+                    incoming.write(data)
+                else:
+                    if pending := outgoing.read():
+                        sock.sendall(pending)
+                    return result
+
         try:
-            sock.sendall(header)  # in the same segment as the ClientHello, most likely
-            tls = client_context(certs, with_cert=with_cert).wrap_socket(
-                sock, server_hostname="localhost"
-            )
-            tls.sendall(connect_packet(unique("mtls")))
-            return tls.recv(4)
+            try:
+                tls.do_handshake()
+            except ssl.SSLWantReadError:
+                pass
+            sock.sendall(header + outgoing.read())  # one write: header, then ClientHello
+            pump(tls.do_handshake)
+            tls.write(connect_packet(unique("mtls")))
+            return bytes(pump(lambda: tls.read(4)))
         except (ssl.SSLError, OSError) as exc:
             return exc
         finally:
@@ -376,3 +420,53 @@ def test_mutual_tls_after_the_header(tmp_path: Path, certs: Certificates) -> Non
         ("203.0.113.7:4711", "alice")
     ]
     assert isinstance(refused, Exception) or refused == b"", refused
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_closing_the_listener_closes_every_socket_it_accepted(loop: str) -> None:
+    """Connections still waiting for their header, or not yet looked at, when the listener
+    closes are closed with it, on both event loops: none is left for the garbage collector
+    ("unclosed socket" ResourceWarning)."""
+
+    async def scenario() -> int:
+        closed = 0
+        for cycle in range(30):
+            sockets = bind("127.0.0.1", 0)
+            port = sockets[0].getsockname()[1]
+            acceptor = ProxyAcceptor(
+                asyncio.get_running_loop(),
+                sockets,
+                trusted_networks("127.0.0.1"),
+                lambda name, address: asyncio.Protocol(),
+                None,
+                GUARD,
+            )
+            clients = []
+            for _ in range(10):
+                client = socket.socket()
+                client.setblocking(False)
+                try:
+                    client.connect(("127.0.0.1", port))
+                except BlockingIOError:
+                    pass
+                clients.append(client)
+            for _ in range(cycle % 4):  # close at different points of the admissions
+                await asyncio.sleep(0)
+            acceptor.close()
+            await acceptor.wait_closed()
+            for client in clients:
+                client.close()
+            closed += 1
+        return closed
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        if loop == "uvloop":
+            import uvloop  # the [fast] extra, which the test command installs
+
+            assert uvloop.run(scenario()) == 30
+        else:
+            assert asyncio.run(scenario()) == 30
+        gc.collect()
+    unclosed = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    assert unclosed == []
