@@ -24,6 +24,8 @@ import socket
 import sys
 import time
 
+from . import wire
+
 SPIN_NS = 2_000_000
 SLEEP_S = 1.0
 
@@ -45,50 +47,29 @@ class Peer:
 
 def frames(buf: bytes) -> tuple[list[tuple[int, int, int]], int]:
     """The whole packets at the start of ``buf``: (start, body start, end) each, and where the
-    incomplete rest starts."""
+    incomplete rest starts. ValueError on a malformed Remaining Length."""
     found = []
     pos = 0
-    end = len(buf)
-    while pos + 2 <= end:
-        length = 0
-        shift = 0
-        i = pos + 1
-        while True:
-            if i >= end:
-                return found, pos
-            byte = buf[i]
-            length |= (byte & 0x7F) << shift
-            i += 1
-            if not byte & 0x80:
-                break
-            shift += 7
-            if shift > 21:
-                raise ValueError("malformed Remaining Length")
-        if i + length > end:
-            break
-        found.append((pos, i, i + length))
-        pos = i + length
+    while (frame := wire.next_frame(buf, pos)) is not None:
+        _, body, end = frame
+        found.append((pos, body, end))
+        pos = end
     return found, pos
 
 
 def suback(body: bytes, version: int) -> bytes:
     """A SUBACK granting QoS 0 to each filter of the SUBSCRIBE ``body``."""
     pos = 2
-    if version == 5:  # skip the properties
-        length = shift = 0
-        while True:
-            byte = body[pos]
-            length |= (byte & 0x7F) << shift
-            pos += 1
-            if not byte & 0x80:
-                break
-            shift += 7
-        pos += length
+    if version == wire.MQTT_5:  # skip the properties (their length is a Variable Byte Integer)
+        props = wire.read_remaining_length(body, pos - 1, len(body))
+        if props is None:
+            raise ValueError("SUBSCRIBE cut short")
+        pos = props[1] + props[0]
     count = 0
     while pos + 2 <= len(body):
         pos += 2 + int.from_bytes(body[pos : pos + 2], "big") + 1
         count += 1
-    reply = body[:2] + (b"\x00" if version == 5 else b"") + b"\x00" * count
+    reply = body[:2] + (b"\x00" if version == wire.MQTT_5 else b"") + b"\x00" * count
     return bytes([0x90, len(reply)]) + reply  # fewer than 126 filters: one length byte
 
 
@@ -139,10 +120,13 @@ class Floor:
         closed."""
         buf = peer.buf + data if peer.buf else data
         try:
-            found, rest = frames(buf)
-        except ValueError:
+            return self.act(peer, buf)
+        except (ValueError, IndexError):  # not the MQTT the probe sends
             self.close(peer)
             return False
+
+    def act(self, peer: Peer, buf: bytes) -> bool:
+        found, rest = frames(buf)
         for start, body, end in found:
             kind = buf[start] >> 4
             if kind == PUBLISH:

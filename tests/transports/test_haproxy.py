@@ -22,6 +22,7 @@ from transport_support import (
     Certificates,
     Paho,
     connect_packet,
+    terminate,
     toml_listener,
     unique,
 )
@@ -119,14 +120,28 @@ def haproxy(tmp_path: Path, broker: BrokerRun) -> Iterator[tuple[int, int, int]]
             wait_open(port)
         yield v2, v1, tls
     finally:
-        proc.terminate()
-        try:
-            proc.wait(TIMEOUT)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(TIMEOUT)
+        terminate(proc)
         if proc.stderr is not None:
             proc.stderr.close()
+
+
+def publish_through(port: int, pub: list[str], topic: str, payload: bytes) -> None:
+    """paho subscribes through HAProxy's version 2 frontend ``port`` from 127.0.0.3, then
+    mosquitto_pub (arguments ``pub``) publishes ``payload`` to ``topic``; it must arrive."""
+    sub = Paho()
+    try:
+        assert sub.connect("127.0.0.1", port, bind_address="127.0.0.3") == 0
+        assert sub.subscribe("proxied/#", qos=1) == 1
+        published = subprocess.run(
+            ["mosquitto_pub", *pub, "-q", "1", "-i", unique("pub"), "-t", topic, "-m", payload],
+            capture_output=True,
+            timeout=TIMEOUT,
+        )
+        assert published.returncode == 0, published.stderr
+        messages = sub.wait_messages(1)
+        assert [(m.topic, m.payload) for m in messages] == [(topic, payload)]
+    finally:
+        sub.close()
 
 
 def test_clients_through_haproxy_are_named_by_its_header(
@@ -134,48 +149,18 @@ def test_clients_through_haproxy_are_named_by_its_header(
 ) -> None:
     v2, v1, tls = haproxy
     mark = broker.log_mark()
-    sub = Paho()
-    try:
-        assert sub.connect("127.0.0.1", v2, bind_address="127.0.0.3") == 0
-        assert sub.subscribe("proxied/#", qos=1) == 1
-        published = subprocess.run(
-            ["mosquitto_pub", "-h", "127.0.0.1", "-p", str(v1), "-V", "mqttv311", "-q", "1"]
-            + ["-i", unique("pub"), "-t", "proxied/haproxy", "-m", "through HAProxy"],
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT,
-        )
-        assert published.returncode == 0, published.stderr
-        messages = sub.wait_messages(1)
-        assert [(m.topic, m.payload) for m in messages] == [("proxied/haproxy", b"through HAProxy")]
-    finally:
-        sub.close()
+    plain = ["-h", "127.0.0.1", "-p", str(v1), "-V", "mqttv311"]
+    publish_through(v2, plain, "proxied/haproxy", b"through HAProxy")
     via = r" \(via 127\.0\.0\.1:\d+\)"
     assert broker.wait_for_log(r"connected from 127\.0\.0\.3:\d+" + via + r" \(MQTT 5\.0", mark)
     assert broker.wait_for_log(r"connected from 127\.0\.0\.1:\d+" + via + r" \(MQTT 3\.1\.1", mark)
 
     # TLS passed through: the broker checks the client certificate, whose CN names the user.
-    sub = Paho()
-    try:
-        assert sub.connect("127.0.0.1", v2, bind_address="127.0.0.3") == 0
-        assert sub.subscribe("proxied/#", qos=1) == 1
-        published = subprocess.run(
-            ["mosquitto_pub", "-h", "localhost", "-p", str(tls), "-V", "mqttv5", "-q", "1"]
-            + ["--cafile", str(certs.ca), "--cert", str(certs.client_cert)]
-            + ["--key", str(certs.client_key), "-i", unique("tls")]
-            + ["-t", "proxied/tls", "-m", "TLS through HAProxy"],
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT,
-        )
-        assert published.returncode == 0, published.stderr
-        messages = sub.wait_messages(1)
-        assert [(m.topic, m.payload) for m in messages] == [("proxied/tls", b"TLS through HAProxy")]
-    finally:
-        sub.close()
+    secure = ["-h", "localhost", "-p", str(tls), "-V", "mqttv5", "--cafile", str(certs.ca)]
+    certificate = ["--cert", str(certs.client_cert), "--key", str(certs.client_key)]
+    publish_through(v2, secure + certificate, "proxied/tls", b"TLS through HAProxy")
     without = subprocess.run(  # no client certificate: refused in the handshake
-        ["mosquitto_pub", "-h", "localhost", "-p", str(tls), "-V", "mqttv5", "-q", "1"]
-        + ["--cafile", str(certs.ca), "-t", "proxied/tls", "-m", "no certificate"],
+        ["mosquitto_pub", *secure, "-t", "proxied/tls", "-m", "no certificate"],
         capture_output=True,
         text=True,
         timeout=TIMEOUT,

@@ -227,6 +227,17 @@ class Address:
     kind: str  # "MQTT over TCP", "MQTT over TLS", "MQTT over WebSocket", ...
 
 
+def terminate(proc: subprocess.Popen[Any]) -> None:
+    """SIGTERM, then SIGKILL if it has not ended within TIMEOUT."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(TIMEOUT)
+
+
 class BrokerRun:
     """``python -m mqttbroker`` with the given arguments; every output line is kept."""
 
@@ -311,13 +322,7 @@ class BrokerRun:
         proc = self.proc
         if proc is None:
             return None
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(TIMEOUT)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(TIMEOUT)
+        terminate(proc)
         if self._thread is not None:
             self._thread.join(TIMEOUT)
         if proc.stdout is not None:
