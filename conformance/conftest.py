@@ -6,6 +6,8 @@ By default the suite starts this project's broker (``python -m mqttbroker --port
 ``--mosquitto``                 start Debian's ``/usr/sbin/mosquitto`` with a generated config
 ``--limited-broker HOST:PORT``  with ``--broker``: a second broker configured as LIMITED_PROFILE
                                 (tests that need it are skipped when it is not given)
+``--ws-broker HOST:PORT/PATH``  with ``--broker``: its MQTT over WebSocket listener (the chapter 6
+                                tests are skipped when it is not given)
 
 Every test's docstring names the statements it checks as ``[MQTT-x.y.z-n]``; they are recorded as
 the JUnit property ``statements`` so that ``python -m conformance.coverage`` can count them.
@@ -112,6 +114,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help=f"with --broker: a second running broker configured with {LIMITED_PROFILE}",
     )
     group.addoption(
+        "--ws-broker",
+        metavar="HOST:PORT/PATH",
+        help="with --broker: its MQTT over WebSocket listener, for the chapter 6 tests",
+    )
+    group.addoption(
         "--auth-method",
         default="SCRAM-SHA-256",
         help="enhanced authentication method of test_12_auth (default SCRAM-SHA-256)",
@@ -160,6 +167,7 @@ class Broker:
     log: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=2000))
     process: subprocess.Popen[str] | None = None
     lines: int = 0  # log lines received so far
+    ws: tuple[str, int, str] | None = None  # its MQTT over WebSocket listener: host, port, path
 
     def log_since(self, mark: int) -> list[str]:
         """Log lines received after the ``lines`` count ``mark``."""
@@ -200,8 +208,11 @@ def _drain(proc: subprocess.Popen[str], broker: Broker, ready: Any) -> None:
         ready(line)
 
 
-def _start_ours(workdir: Path, config: str | None = None) -> Broker:
+def _start_ours(workdir: Path, config: str | None = None, ws: bool = False) -> Broker:
+    """Our broker on a free port; with ``ws``, a WebSocket listener on another (``--ws-port``)."""
     cmd = [sys.executable, "-m", "mqttbroker", "--port", "0", "--log-level", "info"]
+    if ws:
+        cmd += ["--ws-port", "0"]
     if config is not None:
         path = workdir / "broker.toml"
         path.write_text(config)
@@ -219,12 +230,17 @@ def _start_ours(workdir: Path, config: str | None = None) -> Broker:
     )
     broker = Broker("127.0.0.1", 0, "mqttbroker", process=proc)
     found = threading.Event()
-    pattern = re.compile(r"listening on ([\d.]+):(\d+) \(MQTT over TCP\)")
+    pattern = re.compile(r"listening on ([\d.]+):(\d+) \((MQTT over (?:TCP|WebSocket))\)")
 
     def ready(line: str) -> None:
         m = pattern.search(line)
-        if m and not found.is_set():
+        if m is None or found.is_set():
+            return
+        if m.group(3) == "MQTT over TCP":
             broker.host, broker.port = m.group(1), int(m.group(2))
+        else:
+            broker.ws = (m.group(1), int(m.group(2)), "/mqtt")
+        if broker.port and (broker.ws is not None or not ws):
             found.set()
 
     threading.Thread(target=_drain, args=(proc, broker, ready), daemon=True).start()
@@ -242,7 +258,22 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _start_mosquitto(workdir: Path, limited: bool = False) -> Broker:
+def _mosquitto_passwords(workdir: Path, config: pytest.Config) -> str:
+    """A ``password_file`` line for a file (mosquitto_passwd's) that knows ``--auth-user``, so
+    that the password check can be tested; anonymous clients stay allowed."""
+    passwd = workdir / "passwd"
+    tool = shutil.which("mosquitto_passwd") or "/usr/bin/mosquitto_passwd"
+    subprocess.run(
+        [tool, "-c", "-b", str(passwd)]
+        + [config.getoption("--auth-user"), config.getoption("--auth-password")],
+        check=True,
+        capture_output=True,
+    )
+    os.chmod(passwd, 0o644)  # read by the user mosquitto drops root for
+    return f"password_file {passwd}\n"
+
+
+def _start_mosquitto(workdir: Path, limited: bool = False, passwords: str = "") -> Broker:
     if not Path(MOSQUITTO).exists() and not shutil.which("mosquitto"):
         pytest.exit(f"--mosquitto: {MOSQUITTO} not found (apt-get install mosquitto)", 2)
     port = _free_port()
@@ -254,6 +285,7 @@ def _start_mosquitto(workdir: Path, limited: bool = False) -> Broker:
         "log_dest stderr\n"
         "log_type all\n"
         "sys_interval 0\n"
+        + passwords
         + (_MOSQUITTO_LIMITED_GLOBAL if limited else "")
         + f"listener {port} 127.0.0.1\n"
         + (_MOSQUITTO_LIMITED if limited else "")
@@ -290,15 +322,23 @@ def _start(config: pytest.Config, limited: bool) -> Broker | None:
     external = config.getoption("--limited-broker" if limited else "--broker")
     if external:
         host, port = _parse_address(external)
-        return Broker(host, port, "external")
+        broker = Broker(host, port, "external")
+        ws = config.getoption("--ws-broker")
+        if ws and not limited:
+            address, slash, path = ws.partition("/")
+            broker.ws = (*_parse_address(address), slash + path or "/mqtt")
+        return broker
     if config.getoption("--broker"):
         return None  # an external broker under test but no limited one given
     workdir = Path(tempfile.mkdtemp(prefix="mqtt-conformance-"))
     if config.getoption("--mosquitto"):
-        broker = _start_mosquitto(workdir, limited)
+        passwords = "" if limited else _mosquitto_passwords(workdir, config)
+        broker = _start_mosquitto(workdir, limited, passwords)
     else:
         broker = _start_ours(
-            workdir, _OURS_LIMITED_TOML if limited else _ours_toml(workdir, config)
+            workdir,
+            _OURS_LIMITED_TOML if limited else _ours_toml(workdir, config),
+            ws=not limited,
         )
     _brokers.append(broker)
     return broker
@@ -319,6 +359,19 @@ def limited_broker(pytestconfig: pytest.Config) -> Iterator[Broker]:
         pytest.skip(f"needs --limited-broker HOST:PORT (a broker with {LIMITED_PROFILE})")
     yield b
     b.stop()
+
+
+@pytest.fixture(scope="session")
+def ws_broker(broker: Broker) -> tuple[str, int, str]:
+    """The WebSocket listener of the broker under test: (host, port, path)."""
+    if broker.ws is None:
+        if broker.kind == "mosquitto":
+            pytest.skip(
+                "Debian's Mosquitto 2.0.11 is built without WebSocket support (a listener with "
+                "protocol websockets does not start), so the suite gives it none"
+            )
+        pytest.skip("needs --ws-broker HOST:PORT/PATH (the broker's MQTT over WebSocket listener)")
+    return broker.ws
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

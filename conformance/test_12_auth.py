@@ -8,7 +8,7 @@ SCRAM-SHA-256 (RFC 5802 / RFC 7677) carried in Authentication Data:
 
 Enhanced authentication is optional in MQTT 5 (a broker may refuse any method with CONNACK
 0x8C, which test_01 checks); issue 4 requires it of this broker, so these tests are marked
-``feature``. The credentials come from ``--auth-user`` / ``--auth-password`` (the broker must
+``feature``, as is the plain password check (a broker need not check passwords at all). The credentials come from ``--auth-user`` / ``--auth-password`` (the broker must
 know that user); the method name from ``--auth-method``.
 """
 
@@ -21,7 +21,20 @@ import os
 
 import pytest
 
-from .mqtt import AUTH, CONNACK, DISCONNECT, P, Packet, auth, connect, packet, properties, publish
+from .mqtt import (
+    AUTH,
+    CONNACK,
+    DISCONNECT,
+    MQTT_5,
+    MQTT_311,
+    P,
+    Packet,
+    auth,
+    connect,
+    packet,
+    properties,
+    publish,
+)
 
 pytestmark = pytest.mark.feature
 
@@ -121,6 +134,22 @@ def test_enhanced_authentication_rejected(clients, creds):
     final = scram.client_final(challenge.prop(P.AUTHENTICATION_DATA), "not-the-password")
     c.send(auth(0x18, [(P.AUTHENTICATION_METHOD, creds[0]), (P.AUTHENTICATION_DATA, final)]))
     c.expect_refused({0x86, 0x87, 0x8C})
+
+
+@pytest.mark.parametrize("version", [MQTT_5, MQTT_311], ids=["v5", "v311"])
+def test_a_wrong_password_is_refused_and_closed(clients, creds, version):
+    """A failed check of the CONNECT's contents (here the password of a user the broker knows,
+    by plain user name and password, no enhanced authentication) closes the connection, after a
+    refusing CONNACK if any (MQTT 5: 0x86 Bad User Name or Password or 0x87 Not authorized;
+    3.1.1: 4 or 5); the right password is accepted. The suite starts its brokers with a
+    password file that knows ``--auth-user``. [MQTT-3.1.4-2]"""
+    _, user, password = creds
+    c = clients.new(version)
+    c.send(connect(c.name, version=version, username=user, password=b"not-" + password.encode()))
+    c.expect_refused({0x86, 0x87} if version == MQTT_5 else {4, 5})
+    ok = clients.new(version)
+    ok.connect(ok.name, username=user, password=password.encode())
+    assert ok.ping() == []
 
 
 def test_only_auth_before_connack(clients, creds, topic):
