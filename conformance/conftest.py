@@ -1,6 +1,7 @@
 """Fixtures of the conformance suite: the broker under test, raw clients, unique names.
 
-By default the suite starts this project's broker (``python -m mqttbroker --port 0``). Options:
+By default the suite starts this project's broker (``python -m mqttbroker --port 0 --ws-port 0``:
+MQTT over TCP, and over WebSocket for chapter 6). Options:
 
 ``--broker HOST:PORT``          test a broker that is already running
 ``--mosquitto``                 start Debian's ``/usr/sbin/mosquitto`` with a generated config
@@ -139,6 +140,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--ws-broker") and not config.getoption("--broker"):
+        raise pytest.UsageError("--ws-broker names the WebSocket listener of a --broker")
     config.addinivalue_line(
         "markers",
         "feature: behaviour the spec leaves optional (a MAY, or an optional capability such as "
@@ -194,10 +197,11 @@ class Broker:
 
 
 def _parse_address(text: str) -> tuple[str, int]:
+    """HOST:PORT, an IPv6 host in brackets ("[::1]:1883")."""
     host, _, port = text.rpartition(":")
     if not host or not port.isdigit():
         raise pytest.UsageError(f"expected HOST:PORT, got {text!r}")
-    return host, int(port)
+    return host.removeprefix("[").removesuffix("]"), int(port)
 
 
 def _drain(proc: subprocess.Popen[str], broker: Broker, ready: Any) -> None:
@@ -263,6 +267,8 @@ def _mosquitto_passwords(workdir: Path, config: pytest.Config) -> str:
     that the password check can be tested; anonymous clients stay allowed."""
     passwd = workdir / "passwd"
     tool = shutil.which("mosquitto_passwd") or "/usr/bin/mosquitto_passwd"
+    if not Path(tool).exists():
+        pytest.exit("--mosquitto: mosquitto_passwd not found (apt-get install mosquitto)", 2)
     subprocess.run(
         [tool, "-c", "-b", str(passwd)]
         + [config.getoption("--auth-user"), config.getoption("--auth-password")],
@@ -367,8 +373,8 @@ def ws_broker(broker: Broker) -> tuple[str, int, str]:
     if broker.ws is None:
         if broker.kind == "mosquitto":
             pytest.skip(
-                "Debian's Mosquitto 2.0.11 is built without WebSocket support (a listener with "
-                "protocol websockets does not start), so the suite gives it none"
+                "the suite gives Mosquitto no WebSocket listener: Debian's 2.0.11 is built "
+                "without WebSocket support (a listener with protocol websockets does not start)"
             )
         pytest.skip("needs --ws-broker HOST:PORT/PATH (the broker's MQTT over WebSocket listener)")
     return broker.ws

@@ -1,10 +1,14 @@
 """MQTT over WebSocket for the suite (chapter 6): :class:`WsClient` is the suite's raw
 :class:`~conformance.mqtt.Client` with its bytes carried in WebSocket frames (RFC 6455, done by
-hand on a blocking socket, so a test can send any frame: text, fragmented, or one packet split
-over several). Every operation of the plain client works the same over it.
+hand on a blocking socket, so a test can send any frame it likes: a text frame, or one packet
+split over several messages). The plain client's operations (connect, expect, ping, the
+closing checks) work over it unchanged: received data frames are unwrapped into the bytes the
+client parses packets from.
 
-What the broker sends is checked as it arrives: MQTT bytes only in binary frames (or their
-continuations) [MQTT-6.0.0-1]; a text frame from the broker is a :class:`BrokerViolation`.
+What the broker sends is checked as it arrives: MQTT bytes only in binary messages, possibly
+fragmented [MQTT-6.0.0-1], and well-formed frames (unmasked, no reserved bits, control frames
+whole and at most 125 bytes, continuations only inside a fragmented message, no frame cut off by
+the end of the connection); anything else is a :class:`BrokerViolation`.
 """
 
 from __future__ import annotations
@@ -42,8 +46,17 @@ class WsClient(Client):
         super().__init__(address, version, name)
         self.close_code: int | None = None
         self._frames = bytearray()  # WebSocket bytes received, not yet a whole frame
-        self._opcode = 0  # of the fragmented message being received
+        self._fragmented = False  # inside a fragmented binary message
+        try:
+            self._handshake(address, path, protocols)
+        except BaseException:
+            self.sock.close()
+            raise
+
+    def _handshake(self, address: tuple[str, int], path: str, protocols: Sequence[str]) -> None:
         host, port = address
+        if ":" in host:
+            host = f"[{host}]"  # an IPv6 address in the Host header
         key = base64.b64encode(os.urandom(16)).decode()
         request = [
             f"GET {path} HTTP/1.1",
@@ -108,35 +121,50 @@ class WsClient(Client):
 
     # frames in
 
+    def _frame(self) -> bytes | None:
+        self._unwrap()
+        return super()._frame()
+
+    def _unwrap(self) -> bool:
+        """Move the MQTT bytes of every whole frame received into the packet buffer, answering
+        pings and noting a close; True if MQTT bytes were added."""
+        added = False
+        while not self._eof and (frame := self._next_frame()) is not None:
+            fin, opcode, payload = frame
+            if opcode == BINARY or opcode == CONTINUATION:
+                if (opcode == CONTINUATION) != self._fragmented:
+                    raise BrokerViolation(
+                        "a continuation frame outside a fragmented message"
+                        if opcode == CONTINUATION
+                        else "a new binary message inside a fragmented one"
+                    )
+                self._fragmented = not fin
+                self._buf += payload
+                added = added or bool(payload)
+            elif opcode == TEXT:
+                raise BrokerViolation(
+                    f"the broker sent a text frame {payload[:32]!r} [MQTT-6.0.0-1]"
+                )
+            elif opcode == PING:
+                try:
+                    self.send_frame(PONG, payload)
+                except OSError:
+                    self._eof = True
+            elif opcode == CLOSE:
+                self.close_code = struct.unpack("!H", payload[:2])[0] if payload else None
+                self._eof = True
+            elif opcode != PONG:
+                raise BrokerViolation(f"a frame with the unknown opcode {opcode}")
+        return added
+
     def _fill(self, deadline: float) -> bool:
-        """Read until a data frame adds MQTT bytes; False on a close frame or EOF. Raises
-        NoPacket at the deadline."""
+        """Read until data frames add MQTT bytes; False on a close frame or the end of the
+        connection. Raises NoPacket at the deadline."""
         while True:
+            if self._unwrap():
+                return True
             if self._eof:
                 return False
-            frame = self._next_frame()
-            if frame is not None:
-                fin, opcode, payload = frame
-                if opcode in (BINARY, CONTINUATION) and (opcode == BINARY or self._opcode):
-                    if opcode == BINARY:
-                        self._opcode = BINARY
-                    if fin:
-                        self._opcode = 0
-                    if payload:
-                        self._buf += payload
-                        return True
-                    continue
-                if opcode == TEXT:
-                    raise BrokerViolation(
-                        f"the broker sent a text frame {payload[:32]!r} [MQTT-6.0.0-1]"
-                    )
-                if opcode == PING:
-                    self.send_frame(PONG, payload)
-                elif opcode == CLOSE:
-                    self.close_code = struct.unpack("!H", payload[:2])[0] if payload else None
-                    self._eof = True
-                    return False
-                continue
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise NoPacket("timed out")
@@ -148,6 +176,8 @@ class WsClient(Client):
             except (ConnectionResetError, ConnectionAbortedError, BrokenPipeError):
                 chunk = b""
             if not chunk:
+                if self._frames:
+                    raise BrokerViolation(f"connection closed inside a frame: {self._frames.hex()}")
                 self._eof = True
                 return False
             self._frames += chunk
@@ -157,9 +187,13 @@ class WsClient(Client):
         if len(buf) < 2:
             return None
         fin, opcode = bool(buf[0] & 0x80), buf[0] & 0x0F
+        if buf[0] & 0x70:
+            raise BrokerViolation(f"reserved bits set in a frame: 0x{buf[0]:02X} (RFC 6455 5.2)")
         if buf[1] & 0x80:
             raise BrokerViolation("a masked frame from the server (RFC 6455 section 5.1)")
         n, pos = buf[1] & 0x7F, 2
+        if opcode >= CLOSE and (not fin or n > 125):
+            raise BrokerViolation("a fragmented or long control frame (RFC 6455 section 5.5)")
         if n == 126:
             if len(buf) < 4:
                 return None

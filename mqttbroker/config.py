@@ -94,7 +94,9 @@ class SecurityConfig:
     # ACL file (Mosquitto's acl_file syntax, and more: see mqttbroker/security/acl.py).
     # "": every client may publish and subscribe anywhere; set: what it does not allow is denied.
     acl_file: str = ""
-    # Clients without a user name. Absent: allowed only if every listener binds to loopback.
+    # Clients without a user name (without a password file, with one too), on every listener
+    # without its own allow_anonymous. Absent: each such listener allows them only if it is
+    # local-only (binds to loopback, not behind a proxy).
     allow_anonymous: bool | None = None
 
 

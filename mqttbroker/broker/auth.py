@@ -40,8 +40,16 @@ class AuthExchange(Protocol):
 
 
 class Authenticator(Protocol):
-    def check_password(self, client_id: str, username: str | None, password: bytes | None) -> int:
-        """The reason code for a CONNECT's user name and password (0 accepts)."""
+    def check_password(
+        self,
+        client_id: str,
+        username: str | None,
+        password: bytes | None,
+        anonymous: bool | None = None,
+    ) -> int:
+        """The reason code for a CONNECT's user name and password (0 accepts). ``anonymous``:
+        the listener's rule for clients the authenticator cannot identify (no user name, or
+        nothing to check a name against), overriding the authenticator's own; None: its own."""
         ...
 
     def exchange(self, method: str, client_id: str, username: str | None) -> AuthExchange | None:
@@ -52,7 +60,13 @@ class Authenticator(Protocol):
 class AllowAll:
     """The default: any user name and password is accepted; no enhanced method is supported."""
 
-    def check_password(self, client_id: str, username: str | None, password: bytes | None) -> int:
+    def check_password(
+        self,
+        client_id: str,
+        username: str | None,
+        password: bytes | None,
+        anonymous: bool | None = None,
+    ) -> int:
         return ReasonCode.SUCCESS
 
     def exchange(self, method: str, client_id: str, username: str | None) -> AuthExchange | None:

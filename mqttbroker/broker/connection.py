@@ -376,14 +376,14 @@ class Connection:
                 authenticator = broker.authenticator
                 broker.offload(
                     lambda: authenticator.check_password(
-                        packet.client_id, packet.username, packet.password
+                        packet.client_id, packet.username, packet.password, anonymous
                     ),
                     self._password_checked,
                 )
                 return
             else:
                 code = broker.authenticator.check_password(
-                    packet.client_id, packet.username, packet.password
+                    packet.client_id, packet.username, packet.password, anonymous
                 )
                 if code:
                     raise MQTTError("authentication failed", code)

@@ -3,10 +3,11 @@
 Authenticator and Authorizer from the ``[security]`` configuration and reloads both files on
 demand (SIGHUP).
 
-``[security]`` keys: ``password_file`` (none: user names are not checked), ``acl_file`` (none:
-everyone may publish and subscribe anywhere; set: everything it does not allow is denied), and
-``allow_anonymous`` (clients without a user name; when absent, allowed only if every listener
-binds to a loopback address).
+``[security]`` keys: ``password_file`` (none: user names are not checked, so a client that gives
+one is as anonymous as one that does not), ``acl_file`` (none: everyone may publish and subscribe
+anywhere; set: everything it does not allow is denied), and ``allow_anonymous`` (clients without
+a user name, the default for every listener without its own ``allow_anonymous``; when absent,
+each listener allows them only if it is local-only: see :func:`listener_anonymous`).
 """
 
 from __future__ import annotations
@@ -142,7 +143,7 @@ def build_security(config: Config) -> Security:
             log.warning("%s", warning)
         log.info("password file %s: %d users", password_file, len(passwords))
     anonymous = [
-        f"listener[{i}]"
+        f"listener[{i}] ({listener.host}:{listener.port})"
         for i, listener in enumerate(config.listeners)
         if listener_anonymous(listener, settings.allow_anonymous)
     ]
@@ -161,6 +162,8 @@ def build_security(config: Config) -> Security:
             )
     if anonymous and len(anonymous) < len(config.listeners):
         log.info("anonymous access allowed on %s only", ", ".join(anonymous))
+        if passwords is None:
+            log.info("without a password file, user names count as anonymous: refused elsewhere")
     else:
         defaulted = settings.allow_anonymous is None and all(
             listener.allow_anonymous is None for listener in config.listeners

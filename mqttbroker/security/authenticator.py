@@ -91,16 +91,24 @@ class FileAuthenticator:
 
     # -- CONNECT user name and password ---------------------------------------------------
 
-    def check_password(self, client_id: str, username: str | None, password: bytes | None) -> int:
+    def check_password(
+        self,
+        client_id: str,
+        username: str | None,
+        password: bytes | None,
+        anonymous: bool | None = None,
+    ) -> int:
+        allowed = self.allow_anonymous if anonymous is None else anonymous
         if username is None:
-            if self.allow_anonymous:
+            if allowed:
                 return ReasonCode.SUCCESS
             log.info("client %s: anonymous access refused", client_id)
             return ReasonCode.NOT_AUTHORIZED
         passwords = self.passwords
         if passwords is None:
-            # No password file: user names cannot be checked, so they are only names.
-            if self.allow_anonymous:
+            # No password file: user names cannot be checked, so they are only names, and the
+            # client is as anonymous as one without (the listener's rule, when it has one).
+            if allowed:
                 return ReasonCode.SUCCESS
             log.info("client %s: refused: no password file to check user %r", client_id, username)
             return ReasonCode.BAD_USER_NAME_OR_PASSWORD

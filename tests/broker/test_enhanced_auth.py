@@ -32,7 +32,13 @@ class ToyAuthenticator:
     def __init__(self) -> None:
         self.passwords = {"alice": b"secret"}
 
-    def check_password(self, client_id: str, username: str | None, password: bytes | None) -> int:
+    def check_password(
+        self,
+        client_id: str,
+        username: str | None,
+        password: bytes | None,
+        anonymous: bool | None = None,
+    ) -> int:
         if username is None:
             return 0x87
         return 0 if self.passwords.get(username) == password else 0x86

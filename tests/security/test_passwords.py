@@ -260,6 +260,16 @@ def test_without_password_file_user_names_are_not_checked() -> None:
     assert FileAuthenticator(None, False).check_password("c", None, None) == 0x87
 
 
+def test_the_listeners_rule_decides_for_names_nothing_can_check() -> None:
+    """Without a password file a named client is as anonymous as one without a name: the
+    listener's own rule (``anonymous``) decides for it, whatever the broker-wide default. A
+    password file still decides for the names it can check."""
+    assert FileAuthenticator(None, True).check_password("c", "anyone", b"x", False) == 0x86
+    assert FileAuthenticator(None, True).check_password("c", None, None, False) == 0x87
+    assert FileAuthenticator(None, False).check_password("c", "anyone", b"x", True) == 0
+    assert authenticator().check_password("c1", "alice", b"wrong", True) == 0x86
+
+
 def test_budget_refuses_with_server_busy_but_remembers_good_logins() -> None:
     clock = FakeClock()
     budget = KdfBudget(rate=0.5, burst=0.5, clock=clock)

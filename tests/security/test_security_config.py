@@ -3,15 +3,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 
 import pytest
-from security_support import ITERATIONS
+from security_support import ITERATIONS, connect_bytes
 
 from mqttbroker.config import Config, ConfigError, ListenerConfig, SecurityConfig, load
 from mqttbroker.security import build_security
 from mqttbroker.security.passwords import make_entry_line
+from mqttbroker.server.app import Server
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:
@@ -125,12 +127,12 @@ def test_files_loaded_and_reloaded(tmp_path: Path, caplog: pytest.LogCaptureFixt
         (
             [ListenerConfig(host="0.0.0.0"), ListenerConfig(host="0.0.0.0", allow_anonymous=True)],
             False,
-            "anonymous access allowed on listener[1] only",
+            "anonymous access allowed on listener[1] (0.0.0.0:1883) only",
         ),
         (
             [ListenerConfig(host="127.0.0.1"), ListenerConfig(host="0.0.0.0")],
             False,
-            "anonymous access allowed on listener[0] only",
+            "anonymous access allowed on listener[0] (127.0.0.1:1883) only",
         ),
         (
             [ListenerConfig(host="0.0.0.0", tls_certificate_username="cn")],
@@ -166,3 +168,47 @@ def test_warnings_at_startup(tmp_path: Path, caplog: pytest.LogCaptureFixture) -
         build_security(config_with(["0.0.0.0"], acl_file=str(acl)))
     assert "every client will be refused" in caplog.text
     assert "user names are not checked" in caplog.text
+
+
+def test_a_user_name_is_no_way_around_the_listeners_rule(tmp_path: Path) -> None:
+    """Without a password file a user name cannot be checked, so a named client is as anonymous
+    as one without: a listener that refuses anonymous clients refuses it too (MQTT 5: 0x86,
+    3.1.1: 4), even where [security] allow_anonymous is true; a listener that allows them lets
+    it in."""
+    config = Config(
+        listeners=[
+            ListenerConfig(port=0, allow_anonymous=False),
+            ListenerConfig(port=0, allow_anonymous=True),
+        ],
+        data_dir=str(tmp_path),
+    )
+    config.security.allow_anonymous = True
+    config.storage.backend = "memory"
+
+    async def answer(port: int, packet: bytes) -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(packet)
+            return await asyncio.wait_for(reader.readexactly(4), 10)
+        finally:
+            writer.close()
+
+    async def scenario() -> list[bytes]:
+        server = Server(config)
+        await server.start()
+        closed, open_ = (listener.addresses[0][1] for listener in server.listeners)
+        try:
+            return [
+                await answer(closed, connect_bytes("named5", username="anyone", password=b"x")),
+                await answer(closed, connect_bytes("named4", 4, username="anyone")),
+                await answer(closed, connect_bytes("nameless", 4)),
+                await answer(open_, connect_bytes("named-open", 4, username="anyone")),
+            ]
+        finally:
+            await server.stop()
+
+    named5, named4, nameless, named_open = asyncio.run(scenario())
+    assert named5[0] == 0x20 and named5[3] == 0x86, named5  # CONNACK 0x86 (and a reason string)
+    assert named4 == b"\x20\x02\x00\x04"
+    assert nameless == b"\x20\x02\x00\x05"
+    assert named_open == b"\x20\x02\x00\x00"
