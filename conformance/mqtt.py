@@ -728,21 +728,26 @@ class Client:
         """Read more bytes; False on EOF/reset. Raises NoPacket at the deadline."""
         if self._eof:
             return False
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise NoPacket("timed out")
-        self.sock.settimeout(remaining)
-        try:
-            chunk = self.sock.recv(65536)
-        except TimeoutError:
-            raise NoPacket("timed out") from None
-        except (ConnectionResetError, ConnectionAbortedError, BrokenPipeError):
-            chunk = b""
+        chunk = self._recv(deadline)
         if not chunk:
             self._eof = True
             return False
         self._buf += chunk
         return True
+
+    def _recv(self, deadline: float) -> bytes:
+        """What the socket has, waiting up to ``deadline``; b"" at EOF or reset. Raises NoPacket
+        at the deadline."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise NoPacket("timed out")
+        self.sock.settimeout(remaining)
+        try:
+            return self.sock.recv(65536)
+        except TimeoutError:
+            raise NoPacket("timed out") from None
+        except (ConnectionResetError, ConnectionAbortedError, BrokenPipeError):
+            return b""
 
     def _frame(self) -> bytes | None:
         buf = self._buf

@@ -20,7 +20,7 @@ import struct
 import time
 from collections.abc import Sequence
 
-from .mqtt import MQTT_5, WAIT, BrokerViolation, Client, NoPacket
+from .mqtt import MQTT_5, WAIT, BrokerViolation, Client
 
 GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"  # RFC 6455 section 1.3
 CONTINUATION, TEXT, BINARY, CLOSE, PING, PONG = 0x0, 0x1, 0x2, 0x8, 0x9, 0xA
@@ -165,16 +165,7 @@ class WsClient(Client):
                 return True
             if self._eof:
                 return False
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise NoPacket("timed out")
-            self.sock.settimeout(remaining)
-            try:
-                chunk = self.sock.recv(65536)
-            except TimeoutError:
-                raise NoPacket("timed out") from None
-            except (ConnectionResetError, ConnectionAbortedError, BrokenPipeError):
-                chunk = b""
+            chunk = self._recv(deadline)
             if not chunk:
                 if self._frames:
                     raise BrokerViolation(f"connection closed inside a frame: {self._frames.hex()}")
