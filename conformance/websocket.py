@@ -16,9 +16,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import socket
 import struct
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from .mqtt import MQTT_5, WAIT, BrokerViolation, Client
 
@@ -30,6 +32,73 @@ class HandshakeRefused(AssertionError):
     def __init__(self, status: int, head: str) -> None:
         super().__init__(f"WebSocket handshake refused: HTTP {status}\n{head}")
         self.status = status
+        self.head = head
+
+
+@dataclass
+class Opened:
+    """A WebSocket handshake the server accepted."""
+
+    head: str  # the response's status line and headers
+    headers: dict[str, str]  # lower-case names
+    rest: bytes  # bytes after the headers: the start of the first frames
+
+
+def open_handshake(
+    sock: socket.socket, host: str, port: int, path: str, protocols: Sequence[str]
+) -> Opened:
+    """The client's opening handshake on ``sock`` (RFC 6455 section 4.1). Raises
+    :class:`HandshakeRefused` for a status other than 101, and BrokerViolation for a wrong
+    Sec-WebSocket-Accept."""
+    if ":" in host:
+        host = f"[{host}]"  # an IPv6 address in the Host header
+    key = base64.b64encode(os.urandom(16)).decode()
+    request = [
+        f"GET {path} HTTP/1.1",
+        f"Host: {host}:{port}",
+        "Upgrade: websocket",
+        "Connection: Upgrade",
+        f"Sec-WebSocket-Key: {key}",
+        "Sec-WebSocket-Version: 13",
+    ]
+    if protocols:
+        request.append(f"Sec-WebSocket-Protocol: {', '.join(protocols)}")
+    sock.sendall(("\r\n".join(request) + "\r\n\r\n").encode())
+    received = bytearray()
+    deadline = time.monotonic() + WAIT
+    while b"\r\n\r\n" not in received:
+        sock.settimeout(max(0.01, deadline - time.monotonic()))
+        chunk = sock.recv(4096)
+        if not chunk:
+            raise ConnectionError("closed during the WebSocket handshake")
+        received += chunk
+    text, _, rest = bytes(received).partition(b"\r\n\r\n")
+    head = text.decode("latin-1")
+    status = int(head.split()[1])
+    if status != 101:
+        raise HandshakeRefused(status, head)
+    headers = {
+        name.strip().lower(): value.strip()
+        for name, _, value in (line.partition(":") for line in head.split("\r\n")[1:])
+    }
+    accept = base64.b64encode(hashlib.sha1((key + GUID).encode()).digest()).decode()
+    if headers.get("sec-websocket-accept") != accept:
+        raise BrokerViolation(f"wrong Sec-WebSocket-Accept in\n{head}")
+    return Opened(head, headers, rest)
+
+
+def client_frame(opcode: int, payload: bytes, fin: bool = True) -> bytes:
+    """One frame as a client sends it: masked (RFC 6455 section 5.3)."""
+    mask = os.urandom(4)
+    n = len(payload)
+    first = (0x80 if fin else 0) | opcode
+    if n < 126:
+        header = bytes([first, 0x80 | n])
+    elif n < 65536:
+        header = bytes([first, 0x80 | 126]) + struct.pack("!H", n)
+    else:
+        header = bytes([first, 0x80 | 127]) + struct.pack("!Q", n)
+    return header + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
 
 
 class WsClient(Client):
@@ -48,48 +117,12 @@ class WsClient(Client):
         self._frames = bytearray()  # WebSocket bytes received, not yet a whole frame
         self._fragmented = False  # inside a fragmented binary message
         try:
-            self._handshake(address, path, protocols)
+            opened = open_handshake(self.sock, *address, path, protocols)
         except BaseException:
             self.sock.close()
             raise
-
-    def _handshake(self, address: tuple[str, int], path: str, protocols: Sequence[str]) -> None:
-        host, port = address
-        if ":" in host:
-            host = f"[{host}]"  # an IPv6 address in the Host header
-        key = base64.b64encode(os.urandom(16)).decode()
-        request = [
-            f"GET {path} HTTP/1.1",
-            f"Host: {host}:{port}",
-            "Upgrade: websocket",
-            "Connection: Upgrade",
-            f"Sec-WebSocket-Key: {key}",
-            "Sec-WebSocket-Version: 13",
-        ]
-        if protocols:
-            request.append(f"Sec-WebSocket-Protocol: {', '.join(protocols)}")
-        self.sock.sendall(("\r\n".join(request) + "\r\n\r\n").encode())
-        head = bytearray()
-        deadline = time.monotonic() + WAIT
-        while b"\r\n\r\n" not in head:
-            self.sock.settimeout(max(0.01, deadline - time.monotonic()))
-            chunk = self.sock.recv(4096)
-            if not chunk:
-                raise ConnectionError("closed during the WebSocket handshake")
-            head += chunk
-        text, _, rest = bytes(head).partition(b"\r\n\r\n")
-        self.head = text.decode("latin-1")
-        self.status = int(self.head.split()[1])
-        if self.status != 101:
-            raise HandshakeRefused(self.status, self.head)
-        self.headers = {
-            name.strip().lower(): value.strip()
-            for name, _, value in (line.partition(":") for line in self.head.split("\r\n")[1:])
-        }
-        accept = base64.b64encode(hashlib.sha1((key + GUID).encode()).digest()).decode()
-        if self.headers.get("sec-websocket-accept") != accept:
-            raise BrokerViolation(f"wrong Sec-WebSocket-Accept in\n{self.head}")
-        self._frames += rest
+        self.head, self.headers = opened.head, opened.headers
+        self._frames += opened.rest
 
     def __repr__(self) -> str:
         return f"WsClient({self.name or self.client_id!r})"
@@ -97,17 +130,7 @@ class WsClient(Client):
     # frames out
 
     def send_frame(self, opcode: int, payload: bytes, fin: bool = True) -> None:
-        mask = os.urandom(4)
-        n = len(payload)
-        first = (0x80 if fin else 0) | opcode
-        if n < 126:
-            header = bytes([first, 0x80 | n])
-        elif n < 65536:
-            header = bytes([first, 0x80 | 126]) + struct.pack("!H", n)
-        else:
-            header = bytes([first, 0x80 | 127]) + struct.pack("!Q", n)
-        masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
-        self.sock.sendall(header + mask + masked)
+        self.sock.sendall(client_frame(opcode, payload, fin))
 
     def send(self, data: bytes) -> None:
         """MQTT bytes in one binary frame."""

@@ -15,7 +15,6 @@ from transport_support import (
     TIMEOUT,
     BrokerRun,
     Certificates,
-    HandshakeRefused,
     Listeners,
     Paho,
     RawWebSocket,
@@ -24,6 +23,8 @@ from transport_support import (
     toml_listener,
     unique,
 )
+
+from conformance.websocket import HandshakeRefused
 
 VERSIONS = [pytest.param(mqtt.MQTTv5, id="v5"), pytest.param(mqtt.MQTTv311, id="v311")]
 

@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import base64
 import datetime
 import ipaddress
 import json
@@ -40,6 +39,12 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 ROOT = Path(__file__).resolve().parent.parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+# The conformance suite's WebSocket handshake and client frames serve the transport tests too.
+from conformance.websocket import client_frame, open_handshake  # noqa: E402
+
 TIMEOUT = 10.0  # failure guard for anything that should happen promptly
 LISTENING = re.compile(r"listening on (\S+):(\d+) \((MQTT over [A-Za-z+]+)\)")
 
@@ -520,13 +525,6 @@ def packet_type(packet: bytes) -> int:
 OP_CONTINUATION, OP_TEXT, OP_BINARY, OP_CLOSE, OP_PING, OP_PONG = 0, 1, 2, 8, 9, 10
 
 
-class HandshakeRefused(Exception):
-    def __init__(self, status: int, head: str) -> None:
-        super().__init__(f"HTTP {status}")
-        self.status = status
-        self.head = head
-
-
 class RawWebSocket:
     """A client-side WebSocket on a blocking socket (RFC 6455 framing done by hand)."""
 
@@ -545,45 +543,11 @@ class RawWebSocket:
         self._buffer = b""
         self._stream = b""  # MQTT bytes received and not yet returned as packets
         self.close_code: int | None = None
-        key = base64.b64encode(os.urandom(16)).decode()
-        request = [
-            f"GET {path} HTTP/1.1",
-            f"Host: {host}:{port}",
-            "Upgrade: websocket",
-            "Connection: Upgrade",
-            f"Sec-WebSocket-Key: {key}",
-            "Sec-WebSocket-Version: 13",
-        ]
-        if protocols:
-            request.append(f"Sec-WebSocket-Protocol: {', '.join(protocols)}")
-        sock.sendall(("\r\n".join(request) + "\r\n\r\n").encode())
-        while b"\r\n\r\n" not in self._buffer:
-            chunk = sock.recv(4096)
-            if not chunk:
-                raise ConnectionError("closed during the handshake")
-            self._buffer += chunk
-        head, _, self._buffer = self._buffer.partition(b"\r\n\r\n")
-        self.head = head.decode("latin-1")
-        status = int(self.head.split()[1])
-        if status != 101:
-            raise HandshakeRefused(status, self.head)
-        self.headers = {
-            name.strip().lower(): value.strip()
-            for name, _, value in (line.partition(":") for line in self.head.split("\r\n")[1:])
-        }
+        opened = open_handshake(sock, host, port, path, protocols)
+        self.head, self.headers, self._buffer = opened.head, opened.headers, opened.rest
 
     def send_frame(self, opcode: int, payload: bytes, fin: bool = True) -> None:
-        mask = os.urandom(4)
-        first = (0x80 if fin else 0) | opcode
-        n = len(payload)
-        if n < 126:
-            header = bytes([first, 0x80 | n])
-        elif n < 65536:
-            header = bytes([first, 0x80 | 126]) + struct.pack("!H", n)
-        else:
-            header = bytes([first, 0x80 | 127]) + struct.pack("!Q", n)
-        masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
-        self.sock.sendall(header + mask + masked)
+        self.sock.sendall(client_frame(opcode, payload, fin))
 
     def send_binary(self, payload: bytes) -> None:
         self.send_frame(OP_BINARY, payload)
