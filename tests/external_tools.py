@@ -32,6 +32,7 @@ TOOLS = {
     "needs_haproxy": Tool(("haproxy",), "apt-get install haproxy"),
     "needs_node": Tool(("node", "npm"), "apt-get install nodejs npm"),
     "needs_openssl": Tool(("openssl",), "apt-get install openssl"),
+    "needs_systemd": Tool(("systemd-analyze",), "apt-get install systemd"),
 }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,3 +49,15 @@ def test_the_statement_lists_are_in_the_repository() -> None:
     assert len(load_statements()) == 251
     assert len(load_statements(SPEC.with_name("mqtt311-normative.tsv"))) == 141
     assert "OASIS" in (SPEC.parent / "README.md").read_text(encoding="utf-8")
+
+
+def test_license_is_the_one_pyproject_names() -> None:
+    """LICENSE holds the full Apache License 2.0, as pyproject.toml declares, with the
+    project's copyright line."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["license"] == {"text": "Apache-2.0"}
+    text = (ROOT / "LICENSE").read_text(encoding="utf-8")
+    assert text.startswith("Copyright 2026 the mqttbroker authors\n")
+    assert "Apache License\n                           Version 2.0, January 2004" in text
+    assert "END OF TERMS AND CONDITIONS" in text  # the full text, not a pointer to it
+    assert "9. Accepting Warranty or Additional Liability." in text
