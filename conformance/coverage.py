@@ -3,7 +3,7 @@
     python -m conformance.coverage [--junit results.xml] [--list] [pytest options...]
 
 Counts the distinct statement IDs of role ``server`` or ``both`` in
-``../shared/spec/mqtt5-normative.tsv`` (238 of them) that are named (``[MQTT-x.y.z-n]``) in the
+``conformance/spec/mqtt5-normative.tsv`` (238 of them) that are named (``[MQTT-x.y.z-n]``) in the
 docstring of at least one PASSING test and of no FAILING test. Skipped tests count for nothing;
 statements listed in ``conformance/UNTESTED.md`` are reported separately and never counted.
 
@@ -28,18 +28,11 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 ID = re.compile(r"MQTT-\d+(?:\.\d+)*-\d+")
 UNTESTED_ROW = re.compile(r"^\|\s*(MQTT-\d+(?:\.\d+)*-\d+)\s*\|", re.M)
+#: The MQTT 5.0 statement list (a copy of the OASIS standard's Appendix B, see spec/README.md).
+SPEC = HERE / "spec" / "mqtt5-normative.tsv"
 
 
-def find_spec() -> Path:
-    """``shared/spec/mqtt5-normative.tsv`` beside the repository (or above it)."""
-    for base in (REPO.parent, *REPO.parents):
-        candidate = base / "shared" / "spec" / "mqtt5-normative.tsv"
-        if candidate.exists():
-            return candidate
-    raise SystemExit("cannot find shared/spec/mqtt5-normative.tsv next to the repository")
-
-
-def load_statements(path: Path) -> dict[str, dict[str, str]]:
+def load_statements(path: Path = SPEC) -> dict[str, dict[str, str]]:
     with open(path, newline="", encoding="utf-8") as fh:
         return {row["id"]: row for row in csv.DictReader(fh, delimiter="\t")}
 
@@ -161,9 +154,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--junit", metavar="FILE", help="read outcomes from a JUnit XML file")
     parser.add_argument("--list", action="store_true", help="also list the covered statements")
-    parser.add_argument("--spec", metavar="TSV", help="the statement list (default: found)")
+    parser.add_argument(
+        "--spec", metavar="TSV", help=f"the statement list (default: {SPEC.relative_to(REPO)})"
+    )
     args, rest = parser.parse_known_args(argv)
-    statements = load_statements(Path(args.spec) if args.spec else find_spec())
+    statements = load_statements(Path(args.spec) if args.spec else SPEC)
     results = from_junit(Path(args.junit)) if args.junit else run_suite(rest)
     return report(results, statements, args.list)
 

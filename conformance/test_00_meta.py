@@ -7,7 +7,7 @@ import importlib
 from pathlib import Path
 
 from .conftest import STATEMENT
-from .coverage import find_spec, load_statements, untested_ids
+from .coverage import load_statements, untested_ids
 
 
 def _named() -> dict[str, list[str]]:
@@ -25,7 +25,7 @@ def _named() -> dict[str, list[str]]:
 
 def test_statement_ids_exist():
     """Every [MQTT-...] in a docstring is an ID of the spec list, of role server or both."""
-    statements = load_statements(find_spec())
+    statements = load_statements()
     for sid, tests in _named().items():
         assert sid in statements, f"{sid} (in {tests[0]}) is not a statement ID"
         assert statements[sid]["role"] in ("server", "both"), f"{sid} binds only clients"
@@ -33,7 +33,7 @@ def test_statement_ids_exist():
 
 def test_every_statement_tested_or_explained():
     """Each server/both statement is named by a test or listed in UNTESTED.md, not both."""
-    statements = load_statements(find_spec())
+    statements = load_statements()
     scope = {sid for sid, row in statements.items() if row["role"] in ("server", "both")}
     untested = set(untested_ids())
     assert untested <= scope, f"UNTESTED.md lists unknown IDs: {sorted(untested - scope)}"

@@ -5,6 +5,10 @@ depend on timing of their own) and ``start_broker`` (a factory, for several per 
 directory. The port comes from the ``listening on HOST:PORT (MQTT over TCP)`` line the broker logs,
 so there is no port race. A thread keeps draining the broker's output, so its pipe never fills,
 and keeps every line for assertions (``log_text()``, ``wait_for_log()``).
+
+A test marked ``needs_mosquitto``, ``needs_haproxy``, ``needs_node`` or ``needs_openssl`` is
+skipped when that program is missing, and fails instead under ``CI=true``; a CI run that skipped
+any test, for whatever reason, fails (``external_tools.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from external_tools import TOOLS, in_ci, require
 
 ROOT = Path(__file__).resolve().parent.parent
 LISTENING = re.compile(r"listening on (\S+):(\d+) \(MQTT over TCP\)")
@@ -228,3 +233,25 @@ def start_broker(tmp_path: Path) -> Iterator[Callable[..., BrokerProcess]]:
 def fresh_broker(start_broker: Callable[..., BrokerProcess]) -> BrokerProcess:
     """A broker of the test's own, for tests that stop it or need it otherwise untouched."""
     return start_broker()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Before a test's fixtures start anything: the programs its markers name are there."""
+    for marker in TOOLS:
+        if item.get_closest_marker(marker) is not None:
+            require(marker)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Under ``CI=true`` a run that skipped a test fails: CI must run every test."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = reporter.stats.get("skipped", []) if reporter is not None else []
+    if in_ci() and skipped and exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        if reporter is not None:
+            reporter.write_line(
+                f"CI=true: {len(skipped)} test(s) skipped, so the run fails (see SKIPPED above)",
+                red=True,
+                bold=True,
+            )

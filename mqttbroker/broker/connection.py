@@ -102,6 +102,7 @@ class Connection:
         "work",
         "work_pass",
         "input_paused",
+        "publishes_sent",
     )
 
     def __init__(self, broker: Broker, link: Link, peer: str = "?") -> None:
@@ -149,6 +150,7 @@ class Connection:
         self.work = 0  # packets and deliveries caused by our input in this loop pass
         self.work_pass = -1  # the pass ``work`` counts
         self.input_paused = False  # reading paused until the broker resumes our input
+        self.publishes_sent = 0  # PUBLISH packets queued for the client ($SYS: delivered)
 
     def __repr__(self) -> str:
         return f"Connection({self.client_id or self.peer!r})"
@@ -319,6 +321,7 @@ class Connection:
     def _on_connect(self, packet: pk.Connect) -> None:
         """Check a CONNECT; accept it at once, or after an enhanced-authentication exchange."""
         broker = self.broker
+        broker.connects += 1
         opts = broker.options
         self.version = version = packet.protocol_level
         v5 = version == MQTT_5
@@ -946,6 +949,7 @@ class Connection:
             if not out:
                 self.broker.mark_dirty(self)
             out.append(data)
+            self.publishes_sent += 1
         return True
 
     def _send_aliased(
@@ -984,6 +988,8 @@ class Connection:
             aliases[topic] = alias
         if len(data) > self.max_send_size:
             return False
+        if self.state != CLOSED:
+            self.publishes_sent += 1
         self._send(data)
         return True
 

@@ -50,6 +50,12 @@ class Broker:
         self.received = 0  # PUBLISHes accepted from clients
         self.denied = 0  # PUBLISHes refused by the authorizer
         self.refused = 0  # connections refused by the connection limits
+        self.connects = 0  # CONNECT packets received
+        self.delivered_closed = 0  # PUBLISH packets sent on connections now closed
+        # Bytes read from and written to clients (MQTT bytes: inside TLS and WebSocket frames),
+        # counted by the transports per read and per write.
+        self.bytes_received = 0
+        self.bytes_sent = 0
         self._per_address: dict[str, int] = {}  # open connections per source address
         self.connack_properties = self._connack_properties()
         # The MQTT 5 CONNACK most clients get (success, nothing particular to the client),
@@ -197,6 +203,8 @@ class Broker:
 
     def connection_closed(self, conn: Connection, publish_will: bool) -> None:
         self.connections.discard(conn)
+        self.delivered_closed += conn.publishes_sent
+        conn.publishes_sent = 0
         if conn.address is not None:
             left = self._per_address.get(conn.address, 1) - 1
             if left > 0:

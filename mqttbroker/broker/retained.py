@@ -17,10 +17,16 @@ class _Node:
         self.message: Message | None = None
 
 
+def _own(levels: list[str]) -> bool:
+    """A ``$SYS/...`` topic: the broker's own counters, kept in memory only, and not counted
+    (neither in ``$SYS/broker/retained messages/count`` nor against ``max_retained``)."""
+    return len(levels) > 1 and levels[0] == "$SYS"
+
+
 class RetainedStore:
     def __init__(self, store: Store | None = None) -> None:
         self._root = _Node()
-        self.count = 0
+        self.count = 0  # retained messages, those of $SYS topics left out
         self._store = store or Store()
 
     def store(self, message: Message) -> None:
@@ -37,10 +43,11 @@ class RetainedStore:
             if child is None:
                 child = node.children[level] = _Node()
             node = child
-        if node.message is None:
+        own = _own(levels)
+        if node.message is None and not own:
             self.count += 1
         node.message = message
-        if not message.topic.startswith("$SYS/"):  # the broker's own counters stay in memory
+        if not own:
             self._store.save_retained(message)
 
     def _clear(self, levels: list[str]) -> None:
@@ -52,7 +59,8 @@ class RetainedStore:
             path.append(child)
         if path[-1].message is not None:
             path[-1].message = None
-            self.count -= 1
+            if not _own(levels):
+                self.count -= 1
         for depth in range(len(levels), 0, -1):
             if path[depth].message is not None or path[depth].children:
                 break

@@ -30,7 +30,6 @@ class Router:
         self.trie = SubscriptionTrie()
         self.retained = RetainedStore(self.store)
         self._cache: dict[bytes, tuple[str, Match]] = {}
-        self.delivered = 0
 
     def subscribe(self, sub: Subscription) -> bool:
         """Add or replace ``sub``; True if it replaced one (MQTT-3.8.4-3)."""
@@ -125,7 +124,6 @@ class Router:
                 member.topic_filter,
             )
             count += 1
-        self.delivered += count
         return count
 
     def send_retained(

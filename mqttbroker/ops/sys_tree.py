@@ -1,37 +1,70 @@
 """The ``$SYS/broker/...`` topics: the broker's counters, published as retained QoS 0 messages
 every ``interval`` seconds, so that any MQTT client can watch them
-(``mosquitto_sub -t '$SYS/#' -v``). They stay in memory: the durable store never sees them.
-Subscribing to ``#`` does not reach them (MQTT-4.7.2-1); ``$SYS/#`` does."""
+(``mosquitto_sub -t '$SYS/#' -v``). They stay in memory: the durable store never sees them, and
+they are not counted as retained messages. Subscribing to ``#`` does not reach them
+(MQTT-4.7.2-1); ``$SYS/#`` does.
+
+Names follow Mosquitto's where it has the figure (``uptime``, ``bytes/...``, ``load/...``,
+``clients/connected``, ``version``). "Messages" are PUBLISH packets: ``messages/received``
+those accepted from clients, ``messages/delivered`` those sent to subscribers (resends
+included; a message queued for an offline session counts when it is sent, one dropped never).
+Bytes are MQTT bytes (inside TLS and WebSocket frames), counted by the transports per read and
+per write. A ``load/.../1min``, ``5min`` or ``15min`` figure is a rate per minute, averaged
+exponentially over that period, as Mosquitto's are.
+"""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from .. import __version__
+from ..broker.connection import CONNECTED
 from ..broker.core import Broker
 from ..broker.message import Message
 
 PREFIX = "$SYS/broker/"
+# Name -> seconds the moving average spans.
+PERIODS = {"1min": 60.0, "5min": 300.0, "15min": 900.0}
 
 
-def stats(broker: Broker) -> dict[str, Any]:
-    """The broker's counters, by the name they are published under."""
+def delivered(broker: Broker) -> int:
+    """PUBLISH packets sent to subscribers since the broker started."""
+    return broker.delivered_closed + sum(c.publishes_sent for c in broker.connections)
+
+
+def totals(broker: Broker) -> dict[str, int]:
+    """The running totals the ``load/...`` figures are rates of, by their name there."""
+    return {
+        "messages/received": broker.received,
+        "messages/sent": delivered(broker),
+        "bytes/received": broker.bytes_received,
+        "bytes/sent": broker.bytes_sent,
+        "connections": broker.connects,
+    }
+
+
+def stats(broker: Broker, uptime: float) -> dict[str, Any]:
+    """The broker's counters, by the name they are published under (the loads aside)."""
     sessions = broker.sessions.values()
     router = broker.router
     return {
-        "version": f"mqttbroker {__version__}",
-        "clients/connected": len(broker.connections),
+        "version": f"mqttbroker version {__version__}",
+        "uptime": f"{int(uptime)} seconds",
+        "clients/connected": sum(1 for c in broker.connections if c.state == CONNECTED),
         "sessions/total": len(broker.sessions),
         "sessions/offline": sum(1 for s in sessions if s.connection is None),
         "subscriptions/count": router.trie.count,
         "retained messages/count": len(router.retained),
         "messages/received": broker.received,
-        "messages/delivered": router.delivered,
+        "messages/delivered": delivered(broker),
         "messages/queued": sum(len(s.queue) for s in sessions),
         "messages/inflight": sum(len(s.inflight) for s in sessions),
         "messages/dropped": sum(s.dropped for s in sessions),
         "messages/denied": broker.denied,
         "connections/refused": broker.refused,
+        "bytes/received": broker.bytes_received,
+        "bytes/sent": broker.bytes_sent,
     }
 
 
@@ -39,7 +72,27 @@ class SysTree:
     def __init__(self, broker: Broker, interval: float) -> None:
         self.broker = broker
         self.interval = interval
+        self.started = broker.clock()
         self._next = 0.0
+        self._sampled_at = self.started
+        self._totals = totals(broker)
+        # load name ("messages/received/1min") -> messages (bytes, ...) per minute
+        self.loads = {f"{name}/{period}": 0.0 for name in self._totals for period in PERIODS}
+
+    def _sample(self, now: float) -> None:
+        """Fold the counts since the last sample into the moving averages."""
+        elapsed = now - self._sampled_at
+        if elapsed <= 0:
+            return
+        current = totals(self.broker)
+        for name, total in current.items():
+            rate = (total - self._totals[name]) * 60.0 / elapsed
+            for period, span in PERIODS.items():
+                key = f"{name}/{period}"
+                keep = math.exp(-elapsed / span)
+                self.loads[key] = rate + keep * (self.loads[key] - rate)
+        self._totals = current
+        self._sampled_at = now
 
     def tick(self) -> None:
         """Publish the counters if ``interval`` has passed since the last time."""
@@ -50,8 +103,11 @@ class SysTree:
         if now < self._next:
             return
         self._next = now + self.interval
+        self._sample(now)
+        figures = stats(broker, now - self.started)
+        figures.update((f"load/{key}", f"{load:.2f}") for key, load in self.loads.items())
         router = broker.router
-        for name, value in stats(broker).items():
+        for name, value in figures.items():
             topic = PREFIX + name
             message = Message(topic, str(value).encode(), 0, True)
             match = router.lookup(topic)

@@ -64,6 +64,7 @@ class MQTTProtocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         assert self.conn is not None
+        self.broker.bytes_received += len(data)
         self.conn.data_received(data)
 
     def eof_received(self) -> bool:
@@ -86,6 +87,7 @@ class MQTTProtocol(asyncio.Protocol):
     # Link
     def write(self, data: bytes) -> None:
         if self.transport is not None:
+            self.broker.bytes_sent += len(data)
             self.transport.write(data)
 
     def close(self) -> None:

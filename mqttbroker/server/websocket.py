@@ -72,6 +72,7 @@ class WebSocketLink:
         "ws",
         "listener",
         "certificate_user",
+        "broker",
         "conn",
         "_out",
         "_buffered",
@@ -88,6 +89,7 @@ class WebSocketLink:
         self.ws = ws
         self.listener = listener
         self.certificate_user = user
+        self.broker: Broker | None = None  # set by serve(); counts the bytes
         self.conn: Connection | None = None
         self._out: list[bytes] = []
         self._buffered = 0  # bytes written to us and not yet taken by the transport
@@ -103,6 +105,8 @@ class WebSocketLink:
     def write(self, data: bytes) -> None:
         if self._closing or not data:
             return
+        if self.broker is not None:
+            self.broker.bytes_sent += len(data)
         self._out.append(data)
         self._buffered += len(data)
         self._wake.set()
@@ -129,6 +133,7 @@ class WebSocketLink:
     async def serve(self, broker: Broker, peer: str, address: str | None = None) -> None:
         """Read frames until either side closes; the writer task lives as long. ``address``:
         the client's, when a trusted proxy named it (``peer`` is then "address (via proxy)")."""
+        self.broker = broker
         conn = self.conn = broker.connect(self, peer, address)
         writer = asyncio.create_task(self._write_loop())
         ws = self.ws
@@ -141,6 +146,7 @@ class WebSocketLink:
                 msg = await ws.receive()
                 kind = msg.type
                 if kind is WSMsgType.BINARY:
+                    broker.bytes_received += len(msg.data)
                     conn.data_received(msg.data)
                 elif kind is WSMsgType.TEXT:
                     log.warning(

@@ -8,23 +8,19 @@ Messages are printed with ``-F '%q %r %t %p'``: QoS, retain flag, topic, payload
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import threading
 import time
 
 import pytest
+from external_tools import program
 from helpers import TIMEOUT, unique
+
+pytestmark = pytest.mark.needs_mosquitto
 
 MOSQUITTO_VERSIONS = [pytest.param("mqttv5", id="v5"), pytest.param("mqttv311", id="v311")]
 QOS = [pytest.param(q, id=f"qos{q}") for q in (0, 1, 2)]
 FORMAT = "%q %r %t %p"
-
-
-def _tool(name: str) -> str:
-    path = shutil.which(name)
-    assert path is not None, f"{name} is not installed (Debian package mosquitto-clients)"
-    return path
 
 
 class MosquittoSub:
@@ -32,9 +28,9 @@ class MosquittoSub:
 
     def __init__(self, broker, filters, qos, version, count, timeout=TIMEOUT):
         args = [
-            _tool("stdbuf"),
+            "stdbuf",  # coreutils
             "-oL",
-            _tool("mosquitto_sub"),
+            program("mosquitto_sub"),
             "-h",
             broker.host,
             "-p",
@@ -134,7 +130,7 @@ def mosquitto_pub(broker, topic, message, qos, version, retain=False, null=False
     client_id = unique("mpub")
     mark = broker.log_mark()
     args = [
-        _tool("mosquitto_pub"),
+        program("mosquitto_pub"),
         "-h",
         broker.host,
         "-p",

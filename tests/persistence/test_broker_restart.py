@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from external_tools import program
 from persistence_support import (
     MQTT_5,
     MQTT_311,
@@ -317,7 +318,7 @@ def test_session_whose_expiry_passed_before_the_restart_is_gone(
 def mosquitto_sub(broker: BrokerProc, *args: str, timeout: float = TIMEOUT) -> str:
     result = subprocess.run(
         [
-            "mosquitto_sub",
+            program("mosquitto_sub"),
             "-h",
             broker.host,
             "-p",
@@ -346,7 +347,7 @@ def mosquitto_sub(broker: BrokerProc, *args: str, timeout: float = TIMEOUT) -> s
 def mosquitto_pub(broker: BrokerProc, message: str) -> None:
     result = subprocess.run(
         [
-            "mosquitto_pub",
+            program("mosquitto_pub"),
             "-h",
             broker.host,
             "-p",
@@ -365,6 +366,7 @@ def mosquitto_pub(broker: BrokerProc, message: str) -> None:
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.needs_mosquitto
 def test_mosquitto_sub_resumes_its_session_across_restart_and_sigkill(brokers: Brokers):
     first = brokers()
     mosquitto_sub(first, "-E")  # subscribes, then exits: the session stays for 300 s

@@ -4,12 +4,12 @@ session) with a listener of every kind, started from a generated TOML file."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from external_tools import program
 from transport_support import (
     CUSTOM_PATH,
     TLS12_CIPHER,
@@ -62,10 +62,8 @@ def listeners(tmp_path_factory: pytest.TempPathFactory, certs: Certificates) -> 
 @pytest.fixture(scope="session")
 def mqttjs() -> Path:
     """The folder whose node_modules holds MQTT.js (the version tests/transports/node/package.json
-    pins), installed with npm when it is not there yet. No npm, no node: the test fails."""
-    npm = shutil.which("npm")
-    assert shutil.which("node") is not None, "node is not installed (the MQTT.js tests need it)"
-    assert npm is not None, "npm is not installed (the MQTT.js tests need it)"
+    pins), installed with npm when it is not there yet (tests using it are ``needs_node``)."""
+    npm = program("npm")
     wanted = json.loads((NODE_DIR / "package.json").read_text())["dependencies"]["mqtt"]
     installed = NODE_DIR / "node_modules" / "mqtt" / "package.json"
     if not installed.exists() or json.loads(installed.read_text())["version"] != wanted:

@@ -8,7 +8,6 @@ handshake): mosquitto_pub with a client certificate publishes through it."""
 
 from __future__ import annotations
 
-import shutil
 import socket
 import subprocess
 import time
@@ -16,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from external_tools import program
 from transport_support import (
     TIMEOUT,
     BrokerRun,
@@ -26,6 +26,8 @@ from transport_support import (
     toml_listener,
     unique,
 )
+
+pytestmark = [pytest.mark.needs_haproxy, pytest.mark.needs_mosquitto]
 
 HAPROXY_CONFIG = """\
 defaults
@@ -101,8 +103,7 @@ def broker(tmp_path: Path, certs: Certificates) -> Iterator[BrokerRun]:
 
 @pytest.fixture
 def haproxy(tmp_path: Path, broker: BrokerRun) -> Iterator[tuple[int, int, int]]:
-    binary = shutil.which("haproxy") or "/usr/sbin/haproxy"
-    assert Path(binary).exists(), "haproxy is not installed (.ci/run installs it from Debian)"
+    binary = program("haproxy")
     v2, v1, tls = free_port(), free_port(), free_port()
     config = tmp_path / "haproxy.cfg"
     plain, mtls = broker.addresses
@@ -133,7 +134,7 @@ def publish_through(port: int, pub: list[str], topic: str, payload: bytes) -> No
         assert sub.connect("127.0.0.1", port, bind_address="127.0.0.3") == 0
         assert sub.subscribe("proxied/#", qos=1) == 1
         published = subprocess.run(
-            ["mosquitto_pub", *pub, "-q", "1", "-i", unique("pub"), "-t", topic, "-m", payload],
+            [program("mosquitto_pub"), *pub, "-q", "1", "-i", unique("pub"), "-t", topic, "-m", payload],
             capture_output=True,
             timeout=TIMEOUT,
         )
@@ -160,7 +161,7 @@ def test_clients_through_haproxy_are_named_by_its_header(
     certificate = ["--cert", str(certs.client_cert), "--key", str(certs.client_key)]
     publish_through(v2, secure + certificate, "proxied/tls", b"TLS through HAProxy")
     without = subprocess.run(  # no client certificate: refused in the handshake
-        ["mosquitto_pub", *secure, "-t", "proxied/tls", "-m", "no certificate"],
+        [program("mosquitto_pub"), *secure, "-t", "proxied/tls", "-m", "no certificate"],
         capture_output=True,
         text=True,
         timeout=TIMEOUT,

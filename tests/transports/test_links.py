@@ -82,6 +82,8 @@ class FakeConnection:
 class FakeBroker:
     def __init__(self, conn: FakeConnection) -> None:
         self.conn = conn
+        self.bytes_received = 0
+        self.bytes_sent = 0
 
     def connect(self, link: Any, peer: str, address: str | None = None) -> FakeConnection:
         return self.conn
@@ -143,6 +145,7 @@ def test_close_sends_what_was_written_first() -> None:
         link.write(b"after close")  # ignored
         await asyncio.wait_for(task, GUARD)
         assert ws.frames == [b"\x20\x02\x00\x00\xe0\x00"]
+        assert link.broker is not None and link.broker.bytes_sent == 6  # counted per write
         assert ws.close_code == 1000
         assert conn.events == ["lost"]  # the connection is told (it ignores it once closed)
 
@@ -164,6 +167,7 @@ def test_paused_reading_stops_receiving() -> None:
         conn.on_data = None
         link.resume_reading()
         await until(lambda: conn.received == [b"one", b"two"])
+        assert link.broker is not None and link.broker.bytes_received == 6  # per read
         ws.incoming.put_nowait(aiohttp.WSMessage(WSMsgType.CLOSED, None, None))
         await asyncio.wait_for(task, GUARD)
         assert conn.events == ["lost"]

@@ -2,19 +2,20 @@
 publish, receive its own message; a paho subscriber on plain TCP receives it too.
 
 MQTT.js comes from npm into tests/transports/node/node_modules (not committed; the ``mqttjs``
-fixture installs it when missing). No node or npm is a failure, not a skip."""
+fixture installs it when missing). Without node and npm the tests are skipped (``needs_node``)."""
 
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+from external_tools import program
 from transport_support import Certificates, Listeners, Paho, unique
 
 
+@pytest.mark.needs_node
 @pytest.mark.parametrize(
     ("secure", "version"),
     [(False, 5), (False, 4), (True, 5)],
@@ -28,8 +29,7 @@ def test_mqttjs_round_trip(
     host = "localhost" if secure else address.host  # the server certificate names localhost
     url = f"{scheme}://{host}:{address.port}/mqtt"
     topic = f"mqttjs/{unique()}"
-    node = shutil.which("node")
-    assert node is not None, "node is not installed"
+    node = program("node")
     watcher = Paho()
     try:
         assert watcher.connect(listeners.tcp.host, listeners.tcp.port) == 0

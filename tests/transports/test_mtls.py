@@ -4,13 +4,13 @@ with one from another CA."""
 
 from __future__ import annotations
 
-import shutil
 import socket
 import ssl
 import subprocess
 
 import paho.mqtt.client as mqtt
 import pytest
+from external_tools import program
 from transport_support import (
     CONNACK_OK,
     TIMEOUT,
@@ -70,11 +70,11 @@ def test_client_certificate_accepted_and_refused(
     assert isinstance(rogue, Exception) or rogue == b"", rogue
 
 
+@pytest.mark.needs_mosquitto
 def test_mosquitto_pub_with_and_without_a_client_certificate(
     listeners: Listeners, certs: Certificates
 ) -> None:
-    tool = shutil.which("mosquitto_pub")
-    assert tool is not None, "mosquitto_pub is not installed (Debian package mosquitto-clients)"
+    tool = program("mosquitto_pub")
     topic = f"mtls/{unique()}"
     subscriber = Paho()
     try:

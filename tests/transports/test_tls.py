@@ -3,13 +3,13 @@ version and the cipher list of a listener, and messages crossing from TLS to pla
 
 from __future__ import annotations
 
-import shutil
 import socket
 import ssl
 import subprocess
 
 import paho.mqtt.client as mqtt
 import pytest
+from external_tools import program
 from transport_support import (
     CONNACK_OK,
     TIMEOUT,
@@ -55,12 +55,7 @@ def test_tls_and_plain_tcp_share_one_broker(listeners: Listeners, certs: Certifi
         secure.close()
 
 
-def _tool(name: str) -> str:
-    path = shutil.which(name)
-    assert path is not None, f"{name} is not installed (Debian package mosquitto-clients)"
-    return path
-
-
+@pytest.mark.needs_mosquitto
 def test_mosquitto_clients_with_cafile(listeners: Listeners, certs: Certificates) -> None:
     """mosquitto_pub --cafile leaves a retained message; mosquitto_sub --cafile receives it (so the
     subscriber needs no synchronisation with the publisher), both over TLS."""
@@ -68,7 +63,7 @@ def test_mosquitto_clients_with_cafile(listeners: Listeners, certs: Certificates
     common = ["-h", "localhost", "-p", str(listeners.tls.port), "--cafile", str(certs.ca)]
     pub = subprocess.run(
         [
-            _tool("mosquitto_pub"),
+            program("mosquitto_pub"),
             *common,
             "-V",
             "mqttv5",
@@ -87,7 +82,7 @@ def test_mosquitto_clients_with_cafile(listeners: Listeners, certs: Certificates
     assert pub.returncode == 0, pub.stderr
     sub = subprocess.run(
         [
-            _tool("mosquitto_sub"),
+            program("mosquitto_sub"),
             *common,
             "-V",
             "mqttv311",
@@ -107,7 +102,7 @@ def test_mosquitto_clients_with_cafile(listeners: Listeners, certs: Certificates
     assert sub.returncode == 0, sub.stderr
     assert sub.stdout.strip() == f"1 {topic} via mosquitto"
     clear = subprocess.run(
-        [_tool("mosquitto_pub"), *common, "-t", topic, "-n", "-r"],
+        [program("mosquitto_pub"), *common, "-t", topic, "-n", "-r"],
         capture_output=True,
         text=True,
         timeout=TIMEOUT,
@@ -115,6 +110,7 @@ def test_mosquitto_clients_with_cafile(listeners: Listeners, certs: Certificates
     assert clear.returncode == 0, clear.stderr
 
 
+@pytest.mark.needs_mosquitto
 def test_mosquitto_sub_refuses_a_server_it_does_not_trust(
     listeners: Listeners, certs: Certificates
 ) -> None:
@@ -122,7 +118,7 @@ def test_mosquitto_sub_refuses_a_server_it_does_not_trust(
     verified the chain."""
     sub = subprocess.run(
         [
-            _tool("mosquitto_sub"),
+            program("mosquitto_sub"),
             "-h",
             "localhost",
             "-p",

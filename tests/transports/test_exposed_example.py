@@ -1,0 +1,65 @@
+"""config/exposed.toml does what its comments promise: run as written (with test certificates,
+password and ACL files in place of those under /etc, and free ports), an anonymous client is
+accepted on the loopback listener for local tools and refused on the TLS listener for devices,
+where a user of the password file gets in."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from transport_support import ROOT, BrokerRun, Certificates, Paho, client_context
+
+from mqttbroker.security.passwords import make_entry_line
+
+EXAMPLE = ROOT / "config" / "exposed.toml"
+NOT_AUTHORIZED = 0x87
+
+
+def replace_once(text: str, old: str, new: str) -> str:
+    assert text.count(old) >= 1, f"config/exposed.toml no longer has {old!r}"
+    return text.replace(old, new)
+
+
+def test_loopback_listener_is_anonymous_and_the_exposed_one_is_not(
+    tmp_path: Path, certs: Certificates
+) -> None:
+    passwd = tmp_path / "passwd"
+    passwd.write_text(make_entry_line("sensor", b"correct horse", 4096) + "\n")
+    acl = tmp_path / "acl"
+    acl.write_text("pattern readwrite devices/%u/#\n")
+    text = EXAMPLE.read_text()
+    for old, new in [
+        ('"/etc/mqttbroker/tls/server.pem"', f'"{certs.server_cert}"'),
+        ('"/etc/mqttbroker/tls/server.key"', f'"{certs.server_key}"'),
+        ('"/etc/mqttbroker/passwd"', f'"{passwd}"'),
+        ('"/etc/mqttbroker/acl"', f'"{acl}"'),
+        ('"/var/lib/mqttbroker"', f'"{tmp_path / "data"}"'),
+        ("port = 1883\n", "port = 0\n"),
+        ("port = 8883\n", "port = 0\n"),
+        ("port = 8884\n", "port = 0\n"),
+    ]:
+        text = replace_once(text, old, new)
+    config = tmp_path / "exposed.toml"
+    config.write_text(text)
+    broker = BrokerRun(tmp_path, "--config", str(config)).start(3)
+    try:
+        local, devices, _browsers = broker.addresses
+        assert local.host == "127.0.0.1" and devices.host == "0.0.0.0"
+        anonymous_local = Paho()
+        try:
+            assert anonymous_local.connect("127.0.0.1", local.port) == 0
+        finally:
+            anonymous_local.close()
+        anonymous_device = Paho(tls=client_context(certs))
+        try:
+            assert anonymous_device.connect("localhost", devices.port) == NOT_AUTHORIZED
+        finally:
+            anonymous_device.close()
+        device = Paho(tls=client_context(certs))
+        device.client.username_pw_set("sensor", "correct horse")
+        try:
+            assert device.connect("localhost", devices.port) == 0
+        finally:
+            device.close()
+    finally:
+        broker.stop()
