@@ -139,7 +139,7 @@ class Connection:
         self.username: str | None = None
         self._allowed: dict[str, bool] = {}  # topic -> may publish, for the rules' generation
         self._allowed_generation = -1
-        self.address: str | None = None  # counted against max_connections_per_address
+        self.address: str | None = None  # the client's address: per-address limits, logins
         self._tokens = float(broker.options.max_publish_burst)  # publish-rate bucket
         self._tokens_at = now
         self._auth: AuthExchange | None = None  # an enhanced-authentication exchange under way
@@ -374,23 +374,26 @@ class Connection:
                 self._checking = True
                 self._connect = packet
                 authenticator = broker.authenticator
+                address = self.address
                 broker.offload(
                     lambda: authenticator.check_password(
-                        packet.client_id, packet.username, packet.password, anonymous
+                        packet.client_id, packet.username, packet.password, anonymous, address
                     ),
                     self._password_checked,
                 )
                 return
             else:
                 code = broker.authenticator.check_password(
-                    packet.client_id, packet.username, packet.password, anonymous
+                    packet.client_id, packet.username, packet.password, anonymous, self.address
                 )
                 if code:
                     raise MQTTError("authentication failed", code)
         if method is None:
             self._accept(packet, None)
             return
-        exchange = broker.authenticator.exchange(method, packet.client_id, packet.username)
+        exchange = broker.authenticator.exchange(
+            method, packet.client_id, packet.username, self.address
+        )
         if exchange is None:
             raise MQTTError(
                 f"authentication method {method!r} not supported",
@@ -460,7 +463,9 @@ class Connection:
             raise ProtocolError("AUTH with another Authentication Method")  # MQTT-4.12.1-1
         code = packet.reason_code
         if self.state == CONNECTED and code == ReasonCode.RE_AUTHENTICATE and self._auth is None:
-            exchange = self.broker.authenticator.exchange(method, self.client_id, self.username)
+            exchange = self.broker.authenticator.exchange(
+                method, self.client_id, self.username, self.address
+            )
             if exchange is None:
                 raise MQTTError("re-authentication refused", ReasonCode.NOT_AUTHORIZED)
             self._auth = exchange

@@ -30,9 +30,7 @@ def test_client_strings_cannot_forge_log_lines(
     passwords = tmp_path / "pw.txt"
     passwords.write_text(make_entry_line("alice", b"alice-pw", ITERATIONS) + "\n")
     config = tmp_path / "broker.toml"
-    config.write_text(
-        f"[security]\npassword_file = {str(passwords)!r}\nallow_anonymous = true\n"
-    )
+    config.write_text(f"[security]\npassword_file = {str(passwords)!r}\nallow_anonymous = true\n")
     broker = start_broker(extra_args=("--config", str(config), "--memory"))
     mark = broker.log_mark()
     tag = unique("inj")
