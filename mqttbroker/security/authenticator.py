@@ -7,10 +7,10 @@ hurting the other clients, or from being a way to guess passwords at speed:
 
 * a successful check is remembered (a keyed hash of the password, per user, in memory only), so
   a client that reconnects with the same password costs nothing until the file is reloaded;
-* failed logins are counted per source address and per user name (:class:`LoginFailures`):
-  an address with ``max_login_failures`` of them within ``login_failure_window`` seconds is
-  refused at once, without a check, with 0x9F Connection Rate Exceeded (it gets one more try
-  each ``window / limit`` seconds). A user name with as many failures is a target: it may then
+* failed logins are counted per source address (an IPv6 address's /64 network) and per user
+  name (:class:`LoginFailures`): an address with ``max_login_failures`` of them within
+  ``login_failure_window`` seconds is refused at once, without a check, with 0x9F Connection
+  Rate Exceeded (it gets one more try each ``window / limit`` seconds). A user name with as many failures is a target: it may then
   be tried only from addresses without recent failures, so guessing it from many addresses is
   slowed down too, while its owner, whose address has no failures, still logs in;
 * the derivations share a time budget (half of each second, with a burst of two seconds): past
@@ -29,6 +29,7 @@ user is refused the same way.
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import logging
 import secrets
 import threading
@@ -118,6 +119,20 @@ class FailureCounter:
         return self.count(key, now) >= self.limit
 
 
+def source(address: str | None) -> str | None:
+    """What failed logins from ``address`` count against: the address itself, or for IPv6 its
+    /64 network (a single host often has a whole /64 to take addresses from)."""
+    if address is None or ":" not in address:
+        return address
+    try:
+        ip = ipaddress.IPv6Address(address.split("%", 1)[0])
+    except ValueError:
+        return address  # not an address (a Unix socket's path...): counted as it is
+    if ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    return str(ipaddress.IPv6Network((ip, 64), strict=False))
+
+
 class LoginFailures:
     """Failed logins per source address and per user name (see the module docstring);
     ``limit`` 0: none counted, nobody refused."""
@@ -131,12 +146,14 @@ class LoginFailures:
 
     def clean(self, address: str | None, now: float) -> bool:
         """Whether ``address`` has no recent failures (an unknown address counts as clean)."""
+        address = source(address)
         return address is None or self.addresses is None or not self.addresses.count(address, now)
 
     def refusal(self, address: str | None, username: str, now: float) -> str:
         """Why a login from ``address`` as ``username`` is refused without a check, or ""."""
         if self.addresses is None or self.users is None:
             return ""
+        address = source(address)
         if address is not None and self.addresses.over(address, now):
             return f"{address} had {self.limit} failed logins within {self.window:g} s"
         if not self.clean(address, now) and self.users.over(username, now):
@@ -149,6 +166,7 @@ class LoginFailures:
     def failed(self, address: str | None, username: str, now: float) -> None:
         if self.addresses is None or self.users is None:
             return
+        address = source(address)
         if address is not None and _reached(self.addresses.add(address, now), self.limit):
             log.warning(
                 "%s: %d failed logins within %g s: its logins are refused (0x9F) for now",

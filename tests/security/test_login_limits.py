@@ -17,7 +17,7 @@ from mqttbroker.security.authenticator import FileAuthenticator, KdfBudget, Logi
 from mqttbroker.security.passwords import PasswordFile, ScramCredential, make_entry_line
 
 # Costly enough that a few dozen checks use up the broker's budget (two seconds of hashing).
-ATTACKED_ITERATIONS = 50_000
+ATTACKED_ITERATIONS = 20_000
 USERS = [f"alice{i}" for i in range(5)]
 
 
@@ -158,3 +158,13 @@ def test_scram_failures_count_and_lockout_refuses_scram() -> None:
     refused = exchange.step(ScramClient("SCRAM-SHA-256", "alice0", b"alice0-pw").first())
     assert (refused.status, refused.reason_code) == ("fail", 0x9F)
     assert auth.check_password("c", "alice0", b"alice0-pw", address="10.0.0.9") == 0x9F
+
+
+def test_ipv6_addresses_count_per_64_network() -> None:
+    clock = FakeClock()
+    auth = authenticator(clock)
+    for n in range(3):
+        assert auth.check_password("c", "alice1", b"wrong", address=f"2001:db8::{n + 1}") == 0x86
+    assert auth.check_password("c", "alice2", b"alice2-pw", address="2001:db8::ff:1") == 0x9F
+    assert auth.check_password("c", "alice2", b"alice2-pw", address="2001:db8:0:1::1") == 0
+    assert auth.check_password("c", "alice2", b"alice2-pw", address="::ffff:10.0.0.1") == 0
