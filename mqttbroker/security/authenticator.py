@@ -90,7 +90,7 @@ class FailureCounter:
     ``window`` seconds: a key at the limit gets one more try every ``window / limit`` seconds.
     At most ``max_keys`` keys are kept; past that the least recently failed are forgotten."""
 
-    def __init__(self, limit: int, window: float, max_keys: int = 100_000) -> None:
+    def __init__(self, limit: int, window: float, max_keys: int = 20_000) -> None:
         self.limit = limit
         self.drain = limit / window
         self.max_keys = max_keys
@@ -163,7 +163,7 @@ class LoginFailures:
             )
         return ""
 
-    def failed(self, address: str | None, username: str, now: float) -> None:
+    def failed(self, address: str | None, username: str | None, now: float) -> None:
         if self.addresses is None or self.users is None:
             return
         address = source(address)
@@ -174,7 +174,7 @@ class LoginFailures:
                 self.limit,
                 self.window,
             )
-        if _reached(self.users.add(username, now), self.limit):
+        if username is not None and _reached(self.users.add(username, now), self.limit):
             log.warning(
                 "user %r: %d failed logins within %g s: it may be tried only from addresses "
                 "without failed logins for now",
@@ -282,8 +282,10 @@ class FileAuthenticator:
         return ReasonCode.CONNECTION_RATE_EXCEEDED
 
     def failed(self, username: str, address: str | None) -> None:
-        with self._lock:
-            self.failures.failed(address, username, self.budget.clock())
+        passwords = self.passwords
+        known = passwords is not None and passwords.get(username) is not None
+        with self._lock:  # (only the file's users are counted: other names are not targets)
+            self.failures.failed(address, username if known else None, self.budget.clock())
 
     # -- CONNECT user name and password ---------------------------------------------------
 

@@ -13,7 +13,12 @@ from typing import Any
 from helpers import MQTT_5, TIMEOUT, RawClient, parse_connack, unique
 from security_support import ITERATIONS, ScramClient, connect_bytes
 
-from mqttbroker.security.authenticator import FileAuthenticator, KdfBudget, LoginFailures
+from mqttbroker.security.authenticator import (
+    FailureCounter,
+    FileAuthenticator,
+    KdfBudget,
+    LoginFailures,
+)
 from mqttbroker.security.passwords import PasswordFile, ScramCredential, make_entry_line
 
 # Costly enough that a few dozen checks use up the broker's budget (two seconds of hashing).
@@ -168,3 +173,21 @@ def test_ipv6_addresses_count_per_64_network() -> None:
     assert auth.check_password("c", "alice2", b"alice2-pw", address="2001:db8::ff:1") == 0x9F
     assert auth.check_password("c", "alice2", b"alice2-pw", address="2001:db8:0:1::1") == 0
     assert auth.check_password("c", "alice2", b"alice2-pw", address="::ffff:10.0.0.1") == 0
+
+
+def test_counters_stay_bounded() -> None:
+    """Only the file's users are counted (any other name is no target, and a client may send
+    long ones), and each counter keeps at most max_keys keys, forgetting the oldest."""
+    clock = FakeClock()
+    auth = authenticator(clock)
+    for n in range(50):
+        name = f"ghost-{n}-" + "x" * 1000
+        assert auth.check_password("c", name, b"guess", address=f"10.3.{n}.1") == 0x86
+    assert auth.failures.users is not None and auth.failures.addresses is not None
+    assert len(auth.failures.users._counts) == 0
+    counter = FailureCounter(3, 30.0, max_keys=10)
+    for n in range(25):
+        counter.add(f"10.4.0.{n}", clock.now)
+    assert len(counter._counts) <= 10
+    assert counter.count("10.4.0.24", clock.now) == 1.0  # the newest are kept
+    assert counter.count("10.4.0.0", clock.now) == 0.0
