@@ -77,6 +77,7 @@ def test_errors_name_file_and_key(tmp_path: Path, text: str, expected: str) -> N
 
 def config_with(hosts: list[str], **security: object) -> Config:
     config = Config()
+    config.storage.backend = "memory"  # nothing on disk: no secret file in the working directory
     config.listeners = [ListenerConfig(host=h, port=0) for h in hosts]
     for key, value in security.items():
         setattr(config.security, key, value)
