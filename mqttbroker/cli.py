@@ -8,7 +8,7 @@ import dataclasses
 import logging
 import sys
 
-from . import __version__
+from . import __version__, logformat
 from .config import LOG_LEVELS, ConfigError, ListenerConfig, check, load
 
 
@@ -80,10 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"mqttbroker: configuration error: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=config.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    logformat.setup(config.log_level)  # control characters in messages escaped
     from .server.app import run
 
     try:

@@ -98,6 +98,19 @@ class SecurityConfig:
     # without its own allow_anonymous. Absent: each such listener allows them only if it is
     # local-only (binds to loopback, not behind a proxy).
     allow_anonymous: bool | None = None
+    # Failed logins (bad passwords, failed SCRAM) from one address within login_failure_window
+    # seconds before its logins are refused without a check (0x9F; one more try each
+    # window / max_login_failures seconds); a user name with as many may then be tried only from
+    # addresses without failed logins. 0: no limit.
+    max_login_failures: int = 10
+    login_failure_window: float = 300.0
+    # Password-file entries hashed with fewer iterations are refused at load (file, line and
+    # user named; a Mosquitto $6$ hash counts as 1). 0: none refused; below 4096 only warned.
+    min_iterations: int = 0
+    # The installation's secret (made if missing, mode 0600): unknown users' made-up SCRAM salts
+    # stay the same across restarts. "": <data_dir>/auth-secret; with storage.backend = "memory"
+    # (nothing on disk) one per process instead.
+    secret_file: str = ""
 
 
 @dataclass(slots=True)
@@ -211,6 +224,17 @@ def check(config: Config, source: str = "command line") -> None:
         path = getattr(config.security, key)
         if path and not Path(path).is_file():
             raise ConfigError(f"{source}: security.{key}: file not found: {path}")
+    from .security.passwords import MAX_ITERATIONS
+
+    security = config.security
+    if security.max_login_failures < 0:
+        raise ConfigError(f"{source}: security.max_login_failures: must not be negative (0: off)")
+    if not security.login_failure_window > 0:
+        raise ConfigError(f"{source}: security.login_failure_window: must be positive")
+    if not 0 <= security.min_iterations <= MAX_ITERATIONS:
+        raise ConfigError(
+            f"{source}: security.min_iterations: must be between 0 (none) and {MAX_ITERATIONS:,}"
+        )
     storage = config.storage
     if storage.backend not in ("sqlite", "memory"):
         raise ConfigError(f'{source}: storage.backend: expected "sqlite" or "memory"')

@@ -46,13 +46,17 @@ class Authenticator(Protocol):
         username: str | None,
         password: bytes | None,
         anonymous: bool | None = None,
+        address: str | None = None,
     ) -> int:
         """The reason code for a CONNECT's user name and password (0 accepts). ``anonymous``:
         the listener's rule for clients the authenticator cannot identify (no user name, or
-        nothing to check a name against), overriding the authenticator's own; None: its own."""
+        nothing to check a name against), overriding the authenticator's own; None: its own.
+        ``address``: the client's (failed logins are counted per address), None if unknown."""
         ...
 
-    def exchange(self, method: str, client_id: str, username: str | None) -> AuthExchange | None:
+    def exchange(
+        self, method: str, client_id: str, username: str | None, address: str | None = None
+    ) -> AuthExchange | None:
         """A new exchange for ``method``, or None if this broker does not support it."""
         ...
 
@@ -66,10 +70,13 @@ class AllowAll:
         username: str | None,
         password: bytes | None,
         anonymous: bool | None = None,
+        address: str | None = None,
     ) -> int:
         return ReasonCode.SUCCESS
 
-    def exchange(self, method: str, client_id: str, username: str | None) -> AuthExchange | None:
+    def exchange(
+        self, method: str, client_id: str, username: str | None, address: str | None = None
+    ) -> AuthExchange | None:
         return None
 
 

@@ -45,6 +45,8 @@ _SUBSCRIBE = PacketType.SUBSCRIBE
 _UNSUBSCRIBE = PacketType.UNSUBSCRIBE
 _DISCONNECT = PacketType.DISCONNECT
 _AUTH = PacketType.AUTH
+# Login refusals the authenticator logs itself, rate-limited (a flood of them is an attack).
+_LOGGED_BY_AUTHENTICATOR = (ReasonCode.CONNECTION_RATE_EXCEEDED, ReasonCode.SERVER_BUSY)
 
 
 class Link(Protocol):
@@ -99,6 +101,7 @@ class Connection:
         "_auth_method",
         "_connect",
         "_checking",
+        "_denials",
         "work",
         "work_pass",
         "input_paused",
@@ -140,13 +143,14 @@ class Connection:
         self.username: str | None = None
         self._allowed: dict[str, bool] = {}  # topic -> may publish, for the rules' generation
         self._allowed_generation = -1
-        self.address: str | None = None  # counted against max_connections_per_address
+        self.address: str | None = None  # the client's address: per-address limits, logins
         self._tokens = float(broker.options.max_publish_burst)  # publish-rate bucket
         self._tokens_at = now
         self._auth: AuthExchange | None = None  # an enhanced-authentication exchange under way
         self._auth_method: str | None = None
         self._connect: pk.Connect | None = None  # held while authenticating
         self._checking = False  # a password check runs off the event loop
+        self._denials = 0  # PUBLISHes and subscriptions the authorizer refused
         self.work = 0  # packets and deliveries caused by our input in this loop pass
         self.work_pass = -1  # the pass ``work`` counts
         self.input_paused = False  # reading paused until the broker resumes our input
@@ -274,7 +278,7 @@ class Connection:
             if isinstance(packet, pk.Auth):
                 self._on_auth(packet)
             else:
-                log.info("client %s gave up authenticating", self.client_id)
+                log.info("client %s from %s gave up authenticating", self.client_id, self.peer)
                 self.close(publish_will=False)
             return
         if ptype == _PUBLISH:
@@ -362,7 +366,8 @@ class Connection:
             # A client certificate the listener verified is the credential; its name is the
             # user name (mutual TLS with tls_certificate_username).
             packet.username = certificate_user
-        elif method is None:
+        self.username = packet.username  # as claimed, for the log until CONNACK says more
+        if certificate_user is None and method is None:
             listener = getattr(self.link, "listener", None)
             anonymous = getattr(listener, "allow_anonymous", None)
             if packet.username is None and anonymous is not None:
@@ -377,23 +382,26 @@ class Connection:
                 self._checking = True
                 self._connect = packet
                 authenticator = broker.authenticator
+                address = self.address
                 broker.offload(
                     lambda: authenticator.check_password(
-                        packet.client_id, packet.username, packet.password, anonymous
+                        packet.client_id, packet.username, packet.password, anonymous, address
                     ),
                     self._password_checked,
                 )
                 return
             else:
                 code = broker.authenticator.check_password(
-                    packet.client_id, packet.username, packet.password, anonymous
+                    packet.client_id, packet.username, packet.password, anonymous, self.address
                 )
                 if code:
                     raise MQTTError("authentication failed", code)
         if method is None:
             self._accept(packet, None)
             return
-        exchange = broker.authenticator.exchange(method, packet.client_id, packet.username)
+        exchange = broker.authenticator.exchange(
+            method, packet.client_id, packet.username, self.address
+        )
         if exchange is None:
             raise MQTTError(
                 f"authentication method {method!r} not supported",
@@ -463,7 +471,9 @@ class Connection:
             raise ProtocolError("AUTH with another Authentication Method")  # MQTT-4.12.1-1
         code = packet.reason_code
         if self.state == CONNECTED and code == ReasonCode.RE_AUTHENTICATE and self._auth is None:
-            exchange = self.broker.authenticator.exchange(method, self.client_id, self.username)
+            exchange = self.broker.authenticator.exchange(
+                method, self.client_id, self.username, self.address
+            )
             if exchange is None:
                 raise MQTTError("re-authentication refused", ReasonCode.NOT_AUTHORIZED)
             self._auth = exchange
@@ -518,11 +528,14 @@ class Connection:
                 self._send(broker.connack_v5[present])
         else:
             self._send(fastpath.encode_connack(pk.Connack(present, 0), version))
+        kind = getattr(getattr(self.link, "listener", None), "kind", "MQTT over a test link")
         log.info(
-            "client %s connected from %s (MQTT %s, keep alive %ds, session %s)",
+            "client %s connected from %s (MQTT %s over %s, user %r, keep alive %ds, session %s)",
             client_id,
             self.peer,
             "5.0" if v5 else "3.1.1" if version == 4 else "3.1",
+            kind.removeprefix("MQTT over "),  # TCP, TLS, WebSocket, WebSocket+TLS
+            self.username,
             keep_alive,
             "resumed" if present else "new",
         )
@@ -644,6 +657,7 @@ class Connection:
         topic, match = found
         if broker.authorizer is not None and not self._may_publish(topic):
             broker.denied += 1
+            self._log_denied("publish to", topic)
             if qos:  # QoS 0 is dropped silently (and counted)
                 self._refuse_publish(
                     qos,
@@ -724,6 +738,21 @@ class Connection:
             data = fastpath.encode_ack(ptype, packet_id, code, None, self.version)
         self._send(data)
 
+    def _log_denied(self, action: str, topic: str) -> None:
+        """Log a refusal of the authorizer: this connection's 1st, 2nd, 4th, 8th..., so a
+        client retrying in a loop cannot flood the log."""
+        self._denials = count = self._denials + 1
+        if count & (count - 1) == 0:
+            log.info(
+                "client %s from %s (user %r): not authorized to %s %r (%d refused so far)",
+                self.client_id,
+                self.peer,
+                self.username,
+                action,
+                topic,
+                count,
+            )
+
     def _may_publish(self, topic: str) -> bool:
         authorizer = self.broker.authorizer
         assert authorizer is not None
@@ -801,9 +830,7 @@ class Connection:
             if authorizer is not None and not authorizer.can_subscribe(
                 self.client_id, self.username, inner
             ):
-                log.info(
-                    "client %s: not authorized to subscribe to %r", self.client_id, topic_filter
-                )
+                self._log_denied("subscribe to", topic_filter)
                 codes.append(ReasonCode.NOT_AUTHORIZED if v5 else 0x80)
                 continue
             if not opts.wildcard_subscriptions and ("+" in inner or "#" in inner):
@@ -1004,7 +1031,17 @@ class Connection:
     def _fail(self, exc: MQTTError) -> None:
         """Answer a violation per the spec, then close (MQTT-4.13.1-1)."""
         code = exc.reason_code
-        log.warning("client %s: %s; closing (reason 0x%02X)", self._name(), exc.message, code)
+        if self.state not in (AWAIT_CONNECT, AUTHENTICATING):
+            log.warning("client %s: %s; closing (reason 0x%02X)", self._name(), exc.message, code)
+        elif code not in _LOGGED_BY_AUTHENTICATOR:
+            log.warning(
+                "client %s from %s (user %r): %s; refused (reason 0x%02X)",
+                self._name(),
+                self.peer,
+                self.username,
+                exc.message,
+                code,
+            )
         if self.state in (AWAIT_CONNECT, AUTHENTICATING):
             if self.version == MQTT_5:
                 if code in CONNACK_CODES:

@@ -121,7 +121,7 @@ class Broker:
                 )
                 return conn
             self._per_address[address] = count + 1
-            conn.address = address
+        conn.address = address  # (uncounted without the limit: releasing it is then a no-op)
         self.connections.add(conn)
         return conn
 

@@ -7,7 +7,10 @@ demand (SIGHUP).
 one is as anonymous as one that does not), ``acl_file`` (none: everyone may publish and subscribe
 anywhere; set: everything it does not allow is denied), and ``allow_anonymous`` (clients without
 a user name, the default for every listener without its own ``allow_anonymous``; when absent,
-each listener allows them only if it is local-only: see :func:`listener_anonymous`).
+each listener allows them only if it is local-only: see :func:`listener_anonymous`);
+``max_login_failures`` and ``login_failure_window`` (failed logins per address and user name:
+see :mod:`.authenticator`); ``min_iterations`` (weaker password-file entries stop the load);
+``secret_file`` (the installation's secret: :func:`.authenticator.load_secret`).
 """
 
 from __future__ import annotations
@@ -16,10 +19,11 @@ import ipaddress
 import logging
 import os
 from collections.abc import Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .acl import AclAuthorizer, AclRules
-from .authenticator import FileAuthenticator
+from .authenticator import FileAuthenticator, LoginFailures, load_secret
 from .errors import SecurityFileError
 from .passwords import PasswordFile
 
@@ -87,11 +91,13 @@ class Security:
         authorizer: AclAuthorizer | None,
         password_file: str = "",
         acl_file: str = "",
+        min_iterations: int = 0,
     ) -> None:
         self.authenticator = authenticator
         self.authorizer = authorizer
         self.password_file = password_file
         self.acl_file = acl_file
+        self.min_iterations = min_iterations
 
     def reload(self) -> bool:
         """Read both files again. A file that fails to load is reported (file and line) and its
@@ -100,7 +106,7 @@ class Security:
         ok = True
         if self.password_file:
             try:
-                passwords = PasswordFile.load(self.password_file)
+                passwords = PasswordFile.load(self.password_file, self.min_iterations)
             except SecurityFileError as exc:
                 log.error("reload: %s; keeping the previous password file", exc)
                 ok = False
@@ -134,9 +140,17 @@ def build_security(config: Config) -> Security:
         allow_anonymous = anonymous_default(config.listeners)
     password_file = os.path.abspath(settings.password_file) if settings.password_file else ""
     acl_file = os.path.abspath(settings.acl_file) if settings.acl_file else ""
-    passwords = PasswordFile.load(password_file) if password_file else None
+    passwords = PasswordFile.load(password_file, settings.min_iterations) if password_file else None
     rules = AclRules.load(acl_file) if acl_file else None
-    authenticator = FileAuthenticator(passwords, allow_anonymous)
+    secret_file = settings.secret_file
+    if not secret_file and config.storage.backend != "memory":
+        secret_file = str(Path(config.data_dir) / "auth-secret")
+    authenticator = FileAuthenticator(
+        passwords,
+        allow_anonymous,
+        failures=LoginFailures(settings.max_login_failures, settings.login_failure_window),
+        secret=load_secret(secret_file) if secret_file and passwords is not None else None,
+    )
     authorizer = AclAuthorizer(rules) if rules is not None else None
     if passwords is not None:
         for warning in passwords.warnings:
@@ -173,4 +187,4 @@ def build_security(config: Config) -> Security:
             "allowed" if anonymous else "refused",
             " (default for these listeners)" if defaulted else "",
         )
-    return Security(authenticator, authorizer, password_file, acl_file)
+    return Security(authenticator, authorizer, password_file, acl_file, settings.min_iterations)

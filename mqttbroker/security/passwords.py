@@ -42,6 +42,7 @@ import os
 import secrets
 import stat
 import tempfile
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,7 +53,7 @@ from .saslprep import normalize_password
 SCRAM_HASHES = {"SCRAM-SHA-512": "sha512", "SCRAM-SHA-256": "sha256"}
 # OWASP's figures for PBKDF2 (2023): what `mqttbroker passwd` uses unless told otherwise.
 DEFAULT_ITERATIONS = {"SCRAM-SHA-512": 210_000, "SCRAM-SHA-256": 600_000}
-MIN_ITERATIONS = 4096  # RFC 7677's floor for SCRAM
+MIN_ITERATIONS = 4096  # RFC 7677's floor for SCRAM; entries below it are reported as weak
 MAX_ITERATIONS = 10_000_000  # a bound, so a typo in a file cannot stall every login
 SALT_BYTES = 16
 
@@ -211,6 +212,32 @@ class Entry:
             return f"Mosquitto ${self.mosquitto.scheme}$"
         return "unsupported"
 
+    @property
+    def cost(self) -> tuple[str, int] | None:
+        """What :meth:`verify` derives: (SCRAM mechanism, or Mosquitto's "7" or "6";
+        iterations), None if it derives nothing (unsupported)."""
+        if self.scram:
+            preferred = self.credential("SCRAM-SHA-512") or self.scram[0]
+            return preferred.mechanism, preferred.iterations
+        if self.mosquitto is not None:
+            return self.mosquitto.scheme, self.mosquitto.iterations
+        return None
+
+    @property
+    def weakest(self) -> tuple[int, str]:
+        """The fewest iterations one of this entry's hashes takes to test a password (a
+        ``$6$`` hash: 1), and that hash described; (0, "") when it holds none."""
+        found = [
+            (c.iterations, f"{c.mechanism} with {c.iterations} iterations") for c in self.scram
+        ]
+        if self.mosquitto is not None:
+            if self.mosquitto.scheme == "6":
+                found.append((1, "Mosquitto $6$: one round of SHA-512"))
+            else:
+                n = self.mosquitto.iterations
+                found.append((n, f"Mosquitto $7$ with {n} iterations"))
+        return min(found, default=(0, ""))
+
     def verify(self, password: bytes) -> bool:
         """Whether ``password`` is this user's (one key derivation, constant-time compare)."""
         if self.scram:
@@ -290,15 +317,54 @@ class PasswordFile:
         self.path = path
         self.lines = lines
         self.entries = entries
+        self._usual: dict[str, int] = {}
 
     @property
     def warnings(self) -> list[str]:
-        return [
-            f"{self.path}:{e.line}: user {e.username!r}: {e.unsupported}; this user cannot log "
-            f"in until `mqttbroker passwd {self.path} {e.username}` sets a new password"
-            for e in self.entries.values()
-            if e.unsupported
-        ]
+        """Entries that cannot log in, and entries whose hash is weak (fewer iterations than
+        MIN_ITERATIONS: a stolen file gives their passwords away quickly)."""
+        found: list[str] = []
+        for e in self.entries.values():
+            fix = f"`mqttbroker passwd {self.path} {e.username}` sets a new password"
+            iterations, weakest = e.weakest
+            if e.unsupported:
+                found.append(
+                    f"{self.path}:{e.line}: user {e.username!r}: {e.unsupported}; this user "
+                    f"cannot log in until {fix}"
+                )
+            elif iterations < MIN_ITERATIONS:
+                found.append(
+                    f"{self.path}:{e.line}: user {e.username!r}: weak password hash "
+                    f"({weakest}; fewer than {MIN_ITERATIONS}): {fix} "
+                    "(security.min_iterations refuses such entries)"
+                )
+        return found
+
+    def usual_iterations(self, mechanism: str) -> int:
+        """The iteration count most of the file's ``mechanism`` verifiers have (the default
+        when none has one): what a made-up SCRAM answer for an unknown user shows."""
+        usual = self._usual.get(mechanism)
+        if usual is None:
+            counts = Counter(
+                cred.iterations
+                for entry in self.entries.values()
+                for cred in entry.scram
+                if cred.mechanism == mechanism
+            )
+            common = counts.most_common(1)
+            usual = self._usual[mechanism] = (
+                common[0][0] if common else DEFAULT_ITERATIONS[mechanism]
+            )
+        return usual
+
+    def usual_cost(self) -> tuple[str, int]:
+        """What checking most of the file's entries costs (see Entry.cost); an unknown user's
+        password is checked against a made-up entry of that cost."""
+        counts = Counter(e.cost for e in self.entries.values() if e.cost is not None)
+        common = counts.most_common(1)
+        if common:
+            return common[0][0]
+        return "SCRAM-SHA-512", DEFAULT_ITERATIONS["SCRAM-SHA-512"]
 
     def get(self, username: str) -> Entry | None:
         return self.entries.get(username)
@@ -307,11 +373,13 @@ class PasswordFile:
         return len(self.entries)
 
     @classmethod
-    def load(cls, path: str | Path) -> PasswordFile:
-        return cls.parse(read_file(path), str(path))
+    def load(cls, path: str | Path, min_iterations: int = 0) -> PasswordFile:
+        return cls.parse(read_file(path), str(path), min_iterations)
 
     @classmethod
-    def parse(cls, data: bytes, source: str) -> PasswordFile:
+    def parse(cls, data: bytes, source: str, min_iterations: int = 0) -> PasswordFile:
+        """``min_iterations``: an entry with a hash of fewer iterations (a ``$6$`` hash has 1)
+        is an error naming its line and user."""
         lines: list[str] = []
         entries: dict[str, Entry] = {}
         for number, raw in enumerate(data.splitlines(), 1):
@@ -327,6 +395,15 @@ class PasswordFile:
                 entry = parse_entry(stripped, number)
             except ValueError as exc:
                 raise SecurityFileError(source, str(exc), number) from None
+            iterations, weakest = entry.weakest
+            if not entry.unsupported and iterations < min_iterations:
+                raise SecurityFileError(
+                    source,
+                    f"user {entry.username!r}: {weakest}, fewer than security.min_iterations "
+                    f"({min_iterations}); `mqttbroker passwd {source} {entry.username}` sets a "
+                    "new password",
+                    number,
+                )
             earlier = entries.get(entry.username)
             if earlier is not None:
                 raise SecurityFileError(

@@ -12,8 +12,11 @@ messages::
 server keeps only StoredKey and ServerKey (see :mod:`.passwords`). Channel binding is not
 offered (no -PLUS mechanisms): a client that asks for it is refused. Every failure is reported as
 0x86 Bad User Name or Password; the log says why. An unknown user, or one whose entry has no
-verifier for this hash, gets a made-up salt that is the same each time, so the answers do not
-tell which user names exist, and fails at the proof.
+verifier for this hash, gets a made-up salt (derived from the user name and the installation's
+secret, so the same each time, across restarts too) and the iteration count the file's entries
+usually have, so the answers do not tell which user names exist, and fails at the proof. After
+too many failed logins (see :mod:`.authenticator`) a client is refused at its first message with
+0x9F Connection Rate Exceeded.
 """
 
 from __future__ import annotations
@@ -34,10 +37,15 @@ log = logging.getLogger("mqttbroker.security")
 MECHANISMS = tuple(sorted(SCRAM_HASHES))  # "SCRAM-SHA-256", "SCRAM-SHA-512"
 
 Lookup = Callable[[str, str], ScramCredential | None]  # (user, mechanism) -> credential
+_FAILED = ReasonCode.BAD_USER_NAME_OR_PASSWORD
 
 
 class ScramError(Exception):
-    """Why an exchange failed (logged, never sent)."""
+    """Why an exchange failed (logged, never sent), and the reason code it is answered with."""
+
+    def __init__(self, message: str, code: int = _FAILED) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def _nonce() -> str:
@@ -85,7 +93,10 @@ class ScramExchange:
         secret: bytes,
         client_id: str,
         connect_username: str | None = None,
-        nonce: Callable[[], str] = _nonce,
+        nonce: Callable[[], str] | None = None,
+        admit: Callable[[str], int] | None = None,
+        failed: Callable[[str], None] | None = None,
+        iterations: Callable[[str], int] | None = None,
     ) -> None:
         self.mechanism = mechanism
         self.hash_name = SCRAM_HASHES[mechanism]
@@ -93,7 +104,13 @@ class ScramExchange:
         self._secret = secret
         self._client_id = client_id
         self._connect_username = connect_username
-        self._make_nonce = nonce
+        self._make_nonce = nonce or _nonce
+        # admit(user): 0, or the reason code refusing it before any work (failed logins);
+        # failed(user): a failed login to count; iterations(mechanism): what a real user's
+        # entry usually has, for the made-up answers (the default count without it).
+        self._admit = admit
+        self._failed = failed
+        self._iterations = iterations
         self._state = 0  # 0: expect client-first, 1: expect client-final, 2: done
         self._credential: ScramCredential | None = None
         self._known = False
@@ -112,14 +129,17 @@ class ScramExchange:
             raise ScramError("the exchange is over")
         except ScramError as exc:
             self._state = 2
+            username = self._username or self._connect_username
             log.info(
                 "client %s: %s authentication of %r failed: %s",
                 self._client_id,
                 self.mechanism,
-                self._username or self._connect_username,
+                username,
                 exc,
             )
-            return AuthOutcome(FAIL, reason_code=ReasonCode.BAD_USER_NAME_OR_PASSWORD)
+            if self._failed is not None and username and exc.code == _FAILED:
+                self._failed(username)  # (not a refusal by ``admit``: no failure counted)
+            return AuthOutcome(FAIL, reason_code=exc.code)
 
     @staticmethod
     def _text(data: bytes | None, what: str) -> str:
@@ -157,6 +177,10 @@ class ScramExchange:
                 raise ScramError("authorization identity differs from the user name")
         if self._connect_username is not None and self._connect_username != username:
             raise ScramError("the CONNECT user name differs from the SCRAM user name")
+        if self._admit is not None:
+            code = self._admit(username)
+            if code:
+                raise ScramError("refused after failed logins", code)
         credential = self._lookup(username, self.mechanism)
         self._known = credential is not None
         if credential is None:
@@ -175,9 +199,10 @@ class ScramExchange:
         server secret: the same every time this user name is tried."""
         salt = hmac.digest(self._secret, f"{self.mechanism}\0{username}".encode(), "sha256")
         size = hashlib.new(self.hash_name).digest_size
+        iterations = self._iterations
         return ScramCredential(
             self.mechanism,
-            DEFAULT_ITERATIONS[self.mechanism],
+            iterations(self.mechanism) if iterations else DEFAULT_ITERATIONS[self.mechanism],
             salt[:SALT_BYTES],
             secrets.token_bytes(size),
             secrets.token_bytes(size),

@@ -38,12 +38,15 @@ class ToyAuthenticator:
         username: str | None,
         password: bytes | None,
         anonymous: bool | None = None,
+        address: str | None = None,
     ) -> int:
         if username is None:
             return 0x87
         return 0 if self.passwords.get(username) == password else 0x86
 
-    def exchange(self, method: str, client_id: str, username: str | None) -> ToyExchange | None:
+    def exchange(
+        self, method: str, client_id: str, username: str | None, address: str | None = None
+    ) -> ToyExchange | None:
         return ToyExchange() if method == METHOD else None
 
 

@@ -566,8 +566,12 @@ def parse_connack(data: bytes, version: int) -> tuple[bool, int, list[tuple[str,
 class RawClient:
     """A plain TCP connection to the broker for byte-exact exchanges."""
 
-    def __init__(self, host: str, port: int, timeout: float = TIMEOUT) -> None:
-        self.sock = socket.create_connection((host, port), timeout=timeout)
+    def __init__(self, host: str, port: int, timeout: float = TIMEOUT, source: str = "") -> None:
+        """``source``: the address of this machine to connect from (127.0.0.2: another
+        loopback address, so the broker sees another client)."""
+        self.sock = socket.create_connection(
+            (host, port), timeout=timeout, source_address=(source, 0) if source else None
+        )
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._buf = bytearray()
         self.eof = False

@@ -5,6 +5,8 @@ RFC 5802, the failures, re-authentication, and the identity SCRAM establishes fe
 from __future__ import annotations
 
 import base64
+import hashlib
+import sys
 from typing import Any
 
 import pytest
@@ -284,3 +286,26 @@ def test_password_login_and_scram_share_the_store(h: Harness) -> None:
     anonymous = h.client()
     anonymous.send(pk.Connect(client_id="p3"))
     assert anonymous.one(pk.Connack).reason_code == 0x87
+
+
+def test_the_server_derives_no_key_during_scram(h: Harness, monkeypatch: Any) -> None:
+    """SCRAM runs on the event loop: the server side must never run PBKDF2 (the client derives
+    the key), for a known user, a wrong proof, or an unknown user's made-up answer."""
+    real = hashlib.pbkdf2_hmac
+
+    def guarded(*args: Any, **kwargs: Any) -> bytes:
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        assert not caller.startswith("mqttbroker"), f"{caller} derived a key"
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(hashlib, "pbkdf2_hmac", guarded)
+    for user, password, expected in (
+        ("alice", b"alice-pw", 0),
+        ("alice", b"wrong", 0x86),
+        ("mallory", b"guess", 0x86),
+    ):
+        scram = ScramClient("SCRAM-SHA-512", user, password)
+        client, challenge = start(h, scram, "SCRAM-SHA-512")
+        final = scram.final(challenge.properties[Prop.AUTHENTICATION_DATA])
+        client.send(auth_packet("SCRAM-SHA-512", final))
+        assert client.one(pk.Connack).reason_code == expected, user

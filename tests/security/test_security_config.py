@@ -52,6 +52,19 @@ def test_values_are_applied(tmp_path: Path) -> None:
         ("[security]\npassword_file = '/no/such/file'\n", "security.password_file: file not found"),
         ("[security]\nacl_file = '/no/such/acl'\n", "security.acl_file: file not found"),
         ("security = 1\n", "security: expected a table [security]"),
+        (
+            "[security]\nmax_login_failures = -1\n",
+            "security.max_login_failures: must not be negative",
+        ),
+        (
+            "[security]\nlogin_failure_window = 0\n",
+            "security.login_failure_window: must be positive",
+        ),
+        (
+            "[security]\nmin_iterations = 10000001\n",
+            "security.min_iterations: must be between 0 (none) and 10,000,000",
+        ),
+        ("[security]\nsecret_file = 1\n", "security.secret_file: expected a string"),
     ],
 )
 def test_errors_name_file_and_key(tmp_path: Path, text: str, expected: str) -> None:
@@ -64,6 +77,7 @@ def test_errors_name_file_and_key(tmp_path: Path, text: str, expected: str) -> N
 
 def config_with(hosts: list[str], **security: object) -> Config:
     config = Config()
+    config.storage.backend = "memory"  # nothing on disk: no secret file in the working directory
     config.listeners = [ListenerConfig(host=h, port=0) for h in hosts]
     for key, value in security.items():
         setattr(config.security, key, value)

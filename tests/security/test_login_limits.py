@@ -1,0 +1,193 @@
+"""Failed logins, end to end on a real broker: an attacker hammering wrong passwords from one
+address (127.0.0.2, a second loopback source address) neither uses up the hashing budget of
+everyone else nor locks the users it targets out: they log in from their own address every
+time, while the attacker is refused without a check (0x9F)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from helpers import MQTT_5, TIMEOUT, RawClient, parse_connack, unique
+from security_support import ITERATIONS, ScramClient, connect_bytes
+
+from mqttbroker.security.authenticator import (
+    FailureCounter,
+    FileAuthenticator,
+    KdfBudget,
+    LoginFailures,
+)
+from mqttbroker.security.passwords import PasswordFile, ScramCredential, make_entry_line
+
+# Costly enough that a few dozen checks use up the broker's budget (two seconds of hashing).
+ATTACKED_ITERATIONS = 20_000
+USERS = [f"alice{i}" for i in range(5)]
+
+
+def login(host: str, port: int, username: str, password: bytes, source: str = "127.0.0.1") -> int:
+    """A CONNECT with a user name and password from ``source`` (an address of this machine);
+    the CONNACK's reason code."""
+    with RawClient(host, port, source=source) as raw:
+        raw.send(connect_bytes(unique("lim"), MQTT_5, username=username, password=password))
+        _, code, _ = parse_connack(raw.read_packet(), MQTT_5)
+        return code
+
+
+def test_attacker_address_does_not_lock_out_users(
+    tmp_path: Path, start_broker: Callable[..., Any]
+) -> None:
+    passwords = tmp_path / "pw.txt"
+    passwords.write_text(
+        "".join(
+            f"{user}:"
+            + ScramCredential.derive(
+                "SCRAM-SHA-512", f"{user}-pw".encode(), ATTACKED_ITERATIONS
+            ).text()
+            + "\n"
+            for user in USERS
+        )
+    )
+    config = tmp_path / "broker.toml"
+    config.write_text(f"[security]\npassword_file = {str(passwords)!r}\n")
+    broker = start_broker(extra_args=("--config", str(config), "--memory"))
+    host, port = broker.host, broker.port
+
+    stop = threading.Event()
+    codes: list[int] = []
+    seen = threading.Condition()
+
+    def attack(index: int) -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            user = USERS[(index + n) % len(USERS)]
+            code = login(host, port, user, f"guess-{index}-{n}".encode(), "127.0.0.2")
+            with seen:
+                codes.append(code)
+                seen.notify_all()
+
+    threads = [threading.Thread(target=attack, args=(i,), daemon=True) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    try:
+        with seen:  # until the attack has had an effect: the budget spent, or a lockout
+            assert seen.wait_for(lambda: any(c != 0x86 for c in codes), TIMEOUT), codes
+        results = {user: login(host, port, user, f"{user}-pw".encode()) for user in USERS}
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(TIMEOUT)
+    assert results == {user: 0 for user in USERS}, (results, broker.log_text()[-3000:])
+    assert set(codes) <= {0x86, 0x89, 0x9F} and 0x9F in codes, sorted(set(codes))
+    assert codes.count(0x86) <= 10 + len(threads)  # then refused without a check
+    assert broker.wait_for_log(r"127\.0\.0\.2: 10 failed logins within 300 s", TIMEOUT)
+
+
+# -- the counters, with a clock of the test's own ---------------------------------------------
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def authenticator(clock: FakeClock, limit: int = 3, window: float = 30.0) -> FileAuthenticator:
+    text = "".join(
+        make_entry_line(user, f"{user}-pw".encode(), ITERATIONS) + "\n" for user in USERS
+    )
+    return FileAuthenticator(
+        PasswordFile.parse(text.encode(), "pw.txt"),
+        False,
+        KdfBudget(clock=clock),
+        failures=LoginFailures(limit, window),
+    )
+
+
+def test_an_address_past_the_limit_is_refused_without_a_check_then_drains() -> None:
+    clock = FakeClock()
+    auth = authenticator(clock)
+    assert auth.check_password("c", "alice0", b"alice0-pw", address="10.0.0.1") == 0
+    for _ in range(3):
+        assert auth.check_password("c", "alice0", b"wrong", address="10.0.0.9") == 0x86
+    # Refused before anything is checked: even the right (remembered) password.
+    assert auth.check_password("c", "alice0", b"alice0-pw", address="10.0.0.9") == 0x9F
+    assert auth.check_password("c", "alice1", b"alice1-pw", address="10.0.0.9") == 0x9F
+    assert auth.check_password("c", "alice1", b"alice1-pw", address="10.0.0.2") == 0
+    clock.now += 10.0  # window / limit: one failure drained, one more try
+    assert auth.check_password("c", "alice1", b"wrong", address="10.0.0.9") == 0x86
+    assert auth.check_password("c", "alice1", b"alice1-pw", address="10.0.0.9") == 0x9F
+    clock.now += 30.0  # all drained
+    assert auth.check_password("c", "alice1", b"alice1-pw", address="10.0.0.9") == 0
+
+
+def test_a_targeted_user_is_slowed_down_not_locked_out() -> None:
+    """Failures for alice0 from many addresses: alice0 may then be tried only from addresses
+    without failures; her own address, clean, still logs her in."""
+    clock = FakeClock()
+    auth = authenticator(clock)
+    for n in range(3):
+        assert auth.check_password("c", "alice0", b"wrong", address=f"10.1.0.{n}") == 0x86
+    assert auth.check_password("c", "alice1", b"wrong", address="10.1.0.9") == 0x86
+    assert auth.check_password("c", "alice0", b"guess", address="10.1.0.9") == 0x9F
+    assert auth.check_password("c", "alice1", b"alice1-pw", address="10.1.0.9") == 0
+    assert auth.check_password("c", "alice0", b"alice0-pw", address="10.2.0.1") == 0
+
+
+def test_budget_keeps_a_reserve_for_clean_addresses() -> None:
+    clock = FakeClock()
+    auth = authenticator(clock, limit=100)
+    assert auth.check_password("c", "alice0", b"wrong", address="10.0.0.9") == 0x86
+    auth.budget.spend(auth.budget.burst - auth.budget.reserve)  # down to the reserve
+    assert auth.check_password("c", "alice0", b"wrong", address="10.0.0.9") == 0x89
+    assert auth.check_password("c", "alice0", b"alice0-pw", address="10.0.0.1") == 0
+
+
+def test_scram_failures_count_and_lockout_refuses_scram() -> None:
+    clock = FakeClock()
+    auth = authenticator(clock)
+    for n in range(3):
+        exchange = auth.exchange("SCRAM-SHA-256", "c", None, "10.0.0.9")
+        assert exchange is not None
+        client = ScramClient("SCRAM-SHA-256", "alice0", b"wrong")
+        first = exchange.step(client.first())
+        assert first.status == "continue" and first.data is not None
+        final = exchange.step(client.final(first.data))
+        assert (final.status, final.reason_code) == ("fail", 0x86), n
+    exchange = auth.exchange("SCRAM-SHA-256", "c", None, "10.0.0.9")
+    assert exchange is not None
+    refused = exchange.step(ScramClient("SCRAM-SHA-256", "alice0", b"alice0-pw").first())
+    assert (refused.status, refused.reason_code) == ("fail", 0x9F)
+    assert auth.check_password("c", "alice0", b"alice0-pw", address="10.0.0.9") == 0x9F
+
+
+def test_ipv6_addresses_count_per_64_network() -> None:
+    clock = FakeClock()
+    auth = authenticator(clock)
+    for n in range(3):
+        assert auth.check_password("c", "alice1", b"wrong", address=f"2001:db8::{n + 1}") == 0x86
+    assert auth.check_password("c", "alice2", b"alice2-pw", address="2001:db8::ff:1") == 0x9F
+    assert auth.check_password("c", "alice2", b"alice2-pw", address="2001:db8:0:1::1") == 0
+    assert auth.check_password("c", "alice2", b"alice2-pw", address="::ffff:10.0.0.1") == 0
+
+
+def test_counters_stay_bounded() -> None:
+    """Only the file's users are counted (any other name is no target, and a client may send
+    long ones), and each counter keeps at most max_keys keys, forgetting the oldest."""
+    clock = FakeClock()
+    auth = authenticator(clock)
+    for n in range(50):
+        name = f"ghost-{n}-" + "x" * 1000
+        assert auth.check_password("c", name, b"guess", address=f"10.3.{n}.1") == 0x86
+    assert auth.failures.users is not None and auth.failures.addresses is not None
+    assert len(auth.failures.users._counts) == 0
+    counter = FailureCounter(3, 30.0, max_keys=10)
+    for n in range(25):
+        counter.add(f"10.4.0.{n}", clock.now)
+    assert len(counter._counts) <= 10
+    assert counter.count("10.4.0.24", clock.now) == 1.0  # the newest are kept
+    assert counter.count("10.4.0.0", clock.now) == 0.0
