@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import signal
 import sys
 
 from . import __version__
@@ -45,6 +46,20 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _record_stop_signals() -> list[int]:
+    """Until the event loop takes over, SIGINT and SIGTERM are only recorded: a broker told to
+    stop while it reads its configuration stops as soon as its loop runs, without a traceback
+    (and with the exit status of a normal stop)."""
+    received: list[int] = []
+
+    def record(signum: int, frame: object) -> None:
+        received.append(signum)
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, record)
+    return received
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["passwd"]:
@@ -52,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return passwd_main(argv[1:])
     args = parser().parse_args(argv)
+    stop_requested = _record_stop_signals()
     try:
         config = load(args.config)
         if args.host is not None or args.port is not None:
@@ -87,11 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     from .server.app import run
 
     try:
-        run(config)
+        return run(config, bool(stop_requested))
     except ConfigError as exc:  # a password or ACL file that does not load (file and line)
         print(f"mqttbroker: configuration error: {exc}", file=sys.stderr)
         return 2
-    except OSError as exc:
-        logging.getLogger("mqttbroker").error("cannot start: %s", exc)
-        return 1
-    return 0
