@@ -1,16 +1,20 @@
 """Command line: ``mqttbroker [--config PATH] [--host H] [--port P] [--ws-port P] [--data-dir D]
-[--log-level L]``."""
+[--memory] [--allow-anonymous] [--log-level L]``.
+
+Exit statuses: 0 stopped by SIGINT/SIGTERM, 1 an unexpected error, 2 did not start (a
+configuration error on stderr, or a start error in the log: server/app.py)."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import logging
+import os
 import signal
 import sys
 
 from . import __version__
-from .config import LOG_LEVELS, ConfigError, ListenerConfig, check, load
+from .config import LOG_LEVELS, Config, ConfigError, ListenerConfig, check, load
 
 
 def parser() -> argparse.ArgumentParser:
@@ -41,6 +45,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--memory", action="store_true", help='keep nothing on disk (storage.backend = "memory")'
     )
+    p.add_argument(
+        "--allow-anonymous",
+        action="store_true",
+        help="accept clients without a user name on every listener that does not say otherwise "
+        "(security.allow_anonymous = true)",
+    )
     p.add_argument("--log-level", choices=LOG_LEVELS, help="default info")
     p.add_argument("--version", action="version", version=f"mqttbroker {__version__}")
     return p
@@ -58,6 +68,16 @@ def _record_stop_signals() -> list[int]:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, record)
     return received
+
+
+def _set_log_levels(config: Config) -> None:
+    """The broker's own loggers at ``log_level``; the libraries' (aiosqlite logs every statement
+    at debug) at info at most, unless ``log_levels`` names them."""
+    root = logging.getLogger()
+    root.setLevel(max(logging.INFO, root.level))
+    logging.getLogger("mqttbroker").setLevel(config.log_level.upper())
+    for name, level in config.log_levels.items():
+        logging.getLogger(name).setLevel(level.upper())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
             config.data_dir = args.data_dir
         if args.memory:
             config.storage.backend = "memory"
+        if args.allow_anonymous:
+            config.security.allow_anonymous = True
         if args.log_level is not None:
             config.log_level = args.log_level
         check(config)
@@ -99,6 +121,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    _set_log_levels(config)
+    logging.getLogger("mqttbroker").info(
+        "mqttbroker %s, %s",
+        __version__,
+        f"config file {os.path.abspath(args.config)}" if args.config else "no config file",
     )
     from .server.app import run
 

@@ -21,7 +21,7 @@ LOCK_NAME = "mqttbroker.lock"
 
 class DataDirLock:
     def __init__(self, directory: str | Path) -> None:
-        self.directory = Path(directory).absolute()
+        self.directory = Path(os.path.abspath(directory))
         self.path = self.directory / LOCK_NAME
         self._fd: int | None = None
 

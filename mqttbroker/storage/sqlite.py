@@ -179,7 +179,7 @@ class SQLiteStore(Store):
             raise ValueError(f"sync must be one of {', '.join(SYNC_LEVELS)}")
         if on_corrupt not in ("move", "refuse"):
             raise ValueError("on_corrupt must be 'move' or 'refuse'")
-        self.path = Path(path).absolute()
+        self.path = Path(os.path.abspath(path))
         self.sync = sync
         self.on_corrupt = on_corrupt
         self.commit_interval = commit_interval

@@ -59,8 +59,9 @@ def test_unresolvable_host_exits_2_naming_the_host(start_broker: Callable, tmp_p
     assert code == 2, log
     errors = error_lines(log)
     assert len(errors) == 1, log
-    assert "listener[0] no.such.host:0 (MQTT over TCP): cannot listen: cannot resolve host " in (
-        errors[0]
+    assert (
+        "listener[0] no.such.host:0 (MQTT over TCP): cannot listen: cannot resolve host "
+        in (errors[0])
     ), log
 
 
@@ -129,8 +130,8 @@ def test_row_that_cannot_be_restored_exits_2_and_leaves_the_file(
     assert code == 2, log
     errors = error_lines(log)
     assert len(errors) == 1, log
-    assert f"cannot start: {db_path}: cannot restore the stored state (table retained: " in (
-        errors[0]
+    assert (
+        f"cannot start: {db_path}: cannot restore the stored state (table retained: " in (errors[0])
     ), log
     assert not list(data.glob("*.damaged-*"))
     db = sqlite3.connect(db_path)
