@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     from .server.app import run
 
     try:
-        return run(config, bool(stop_requested))
+        return run(config, stop_requested)
     except ConfigError as exc:  # a password or ACL file that does not load (file and line)
         print(f"mqttbroker: configuration error: {exc}", file=sys.stderr)
         return 2

@@ -13,7 +13,7 @@ import asyncio
 import gc
 import logging
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from .. import compiled
@@ -162,15 +162,15 @@ class Server:
         self.security.reload()
         self.broker.recheck_subscriptions()
 
-    async def run_until_signalled(self, stop_requested: bool = False) -> None:
-        """Start, serve until SIGINT/SIGTERM, stop. A signal while starting (or before:
-        ``stop_requested``) interrupts the start; a start error propagates once what was opened
-        is released."""
+    async def run_until_signalled(self, stop_requested: Sequence[int] = ()) -> None:
+        """Start, serve until SIGINT/SIGTERM, stop. A signal while starting (or before the loop
+        ran: the signals recorded in ``stop_requested``) interrupts the start; a start error
+        propagates once what was opened is released."""
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):  # before "listening" is logged
             loop.add_signal_handler(signum, stop.set)
-        if stop_requested:
+        if stop_requested:  # read once our handlers are in place: no signal falls between
             stop.set()
         if hasattr(signal, "SIGHUP"):  # not on Windows
             loop.add_signal_handler(signal.SIGHUP, self.reload_security)
@@ -194,7 +194,7 @@ class Server:
         log.info("stopped")
 
 
-def run(config: Config, stop_requested: bool = False) -> int:
+def run(config: Config, stop_requested: Sequence[int] = ()) -> int:
     """Run the broker until SIGINT/SIGTERM, on uvloop when it is installed; the exit status (0,
     or 2 when it cannot start: the reason is logged)."""
     try:
@@ -214,7 +214,7 @@ def _tune_gc(threshold: int) -> None:
     gc.freeze()
 
 
-def _run(config: Config, stop_requested: bool) -> None:
+def _run(config: Config, stop_requested: Sequence[int]) -> None:
     _tune_gc(config.gc_threshold)
     server = Server(config)
     try:
