@@ -111,6 +111,18 @@ def test_signal_while_starting_stops_cleanly(
     assert error_lines(log) == [], log
 
 
+@pytest.mark.parametrize("name", ["TERM", "INT"])
+def test_signal_before_the_event_loop_runs_stops_cleanly(start_broker: Callable, name: str) -> None:
+    """The signal arrives while the configuration is read (before the loop's handlers exist):
+    it is recorded, and the broker stops as soon as its loop runs, status 0, no traceback."""
+    launcher = (str(Path(__file__).with_name("signalled_while_loading.py")), name)
+    process = start_broker(launcher=launcher, wait=False)
+    code, log = exits(process)
+    assert code == 0, log
+    assert "stop requested while starting" in log and "stopped" in log, log
+    assert "listening on" not in log, log
+
+
 def test_row_that_cannot_be_restored_exits_2_and_leaves_the_file(
     start_broker: Callable, tmp_path: Path
 ) -> None:
