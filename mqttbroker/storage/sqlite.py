@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import sqlite3
@@ -118,6 +119,14 @@ _DAMAGE_CODES = (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
 
 class _Damaged(Exception):
     """The database is damaged; the message says how."""
+
+
+def _denied(exc: BaseException) -> bool:
+    """A permission problem: the file or its directory may not be read or written."""
+    if isinstance(exc, sqlite3.Error):
+        code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+        return code in (sqlite3.SQLITE_PERM, sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN)
+    return isinstance(exc, PermissionError) or getattr(exc, "errno", None) == errno.EROFS
 
 
 class _Batch:
@@ -262,7 +271,12 @@ class SQLiteStore(Store):
         except _Damaged as exc:
             damage = str(exc)
         except (sqlite3.Error, OSError) as exc:
-            raise StoreError(f"{self.path}: cannot open the database: {describe(exc)}") from None
+            hint = ""
+            if _denied(exc):
+                hint = "; the broker's user must be able to read and write it and its directory"
+            raise StoreError(
+                f"{self.path}: cannot open the database: {describe(exc)}{hint}"
+            ) from None
         if self.on_corrupt == "refuse":
             raise StoreError(
                 f"{self.path}: the database is damaged ({damage}). Move it aside (or restore a "

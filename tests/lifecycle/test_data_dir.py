@@ -66,7 +66,7 @@ def test_read_only_database_is_a_start_error_not_damage(
     errors = error_lines(log)
     assert len(errors) == 1, log
     assert f"cannot start: {db_path}: cannot open the database: " in errors[0], log
-    assert "readonly" in errors[0], log
+    assert "readonly" in errors[0] and "must be able to read and write it" in errors[0], log
     assert "DAMAGED" not in log, log
     assert db_path.read_bytes() == before
     assert sorted(p.name for p in data.iterdir()) == sorted([LOCK_NAME, "mqttbroker.db"])
