@@ -1,15 +1,20 @@
 """Command line: ``mqttbroker [--config PATH] [--host H] [--port P] [--ws-port P] [--data-dir D]
-[--log-level L]``."""
+[--memory] [--allow-anonymous] [--log-level L]``.
+
+Exit statuses: 0 stopped by SIGINT/SIGTERM, 1 an unexpected error, 2 did not start (a
+configuration error on stderr, or a start error in the log: server/app.py)."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import logging
+import os
+import signal
 import sys
 
 from . import __version__, logformat
-from .config import LOG_LEVELS, ConfigError, ListenerConfig, check, load
+from .config import LOG_LEVELS, Config, ConfigError, ListenerConfig, check, load
 
 
 def parser() -> argparse.ArgumentParser:
@@ -40,9 +45,39 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--memory", action="store_true", help='keep nothing on disk (storage.backend = "memory")'
     )
+    p.add_argument(
+        "--allow-anonymous",
+        action="store_true",
+        help="accept clients without a user name on every listener that does not say otherwise "
+        "(security.allow_anonymous = true)",
+    )
     p.add_argument("--log-level", choices=LOG_LEVELS, help="default info")
     p.add_argument("--version", action="version", version=f"mqttbroker {__version__}")
     return p
+
+
+def _record_stop_signals() -> list[int]:
+    """Until the event loop takes over, SIGINT and SIGTERM are only recorded: a broker told to
+    stop while it reads its configuration stops as soon as its loop runs, without a traceback
+    (and with the exit status of a normal stop)."""
+    received: list[int] = []
+
+    def record(signum: int, frame: object) -> None:
+        received.append(signum)
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, record)
+    return received
+
+
+def _set_log_levels(config: Config) -> None:
+    """The broker's own loggers at ``log_level``; the libraries' (aiosqlite logs every statement
+    at debug) at info at most, unless ``log_levels`` names them."""
+    root = logging.getLogger()
+    root.setLevel(max(logging.INFO, root.level))
+    logging.getLogger("mqttbroker").setLevel(config.log_level.upper())
+    for name, level in config.log_levels.items():
+        logging.getLogger(name).setLevel(level.upper())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return passwd_main(argv[1:])
     args = parser().parse_args(argv)
+    stop_requested = _record_stop_signals()
     try:
         config = load(args.config)
         if args.host is not None or args.port is not None:
@@ -71,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
             config.data_dir = args.data_dir
         if args.memory:
             config.storage.backend = "memory"
+        if args.allow_anonymous:
+            config.security.allow_anonymous = True
         if args.log_level is not None:
             config.log_level = args.log_level
         check(config)
@@ -81,14 +119,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mqttbroker: configuration error: {exc}", file=sys.stderr)
         return 2
     logformat.setup(config.log_level)  # control characters in messages escaped
+    _set_log_levels(config)
+    logging.getLogger("mqttbroker").info(
+        "mqttbroker %s, %s",
+        __version__,
+        f"config file {os.path.abspath(args.config)}" if args.config else "no config file",
+    )
     from .server.app import run
 
     try:
-        run(config)
+        return run(config, stop_requested)
     except ConfigError as exc:  # a password or ACL file that does not load (file and line)
         print(f"mqttbroker: configuration error: {exc}", file=sys.stderr)
         return 2
-    except OSError as exc:
-        logging.getLogger("mqttbroker").error("cannot start: %s", exc)
-        return 1
-    return 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,8 +120,11 @@ class Config:
     broker: BrokerOptions = field(default_factory=BrokerOptions)
     storage: StorageConfig = field(default_factory=StorageConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
-    data_dir: str = "./data"
+    data_dir: str = "./data"  # in a config file: relative to the file's directory
     log_level: str = "info"
+    # Levels of other loggers by name, e.g. {"aiosqlite": "debug"}. Loggers outside the broker's
+    # own (aiosqlite, asyncio, aiohttp) are otherwise at info at most, even at log_level debug.
+    log_levels: dict[str, str] = field(default_factory=dict)
     # Allocations between two young-generation runs of Python's cycle collector (its default is
     # 700). Thousands of long-lived connection objects make each run costly: at 700 it took
     # about a fifth of the broker's CPU while 10,000 clients connected. 0 leaves Python's setting.
@@ -188,17 +192,41 @@ def load(path: str | Path | None) -> Config:
                 listener = ListenerConfig()
                 _fill(listener, table, f"listener[{index}].", source)
                 config.listeners.append(listener)
-        elif key in ("data_dir", "log_level"):
-            setattr(config, key, _typed(value, str, f"{source}: {key}"))
+        elif key == "data_dir":  # relative to the file's directory, not the working directory
+            directory = os.path.dirname(os.path.abspath(path))
+            config.data_dir = os.path.normpath(
+                os.path.join(directory, _typed(value, str, f"{source}: {key}"))
+            )
+        elif key == "log_level":
+            config.log_level = _typed(value, str, f"{source}: {key}")
+        elif key == "log_levels":
+            config.log_levels = _log_levels(value, source)
         elif key in ("gc_threshold", "busy_poll_us"):
             setattr(config, key, _typed(value, int, f"{source}: {key}"))
         else:
             raise ConfigError(
                 f"{source}: {key}: unknown key (known: broker, storage, security, listener, "
-                "data_dir, log_level, gc_threshold, busy_poll_us)"
+                "data_dir, log_level, log_levels, gc_threshold, busy_poll_us)"
             )
     check(config, source)
     return config
+
+
+def _log_levels(value: Any, source: str) -> dict[str, str]:
+    """``log_levels = { aiosqlite = "debug" }``: logger name -> level."""
+    if not isinstance(value, dict):
+        raise ConfigError(
+            f'{source}: log_levels: expected a table of logger = level, e.g. {{ aiosqlite = "debug" }}'
+        )
+    levels = {}
+    for name, level in value.items():
+        if not isinstance(level, str) or level.lower() not in LOG_LEVELS:
+            raise ConfigError(
+                f"{source}: log_levels.{name}: expected one of {', '.join(LOG_LEVELS)}, "
+                f"got {level!r}"
+            )
+        levels[name] = level.lower()
+    return levels
 
 
 def check(config: Config, source: str = "command line") -> None:

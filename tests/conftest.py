@@ -52,6 +52,8 @@ class BrokerProcess:
         ]
         self.host = ""
         self.port = 0
+        self.cwd = data_dir  # the process's working directory
+        self.preexec_fn: Callable[[], None] | None = None  # run in the child before the broker
         self.proc: subprocess.Popen[str] | None = None
         self._lines: list[str] = []  # stderr (the log)
         self._stdout: list[str] = []
@@ -62,25 +64,9 @@ class BrokerProcess:
     # -- lifecycle --------------------------------------------------------------------------
 
     def start(self, timeout: float = START_TIMEOUT) -> BrokerProcess:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
-        env["PYTHONUNBUFFERED"] = "1"
-        self.proc = subprocess.Popen(
-            self.args,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd=str(self.data_dir),
-            env=env,
-            text=True,
-            encoding="utf-8",
-            errors="replace",
-            bufsize=1,
-        )
-        for stream, sink in ((self.proc.stderr, self._lines), (self.proc.stdout, self._stdout)):
-            thread = threading.Thread(target=self._drain, args=(stream, sink), daemon=True)
-            thread.start()
-            self._threads.append(thread)
+        """Spawn and wait for the listening line."""
+        self.spawn()
+        assert self.proc is not None
         match = self.wait_for_log(LISTENING, timeout, stop_on_exit=True)
         if match is None:
             self.stop()
@@ -89,6 +75,30 @@ class BrokerProcess:
                 f"(exit code {self.proc.returncode}); its output:\n{self.log_text()}"
             )
         self.host, self.port = match.group(1), int(match.group(2))
+        return self
+
+    def spawn(self) -> BrokerProcess:
+        """Start the process without waiting for anything."""
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+        env["PYTHONUNBUFFERED"] = "1"
+        self.proc = subprocess.Popen(
+            self.args,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=str(self.cwd),
+            env=env,
+            text=True,
+            encoding="utf-8",
+            errors="replace",
+            bufsize=1,
+            preexec_fn=self.preexec_fn,
+        )
+        for stream, sink in ((self.proc.stderr, self._lines), (self.proc.stdout, self._stdout)):
+            thread = threading.Thread(target=self._drain, args=(stream, sink), daemon=True)
+            thread.start()
+            self._threads.append(thread)
         return self
 
     def _drain(self, stream: object, sink: list[str]) -> None:
@@ -208,19 +218,31 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
 def start_broker(tmp_path: Path) -> Iterator[Callable[..., BrokerProcess]]:
     """``start_broker(data_dir=None, log_level="info", extra_args=())``: start another broker
     (by default with a new data directory; pass the same one again to restart on its data).
-    Every broker started is stopped after the test."""
+    ``wait=False`` only spawns it (for a broker that is not expected to listen); ``cwd``,
+    ``preexec_fn`` set the process's, and ``launcher`` replaces ``-m mqttbroker`` (a script
+    that runs ``mqttbroker.cli.main``). Every broker started is stopped after the test."""
     started: list[BrokerProcess] = []
     counter = itertools.count()
 
     def start(
-        data_dir: Path | None = None, log_level: str = "info", extra_args: tuple[str, ...] = ()
+        data_dir: Path | None = None,
+        log_level: str = "info",
+        extra_args: tuple[str, ...] = (),
+        wait: bool = True,
+        cwd: Path | None = None,
+        preexec_fn: Callable[[], None] | None = None,
+        launcher: tuple[str, ...] = (),
     ) -> BrokerProcess:
         if data_dir is None:
             data_dir = tmp_path / f"data{next(counter)}"
         data_dir.mkdir(parents=True, exist_ok=True)
         process = BrokerProcess(data_dir, log_level, extra_args)
+        process.cwd = cwd or data_dir
+        process.preexec_fn = preexec_fn
+        if launcher:
+            process.args[1:3] = launcher
         started.append(process)
-        return process.start()
+        return process.start() if wait else process.spawn()
 
     try:
         yield start

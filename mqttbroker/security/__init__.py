@@ -165,7 +165,9 @@ def build_security(config: Config) -> Security:
     if passwords is None and not anonymous and not certificates:
         log.warning(
             "anonymous access is off, there is no password file and no listener takes user "
-            "names from client certificates: every client will be refused"
+            "names from client certificates: every client will be refused. To accept clients "
+            "without a user name, start with --allow-anonymous or set allow_anonymous = true "
+            "in [security] (or in a [[listener]])"
         )
     if rules is not None:
         log.info("ACL file %s: %d rules", acl_file, rules.rule_count)

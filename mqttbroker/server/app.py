@@ -1,4 +1,11 @@
-"""Lifecycle: start the listeners, drive the broker's clock, stop cleanly on SIGINT/SIGTERM."""
+"""Lifecycle: lock the data directory, load the store, start the listeners, drive the broker's
+clock, stop cleanly on SIGINT/SIGTERM.
+
+A start that fails (a StoreError or a StartError) or is interrupted by SIGINT/SIGTERM releases
+what it had opened (listeners, the store and its thread, the lock) before the process exits, so
+it never lingers. Exit statuses: 0 stopped by a signal (while starting, too), 2 could not start
+(configuration or start error: one log line names the cause), 1 an unexpected error.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +13,7 @@ import asyncio
 import gc
 import logging
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from .. import compiled
@@ -17,6 +24,8 @@ from ..ops.sys_tree import SysTree
 from ..protocol.reasons import ReasonCode
 from ..security import build_security, listener_anonymous
 from ..storage import StoreError
+from ..storage.lock import DataDirLock
+from . import StartError
 from .listeners import Listener, start_listener
 from .polling import BusyPoll
 
@@ -45,6 +54,8 @@ class Server:
         self._executor: ThreadPoolExecutor | None = None
         self.addresses: list[tuple[str, int]] = []
         self.busy_poll: BusyPoll | None = None
+        self._lock: DataDirLock | None = None
+        self._serving = False
 
     @staticmethod
     def _make_store(config: Config) -> Store:
@@ -66,6 +77,10 @@ class Server:
                 "hot path: pure Python (%s)", compiled.reason
             )
         broker = self.broker
+        if self.config.storage.backend != "memory":
+            lock = DataDirLock(self.config.data_dir)
+            lock.acquire()  # before the store: a second broker never touches the database
+            self._lock = lock
         await self.store.load(broker)
         broker.tick()  # expire what expired while the broker was down
 
@@ -87,6 +102,7 @@ class Server:
             self.listeners.append(listener)
             self.addresses.extend(listener.addresses)
         self._ticker = asyncio.create_task(self._tick())
+        self._serving = True
 
     async def _tick(self) -> None:
         while True:
@@ -117,7 +133,9 @@ class Server:
         return offload
 
     async def stop(self) -> None:
-        log.info("shutting down: disconnecting %d clients", len(self.broker.connections))
+        """Stop what ``start`` started, also when it failed or was interrupted part way."""
+        if self._serving:
+            log.info("shutting down: disconnecting %d clients", len(self.broker.connections))
         if self.busy_poll is not None:
             self.busy_poll.stop()  # the DISCONNECTs below must not start it again
         for listener in self.listeners:
@@ -126,12 +144,16 @@ class Server:
             self._ticker.cancel()
         self.broker.shutdown()
         await self.store.close()
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
-        await asyncio.sleep(0.05)  # let the transports write their DISCONNECTs
+        if self._serving:
+            await asyncio.sleep(0.05)  # let the transports write their DISCONNECTs
         for listener in self.listeners:
             await listener.wait_closed()
-        log.info("stopped")
+        self._serving = False
 
     def reload_security(self) -> None:
         """SIGHUP: read the password and ACL files again; connections stay up, and a file that
@@ -140,25 +162,47 @@ class Server:
         self.security.reload()
         self.broker.recheck_subscriptions()
 
-    async def run_until_signalled(self) -> None:
+    async def run_until_signalled(self, stop_requested: Sequence[int] = ()) -> None:
+        """Start, serve until SIGINT/SIGTERM, stop. A signal while starting (or before the loop
+        ran: the signals recorded in ``stop_requested``) interrupts the start; a start error
+        propagates once what was opened is released."""
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):  # before "listening" is logged
             loop.add_signal_handler(signum, stop.set)
+        if stop_requested:  # read once our handlers are in place: no signal falls between
+            stop.set()
         if hasattr(signal, "SIGHUP"):  # not on Windows
             loop.add_signal_handler(signal.SIGHUP, self.reload_security)
-        await self.start()
-        await stop.wait()
-        await self.stop()
+        starting = asyncio.create_task(self.start())
+        stopping = asyncio.create_task(stop.wait())
+        try:
+            await asyncio.wait((starting, stopping), return_when=asyncio.FIRST_COMPLETED)
+            if not starting.done():
+                log.info("stop requested while starting")
+                starting.cancel()
+            try:
+                await starting
+            except asyncio.CancelledError:
+                if not stop.is_set():
+                    raise  # we were cancelled ourselves
+            else:
+                await stopping
+        finally:
+            stopping.cancel()
+            await self.stop()
+        log.info("stopped")
 
 
-def run(config: Config) -> None:
-    """Run the broker until SIGINT/SIGTERM, on uvloop when it is installed."""
+def run(config: Config, stop_requested: Sequence[int] = ()) -> int:
+    """Run the broker until SIGINT/SIGTERM, on uvloop when it is installed; the exit status (0,
+    or 2 when it cannot start: the reason is logged)."""
     try:
-        _run(config)
-    except StoreError as exc:
+        _run(config, stop_requested)
+    except (StoreError, StartError) as exc:
         log.error("cannot start: %s", exc)
-        raise SystemExit(1) from None
+        return 2
+    return 0
 
 
 def _tune_gc(threshold: int) -> None:
@@ -170,12 +214,13 @@ def _tune_gc(threshold: int) -> None:
     gc.freeze()
 
 
-def _run(config: Config) -> None:
+def _run(config: Config, stop_requested: Sequence[int]) -> None:
     _tune_gc(config.gc_threshold)
+    server = Server(config)
     try:
         import uvloop
     except ImportError:
-        asyncio.run(Server(config).run_until_signalled())
+        asyncio.run(server.run_until_signalled(stop_requested))
     else:
         log.debug("using uvloop")
-        uvloop.run(Server(config).run_until_signalled())
+        uvloop.run(server.run_until_signalled(stop_requested))

@@ -11,18 +11,22 @@ the protocol factory (aiohttp is imported only when a WebSocket listener is conf
 PROXY-protocol balancers (``proxy_protocol``) a ``ProxyAcceptor`` accepts instead and hands each
 socket to the loop once its header is read (proxy.py). TLS
 handshakes, and the WebSocket upgrade after the accept, must finish within the broker's
-``connect_timeout``.
+``connect_timeout``. A listener that cannot listen (address in use, a host that does not resolve)
+is a StartError naming it, its address and the cause.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..broker.core import Broker
 from ..config import ListenerConfig, trusted_networks
+from ..storage import describe
+from . import StartError
 from .proxy import ProxyAcceptor, bind
 from .tcp import MQTTProtocol
 from .tls import server_context
@@ -61,7 +65,20 @@ class Listener:
 
 async def start_listener(broker: Broker, listener: ListenerConfig, where: str) -> Listener:
     """Bind ``listener`` and log "listening on HOST:PORT (MQTT over ...)" for each socket.
-    ``where`` names it in configuration errors (e.g. ``"listener[1]"``)."""
+    ``where`` names it in configuration and start errors (e.g. ``"listener[1]"``)."""
+    try:
+        return await _start_listener(broker, listener, where)
+    except OSError as exc:
+        if isinstance(exc, socket.gaierror):
+            cause = f"cannot resolve host {listener.host!r}: {exc.strerror}"
+        else:
+            cause = describe(exc)
+        raise StartError(
+            f"{where} {listener.host}:{listener.port} ({listener.kind}): cannot listen: {cause}"
+        ) from None
+
+
+async def _start_listener(broker: Broker, listener: ListenerConfig, where: str) -> Listener:
     loop = asyncio.get_running_loop()
     context = server_context(listener, where)
     handshake_timeout = broker.options.connect_timeout if context is not None else None

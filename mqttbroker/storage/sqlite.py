@@ -13,6 +13,8 @@ Times are stored as wall-clock seconds, so deadlines survive a restart.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import logging
 import os
 import sqlite3
@@ -30,7 +32,7 @@ from ..broker.topics import Subscription
 from ..protocol.fastpath import decode_properties, encode_properties
 from ..protocol.packets import MQTT_5, PacketType, Will
 from ..protocol.properties import WILL, PropertyId
-from . import StoreError
+from . import StoreError, describe
 
 if TYPE_CHECKING:
     from ..broker.core import Broker
@@ -110,6 +112,22 @@ MIGRATIONS: list[str] = [
 
 _PER_CLIENT = ("sessions", "subscriptions", "deliveries", "releases", "wills")
 
+# What SQLite reports as a damaged file (primary result codes). Anything else that stops the
+# database from opening (permission, read-only, locked, full, I/O error) is not damage.
+_DAMAGE_CODES = (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
+
+
+class _Damaged(Exception):
+    """The database is damaged; the message says how."""
+
+
+def _denied(exc: BaseException) -> bool:
+    """A permission problem: the file or its directory may not be read or written."""
+    if isinstance(exc, sqlite3.Error):
+        code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+        return code in (sqlite3.SQLITE_PERM, sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN)
+    return isinstance(exc, PermissionError) or getattr(exc, "errno", None) == errno.EROFS
+
 
 class _Batch:
     """Changes recorded since the last commit, newest value per row (None: delete the row)."""
@@ -156,6 +174,9 @@ class _Batch:
 
 
 class SQLiteStore(Store):
+    RETRY_FIRST = 0.25  # seconds before the first retry of a failed commit; doubled each time
+    RETRY_MAX = 5.0  # up to this
+
     def __init__(
         self,
         path: str | Path,
@@ -167,7 +188,7 @@ class SQLiteStore(Store):
             raise ValueError(f"sync must be one of {', '.join(SYNC_LEVELS)}")
         if on_corrupt not in ("move", "refuse"):
             raise ValueError("on_corrupt must be 'move' or 'refuse'")
-        self.path = Path(path)
+        self.path = Path(os.path.abspath(path))
         self.sync = sync
         self.on_corrupt = on_corrupt
         self.commit_interval = commit_interval
@@ -179,6 +200,9 @@ class SQLiteStore(Store):
         self._writer: asyncio.Task[None] | None = None
         self._closing = False
         self._loading = False
+        self._restoring = ""  # the table being restored, for an error
+        self._stopped = asyncio.Event()  # set by close(): a retry waits no longer
+        self._failing_since: float | None = None  # when commits began to fail (None: they work)
         self._next_message_id = 1
         self._clock: Callable[[], float] = time.monotonic
 
@@ -193,19 +217,28 @@ class SQLiteStore(Store):
     # -- opening ----------------------------------------------------------------------------
 
     async def _connect(self) -> aiosqlite.Connection:
-        db = await aiosqlite.connect(self.path, isolation_level=None)
+        """Open, check and upgrade the database. ``_Damaged`` if SQLite finds it corrupt; any
+        other error (permission, read-only, locked, disk full, I/O) propagates as it is."""
+        connecting = asyncio.ensure_future(aiosqlite.connect(self.path, isolation_level=None))
+        try:
+            db = await asyncio.shield(connecting)
+        except asyncio.CancelledError:
+            # Stopped while the connection's thread opens the file: let it finish and close
+            # it, so that no thread outlives the event loop.
+            with contextlib.suppress(Exception):
+                await (await connecting).close()
+            raise
         try:
             await db.execute("PRAGMA journal_mode=WAL")
             await db.execute(f"PRAGMA synchronous={SYNC_LEVELS[self.sync]}")
             async with db.execute("PRAGMA quick_check") as cur:
                 row = await cur.fetchone()
             if row is None or row[0] != "ok":
-                raise sqlite3.DatabaseError(f"integrity check failed: {row[0] if row else '?'}")
+                raise _Damaged(f"integrity check failed: {row[0] if row else '?'}")
             async with db.execute("PRAGMA user_version") as cur:
                 row = await cur.fetchone()
             version = row[0] if row else 0
             if version > len(MIGRATIONS):
-                await db.close()
                 raise StoreError(
                     f"{self.path}: written by a newer mqttbroker (schema {version}, this one "
                     f"knows {len(MIGRATIONS)}); upgrade mqttbroker or point --data-dir elsewhere"
@@ -215,51 +248,93 @@ class SQLiteStore(Store):
                     f"BEGIN; {MIGRATIONS[number]} PRAGMA user_version={number + 1}; COMMIT;"
                 )
                 log.info("store %s: schema upgraded to version %d", self.path, number + 1)
-        except sqlite3.DatabaseError:
+        except sqlite3.Error as exc:
+            await db.close()
+            if getattr(exc, "sqlite_errorcode", 0) & 0xFF in _DAMAGE_CODES:
+                raise _Damaged(describe(exc)) from None
+            raise
+        except BaseException:  # cancelled while starting, too: the connection's thread ends
             await db.close()
             raise
         return db
 
     async def _open(self) -> aiosqlite.Connection:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        """The database, checked: only real damage may move it aside (``on_corrupt``); a
+        database that cannot be used for another reason is a StoreError naming the path and
+        the cause, and the file is left as it is."""
+        directory = self.path.parent
+        if directory.exists() and not directory.is_dir():
+            raise StoreError(f"{self.path}: {directory} is not a directory")
         try:
+            directory.mkdir(parents=True, exist_ok=True)
             return await self._connect()
-        except sqlite3.DatabaseError as exc:
-            if self.on_corrupt == "refuse":
-                raise StoreError(
-                    f"{self.path}: the database is damaged ({exc}). Move it aside (or restore a "
-                    f'backup) and start again, or set storage.on_corrupt = "move" to let the '
-                    f"broker move it aside and start empty."
-                ) from None
-            stamp = time.strftime("%Y%m%d-%H%M%S")
-            moved = self.path.with_name(f"{self.path.name}.damaged-{stamp}")
-            count = 1
-            while moved.exists():  # never overwrite an earlier damaged copy
-                count += 1
-                moved = self.path.with_name(f"{self.path.name}.damaged-{stamp}-{count}")
-            for suffix in ("", "-wal", "-shm"):
-                source = Path(f"{self.path}{suffix}")
-                if source.exists():
-                    os.replace(source, f"{moved}{suffix}")
-            log.error(
-                "STORE DAMAGED: %s could not be used (%s). It was moved to %s and the broker starts "
-                "with an EMPTY store: sessions, queued and retained messages are not restored. "
-                'Inspect or restore the moved file; set storage.on_corrupt = "refuse" to stop '
-                "instead.",
-                self.path,
-                exc,
-                moved,
+        except _Damaged as exc:
+            damage = str(exc)
+        except (sqlite3.Error, OSError) as exc:
+            hint = ""
+            if _denied(exc):
+                hint = "; the broker's user must be able to read and write it and its directory"
+            raise StoreError(
+                f"{self.path}: cannot open the database: {describe(exc)}{hint}"
+            ) from None
+        if self.on_corrupt == "refuse":
+            raise StoreError(
+                f"{self.path}: the database is damaged ({damage}). Move it aside (or restore a "
+                f'backup) and start again, or set storage.on_corrupt = "move" to let the '
+                f"broker move it aside and start empty."
             )
-            return await self._connect()
+        try:
+            moved = self._move_aside()
+            db = await self._connect()
+        except (_Damaged, sqlite3.Error, OSError) as exc:
+            raise StoreError(
+                f"{self.path}: the database is damaged ({damage}) and cannot be moved aside "
+                f"and replaced: {describe(exc)}"
+            ) from None
+        log.error(
+            "STORE DAMAGED: %s could not be used (%s). It was moved to %s and the broker starts "
+            "with an EMPTY store: sessions, queued and retained messages are not restored. "
+            'Inspect or restore the moved file; set storage.on_corrupt = "refuse" to stop '
+            "instead.",
+            self.path,
+            damage,
+            moved,
+        )
+        return db
+
+    def _move_aside(self) -> Path:
+        """Rename the database (and its -wal and -shm files) to ``<name>.damaged-<stamp>``."""
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        moved = self.path.with_name(f"{self.path.name}.damaged-{stamp}")
+        count = 1
+        while moved.exists():  # never overwrite an earlier damaged copy
+            count += 1
+            moved = self.path.with_name(f"{self.path.name}.damaged-{stamp}-{count}")
+        for suffix in ("", "-wal", "-shm"):
+            source = Path(f"{self.path}{suffix}")
+            if source.exists():
+                os.replace(source, f"{moved}{suffix}")
+        return moved
 
     # -- loading ----------------------------------------------------------------------------
 
     async def load(self, broker: Broker) -> None:
+        """Open the database and restore its state into ``broker``; StoreError (naming the path
+        and the cause) if it cannot. The caller closes the store either way."""
         self._clock = broker.clock
+        log.info("store %s: opening (SQLite, sync %s)", self.path, self.sync)
         db = self._db = await self._open()
         self._loading = True
         try:
             await self._restore(db, broker)
+        except (sqlite3.Error, OSError) as exc:
+            raise StoreError(f"{self.path}: cannot read the database: {describe(exc)}") from None
+        except Exception as exc:  # a row that does not make sense (written by something else?)
+            raise StoreError(
+                f"{self.path}: cannot restore the stored state ({self._restoring}: "
+                f"{type(exc).__name__}: {exc}). Move the file aside (or restore a backup) to "
+                "start with an empty store."
+            ) from None
         finally:
             self._loading = False
         for session in broker.sessions.values():
@@ -274,6 +349,7 @@ class SQLiteStore(Store):
         now = broker.clock()
         await db.execute("DELETE FROM messages WHERE id NOT IN (SELECT message_id FROM deliveries)")
         messages: dict[int, Message] = {}
+        self._restoring = "table messages"
         for mid, topic, payload, qos, retain, props, expires_at in await self._rows(
             db, "SELECT id, topic, payload, qos, retain, properties, expires_at FROM messages"
         ):
@@ -289,6 +365,7 @@ class SQLiteStore(Store):
             messages[mid] = msg
             self._next_message_id = max(self._next_message_id, mid + 1)
         sessions = broker.sessions
+        self._restoring = "table sessions"
         for client_id, expiry, expires_at, username in await self._rows(
             db, "SELECT client_id, expiry_interval, expires_at, username FROM sessions"
         ):
@@ -301,6 +378,7 @@ class SQLiteStore(Store):
             elif expiry != NEVER:  # connected when the broker stopped: its expiry starts now
                 session.expires_at = now + expiry
             sessions[client_id] = session
+        self._restoring = "table subscriptions"
         for client_id, topic_filter, qos, no_local, rap, rh, ident in await self._rows(
             db,
             "SELECT client_id, topic_filter, qos, no_local, retain_as_published, "
@@ -320,6 +398,7 @@ class SQLiteStore(Store):
             )
             broker.router.subscribe(sub)
             owner.subscriptions[topic_filter] = sub
+        self._restoring = "table deliveries"
         for row in await self._rows(
             db,
             "SELECT client_id, seq, message_id, qos, retain, sub_ids, packet_id, released, "
@@ -345,12 +424,14 @@ class SQLiteStore(Store):
             else:
                 owner.queue.append(delivery)
                 owner.queued_bytes += msg.size
+        self._restoring = "table releases"
         for client_id, packet_id in await self._rows(
             db, "SELECT client_id, packet_id FROM releases"
         ):
             owner = sessions.get(client_id)
             if owner is not None:
                 owner.awaiting_release.add(packet_id)
+        self._restoring = "table retained"
         for topic, payload, qos, props, expires_at in await self._rows(
             db, "SELECT topic, payload, qos, properties, expires_at FROM retained"
         ):
@@ -364,6 +445,7 @@ class SQLiteStore(Store):
                     self._local(expires_at),
                 )
             )
+        self._restoring = "table wills"
         for client_id, topic, payload, qos, retain, props, version, due_at in await self._rows(
             db,
             "SELECT client_id, topic, payload, qos, retain, properties, version, due_at FROM wills",
@@ -551,18 +633,50 @@ class SQLiteStore(Store):
                 return
 
     async def _commit_pending(self) -> None:
+        """Commit the current batch, then release what waited for it. While the disk refuses
+        (full, read-only, I/O error) the batch is retried with backoff and its waiters (held
+        acknowledgements) stay held; one ERROR when that starts, one WARNING when it ends.
+        Closing, a batch that still fails is given up, its waiters never called."""
         batch = self._batch
         self._batch = _Batch()
-        while True:
+        delay = self.RETRY_FIRST
+        while not batch.empty():
             try:
-                if not batch.empty():
-                    await self._apply(batch)
-                    self.commits += 1
-                break
+                await self._apply(batch)
             except (sqlite3.Error, OSError) as exc:
-                # Acknowledgements stay held while the disk refuses; clients see no ack.
-                log.error("store %s: commit failed (%s); retrying in 1 s", self.path, exc)
-                await asyncio.sleep(1.0)
+                if self._closing:
+                    log.error(
+                        "store %s: stopping with changes that could not be written (%s): "
+                        "their acknowledgements were never sent",
+                        self.path,
+                        describe(exc),
+                    )
+                    return
+                if self._failing_since is None:
+                    self._failing_since = time.monotonic()
+                    log.error(
+                        "store %s: cannot commit: %s. Acknowledgements of what is not stored "
+                        "are held; retrying until it can be written",
+                        self.path,
+                        describe(exc),
+                    )
+                else:
+                    log.debug("store %s: commit failed again: %s", self.path, describe(exc))
+                try:
+                    await asyncio.wait_for(self._stopped.wait(), delay)
+                except TimeoutError:
+                    pass
+                delay = min(delay * 2, self.RETRY_MAX)
+            else:
+                self.commits += 1
+                if self._failing_since is not None:
+                    log.warning(
+                        "store %s: commits succeed again, after %.1f s",
+                        self.path,
+                        time.monotonic() - self._failing_since,
+                    )
+                    self._failing_since = None
+                break
         for callback in batch.waiters:
             try:
                 callback()
@@ -617,7 +731,13 @@ class SQLiteStore(Store):
                 )
             await db.execute("COMMIT")
         except BaseException:
-            await db.execute("ROLLBACK")
+            # SQLite may have rolled the transaction back itself (disk full, I/O error): a
+            # ROLLBACK then fails and must not hide the error that caused it.
+            if db.in_transaction:
+                try:
+                    await db.execute("ROLLBACK")
+                except sqlite3.Error as exc:
+                    log.debug("store %s: rollback failed: %s", self.path, describe(exc))
             raise
 
     @staticmethod
@@ -641,15 +761,19 @@ class SQLiteStore(Store):
             await db.executemany(f"DELETE FROM {table} WHERE {where}", gone)
 
     async def close(self) -> None:
+        """Write what is pending (one more attempt if commits are failing) and close. Safe to
+        call after a failed ``load``, and more than once."""
         self._closing = True
+        self._stopped.set()
         if self._writer is not None:
             self._wake.set()
             await self._writer
             self._writer = None
-        if self._db is not None:
-            await self._commit_pending()
-            await self._db.close()
+        db = self._db
+        if db is not None:
+            await self._commit_pending()  # what was recorded while the writer's last commit ran
             self._db = None
+            await db.close()
 
 
 def _props(data: bytes, packet_type: int) -> dict[int, Any]:
