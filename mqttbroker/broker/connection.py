@@ -1068,12 +1068,15 @@ class Connection:
         self.link.close()
 
     def connection_lost(self) -> None:
-        """The transport closed under us (network failure, client vanished)."""
+        """The transport closed under us (network failure, client vanished), or after we closed
+        it: either way nothing can be written any more. Output still waiting for a commit (the
+        acks of a client that sent DISCONNECT and closed at once) is dropped here, so that the
+        close deferred to that commit writes nothing to the dead transport."""
+        self._out.clear()
         if self.state != CLOSED:
             if self.state == CONNECTED:
                 log.info("client %s: connection lost", self.client_id)
             self.state = CLOSED
-            self._out.clear()
             self.broker.connection_closed(self, True)
 
     # -- flow control from the transport ----------------------------------------------------
