@@ -357,6 +357,8 @@ class Broker:
                 )
                 conn.disconnect(ReasonCode.KEEP_ALIVE_TIMEOUT, "keep alive timeout")
         for session in list(self.sessions.values()):
+            if session.drops_unlogged and now >= session.drop_log_next:
+                session.report_drops(now)  # the rest of a burst of drops
             if session.connection is not None:
                 continue
             if session.will_due is not None and now >= session.will_due:
