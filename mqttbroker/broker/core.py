@@ -11,6 +11,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from ..protocol import fastpath
@@ -195,6 +196,12 @@ class Broker:
                 self.store.save_will(session, conn.will, None)
         return session, present
 
+    def restored(self) -> None:
+        """The store has put back the sessions of the previous run: hold their subscriptions
+        and queued messages against the rules as they are now (the ACL may have changed while
+        the broker was down)."""
+        self.recheck_subscriptions()
+
     def connection_closed(self, conn: Connection, publish_will: bool) -> None:
         self.connections.discard(conn)
         if conn.address is not None:
@@ -313,15 +320,19 @@ class Broker:
             self.router.publish(message, match, session, now)
 
     def recheck_subscriptions(self) -> int:
-        """After the rules changed (SIGHUP): remove the subscriptions the authorizer no longer
-        allows, so that a revoked right stops the flow at once. Returns how many went."""
+        """After the rules changed (SIGHUP, or while the broker was down): remove the
+        subscriptions the authorizer no longer allows, so that a revoked right stops the flow at
+        once, and drop the messages queued for a session that it may no longer read. Returns
+        how many subscriptions went."""
         authorizer = self.authorizer
         if authorizer is None:
             return 0
-        removed = 0
+        removed = dropped = 0
         for session in list(self.sessions.values()):
+            client_id = session.client_id
+            username = session.username
             for topic_filter, sub in list(session.subscriptions.items()):
-                if authorizer.can_subscribe(session.client_id, session.username, sub.filter):
+                if authorizer.can_subscribe(client_id, username, sub.filter):
                     continue
                 del session.subscriptions[topic_filter]
                 self.router.unsubscribe(sub)
@@ -330,9 +341,26 @@ class Broker:
                 removed += 1
                 log.warning(
                     "session %s: subscription %r removed: no longer authorized",
-                    session.client_id,
+                    client_id,
                     topic_filter,
                 )
+            if session.queue or session.inflight:
+                count = session.drop_unreadable(
+                    partial(authorizer.can_read, client_id, username), self.clock()
+                )
+                if count:
+                    dropped += count
+                    log.warning(
+                        "session %s: %d queued messages dropped: no longer authorized to read them",
+                        client_id,
+                        count,
+                    )
+        if removed or dropped:
+            log.warning(
+                "rules rechecked: %d subscriptions removed, %d queued messages dropped",
+                removed,
+                dropped,
+            )
         return removed
 
     # -- time -------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .message import Message
@@ -234,6 +235,39 @@ class Session:
         )
         self.drops_unlogged = 0
         self.drop_log_next = now + DROP_LOG_INTERVAL
+
+    def drop_unreadable(self, can_read: Callable[[str], bool], now: float) -> int:
+        """Drop the queued messages whose topic ``can_read`` refuses, and such messages in
+        flight that the client has not received yet (no PUBREL sent); returns how many. They
+        count as dropped (the caller logs them)."""
+        verdicts: dict[str, bool] = {}
+
+        def readable(delivery: Delivery) -> bool:
+            topic = delivery.message.topic
+            verdict = verdicts.get(topic)
+            if verdict is None:
+                verdict = verdicts[topic] = can_read(topic)
+            return verdict
+
+        count = 0
+        for packet_id, delivery in list(self.inflight.items()):
+            if not delivery.released and not readable(delivery):
+                self._finish(packet_id, delivery, now, refill=False)
+                count += 1
+        kept: deque[Delivery] = deque()
+        for delivery in self.queue:
+            if readable(delivery):
+                kept.append(delivery)
+                continue
+            self.queued_bytes -= delivery.message.size
+            if delivery.stored:
+                self.store.delete_delivery(self, delivery)
+            count += 1
+        if count:
+            self.queue = kept
+            self.dropped += count
+            self._refill(now)
+        return count
 
     def drain(self, now: float) -> None:
         """Send queued messages while the client's receive window allows (MQTT-3.3.4-9)."""
