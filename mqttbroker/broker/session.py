@@ -30,6 +30,11 @@ NEVER = 0xFFFFFFFF
 DROP_LOG_INTERVAL = 10.0
 
 
+def filter_size(topic_filter: str) -> int:
+    """What a subscription's filter counts against ``max_subscription_bytes``."""
+    return len(topic_filter.encode("utf-8"))
+
+
 class Delivery:
     """One message on its way to one session: queued, or in flight under a packet id."""
 
@@ -95,6 +100,8 @@ class Session:
         "held",
         "stored",
         "username",
+        "counted",
+        "subscription_bytes",
     )
 
     def __init__(self, client_id: str, options: BrokerOptions, store: Store | None = None) -> None:
@@ -104,7 +111,9 @@ class Session:
         self.seq = 0
         self.held = 0  # in-flight deliveries whose resend is held (see resend)
         self.stored = False  # the durable store has a record of this session
-        self.username: str | None = None  # as authenticated by its latest connection
+        self.username: str | None = None  # its owner: the user that created it
+        self.counted = False  # counted against max_sessions (see Broker.attach)
+        self.subscription_bytes = 0  # the filter_size of its subscriptions, summed
         self.subscriptions: dict[str, Subscription] = {}
         self.connection: Connection | None = None
         self.expiry_interval = 0

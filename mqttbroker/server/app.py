@@ -67,7 +67,7 @@ class Server:
             )
         broker = self.broker
         await self.store.load(broker)
-        broker.restored()  # the rules applied to what the store put back
+        broker.restored()  # caps counted, rules applied to what the store put back
         broker.tick()  # expire what expired while the broker was down
 
         window = self.config.busy_poll_us
