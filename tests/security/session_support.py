@@ -5,6 +5,7 @@ CONNACK codes, 3.1.1 included)."""
 
 from __future__ import annotations
 
+import re
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -85,6 +86,13 @@ class SecureBroker:
         for pattern in patterns:
             found = self.server.wait_for_log(pattern, TIMEOUT, since=mark)
             assert found is not None, f"no {pattern!r} after SIGHUP:\n{self.server.log_text()}"
+
+
+def assert_logged(server: Any, text: str, since: int) -> None:
+    """Wait for a log line containing ``text`` (the log arrives through a pipe, after the
+    client may already have seen the broker's answer)."""
+    found = server.wait_for_log(re.escape(text), TIMEOUT, since=since)
+    assert found is not None, f"no {text!r} in the log:\n{server.log_since(since)}"
 
 
 def paho_client(

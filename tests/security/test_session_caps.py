@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from helpers import MQTT_5, MQTT_311, unique
-from session_support import SecureBroker, connack, paho_client
+from session_support import SecureBroker, assert_logged, connack, paho_client
 
 QUOTA = {MQTT_5: 0x97, MQTT_311: 0x03}
 
@@ -27,7 +27,7 @@ def test_persistent_sessions_per_user(secure: SecureBroker, version: int) -> Non
     assert connack(server, second, version, "alice") == (False, 0)
     mark = server.log_mark()
     assert connack(server, unique("a"), version, "alice") == (False, QUOTA[version])
-    assert "max_sessions_per_user (2) reached for user 'alice'" in server.log_since(mark)
+    assert_logged(server, "max_sessions_per_user (2) reached for user 'alice'", mark)
     # Her sessions are still there to resume; a clean (non-persistent) one is not counted.
     assert connack(server, first, version, "alice") == (True, 0)
     assert connack(server, unique("a"), version, "alice", clean=True, expiry=0) == (False, 0)
@@ -60,7 +60,7 @@ def test_subscription_bytes_per_session(secure: SecureBroker) -> None:
         assert alice.subscribe("alice/01", 1) == [1]  # 8: 24 in all
         mark = server.log_mark()
         assert alice.subscribe("alice/x", 1) == [0x97]
-        assert "max_subscription_bytes (24) reached" in server.log_since(mark)
+        assert_logged(server, "max_subscription_bytes (24) reached", mark)
         assert alice.subscribe("alice/01", 0) == [0]  # the same filter again costs nothing
         assert alice.unsubscribe("alice/01") == [0]
         assert alice.subscribe("alice/x", 1) == [1]  # room again

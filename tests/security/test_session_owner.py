@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from helpers import MQTT_5, MQTT_311, unique
-from session_support import SecureBroker, connack, paho_client
+from session_support import SecureBroker, assert_logged, connack, paho_client
 
 NOT_AUTHORIZED = {MQTT_5: 0x87, MQTT_311: 0x05}
 ID_NOT_VALID = {MQTT_5: 0x85, MQTT_311: 0x02}
@@ -57,7 +57,7 @@ def test_another_user_cannot_resume_a_session(secure: SecureBroker, version: int
     mark = server.log_mark()
     present, code = connack(server, client_id, version, "bob")
     assert (present, code) == (False, NOT_AUTHORIZED[version])
-    assert "client id taken by a session of another user" in server.log_since(mark)
+    assert_logged(server, "client id taken by a session of another user", mark)
     # Neither did anonymous; and bob's attempts left alice's session as it was.
     assert connack(server, client_id, version, None) == (False, NOT_AUTHORIZED[version])
     assert_alice_resumes(server, client_id, version)
@@ -102,9 +102,10 @@ def test_new_policy_gives_a_fresh_session_and_discards_the_old(secure: SecureBro
         assert bob.received() == [], "bob received alice's messages"
     finally:
         bob.close()
-    assert (
-        f"session {client_id} of user 'alice' discarded: its client id was taken by user 'bob'"
-        in server.log_since(mark)
+    assert_logged(
+        server,
+        f"session {client_id} of user 'alice' discarded: its client id was taken by user 'bob'",
+        mark,
     )
 
 
@@ -128,7 +129,7 @@ def test_client_id_pattern_binds_ids_to_users(secure: SecureBroker, version: int
     assert connack(server, "alice-", version, "alice", clean=True) == (False, 0)
     mark = server.log_mark()
     assert connack(server, "bob-phone", version, "alice") == (False, ID_NOT_VALID[version])
-    assert "client id does not match client_id_pattern for user 'alice'" in server.log_since(mark)
+    assert_logged(server, "client id does not match client_id_pattern for user 'alice'", mark)
     assert connack(server, "alice.phone", version, "alice")[1] == ID_NOT_VALID[version]
     assert connack(server, "xalice-phone", version, "alice")[1] == ID_NOT_VALID[version]
     # Without a user name a client's own id matches nothing; one the broker assigns is fine.
