@@ -21,6 +21,7 @@ from ..protocol.properties import PropertyId as Prop
 from ..protocol.reasons import CONNACK_CODES, DISCONNECT_CODES, ReasonCode, v311_connack_code
 from .auth import CONTINUE, SUCCESS, AuthExchange
 from .message import Message
+from .session import filter_size
 from .topics import Subscription, parse_shared, valid_topic_filter, valid_topic_name
 
 if TYPE_CHECKING:
@@ -503,8 +504,10 @@ class Connection:
         expiry = min(requested, opts.max_session_expiry)
         self.connect_expiry = expiry
         self.will = packet.will
-        session, present = broker.attach(self, client_id, packet.clean_start, expiry)
-        session.username = self.username = packet.username
+        session, present = broker.attach(
+            self, client_id, packet.clean_start, expiry, packet.username
+        )
+        self.username = packet.username
         self.session = session
         self.state = CONNECTED
         if v5:
@@ -848,6 +851,18 @@ class Connection:
                 )
                 codes.append(ReasonCode.QUOTA_EXCEEDED if v5 else 0x80)
                 continue
+            size = 0 if topic_filter in session.subscriptions else filter_size(topic_filter)
+            if (
+                opts.max_subscription_bytes
+                and session.subscription_bytes + size > opts.max_subscription_bytes
+            ):
+                log.info(
+                    "client %s: max_subscription_bytes (%d) reached",
+                    self.client_id,
+                    opts.max_subscription_bytes,
+                )
+                codes.append(ReasonCode.QUOTA_EXCEEDED if v5 else 0x80)
+                continue
             qos = min(request.qos, opts.maximum_qos)
             sub = Subscription(
                 session,
@@ -860,6 +875,7 @@ class Connection:
             )
             existed = broker.router.subscribe(sub)
             session.subscriptions[topic_filter] = sub
+            session.subscription_bytes += size
             if session.expiry_interval:
                 broker.store.save_subscription(session, sub)
             codes.append(qos)
@@ -882,6 +898,7 @@ class Connection:
             sub = session.subscriptions.pop(topic_filter, None)  # literal compare, MQTT-3.10.4-1
             if sub is not None:
                 self.broker.router.unsubscribe(sub)
+                session.subscription_bytes -= filter_size(topic_filter)
                 if session.expiry_interval:
                     self.broker.store.delete_subscription(session, topic_filter)
                 codes.append(ReasonCode.SUCCESS)
@@ -1059,6 +1076,7 @@ class Connection:
                 ReasonCode.NOT_AUTHORIZED,
                 ReasonCode.SERVER_UNAVAILABLE,
                 ReasonCode.SERVER_BUSY,
+                ReasonCode.QUOTA_EXCEEDED,
                 ReasonCode.USE_ANOTHER_SERVER,
                 ReasonCode.SERVER_MOVED,
             ):
@@ -1111,12 +1129,15 @@ class Connection:
         self.link.close()
 
     def connection_lost(self) -> None:
-        """The transport closed under us (network failure, client vanished)."""
+        """The transport closed under us (network failure, client vanished), or after we closed
+        it: either way nothing can be written any more. Output still waiting for a commit (the
+        acks of a client that sent DISCONNECT and closed at once) is dropped here, so that the
+        close deferred to that commit writes nothing to the dead transport."""
+        self._out.clear()
         if self.state != CLOSED:
             if self.state == CONNECTED:
                 log.info("client %s: connection lost", self.client_id)
             self.state = CLOSED
-            self._out.clear()
             self.broker.connection_closed(self, True)
 
     # -- flow control from the transport ----------------------------------------------------

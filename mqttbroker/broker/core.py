@@ -8,13 +8,16 @@ about once a second and sets :attr:`Broker.wake` to schedule :meth:`Broker.flush
 from __future__ import annotations
 
 import logging
+import re
 import time
 import uuid
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from ..protocol import fastpath
 from ..protocol import packets as pk
+from ..protocol.errors import MQTTError
 from ..protocol.packets import MQTT_5, Will
 from ..protocol.properties import PropertyId as Prop
 from ..protocol.reasons import ReasonCode
@@ -23,13 +26,18 @@ from .connection import AUTHENTICATING, AWAIT_CONNECT, Connection, Link
 from .message import Message
 from .options import BrokerOptions
 from .router import Router
-from .session import NEVER, Session
+from .session import NEVER, Session, filter_size
 from .store import Store
 from .topics import SharedGroup
 
 log = logging.getLogger("mqttbroker.broker")
 
 _WILL_NOT_FORWARDED = (Prop.WILL_DELAY_INTERVAL, Prop.MESSAGE_EXPIRY_INTERVAL)
+
+
+def _user(username: str | None) -> str:
+    """A session's owner as the log names it."""
+    return "anonymous" if username is None else f"user {username!r}"
 
 
 class Broker:
@@ -65,6 +73,8 @@ class Broker:
             fastpath.encode_connack(pk.Connack(True, 0, self.connack_properties), MQTT_5),
         )
         self.sessions: dict[str, Session] = {}
+        self.persistent_sessions = 0  # sessions of non-zero expiry (max_sessions)
+        self._user_sessions: dict[str, int] = {}  # user name -> its persistent sessions
         self.connections: set[Connection] = set()
         self.router = Router(self.options, self.store)
         # Called when the first connection of a loop pass has output; the edge schedules
@@ -167,24 +177,61 @@ class Broker:
                 return client_id
 
     def attach(
-        self, conn: Connection, client_id: str, clean_start: bool, expiry: int
+        self,
+        conn: Connection,
+        client_id: str,
+        clean_start: bool,
+        expiry: int,
+        username: str | None,
     ) -> tuple[Session, bool]:
-        """Bind ``conn`` to the session of ``client_id``: take it over from an older connection
-        (MQTT-3.1.4-3), discard it on Clean Start (MQTT-3.1.2-4) or resume it (-5, -6).
-        Returns (session, session present)."""
+        """Bind ``conn``, authenticated as ``username``, to the session of ``client_id``: take it
+        over from an older connection (MQTT-3.1.4-3), discard it on Clean Start (MQTT-3.1.2-4)
+        or resume it (-5, -6). Returns (session, session present).
+
+        A session belongs to the user that created it (None: anonymous). A client of another
+        user is refused, or gets a fresh session and the old one is discarded, per
+        ``session_owner_mismatch`` and ``allow_takeover_by_other_user``; a client id against
+        ``client_id_pattern`` and a new persistent session past ``max_sessions`` or
+        ``max_sessions_per_user`` are refused too. A refusal raises MQTTError before anything
+        has changed."""
+        opts = self.options
+        if opts.client_id_pattern and not conn.assigned_id:
+            self._check_client_id(client_id, username)
         now = self.clock()
         session = self.sessions.get(client_id)
+        foreign = session is not None and session.username != username
+        if session is not None and foreign:
+            if session.connection is not None:
+                if not opts.allow_takeover_by_other_user:
+                    raise MQTTError(
+                        "client id in use by a connection of another user",
+                        ReasonCode.NOT_AUTHORIZED,
+                    )
+            elif opts.session_owner_mismatch == "refuse":
+                raise MQTTError(
+                    "client id taken by a session of another user", ReasonCode.NOT_AUTHORIZED
+                )
+        if expiry:
+            self._check_session_caps(session, username, clean_start or foreign)
         if session is not None and session.connection is not None:
             session.connection.disconnect(
                 ReasonCode.SESSION_TAKEN_OVER, "another connection took over the session"
             )
             session = self.sessions.get(client_id)  # gone if its expiry was 0
-        if session is not None and clean_start:
+        if session is not None and (clean_start or foreign):
+            if foreign:
+                log.warning(
+                    "session %s of %s discarded: its client id was taken by %s",
+                    client_id,
+                    _user(session.username),
+                    _user(username),
+                )
             self.end_session(session, now)
             session = None
         present = session is not None
         if session is None:
             session = self.sessions[client_id] = Session(client_id, self.options, self.store)
+            session.username = username
         else:
             if session.will is not None:
                 session.will = None  # reconnected before the will delay ran out (MQTT-3.1.3-9)
@@ -195,11 +242,75 @@ class Broker:
             self.store.delete_session(session)  # it ends with this connection now
         session.expiry_interval = expiry
         session.connection = conn
+        self._count(session, expiry != 0)
         if expiry:
             self.store.save_session(session)
             if conn.will is not None:
                 self.store.save_will(session, conn.will, None)
         return session, present
+
+    def _check_client_id(self, client_id: str, username: str | None) -> None:
+        """``client_id_pattern``: "%u" the user name, "*" any characters."""
+        if username is not None:
+            parts = (
+                re.escape(part).replace(r"\*", ".*")
+                for part in self.options.client_id_pattern.split("%u")
+            )
+            if re.fullmatch(re.escape(username).join(parts), client_id, re.DOTALL):
+                return
+        raise MQTTError(
+            f"client id does not match client_id_pattern for {_user(username)}",
+            ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
+        )
+
+    def _check_session_caps(
+        self, existing: Session | None, username: str | None, replaced: bool
+    ) -> None:
+        """A persistent session for ``username`` is about to resume ``existing`` (the session
+        of its client id now, if any) or, when ``replaced``, to take its place: refuse it if it
+        is one too many (``max_sessions``, ``max_sessions_per_user``)."""
+        freed = existing is not None and existing.counted
+        if freed and not replaced:
+            return  # resumed: it is counted already
+        opts = self.options
+        if opts.max_sessions and self.persistent_sessions - freed >= opts.max_sessions:
+            raise MQTTError(
+                f"max_sessions ({opts.max_sessions}) reached", ReasonCode.QUOTA_EXCEEDED
+            )
+        if username is not None and opts.max_sessions_per_user:
+            mine = self._user_sessions.get(username, 0)
+            if freed and existing is not None and existing.username == username:
+                mine -= 1
+            if mine >= opts.max_sessions_per_user:
+                raise MQTTError(
+                    f"max_sessions_per_user ({opts.max_sessions_per_user}) reached for "
+                    f"{_user(username)}",
+                    ReasonCode.QUOTA_EXCEEDED,
+                )
+
+    def _count(self, session: Session, persistent: bool) -> None:
+        """Count ``session`` among the persistent sessions (in all and per user), or not."""
+        if session.counted == persistent:
+            return
+        session.counted = persistent
+        step = 1 if persistent else -1
+        self.persistent_sessions += step
+        user = session.username
+        if user is not None:
+            left = self._user_sessions.get(user, 0) + step
+            if left > 0:
+                self._user_sessions[user] = left
+            else:
+                self._user_sessions.pop(user, None)
+
+    def restored(self) -> None:
+        """The store has put back the sessions of the previous run: count them, and hold their
+        subscriptions and queued messages against the rules as they are now (the ACL may have
+        changed while the broker was down)."""
+        for session in self.sessions.values():
+            self._count(session, session.expiry_interval != 0)
+            session.subscription_bytes = sum(map(filter_size, session.subscriptions))
+        self.recheck_subscriptions()
 
     def connection_closed(self, conn: Connection, publish_will: bool) -> None:
         self.connections.discard(conn)
@@ -247,10 +358,12 @@ class Broker:
         waiting out its delay is published now."""
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
+        self._count(session, False)
         self.store.delete_session(session)
         for sub in session.subscriptions.values():
             self.router.unsubscribe(sub)
         session.subscriptions.clear()
+        session.subscription_bytes = 0
         self._hand_over_shared(session, now)
         session.queue.clear()
         session.inflight.clear()
@@ -321,26 +434,48 @@ class Broker:
             self.router.publish(message, match, session, now)
 
     def recheck_subscriptions(self) -> int:
-        """After the rules changed (SIGHUP): remove the subscriptions the authorizer no longer
-        allows, so that a revoked right stops the flow at once. Returns how many went."""
+        """After the rules changed (SIGHUP, or while the broker was down): remove the
+        subscriptions the authorizer no longer allows, so that a revoked right stops the flow at
+        once, and drop the messages queued for a session that it may no longer read. Returns
+        how many subscriptions went."""
         authorizer = self.authorizer
         if authorizer is None:
             return 0
-        removed = 0
+        removed = dropped = 0
         for session in list(self.sessions.values()):
+            client_id = session.client_id
+            username = session.username
             for topic_filter, sub in list(session.subscriptions.items()):
-                if authorizer.can_subscribe(session.client_id, session.username, sub.filter):
+                if authorizer.can_subscribe(client_id, username, sub.filter):
                     continue
                 del session.subscriptions[topic_filter]
+                session.subscription_bytes -= filter_size(topic_filter)
                 self.router.unsubscribe(sub)
                 if session.expiry_interval:
                     self.store.delete_subscription(session, topic_filter)
                 removed += 1
                 log.warning(
                     "session %s: subscription %r removed: no longer authorized",
-                    session.client_id,
+                    client_id,
                     topic_filter,
                 )
+            if session.queue or session.inflight:
+                count = session.drop_unreadable(
+                    partial(authorizer.can_read, client_id, username), self.clock()
+                )
+                if count:
+                    dropped += count
+                    log.warning(
+                        "session %s: %d queued messages dropped: no longer authorized to read them",
+                        client_id,
+                        count,
+                    )
+        if removed or dropped:
+            log.warning(
+                "rules rechecked: %d subscriptions removed, %d queued messages dropped",
+                removed,
+                dropped,
+            )
         return removed
 
     # -- time -------------------------------------------------------------------------------
@@ -365,6 +500,8 @@ class Broker:
                 )
                 conn.disconnect(ReasonCode.KEEP_ALIVE_TIMEOUT, "keep alive timeout")
         for session in list(self.sessions.values()):
+            if session.drops_unlogged and now >= session.drop_log_next:
+                session.report_drops(now)  # the rest of a burst of drops
             if session.connection is not None:
                 continue
             if session.will_due is not None and now >= session.will_due:

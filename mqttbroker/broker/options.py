@@ -53,6 +53,25 @@ class BrokerOptions:
     max_publish_rate: float = 0.0
     max_publish_burst: int = 1000
     max_retained: int = 1_000_000
+    # Persistent sessions (Session Expiry Interval > 0, or 3.1.1 clean session 0): in all, and
+    # per user name (anonymous sessions count only in all). A new one past either is refused
+    # with CONNACK 0x97 (3.1.1: 0x03). Subscription bytes: the UTF-8 lengths of one session's
+    # topic filters, summed; a new filter past it gets SUBACK 0x97 (3.1.1: 0x80). 0: no limit.
+    max_sessions: int = 100_000
+    max_sessions_per_user: int = 1000
+    max_subscription_bytes: int = 1_048_576
+    # A session belongs to the user that created it (its user name, a certificate's name, or
+    # None for anonymous). A client of another user reusing its client id is refused
+    # ("refuse": CONNACK 0x87, 3.1.1: 0x05) or gets a fresh session and the old one is
+    # discarded ("new"). While the owner is connected the newcomer is refused either way,
+    # unless allow_takeover_by_other_user (then: closed with 0x8E, session discarded).
+    session_owner_mismatch: str = "refuse"
+    allow_takeover_by_other_user: bool = False
+    # Client ids bound to user names: "%u" is the user name, "*" any characters, e.g. "%u-*".
+    # A client id that does not match is refused with 0x85 (3.1.1: 0x02); a client without a
+    # user name must then leave its id to the broker. Ids the broker assigns are exempt.
+    # Empty: no rule.
+    client_id_pattern: str = ""
     # Seconds between publications of the $SYS/broker/... counters (0: none).
     sys_interval: float = 10.0
     # Packets plus deliveries one connection's input may cause before the broker flushes output
@@ -102,6 +121,9 @@ class BrokerOptions:
             "max_subscriptions_per_client",
             "max_publish_burst",
             "max_retained",
+            "max_sessions",
+            "max_sessions_per_user",
+            "max_subscription_bytes",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative")
@@ -113,3 +135,5 @@ class BrokerOptions:
             raise ValueError("input_budget must be at least 1")
         if self.match_cache_size < 0:
             raise ValueError("match_cache_size must not be negative")
+        if self.session_owner_mismatch not in ("refuse", "new"):
+            raise ValueError('session_owner_mismatch must be "refuse" or "new"')

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .message import Message
@@ -24,6 +25,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("mqttbroker.session")
 
 NEVER = 0xFFFFFFFF
+
+# Seconds between two log lines about one session's dropped messages.
+DROP_LOG_INTERVAL = 10.0
+
+
+def filter_size(topic_filter: str) -> int:
+    """What a subscription's filter counts against ``max_subscription_bytes``."""
+    return len(topic_filter.encode("utf-8"))
 
 
 class Delivery:
@@ -83,12 +92,16 @@ class Session:
         "will",
         "will_due",
         "dropped",
-        "_drop_logged",
+        "drops_unlogged",
+        "_drop_why",
+        "drop_log_next",
         "store",
         "seq",
         "held",
         "stored",
         "username",
+        "counted",
+        "subscription_bytes",
     )
 
     def __init__(self, client_id: str, options: BrokerOptions, store: Store | None = None) -> None:
@@ -98,7 +111,9 @@ class Session:
         self.seq = 0
         self.held = 0  # in-flight deliveries whose resend is held (see resend)
         self.stored = False  # the durable store has a record of this session
-        self.username: str | None = None  # as authenticated by its latest connection
+        self.username: str | None = None  # its owner: the user that created it
+        self.counted = False  # counted against max_sessions (see Broker.attach)
+        self.subscription_bytes = 0  # the filter_size of its subscriptions, summed
         self.subscriptions: dict[str, Subscription] = {}
         self.connection: Connection | None = None
         self.expiry_interval = 0
@@ -110,8 +125,10 @@ class Session:
         self.awaiting_release: set[int] = set()  # inbound QoS 2 ids before PUBREL
         self.will: Will | None = None  # a will waiting out its Will Delay Interval
         self.will_due: float | None = None
-        self.dropped = 0
-        self._drop_logged = 0
+        self.dropped = 0  # messages dropped for this session, in all
+        self.drops_unlogged = 0  # ... since the last log line about them
+        self._drop_why = ""
+        self.drop_log_next = float("-inf")  # no line about drops before this time
 
     # -- delivery ---------------------------------------------------------------------------
 
@@ -128,16 +145,16 @@ class Session:
         conn = self.connection
         if conn is None or conn.paused:
             if qos or self.options.queue_qos0:
-                self._enqueue(Delivery(message, qos, retain, sub_ids, share))
+                self._enqueue(Delivery(message, qos, retain, sub_ids, share), now)
             elif conn is not None:
-                self._count_drop("client is not reading")
+                self._count_drop("client is not reading", now)
             return
         if not qos:
             conn.send_publish(message, 0, retain, False, None, sub_ids, now)
         elif not self.queue and len(self.inflight) < conn.send_quota:
             self._start(Delivery(message, qos, retain, sub_ids, share), conn, now)
         else:
-            self._enqueue(Delivery(message, qos, retain, sub_ids, share))
+            self._enqueue(Delivery(message, qos, retain, sub_ids, share), now)
 
     def _start(self, delivery: Delivery, conn: Connection, now: float) -> None:
         packet_id = self._allocate_packet_id()
@@ -189,14 +206,14 @@ class Session:
         self.next_packet_id = packet_id % 65535 + 1
         return packet_id
 
-    def _enqueue(self, delivery: Delivery) -> None:
+    def _enqueue(self, delivery: Delivery, now: float) -> None:
         opts = self.options
         size = delivery.message.size
         if (
             len(self.queue) >= opts.max_queued_messages
             or self.queued_bytes + size > opts.max_queued_bytes
         ):
-            self._count_drop("queue full")
+            self._count_drop("queue full", now)
             return
         self.queue.append(delivery)
         self.queued_bytes += size
@@ -205,17 +222,61 @@ class Session:
             delivery.seq = self.seq
             self.store.save_delivery(self, delivery)
 
-    def _count_drop(self, why: str) -> None:
+    def _count_drop(self, why: str, now: float) -> None:
+        """One message not delivered (its publisher was acknowledged all the same: the drop is
+        this session's queue policy). Logged at the first drop, then at most once per
+        DROP_LOG_INTERVAL while drops go on; :meth:`report_drops` logs what is left."""
         self.dropped += 1
-        # One log line per burst: at the first drop, then each time the count doubles.
-        if self.dropped >= self._drop_logged * 2 or not self._drop_logged:
-            self._drop_logged = self.dropped
-            log.warning(
-                "session %s: message dropped (%s); %d dropped so far",
-                self.client_id,
-                why,
-                self.dropped,
-            )
+        self.drops_unlogged += 1
+        self._drop_why = why
+        if now >= self.drop_log_next:
+            self.report_drops(now)
+
+    def report_drops(self, now: float) -> None:
+        """Log the drops not logged yet (the broker's tick calls it once the interval is over:
+        the end of a burst is reported too)."""
+        log.warning(
+            "session %s: %d messages dropped (%s); %d dropped in all",
+            self.client_id,
+            self.drops_unlogged,
+            self._drop_why,
+            self.dropped,
+        )
+        self.drops_unlogged = 0
+        self.drop_log_next = now + DROP_LOG_INTERVAL
+
+    def drop_unreadable(self, can_read: Callable[[str], bool], now: float) -> int:
+        """Drop the queued messages whose topic ``can_read`` refuses, and such messages in
+        flight that the client has not received yet (no PUBREL sent); returns how many. They
+        count as dropped (the caller logs them)."""
+        verdicts: dict[str, bool] = {}
+
+        def readable(delivery: Delivery) -> bool:
+            topic = delivery.message.topic
+            verdict = verdicts.get(topic)
+            if verdict is None:
+                verdict = verdicts[topic] = can_read(topic)
+            return verdict
+
+        count = 0
+        for packet_id, delivery in list(self.inflight.items()):
+            if not delivery.released and not readable(delivery):
+                self._finish(packet_id, delivery, now, refill=False)
+                count += 1
+        kept: deque[Delivery] = deque()
+        for delivery in self.queue:
+            if readable(delivery):
+                kept.append(delivery)
+                continue
+            self.queued_bytes -= delivery.message.size
+            if delivery.stored:
+                self.store.delete_delivery(self, delivery)
+            count += 1
+        if count:
+            self.queue = kept
+            self.dropped += count
+            self._refill(now)
+        return count
 
     def drain(self, now: float) -> None:
         """Send queued messages while the client's receive window allows (MQTT-3.3.4-9)."""

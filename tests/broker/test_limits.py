@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker_harness import Harness, pk
+from broker_harness import Harness, Prop, pk
 
 
 def test_max_connections_closes_the_extra_connection(make_harness: Any) -> None:
@@ -87,3 +87,54 @@ def test_max_retained(make_harness: Any) -> None:
     assert client.one(pk.Puback).reason_code in (0, 0x10)
     assert len(h.broker.router.retained) == 1
     assert h.broker.router.retained.get("r/1").payload == b"uno"
+
+
+def _connect_as(h: Harness, client_id: str, user: str | None, expiry: int, clean: bool) -> Any:
+    """CONNECT as ``user``; the CONNACK."""
+    client = h.client(peer=f"peer-{client_id}")
+    client.send(
+        pk.Connect(
+            client_id=client_id,
+            clean_start=clean,
+            username=user,
+            properties={Prop.SESSION_EXPIRY_INTERVAL: expiry} if expiry else {},
+        )
+    )
+    (connack,) = client.receive(limit=1)
+    assert isinstance(connack, pk.Connack)
+    return client, connack
+
+
+def test_persistent_session_count_follows_every_way_a_session_ends(make_harness: Any) -> None:
+    """The counts behind max_sessions / max_sessions_per_user: a session of non-zero expiry
+    counts once (resumed or taken over), and stops counting when it ends: DISCONNECT with
+    expiry 0, Clean Start with expiry 0, expiry running out."""
+    h = make_harness(max_sessions=3, max_sessions_per_user=2)
+    broker = h.broker
+
+    def counts() -> tuple[int, dict[str, int]]:
+        return broker.persistent_sessions, dict(broker._user_sessions)
+
+    a1, ack = _connect_as(h, "a1", "alice", 60, False)
+    assert ack.reason_code == 0 and counts() == (1, {"alice": 1})
+    a1b, ack = _connect_as(h, "a1", "alice", 60, False)  # takes over its own session
+    assert (ack.reason_code, ack.session_present) == (0, True) and counts() == (1, {"alice": 1})
+    a2, _ = _connect_as(h, "a2", "alice", 60, False)
+    _, ack = _connect_as(h, "a3", "alice", 60, False)
+    assert ack.reason_code == 0x97 and counts() == (2, {"alice": 2})
+    _, ack = _connect_as(h, "n1", None, 60, False)  # anonymous: counted in all only
+    assert ack.reason_code == 0 and counts() == (3, {"alice": 2})
+    _, ack = _connect_as(h, "b1", "bob", 60, False)
+    assert ack.reason_code == 0x97  # max_sessions
+    a2.disconnect(properties={Prop.SESSION_EXPIRY_INTERVAL: 0})  # ends with the connection
+    assert counts() == (2, {"alice": 1})
+    _connect_as(h, "a1", "alice", 0, True)  # Clean Start, expiry 0: a1 is over
+    assert counts() == (1, {})
+    _, ack = _connect_as(h, "b1", "bob", 5, False)
+    assert ack.reason_code == 0 and counts() == (2, {"bob": 1})
+    h.tick(10)  # the connection stays: its session does not expire
+    assert counts() == (2, {"bob": 1})
+    h.clients[-1].lose()
+    h.tick(6)  # bob's session expired
+    assert counts() == (1, {})
+    assert a1b.closed  # taken over by the Clean Start above

@@ -4,11 +4,13 @@ reconnect, overlapping subscriptions, the client's Maximum Packet Size and coale
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import pytest
 from broker_harness import Harness, Prop, pk, split_raw
 
+from mqttbroker.broker.session import DROP_LOG_INTERVAL
 from mqttbroker.protocol import grammar
 
 MQTT_3_1_1 = 4
@@ -670,3 +672,37 @@ def test_qos0_packet_forwarded_unchanged(
         assert same.publishes()[0].retain is kept
         got = differ.publishes()
         assert len(got) == 1 and got[0].payload == payload and got[0].retain is False
+
+
+def test_queue_drops_logged_per_session_rate_limited(
+    make_harness: Callable[..., Harness], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A message dropped from a full offline queue: the publisher's PUBACK says success (the
+    drop is the subscriber's queue policy), and the log names the session and the count: at
+    the first drop, then at most once per interval, the end of a burst included."""
+    h = make_harness(max_queued_messages=1)
+    expiry = {Prop.SESSION_EXPIRY_INTERVAL: 300}
+    subscriber, publisher = pair(h, sub_qos=1, properties=expiry)
+    subscriber.lose()
+    caplog.set_level(logging.WARNING, logger="mqttbroker.session")
+
+    def drop_lines() -> list[str]:
+        lines = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+        caplog.clear()
+        return lines
+
+    for index in range(4):
+        publisher.publish("t", b"%d" % index, 1)
+    assert [(a.packet_id, a.reason_code) for a in publisher.receive()] == [
+        (i, 0) for i in range(1, 5)
+    ]
+    assert drop_lines() == ["session sub: 1 messages dropped (queue full); 1 dropped in all"]
+    h.tick(1.0)
+    assert drop_lines() == []  # within the interval: the line waits
+    h.tick(DROP_LOG_INTERVAL)
+    assert drop_lines() == ["session sub: 2 messages dropped (queue full); 3 dropped in all"]
+    h.tick(DROP_LOG_INTERVAL)
+    assert drop_lines() == []  # nothing new to report
+    publisher.publish("t", b"later", 1)  # the interval is over: logged at once
+    assert drop_lines() == ["session sub: 1 messages dropped (queue full); 4 dropped in all"]
+    assert subscriber.session.dropped == 4

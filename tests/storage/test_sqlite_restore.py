@@ -615,7 +615,7 @@ async def test_queue_byte_limit_bounds_what_is_stored(db_path: Path, fake_time: 
     session = node.session("sub")
     assert len(session.queue) == 3 and session.queued_bytes <= 10_000
     assert session.dropped == 7
-    assert "session sub: message dropped (queue full)" in caplog.text
+    assert "session sub: 1 messages dropped (queue full)" in caplog.text
     assert rows(db_path, "SELECT count(*) FROM deliveries") == [(3,)]
     await node.close()
 

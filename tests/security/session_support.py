@@ -1,0 +1,160 @@
+"""Helpers of the session security tests (ownership, caps, rules rechecked on restart, drops):
+a broker with a password file (alice, bob, admin), an ACL file and extra ``[broker]`` keys, run
+as a real subprocess; persistent-session clients over paho and over raw sockets (for exact
+CONNACK codes, 3.1.1 included)."""
+
+from __future__ import annotations
+
+import re
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from helpers import (
+    MQTT_5,
+    TIMEOUT,
+    PahoClient,
+    RawClient,
+    binary,
+    packet,
+    parse_connack,
+    utf8,
+    vbi,
+)
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from security_support import ITERATIONS
+
+from mqttbroker.security.passwords import make_entry_line
+
+PASSWORDS = {"alice": b"alice-pw", "bob": b"bob-pw", "admin": b"admin-pw"}
+
+ACL = """\
+topic readwrite anon/#
+
+user alice
+topic readwrite alice/#
+topic read data/#
+
+user bob
+topic readwrite bob/#
+
+user admin
+topic readwrite #
+"""
+
+HOUR = 3600
+
+
+class SecureBroker:
+    """The files of a broker with users and rules, and a factory of its runs."""
+
+    def __init__(self, tmp_path: Path, start_broker: Callable[..., Any]) -> None:
+        self.dir = tmp_path
+        self.start_broker = start_broker
+        self.passwords = tmp_path / "pw.txt"
+        self.passwords.write_text(
+            "".join(make_entry_line(u, p, ITERATIONS) + "\n" for u, p in PASSWORDS.items())
+        )
+        self.acl = tmp_path / "acl.txt"
+        self.acl.write_text(ACL)
+        self.config = tmp_path / "broker.toml"
+        self.data = tmp_path / "data"
+        self.server: Any = None
+
+    def start(self, broker_keys: str = "", memory: bool = True) -> Any:
+        """Start the broker (``broker_keys``: lines of its [broker] table); on the SQLite
+        store in the same data directory each time unless ``memory``."""
+        self.config.write_text(
+            "[security]\n"
+            f"password_file = {str(self.passwords)!r}\n"
+            f"acl_file = {str(self.acl)!r}\n"
+            "allow_anonymous = true\n"
+            "[broker]\n" + broker_keys + "\n"
+        )
+        args: tuple[str, ...] = ("--config", str(self.config))
+        if memory:
+            args += ("--memory",)
+        self.server = self.start_broker(data_dir=self.data, extra_args=args)
+        return self.server
+
+    def sighup(self, *patterns: str) -> None:
+        """SIGHUP, then wait for each pattern in the log."""
+        mark = self.server.log_mark()
+        self.server.send_signal(signal.SIGHUP)
+        for pattern in patterns:
+            found = self.server.wait_for_log(pattern, TIMEOUT, since=mark)
+            assert found is not None, f"no {pattern!r} after SIGHUP:\n{self.server.log_text()}"
+
+
+def assert_logged(server: Any, text: str, since: int) -> None:
+    """Wait for a log line containing ``text`` (the log arrives through a pipe, after the
+    client may already have seen the broker's answer)."""
+    found = server.wait_for_log(re.escape(text), TIMEOUT, since=since)
+    assert found is not None, f"no {text!r} in the log:\n{server.log_since(since)}"
+
+
+def paho_client(
+    server: Any,
+    user: str | None,
+    client_id: str,
+    version: int = MQTT_5,
+    expiry: int = HOUR,
+    clean: bool = False,
+) -> PahoClient:
+    """A paho client of ``user`` on a persistent session (MQTT 5: Session Expiry Interval
+    ``expiry``; 3.1.1: clean session 0), not yet connected."""
+    props = None
+    if version == MQTT_5:
+        props = Properties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = expiry
+    client = PahoClient(
+        server.host, server.port, version, client_id, clean=clean, connect_properties=props
+    )
+    if user is not None:
+        client.client.username_pw_set(user, PASSWORDS[user])
+    return client
+
+
+def connect_bytes(
+    client_id: str,
+    version: int = MQTT_5,
+    user: str | None = None,
+    clean: bool = False,
+    expiry: int = HOUR,
+) -> bytes:
+    """CONNECT of ``user`` (password from PASSWORDS) on client id ``client_id``; without
+    ``clean``, a persistent session (MQTT 5: Session Expiry Interval ``expiry``)."""
+    flags = 0x02 if clean else 0x00
+    if user is not None:
+        flags |= 0xC0
+    body = utf8("MQTT") + bytes((version, flags)) + (60).to_bytes(2, "big")
+    if version == MQTT_5:
+        props = bytes((0x11,)) + expiry.to_bytes(4, "big") if expiry else b""
+        body += vbi(len(props)) + props
+    body += utf8(client_id)
+    if user is not None:
+        body += utf8(user) + binary(PASSWORDS[user])
+    return packet(0x10, body)
+
+
+def connack(
+    server: Any,
+    client_id: str,
+    version: int = MQTT_5,
+    user: str | None = None,
+    clean: bool = False,
+    expiry: int = HOUR,
+) -> tuple[bool, int]:
+    """Connect over a raw socket: (session present, CONNACK code). A refused client must be
+    closed by the broker after its CONNACK; an accepted one disconnects normally."""
+    with RawClient(server.host, server.port) as raw:
+        raw.send(connect_bytes(client_id, version, user, clean, expiry))
+        present, code, _ = parse_connack(raw.read_packet(), version)
+        if code:
+            assert raw.read_until_closed() == b"", "bytes after a refusing CONNACK"
+        else:
+            raw.send(b"\xe0\x00")
+            raw.read_until_closed()
+        return present, code
