@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import grammar
 from . import packets as pk
 from .errors import MalformedPacket, ProtocolError
 from .packets import MQTT_5, PacketType
@@ -344,36 +345,6 @@ PINGREQ = b"\xc0\x00"
 PINGRESP = b"\xd0\x00"
 
 
-def decode(
-    packet_type: int, flags: int, data: bytes, pos: int, end: int, version: int
-) -> pk.Packet:
-    """Decode a hot packet (PUBLISH, the four acks, PINGREQ, PINGRESP)."""
-    if packet_type == PacketType.PUBLISH:
-        return decode_publish(flags, data, pos, end, version)
-    if packet_type in pk.ACK_CLASSES:
-        return decode_ack(packet_type, flags, data, pos, end, version)
-    if packet_type in (PacketType.PINGREQ, PacketType.PINGRESP):
-        if flags or end != pos:
-            raise MalformedPacket("PINGREQ/PINGRESP with flags or a body")
-        return pk.Pingreq() if packet_type == PacketType.PINGREQ else pk.Pingresp()
-    raise ValueError(f"packet type {packet_type} has no fast path")
-
-
-def encode(packet: pk.Packet, version: int) -> bytes:
-    """Encode a hot packet; the same bytes grammar.encode gives."""
-    if isinstance(packet, pk.Publish):
-        return encode_publish(packet, version)
-    if isinstance(packet, pk.Ack):
-        return encode_ack(
-            packet.packet_type, packet.packet_id, packet.reason_code, packet.properties, version
-        )
-    if isinstance(packet, pk.Pingreq):
-        return PINGREQ
-    if isinstance(packet, pk.Pingresp):
-        return PINGRESP
-    raise ValueError(f"{type(packet).__name__} has no fast path")
-
-
 # ---------------------------------------------------------------------------------------------
 # Connection storms: CONNECT and SUBSCRIBE in, CONNACK, SUBACK and UNSUBACK out. Thousands of
 # clients connecting and subscribing at once make these hot too (construct takes ~0.2 ms each).
@@ -480,3 +451,32 @@ def encode_suback(packet: pk.Suback | pk.Unsuback, version: int) -> bytes:
     elif first == 0x90:
         body += bytes(packet.reason_codes)
     return _with_header(first, body)
+
+
+# ---------------------------------------------------------------------------------------------
+# The one dispatcher: what the broker's connection calls for every packet it receives.
+
+
+def decode_packet(first: int, data: bytes, pos: int, end: int, version: int) -> pk.Packet:
+    """Decode the packet whose fixed header's first byte is ``first`` and whose body is
+    ``data[pos:end]``, for a connection at ``version``: the hot packets (PUBLISH, the acks,
+    PING, CONNECT, SUBSCRIBE) by the hand-written code above, every other one by the grammar.
+    (A PUBLISH without properties is sliced by the connection itself with
+    :func:`scan_publish`, without a packet object.)"""
+    ptype = first >> 4
+    flags = first & 0x0F
+    if ptype == PacketType.PUBLISH:
+        return decode_publish(flags, data, pos, end, version)
+    if PacketType.PUBACK <= ptype <= PacketType.PUBCOMP:
+        return decode_ack(ptype, flags, data, pos, end, version)
+    if ptype == PacketType.PINGREQ or ptype == PacketType.PINGRESP:
+        if flags or end != pos:
+            raise MalformedPacket("PINGREQ/PINGRESP with flags or a body")
+        return pk.Pingreq() if ptype == PacketType.PINGREQ else pk.Pingresp()
+    if ptype == PacketType.CONNECT:
+        return decode_connect(flags, data, pos, end)
+    if ptype == PacketType.SUBSCRIBE:
+        return decode_subscribe(flags, data, pos, end, version)
+    if ptype == 0:
+        raise MalformedPacket("reserved packet type 0")
+    return grammar.decode(ptype, flags, data[pos:end], version)

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from support.codec import decode_packet
+
 from mqttbroker.broker.connection import Connection
 from mqttbroker.broker.core import Broker
 from mqttbroker.broker.options import BrokerOptions
 from mqttbroker.broker.session import Session
-from mqttbroker.protocol import decode_packet, fastpath, grammar
+from mqttbroker.protocol import fastpath, grammar
 from mqttbroker.protocol import packets as pk
 from mqttbroker.protocol.packets import MQTT_5
 from mqttbroker.protocol.properties import PropertyId as Prop

@@ -18,6 +18,7 @@ from typing import Any
 from hypothesis import event, example, given, note, settings
 from hypothesis import strategies as st
 from protocol_strategies import ACK_CLASSES, acks, hot_packet, publishes
+from support.codec import decode_hot, encode_hot
 
 from mqttbroker.protocol import fastpath, grammar
 from mqttbroker.protocol import packets as pk
@@ -48,17 +49,17 @@ def as_311(packet: pk.Packet) -> pk.Packet:
 
 
 def check_agree(packet: pk.Packet, version: int) -> None:
-    fast = fastpath.encode(packet, version)
+    fast = encode_hot(packet, version)
     slow = grammar.encode(packet, version)
     assert fast == slow
     ptype, flags, start = body_of(slow)
     expected = packet if version == V5 else as_311(packet)
     # fast path reads grammar's bytes, grammar reads the fast path's bytes
-    assert fastpath.decode(ptype, flags, slow, start, len(slow), version) == expected
+    assert decode_hot(ptype, flags, slow, start, len(slow), version) == expected
     assert grammar.decode(ptype, flags, fast[start:], version) == expected
     # and the body inside a larger buffer
     padded = b"\x01\x02" + fast + b"\xff\xff"
-    assert fastpath.decode(ptype, flags, padded, start + 2, len(fast) + 2, version) == expected
+    assert decode_hot(ptype, flags, padded, start + 2, len(fast) + 2, version) == expected
 
 
 @settings(max_examples=200, deadline=None)
@@ -105,7 +106,7 @@ def compare_decoders(ptype: int, flags: int, body: bytes, version: int) -> None:
     note(f"type={ptype} flags={flags:04b} version={version} body={body!r}")
     padded = b"\x00\x80" + body + b"\xff\x7f"
     slow = run(lambda: grammar.decode(ptype, flags, body, version))
-    fast = run(lambda: fastpath.decode(ptype, flags, padded, 2, 2 + len(body), version))
+    fast = run(lambda: decode_hot(ptype, flags, padded, 2, 2 + len(body), version))
     if slow[0] == "ok" or fast[0] == "ok":
         assert slow == fast, f"grammar {slow!r} vs fastpath {fast!r}"
         event(f"both decode {PacketType(ptype).name}")

@@ -24,10 +24,12 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
+from support.codec import decode_packet
+
 from mqttbroker.broker.core import Broker
 from mqttbroker.broker.options import BrokerOptions
 from mqttbroker.broker.session import Session
-from mqttbroker.protocol import decode_packet, fastpath, grammar
+from mqttbroker.protocol import fastpath, grammar
 from mqttbroker.protocol import packets as pk
 from mqttbroker.protocol.packets import MQTT_5
 from mqttbroker.protocol.properties import PropertyId as Prop

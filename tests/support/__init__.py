@@ -1,0 +1,1 @@
+"""What the test folders share (the broker's package holds no test-only code)."""
