@@ -26,9 +26,9 @@ from .connection import AUTHENTICATING, AWAIT_CONNECT, Connection, Link
 from .message import Message
 from .options import BrokerOptions
 from .router import Router
-from .session import NEVER, Session, filter_size
-from .store import Store
-from .topics import SharedGroup
+from .session import NEVER, Session
+from .store import Restored, Store
+from .topics import SharedGroup, Subscription
 
 log = logging.getLogger("mqttbroker.broker")
 
@@ -303,13 +303,50 @@ class Broker:
             else:
                 self._user_sessions.pop(user, None)
 
-    def restored(self) -> None:
-        """The store has put back the sessions of the previous run: count them, and hold their
-        subscriptions and queued messages against the rules as they are now (the ACL may have
-        changed while the broker was down)."""
-        for session in self.sessions.values():
-            self._count(session, session.expiry_interval != 0)
-            session.subscription_bytes = sum(map(filter_size, session.subscriptions))
+    def restore(self, restored: Restored) -> None:
+        """Build the sessions and retained messages of the previous run from the store's
+        records (before any client connects): a session whose client was connected when the
+        broker stopped starts its expiry now, and its will is due now (or after its delay).
+        Then the caps count them, and their subscriptions and queued messages are held
+        against the rules as they are now (the ACL may have changed while the broker was
+        down)."""
+        now = self.clock()
+        for message in restored.retained:
+            self.router.retained.store(message, save=False)
+        for record in restored.sessions:
+            session = Session(record.client_id, self.options, self.store)
+            session.username = record.username
+            session.expiry_interval = record.expiry_interval
+            if record.expires_at is not None:
+                session.expires_at = record.expires_at
+            elif record.expiry_interval != NEVER:
+                session.expires_at = now + record.expiry_interval
+            for sub_record in record.subscriptions:
+                sub = Subscription(
+                    session,
+                    sub_record.topic_filter,
+                    sub_record.qos,
+                    no_local=sub_record.no_local,
+                    retain_as_published=sub_record.retain_as_published,
+                    retain_handling=sub_record.retain_handling,
+                    identifier=sub_record.identifier,
+                )
+                self.router.subscribe(sub)
+                session.add_subscription(sub, save=False)
+            for delivery in record.deliveries:
+                session.restore_delivery(delivery)
+            session.awaiting_release.update(record.releases)
+            will = record.will
+            if will is not None:
+                session.will = will
+                if record.will_due is not None:
+                    session.will_due = record.will_due
+                else:  # connected when the broker stopped: the connection is gone now
+                    delay = will.properties.get(Prop.WILL_DELAY_INTERVAL, 0)
+                    session.will_due = now + (delay if record.will_version == MQTT_5 else 0)
+            self.sessions[record.client_id] = session
+            self._count(session, session.persistent)
+            self.store.save_session(session)  # records the expiry deadline now running
         self.recheck_subscriptions()
 
     def connection_closed(self, conn: Connection, publish_will: bool) -> None:
@@ -331,7 +368,7 @@ class Broker:
         session.connection = None
         now = self.clock()
         store = self.store
-        persistent = session.expiry_interval != 0
+        persistent = session.persistent
         if will is not None and publish_will:
             delay = (
                 will.properties.get(Prop.WILL_DELAY_INTERVAL, 0) if conn.version == MQTT_5 else 0
@@ -448,11 +485,8 @@ class Broker:
             for topic_filter, sub in list(session.subscriptions.items()):
                 if authorizer.can_subscribe(client_id, username, sub.filter):
                     continue
-                del session.subscriptions[topic_filter]
-                session.subscription_bytes -= filter_size(topic_filter)
+                session.remove_subscription(topic_filter)
                 self.router.unsubscribe(sub)
-                if session.expiry_interval:
-                    self.store.delete_subscription(session, topic_filter)
                 removed += 1
                 log.warning(
                     "session %s: subscription %r removed: no longer authorized",

@@ -81,8 +81,7 @@ class Server:
             lock = DataDirLock(self.config.data_dir)
             lock.acquire()  # before the store: a second broker never touches the database
             self._lock = lock
-        await self.store.load(broker)
-        broker.restored()  # caps counted, rules applied to what the store put back
+        broker.restore(await self.store.load(broker.clock))
         broker.tick()  # expire what expired while the broker was down
 
         window = self.config.busy_poll_us

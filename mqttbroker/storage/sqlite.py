@@ -21,21 +21,18 @@ import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiosqlite
 
 from ..broker.message import Message
-from ..broker.session import NEVER, Delivery, Session
-from ..broker.store import Store
+from ..broker.session import Delivery, Session
+from ..broker.store import DeliveryRecord, Restored, SessionRecord, Store, SubscriptionRecord
 from ..broker.topics import Subscription
 from ..protocol.fastpath import decode_properties, encode_properties
 from ..protocol.packets import MQTT_5, PacketType, Will
-from ..protocol.properties import WILL, PropertyId
+from ..protocol.properties import WILL
 from . import StoreError, describe
-
-if TYPE_CHECKING:
-    from ..broker.core import Broker
 
 log = logging.getLogger("mqttbroker.storage")
 
@@ -199,7 +196,6 @@ class SQLiteStore(Store):
         self._wake = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
         self._closing = False
-        self._loading = False
         self._restoring = ""  # the table being restored, for an error
         self._stopped = asyncio.Event()  # set by close(): a retry waits no longer
         self._failing_since: float | None = None  # when commits began to fail (None: they work)
@@ -318,15 +314,14 @@ class SQLiteStore(Store):
 
     # -- loading ----------------------------------------------------------------------------
 
-    async def load(self, broker: Broker) -> None:
-        """Open the database and restore its state into ``broker``; StoreError (naming the path
-        and the cause) if it cannot. The caller closes the store either way."""
-        self._clock = broker.clock
+    async def load(self, clock: Callable[[], float]) -> Restored:
+        """Open the database and read back what it kept; StoreError (naming the path and the
+        cause) if it cannot. The caller closes the store either way."""
+        self._clock = clock
         log.info("store %s: opening (SQLite, sync %s)", self.path, self.sync)
         db = self._db = await self._open()
-        self._loading = True
         try:
-            await self._restore(db, broker)
+            restored = await self._read(db)
         except (sqlite3.Error, OSError) as exc:
             raise StoreError(f"{self.path}: cannot read the database: {describe(exc)}") from None
         except Exception as exc:  # a row that does not make sense (written by something else?)
@@ -335,18 +330,15 @@ class SQLiteStore(Store):
                 f"{type(exc).__name__}: {exc}). Move the file aside (or restore a backup) to "
                 "start with an empty store."
             ) from None
-        finally:
-            self._loading = False
-        for session in broker.sessions.values():
-            self.save_session(session)  # records the expiry deadline now running
         self._writer = asyncio.create_task(self._write_loop())
+        return restored
 
     async def _rows(self, db: aiosqlite.Connection, sql: str) -> list[Any]:
         async with db.execute(sql) as cur:
             return list(await cur.fetchall())
 
-    async def _restore(self, db: aiosqlite.Connection, broker: Broker) -> None:
-        now = broker.clock()
+    async def _read(self, db: aiosqlite.Connection) -> Restored:
+        """Every table as records (see broker/store.py), times on the broker's clock."""
         await db.execute("DELETE FROM messages WHERE id NOT IN (SELECT message_id FROM deliveries)")
         messages: dict[int, Message] = {}
         self._restoring = "table messages"
@@ -364,20 +356,14 @@ class SQLiteStore(Store):
             msg.store_id = mid
             messages[mid] = msg
             self._next_message_id = max(self._next_message_id, mid + 1)
-        sessions = broker.sessions
+        sessions: dict[str, SessionRecord] = {}
         self._restoring = "table sessions"
         for client_id, expiry, expires_at, username in await self._rows(
             db, "SELECT client_id, expiry_interval, expires_at, username FROM sessions"
         ):
-            session = Session(client_id, broker.options, self)
-            session.username = username
-            session.stored = True
-            session.expiry_interval = expiry
-            if expires_at is not None:
-                session.expires_at = self._local(expires_at)
-            elif expiry != NEVER:  # connected when the broker stopped: its expiry starts now
-                session.expires_at = now + expiry
-            sessions[client_id] = session
+            sessions[client_id] = SessionRecord(
+                client_id, expiry, self._local(expires_at), username
+            )
         self._restoring = "table subscriptions"
         for client_id, topic_filter, qos, no_local, rap, rh, ident in await self._rows(
             db,
@@ -385,20 +371,12 @@ class SQLiteStore(Store):
             "retain_handling, identifier FROM subscriptions",
         ):
             owner = sessions.get(client_id)
-            if owner is None:
-                continue
-            sub = Subscription(
-                owner,
-                topic_filter,
-                qos,
-                no_local=bool(no_local),
-                retain_as_published=bool(rap),
-                retain_handling=rh,
-                identifier=ident,
-            )
-            broker.router.subscribe(sub)
-            owner.subscriptions[topic_filter] = sub
+            if owner is not None:
+                owner.subscriptions.append(
+                    SubscriptionRecord(topic_filter, qos, bool(no_local), bool(rap), rh, ident)
+                )
         self._restoring = "table deliveries"
+        queued = 0
         for row in await self._rows(
             db,
             "SELECT client_id, seq, message_id, qos, retain, sub_ids, packet_id, released, "
@@ -409,64 +387,53 @@ class SQLiteStore(Store):
             stored = messages.get(mid)
             if owner is None or stored is None:
                 continue
-            msg = stored
             ids = tuple(int(i) for i in sub_ids.split(",")) if sub_ids else ()
-            delivery = Delivery(msg, qos, bool(retain), ids, share)
-            delivery.seq = seq
-            delivery.stored = True
-            delivery.released = bool(released)
-            msg.store_refs += 1
-            owner.seq = max(owner.seq, seq)
-            if packet_id is not None:
-                delivery.packet_id = packet_id
-                owner.inflight[packet_id] = delivery
-                owner.next_packet_id = packet_id % 65535 + 1
-            else:
-                owner.queue.append(delivery)
-                owner.queued_bytes += msg.size
+            owner.deliveries.append(
+                DeliveryRecord(
+                    seq, stored, qos, bool(retain), ids, packet_id, bool(released), share
+                )
+            )
+            stored.store_refs += 1
+            queued += 1
         self._restoring = "table releases"
         for client_id, packet_id in await self._rows(
             db, "SELECT client_id, packet_id FROM releases"
         ):
             owner = sessions.get(client_id)
             if owner is not None:
-                owner.awaiting_release.add(packet_id)
+                owner.releases.append(packet_id)
         self._restoring = "table retained"
-        for topic, payload, qos, props, expires_at in await self._rows(
-            db, "SELECT topic, payload, qos, properties, expires_at FROM retained"
-        ):
-            broker.router.retained.store(
-                Message(
-                    topic,
-                    payload,
-                    qos,
-                    True,
-                    _props(props, PacketType.PUBLISH),
-                    self._local(expires_at),
-                )
+        retained = [
+            Message(
+                topic,
+                payload,
+                qos,
+                True,
+                _props(props, PacketType.PUBLISH),
+                self._local(expires_at),
             )
+            for topic, payload, qos, props, expires_at in await self._rows(
+                db, "SELECT topic, payload, qos, properties, expires_at FROM retained"
+            )
+        ]
         self._restoring = "table wills"
         for client_id, topic, payload, qos, retain, props, version, due_at in await self._rows(
             db,
             "SELECT client_id, topic, payload, qos, retain, properties, version, due_at FROM wills",
         ):
             owner = sessions.get(client_id)
-            if owner is None:
-                continue
-            will = Will(topic, payload, qos, bool(retain), _props(props, WILL))
-            if due_at is None:  # connected when the broker stopped: the connection is gone
-                delay = will.properties.get(PropertyId.WILL_DELAY_INTERVAL, 0)
-                owner.will_due = now + (delay if version == MQTT_5 else 0)
-            else:
+            if owner is not None:
+                owner.will = Will(topic, payload, qos, bool(retain), _props(props, WILL))
+                owner.will_version = version
                 owner.will_due = self._local(due_at)
-            owner.will = will
         log.info(
             "store %s: restored %d sessions, %d queued or in-flight messages, %d retained",
             self.path,
             len(sessions),
-            sum(m.store_refs for m in messages.values()),
-            len(broker.router.retained),
+            queued,
+            len(retained),
         )
+        return Restored(list(sessions.values()), retained)
 
     # -- recording changes (called by the broker, synchronously) ----------------------------
 
@@ -479,8 +446,6 @@ class SQLiteStore(Store):
         self._wake.set()
 
     def save_session(self, session: Session) -> None:
-        if self._loading:
-            return
         session.stored = True
         self._batch.sessions[session.client_id] = (
             session.client_id,
@@ -491,7 +456,7 @@ class SQLiteStore(Store):
         self._changed()
 
     def delete_session(self, session: Session) -> None:
-        if self._loading or not session.stored:
+        if not session.stored:
             return  # never written: a clean session costs the store nothing
         session.stored = False
         client_id = session.client_id
@@ -509,8 +474,6 @@ class SQLiteStore(Store):
         self._changed()
 
     def save_subscription(self, session: Session, sub: Subscription) -> None:
-        if self._loading:
-            return
         self._batch.subs[(session.client_id, sub.topic_filter)] = (
             session.client_id,
             sub.topic_filter,
@@ -527,8 +490,6 @@ class SQLiteStore(Store):
         self._changed()
 
     def save_delivery(self, session: Session, delivery: Delivery) -> None:
-        if self._loading:
-            return
         batch = self._batch
         msg = delivery.message
         key = (session.client_id, delivery.seq)
@@ -581,8 +542,6 @@ class SQLiteStore(Store):
         self._changed()
 
     def save_retained(self, message: Message) -> None:
-        if self._loading:
-            return
         self._batch.retained[message.topic] = (
             message.topic,
             message.payload,
@@ -593,14 +552,10 @@ class SQLiteStore(Store):
         self._changed()
 
     def delete_retained(self, topic: str) -> None:
-        if self._loading:
-            return
         self._batch.retained[topic] = None
         self._changed()
 
     def save_will(self, session: Session, will: Will, due: float | None) -> None:
-        if self._loading:
-            return
         version = session.connection.version if session.connection is not None else MQTT_5
         self._batch.wills[session.client_id] = (
             session.client_id,
@@ -615,8 +570,6 @@ class SQLiteStore(Store):
         self._changed()
 
     def delete_will(self, session: Session) -> None:
-        if self._loading:
-            return
         self._batch.wills[session.client_id] = None
         self._changed()
 

@@ -5,7 +5,8 @@
   ``reboot`` moves the wall clock by the downtime and starts a fresh monotonic clock, as a
   restarted process would have.
 - ``Node``: one broker "process" on a database file: ``await Node(...).start()`` builds
-  Broker(options, clock=..., store=SQLiteStore(path)) and awaits ``store.load(broker)``;
+  Broker(options, clock=..., store=SQLiteStore(path)) and restores it from what
+  ``store.load`` reads;
   ``committed()`` awaits the store's post-commit callback; ``close()`` is a clean stop.
 - ``Client``: a fake network connection fed bytes made with ``grammar.encode``. ``receive()``
   waits for the store to commit, flushes the broker and decodes what the link got.
@@ -160,7 +161,7 @@ class Node:
         self.store = SQLiteStore(self.path, **self.store_options)
         self.broker = Broker(self.options, clock=self.time.clock, store=self.store)
         _OPEN.append(self)
-        await self.store.load(self.broker)
+        self.broker.restore(await self.store.load(self.broker.clock))
         if self.auto_flush:  # as the TCP edge does: flush at the end of the loop pass
             loop = asyncio.get_running_loop()
             broker = self.broker
