@@ -1,7 +1,7 @@
 """Drive a Broker with a real SQLiteStore, without sockets.
 
 - ``FakeTime``: one fake monotonic clock (the broker's) and one fake wall clock (patched into
-  ``mqttbroker.storage.sqlite`` by the ``fake_time`` fixture), moved together by ``advance``;
+  ``mqttbroker.storage.sqlite.store`` by the ``fake_time`` fixture), moved together by ``advance``;
   ``reboot`` moves the wall clock by the downtime and starts a fresh monotonic clock, as a
   restarted process would have.
 - ``Node``: one broker "process" on a database file: ``await Node(...).start()`` builds

@@ -7,167 +7,36 @@ messages; idle, a change is written at once. Connections hold their acknowledgem
 batch with their changes has committed (see broker/store.py).
 
 Payloads routed to many sessions are stored once (``messages``) and referenced (``deliveries``).
-Times are stored as wall-clock seconds, so deadlines survive a restart.
+Times are stored as wall-clock seconds, so deadlines survive a restart. The schema and its
+migrations are in ``schema.py``, a batch and its transaction in ``batch.py``, reading the file
+back at start in ``restore.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
 import os
 import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import aiosqlite
 
-from ..broker.message import Message
-from ..broker.session import Delivery, Session
-from ..broker.store import DeliveryRecord, Restored, SessionRecord, Store, SubscriptionRecord
-from ..broker.topics import Subscription
-from ..protocol.fastpath import decode_properties, encode_properties
-from ..protocol.packets import MQTT_5, PacketType, Will
-from ..protocol.properties import WILL
-from . import StoreError, describe
+from ...broker.message import Message
+from ...broker.session import Delivery, Session
+from ...broker.store import Restored, Store
+from ...broker.topics import Subscription
+from ...protocol.fastpath import encode_properties
+from ...protocol.packets import MQTT_5, Will
+from .. import StoreError, describe
+from .batch import Batch, apply
+from .restore import Reader
+from .schema import DAMAGE_CODES, SYNC_LEVELS, Damaged, denied, prepare
 
 log = logging.getLogger("mqttbroker.storage")
-
-SYNC_LEVELS = {"off": 0, "normal": 1, "full": 2}
-
-# Each entry upgrades the schema by one version; the database records the version it has.
-MIGRATIONS: list[str] = [
-    """
-    CREATE TABLE sessions (
-        client_id TEXT PRIMARY KEY,
-        expiry_interval INTEGER NOT NULL,
-        expires_at REAL,                    -- wall clock; NULL while the client is connected
-        username TEXT                       -- as last authenticated (for its will's ACL check)
-    );
-    CREATE TABLE subscriptions (
-        client_id TEXT NOT NULL,
-        topic_filter TEXT NOT NULL,
-        qos INTEGER NOT NULL,
-        no_local INTEGER NOT NULL,
-        retain_as_published INTEGER NOT NULL,
-        retain_handling INTEGER NOT NULL,
-        identifier INTEGER,
-        PRIMARY KEY (client_id, topic_filter)
-    ) WITHOUT ROWID;
-    CREATE TABLE messages (
-        id INTEGER PRIMARY KEY,
-        topic TEXT NOT NULL,
-        payload BLOB NOT NULL,
-        qos INTEGER NOT NULL,
-        retain INTEGER NOT NULL,
-        properties BLOB NOT NULL,
-        expires_at REAL
-    );
-    CREATE TABLE deliveries (
-        client_id TEXT NOT NULL,
-        seq INTEGER NOT NULL,
-        message_id INTEGER NOT NULL,
-        qos INTEGER NOT NULL,
-        retain INTEGER NOT NULL,
-        sub_ids TEXT NOT NULL,
-        packet_id INTEGER,                  -- NULL while queued
-        released INTEGER NOT NULL,
-        PRIMARY KEY (client_id, seq)
-    ) WITHOUT ROWID;
-    CREATE TABLE releases (
-        client_id TEXT NOT NULL,
-        packet_id INTEGER NOT NULL,
-        PRIMARY KEY (client_id, packet_id)
-    ) WITHOUT ROWID;
-    CREATE TABLE retained (
-        topic TEXT PRIMARY KEY,
-        payload BLOB NOT NULL,
-        qos INTEGER NOT NULL,
-        properties BLOB NOT NULL,
-        expires_at REAL
-    );
-    CREATE TABLE wills (
-        client_id TEXT PRIMARY KEY,
-        topic TEXT NOT NULL,
-        payload BLOB NOT NULL,
-        qos INTEGER NOT NULL,
-        retain INTEGER NOT NULL,
-        properties BLOB NOT NULL,
-        version INTEGER NOT NULL,
-        due_at REAL                         -- wall clock; NULL while the client is connected
-    );
-    """,
-    # 2: the shared subscription a queued or in-flight message came through ("$share/g/f"; NULL:
-    # none), so that after a restart it still goes to another member when its session ends.
-    """
-    ALTER TABLE deliveries ADD COLUMN share TEXT;
-    """,
-]
-
-_PER_CLIENT = ("sessions", "subscriptions", "deliveries", "releases", "wills")
-
-# What SQLite reports as a damaged file (primary result codes). Anything else that stops the
-# database from opening (permission, read-only, locked, full, I/O error) is not damage.
-_DAMAGE_CODES = (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
-
-
-class _Damaged(Exception):
-    """The database is damaged; the message says how."""
-
-
-def _denied(exc: BaseException) -> bool:
-    """A permission problem: the file or its directory may not be read or written."""
-    if isinstance(exc, sqlite3.Error):
-        code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
-        return code in (sqlite3.SQLITE_PERM, sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN)
-    return isinstance(exc, PermissionError) or getattr(exc, "errno", None) == errno.EROFS
-
-
-class _Batch:
-    """Changes recorded since the last commit, newest value per row (None: delete the row)."""
-
-    __slots__ = (
-        "wiped",
-        "sessions",
-        "subs",
-        "deliveries",
-        "new_deliveries",
-        "releases",
-        "retained",
-        "wills",
-        "messages",
-        "dead_messages",
-        "waiters",
-    )
-
-    def __init__(self) -> None:
-        self.wiped: list[str] = []
-        self.sessions: dict[str, tuple[Any, ...]] = {}
-        self.subs: dict[tuple[str, str], tuple[Any, ...] | None] = {}
-        self.deliveries: dict[tuple[str, int], tuple[Any, ...] | None] = {}
-        self.new_deliveries: set[tuple[str, int]] = set()
-        self.releases: dict[tuple[str, int], bool] = {}
-        self.retained: dict[str, tuple[Any, ...] | None] = {}
-        self.wills: dict[str, tuple[Any, ...] | None] = {}
-        self.messages: dict[int, Message] = {}
-        self.dead_messages: set[int] = set()
-        self.waiters: list[Callable[[], None]] = []
-
-    def empty(self) -> bool:
-        return not (
-            self.wiped
-            or self.sessions
-            or self.subs
-            or self.deliveries
-            or self.releases
-            or self.retained
-            or self.wills
-            or self.messages
-            or self.dead_messages
-        )
 
 
 class SQLiteStore(Store):
@@ -192,11 +61,10 @@ class SQLiteStore(Store):
         self.writes = 0
         self.commits = 0
         self._db: aiosqlite.Connection | None = None
-        self._batch = _Batch()
+        self._batch = Batch()
         self._wake = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
         self._closing = False
-        self._restoring = ""  # the table being restored, for an error
         self._stopped = asyncio.Event()  # set by close(): a retry waits no longer
         self._failing_since: float | None = None  # when commits began to fail (None: they work)
         self._next_message_id = 1
@@ -213,7 +81,7 @@ class SQLiteStore(Store):
     # -- opening ----------------------------------------------------------------------------
 
     async def _connect(self) -> aiosqlite.Connection:
-        """Open, check and upgrade the database. ``_Damaged`` if SQLite finds it corrupt; any
+        """Open, check and upgrade the database. ``Damaged`` if SQLite finds it corrupt; any
         other error (permission, read-only, locked, disk full, I/O) propagates as it is."""
         connecting = asyncio.ensure_future(aiosqlite.connect(self.path, isolation_level=None))
         try:
@@ -225,29 +93,11 @@ class SQLiteStore(Store):
                 await (await connecting).close()
             raise
         try:
-            await db.execute("PRAGMA journal_mode=WAL")
-            await db.execute(f"PRAGMA synchronous={SYNC_LEVELS[self.sync]}")
-            async with db.execute("PRAGMA quick_check") as cur:
-                row = await cur.fetchone()
-            if row is None or row[0] != "ok":
-                raise _Damaged(f"integrity check failed: {row[0] if row else '?'}")
-            async with db.execute("PRAGMA user_version") as cur:
-                row = await cur.fetchone()
-            version = row[0] if row else 0
-            if version > len(MIGRATIONS):
-                raise StoreError(
-                    f"{self.path}: written by a newer mqttbroker (schema {version}, this one "
-                    f"knows {len(MIGRATIONS)}); upgrade mqttbroker or point --data-dir elsewhere"
-                )
-            for number in range(version, len(MIGRATIONS)):
-                await db.executescript(
-                    f"BEGIN; {MIGRATIONS[number]} PRAGMA user_version={number + 1}; COMMIT;"
-                )
-                log.info("store %s: schema upgraded to version %d", self.path, number + 1)
+            await prepare(db, self.path, self.sync)
         except sqlite3.Error as exc:
             await db.close()
-            if getattr(exc, "sqlite_errorcode", 0) & 0xFF in _DAMAGE_CODES:
-                raise _Damaged(describe(exc)) from None
+            if getattr(exc, "sqlite_errorcode", 0) & 0xFF in DAMAGE_CODES:
+                raise Damaged(describe(exc)) from None
             raise
         except BaseException:  # cancelled while starting, too: the connection's thread ends
             await db.close()
@@ -264,11 +114,11 @@ class SQLiteStore(Store):
         try:
             directory.mkdir(parents=True, exist_ok=True)
             return await self._connect()
-        except _Damaged as exc:
+        except Damaged as exc:
             damage = str(exc)
         except (sqlite3.Error, OSError) as exc:
             hint = ""
-            if _denied(exc):
+            if denied(exc):
                 hint = "; the broker's user must be able to read and write it and its directory"
             raise StoreError(
                 f"{self.path}: cannot open the database: {describe(exc)}{hint}"
@@ -282,7 +132,7 @@ class SQLiteStore(Store):
         try:
             moved = self._move_aside()
             db = await self._connect()
-        except (_Damaged, sqlite3.Error, OSError) as exc:
+        except (Damaged, sqlite3.Error, OSError) as exc:
             raise StoreError(
                 f"{self.path}: the database is damaged ({damage}) and cannot be moved aside "
                 f"and replaced: {describe(exc)}"
@@ -320,120 +170,20 @@ class SQLiteStore(Store):
         self._clock = clock
         log.info("store %s: opening (SQLite, sync %s)", self.path, self.sync)
         db = self._db = await self._open()
+        reader = Reader(db, self._local, self.path)
         try:
-            restored = await self._read(db)
+            restored = await reader.read()
         except (sqlite3.Error, OSError) as exc:
             raise StoreError(f"{self.path}: cannot read the database: {describe(exc)}") from None
         except Exception as exc:  # a row that does not make sense (written by something else?)
             raise StoreError(
-                f"{self.path}: cannot restore the stored state ({self._restoring}: "
+                f"{self.path}: cannot restore the stored state ({reader.table}: "
                 f"{type(exc).__name__}: {exc}). Move the file aside (or restore a backup) to "
                 "start with an empty store."
             ) from None
+        self._next_message_id = reader.next_message_id
         self._writer = asyncio.create_task(self._write_loop())
         return restored
-
-    async def _rows(self, db: aiosqlite.Connection, sql: str) -> list[Any]:
-        async with db.execute(sql) as cur:
-            return list(await cur.fetchall())
-
-    async def _read(self, db: aiosqlite.Connection) -> Restored:
-        """Every table as records (see broker/store.py), times on the broker's clock."""
-        await db.execute("DELETE FROM messages WHERE id NOT IN (SELECT message_id FROM deliveries)")
-        messages: dict[int, Message] = {}
-        self._restoring = "table messages"
-        for mid, topic, payload, qos, retain, props, expires_at in await self._rows(
-            db, "SELECT id, topic, payload, qos, retain, properties, expires_at FROM messages"
-        ):
-            msg = Message(
-                topic,
-                payload,
-                qos,
-                bool(retain),
-                _props(props, PacketType.PUBLISH),
-                self._local(expires_at),
-            )
-            msg.store_id = mid
-            messages[mid] = msg
-            self._next_message_id = max(self._next_message_id, mid + 1)
-        sessions: dict[str, SessionRecord] = {}
-        self._restoring = "table sessions"
-        for client_id, expiry, expires_at, username in await self._rows(
-            db, "SELECT client_id, expiry_interval, expires_at, username FROM sessions"
-        ):
-            sessions[client_id] = SessionRecord(
-                client_id, expiry, self._local(expires_at), username
-            )
-        self._restoring = "table subscriptions"
-        for client_id, topic_filter, qos, no_local, rap, rh, ident in await self._rows(
-            db,
-            "SELECT client_id, topic_filter, qos, no_local, retain_as_published, "
-            "retain_handling, identifier FROM subscriptions",
-        ):
-            owner = sessions.get(client_id)
-            if owner is not None:
-                owner.subscriptions.append(
-                    SubscriptionRecord(topic_filter, qos, bool(no_local), bool(rap), rh, ident)
-                )
-        self._restoring = "table deliveries"
-        queued = 0
-        for row in await self._rows(
-            db,
-            "SELECT client_id, seq, message_id, qos, retain, sub_ids, packet_id, released, "
-            "share FROM deliveries ORDER BY client_id, seq",
-        ):
-            client_id, seq, mid, qos, retain, sub_ids, packet_id, released, share = row
-            owner = sessions.get(client_id)
-            stored = messages.get(mid)
-            if owner is None or stored is None:
-                continue
-            ids = tuple(int(i) for i in sub_ids.split(",")) if sub_ids else ()
-            owner.deliveries.append(
-                DeliveryRecord(
-                    seq, stored, qos, bool(retain), ids, packet_id, bool(released), share
-                )
-            )
-            stored.store_refs += 1
-            queued += 1
-        self._restoring = "table releases"
-        for client_id, packet_id in await self._rows(
-            db, "SELECT client_id, packet_id FROM releases"
-        ):
-            owner = sessions.get(client_id)
-            if owner is not None:
-                owner.releases.append(packet_id)
-        self._restoring = "table retained"
-        retained = [
-            Message(
-                topic,
-                payload,
-                qos,
-                True,
-                _props(props, PacketType.PUBLISH),
-                self._local(expires_at),
-            )
-            for topic, payload, qos, props, expires_at in await self._rows(
-                db, "SELECT topic, payload, qos, properties, expires_at FROM retained"
-            )
-        ]
-        self._restoring = "table wills"
-        for client_id, topic, payload, qos, retain, props, version, due_at in await self._rows(
-            db,
-            "SELECT client_id, topic, payload, qos, retain, properties, version, due_at FROM wills",
-        ):
-            owner = sessions.get(client_id)
-            if owner is not None:
-                owner.will = Will(topic, payload, qos, bool(retain), _props(props, WILL))
-                owner.will_version = version
-                owner.will_due = self._local(due_at)
-        log.info(
-            "store %s: restored %d sessions, %d queued or in-flight messages, %d retained",
-            self.path,
-            len(sessions),
-            queued,
-            len(retained),
-        )
-        return Restored(list(sessions.values()), retained)
 
     # -- recording changes (called by the broker, synchronously) ----------------------------
 
@@ -591,7 +341,7 @@ class SQLiteStore(Store):
         acknowledgements) stay held; one ERROR when that starts, one WARNING when it ends.
         Closing, a batch that still fails is given up, its waiters never called."""
         batch = self._batch
-        self._batch = _Batch()
+        self._batch = Batch()
         delay = self.RETRY_FIRST
         while not batch.empty():
             try:
@@ -636,82 +386,11 @@ class SQLiteStore(Store):
             except Exception:
                 log.exception("error in a post-commit callback")
 
-    async def _apply(self, b: _Batch) -> None:
+    async def _apply(self, batch: Batch) -> None:
+        """Write one batch (the commit the retries above repeat)."""
         db = self._db
         assert db is not None
-        await db.execute("BEGIN")
-        try:
-            if b.wiped:
-                rows = [(client_id,) for client_id in b.wiped]
-                for table in _PER_CLIENT:
-                    await db.executemany(f"DELETE FROM {table} WHERE client_id = ?", rows)
-            if b.messages:
-                await db.executemany(
-                    "INSERT OR REPLACE INTO messages VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    [
-                        (
-                            mid,
-                            m.topic,
-                            m.payload,
-                            m.qos,
-                            int(m.retain),
-                            encode_properties(m.properties),
-                            self._wall(m.expires_at),
-                        )
-                        for mid, m in b.messages.items()
-                    ],
-                )
-            if b.sessions:
-                await db.executemany(
-                    "INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?)", list(b.sessions.values())
-                )
-            await self._upsert(db, "subscriptions", "client_id = ? AND topic_filter = ?", b.subs, 7)
-            await self._upsert(db, "deliveries", "client_id = ? AND seq = ?", b.deliveries, 9)
-            if b.releases:
-                await db.executemany(
-                    "INSERT OR REPLACE INTO releases VALUES (?, ?)",
-                    [k for k, keep in b.releases.items() if keep],
-                )
-                await db.executemany(
-                    "DELETE FROM releases WHERE client_id = ? AND packet_id = ?",
-                    [k for k, keep in b.releases.items() if not keep],
-                )
-            await self._upsert(db, "retained", "topic = ?", b.retained, 5)
-            await self._upsert(db, "wills", "client_id = ?", b.wills, 8)
-            if b.dead_messages:
-                await db.executemany(
-                    "DELETE FROM messages WHERE id = ?", [(mid,) for mid in b.dead_messages]
-                )
-            await db.execute("COMMIT")
-        except BaseException:
-            # SQLite may have rolled the transaction back itself (disk full, I/O error): a
-            # ROLLBACK then fails and must not hide the error that caused it.
-            if db.in_transaction:
-                try:
-                    await db.execute("ROLLBACK")
-                except sqlite3.Error as exc:
-                    log.debug("store %s: rollback failed: %s", self.path, describe(exc))
-            raise
-
-    @staticmethod
-    async def _upsert(
-        db: aiosqlite.Connection,
-        table: str,
-        where: str,
-        rows: dict[Any, tuple[Any, ...] | None],
-        width: int,
-    ) -> None:
-        if not rows:
-            return
-        put = [row for row in rows.values() if row is not None]
-        gone = [
-            key if isinstance(key, tuple) else (key,) for key, row in rows.items() if row is None
-        ]
-        if put:
-            marks = ", ".join("?" * width)
-            await db.executemany(f"INSERT OR REPLACE INTO {table} VALUES ({marks})", put)
-        if gone:
-            await db.executemany(f"DELETE FROM {table} WHERE {where}", gone)
+        await apply(db, batch, self._wall, self.path)
 
     async def close(self) -> None:
         """Write what is pending (one more attempt if commits are failing) and close. Safe to
@@ -727,7 +406,3 @@ class SQLiteStore(Store):
             await self._commit_pending()  # what was recorded while the writer's last commit ran
             self._db = None
             await db.close()
-
-
-def _props(data: bytes, packet_type: int) -> dict[int, Any]:
-    return decode_properties(data, 0, len(data), packet_type)[0] if data != b"\x00" else {}
