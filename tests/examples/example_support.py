@@ -16,7 +16,7 @@ if str(E2E) not in sys.path:
 
 from helpers import PahoClient, unique  # noqa: E402
 
-__all__ = ["EXAMPLES", "PahoClient", "example", "unique"]
+__all__ = ["EXAMPLES", "PahoClient", "example", "simulator", "unique"]
 
 
 def example(
@@ -24,3 +24,18 @@ def example(
 ) -> Any:
     """Start ``examples/<script>`` with ``args``; waits until it logs ``ready``."""
     return start_program([sys.executable, str(EXAMPLES / script), *args], ready)
+
+
+def simulator(start_program: Callable[..., Any], broker: Any, prefix: str, *extra: str) -> Any:
+    """The device simulator on ``broker``, topics under ``prefix``, a reading every 0.1 s."""
+    return example(
+        start_program,
+        "device_simulator.py",
+        "--host", broker.host,
+        "--port", str(broker.port),
+        "--prefix", prefix,
+        "--id-prefix", prefix.replace("/", "-"),
+        "--interval", "0.1",
+        *extra,
+        ready=r"running on (\S+):(\d+)",
+    )
