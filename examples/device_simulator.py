@@ -185,10 +185,12 @@ def main(argv: list[str] | None = None) -> int:
     devices = [Device(args, f"{args.id_prefix}-{n}", n) for n in range(1, args.devices + 1)]
     for device in devices:
         device.start()
+    waits = 0
     for device in devices:
-        while not device.connected.wait(0.2):
-            if stop.is_set():
-                break
+        while not device.connected.wait(0.2) and not stop.is_set():
+            waits += 1
+            if waits == 25:  # 5 s
+                log.warning("still connecting to %s:%d ...", args.host, args.port)
     if not stop.is_set():
         log.info(
             "running on %s:%d: %d devices, topics %s/#",

@@ -113,7 +113,9 @@ class Server:
         correlation = getattr(properties, "CorrelationData", None)
         self.pool.submit(self._answer, response_topic, correlation, message.payload)
 
-    def _answer(self, response_topic: str, correlation: bytes | None, payload: bytes) -> None:
+    def _answer(
+        self, response_topic: str, correlation: bytes | None, payload: bytes | bytearray
+    ) -> None:
         try:
             request = json.loads(payload)
             method = METHODS[request["method"]]
@@ -272,7 +274,10 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("demo", help="a server and a client in one process")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    return {"serve": serve, "call": call, "demo": demo}[args.command](args)
+    try:
+        return {"serve": serve, "call": call, "demo": demo}[args.command](args)
+    except OSError as error:  # the broker is not there
+        sys.exit(f"cannot connect to {args.host}:{args.port}: {error.strerror or error}")
 
 
 if __name__ == "__main__":

@@ -174,7 +174,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-body", type=int, default=2**20 * 4, help="bytes")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    asyncio.run(serve(args, read_secret(args)))
+    try:
+        asyncio.run(serve(args, read_secret(args)))
+    except OSError as error:
+        sys.exit(f"cannot listen on {args.host}:{args.port}: {error.strerror or error}")
     return 0
 
 

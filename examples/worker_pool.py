@@ -313,9 +313,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo" and args.workers < 3:
         sys.exit("demo: --workers must be at least 3 (one crashes, one is killed)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    return {"worker": worker, "publish": publish, "report": report, "demo": demo}[args.command](
-        args
-    )
+    try:
+        return {"worker": worker, "publish": publish, "report": report, "demo": demo}[
+            args.command
+        ](args)
+    except OSError as error:  # the broker is not there
+        sys.exit(f"cannot connect to {args.host}:{args.port}: {error.strerror or error}")
 
 
 if __name__ == "__main__":

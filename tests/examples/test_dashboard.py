@@ -38,22 +38,21 @@ def test_dashboard_shows_moving_values(
             page.goto(page_url)
             page.wait_for_selector('#connection[data-state="connected"]', timeout=10_000)
             page.wait_for_selector(f'{card} .status[data-status="online"]', timeout=10_000)
-            temperature = page.locator(f"{card} .temperature")
+            shown = """selector => [".temperature", ".seq"].map(
+                part => document.querySelector(selector + " " + part).textContent)"""
             page.wait_for_function(
                 "selector => /^-?\\d+\\.\\d\\d$/.test(document.querySelector(selector).textContent)",
                 arg=f"{card} .temperature",
                 timeout=10_000,
             )
-            first = temperature.text_content()
-            first_seq = page.locator(f"{card} .seq").text_content()
-            # Moving: later readings replace the value shown (the readings are noisy, so they
+            first = page.evaluate(shown, card)  # value and reading number, read together
+            # Moving: a later reading replaces both (the readings are noisy, so the values
             # differ), and the chart has a line drawn on it.
             page.wait_for_function(
-                "([selector, first]) => document.querySelector(selector).textContent !== first",
-                arg=[f"{card} .temperature", first],
+                f"""([card, first]) => ({shown})(card).every((text, i) => text !== first[i])""",
+                arg=[card, first],
                 timeout=10_000,
             )
-            assert page.locator(f"{card} .seq").text_content() != first_seq
             drawn = page.evaluate(
                 """selector => {
                     const canvas = document.querySelector(selector);
@@ -66,7 +65,7 @@ def test_dashboard_shows_moving_values(
                 f"{card} canvas",
             )
             assert drawn > 100, drawn
-            assert page.locator(".device").count() == 2
+            page.wait_for_function("document.querySelectorAll('.device').length === 2")
             assert float(page.locator(f"{card} .humidity").text_content() or "nan") > 0
             screenshot = tmp_path / "dashboard.png"
             page.screenshot(path=str(screenshot), full_page=True)
