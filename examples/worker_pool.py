@@ -272,7 +272,8 @@ def demo(args: argparse.Namespace) -> int:
     state = summary(db)
     print(json.dumps(state, indent=2))
     print(f"{state['jobs']} of {args.jobs} jobs processed, each once; "
-          f"{state['duplicates_skipped']} redelivered job(s) recognised and skipped")
+          f"{state['duplicates_skipped']} redelivered job(s) recognised and skipped "
+          f"(the record: {db})")
     return 0 if state["jobs"] == args.jobs else 1
 
 

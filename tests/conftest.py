@@ -5,6 +5,7 @@ depend on timing of their own) and ``start_broker`` (a factory, for several per 
 directory. The port comes from the ``listening on HOST:PORT (MQTT over TCP)`` line the broker logs,
 so there is no port race. A thread keeps draining the broker's output, so its pipe never fills,
 and keeps every line for assertions (``log_text()``, ``wait_for_log()``).
+``start_program`` runs another program (an example, say) the same way, until its ready line.
 
 A test marked ``needs_mosquitto``, ``needs_haproxy``, ``needs_node`` or ``needs_openssl`` is
 skipped when that program is missing, and fails instead under ``CI=true``; a CI run that skipped
