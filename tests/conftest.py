@@ -5,6 +5,7 @@ depend on timing of their own) and ``start_broker`` (a factory, for several per 
 directory. The port comes from the ``listening on HOST:PORT (MQTT over TCP)`` line the broker logs,
 so there is no port race. A thread keeps draining the broker's output, so its pipe never fills,
 and keeps every line for assertions (``log_text()``, ``wait_for_log()``).
+``start_program`` runs another program (an example, say) the same way, until its ready line.
 
 A test marked ``needs_mosquitto``, ``needs_haproxy``, ``needs_node`` or ``needs_openssl`` is
 skipped when that program is missing, and fails instead under ``CI=true``; a CI run that skipped
@@ -34,7 +35,12 @@ STOP_TIMEOUT = 10.0
 
 
 class BrokerProcess:
-    """``python -m mqttbroker`` in a subprocess, with its output collected line by line."""
+    """``python -m mqttbroker`` in a subprocess, with its output collected line by line.
+
+    ``start`` waits for the line matching ``ready`` (host and port in its first two groups);
+    a subclass sets ``args`` and ``ready`` to run another program the same way."""
+
+    ready = LISTENING
 
     def __init__(self, data_dir: Path, log_level: str = "info", extra_args: tuple[str, ...] = ()):
         self.data_dir = data_dir
@@ -64,14 +70,14 @@ class BrokerProcess:
     # -- lifecycle --------------------------------------------------------------------------
 
     def start(self, timeout: float = START_TIMEOUT) -> BrokerProcess:
-        """Spawn and wait for the listening line."""
+        """Spawn and wait for the ``ready`` line."""
         self.spawn()
         assert self.proc is not None
-        match = self.wait_for_log(LISTENING, timeout, stop_on_exit=True)
+        match = self.wait_for_log(self.ready, timeout, stop_on_exit=True)
         if match is None:
             self.stop()
             raise RuntimeError(
-                f"the broker did not log its listening line within {timeout}s "
+                f"{' '.join(self.args[1:3])} did not log its ready line within {timeout}s "
                 f"(exit code {self.proc.returncode}); its output:\n{self.log_text()}"
             )
         self.host, self.port = match.group(1), int(match.group(2))
@@ -255,6 +261,34 @@ def start_broker(tmp_path: Path) -> Iterator[Callable[..., BrokerProcess]]:
 def fresh_broker(start_broker: Callable[..., BrokerProcess]) -> BrokerProcess:
     """A broker of the test's own, for tests that stop it or need it otherwise untouched."""
     return start_broker()
+
+
+class ProgramProcess(BrokerProcess):
+    """Another program, run and watched as the broker is: ``args`` its command line, ``ready``
+    the line it logs (on stderr) once it is ready, with host and port in its first two groups."""
+
+    def __init__(self, workdir: Path, args: list[str], ready: str) -> None:
+        super().__init__(workdir)
+        self.args = args
+        self.ready = re.compile(ready)
+
+
+@pytest.fixture
+def start_program(tmp_path: Path) -> Iterator[Callable[..., ProgramProcess]]:
+    """``start_program(args, ready)``: start ``args`` in the test's tmp_path and wait for its
+    ready line (``ProgramProcess``); every program started is stopped after the test."""
+    started: list[ProgramProcess] = []
+
+    def start(args: list[str], ready: str) -> ProgramProcess:
+        process = ProgramProcess(tmp_path, args, ready)
+        started.append(process)
+        return process.start()
+
+    try:
+        yield start
+    finally:
+        for process in reversed(started):
+            process.stop()
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -1,0 +1,41 @@
+"""What the tests of examples/ share: where the examples are, how to start one (as a user
+would, ``python examples/NAME.py ...``), and the paho client of the end-to-end tests."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+EXAMPLES = ROOT / "examples"
+E2E = ROOT / "tests" / "e2e"
+if str(E2E) not in sys.path:
+    sys.path.insert(0, str(E2E))
+
+from helpers import PahoClient, unique  # noqa: E402
+
+__all__ = ["EXAMPLES", "PahoClient", "example", "simulator", "unique"]
+
+
+def example(
+    start_program: Callable[..., Any], script: str, *args: str, ready: str
+) -> Any:
+    """Start ``examples/<script>`` with ``args``; waits until it logs ``ready``."""
+    return start_program([sys.executable, str(EXAMPLES / script), *args], ready)
+
+
+def simulator(start_program: Callable[..., Any], broker: Any, prefix: str, *extra: str) -> Any:
+    """The device simulator on ``broker``, topics under ``prefix``, a reading every 0.1 s."""
+    return example(
+        start_program,
+        "device_simulator.py",
+        "--host", broker.host,
+        "--port", str(broker.port),
+        "--prefix", prefix,
+        "--id-prefix", prefix.replace("/", "-"),
+        "--interval", "0.1",
+        *extra,
+        ready=r"running on (\S+):(\d+)",
+    )

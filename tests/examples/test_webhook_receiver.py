@@ -1,0 +1,117 @@
+"""examples/webhook_receiver.py, posted to with aiohttp's client as the broker's webhooks will:
+a correctly signed delivery is handled and answered 2xx; the same delivery id again is answered
+2xx and not handled twice; a wrong secret, a changed body, a stale timestamp or no signature
+are refused (401) and not remembered."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import hmac
+import json
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from example_support import EXAMPLES, example
+
+SECRET = b"correct horse battery staple"
+
+
+def signature(secret: bytes, timestamp: int, body: bytes) -> str:
+    """Written out here from the format, not taken from the example under test."""
+    digest = hmac.new(secret, str(timestamp).encode() + b"." + body, hashlib.sha256).hexdigest()
+    return f"t={timestamp},v1={digest}"
+
+
+def envelope(delivery_id: str, payload: bytes, topic: str = "sensors/1") -> bytes:
+    try:
+        text, encoding = payload.decode("utf-8"), "utf-8"
+    except UnicodeDecodeError:
+        text, encoding = base64.b64encode(payload).decode(), "base64"
+    return json.dumps({
+        "event": "message.publish", "delivery_id": delivery_id, "timestamp": time.time(),
+        "topic": topic, "payload": text, "payload_encoding": encoding, "qos": 1,
+        "retain": False, "properties": {}, "client_id": "dev-1", "username": None,
+    }).encode()
+
+
+async def post(
+    url: str, delivery_id: str, body: bytes, secret: bytes = SECRET, age: int = 0,
+    signed_body: bytes | None = None, signed: bool = True,
+) -> tuple[int, dict[str, Any]]:
+    timestamp = int(time.time()) - age
+    headers = {
+        "Content-Type": "application/json",
+        "X-Mqttbroker-Delivery-Id": delivery_id,
+        "X-Mqttbroker-Event": "message.publish",
+    }
+    if signed:
+        headers["X-Mqttbroker-Signature"] = signature(
+            secret, timestamp, body if signed_body is None else signed_body
+        )
+    async with aiohttp.ClientSession() as session:
+        async with session.post(url, data=body, headers=headers) as response:
+            return response.status, await response.json()
+
+
+def test_signed_deduplicated_and_forgeries_refused(
+    start_program: Callable[..., Any], tmp_path: Path
+) -> None:
+    secret_file = tmp_path / "webhook.secret"
+    secret_file.write_bytes(SECRET + b"\n")  # as `echo ... > file` writes it
+    receiver = example(
+        start_program, "webhook_receiver.py", "--port", "0", "--secret-file", str(secret_file),
+        ready=r"listening on http://(\S+):(\d+)/webhook",
+    )
+    url = f"http://{receiver.host}:{receiver.port}/webhook"
+    first, forged_first, binary = (str(uuid.uuid4()) for _ in range(3))
+
+    async def scenario() -> list[tuple[int, dict[str, Any]]]:
+        body = envelope(first, b"21.5")
+        return [
+            await post(url, first, body),
+            await post(url, first, body, age=5),  # a retry: re-signed, same delivery id
+            await post(url, forged_first, body, secret=b"wrong"),
+            await post(url, forged_first, envelope(forged_first, b"99"), signed_body=body),
+            await post(url, forged_first, envelope(forged_first, b"1"), age=301),  # replayed
+            await post(url, forged_first, envelope(forged_first, b"1"), signed=False),
+            # the id of refused requests was not remembered: the genuine one is handled
+            await post(url, forged_first, envelope(forged_first, b"genuine")),
+            await post(url, binary, envelope(binary, b"\xff\x00\x01")),
+            await post(url, str(uuid.uuid4()), b"{not json"),
+        ]
+
+    answers = asyncio.run(scenario())
+    statuses = [status for status, _ in answers]
+    assert statuses == [200, 200, 401, 401, 401, 401, 200, 200, 400], answers
+    assert [a.get("status") for _, a in answers[:2]] == ["ok", "duplicate"]
+    assert "outside the tolerance" in answers[4][1]["error"]
+
+    log = receiver.log_text()
+    handled = [line for line in log.splitlines() if " handled " in line]
+    assert len(handled) == 3, log
+    assert f"handled {first!r}: message.publish on 'sensors/1', 4 bytes, qos 1: b'21.5'" in log
+    assert f"handled {forged_first!r}" in log and "b'genuine'" in log
+    assert "3 bytes" in handled[2] and r"b'\xff\x00\x01'" in handled[2]
+    assert log.count("refused a request") == 4
+
+    receiver.stop()
+    assert receiver.returncode == 0
+    assert "stopped after 3 deliveries" in receiver.log_text()
+
+
+def test_without_a_secret_it_does_not_start(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / "webhook_receiver.py"), "--port", "0",
+         "--secret-file", str(tmp_path / "missing")],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert result.returncode != 0
+    assert f"--secret-file {tmp_path / 'missing'}: No such file or directory" in result.stderr
