@@ -83,7 +83,9 @@ class FakeBroker:
     def __init__(self, conn: FakeConnection) -> None:
         self.conn = conn
 
-    def connect(self, link: Any, peer: str, address: str | None = None) -> FakeConnection:
+    def connect(
+        self, link: Any, peer: str, address: str | None = None, local: bool = False
+    ) -> FakeConnection:
         return self.conn
 
 
