@@ -290,7 +290,7 @@ class Connection:
             self._send_retained()
             if self._retained:
                 return  # deferred again, or waiting for the output to drain
-        if self._pending:
+        if self._pending and self._pending_len >= self._need:  # a whole packet, or unknown
             self.data_received(b"")
         elif self.input_paused:
             self.input_paused = False

@@ -117,6 +117,13 @@ def test_reading_resumes_when_the_output_drains(make_harness: Any) -> None:
     assert not client.link.reading_paused
     client.pingreq()
     assert client.receive() == [pk.Pingresp()]
+    # Also with part of a packet waiting for the rest.
+    client.send_raw(b"\x30\x05\x00\x01")  # a QoS 0 PUBLISH to "t", cut short
+    client.conn.pause_writing()
+    client.conn.resume_writing()
+    assert not client.link.reading_paused
+    client.send_raw(b"t\x00x\xc0\x00")  # its rest, then a PINGREQ
+    assert client.receive() == [pk.Pingresp()]
 
 
 def test_retained_messages_go_out_a_share_per_pass(make_harness: Any) -> None:
