@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Protocol
 
 from ..protocol.errors import MalformedPacket
 from ..protocol.fastpath import encode_topic
-from .auth import Authorizer
 from .message import Message
 from .options import BrokerOptions
 from .retained import RetainedStore
@@ -154,18 +153,3 @@ class Router:
             count += 1
         self.delivered += count
         return count
-
-    def send_retained(
-        self, sub: Subscription, now: float, authorizer: Authorizer | None = None
-    ) -> None:
-        """Deliver the retained messages matching a new subscription, RETAIN set (MQTT-3.3.1-9),
-        those the authorizer lets this client read."""
-        session = sub.session
-        ident = sub.identifier
-        ids = (ident,) if ident else ()
-        for message in list(self.retained.match(sub.filter, now)):
-            if authorizer is not None and not authorizer.can_read(
-                session.client_id, session.username, message.topic
-            ):
-                continue
-            session.deliver(message, min(sub.qos, message.qos), True, ids, now)
