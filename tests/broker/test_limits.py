@@ -177,3 +177,34 @@ def test_connections_per_address_by_default(make_harness: Any) -> None:
     for link in local:
         h.broker.connect(link, "127.0.0.1:1", local=True)
     assert not any(link.closed for link in local)
+
+
+class _PublishOnlyTo:
+    """An authorizer that lets clients publish only under ``prefix``."""
+
+    generation = 0
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+
+    def can_publish(self, client_id: str, username: str | None, topic: str) -> bool:
+        return topic.startswith(self.prefix)
+
+    def can_subscribe(self, client_id: str, username: str | None, topic_filter: str) -> bool:
+        return True
+
+    def can_read(self, client_id: str, username: str | None, topic: str) -> bool:
+        return True
+
+
+def test_denied_topics_are_not_cached(make_harness: Any) -> None:
+    """Authorization comes before the match cache: topics a client may not publish to do not
+    fill it, nor its own cache of rights past its bound."""
+    h: Harness = make_harness(max_topic_length=65535)
+    h.broker.authorizer = _PublishOnlyTo("ok/")
+    client = h.connect("c")
+    for index in range(20):
+        client.publish(f"denied/{index}/" + "x" * 10_000)
+    client.publish("ok/1")
+    assert list(h.broker.router._cache) == [b"\x00\x04ok/1"]
+    assert client.conn._allowed_size <= 65_536 and len(client.conn._allowed) < 21
