@@ -361,6 +361,9 @@ class Connection:
                 )
             )
         else:
+            limit = self.broker.options.max_subscriptions_per_client
+            if ptype == _UNSUBSCRIBE and limit:  # as many as a client may hold, at most
+                fastpath.check_unsubscribe_count(data, body, stop, self.version, limit)
             packet = grammar.decode(ptype, first & 0x0F, data[body:stop], self.version)
             if isinstance(packet, pk.Unsubscribe):
                 self._on_unsubscribe(packet)

@@ -437,6 +437,24 @@ def decode_connect(flags: int, data: bytes, pos: int, end: int) -> pk.Connect:
     )
 
 
+def check_unsubscribe_count(data: bytes, pos: int, end: int, version: int, limit: int) -> None:
+    """Refuse an UNSUBSCRIBE body with more than ``limit`` topic filters (LimitExceeded, 0x97)
+    by a walk over their lengths, before the general decoder takes seconds over a megabyte of
+    them. Anything malformed is left for the decoder to refuse."""
+    p = pos + 2
+    if version == MQTT_5 and p < end:
+        length, p = decode_vbi(data, p, end)
+        p += length
+    count = 0
+    while p + 2 <= end:
+        count += 1
+        if count > limit:
+            raise LimitExceeded(
+                f"UNSUBSCRIBE with more than {limit} topic filters", ReasonCode.QUOTA_EXCEEDED
+            )
+        p += 2 + ((data[p] << 8) | data[p + 1])
+
+
 def decode_subscribe(
     flags: int, data: bytes, pos: int, end: int, version: int, max_filters: int = 0
 ) -> pk.Subscribe:

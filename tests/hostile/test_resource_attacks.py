@@ -340,6 +340,18 @@ def test_a_subscribe_with_more_filters_than_allowed_is_refused_whole(broker: Any
     assert len(lines) <= 3, f"{len(lines)} log lines, e.g. {lines[-1]}"
 
 
+def test_an_unsubscribe_with_more_filters_than_allowed_is_refused_whole(broker: Any) -> None:
+    """The same for UNSUBSCRIBE, whose 90,000 filters took the general decoder over a second:
+    refused from a walk over their lengths."""
+    with RawClient(broker.host, broker.port) as raw:
+        raw.connect(unique("unfilters"))
+        filters = b"".join(utf8(f"f/{i}") for i in range(90_000))
+        raw.send(packet(0xA2, b"\x00\x01\x00" + filters))
+        code, _ = parse_disconnect_v5(raw.read_packet(timeout=20))
+        assert code == 0x97
+        raw.read_until_closed()
+
+
 # -- 11: connections per address on a listener reachable from other machines ---------------
 
 
