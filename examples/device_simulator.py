@@ -194,7 +194,10 @@ def main(argv: list[str] | None = None) -> int:
     if not stop.is_set():
         log.info(
             "running on %s:%d: %d devices, topics %s/#",
-            args.host, args.port, len(devices), args.prefix,
+            args.host,
+            args.port,
+            len(devices),
+            args.prefix,
         )
     rounds = 0
     while not stop.is_set() and (args.count == 0 or rounds < args.count):

@@ -60,7 +60,9 @@ METHODS: dict[str, Callable[..., Any]] = {
 
 
 def new_client(client_id: str = "") -> mqtt.Client:
-    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
+    client = mqtt.Client(
+        mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5
+    )
     client.on_socket_open = _no_delay
     return client
 
@@ -99,8 +101,9 @@ class Server:
     def _on_connect(self, client: mqtt.Client, *_: Any) -> None:
         client.subscribe(f"$share/{self.service}/{request_topic(self.service)}", qos=1)
 
-    def _on_subscribe(self, client: mqtt.Client, userdata: Any, mid: int, codes: Any,
-                      properties: Any) -> None:
+    def _on_subscribe(
+        self, client: mqtt.Client, userdata: Any, mid: int, codes: Any, properties: Any
+    ) -> None:
         log.info("serving %s on %s:%d", request_topic(self.service), self.host, self.port)
         self.ready.set()
 
@@ -175,8 +178,7 @@ class Client:
         properties.MessageExpiryInterval = max(1, math.ceil(timeout))
         request = json.dumps({"method": method, "params": list(params)})
         try:
-            self.client.publish(request_topic(self.service), request, qos=1,
-                                properties=properties)
+            self.client.publish(request_topic(self.service), request, qos=1, properties=properties)
             if not done.wait(timeout):
                 raise TimeoutError(f"no answer to {method} within {timeout}s")
         finally:

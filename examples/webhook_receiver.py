@@ -112,12 +112,20 @@ class Receiver:
         if payload is not None:
             log.info(
                 "handled %r: %s on %r, %d bytes, qos %s: %r",
-                envelope.get("delivery_id"), event, envelope.get("topic"), len(payload),
-                envelope.get("qos"), payload[:64],
+                envelope.get("delivery_id"),
+                event,
+                envelope.get("topic"),
+                len(payload),
+                envelope.get("qos"),
+                payload[:64],
             )
         else:
-            log.info("handled %r: %s, client %r", envelope.get("delivery_id"), event,
-                     envelope.get("client_id"))
+            log.info(
+                "handled %r: %s, client %r",
+                envelope.get("delivery_id"),
+                event,
+                envelope.get("client_id"),
+            )
 
 
 def payload_bytes(envelope: dict[str, Any]) -> bytes | None:
@@ -169,8 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8081, help="0: any free port")
     parser.add_argument("--path", default="/webhook")
     parser.add_argument("--secret-file", default="", help="default: $WEBHOOK_SECRET")
-    parser.add_argument("--remember", type=int, default=100_000,
-                        help="delivery ids kept for deduplication")
+    parser.add_argument(
+        "--remember", type=int, default=100_000, help="delivery ids kept for deduplication"
+    )
     parser.add_argument("--max-body", type=int, default=2**20 * 4, help="bytes")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")

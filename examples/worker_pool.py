@@ -115,8 +115,9 @@ class Worker:
             self.ready()
 
     def ready(self) -> None:
-        log.info("worker %s ready on %s:%d (%s)", self.name, self.args.host, self.args.port,
-                 self.filter)
+        log.info(
+            "worker %s ready on %s:%d (%s)", self.name, self.args.host, self.args.port, self.filter
+        )
 
     def on_message(self, client: mqtt.Client, userdata: Any, message: mqtt.MQTTMessage) -> None:
         try:
@@ -132,9 +133,10 @@ class Worker:
         """Apply the job's effect once: a job already in ``processed`` is not done again, and the
         result is inserted only if no one inserted it meanwhile, in the transaction that logs
         the delivery."""
-        duplicate = self.db.execute(
-            "SELECT 1 FROM processed WHERE job_id = ?", (job_id,)
-        ).fetchone() is not None
+        duplicate = (
+            self.db.execute("SELECT 1 FROM processed WHERE job_id = ?", (job_id,)).fetchone()
+            is not None
+        )
         result = 0
         if not duplicate:
             time.sleep(self.args.work_time)  # the work itself, outside the transaction
@@ -143,10 +145,13 @@ class Worker:
         self.db.execute("BEGIN IMMEDIATE")
         try:
             if not duplicate:
-                duplicate = self.db.execute(
-                    "INSERT OR IGNORE INTO processed VALUES (?, ?, ?, ?)",
-                    (job_id, self.name, result, now),
-                ).rowcount == 0
+                duplicate = (
+                    self.db.execute(
+                        "INSERT OR IGNORE INTO processed VALUES (?, ?, ?, ?)",
+                        (job_id, self.name, result, now),
+                    ).rowcount
+                    == 0
+                )
             self.db.execute(
                 "INSERT INTO deliveries VALUES (?, ?, ?, ?, ?)",
                 (job_id, self.name, int(dup), int(duplicate), now),
@@ -160,8 +165,9 @@ class Worker:
             return
         self.done += 1
         if self.done == self.args.crash_after:
-            log.warning("worker %s: crashing after committing job %s, before its PUBACK",
-                        self.name, job_id)
+            log.warning(
+                "worker %s: crashing after committing job %s, before its PUBACK", self.name, job_id
+            )
             os._exit(3)
 
 
@@ -192,8 +198,14 @@ def publish(args: argparse.Namespace) -> int:
     finally:
         client.disconnect()
         client.loop_stop()
-    log.info("published %d jobs (ids %s-0 to %s-%d) to %s", args.jobs, run, run, args.jobs - 1,
-             args.topic)
+    log.info(
+        "published %d jobs (ids %s-0 to %s-%d) to %s",
+        args.jobs,
+        run,
+        run,
+        args.jobs - 1,
+        args.topic,
+    )
     return 0
 
 
@@ -211,8 +223,12 @@ def summary(path: str) -> dict[str, Any]:
         (duplicates,) = db.execute("SELECT COUNT(*) FROM deliveries WHERE duplicate").fetchone()
     finally:
         db.close()
-    return {"jobs": jobs, "deliveries": deliveries, "duplicates_skipped": duplicates,
-            "per_worker": per_worker}
+    return {
+        "jobs": jobs,
+        "deliveries": deliveries,
+        "duplicates_skipped": duplicates,
+        "per_worker": per_worker,
+    }
 
 
 def report(args: argparse.Namespace) -> int:
@@ -234,14 +250,29 @@ def demo(args: argparse.Namespace) -> int:
     folder = Path(tempfile.mkdtemp(prefix="worker-pool-"))
     db = args.db or str(folder / "jobs.db")
     base = [sys.executable, __file__]
-    common = ["--host", args.host, "--port", str(args.port), "--db", db, "--topic", args.topic,
-              "--group", args.group, "--session-expiry", "2", "--work-time", "0.01"]
+    common = [
+        "--host",
+        args.host,
+        "--port",
+        str(args.port),
+        "--db",
+        db,
+        "--topic",
+        args.topic,
+        "--group",
+        args.group,
+        "--session-expiry",
+        "2",
+        "--work-time",
+        "0.01",
+    ]
     workers: dict[str, subprocess.Popen[str]] = {}
     for n in range(1, args.workers + 1):
         extra = ["--crash-after", "10"] if n == 1 else []
         name = f"w{n}"
-        proc = subprocess.Popen([*base, "worker", "--name", name, *common, *extra],
-                                stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [*base, "worker", "--name", name, *common, *extra], stderr=subprocess.PIPE, text=True
+        )
         workers[name] = proc
         assert proc.stderr is not None
         for line in proc.stderr:  # wait for its ready line, then let it print on its own
@@ -271,9 +302,11 @@ def demo(args: argparse.Namespace) -> int:
             proc.wait(10)
     state = summary(db)
     print(json.dumps(state, indent=2))
-    print(f"{state['jobs']} of {args.jobs} jobs processed, each once; "
-          f"{state['duplicates_skipped']} redelivered job(s) recognised and skipped "
-          f"(the record: {db})")
+    print(
+        f"{state['jobs']} of {args.jobs} jobs processed, each once; "
+        f"{state['duplicates_skipped']} redelivered job(s) recognised and skipped "
+        f"(the record: {db})"
+    )
     return 0 if state["jobs"] == args.jobs else 1
 
 
@@ -292,12 +325,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
     run = command("worker", "run one worker")
     run.add_argument("--name", required=True, help="unique in its group; its client id")
-    run.add_argument("--session-expiry", type=int, default=10,
-                     help="seconds the broker keeps a dead worker's jobs for it (default 10)")
+    run.add_argument(
+        "--session-expiry",
+        type=int,
+        default=10,
+        help="seconds the broker keeps a dead worker's jobs for it (default 10)",
+    )
     run.add_argument("--prefetch", type=int, default=10, help="jobs held unacknowledged")
     run.add_argument("--work-time", type=float, default=0.0, help="seconds each job takes")
-    run.add_argument("--crash-after", type=int, default=0,
-                     help="exit abruptly after committing this many jobs, before the PUBACK")
+    run.add_argument(
+        "--crash-after",
+        type=int,
+        default=0,
+        help="exit abruptly after committing this many jobs, before the PUBACK",
+    )
     send = command("publish", "publish jobs")
     send.add_argument("--jobs", type=int, default=100)
     send.add_argument("--run", default="", help="prefix of the job ids (default: random)")
@@ -315,9 +356,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit("demo: --workers must be at least 3 (one crashes, one is killed)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     try:
-        return {"worker": worker, "publish": publish, "report": report, "demo": demo}[
-            args.command
-        ](args)
+        return {"worker": worker, "publish": publish, "report": report, "demo": demo}[args.command](
+            args
+        )
     except OSError as error:  # the broker is not there
         sys.exit(f"cannot connect to {args.host}:{args.port}: {error.strerror or error}")
 

@@ -154,7 +154,14 @@ def _typed(value: Any, expected: type, where: str) -> Any:
 
 def _fill(target: Any, table: dict[str, Any], prefix: str, source: str) -> None:
     types = {f.name: f.type for f in dataclasses.fields(target)}
-    py_types = {"int": int, "float": float, "bool": bool, "str": str, "bool | None": bool}
+    py_types = {
+        "int": int,
+        "float": float,
+        "bool": bool,
+        "str": str,
+        "bool | None": bool,
+        "int | None": int,
+    }
     for key, value in table.items():
         where = f"{source}: {prefix}{key}"
         if key not in types:

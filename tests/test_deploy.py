@@ -48,7 +48,9 @@ def test_systemd_unit_verifies(tmp_path: Path) -> None:
     unit.write_text(text.replace("/usr/local/bin/mqttbroker", sys.executable))
     result = subprocess.run(
         [program("systemd-analyze"), "verify", str(unit)],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 0 and not result.stderr.strip(), result.stderr
 

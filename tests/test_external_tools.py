@@ -12,7 +12,7 @@ from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
 
-CASES = '''
+CASES = """
 import subprocess
 
 import pytest
@@ -26,7 +26,7 @@ def test_marked():
 
 def test_skips_itself():
     pytest.skip("not today")
-'''
+"""
 
 
 def run_pytest(tmp_path: Path, test: str, path: str, ci: bool) -> subprocess.CompletedProcess[str]:
@@ -36,10 +36,28 @@ def run_pytest(tmp_path: Path, test: str, path: str, ci: bool) -> subprocess.Com
     if ci:
         env["CI"] = "true"
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider", "-rs",
-         "-W", "ignore::pytest.PytestUnknownMarkWarning", "-c", os.devnull,
-         "--rootdir", str(tmp_path), f"test_cases.py::{test}"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "conftest",
+            "-p",
+            "no:cacheprovider",
+            "-rs",
+            "-W",
+            "ignore::pytest.PytestUnknownMarkWarning",
+            "-c",
+            os.devnull,
+            "--rootdir",
+            str(tmp_path),
+            f"test_cases.py::{test}",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 

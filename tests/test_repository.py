@@ -16,7 +16,10 @@ OUTSIDE = re.compile(r"\.\./shared\b|(?<![\w$])shared/(?:spec|DESIGN|hooks)\b")
 def tracked_text_files() -> list[Path]:
     names = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
-        cwd=ROOT, capture_output=True, text=True, check=True,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.split()
     files = []
     for name in names:

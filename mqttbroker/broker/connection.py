@@ -10,7 +10,8 @@ per-connection buffer and the broker flushes every buffer once per event-loop pa
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
+from collections import OrderedDict, deque
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..protocol import fastpath, grammar
@@ -29,6 +30,13 @@ if TYPE_CHECKING:
     from .session import Session
 
 log = logging.getLogger("mqttbroker.connection")
+
+# Bytes of retained messages sent for new subscriptions per connection and loop pass.
+RETAINED_PER_PASS = 1_048_576
+# The per-connection cache of publish rights: at most this many topics, of this many
+# characters in all.
+ALLOWED_CACHE_TOPICS = 1024
+ALLOWED_CACHE_CHARS = 65_536
 
 AWAIT_CONNECT = 0
 AUTHENTICATING = 3  # CONNECT received, enhanced authentication under way
@@ -60,6 +68,14 @@ class Link(Protocol):
     def pause_reading(self) -> None: ...
 
     def resume_reading(self) -> None: ...
+
+    def buffered(self) -> int:
+        """Bytes written and not yet taken by the socket."""
+        ...
+
+    def abort(self) -> None:
+        """Close at once, dropping what is buffered."""
+        ...
 
 
 class Connection:
@@ -95,6 +111,7 @@ class Connection:
         "username",
         "_allowed",
         "_allowed_generation",
+        "_allowed_size",
         "address",
         "_tokens",
         "_tokens_at",
@@ -107,6 +124,8 @@ class Connection:
         "work_pass",
         "input_paused",
         "publishes_sent",
+        "_retained",
+        "_overflowed",
     )
 
     def __init__(self, broker: Broker, link: Link, peer: str = "?") -> None:
@@ -144,6 +163,7 @@ class Connection:
         self.username: str | None = None
         self._allowed: dict[str, bool] = {}  # topic -> may publish, for the rules' generation
         self._allowed_generation = -1
+        self._allowed_size = 0  # characters of the topics in _allowed
         self.address: str | None = None  # the client's address: per-address limits, logins
         self._tokens = float(broker.options.max_publish_burst)  # publish-rate bucket
         self._tokens_at = now
@@ -156,6 +176,10 @@ class Connection:
         self.work_pass = -1  # the pass ``work`` counts
         self.input_paused = False  # reading paused until the broker resumes our input
         self.publishes_sent = 0  # PUBLISH packets queued for the client ($SYS: delivered)
+        # Retained messages still to send for new subscriptions, sent a share per loop pass
+        # while the output drains (see _send_retained).
+        self._retained: deque[tuple[Subscription, Iterator[Message]]] | None = None
+        self._overflowed = False  # closed for output past max_output_buffer
 
     def __repr__(self) -> str:
         return f"Connection({self.client_id or self.peer!r})"
@@ -187,11 +211,14 @@ class Connection:
             self._pending_len = self._need = 0
         end = len(data)
         pos = 0
-        limit = self.broker.options.max_packet_size
-        store = self.broker.store
-        writes = self._writes_seen = store.writes
         broker = self.broker
-        budget = broker.options.input_budget
+        opts = broker.options
+        # Packets up to ``small`` bytes need no look at the limits: the CONNECT limit (and the
+        # one of AUTH before CONNACK) is checked only past it.
+        small = min(opts.max_connect_size, opts.max_packet_size)
+        store = broker.store
+        writes = self._writes_seen = store.writes
+        budget = opts.input_budget
         if self.work_pass != broker.passes:  # the budget is per event-loop pass
             self.work_pass = broker.passes
             self.work = 0
@@ -213,10 +240,8 @@ class Connection:
                 if header is None:
                     break
                 length, body = header
-                if body - pos + length > limit:
-                    raise PacketTooLarge(
-                        f"packet of {body - pos + length} bytes exceeds the maximum of {limit}"
-                    )
+                if body - pos + length > small:
+                    self._check_size(body - pos + length, data[body : min(end, body + 8)])
                 stop = body + length
                 if stop > end:
                     self._need = stop - pos
@@ -246,25 +271,55 @@ class Connection:
                 self._pending_len = len(rest)
             if self._checking:  # the rest waits for the password check's answer
                 self._need = 0
-                if not self.input_paused:
-                    self.input_paused = True
-                    self.link.pause_reading()
+                self._pause_input()
                 return
             if self.work >= budget:
                 self._need = 0  # parse the rest when resumed
-                if not self.input_paused:
-                    self.input_paused = True
-                    self.link.pause_reading()
-                self.broker.defer(self)
+                self._pause_input()
+                if not self.paused and not self._retained:  # else deferred already, or
+                    self.broker.defer(self)  # resume_writing goes on
                 return
-        if self.input_paused:
+        if self.input_paused and not self.paused and not self._retained:
             self.input_paused = False
             self.link.resume_reading()
 
+    def _pause_input(self) -> None:
+        if not self.input_paused:
+            self.input_paused = True
+            self.link.pause_reading()
+
     def resume_input(self) -> None:
-        """Go on with input left over when the budget ran out (called by the broker)."""
-        if self.state != CLOSED and self._pending:
+        """Go on with what waited for the next loop pass, when the budget ran out (called by
+        the broker): retained messages for new subscriptions first, then input left over."""
+        if self.state == CLOSED or self.paused:
+            return  # resume_writing goes on once the output drained
+        if self._retained:
+            self._send_retained()
+            if self._retained:
+                return  # deferred again, or waiting for the output to drain
+        if self._pending and self._pending_len >= self._need:  # a whole packet, or unknown
             self.data_received(b"")
+        elif self.input_paused:
+            self.input_paused = False
+            self.link.resume_reading()
+
+    def _check_size(self, size: int, head: bytes) -> None:
+        """A packet of ``size`` bytes (``head``: its first bytes after the fixed header) is
+        larger than the CONNECT limit: refused (0x95) before authentication, from its fixed
+        header, so that nothing big is held or decoded for a client nobody knows yet; after
+        it, refused past max_packet_size."""
+        opts = self.broker.options
+        if self.state != CONNECTED and size > opts.max_connect_size:
+            if self.state == AWAIT_CONNECT:
+                self._learn_version(head)  # to answer in the client's version
+            raise PacketTooLarge(
+                f"packet of {size} bytes before authentication exceeds max_connect_size "
+                f"({opts.max_connect_size})"
+            )
+        if size > opts.max_packet_size:
+            raise PacketTooLarge(
+                f"packet of {size} bytes exceeds the maximum of {opts.max_packet_size}"
+            )
 
     def _dispatch(self, first: int, data: bytes, body: int, stop: int) -> None:
         ptype = first >> 4
@@ -301,10 +356,21 @@ class Connection:
         ):
             raise ProtocolError(f"a client may not send packet type {ptype}")
         elif ptype == _SUBSCRIBE:
+            # More filters than a client may hold could never be granted: refused whole.
             self._on_subscribe(
-                fastpath.decode_subscribe(first & 0x0F, data, body, stop, self.version)
+                fastpath.decode_subscribe(
+                    first & 0x0F,
+                    data,
+                    body,
+                    stop,
+                    self.version,
+                    self.broker.options.max_subscriptions_per_client,
+                )
             )
         else:
+            limit = self.broker.options.max_subscriptions_per_client
+            if ptype == _UNSUBSCRIBE and limit:  # as many as a client may hold, at most
+                fastpath.check_unsubscribe_count(data, body, stop, self.version, limit)
             packet = grammar.decode(ptype, first & 0x0F, data[body:stop], self.version)
             if isinstance(packet, pk.Unsubscribe):
                 self._on_unsubscribe(packet)
@@ -315,11 +381,15 @@ class Connection:
 
     def _decode_connect(self, first: int, body: bytes) -> pk.Connect:
         # Learn the protocol level first so a failure is answered in the client's own version.
+        self._learn_version(body)
+        return fastpath.decode_connect(first & 0x0F, body, 0, len(body))
+
+    def _learn_version(self, body: bytes) -> None:
+        """The protocol level from the start of a CONNECT body, when it is there."""
         if body[:6] == b"\x00\x04MQTT" and len(body) > 6:
             self.version = MQTT_5 if body[6] >= MQTT_5 else body[6]
         elif body[:8] == b"\x00\x06MQIsdp":
             self.version = pk.MQTT_3_1
-        return fastpath.decode_connect(first & 0x0F, body, 0, len(body))
 
     # -- CONNECT ----------------------------------------------------------------------------
 
@@ -432,7 +502,7 @@ class Connection:
             return
         if store.writes != writes:
             self._hold_output()
-        if self.input_paused:
+        if self.input_paused and not self.paused:
             self.input_paused = False
             self.link.resume_reading()
         if self._pending:
@@ -652,13 +722,14 @@ class Connection:
                 "retained PUBLISH not supported", ReasonCode.RETAIN_NOT_SUPPORTED
             )  # MQTT-3.2.2-14
         router = broker.router
-        found = router.lookup_raw(raw_topic)
+        authorizer = broker.authorizer
+        found = router.lookup_raw(raw_topic, None if authorizer is None else self)
         if found is None:
             if raw_topic == b"\x00\x00":
                 raise ProtocolError("PUBLISH with an empty topic and no topic alias")
             raise MQTTError("invalid topic name", ReasonCode.TOPIC_NAME_INVALID)  # 3.3.2-2
         topic, match = found
-        if broker.authorizer is not None and not self._may_publish(topic):
+        if authorizer is not None and not self.may_publish(topic):
             broker.denied += 1
             self._log_denied("publish to", topic)
             if qos:  # QoS 0 is dropped silently (and counted)
@@ -756,17 +827,23 @@ class Connection:
                 count,
             )
 
-    def _may_publish(self, topic: str) -> bool:
+    def may_publish(self, topic: str) -> bool:
+        """Whether the authorizer lets this client publish to ``topic``; the answers are
+        cached per connection, up to ALLOWED_CACHE_TOPICS topics of ALLOWED_CACHE_CHARS
+        characters in all."""
         authorizer = self.broker.authorizer
         assert authorizer is not None
         if self._allowed_generation != authorizer.generation:
             self._allowed.clear()
+            self._allowed_size = 0
             self._allowed_generation = authorizer.generation
         allowed = self._allowed.get(topic)
         if allowed is None:
             allowed = authorizer.can_publish(self.client_id, self.username, topic)
-            if len(self._allowed) < 1024:
+            size = self._allowed_size + len(topic)
+            if len(self._allowed) < ALLOWED_CACHE_TOPICS and size <= ALLOWED_CACHE_CHARS:
                 self._allowed[topic] = allowed
+                self._allowed_size = size
         return allowed
 
     def _on_ack(self, ptype: int, ack: pk.Ack) -> None:
@@ -810,6 +887,9 @@ class Connection:
             )
         codes: list[int] = []
         new_subs: list[tuple[Subscription, bool]] = []
+        over = 0  # filters refused for max_subscriptions_per_client
+        refused = 0  # ...and by the authorizer, the first of them:
+        denied: str | None = None
         for request in packet.subscriptions:
             topic_filter = request.topic_filter
             try:
@@ -833,7 +913,9 @@ class Connection:
             if authorizer is not None and not authorizer.can_subscribe(
                 self.client_id, self.username, inner
             ):
-                self._log_denied("subscribe to", topic_filter)
+                if denied is None:
+                    denied = topic_filter
+                refused += 1
                 codes.append(ReasonCode.NOT_AUTHORIZED if v5 else 0x80)
                 continue
             if not opts.wildcard_subscriptions and ("+" in inner or "#" in inner):
@@ -844,11 +926,7 @@ class Connection:
                 and len(session.subscriptions) >= opts.max_subscriptions_per_client
                 and topic_filter not in session.subscriptions
             ):
-                log.info(
-                    "client %s: max_subscriptions_per_client (%d) reached",
-                    self.client_id,
-                    opts.max_subscriptions_per_client,
-                )
+                over += 1
                 codes.append(ReasonCode.QUOTA_EXCEEDED if v5 else 0x80)
                 continue
             size = 0 if topic_filter in session.subscriptions else filter_size(topic_filter)
@@ -880,6 +958,15 @@ class Connection:
                 broker.store.save_subscription(session, sub)
             codes.append(qos)
             new_subs.append((sub, existed))
+        if denied is not None:  # one line per packet, however many filters it held
+            self._log_denied(f"subscribe to {refused} filter(s), the first", denied)
+        if over:
+            log.info(
+                "client %s: max_subscriptions_per_client (%d) reached: %d filter(s) refused",
+                self.client_id,
+                opts.max_subscriptions_per_client,
+                over,
+            )
         self._send(fastpath.encode_suback(pk.Suback(packet.packet_id, codes), self.version))
         now = broker.clock()
         for sub, existed in new_subs:
@@ -888,7 +975,49 @@ class Connection:
             if sub.share_group is None and (
                 sub.retain_handling == 0 or (sub.retain_handling == 1 and not existed)
             ):
-                broker.router.send_retained(sub, now, broker.authorizer)
+                if self._retained is None:
+                    self._retained = deque()
+                self._retained.append((sub, broker.router.retained.match(sub.filter, now)))
+        if self._retained:
+            self._send_retained()
+
+    def _send_retained(self) -> None:
+        """Send retained messages for new subscriptions, within this loop pass's input budget
+        and up to ``RETAINED_PER_PASS`` bytes; the rest in later passes, while the client reads
+        (none while its output is paused). Input waits meanwhile: SUBSCRIBEs from a client
+        that does not read cannot pile up copies of the retained set."""
+        backlog = self._retained
+        session = self.session
+        assert backlog is not None and session is not None
+        broker = self.broker
+        if self.work_pass != broker.passes:
+            self.work_pass = broker.passes
+            self.work = 0
+        budget = broker.options.input_budget
+        authorizer = broker.authorizer
+        now = broker.clock()
+        sent = 0
+        while backlog and not self.paused and self.work < budget and sent < RETAINED_PER_PASS:
+            sub, messages = backlog[0]
+            message = next(messages, None)
+            if message is None or session.subscriptions.get(sub.topic_filter) is not sub:
+                backlog.popleft()  # done, or unsubscribed meanwhile (MQTT-3.10.4-2)
+                continue
+            self.work += 1
+            if authorizer is not None and not authorizer.can_read(
+                session.client_id, session.username, message.topic
+            ):
+                continue
+            ident = sub.identifier
+            session.deliver(
+                message, min(sub.qos, message.qos), True, (ident,) if ident else (), now
+            )
+            sent += message.size
+        if backlog:  # more in the next pass (or once the output drained); input waits
+            self.work = budget
+            self._pause_input()
+            if not self.paused:
+                broker.defer(self)
 
     def _on_unsubscribe(self, packet: pk.Unsubscribe) -> None:
         session = self.session
@@ -970,6 +1099,25 @@ class Connection:
             del out[:count]
         self._out_base += count
         self.link.write(data)
+        if self.paused:
+            bound = self.broker.options.max_output_buffer
+            if bound and self.link.buffered() > bound:
+                self._overflow()
+
+    def _overflow(self) -> None:
+        """More output than max_output_buffer waits for a client that does not read: closed
+        (DISCONNECT 0x97 first in MQTT 5, for what it is worth behind all that), and what it
+        did not take dropped, so its memory is freed at once."""
+        if self._overflowed:
+            return
+        self._overflowed = True
+        log.warning(
+            "client %s: more than max_output_buffer (%d bytes) waits for it to read; closing",
+            self._name(),
+            self.broker.options.max_output_buffer,
+        )
+        self.disconnect(ReasonCode.QUOTA_EXCEEDED, "output buffer full")
+        self.link.abort()
 
     def send_publish(
         self,
@@ -1143,12 +1291,20 @@ class Connection:
     # -- flow control from the transport ----------------------------------------------------
 
     def pause_writing(self) -> None:
+        """The transport holds more than its high-water mark: no more output for now (QoS 0
+        is dropped, QoS 1/2 queued in the session) and no more input either, whose answers
+        (acks, PINGRESP) would pile up too."""
         self.paused = True
+        self._pause_input()
 
     def resume_writing(self) -> None:
         self.paused = False
+        if self.state == CLOSED:
+            return
         if self.session is not None and self.state == CONNECTED:
             self.session.drain(self.broker.clock())
+        if not self._checking:
+            self.resume_input()
 
 
 def _check_utf8_payload(payload: bytes) -> None:

@@ -20,11 +20,12 @@ from ..protocol import packets as pk
 from ..protocol.errors import MQTTError
 from ..protocol.packets import MQTT_5, Will
 from ..protocol.properties import PropertyId as Prop
+from ..protocol.properties import limit_user_properties
 from ..protocol.reasons import ReasonCode
 from .auth import AllowAll, Authenticator, Authorizer
 from .connection import AUTHENTICATING, AWAIT_CONNECT, Connection, Link
 from .message import Message
-from .options import BrokerOptions
+from .options import PER_ADDRESS_DEFAULT, BrokerOptions
 from .router import Router
 from .session import NEVER, Session
 from .store import Restored, Store
@@ -51,6 +52,7 @@ class Broker:
     ) -> None:
         self.options = options or BrokerOptions()
         self.options.check()
+        limit_user_properties(self.options.max_user_properties)  # the codec's, one per process
         self.clock = clock
         self.store = store or Store()
         self.authenticator: Authenticator = authenticator or AllowAll()
@@ -111,10 +113,13 @@ class Broker:
 
     # -- connections and output -------------------------------------------------------------
 
-    def connect(self, link: Link, peer: str = "?", address: str | None = None) -> Connection:
+    def connect(
+        self, link: Link, peer: str = "?", address: str | None = None, local: bool = False
+    ) -> Connection:
         """A new network connection from ``peer`` ("address:port", how the log names it) and
         ``address`` (by default the address in ``peer``; a proxy's client may differ). Past the
-        connection limits it is closed at once (the log says which limit)."""
+        connection limits it is closed at once (the log says which limit). ``local``: on a
+        local-only listener, which has no per-address limit unless one is configured."""
         conn = Connection(self, link, peer)
         opts = self.options
         if address is None:
@@ -123,6 +128,8 @@ class Broker:
             self._refuse(conn, f"max_connections ({opts.max_connections}) reached")
             return conn
         per_address = opts.max_connections_per_address
+        if per_address is None:
+            per_address = 0 if local else PER_ADDRESS_DEFAULT
         if per_address:
             count = self._per_address.get(address, 0)
             if count >= per_address:

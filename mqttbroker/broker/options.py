@@ -7,12 +7,25 @@ from dataclasses import dataclass
 
 from .topics import SHARE_STRATEGIES
 
+# max_connections_per_address on listeners other machines reach, unless configured.
+PER_ADDRESS_DEFAULT = 64
+
 
 @dataclass(slots=True)
 class BrokerOptions:
     # Largest packet accepted from a client, fixed header included (0x95 past it). Announced as
     # Maximum Packet Size in CONNACK.
     max_packet_size: int = 1_048_576
+    # Largest CONNECT (and AUTH before CONNACK) accepted: refused with 0x95 from its fixed
+    # header, so an unauthenticated client cannot make the broker hold or decode much.
+    max_connect_size: int = 16_384
+    # User Properties one packet may carry (0: no limit); past it the packet is refused (0x83)
+    # and its properties not decoded further.
+    max_user_properties: int = 64
+    # Output waiting for one client (the socket's buffer included). Past the transport's
+    # high-water mark (4 MiB) the broker stops reading from the client and sending to it; past
+    # this bound (0: none) it closes the connection (MQTT 5: DISCONNECT 0x97 first).
+    max_output_buffer: int = 16 * 1_048_576
     # Receive Maximum announced to clients: QoS 1/2 PUBLISHes a client may have unacknowledged.
     receive_maximum: int = 1024
     # Topic Alias Maximum announced to clients (0 disables inbound aliases).
@@ -46,8 +59,10 @@ class BrokerOptions:
     # max_publish_rate messages/s (bursts of max_publish_burst allowed) is disconnected with
     # 0x96; new retained topics past max_retained get 0x97 (QoS 0: dropped and counted).
     max_connections: int = 100_000
-    max_connections_per_address: int = 0
-    max_topic_length: int = 65535
+    # ...from one address. None (absent): 64 on listeners other machines reach, no limit on
+    # local-only ones (loopback, no proxy); a number applies on every listener (0: no limit).
+    max_connections_per_address: int | None = None
+    max_topic_length: int = 4096
     max_topic_levels: int = 128
     max_subscriptions_per_client: int = 1000
     max_publish_rate: float = 0.0
@@ -79,6 +94,8 @@ class BrokerOptions:
     input_budget: int = 10000
     # Match-cache entries (topic -> matching subscriptions) kept before the cache is cleared.
     match_cache_size: int = 65536
+    # ...and bytes of topic names in it: long topics fill it by size, not only by count.
+    match_cache_bytes: int = 64 * 1_048_576
     # Prefix of generated client identifiers.
     client_id_prefix: str = "auto-"
     # Response Information returned to MQTT 5 clients that ask for it (Request Response
@@ -113,9 +130,10 @@ class BrokerOptions:
             raise ValueError(
                 "shared_subscription_strategy must be round_robin, random, sticky or hash"
             )
+        if self.max_connections_per_address is not None and self.max_connections_per_address < 0:
+            raise ValueError("max_connections_per_address must not be negative")
         for name in (
             "max_connections",
-            "max_connections_per_address",
             "max_topic_length",
             "max_topic_levels",
             "max_subscriptions_per_client",
@@ -124,6 +142,10 @@ class BrokerOptions:
             "max_sessions",
             "max_sessions_per_user",
             "max_subscription_bytes",
+            "match_cache_size",
+            "match_cache_bytes",
+            "max_user_properties",
+            "max_output_buffer",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative")
@@ -133,7 +155,7 @@ class BrokerOptions:
             raise ValueError("sys_interval must not be negative")
         if self.input_budget < 1:
             raise ValueError("input_budget must be at least 1")
-        if self.match_cache_size < 0:
-            raise ValueError("match_cache_size must not be negative")
+        if not 0 < self.max_connect_size <= 268_435_460:
+            raise ValueError("max_connect_size must be between 1 and 268435460")
         if self.session_owner_mismatch not in ("refuse", "new"):
             raise ValueError('session_owner_mismatch must be "refuse" or "new"')

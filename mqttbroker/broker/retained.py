@@ -77,7 +77,8 @@ class RetainedStore:
 
     def match(self, topic_filter: str, now: float) -> Iterator[Message]:
         """Retained messages whose topic matches ``topic_filter``; expired ones are removed
-        instead of returned."""
+        instead of returned. The store may change while this is consumed (a connection sends
+        them over several loop passes): an expired message replaced meanwhile stays replaced."""
         expired: list[Message] = []
         for message in self._walk(self._root, topic_filter.split("/"), 0):
             if message.expired(now):
@@ -85,8 +86,9 @@ class RetainedStore:
             else:
                 yield message
         for message in expired:
-            self._clear(message.topic.split("/"))
-            self._store.delete_retained(message.topic)
+            if self.get(message.topic) is message:
+                self._clear(message.topic.split("/"))
+                self._store.delete_retained(message.topic)
 
     def _walk(self, node: _Node, levels: list[str], index: int) -> Iterator[Message]:
         if index == len(levels):

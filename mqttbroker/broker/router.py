@@ -8,11 +8,10 @@ cleared on every subscription change and when it grows past its bound.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ..protocol.errors import MalformedPacket
 from ..protocol.fastpath import encode_topic
-from .auth import Authorizer
 from .message import Message
 from .options import BrokerOptions
 from .retained import RetainedStore
@@ -22,6 +21,14 @@ from .topics import Match, Subscription, SubscriptionTrie, valid_topic_name
 if TYPE_CHECKING:
     from .session import Session
 
+# About what one match-cache entry costs beside its topic: the dict slot, the tuple, the match.
+_ENTRY_BYTES = 200
+_NO_MATCH: Match = ([], [])
+
+
+class Publisher(Protocol):
+    def may_publish(self, topic: str) -> bool: ...
+
 
 class Router:
     def __init__(self, options: BrokerOptions, store: Store | None = None) -> None:
@@ -30,20 +37,29 @@ class Router:
         self.trie = SubscriptionTrie()
         self.retained = RetainedStore(self.store)
         self._cache: dict[bytes, tuple[str, Match]] = {}
+        self._cache_bytes = 0  # what the cached topics take, about
 
     def subscribe(self, sub: Subscription) -> bool:
         """Add or replace ``sub``; True if it replaced one (MQTT-3.8.4-3)."""
-        self._cache.clear()
+        self._clear_cache()
         return self.trie.add(sub)
 
     def unsubscribe(self, sub: Subscription) -> bool:
-        self._cache.clear()
+        self._clear_cache()
         return self.trie.remove(sub)
 
-    def lookup_raw(self, raw: bytes) -> tuple[str, Match] | None:
+    def _clear_cache(self) -> None:
+        self._cache.clear()
+        self._cache_bytes = 0
+
+    def lookup_raw(
+        self, raw: bytes, publisher: Publisher | None = None
+    ) -> tuple[str, Match] | None:
         """The topic name and the subscriptions matching it, from the topic as it is on the wire
         (2-byte length, then UTF-8); None if it is not a valid Topic Name. A cache hit skips
-        decoding and validation as well as matching."""
+        decoding and validation as well as matching. A topic ``publisher`` may not publish to
+        is neither matched nor cached (it gets no match): the cache holds only topics that
+        someone may publish to."""
         found = self._cache.get(raw)
         if found is None:
             try:
@@ -54,11 +70,21 @@ class Router:
                 raise MalformedPacket("topic name contains U+0000")  # MQTT-4.7.3-2
             if not valid_topic_name(topic) or not self.within_limits(topic):
                 return None
+            if publisher is not None and not publisher.may_publish(topic):
+                return topic, _NO_MATCH
             found = (topic, self.trie.match(topic))
             cache = self._cache
-            if len(cache) >= self.options.match_cache_size:
-                cache.clear()
-            cache[raw] = found
+            # The raw key and the decoded name (about twice the bytes), and the entry itself.
+            size = 2 * len(raw) + _ENTRY_BYTES
+            opts = self.options
+            if (
+                len(cache) >= opts.match_cache_size
+                or self._cache_bytes + size > opts.match_cache_bytes
+            ):
+                self._clear_cache()
+            if size <= opts.match_cache_bytes:
+                cache[raw] = found
+                self._cache_bytes += size
         return found
 
     def within_limits(self, topic: str) -> bool:
@@ -125,18 +151,3 @@ class Router:
             )
             count += 1
         return count
-
-    def send_retained(
-        self, sub: Subscription, now: float, authorizer: Authorizer | None = None
-    ) -> None:
-        """Deliver the retained messages matching a new subscription, RETAIN set (MQTT-3.3.1-9),
-        those the authorizer lets this client read."""
-        session = sub.session
-        ident = sub.identifier
-        ids = (ident,) if ident else ()
-        for message in list(self.retained.match(sub.filter, now)):
-            if authorizer is not None and not authorizer.can_read(
-                session.client_id, session.username, message.topic
-            ):
-                continue
-            session.deliver(message, min(sub.qos, message.qos), True, ids, now)

@@ -44,3 +44,10 @@ class PacketTooLarge(MQTTError):
     """The packet is larger than the maximum this side accepts (0x95)."""
 
     reason_code = ReasonCode.PACKET_TOO_LARGE
+
+
+class LimitExceeded(MQTTError):
+    """The packet is valid but past a limit of this implementation, e.g. too many User
+    Properties (0x83: the spec's "valid but cannot be processed by this implementation")."""
+
+    reason_code = ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR

@@ -11,10 +11,10 @@ from typing import Any
 
 from . import grammar
 from . import packets as pk
-from .errors import MalformedPacket, ProtocolError
+from .errors import LimitExceeded, MalformedPacket, ProtocolError
 from .packets import MQTT_5, PacketType
-from .properties import SPEC, WILL, PropertyType, collect, pairs
-from .reasons import ACK_REASON_CODES
+from .properties import SPEC, WILL, PropertyType, collect, pairs, properties_cap, too_many
+from .reasons import ACK_REASON_CODES, ReasonCode
 from .rules import check_protocol, subscription_request
 
 MAX_VBI = 268_435_455
@@ -134,7 +134,10 @@ def decode_properties(
     if stop > end:
         raise MalformedPacket("properties run past the end of the packet")
     found: list[tuple[int, Any]] = []
+    cap = properties_cap() or -1
     while pos < stop:
+        if len(found) == cap:
+            too_many(found, packet_type)
         pid, pos = decode_vbi(data, pos, stop)
         kind = _TYPE_OF.get(pid)
         value: Any
@@ -449,8 +452,30 @@ def decode_connect(flags: int, data: bytes, pos: int, end: int) -> pk.Connect:
     )
 
 
-def decode_subscribe(flags: int, data: bytes, pos: int, end: int, version: int) -> pk.Subscribe:
-    """Decode a SUBSCRIBE body; the same result and errors as grammar.decode."""
+def check_unsubscribe_count(data: bytes, pos: int, end: int, version: int, limit: int) -> None:
+    """Refuse an UNSUBSCRIBE body with more than ``limit`` topic filters (LimitExceeded, 0x97)
+    by a walk over their lengths, before the general decoder takes seconds over a megabyte of
+    them. Anything malformed is left for the decoder to refuse."""
+    p = pos + 2
+    if version == MQTT_5 and p < end:
+        length, p = decode_vbi(data, p, end)
+        p += length
+    count = 0
+    while p + 2 <= end:
+        count += 1
+        if count > limit:
+            raise LimitExceeded(
+                f"UNSUBSCRIBE with more than {limit} topic filters", ReasonCode.QUOTA_EXCEEDED
+            )
+        p += 2 + ((data[p] << 8) | data[p + 1])
+
+
+def decode_subscribe(
+    flags: int, data: bytes, pos: int, end: int, version: int, max_filters: int = 0
+) -> pk.Subscribe:
+    """Decode a SUBSCRIBE body; the same result and errors as grammar.decode. More than
+    ``max_filters`` topic filters (0: no limit) is refused whole, as soon as the next one
+    starts: LimitExceeded with 0x97, Quota exceeded."""
     if flags != 2:
         raise MalformedPacket("reserved fixed-header flags of packet type 8 are wrong")
     if pos + 2 > end:
@@ -461,7 +486,13 @@ def decode_subscribe(flags: int, data: bytes, pos: int, end: int, version: int) 
     if version == MQTT_5:
         props, p = decode_properties(data, p, end, PacketType.SUBSCRIBE)
     entries: list[tuple[str, int]] = []
+    limit = max_filters or -1
     while p < end:
+        if len(entries) == limit:
+            raise LimitExceeded(
+                f"SUBSCRIBE with more than {max_filters} topic filters",
+                ReasonCode.QUOTA_EXCEEDED,
+            )
         topic_filter, p = _utf8(data, p, end)
         if p >= end:
             raise MalformedPacket("topic filter without subscription options")

@@ -40,7 +40,7 @@ from construct.core import stream_iseof, stream_read, stream_write
 from . import packets as pk
 from .errors import MalformedPacket, MQTTError, ProtocolError
 from .packets import MQTT_5, PacketType
-from .properties import SPEC, WILL, PropertyType, collect, pairs
+from .properties import SPEC, WILL, PropertyType, collect, pairs, properties_cap, too_many
 from .reasons import (
     ACK_REASON_CODES,
     AUTH_CODES,
@@ -136,6 +136,18 @@ class _UntilEnd(Subconstruct):
         return obj
 
 
+class _PropertyList(_UntilEnd):
+    """Properties until the end, but no more than one past :func:`properties_cap`: the caller
+    (``_props``) refuses the packet then, without the rest decoded."""
+
+    def _parse(self, stream: Any, context: Any, path: Any) -> ListContainer:
+        items = ListContainer()
+        cap = properties_cap()
+        while not stream_iseof(stream) and (not cap or len(items) <= cap):
+            items.append(self.subcon._parsereport(stream, context, path))
+        return items
+
+
 _PROPERTY_VALUE = {
     PropertyType.BYTE: Byte,
     PropertyType.TWO_BYTE: Int16ub,
@@ -152,7 +164,7 @@ Property = Struct(
     "value" / Switch(lambda ctx: _TYPE_OF.get(ctx.id), _PROPERTY_VALUE, default=_UnknownProperty()),
 )
 # Section 2.2.2: Property Length (VBI) then the properties.
-Properties = Prefixed(VBI, _UntilEnd(Property))
+Properties = Prefixed(VBI, _PropertyList(Property))
 
 
 def _v5(ctx: Any) -> bool:
@@ -271,10 +283,11 @@ BODY: dict[int, Construct] = {
 def _props(raw: Any, packet_type: int) -> dict[int, Any]:
     if raw is None:
         return {}
-    return collect(
-        [(e.id, tuple(e.value) if isinstance(e.value, list) else e.value) for e in raw],
-        packet_type,
-    )
+    found = [(e.id, tuple(e.value) if isinstance(e.value, list) else e.value) for e in raw]
+    cap = properties_cap()
+    if cap and len(found) > cap:
+        too_many(found, packet_type)
+    return collect(found, packet_type)
 
 
 def _check_code(code: int, allowed: frozenset[int], what: str) -> int:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from enum import IntEnum
 from typing import Any
 
-from .errors import MalformedPacket, ProtocolError
+from .errors import LimitExceeded, MalformedPacket, ProtocolError
 from .packets import PacketType as P
 
 
@@ -154,10 +154,35 @@ _CHECKS: dict[int, Any] = {
 }
 
 
+# User Properties one packet may carry (0: no limit): the broker sets it from its
+# max_user_properties. The spec sets none, but decoding a megabyte of empty ones costs the event
+# loop half a second, before any credential is checked.
+_user_properties = 64
+
+
+def limit_user_properties(count: int) -> None:
+    global _user_properties
+    _user_properties = count
+
+
+def properties_cap() -> int:
+    """How many properties a decoder may read before it calls :func:`too_many` (0: no cap):
+    the User Property limit plus one of each other property."""
+    return _user_properties + len(SPEC) if _user_properties else 0
+
+
+def too_many(found: list[tuple[int, Any]], packet_type: int) -> None:
+    """A decoder read more than :func:`properties_cap` properties: a property repeated that
+    may not be is the Protocol Error it is; else there are too many User Properties."""
+    collect(found, packet_type)
+    raise LimitExceeded(f"more than {_user_properties} User Properties")
+
+
 def collect(pairs: list[tuple[int, Any]], packet_type: int) -> Properties:
     """Fold decoded (id, value) pairs into a properties dict, enforcing the spec's rules: the
     property must be allowed in this packet, and may appear only once unless it repeats. Raises
-    ProtocolError (0x82): the spec calls both a Protocol Error (section 2.2.2.2)."""
+    ProtocolError (0x82): the spec calls both a Protocol Error (section 2.2.2.2); LimitExceeded
+    (0x83) past the User Property limit."""
     props: Properties = {}
     for pid, value in pairs:
         spec = SPEC.get(pid)
@@ -176,6 +201,9 @@ def collect(pairs: list[tuple[int, Any]], packet_type: int) -> Properties:
             raise ProtocolError(f"property {PropertyId(pid).name} appears more than once")
         else:
             props[pid] = value
+    users = props.get(_I.USER_PROPERTY)
+    if users is not None and _user_properties and len(users) > _user_properties:
+        raise LimitExceeded(f"more than {_user_properties} User Properties")
     return props
 
 

@@ -15,6 +15,7 @@ from typing import cast
 from ..broker.connection import Connection
 from ..broker.core import Broker
 from ..config import ListenerConfig
+from ..security import local_only
 from .tls import certificate_user
 
 log = logging.getLogger("mqttbroker.tcp")
@@ -22,6 +23,8 @@ log = logging.getLogger("mqttbroker.tcp")
 # Bytes a slow subscriber's socket may buffer before the broker stops writing to it (QoS 0 is
 # then dropped and counted, QoS 1/2 waits in the session queue).
 WRITE_HIGH_WATER = 4 * 1_048_576
+# Seconds a closed connection's client has to read what is still buffered for it.
+CLOSE_GRACE = 10.0
 
 
 def peer_name(peer: object) -> str:
@@ -60,7 +63,7 @@ class MQTTProtocol(asyncio.Protocol):
             user = certificate_user(transport.get_extra_info("ssl_object"), field)
             self.certificate_user = user
             log.debug("connection from %s: client certificate user %r", name, user)
-        self.conn = self.broker.connect(self, name, address)
+        self.conn = self.broker.connect(self, name, address, local_only(self.listener))
 
     def data_received(self, data: bytes) -> None:
         assert self.conn is not None
@@ -91,8 +94,20 @@ class MQTTProtocol(asyncio.Protocol):
             self.transport.write(data)
 
     def close(self) -> None:
+        transport = self.transport
+        if transport is not None:
+            transport.close()
+            if transport.get_write_buffer_size():
+                # A client that does not read would keep the socket, and what waits for it,
+                # for ever: it has CLOSE_GRACE seconds to take it.
+                asyncio.get_running_loop().call_later(CLOSE_GRACE, transport.abort)
+
+    def abort(self) -> None:
         if self.transport is not None:
-            self.transport.close()
+            self.transport.abort()
+
+    def buffered(self) -> int:
+        return 0 if self.transport is None else self.transport.get_write_buffer_size()
 
     def pause_reading(self) -> None:
         if self.transport is not None and not self.transport.is_closing():

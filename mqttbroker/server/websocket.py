@@ -23,6 +23,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from ..broker.connection import Connection
 from ..broker.core import Broker
 from ..config import IPNetwork, ListenerConfig, trusted_networks
+from ..security import local_only
 from .proxy import IPAddress, ip_of, within
 from .tcp import WRITE_HIGH_WATER, peer_name
 from .tls import certificate_user
@@ -122,6 +123,12 @@ class WebSocketLink:
             self._wake.set()
             self._reading.set()
 
+    def abort(self) -> None:
+        self._abort(WSCloseCode.POLICY_VIOLATION)
+
+    def buffered(self) -> int:
+        return self._buffered
+
     def pause_reading(self) -> None:
         self._reading.clear()
 
@@ -134,7 +141,7 @@ class WebSocketLink:
         """Read frames until either side closes; the writer task lives as long. ``address``:
         the client's, when a trusted proxy named it (``peer`` is then "address (via proxy)")."""
         self.broker = broker
-        conn = self.conn = broker.connect(self, peer, address)
+        conn = self.conn = broker.connect(self, peer, address, local_only(self.listener))
         writer = asyncio.create_task(self._write_loop())
         ws = self.ws
         try:

@@ -56,6 +56,8 @@ class FakeLink:
         self.close_calls = 0
         self.writes_after_close = 0
         self.reading_paused = False
+        self.unread = 0  # what buffered() says: bytes the client has not taken
+        self.aborted = False
 
     def write(self, data: bytes) -> None:
         if self.closed:
@@ -71,6 +73,12 @@ class FakeLink:
 
     def resume_reading(self) -> None:
         self.reading_paused = False
+
+    def buffered(self) -> int:
+        return self.unread
+
+    def abort(self) -> None:
+        self.closed = self.aborted = True
 
     @property
     def data(self) -> bytes:

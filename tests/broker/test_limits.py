@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker_harness import Harness, Prop, pk
+from broker_harness import FakeLink, Harness, Prop, pk
 
 
 def test_max_connections_closes_the_extra_connection(make_harness: Any) -> None:
@@ -138,3 +138,124 @@ def test_persistent_session_count_follows_every_way_a_session_ends(make_harness:
     h.tick(6)  # bob's session expired
     assert counts() == (1, {})
     assert a1b.closed  # taken over by the Clean Start above
+
+
+def test_output_past_max_output_buffer_closes_with_0x97(make_harness: Any, caplog: Any) -> None:
+    """A client whose unread output passes max_output_buffer is told 0x97 and dropped, logged
+    once; before that, while the transport is over its high-water mark, it is not read."""
+    h: Harness = make_harness(max_output_buffer=1000)
+    client = h.connect("slow")
+    client.conn.pause_writing()  # the transport is over its high-water mark
+    assert client.link.reading_paused
+    client.link.unread = 999
+    client.pingreq()
+    assert not client.closed and client.receive() == [pk.Pingresp()]
+    client.link.unread = 1001
+    client.pingreq()
+    received = client.receive()
+    assert received[-1] == pk.Disconnect(0x97, received[-1].properties)
+    assert client.link.aborted  # what it did not take is dropped
+    assert caplog.text.count("max_output_buffer") == 1
+    h.connect("other").subscribe("t")  # nobody else harmed
+
+
+def test_reading_resumes_when_the_output_drains(make_harness: Any) -> None:
+    h: Harness = make_harness()
+    client = h.connect("c")
+    client.conn.pause_writing()
+    assert client.link.reading_paused
+    client.conn.resume_writing()
+    assert not client.link.reading_paused
+    client.pingreq()
+    assert client.receive() == [pk.Pingresp()]
+    # Also with part of a packet waiting for the rest.
+    client.send_raw(b"\x30\x05\x00\x01")  # a QoS 0 PUBLISH to "t", cut short
+    client.conn.pause_writing()
+    client.conn.resume_writing()
+    assert not client.link.reading_paused
+    client.send_raw(b"t\x00x\xc0\x00")  # its rest, then a PINGREQ
+    assert client.receive() == [pk.Pingresp()]
+
+
+def test_retained_messages_go_out_a_share_per_pass(make_harness: Any) -> None:
+    """More retained messages than one pass sends: the rest follows in later passes, and the
+    client's later input waits for them (its PINGRESP comes after the last one)."""
+    h: Harness = make_harness()
+    publisher = h.connect("pub")
+    for index in range(5):
+        publisher.publish(f"r/{index}", bytes([index]) * 400_000, retain=True)
+    client = h.connect("c")
+    client.send(
+        pk.Subscribe(1, [pk.SubscriptionRequest("r/#", 0)]),
+        pk.Pingreq(),
+    )
+    got = client.receive()
+    assert 1 < len(got) < 6  # SUBACK and a share, not the whole retained set at once
+    for _ in range(10):
+        got += client.receive()
+    assert isinstance(got[0], pk.Suback)
+    assert sorted(p.payload for p in got[1:6]) == [bytes([i]) * 400_000 for i in range(5)]
+    assert got[6:] == [pk.Pingresp()]
+
+
+def test_a_subscribe_past_the_subscription_limit_is_refused_whole(make_harness: Any) -> None:
+    h: Harness = make_harness(max_subscriptions_per_client=3)
+    client = h.connect("c")
+    client.send(pk.Subscribe(1, [pk.SubscriptionRequest(f"t/{i}") for i in range(4)]))
+    assert client.one(pk.Disconnect).reason_code == 0x97
+    assert client.closed
+
+
+def test_match_cache_is_bounded_by_bytes(make_harness: Any) -> None:
+    h: Harness = make_harness(match_cache_bytes=100_000, max_topic_length=65535)
+    client = h.connect("c")
+    for index in range(50):
+        client.publish(f"{index}/" + "x" * 10_000)
+    router = h.broker.router
+    assert 0 < router._cache_bytes <= 100_000
+    assert len(router._cache) < 50
+
+
+def test_connections_per_address_by_default(make_harness: Any) -> None:
+    """Unless configured: 64 per address on listeners other machines reach, no limit on
+    local-only ones."""
+    h: Harness = make_harness()
+    links = [FakeLink() for _ in range(65)]
+    for link in links:
+        h.broker.connect(link, "10.0.0.1:1")
+    assert [link.closed for link in links] == [False] * 64 + [True]
+    local = [FakeLink() for _ in range(65)]
+    for link in local:
+        h.broker.connect(link, "127.0.0.1:1", local=True)
+    assert not any(link.closed for link in local)
+
+
+class _PublishOnlyTo:
+    """An authorizer that lets clients publish only under ``prefix``."""
+
+    generation = 0
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+
+    def can_publish(self, client_id: str, username: str | None, topic: str) -> bool:
+        return topic.startswith(self.prefix)
+
+    def can_subscribe(self, client_id: str, username: str | None, topic_filter: str) -> bool:
+        return True
+
+    def can_read(self, client_id: str, username: str | None, topic: str) -> bool:
+        return True
+
+
+def test_denied_topics_are_not_cached(make_harness: Any) -> None:
+    """Authorization comes before the match cache: topics a client may not publish to do not
+    fill it, nor its own cache of rights past its bound."""
+    h: Harness = make_harness(max_topic_length=65535)
+    h.broker.authorizer = _PublishOnlyTo("ok/")
+    client = h.connect("c")
+    for index in range(20):
+        client.publish(f"denied/{index}/" + "x" * 10_000)
+    client.publish("ok/1")
+    assert list(h.broker.router._cache) == [b"\x00\x04ok/1"]
+    assert client.conn._allowed_size <= 65_536 and len(client.conn._allowed) < 21

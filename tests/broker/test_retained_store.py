@@ -125,3 +125,17 @@ def test_expired_message_removed_not_returned() -> None:
     assert store.get("a/new") is None
     assert len(store) == 1
     assert topics(store, "#", now=1e9) == ["a/forever"]
+
+
+def test_expired_message_replaced_while_matching_stays_replaced() -> None:
+    """A match is consumed over several loop passes: an expired message replaced meanwhile is
+    not removed with the replacement."""
+    store = RetainedStore()
+    store.store(retained("a/live"))
+    store.store(retained("a/old", expires_at=10.0))  # walked first
+    found = store.match("a/#", 15.0)
+    assert next(found).topic == "a/live"  # the walk is done, the cleanup not yet
+    newer = retained("a/old", b"new")
+    store.store(newer)
+    assert list(found) == []
+    assert store.get("a/old") is newer

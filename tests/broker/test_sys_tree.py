@@ -130,7 +130,6 @@ def test_uptime_and_loads(make_harness: Any) -> None:
     # two CONNECTs in the first 10 s, none since: the 1-minute average has all but forgotten
     # them, the 15-minute one not yet
     connections = {
-        period: float(got[f"$SYS/broker/load/connections/{period}"])
-        for period in ("1min", "15min")
+        period: float(got[f"$SYS/broker/load/connections/{period}"]) for period in ("1min", "15min")
     }
     assert 0 < connections["1min"] < 0.05 < connections["15min"]

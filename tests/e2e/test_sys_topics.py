@@ -12,14 +12,18 @@ from helpers import TIMEOUT
 
 LOADS = [
     f"$SYS/broker/load/{name}/{period}"
-    for name in ("messages/received", "messages/sent", "bytes/received", "bytes/sent", "connections")
+    for name in (
+        "messages/received",
+        "messages/sent",
+        "bytes/received",
+        "bytes/sent",
+        "connections",
+    )
     for period in ("1min", "5min", "15min")
 ]
 
 
-def test_sys_topics_over_the_network(
-    start_broker: Any, make_client: Any, tmp_path: Path
-) -> None:
+def test_sys_topics_over_the_network(start_broker: Any, make_client: Any, tmp_path: Path) -> None:
     config = tmp_path / "sys.toml"
     config.write_text('[broker]\nsys_interval = 1.0\n\n[storage]\nbackend = "memory"\n')
     broker = start_broker(extra_args=("--config", str(config)))
@@ -37,7 +41,9 @@ def test_sys_topics_over_the_network(
 
     def settled() -> bool:
         now = latest()
-        return now.get("$SYS/broker/messages/received") == "5" and all(name in now for name in LOADS)
+        return now.get("$SYS/broker/messages/received") == "5" and all(
+            name in now for name in LOADS
+        )
 
     watcher.wait_until(settled, TIMEOUT, "$SYS figures counting the 5 messages")
     sys = latest()

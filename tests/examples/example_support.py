@@ -19,9 +19,7 @@ from helpers import PahoClient, unique  # noqa: E402
 __all__ = ["EXAMPLES", "PahoClient", "example", "simulator", "unique"]
 
 
-def example(
-    start_program: Callable[..., Any], script: str, *args: str, ready: str
-) -> Any:
+def example(start_program: Callable[..., Any], script: str, *args: str, ready: str) -> Any:
     """Start ``examples/<script>`` with ``args``; waits until it logs ``ready``."""
     return start_program([sys.executable, str(EXAMPLES / script), *args], ready)
 
@@ -31,11 +29,16 @@ def simulator(start_program: Callable[..., Any], broker: Any, prefix: str, *extr
     return example(
         start_program,
         "device_simulator.py",
-        "--host", broker.host,
-        "--port", str(broker.port),
-        "--prefix", prefix,
-        "--id-prefix", prefix.replace("/", "-"),
-        "--interval", "0.1",
+        "--host",
+        broker.host,
+        "--port",
+        str(broker.port),
+        "--prefix",
+        prefix,
+        "--id-prefix",
+        prefix.replace("/", "-"),
+        "--interval",
+        "0.1",
         *extra,
         ready=r"running on (\S+):(\d+)",
     )

@@ -29,9 +29,12 @@ def test_status_telemetry_will_and_session(
         watcher.subscribe(f"{prefix}/#", qos=1)
         # Retained status: a subscriber arriving later is told both devices are online.
         watcher.wait_until(
-            lambda: {m.topic for m in watcher.received() if m.retain and m.payload == b"online"}
-            == {f"{prefix}/{prefix}-{n}/status" for n in (1, 2)},
-            10, "both devices' retained online status",
+            lambda: (
+                {m.topic for m in watcher.received() if m.retain and m.payload == b"online"}
+                == {f"{prefix}/{prefix}-{n}/status" for n in (1, 2)}
+            ),
+            10,
+            "both devices' retained online status",
         )
 
         def readings() -> list[Any]:
@@ -64,9 +67,7 @@ def test_status_telemetry_will_and_session(
         again = simulator(start_program, fresh_broker, prefix, "--devices", "2")
         assert again.wait_for_log(rf"{device}: command 'reboot'", 10), again.log_text()
         assert f"{device}: connected (session present: True)" in again.log_text()
-        watcher.wait_until(
-            lambda: latest(watcher, status).payload == b"online", 10, "online again"
-        )
+        watcher.wait_until(lambda: latest(watcher, status).payload == b"online", 10, "online again")
 
         # Stopped cleanly, the devices say offline themselves.
         again.stop()
@@ -82,8 +83,14 @@ def test_home_assistant_discovery(fresh_broker: Any, start_program: Callable[...
     prefix = unique("ha")
     discovery = unique("discovery")
     simulator(
-        start_program, fresh_broker, prefix,
-        "--devices", "1", "--home-assistant", "--discovery-prefix", discovery,
+        start_program,
+        fresh_broker,
+        prefix,
+        "--devices",
+        "1",
+        "--home-assistant",
+        "--discovery-prefix",
+        discovery,
     )
     device = f"{prefix}-1"
     watcher = PahoClient(fresh_broker.host, fresh_broker.port)
@@ -92,18 +99,21 @@ def test_home_assistant_discovery(fresh_broker: Any, start_program: Callable[...
         watcher.subscribe(f"{discovery}/#", qos=1)
         watcher.subscribe(f"{prefix}/{device}/telemetry", qos=1)
         watcher.wait_until(
-            lambda: len([m for m in watcher.received() if m.topic.startswith(discovery)]) == 2
-            and any(m.topic.endswith("/telemetry") for m in watcher.received()),
-            10, "two discovery messages and a reading",
+            lambda: (
+                len([m for m in watcher.received() if m.topic.startswith(discovery)]) == 2
+                and any(m.topic.endswith("/telemetry") for m in watcher.received())
+            ),
+            10,
+            "two discovery messages and a reading",
         )
         configs = {m.topic: m for m in watcher.received() if m.topic.startswith(discovery)}
         assert set(configs) == {
             f"{discovery}/sensor/{device}/temperature/config",
             f"{discovery}/sensor/{device}/humidity/config",
         }
-        reading = json.loads(next(
-            m.payload for m in watcher.received() if m.topic.endswith("/telemetry")
-        ))
+        reading = json.loads(
+            next(m.payload for m in watcher.received() if m.topic.endswith("/telemetry"))
+        )
         # Retained: Home Assistant finds them whenever it (re)starts.
         late = PahoClient(fresh_broker.host, fresh_broker.port)
         try:
@@ -122,7 +132,8 @@ def test_home_assistant_discovery(fresh_broker: Any, start_program: Callable[...
             assert isinstance(reading[object_id], float)  # what the template reads is there
             assert config["availability_topic"] == f"{prefix}/{device}/status"
             assert (config["payload_available"], config["payload_not_available"]) == (
-                "online", "offline",
+                "online",
+                "offline",
             )
             assert config["device"]["identifiers"] == [device]
             assert config["device_class"] == object_id

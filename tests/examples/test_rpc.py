@@ -29,9 +29,20 @@ def load_rpc() -> ModuleType:
 
 def rpc_command(broker: Any, service: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, str(EXAMPLES / "rpc.py"), "--host", broker.host,
-         "--port", str(broker.port), "--service", service, *args],
-        capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            str(EXAMPLES / "rpc.py"),
+            "--host",
+            broker.host,
+            "--port",
+            str(broker.port),
+            "--service",
+            service,
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -39,9 +50,18 @@ def test_server_answers_on_response_topic_with_correlation_data(
     fresh_broker: Any, start_program: Callable[..., Any]
 ) -> None:
     service = unique("svc")
-    example(start_program, "rpc.py", "--host", fresh_broker.host, "--port",
-            str(fresh_broker.port), "--service", service, "serve",
-            ready=r"serving \S+ on (\S+):(\d+)")
+    example(
+        start_program,
+        "rpc.py",
+        "--host",
+        fresh_broker.host,
+        "--port",
+        str(fresh_broker.port),
+        "--service",
+        service,
+        "serve",
+        ready=r"serving \S+ on (\S+):(\d+)",
+    )
     caller = PahoClient(fresh_broker.host, fresh_broker.port)
     try:
         caller.connect()
@@ -51,13 +71,18 @@ def test_server_answers_on_response_topic_with_correlation_data(
             request = Properties(PacketTypes.PUBLISH)
             request.ResponseTopic = reply_topic
             request.CorrelationData = correlation
-            caller.publish(f"rpc/{service}/request", json.dumps(
-                {"method": "add", "params": params}
-            ), qos=1, properties=request)
+            caller.publish(
+                f"rpc/{service}/request",
+                json.dumps({"method": "add", "params": params}),
+                qos=1,
+                properties=request,
+            )
             caller.wait_until(
-                lambda c=correlation: any(m.prop("CorrelationData") == c
-                                          for m in caller.received()),
-                10, f"the answer to {correlation!r}",
+                lambda c=correlation: any(
+                    m.prop("CorrelationData") == c for m in caller.received()
+                ),
+                10,
+                f"the answer to {correlation!r}",
             )
         answers = {m.prop("CorrelationData"): m for m in caller.received()}
         assert json.loads(answers[b"\x00first"].payload) == {"result": 5}
@@ -107,4 +132,6 @@ def test_demo_runs_with_one_command(fresh_broker: Any) -> None:
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[:2] == ["add(2, 3) -> 5", "multiply(6, 7) -> 42"], lines
-    assert "sleep(1) -> 1" in lines and any(line.startswith("divide(1, 0) -> error") for line in lines)
+    assert "sleep(1) -> 1" in lines and any(
+        line.startswith("divide(1, 0) -> error") for line in lines
+    )

@@ -35,16 +35,31 @@ def envelope(delivery_id: str, payload: bytes, topic: str = "sensors/1") -> byte
         text, encoding = payload.decode("utf-8"), "utf-8"
     except UnicodeDecodeError:
         text, encoding = base64.b64encode(payload).decode(), "base64"
-    return json.dumps({
-        "event": "message.publish", "delivery_id": delivery_id, "timestamp": time.time(),
-        "topic": topic, "payload": text, "payload_encoding": encoding, "qos": 1,
-        "retain": False, "properties": {}, "client_id": "dev-1", "username": None,
-    }).encode()
+    return json.dumps(
+        {
+            "event": "message.publish",
+            "delivery_id": delivery_id,
+            "timestamp": time.time(),
+            "topic": topic,
+            "payload": text,
+            "payload_encoding": encoding,
+            "qos": 1,
+            "retain": False,
+            "properties": {},
+            "client_id": "dev-1",
+            "username": None,
+        }
+    ).encode()
 
 
 async def post(
-    url: str, delivery_id: str, body: bytes, secret: bytes = SECRET, age: int = 0,
-    signed_body: bytes | None = None, signed: bool = True,
+    url: str,
+    delivery_id: str,
+    body: bytes,
+    secret: bytes = SECRET,
+    age: int = 0,
+    signed_body: bytes | None = None,
+    signed: bool = True,
 ) -> tuple[int, dict[str, Any]]:
     timestamp = int(time.time()) - age
     headers = {
@@ -67,7 +82,12 @@ def test_signed_deduplicated_and_forgeries_refused(
     secret_file = tmp_path / "webhook.secret"
     secret_file.write_bytes(SECRET + b"\n")  # as `echo ... > file` writes it
     receiver = example(
-        start_program, "webhook_receiver.py", "--port", "0", "--secret-file", str(secret_file),
+        start_program,
+        "webhook_receiver.py",
+        "--port",
+        "0",
+        "--secret-file",
+        str(secret_file),
         ready=r"listening on http://(\S+):(\d+)/webhook",
     )
     url = f"http://{receiver.host}:{receiver.port}/webhook"
@@ -109,9 +129,17 @@ def test_signed_deduplicated_and_forgeries_refused(
 
 def test_without_a_secret_it_does_not_start(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, str(EXAMPLES / "webhook_receiver.py"), "--port", "0",
-         "--secret-file", str(tmp_path / "missing")],
-        capture_output=True, text=True, timeout=30,
+        [
+            sys.executable,
+            str(EXAMPLES / "webhook_receiver.py"),
+            "--port",
+            "0",
+            "--secret-file",
+            str(tmp_path / "missing"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert result.returncode != 0
     assert f"--secret-file {tmp_path / 'missing'}: No such file or directory" in result.stderr

@@ -28,13 +28,32 @@ def test_killed_worker_jobs_processed_exactly_once(
 ) -> None:
     db = tmp_path / "jobs.db"
     topic, group, run = unique("jobs"), unique("pool"), unique("run")
-    common = ("--host", fresh_broker.host, "--port", str(fresh_broker.port), "--db", str(db),
-              "--topic", topic, "--group", group)
+    common = (
+        "--host",
+        fresh_broker.host,
+        "--port",
+        str(fresh_broker.port),
+        "--db",
+        str(db),
+        "--topic",
+        topic,
+        "--group",
+        group,
+    )
 
     def worker(name: str, *extra: str) -> Any:
         return example(
-            start_program, "worker_pool.py", "worker", "--name", name, *common,
-            "--session-expiry", "1", "--work-time", "0.01", *extra,
+            start_program,
+            "worker_pool.py",
+            "worker",
+            "--name",
+            name,
+            *common,
+            "--session-expiry",
+            "1",
+            "--work-time",
+            "0.01",
+            *extra,
             ready=r"ready on (\S+):(\d+)",
         )
 
@@ -42,9 +61,19 @@ def test_killed_worker_jobs_processed_exactly_once(
     victim = worker("victim")
     worker("survivor")
     published = subprocess.run(
-        [sys.executable, str(EXAMPLES / "worker_pool.py"), "publish", *common,
-         "--jobs", str(JOBS), "--run", run],
-        capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            str(EXAMPLES / "worker_pool.py"),
+            "publish",
+            *common,
+            "--jobs",
+            str(JOBS),
+            "--run",
+            run,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert published.returncode == 0, published.stderr
 
@@ -73,7 +102,9 @@ def test_killed_worker_jobs_processed_exactly_once(
         worker != "crasher" and duplicate == 1 for worker, duplicate in again
     ), again
     assert {w for (w,) in query(db, "SELECT DISTINCT worker FROM processed")} == {
-        "crasher", "victim", "survivor",
+        "crasher",
+        "victim",
+        "survivor",
     }
 
 
@@ -91,9 +122,22 @@ def poll_until(predicate: Callable[[], bool], what: str, timeout: float = 30) ->
 
 def test_demo_runs_with_one_command(fresh_broker: Any) -> None:
     result = subprocess.run(
-        [sys.executable, str(EXAMPLES / "worker_pool.py"), "demo", "--host", fresh_broker.host,
-         "--port", str(fresh_broker.port), "--jobs", "60", "--topic", unique("demo")],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            str(EXAMPLES / "worker_pool.py"),
+            "demo",
+            "--host",
+            fresh_broker.host,
+            "--port",
+            str(fresh_broker.port),
+            "--jobs",
+            "60",
+            "--topic",
+            unique("demo"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr
     assert "60 of 60 jobs processed, each once" in result.stdout

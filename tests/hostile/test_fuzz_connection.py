@@ -36,6 +36,12 @@ class Link:
     def resume_reading(self) -> None:
         pass
 
+    def buffered(self) -> int:
+        return 0
+
+    def abort(self) -> None:
+        self.close()
+
 
 VALID = [
     grammar.encode(pk.Connect(client_id="fz", properties={Prop.TOPIC_ALIAS_MAXIMUM: 4}), 5),

@@ -134,7 +134,18 @@ def publish_through(port: int, pub: list[str], topic: str, payload: bytes) -> No
         assert sub.connect("127.0.0.1", port, bind_address="127.0.0.3") == 0
         assert sub.subscribe("proxied/#", qos=1) == 1
         published = subprocess.run(
-            [program("mosquitto_pub"), *pub, "-q", "1", "-i", unique("pub"), "-t", topic, "-m", payload],
+            [
+                program("mosquitto_pub"),
+                *pub,
+                "-q",
+                "1",
+                "-i",
+                unique("pub"),
+                "-t",
+                topic,
+                "-m",
+                payload,
+            ],
             capture_output=True,
             timeout=TIMEOUT,
         )

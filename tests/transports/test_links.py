@@ -85,7 +85,9 @@ class FakeBroker:
         self.bytes_received = 0
         self.bytes_sent = 0
 
-    def connect(self, link: Any, peer: str, address: str | None = None) -> FakeConnection:
+    def connect(
+        self, link: Any, peer: str, address: str | None = None, local: bool = False
+    ) -> FakeConnection:
         return self.conn
 
 

@@ -32,7 +32,10 @@ def test_certificates_made_as_the_guide_says(tmp_path: Path) -> None:
     certs.mkdir()
     made = subprocess.run(
         ["sh", "-e", "-c", guide_commands()],
-        cwd=certs, capture_output=True, text=True, timeout=60,
+        cwd=certs,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert made.returncode == 0, made.stderr
     config = tmp_path / "tls.toml"
