@@ -38,6 +38,10 @@ MODULES = (
     "mqttbroker.broker.router",
     "mqttbroker.broker.session",
     "mqttbroker.broker.connection",
+    "mqttbroker.broker.connect",
+    "mqttbroker.broker.publish",
+    "mqttbroker.broker.subscribe",
+    "mqttbroker.broker.deliver",
     "mqttbroker.broker.core",
 )
 SHARED_LIBRARY = "mqttbroker.native__mypyc"  # the C code of all of them; the modules are shims

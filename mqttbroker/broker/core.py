@@ -23,11 +23,13 @@ from ..protocol.properties import PropertyId as Prop
 from ..protocol.properties import limit_user_properties
 from ..protocol.reasons import ReasonCode
 from .auth import AllowAll, Authenticator, Authorizer
-from .connection import AUTHENTICATING, AWAIT_CONNECT, Connection, Link
+from .connection import Connection, Link
 from .message import Message
 from .options import PER_ADDRESS_DEFAULT, BrokerOptions
+from .policy import OPEN, ListenerPolicy
 from .router import Router
 from .session import NEVER, Session
+from .state import AUTHENTICATING, AWAIT_CONNECT
 from .store import Restored, Store
 from .topics import SharedGroup, Subscription
 
@@ -114,13 +116,20 @@ class Broker:
     # -- connections and output -------------------------------------------------------------
 
     def connect(
-        self, link: Link, peer: str = "?", address: str | None = None, local: bool = False
+        self,
+        link: Link,
+        peer: str = "?",
+        address: str | None = None,
+        policy: ListenerPolicy = OPEN,
+        certificate_user: str | None = None,
     ) -> Connection:
         """A new network connection from ``peer`` ("address:port", how the log names it) and
-        ``address`` (by default the address in ``peer``; a proxy's client may differ). Past the
-        connection limits it is closed at once (the log says which limit). ``local``: on a
-        local-only listener, which has no per-address limit unless one is configured."""
-        conn = Connection(self, link, peer)
+        ``address`` (by default the address in ``peer``; a proxy's client may differ), on a
+        listener whose rules are ``policy`` (a local-only one has no per-address limit unless
+        one is configured); ``certificate_user``: the user name of a client certificate the
+        listener verified. Past the connection limits it is closed at once (the log says which
+        limit)."""
+        conn = Connection(self, link, peer, policy, certificate_user)
         opts = self.options
         if address is None:
             address = peer.rpartition(":")[0] or peer
@@ -129,7 +138,7 @@ class Broker:
             return conn
         per_address = opts.max_connections_per_address
         if per_address is None:
-            per_address = 0 if local else PER_ADDRESS_DEFAULT
+            per_address = 0 if policy.local else PER_ADDRESS_DEFAULT
         if per_address:
             count = self._per_address.get(address, 0)
             if count >= per_address:

@@ -13,6 +13,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from .deliver import send_publish, send_pubrel
 from .message import Message
 from .options import BrokerOptions
 from .store import DeliveryRecord, Store
@@ -188,9 +189,7 @@ class Session:
     def restore_delivery(self, record: DeliveryRecord) -> None:
         """Put back a message the store kept for this session (records come in their order):
         in flight under its packet id, or queued."""
-        delivery = Delivery(
-            record.message, record.qos, record.retain, record.sub_ids, record.share
-        )
+        delivery = Delivery(record.message, record.qos, record.retain, record.sub_ids, record.share)
         delivery.seq = record.seq
         delivery.stored = True
         delivery.released = record.released
@@ -222,7 +221,7 @@ class Session:
                 self._count_drop("client is not reading", now)
             return
         if not qos:
-            conn.send_publish(message, 0, retain, False, None, sub_ids, now)
+            send_publish(conn, message, 0, retain, False, None, sub_ids, now)
         elif not self.queue and len(self.inflight) < conn.send_quota:
             self._start(Delivery(message, qos, retain, sub_ids, share), conn, now)
         else:
@@ -230,8 +229,15 @@ class Session:
 
     def _start(self, delivery: Delivery, conn: Connection, now: float) -> None:
         packet_id = self._allocate_packet_id()
-        if conn.send_publish(
-            delivery.message, delivery.qos, delivery.retain, False, packet_id, delivery.sub_ids, now
+        if send_publish(
+            conn,
+            delivery.message,
+            delivery.qos,
+            delivery.retain,
+            False,
+            packet_id,
+            delivery.sub_ids,
+            now,
         ):
             delivery.packet_id = packet_id
             self.inflight[packet_id] = delivery
@@ -370,8 +376,8 @@ class Session:
             elif delivery.qos:
                 self._start(delivery, conn, now)
             else:
-                conn.send_publish(
-                    delivery.message, 0, delivery.retain, False, None, delivery.sub_ids, now
+                send_publish(
+                    conn, delivery.message, 0, delivery.retain, False, None, delivery.sub_ids, now
                 )
                 if delivery.stored:
                     self.store.delete_delivery(self, delivery)
@@ -388,7 +394,7 @@ class Session:
         too_large = []
         for packet_id, delivery in list(self.inflight.items()):
             if delivery.released:
-                conn.send_pubrel(packet_id)
+                send_pubrel(conn, packet_id)
                 room -= 1
             elif room > 0:
                 if delivery.held:
@@ -410,8 +416,15 @@ class Session:
     def _send_again(conn: Connection, packet_id: int, delivery: Delivery, now: float) -> bool:
         """Send an in-flight PUBLISH again, DUP set; False if it no longer fits the client's
         Maximum Packet Size (it is then dropped as delivered, MQTT-3.1.2-25)."""
-        return conn.send_publish(
-            delivery.message, delivery.qos, delivery.retain, True, packet_id, delivery.sub_ids, now
+        return send_publish(
+            conn,
+            delivery.message,
+            delivery.qos,
+            delivery.retain,
+            True,
+            packet_id,
+            delivery.sub_ids,
+            now,
         )
 
     # -- acknowledgements from the client ---------------------------------------------------

@@ -82,6 +82,4 @@ def next_state(state: int, event: int) -> int:
     try:
         return TRANSITIONS[state][event]
     except KeyError:
-        raise IllegalTransition(
-            f"{State(state).name} cannot {Event(event).name.lower()}"
-        ) from None
+        raise IllegalTransition(f"{State(state).name} cannot {Event(event).name.lower()}") from None

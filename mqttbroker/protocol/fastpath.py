@@ -242,7 +242,9 @@ def decode_publish(flags: int, data: bytes, pos: int, end: int, version: int) ->
     return pk.Publish(topic, data[p:end], qos, bool(flags & 1), bool(flags & 8), packet_id, props)
 
 
-def scan_publish(first: int, data: bytes, body: int, stop: int, version: int) -> tuple[int, int, int]:
+def scan_publish(
+    first: int, data: bytes, body: int, stop: int, version: int
+) -> tuple[int, int, int]:
     """Slice the PUBLISH whose fixed header starts with ``first`` and whose body is
     ``data[body:stop]``, without building a packet: (end of the topic, start of the payload,
     packet id or 0). The topic is ``data[body + 2 : topic_end]``, not checked here (the router
@@ -388,13 +390,14 @@ PINGRESP = b"\xd0\x00"
 
 def connect_version(body: bytes) -> int:
     """The protocol level at the start of a CONNECT body (3.1's "MQIsdp" included, 5 for any
-    level above), or 0 when the body does not start like a CONNECT: learnt before the body is
-    decoded, so that a refusal is answered in the client's own version."""
+    level above; the level as sent below 5), or -1 when the body does not start like a
+    CONNECT: learnt before the body is decoded, so that a refusal is answered in the client's
+    own version."""
     if body[:6] == b"\x00\x04MQTT" and len(body) > 6:
         return MQTT_5 if body[6] >= MQTT_5 else body[6]
     if body[:8] == b"\x00\x06MQIsdp":
         return pk.MQTT_3_1
-    return 0
+    return -1
 
 
 def decode_connect(flags: int, data: bytes, pos: int, end: int) -> pk.Connect:
@@ -532,12 +535,15 @@ def encode_suback(packet: pk.Suback | pk.Unsuback, version: int) -> bytes:
 # The one dispatcher: what the broker's connection calls for every packet it receives.
 
 
-def decode_packet(first: int, data: bytes, pos: int, end: int, version: int) -> pk.Packet:
+def decode_packet(
+    first: int, data: bytes, pos: int, end: int, version: int, max_filters: int = 0
+) -> pk.Packet:
     """Decode the packet whose fixed header's first byte is ``first`` and whose body is
     ``data[pos:end]``, for a connection at ``version``: the hot packets (PUBLISH, the acks,
     PING, CONNECT, SUBSCRIBE) by the hand-written code above, every other one by the grammar.
-    (A PUBLISH without properties is sliced by the connection itself with
-    :func:`scan_publish`, without a packet object.)"""
+    A SUBSCRIBE or UNSUBSCRIBE of more than ``max_filters`` filters (0: no limit) is refused
+    whole (LimitExceeded, 0x97). (The broker slices a PUBLISH without properties with
+    :func:`scan_publish` instead, without a packet object.)"""
     ptype = first >> 4
     flags = first & 0x0F
     if ptype == PacketType.PUBLISH:
@@ -551,7 +557,9 @@ def decode_packet(first: int, data: bytes, pos: int, end: int, version: int) -> 
     if ptype == PacketType.CONNECT:
         return decode_connect(flags, data, pos, end)
     if ptype == PacketType.SUBSCRIBE:
-        return decode_subscribe(flags, data, pos, end, version)
+        return decode_subscribe(flags, data, pos, end, version, max_filters)
+    if ptype == PacketType.UNSUBSCRIBE and max_filters:
+        check_unsubscribe_count(data, pos, end, version, max_filters)
     if ptype == 0:
         raise MalformedPacket("reserved packet type 0")
     return grammar.decode(ptype, flags, data[pos:end], version)

@@ -22,7 +22,7 @@ from ..broker.store import Store
 from ..config import Config
 from ..ops.sys_tree import SysTree
 from ..protocol.reasons import ReasonCode
-from ..security import build_security, listener_anonymous
+from ..security import build_security, listener_policy
 from ..storage import StoreError
 from ..storage.lock import DataDirLock
 from . import StartError
@@ -38,9 +38,6 @@ class Server:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.security = build_security(config)  # SecurityFileError (a ConfigError) if bad
-        for listener in config.listeners:
-            # Each listener's rule for clients without a user name, settled once.
-            listener.allow_anonymous = listener_anonymous(listener, config.security.allow_anonymous)
         self.store = self._make_store(config)
         self.broker = Broker(
             config.broker,
@@ -98,7 +95,8 @@ class Server:
         if self.security.authenticator is not None and self.config.security.password_file:
             broker.offload = self._offloader(loop)
         for index, config in enumerate(self.config.listeners):
-            listener = await start_listener(broker, config, f"listener[{index}]")
+            policy = listener_policy(config, self.config.security.allow_anonymous)
+            listener = await start_listener(broker, config, f"listener[{index}]", policy)
             self.listeners.append(listener)
             self.addresses.extend(listener.addresses)
         self._ticker = asyncio.create_task(self._tick())

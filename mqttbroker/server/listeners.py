@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..broker.core import Broker
+from ..broker.policy import OPEN, ListenerPolicy
 from ..config import ListenerConfig, trusted_networks
 from ..storage import describe
 from . import StartError
@@ -63,11 +64,14 @@ class Listener:
         await self.server.wait_closed()
 
 
-async def start_listener(broker: Broker, listener: ListenerConfig, where: str) -> Listener:
+async def start_listener(
+    broker: Broker, listener: ListenerConfig, where: str, policy: ListenerPolicy = OPEN
+) -> Listener:
     """Bind ``listener`` and log "listening on HOST:PORT (MQTT over ...)" for each socket.
-    ``where`` names it in configuration and start errors (e.g. ``"listener[1]"``)."""
+    ``where`` names it in configuration and start errors (e.g. ``"listener[1]"``); ``policy``
+    is what the broker is told about each connection it accepts."""
     try:
-        return await _start_listener(broker, listener, where)
+        return await _start_listener(broker, listener, where, policy)
     except OSError as exc:
         if isinstance(exc, socket.gaierror):
             cause = f"cannot resolve host {listener.host!r}: {exc.strerror}"
@@ -78,7 +82,9 @@ async def start_listener(broker: Broker, listener: ListenerConfig, where: str) -
         ) from None
 
 
-async def _start_listener(broker: Broker, listener: ListenerConfig, where: str) -> Listener:
+async def _start_listener(
+    broker: Broker, listener: ListenerConfig, where: str, policy: ListenerPolicy
+) -> Listener:
     loop = asyncio.get_running_loop()
     context = server_context(listener, where)
     handshake_timeout = broker.options.connect_timeout if context is not None else None
@@ -89,7 +95,7 @@ async def _start_listener(broker: Broker, listener: ListenerConfig, where: str) 
 
         from .websocket import SHUTDOWN_TIMEOUT, bounded, make_app
 
-        app = make_app(broker, listener)
+        app = make_app(broker, listener, policy)
         runner = web.AppRunner(
             app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_TIMEOUT
         )
@@ -102,7 +108,7 @@ async def _start_listener(broker: Broker, listener: ListenerConfig, where: str) 
             loop,
             bind(listener.host, listener.port),
             trusted_networks(listener.proxy_protocol),
-            lambda name, address: MQTTProtocol(broker, listener, (name, address)),
+            lambda name, address: MQTTProtocol(broker, listener, (name, address), policy),
             context,
             broker.options.connect_timeout,
         )
@@ -117,7 +123,7 @@ async def _start_listener(broker: Broker, listener: ListenerConfig, where: str) 
             )
         return result
     else:
-        factory = lambda: MQTTProtocol(broker, listener)  # noqa: E731
+        factory = lambda: MQTTProtocol(broker, listener, None, policy)  # noqa: E731
     try:
         server = await loop.create_server(
             factory,

@@ -14,6 +14,7 @@ from support.codec import decode_packet
 from mqttbroker.broker.connection import Connection
 from mqttbroker.broker.core import Broker
 from mqttbroker.broker.options import BrokerOptions
+from mqttbroker.broker.policy import OPEN, ListenerPolicy
 from mqttbroker.broker.session import Session
 from mqttbroker.protocol import fastpath, grammar
 from mqttbroker.protocol import packets as pk
@@ -115,11 +116,20 @@ def split_packets(data: bytes, version: int) -> list[Any]:
 class Client:
     """One fake network connection to the broker, speaking MQTT at ``version``."""
 
-    def __init__(self, harness: Harness, version: int = MQTT_5, peer: str = "peer") -> None:
+    def __init__(
+        self,
+        harness: Harness,
+        version: int = MQTT_5,
+        peer: str = "peer",
+        policy: ListenerPolicy = OPEN,
+        certificate_user: str | None = None,
+    ) -> None:
         self.h = harness
         self.version = version
         self.link = FakeLink()
-        self.conn: Connection = harness.broker.connect(self.link, peer)
+        self.conn: Connection = harness.broker.connect(
+            self.link, peer, policy=policy, certificate_user=certificate_user
+        )
         self.connack: pk.Connack | None = None
         self._read = 0
         self._next_id = 1
@@ -283,8 +293,16 @@ class Harness:
         self.broker = Broker(self.options, clock=self.clock)
         self.clients: list[Client] = []
 
-    def client(self, version: int = MQTT_5, peer: str = "peer") -> Client:
-        client = Client(self, version, peer)
+    def client(
+        self,
+        version: int = MQTT_5,
+        peer: str = "peer",
+        policy: ListenerPolicy = OPEN,
+        certificate_user: str | None = None,
+    ) -> Client:
+        """A new connection, on a listener with ``policy``; ``certificate_user``: the name of
+        a client certificate its listener verified."""
+        client = Client(self, version, peer, policy, certificate_user)
         self.clients.append(client)
         return client
 

@@ -9,6 +9,7 @@ import pytest
 from broker_harness import Harness, Prop, pk
 
 from mqttbroker.broker.auth import CONTINUE, FAIL, SUCCESS, AuthOutcome
+from mqttbroker.broker.policy import ListenerPolicy
 
 METHOD = "TOY-CHALLENGE"
 
@@ -242,8 +243,7 @@ def test_response_information_only_when_requested(make_harness: Any) -> None:
 def test_certificate_user_replaces_the_password_check(ha: Harness) -> None:
     """A link whose listener verified a client certificate names the user: the CONNECT's own
     user name is replaced and no password is asked for."""
-    client = ha.client()
-    client.link.certificate_user = "alice"  # type: ignore[attr-defined]
+    client = ha.client(certificate_user="alice")
     client.send(pk.Connect(client_id="cert", username="mallory", password=b"nothing"))
     assert client.one(pk.Connack).reason_code == 0
     assert client.conn.username == "alice"
@@ -252,21 +252,15 @@ def test_certificate_user_replaces_the_password_check(ha: Harness) -> None:
     assert plain.one(pk.Connack).reason_code == 0x86
 
 
-class _Listener:
-    def __init__(self, allow_anonymous: bool | None) -> None:
-        self.allow_anonymous = allow_anonymous
-
-
 @pytest.mark.parametrize(("allowed", "code"), [(False, 0x87), (True, 0)])
 def test_anonymous_access_per_listener(ha: Harness, allowed: bool, code: int) -> None:
     """A listener's own anonymous rule decides for clients without a user name (the toy
     authenticator alone would refuse them with 0x87); named users are still checked."""
-    anonymous = ha.client()
-    anonymous.link.listener = _Listener(allowed)  # type: ignore[attr-defined]
+    policy = ListenerPolicy(allow_anonymous=allowed)
+    anonymous = ha.client(policy=policy)
     anonymous.send(pk.Connect(client_id="anon"))
     assert anonymous.one(pk.Connack).reason_code == code
-    named = ha.client()
-    named.link.listener = _Listener(allowed)  # type: ignore[attr-defined]
+    named = ha.client(policy=policy)
     named.send(pk.Connect(client_id="named", username="alice", password=b"wrong"))
     assert named.one(pk.Connack).reason_code == 0x86
 

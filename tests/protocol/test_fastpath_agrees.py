@@ -231,5 +231,6 @@ def test_connect_version() -> None:
     assert fastpath.connect_version(connect[start:]) == V4
     assert fastpath.connect_version(b"\x00\x04MQTT\x09rest") == V5
     assert fastpath.connect_version(b"\x00\x06MQIsdp\x03") == pk.MQTT_3_1
-    assert fastpath.connect_version(b"\x00\x04MQTT") == 0
-    assert fastpath.connect_version(b"GET / HTTP/1.1") == 0
+    assert fastpath.connect_version(b"\x00\x04MQTT\x00") == 0
+    assert fastpath.connect_version(b"\x00\x04MQTT") == -1
+    assert fastpath.connect_version(b"GET / HTTP/1.1") == -1

@@ -79,4 +79,3 @@ def matches(topic_filter: str, topic: str) -> bool:
         if level != "+" and level != tlevels[index]:
             return False
     return len(flevels) == len(tlevels)
-
