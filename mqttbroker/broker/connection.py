@@ -888,8 +888,7 @@ class Connection:
         codes: list[int] = []
         new_subs: list[tuple[Subscription, bool]] = []
         over = 0  # filters refused for max_subscriptions_per_client
-        refused = 0  # ...and by the authorizer, the first of them:
-        denied: str | None = None
+        denied: str | None = None  # the first filter the authorizer refused
         for request in packet.subscriptions:
             topic_filter = request.topic_filter
             try:
@@ -915,7 +914,6 @@ class Connection:
             ):
                 if denied is None:
                     denied = topic_filter
-                refused += 1
                 codes.append(ReasonCode.NOT_AUTHORIZED if v5 else 0x80)
                 continue
             if not opts.wildcard_subscriptions and ("+" in inner or "#" in inner):
@@ -958,8 +956,8 @@ class Connection:
                 broker.store.save_subscription(session, sub)
             codes.append(qos)
             new_subs.append((sub, existed))
-        if denied is not None:  # one line per packet, however many filters it held
-            self._log_denied(f"subscribe to {refused} filter(s), the first", denied)
+        if denied is not None:  # one line per packet (its first refused filter), however many
+            self._log_denied("subscribe to", denied)
         if over:
             log.info(
                 "client %s: max_subscriptions_per_client (%d) reached: %d filter(s) refused",
