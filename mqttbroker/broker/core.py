@@ -15,6 +15,7 @@ from typing import Any
 
 from ..protocol import fastpath
 from ..protocol import packets as pk
+from ..protocol.errors import MQTTError
 from ..protocol.packets import MQTT_5, Will
 from ..protocol.properties import PropertyId as Prop
 from ..protocol.reasons import ReasonCode
@@ -24,6 +25,7 @@ from .message import Message
 from .options import BrokerOptions
 from .router import Router
 from .session import NEVER, Session
+from .sink import RESERVED_PREFIXES
 from .store import Store
 from .topics import SharedGroup
 
@@ -76,6 +78,9 @@ class Broker:
         self._dirty: list[Connection] = []
         self._deferred: list[Connection] = []  # input left for the next pass
         self.passes = 0  # flushes so far: one per event-loop pass with output
+        # Told of client.connected (before the CONNACK: the connection sets the session's user
+        # name right after), client.disconnected and session.expired (webhooks use these).
+        self.observers: list[Callable[[str, Session], None]] = []
 
     def _connack_properties(self) -> dict[int, Any]:
         """What every MQTT 5 CONNACK tells the client about this broker (section 3.2.2.3);
@@ -172,6 +177,11 @@ class Broker:
         """Bind ``conn`` to the session of ``client_id``: take it over from an older connection
         (MQTT-3.1.4-3), discard it on Clean Start (MQTT-3.1.2-4) or resume it (-5, -6).
         Returns (session, session present)."""
+        if client_id.startswith(RESERVED_PREFIXES):  # the integrations' own sessions
+            raise MQTTError(
+                f"client identifier {client_id!r} is reserved",
+                ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
+            )
         now = self.clock()
         session = self.sessions.get(client_id)
         if session is not None and session.connection is not None:
@@ -199,7 +209,13 @@ class Broker:
             self.store.save_session(session)
             if conn.will is not None:
                 self.store.save_will(session, conn.will, None)
+        if self.observers:
+            self.notify("client.connected", session)
         return session, present
+
+    def notify(self, event: str, session: Session) -> None:
+        for observer in self.observers:
+            observer(event, session)
 
     def connection_closed(self, conn: Connection, publish_will: bool) -> None:
         self.connections.discard(conn)
@@ -217,6 +233,8 @@ class Broker:
         conn.will = None
         if session is None or session.connection is not conn:
             return
+        if self.observers:
+            self.notify("client.disconnected", session)
         session.connection = None
         now = self.clock()
         store = self.store
@@ -375,6 +393,8 @@ class Broker:
                     self.publish_will(will, session, now)
             if session.expires_at is not None and now >= session.expires_at:
                 log.info("session %s expired", session.client_id)
+                if self.observers:
+                    self.notify("session.expired", session)
                 self.end_session(session, now)
 
     def shutdown(self) -> None:

@@ -6,11 +6,14 @@ they are built once and cached on the message; QoS 1/2 deliveries differ only in
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..protocol.fastpath import encode_properties, encode_publish_raw, encode_topic
 from ..protocol.packets import MQTT_5
 from ..protocol.properties import PropertyId
+
+if TYPE_CHECKING:
+    from .session import Session
 
 _EXPIRY = PropertyId.MESSAGE_EXPIRY_INTERVAL
 _SUB_ID = PropertyId.SUBSCRIPTION_IDENTIFIER
@@ -31,6 +34,7 @@ class Message:
         "_q0",
         "store_id",
         "store_refs",
+        "origin",
     )
 
     def __init__(
@@ -58,6 +62,9 @@ class Message:
         self._q0: dict[int, bytes] = {}
         self.store_id: int | None = None  # row in the durable store, while referenced
         self.store_refs = 0
+        # The session that published it (None: the broker itself, or restored from the store);
+        # set by Router.publish, read by integrations (a webhook names the publisher).
+        self.origin: Session | None = None
 
     @classmethod
     def received(

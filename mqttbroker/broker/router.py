@@ -74,6 +74,7 @@ class Router:
     def publish(self, message: Message, match: Match, publisher: Session | None, now: float) -> int:
         """Store if retained, then deliver to every matching session; returns how many sessions
         it was handed to."""
+        message.origin = publisher
         if message.retain:
             self.retained.store(message)  # and in the durable store
         targets, groups = match

@@ -20,6 +20,7 @@ from .topics import Subscription
 if TYPE_CHECKING:
     from ..protocol.packets import Will
     from .connection import Connection
+    from .sink import Sink
 
 log = logging.getLogger("mqttbroker.session")
 
@@ -89,6 +90,7 @@ class Session:
         "held",
         "stored",
         "username",
+        "sink",
     )
 
     def __init__(self, client_id: str, options: BrokerOptions, store: Store | None = None) -> None:
@@ -112,6 +114,9 @@ class Session:
         self.will_due: float | None = None
         self.dropped = 0
         self._drop_logged = 0
+        # An integration (bridge, webhook) that takes this session's queue instead of a network
+        # connection (see sink.py); such a session never has a connection.
+        self.sink: Sink | None = None
 
     # -- delivery ---------------------------------------------------------------------------
 
@@ -129,6 +134,8 @@ class Session:
         if conn is None or conn.paused:
             if qos or self.options.queue_qos0:
                 self._enqueue(Delivery(message, qos, retain, sub_ids, share))
+                if self.sink is not None:
+                    self.sink.wake()
             elif conn is not None:
                 self._count_drop("client is not reading")
             return

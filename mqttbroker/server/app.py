@@ -13,6 +13,7 @@ from .. import compiled
 from ..broker.core import Broker
 from ..broker.store import Store
 from ..config import Config
+from ..integrations import Integrations
 from ..ops.sys_tree import SysTree
 from ..protocol.reasons import ReasonCode
 from ..security import build_security, listener_anonymous
@@ -45,6 +46,7 @@ class Server:
         self._executor: ThreadPoolExecutor | None = None
         self.addresses: list[tuple[str, int]] = []
         self.busy_poll: BusyPoll | None = None
+        self.integrations: Integrations | None = None  # bridges and webhooks, once loaded
 
     @staticmethod
     def _make_store(config: Config) -> Store:
@@ -67,6 +69,8 @@ class Server:
             )
         broker = self.broker
         await self.store.load(broker)
+        self.integrations = Integrations(broker, self.config)
+        self.sys_tree.sources.append(self.integrations.sys_figures)
         broker.tick()  # expire what expired while the broker was down
 
         window = self.config.busy_poll_us
@@ -87,6 +91,7 @@ class Server:
             self.listeners.append(listener)
             self.addresses.extend(listener.addresses)
         self._ticker = asyncio.create_task(self._tick())
+        self.integrations.start()
 
     async def _tick(self) -> None:
         while True:
@@ -125,6 +130,8 @@ class Server:
         if self._ticker is not None:
             self._ticker.cancel()
         self.broker.shutdown()
+        if self.integrations is not None:
+            await self.integrations.stop()
         await self.store.close()
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
