@@ -81,9 +81,7 @@ class Outbox:
             old = session.subscriptions.get(topic_filter)
             if old is not None and old.qos == qos:
                 continue
-            sub = Subscription(
-                session, topic_filter, qos, no_local=True, retain_as_published=True
-            )
+            sub = Subscription(session, topic_filter, qos, no_local=True, retain_as_published=True)
             broker.router.subscribe(sub)
             session.subscriptions[topic_filter] = sub
             broker.store.save_subscription(session, sub)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from ..broker.message import Message
 from ..broker.sink import retire
 
 if TYPE_CHECKING:
@@ -26,6 +27,7 @@ class Integrations:
 
         # Names this broker in the user property that marks bridged messages (loop prevention).
         broker_id = uuid.uuid4().hex[:16]
+        announce(broker, broker_id)
         self.bridges: list[Bridge] = [Bridge(broker, c, broker_id) for c in config.bridges]
         self.webhooks: list[Webhook] = [Webhook(broker, c) for c in config.webhooks]
         self.sinks: list[Bridge | Webhook] = [*self.bridges, *self.webhooks]
@@ -58,3 +60,13 @@ class Integrations:
                         value = int(value)
                     figures[f"{kind}/{name}/{key}"] = value
         return figures
+
+
+def announce(broker: Broker, broker_id: str) -> None:
+    """This broker's id as the retained ``$SYS/broker/id``: the bridges of other brokers of
+    ours read it to recognise messages that were here already (see bridge.py)."""
+    from .bridge import ID_TOPIC
+
+    match = broker.router.lookup(ID_TOPIC)
+    assert match is not None
+    broker.router.publish(Message(ID_TOPIC, broker_id.encode(), 0, True), match, None, 0.0)

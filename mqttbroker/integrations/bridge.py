@@ -13,10 +13,12 @@ codec (protocol/grammar.py, fastpath.py) over asyncio streams.
   properties, content type, response topic, correlation data, message expiry with the time
   left) are carried both ways. MQTT 3.1.1: Clean Session 0.
 - No loops: the bridge's local subscriptions have No Local (a message that came in over this
-  bridge never goes back out over it); on the remote, No Local as well. Each message sent over an
-  MQTT 5 bridge carries a user property ``mqttbroker-via`` naming the sending broker; a bridge
-  never forwards, in or out, a message that has already been through its own broker, which
-  stops a cycle of bridges after one round.
+  bridge never goes back out over it); on the remote, No Local as well. Between our own brokers
+  (MQTT 5), each broker announces a random id as the retained ``$SYS/broker/id``, which a bridge
+  subscribes to, and a bridged message carries the ids of the brokers it has been in as user
+  properties ``mqttbroker-via``: a bridge sends nothing to a broker that already had it, and
+  takes in nothing that was already here, so bridges in a cycle (two brokers each bridged to
+  the other) stop every message after one round.
 - Reconnects with exponential backoff and jitter (capped at 60 s); the reason for a failure is
   logged once per outage, not once per attempt.
 """
@@ -46,7 +48,8 @@ from .settings import BridgeConfig, TopicRule
 
 log = logging.getLogger("mqttbroker.bridge")
 
-VIA = "mqttbroker-via"  # user property: the brokers a bridged message has passed through
+VIA = "mqttbroker-via"  # user property: the brokers a bridged message has been in
+ID_TOPIC = "$SYS/broker/id"  # retained: this broker's id (see Integrations)
 FIRST_RETRY = 0.5  # seconds before the first reconnection attempt; doubles per failure
 MAX_RETRY = 60.0
 CONNECT_TIMEOUT = 10.0
@@ -93,6 +96,7 @@ class Bridge(Sink):
         self._send_quota = 65535  # the remote's Receive Maximum
         self._keep_alive = config.keep_alive
         self._echo: dict[tuple[str, bytes], int] = {}  # 3.1.1: (remote topic, payload) -> sent
+        self.remote_id: str | None = None  # the remote's $SYS/broker/id, if it is one of ours
 
     @property
     def address(self) -> str:
@@ -160,7 +164,6 @@ class Bridge(Sink):
                 await asyncio.sleep(delay * random.uniform(0.5, 1.0))
                 continue
             failures = 0
-            self._reported = None
             log.info(
                 "bridge %s: connected to %s (MQTT %s, remote session %s)",
                 self.name,
@@ -251,21 +254,21 @@ class Bridge(Sink):
             for packet_id in list(session.awaiting_release):
                 store.delete_release(session, packet_id)
             session.awaiting_release.clear()
-        if self.in_rules:
-            requests: dict[str, int] = {}
-            for rule in self.in_rules:
-                requests[rule.remote_filter] = max(rule.qos, requests.get(rule.remote_filter, 0))
-            v5 = self.version == MQTT_5
-            subscribe = pk.Subscribe(
-                1,
-                [
-                    pk.SubscriptionRequest(
-                        topic_filter, qos, no_local=v5, retain_as_published=v5, retain_handling=1
-                    )
-                    for topic_filter, qos in requests.items()
-                ],
+        self.remote_id = None
+        v5 = self.version == MQTT_5
+        requests: dict[str, int] = {}
+        for rule in self.in_rules:
+            requests[rule.remote_filter] = max(rule.qos, requests.get(rule.remote_filter, 0))
+        subscriptions = [
+            pk.SubscriptionRequest(
+                topic_filter, qos, no_local=v5, retain_as_published=v5, retain_handling=int(v5)
             )
-            writer.write(grammar.encode(subscribe, self.version))
+            for topic_filter, qos in requests.items()
+        ]
+        if v5:
+            subscriptions.append(pk.SubscriptionRequest(ID_TOPIC, 0))
+        if subscriptions:
+            writer.write(grammar.encode(pk.Subscribe(1, subscriptions), self.version))
         self._writer = writer
         self.connected = True
         self.since = time.time()
@@ -273,7 +276,9 @@ class Bridge(Sink):
         # Unacknowledged messages again, in their order, DUP set; PUBREL for those released.
         for packet_id, delivery in list(session.inflight.items()):
             if delivery.released:
-                writer.write(fastpath.encode_ack(PacketType.PUBREL, packet_id, 0, None, self.version))
+                writer.write(
+                    fastpath.encode_ack(PacketType.PUBREL, packet_id, 0, None, self.version)
+                )
             elif not self._send(writer, packet_id, delivery, True):
                 self.outbox.done(packet_id)
         pump = asyncio.create_task(self._pump(writer))
@@ -326,9 +331,11 @@ class Bridge(Sink):
         props = message.properties
         if self.version == MQTT_5:
             users = props.get(Prop.USER_PROPERTY, ())
-            if any(key == VIA and value == self.broker_id for key, value in users):
-                return False
-            props = {**props, Prop.USER_PROPERTY: [*users, (VIA, self.broker_id)]}
+            been = {value for key, value in users if key == VIA}
+            if self.remote_id is not None and self.remote_id in been:
+                return False  # the remote had it already
+            if self.broker_id not in been:
+                props = {**props, Prop.USER_PROPERTY: [*users, (VIA, self.broker_id)]}
         else:
             self._remember(topic, message.payload)
         forward = Message(
@@ -370,8 +377,14 @@ class Bridge(Sink):
         ptype = first >> 4
         session = self.session
         now = self.broker.clock()
+        self._reported = None  # the remote answers: the outage is over
         if ptype == PacketType.PUBLISH:
             publish = fastpath.decode_publish(first & 0x0F, body, 0, len(body), self.version)
+            if publish.topic == ID_TOPIC:
+                self.remote_id = publish.payload.decode(errors="replace")
+                if publish.qos:  # we asked for QoS 0; be polite anyway
+                    self._ack_after_commit(writer, PacketType.PUBACK, publish.packet_id or 0, 0)
+                return
             self._inbound(writer, publish)
         elif ptype == PacketType.PUBACK:
             ack = fastpath.decode_ack(ptype, first & 0x0F, body, 0, len(body), self.version)
@@ -400,6 +413,12 @@ class Bridge(Sink):
             suback = grammar.decode(ptype, first & 0x0F, body, self.version)
             assert isinstance(suback, pk.Suback)
             refused = [code for code in suback.reason_codes if code >= 0x80]
+            log.info(
+                "bridge %s: subscribed on the remote broker (%d of %d filters)",
+                self.name,
+                len(suback.reason_codes) - len(refused),
+                len(suback.reason_codes),
+            )
             if refused:
                 log.warning(
                     "bridge %s: the remote broker refused %d of its subscriptions (%s)",
@@ -436,8 +455,11 @@ class Bridge(Sink):
         props = publish.properties
         if self.version == MQTT_5:
             users = props.get(Prop.USER_PROPERTY, ())
-            if any(key == VIA and value == self.broker_id for key, value in users):
-                return ReasonCode.SUCCESS  # it started here: not again
+            been = {value for key, value in users if key == VIA}
+            if self.broker_id in been:
+                return ReasonCode.SUCCESS  # it was here before: not again
+            if self.remote_id is not None and self.remote_id not in been:
+                props = {**props, Prop.USER_PROPERTY: [*users, (VIA, self.remote_id)]}
         else:
             key = (topic, publish.payload)
             sent = self._echo.get(key)
@@ -455,7 +477,10 @@ class Bridge(Sink):
         code = self.outbox.publish(local, publish.payload, publish.qos, publish.retain, props)
         if code >= 0x80:
             log.warning(
-                "bridge %s: message on %r not published locally: %s", self.name, local, _reason(code)
+                "bridge %s: message on %r not published locally: %s",
+                self.name,
+                local,
+                _reason(code),
             )
         else:
             self.forwarded_in += 1

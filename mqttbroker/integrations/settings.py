@@ -5,6 +5,7 @@ Secrets (passwords, signing keys) are read here, from a file or an environment v
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -164,7 +165,7 @@ def parse_bridge(table: dict[str, Any], seen: set[str]) -> BridgeConfig:
     if protocol not in ("5", "3.1.1"):
         raise SettingsError(f'protocol: expected "5" or "3.1.1", got {protocol!r}')
     cfg = BridgeConfig(name, host, int(port_text), protocol)
-    cfg.client_id = _get(table, "client_id", str, "") or f"mqttbroker-bridge-{name}"
+    cfg.client_id = _get(table, "client_id", str, "") or f"{socket.gethostname()}-bridge-{name}"
     cfg.username = _get(table, "username", str, None)
     cfg.password = _secret(table, "password")
     for key in ("tls_ca_file", "tls_cert_file", "tls_key_file", "tls_server_name"):

@@ -244,7 +244,9 @@ class Webhook(Sink):
             self._reported = why
             log.warning("webhook %s: %s: %s; retrying", self.name, self.config.url, why)
 
-    def _dead_letter(self, delivery: Delivery, delivery_id: str, reason: str, attempts: int) -> None:
+    def _dead_letter(
+        self, delivery: Delivery, delivery_id: str, reason: str, attempts: int
+    ) -> None:
         self.dead += 1
         message = delivery.message
         log.warning(
