@@ -50,6 +50,8 @@ log = logging.getLogger("mqttbroker.webhook")
 EVENT_PREFIX = "$event/"
 MAX_QUEUED_BYTES = 64 * 1_048_576
 DEAD_LETTER_QOS = 1
+DROP_CHECK_SECONDS = 1.0
+MAX_RETRY_AFTER = 3600.0  # a Retry-After is honoured up to an hour
 
 
 class Webhook(Sink):
@@ -86,10 +88,26 @@ class Webhook(Sink):
             # After this pass: a connecting client's user name is set just after attach.
             asyncio.get_running_loop().call_soon(self._queue_event, event, session)
 
-    def _queue_event(self, event: str, session: Session) -> None:
-        body = json.dumps({"client_id": session.client_id, "username": session.username})
-        message = Message(EVENT_PREFIX + event, body.encode(), 1)
+    def _queue_event(self, event: str, session: Session, **extra: Any) -> None:
+        fields = {"client_id": session.client_id, "username": session.username, **extra}
+        message = Message(EVENT_PREFIX + event, json.dumps(fields).encode(), 1)
         self.session.deliver(message, 1, False, (), self.broker.clock())
+
+    async def _watch_drops(self) -> None:
+        """message.dropped: once a second, one event per session that dropped messages since
+        (with how many), its own drops aside."""
+        seen: dict[str, int] = {}
+        while True:
+            await asyncio.sleep(DROP_CHECK_SECONDS)
+            for client_id, session in list(self.broker.sessions.items()):
+                count = session.dropped
+                before = seen.get(client_id, 0)
+                if count > before and session is not self.session:
+                    self._queue_event("message.dropped", session, dropped=count - before)
+                if count:
+                    seen[client_id] = count
+            for client_id in [c for c in seen if c not in self.broker.sessions]:
+                del seen[client_id]
 
     def status(self) -> dict[str, Any]:
         """Figures for $SYS, the admin API and /metrics."""
@@ -116,6 +134,8 @@ class Webhook(Sink):
             asyncio.create_task(self._worker(restored), name=f"webhook {self.name}")
             for _ in range(self.config.concurrency)
         ]
+        if "message.dropped" in self.events:
+            self._tasks.append(asyncio.create_task(self._watch_drops()))
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -149,9 +169,10 @@ class Webhook(Sink):
         client_id = username = None
         if message.topic.startswith(EVENT_PREFIX):
             event = message.topic[len(EVENT_PREFIX) :]
-            who = json.loads(message.payload)
-            client_id, username = who.get("client_id"), who.get("username")
-            body_fields: dict[str, Any] = {"topic": None, "payload": None}
+            body_fields: dict[str, Any] = json.loads(message.payload)
+            client_id = body_fields.pop("client_id", None)
+            username = body_fields.pop("username", None)
+            body_fields.update(topic=None, payload=None)
         else:
             event = "message.publish"
             if origin is not None:
@@ -227,8 +248,9 @@ class Webhook(Sink):
                 self._dead_letter(delivery, delivery_id, f"{why} after {attempt} attempts", attempt)
                 break
             if wait is None:
-                wait = cfg.retry_delay * 2 ** min(attempt - 1, 30) * random.uniform(0.5, 1.0)
-            await asyncio.sleep(min(wait, cfg.retry_max_delay))
+                wait = min(cfg.retry_max_delay, cfg.retry_delay * 2 ** min(attempt - 1, 30))
+                wait *= random.uniform(0.5, 1.0)
+            await asyncio.sleep(min(wait, MAX_RETRY_AFTER))
         if ok:
             self.delivered += 1
             if self._reported is not None:
