@@ -97,6 +97,7 @@ class Bridge(Sink):
         self._keep_alive = config.keep_alive
         self._echo: dict[tuple[str, bytes], int] = {}  # 3.1.1: (remote topic, payload) -> sent
         self.remote_id: str | None = None  # the remote's $SYS/broker/id, if it is one of ours
+        self._unmatched: set[str] = set()  # topics logged as matching no in rule
 
     @property
     def address(self) -> str:
@@ -298,6 +299,12 @@ class Bridge(Sink):
 
     async def _pump(self, writer: asyncio.StreamWriter) -> None:
         """Send queued messages while the remote's Receive Maximum leaves room."""
+        try:
+            await self._pump_until_closed(writer)
+        except (OSError, RuntimeError):  # the connection went; the reader sees it too
+            pass
+
+    async def _pump_until_closed(self, writer: asyncio.StreamWriter) -> None:
         outbox = self.outbox
         inflight = self.session.inflight
         while True:
@@ -471,7 +478,12 @@ class Bridge(Sink):
                 return ReasonCode.SUCCESS
         rule = _rule(self.in_rules, topic, local=False)
         if rule is None:
-            log.warning("bridge %s: message on %r matches no in rule; dropped", self.name, topic)
+            # e.g. a subscription an earlier configuration left in the remote session
+            if len(self._unmatched) < 1000 and topic not in self._unmatched:
+                self._unmatched.add(topic)
+                log.warning(
+                    "bridge %s: message on %r matches no in rule; dropped", self.name, topic
+                )
             return ReasonCode.TOPIC_NAME_INVALID
         local = rule.local_prefix + topic[len(rule.remote_prefix) :]
         code = self.outbox.publish(local, publish.payload, publish.qos, publish.retain, props)

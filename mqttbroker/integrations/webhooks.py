@@ -292,7 +292,11 @@ class Webhook(Sink):
             "qos": message.qos,
             "retain": delivery.retain,
         }
-        self.outbox.publish(topic, json.dumps(letter).encode(), DEAD_LETTER_QOS, False, None)
+        code = self.outbox.publish(topic, json.dumps(letter).encode(), DEAD_LETTER_QOS, False, None)
+        if code >= 0x80:
+            log.warning(
+                "webhook %s: dead letter not published to %r (0x%02X)", self.name, topic, code
+            )
 
 
 def _payload(payload: bytes) -> dict[str, Any]:
