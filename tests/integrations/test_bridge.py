@@ -291,3 +291,31 @@ def test_tls_to_a_mosquitto_tls_listener(
     wait_for(lambda: far.payloads() == [b"over-tls"], "the message over TLS")
     local.disconnect()
     local.loop_stop()
+
+
+def test_remote_keeps_the_bridge_session_across_our_outage(
+    tmp_path: Path,
+    start_broker: Callable[..., object],
+    mosquitto: Callable[..., Mosquitto],
+    collect: Callable[..., Collector],
+) -> None:
+    """MQTT 5, Clean Start 0 and a Session Expiry Interval: while our broker is down the remote
+    keeps the bridge's subscription and queues for it; it all comes in after our restart."""
+    remote = mosquitto()
+    args = write_config(tmp_path / "b.toml", bridge_toml("m", remote.port, "5", RULES))
+    data = tmp_path / "ours"
+    first = start_broker(data_dir=data, extra_args=args)
+    assert first.wait_for_log(SUBSCRIBED.format(name="m"), 20)  # type: ignore[attr-defined]
+    near = collect(first.port, ["cloud/#"], persistent=True, client_id="near")  # type: ignore[attr-defined]
+    near.close()
+    first.stop()  # type: ignore[attr-defined]
+    cloud = publisher(remote.port)
+    payloads = [b"while-away-%02d" % n for n in range(50)]
+    publish_all(cloud, "down/cmd", payloads)
+    second = start_broker(data_dir=data, extra_args=args)
+    assert second.wait_for_log("remote session resumed", 20)  # type: ignore[attr-defined]
+    back = collect(second.port, ["cloud/#"], persistent=True, client_id="near")  # type: ignore[attr-defined]
+    back.wait_count(50, b"while-away")
+    assert sorted(back.payloads(b"while-away")) == payloads
+    cloud.disconnect()
+    cloud.loop_stop()
