@@ -343,7 +343,7 @@ class Bridge(Sink):
                 return False  # the remote had it already
             if self.broker_id not in been:
                 props = {**props, Prop.USER_PROPERTY: [*users, (VIA, self.broker_id)]}
-        else:
+        elif _rule(self.in_rules, topic, local=False) is not None:  # it will come back
             self._remember(topic, message.payload)
         forward = Message(
             topic,

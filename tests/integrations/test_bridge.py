@@ -319,3 +319,32 @@ def test_remote_keeps_the_bridge_session_across_our_outage(
     assert sorted(back.payloads(b"while-away")) == payloads
     cloud.disconnect()
     cloud.loop_stop()
+
+
+def test_mqtt311_remote_echo_is_dropped(
+    tmp_path: Path,
+    start_broker: Callable[..., object],
+    mosquitto: Callable[..., Mosquitto],
+    collect: Callable[..., Collector],
+) -> None:
+    """MQTT 3.1.1 has no No Local: with direction "both" the remote sends the bridge its own
+    messages back, and the bridge recognises and drops them (one copy here, one there)."""
+    remote = mosquitto()
+    rules = '\n[[bridge.topic]]\nfilter = "both/#"\ndirection = "both"\nqos = 1\n'
+    args = write_config(tmp_path / "b.toml", bridge_toml("m", remote.port, "3.1.1", rules))
+    ours = start_broker(extra_args=args)
+    assert ours.wait_for_log(SUBSCRIBED.format(name="m"), 20)  # type: ignore[attr-defined]
+    near = collect(ours.port, ["both/#"])  # type: ignore[attr-defined]
+    far = collect(remote.port, ["both/#"])
+    local = publisher(ours.port)  # type: ignore[attr-defined]
+    cloud = publisher(remote.port)
+    publish_all(local, "both/a", [b"here-1", b"here-2"])
+    publish_all(cloud, "both/b", [b"there-1"])
+    publish_all(local, "both/z", [b"marker"])
+    near.wait_count(1, b"marker")
+    far.wait_count(1, b"marker")
+    assert sorted(near.payloads()) == [b"here-1", b"here-2", b"marker", b"there-1"]
+    assert sorted(far.payloads()) == [b"here-1", b"here-2", b"marker", b"there-1"]
+    for client in (local, cloud):
+        client.disconnect()
+        client.loop_stop()
