@@ -34,13 +34,13 @@ import time
 from typing import Any
 
 from ..broker.core import Broker
-from ..broker.message import Message
 from ..broker.session import Delivery
 from ..broker.sink import Outbox, Sink
 from ..broker.topics import matches
 from ..protocol import fastpath, grammar
 from ..protocol import packets as pk
 from ..protocol.errors import MQTTError
+from ..protocol.fastpath import encode_properties, encode_publish_raw, encode_topic
 from ..protocol.packets import MQTT_5, PacketType
 from ..protocol.properties import PropertyId as Prop
 from ..protocol.reasons import ReasonCode
@@ -98,6 +98,8 @@ class Bridge(Sink):
         self._echo: dict[tuple[str, bytes], int] = {}  # 3.1.1: (remote topic, payload) -> sent
         self.remote_id: str | None = None  # the remote's $SYS/broker/id, if it is one of ours
         self._unmatched: set[str] = set()  # topics logged as matching no in rule
+        # The properties of a forwarded message that had none: only our mark
+        self._via_only = encode_properties({Prop.USER_PROPERTY: [(VIA, broker_id)]})
 
     @property
     def address(self) -> str:
@@ -280,8 +282,12 @@ class Bridge(Sink):
                 writer.write(
                     fastpath.encode_ack(PacketType.PUBREL, packet_id, 0, None, self.version)
                 )
-            elif not self._send(writer, packet_id, delivery, True):
+                continue
+            data = self._encode(packet_id, delivery, True)
+            if data is None:
                 self.outbox.done(packet_id)
+            else:
+                writer.write(data)
         pump = asyncio.create_task(self._pump(writer))
         pinger = asyncio.create_task(self._ping(writer))
         try:
@@ -310,14 +316,20 @@ class Bridge(Sink):
         while True:
             self._work.clear()
             sent = 0
+            out: list[bytes] = []
             while sent < BATCH and len(inflight) < self._send_quota:
                 item = outbox.take()
                 if item is None:
                     break
                 packet_id, delivery = item
-                if not self._send(writer, packet_id, delivery, False) or not delivery.qos:
+                data = self._encode(packet_id, delivery, False)
+                if data is not None:
+                    out.append(data)
+                if data is None or not delivery.qos:
                     outbox.done(packet_id)
                 sent += 1
+            if out:
+                writer.write(b"".join(out))  # one write per pass, not per message
             if writer.transport.get_write_buffer_size() > HIGH_WATER:
                 await writer.drain()
             if sent < BATCH:
@@ -325,50 +337,44 @@ class Bridge(Sink):
             else:
                 await asyncio.sleep(0)
 
-    def _send(
-        self, writer: asyncio.StreamWriter, packet_id: int, delivery: Delivery, dup: bool
-    ) -> bool:
-        """Send one delivery to the remote; False if it is not to be sent (it went through
-        this broker before, or no out rule maps it any more)."""
+    def _encode(self, packet_id: int, delivery: Delivery, dup: bool) -> bytes | None:
+        """The PUBLISH of one delivery to the remote; None if it is not to be sent (the remote
+        had it already, or no out rule maps it any more)."""
         message = delivery.message
         rule = _rule(self.out_rules, message.topic, local=True)
         if rule is None:
-            return False
-        topic = rule.remote_prefix + message.topic[len(rule.local_prefix) :]
+            return None
+        if rule.local_prefix == rule.remote_prefix:
+            topic, topic_bytes = message.topic, message.topic_bytes
+        else:
+            topic = rule.remote_prefix + message.topic[len(rule.local_prefix) :]
+            topic_bytes = encode_topic(topic)
+        qos = delivery.qos
         props = message.properties
+        encoded: bytes | None = None
         if self.version == MQTT_5:
-            users = props.get(Prop.USER_PROPERTY, ())
-            been = {value for key, value in users if key == VIA}
-            if self.remote_id is not None and self.remote_id in been:
-                return False  # the remote had it already
-            if self.broker_id not in been:
-                props = {**props, Prop.USER_PROPERTY: [*users, (VIA, self.broker_id)]}
+            if not props and message.expires_at is None:  # the common case: encoded once
+                encoded = self._via_only
+            else:
+                users = props.get(Prop.USER_PROPERTY, ())
+                been = {value for key, value in users if key == VIA}
+                if self.remote_id is not None and self.remote_id in been:
+                    return None  # the remote had it already
+                if self.broker_id not in been:
+                    props = {**props, Prop.USER_PROPERTY: [*users, (VIA, self.broker_id)]}
+                if message.expires_at is not None:  # what is left of it (MQTT-3.3.2-6)
+                    props = {**props, Prop.MESSAGE_EXPIRY_INTERVAL: message.remaining_expiry(
+                        self.broker.clock()
+                    )}  # fmt: skip
+                encoded = encode_properties(props)
         elif _rule(self.in_rules, topic, local=False) is not None:  # it will come back
             self._remember(topic, message.payload)
-        forward = Message(
-            topic,
-            message.payload,
-            delivery.qos,
-            delivery.retain,
-            props,
-            message.expires_at,
-            expiry_interval=message.expiry_interval,
-        )
-        now = self.broker.clock()
-        writer.write(
-            forward.encode(
-                self.version,
-                delivery.qos,
-                delivery.retain,
-                dup,
-                packet_id if delivery.qos else None,
-                (),
-                now,
-            )
-        )
         if not dup:
             self.forwarded_out += 1
-        return True
+        flags = (dup << 3) | (qos << 1) | delivery.retain
+        return encode_publish_raw(
+            flags, topic_bytes, packet_id if qos else None, encoded, message.payload
+        )
 
     def _remember(self, topic: str, payload: bytes) -> None:
         """3.1.1 has no No Local: remember what was sent, to drop its echo."""

@@ -93,7 +93,9 @@ def test_outbound_kept_until_the_remote_acknowledges() -> None:
     item = bridge.outbox.take()
     assert item is not None
     packet_id, delivery = item
-    assert bridge._send(writer, packet_id, delivery, False)  # type: ignore[arg-type]
+    data = bridge._encode(packet_id, delivery, False)
+    assert data is not None
+    writer.write(data)
     sent = fastpath.decode(
         PacketType.PUBLISH, writer.data[0][0] & 0x0F, writer.data[0], 2, len(writer.data[0]), 5
     )
