@@ -248,7 +248,6 @@ def test_mutual_bridges_do_not_loop(
     pa.loop_stop()
 
 
-@pytest.mark.needs_openssl
 def test_tls_to_a_mosquitto_tls_listener(
     tmp_path: Path,
     start_broker: Callable[..., object],
