@@ -62,9 +62,12 @@ def test_both_directions_with_properties(
     protocol: str,
 ) -> None:
     remote = mosquitto()
-    args = write_config(tmp_path / "b.toml", bridge_toml("m", remote.port, protocol, RULES))
+    head = "[broker]\nsys_interval = 0.2\n\n"
+    args = write_config(
+        tmp_path / "b.toml", bridge_toml("m", remote.port, protocol, RULES, head=head)
+    )
     ours = start_broker(extra_args=args)
-    assert ours.wait_for_log(SUBSCRIBED.format(name="m", n=1), 20), ours.log_text()  # type: ignore[attr-defined]
+    assert ours.wait_for_log(SUBSCRIBED.format(name="m"), 20), ours.log_text()  # type: ignore[attr-defined]
     far = collect(remote.port, ["site-a/#"])
     near = collect(ours.port, ["cloud/#"])  # type: ignore[attr-defined]
 
@@ -103,6 +106,19 @@ def test_both_directions_with_properties(
     far.wait_count(1, b"last")
     assert far.payloads() == [b"21.5", b"last"]
     assert near.payloads() == [b"on"]
+    # the bridge's status in $SYS
+    status = collect(ours.port, ["$SYS/broker/bridges/m/#"], qos=0)  # type: ignore[attr-defined]
+
+    def figure(name: str) -> bytes | None:
+        with status.lock:
+            found = [m for m in status.messages if m.topic == f"$SYS/broker/bridges/m/{name}"]
+        return bytes(found[-1].payload) if found else None
+
+    wait_for(lambda: figure("forwarded_out") == b"2", "$SYS forwarded_out 2")
+    assert figure("connected") == b"1"
+    assert figure("forwarded_in") == b"1"
+    assert figure("remote") == f"127.0.0.1:{remote.port}".encode()
+    assert figure("queued") == b"0"
     for client in (local, cloud):
         client.disconnect()
         client.loop_stop()
@@ -165,7 +181,7 @@ def test_two_of_our_brokers_bridged_both_ways_no_loops(
     b2 = start_broker()
     args = write_config(tmp_path / "b1.toml", bridge_toml("to-b2", b2.port, "5", rules))  # type: ignore[attr-defined]
     b1 = start_broker(extra_args=args)
-    assert b1.wait_for_log(SUBSCRIBED.format(name="to-b2", n=1), 20)  # type: ignore[attr-defined]
+    assert b1.wait_for_log(SUBSCRIBED.format(name="to-b2"), 20)  # type: ignore[attr-defined]
     on1 = collect(b1.port, ["chat/#"])  # type: ignore[attr-defined]
     on2 = collect(b2.port, ["chat/#"])  # type: ignore[attr-defined]
     p1 = publisher(b1.port)  # type: ignore[attr-defined]
@@ -196,7 +212,7 @@ def test_two_of_our_brokers_bridged_both_ways_no_loops(
     b4 = start_broker(extra_args=args4)
     # a chain b4 -> b3 -> b2 <- b1: a message crosses three bridges
     for proc, name in ((b3, "b3-to-b2"), (b4, "to-b3")):
-        assert proc.wait_for_log(SUBSCRIBED.format(name=name, n=1), 20)  # type: ignore[attr-defined]
+        assert proc.wait_for_log(SUBSCRIBED.format(name=name), 20)  # type: ignore[attr-defined]
     on4 = collect(b4.port, ["chat/#"])  # type: ignore[attr-defined]
     p4 = publisher(b4.port)  # type: ignore[attr-defined]
     p4.publish("chat/c", b"from-4", 1).wait_for_publish(10)

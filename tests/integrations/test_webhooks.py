@@ -133,6 +133,9 @@ def test_retries_429_retry_after_signatures_and_dead_letters(
     endpoint = Endpoint(answer)
     try:
         config = f"""
+[broker]
+sys_interval = 0.2
+
 [[webhook]]
 name = "main"
 url = "{endpoint.url}/hook"
@@ -207,6 +210,18 @@ dead_letter_topic = "webhooks/dead/strict"
             "good-2",
             "good-3",
         ]
+        # visible like a session's: in $SYS
+        status = collect(broker.port, ["$SYS/broker/webhooks/#"], qos=0)
+
+        def figure(name: str) -> bytes | None:
+            with status.lock:
+                found = [m for m in status.messages if m.topic == f"$SYS/broker/webhooks/{name}"]
+            return bytes(found[-1].payload) if found else None
+
+        wait_for(lambda: figure("strict/dead_letters") == b"3", "$SYS dead_letters 3")
+        wait_for(lambda: figure("main/delivered") == b"21", "$SYS delivered 21")
+        assert int(figure("main/failures") or 0) >= 11
+        assert figure("main/queued") == b"0"
         client.disconnect()
         client.loop_stop()
     finally:
