@@ -269,8 +269,13 @@ max_attempts = 1000
             del os.environ["MQTTBROKER_TEST_WEBHOOK_SECRET"]
         got = sorted(json.loads(r.body)["payload"].encode() for r in endpoint.ok("hook"))
         assert sorted(set(got)) == payloads
+        ids: dict[bytes, set[str]] = {}
         for request in endpoint.all("hook"):
             verify(request)
+            body = json.loads(request.body)["payload"].encode()
+            ids.setdefault(body, set()).add(request.delivery_id)
+        # the idempotency key of a delivery is the same before and after the restart
+        assert all(len(keys) == 1 for keys in ids.values()), ids
         assert "restored 1 sessions, 30 queued" in second.log_text()
     finally:
         endpoint.close()
