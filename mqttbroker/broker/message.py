@@ -6,14 +6,11 @@ they are built once and cached on the message; QoS 1/2 deliveries differ only in
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..protocol.fastpath import encode_properties, encode_publish_raw, encode_topic
 from ..protocol.packets import MQTT_5
 from ..protocol.properties import PropertyId
-
-if TYPE_CHECKING:
-    from .session import Session
 
 _EXPIRY = PropertyId.MESSAGE_EXPIRY_INTERVAL
 _SUB_ID = PropertyId.SUBSCRIPTION_IDENTIFIER
@@ -34,7 +31,8 @@ class Message:
         "_q0",
         "store_id",
         "store_refs",
-        "origin",
+        "origin_id",
+        "origin_user",
     )
 
     def __init__(
@@ -62,9 +60,11 @@ class Message:
         self._q0: dict[int, bytes] = {}
         self.store_id: int | None = None  # row in the durable store, while referenced
         self.store_refs = 0
-        # The session that published it (None: the broker itself, or restored from the store);
-        # set by Router.publish, read by integrations (a webhook names the publisher).
-        self.origin: Session | None = None
+        # The client id and user name of its publisher, recorded by Router.publish only while
+        # an integration needs them (a webhook names the publisher); None otherwise, for the
+        # broker's own messages, and for messages restored from the store.
+        self.origin_id: str | None = None
+        self.origin_user: str | None = None
 
     @classmethod
     def received(

@@ -65,6 +65,8 @@ class Webhook(Sink):
         self.session = self.outbox.session
         topics = config.topics if "message.publish" in config.events else []
         self.outbox.subscribe({topic_filter: 2 for topic_filter in topics})
+        if topics:
+            broker.router.track_origin = True  # the envelope names the publisher
         self.events = frozenset(e for e in config.events if e != "message.publish")
         if self.events:
             broker.observers.append(self._observe)
@@ -165,7 +167,6 @@ class Webhook(Sink):
 
     def _request(self, delivery: Delivery, delivery_id: str) -> tuple[bytes, dict[str, str]]:
         message = delivery.message
-        origin = message.origin
         client_id = username = None
         if message.topic.startswith(EVENT_PREFIX):
             event = message.topic[len(EVENT_PREFIX) :]
@@ -175,8 +176,7 @@ class Webhook(Sink):
             body_fields.update(topic=None, payload=None)
         else:
             event = "message.publish"
-            if origin is not None:
-                client_id, username = origin.client_id, origin.username
+            client_id, username = message.origin_id, message.origin_user
             body_fields = {"topic": message.topic, **_payload(message.payload)}
             body_fields["qos"] = message.qos
             body_fields["retain"] = delivery.retain

@@ -51,7 +51,7 @@ def test_outbox_queues_wakes_and_keeps_until_done(h: Harness) -> None:
     assert first is not None
     packet_id, delivery = first
     assert delivery.message.payload == b"zero" and delivery.qos == 0
-    assert delivery.message.origin is publisher.session
+    assert delivery.message.origin_id is None  # not recorded: nobody asked
     second = outbox.take()
     assert second is not None and second[1].message.payload == b"one"
     assert outbox.take() is None
@@ -83,3 +83,17 @@ def test_outbox_publish_is_no_local_and_retire_ends_unconfigured(h: Harness) -> 
     other.send_raw(raw)
     other.receive()
     assert outbox.pending == 0
+
+
+def test_publisher_recorded_only_when_asked(h: Harness) -> None:
+    outbox = Outbox(h.broker, "$webhook/w", Recorder(), 10, 1 << 20)
+    outbox.subscribe({"a/#": 1})
+    publisher = h.connect("pub")
+    publisher.publish("a/1", b"anonymous", qos=1)
+    h.broker.router.track_origin = True  # a webhook names publishers
+    publisher.publish("a/2", b"named", qos=1)
+    publisher.receive()
+    assert [(d.message.origin_id, d.message.origin_user) for d in outbox.session.queue] == [
+        (None, None),
+        ("pub", None),
+    ]
