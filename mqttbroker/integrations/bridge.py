@@ -52,6 +52,7 @@ VIA = "mqttbroker-via"  # user property: the brokers a bridged message has been 
 ID_TOPIC = "$SYS/broker/id"  # retained: this broker's id (see Integrations)
 FIRST_RETRY = 0.5  # seconds before the first reconnection attempt; doubles per failure
 MAX_RETRY = 60.0
+STABLE = 10.0  # seconds a connection must last for the backoff to start again from the first
 CONNECT_TIMEOUT = 10.0
 HIGH_WATER = 1 << 20  # bytes buffered towards the remote before waiting for it to drain
 BATCH = 1000  # deliveries sent per pass before yielding to the event loop
@@ -166,7 +167,7 @@ class Bridge(Sink):
                 delay = min(MAX_RETRY, FIRST_RETRY * 2 ** min(failures - 1, 10))
                 await asyncio.sleep(delay * random.uniform(0.5, 1.0))
                 continue
-            failures = 0
+            connected_at = time.monotonic()
             log.info(
                 "bridge %s: connected to %s (MQTT %s, remote session %s)",
                 self.name,
@@ -181,13 +182,20 @@ class Bridge(Sink):
                 why = f"connection lost: {_describe(exc)}"
             except (BridgeError, MQTTError) as exc:
                 why = f"protocol error: {_describe(exc)}"
+            except Exception as exc:  # a bug of ours: logged, and the bridge goes on
+                log.exception("bridge %s: internal error", self.name)
+                why = f"internal error: {type(exc).__name__}"
             finally:
                 self._writer = None
                 self.connected = False
                 self.since = time.time()
                 writer.close()
             self._failed(why)
-            await asyncio.sleep(FIRST_RETRY * random.uniform(0.5, 1.0))
+            # A connection that ends soon after it began counts as a failed attempt: a remote
+            # that accepts and then drops the bridge is not hammered.
+            failures = 0 if time.monotonic() - connected_at > STABLE else failures + 1
+            delay = min(MAX_RETRY, FIRST_RETRY * 2 ** min(failures, 10))
+            await asyncio.sleep(delay * random.uniform(0.5, 1.0))
 
     def _tls(self) -> ssl.SSLContext:
         cfg = self.config

@@ -163,7 +163,12 @@ class Webhook(Sink):
                     await self._work.wait()
                     continue
                 packet_id, delivery = item
-            await self._deliver(packet_id, delivery)
+            try:
+                await self._deliver(packet_id, delivery)
+            except Exception:  # a bug of ours: logged; the delivery stays pending
+                log.exception("webhook %s: internal error", self.name)
+                self._started.pop(packet_id, None)
+                await asyncio.sleep(self.config.retry_max_delay)
 
     def _request(self, delivery: Delivery, delivery_id: str) -> tuple[bytes, dict[str, str]]:
         message = delivery.message
