@@ -46,6 +46,7 @@ class Endpoint:
 
     def __init__(self, answer: Callable[[str, bytes, int], tuple[int, dict[str, str]]]) -> None:
         self.answer = answer
+        self.hang = False
         self.requests: list[Request] = []
         self.lock = threading.Lock()
         self.loop = asyncio.new_event_loop()
@@ -70,6 +71,8 @@ class Endpoint:
 
     async def _handle(self, request: web.Request) -> web.Response:
         body = await request.read()
+        if self.hang:
+            await asyncio.sleep(3600)  # never answers (until the test ends)
         path = request.match_info["path"]
         with self.lock:
             count = sum(1 for r in self.requests if r.path == path)
@@ -338,5 +341,41 @@ format = "raw"
         assert raw.headers["X-Mqttbroker-Topic"] == "raw/bytes"
         assert raw.headers["X-Mqttbroker-Qos"] == "1"
         assert raw.headers["X-Mqttbroker-Client-Id"] == name
+    finally:
+        endpoint.close()
+
+
+def test_a_hung_endpoint_slows_nobody_else(
+    tmp_path: Path, start_broker: Callable[..., Any], collect: Callable[..., Collector]
+) -> None:
+    """An endpoint that never answers: publishers are acknowledged and subscribers served as
+    usual, while the webhook's deliveries wait in its own queue."""
+    endpoint = Endpoint(lambda path, body, count: (200, {}))
+    endpoint.hang = True
+    try:
+        config = f"""
+[broker]
+sys_interval = 0.2
+
+[[webhook]]
+name = "stuck"
+url = "{endpoint.url}/hook"
+topics = ["data/#"]
+timeout = 60.0
+"""
+        broker = start_broker(extra_args=write_config(tmp_path / "w.toml", config))
+        subscriber = collect(broker.port, ["data/#"])
+        client = publisher(broker.port)
+        payloads = [b"v-%03d" % n for n in range(200)]
+        publish_all(client, "data/x", payloads)  # every PUBACK came
+        subscriber.wait_count(200, b"v-")
+        assert endpoint.ok("hook") == []
+        status = collect(broker.port, ["$SYS/broker/webhooks/stuck/queued"], qos=0)
+        wait_for(
+            lambda: bool(status.payloads()) and int(status.payloads()[-1]) >= 196,
+            "the webhook's own queue holding the rest",
+        )
+        client.disconnect()
+        client.loop_stop()
     finally:
         endpoint.close()
