@@ -62,6 +62,7 @@ class Endpoint:
         app = web.Application()
         app.router.add_post("/{path}", self._handle)
         self.runner = web.AppRunner(app)
+        self.released = asyncio.Event()
         self.loop.run_until_complete(self.runner.setup())
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
         self.loop.run_until_complete(site.start())
@@ -72,7 +73,7 @@ class Endpoint:
     async def _handle(self, request: web.Request) -> web.Response:
         body = await request.read()
         if self.hang:
-            await asyncio.sleep(3600)  # never answers (until the test ends)
+            await self.released.wait()  # no answer until the test ends
         path = request.match_info["path"]
         with self.lock:
             count = sum(1 for r in self.requests if r.path == path)
@@ -91,6 +92,7 @@ class Endpoint:
             return [r for r in self.requests if r.path == path]
 
     def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.released.set)
         asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
