@@ -346,6 +346,8 @@ class Broker:
             return 0
         removed = 0
         for session in list(self.sessions.values()):
+            if session.sink is not None:  # an integration's rules are the operator's own
+                continue
             for topic_filter, sub in list(session.subscriptions.items()):
                 if authorizer.can_subscribe(session.client_id, session.username, sub.filter):
                     continue

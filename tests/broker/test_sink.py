@@ -97,3 +97,25 @@ def test_publisher_recorded_only_when_asked(h: Harness) -> None:
         (None, None),
         ("pub", None),
     ]
+
+
+class NothingReadable:
+    generation = 1
+
+    def can_publish(self, client_id: str, username: str | None, topic: str) -> bool:
+        return True
+
+    def can_subscribe(self, client_id: str, username: str | None, topic_filter: str) -> bool:
+        return False
+
+    def can_read(self, client_id: str, username: str | None, topic: str) -> bool:
+        return True
+
+
+def test_rules_reload_leaves_integration_subscriptions(h: Harness) -> None:
+    """SIGHUP rechecks what clients subscribed; an integration's rules are the operator's."""
+    outbox = Outbox(h.broker, "$bridge/b", Recorder(), 10, 1 << 20)
+    outbox.subscribe({"a/#": 1})
+    h.broker.authorizer = NothingReadable()
+    assert h.broker.recheck_subscriptions() == 0
+    assert list(outbox.session.subscriptions) == ["a/#"]
