@@ -28,6 +28,7 @@ from .message import Message
 from .options import PER_ADDRESS_DEFAULT, BrokerOptions
 from .router import Router
 from .session import NEVER, Session, filter_size
+from .sink import RESERVED_PREFIXES
 from .store import Store
 from .topics import SharedGroup
 
@@ -88,6 +89,9 @@ class Broker:
         self._dirty: list[Connection] = []
         self._deferred: list[Connection] = []  # input left for the next pass
         self.passes = 0  # flushes so far: one per event-loop pass with output
+        # Told of client.connected (before the CONNACK: the connection sets the session's user
+        # name right after), client.disconnected and session.expired (webhooks use these).
+        self.observers: list[Callable[[str, Session], None]] = []
 
     def _connack_properties(self) -> dict[int, Any]:
         """What every MQTT 5 CONNACK tells the client about this broker (section 3.2.2.3);
@@ -199,8 +203,14 @@ class Broker:
         user is refused, or gets a fresh session and the old one is discarded, per
         ``session_owner_mismatch`` and ``allow_takeover_by_other_user``; a client id against
         ``client_id_pattern`` and a new persistent session past ``max_sessions`` or
-        ``max_sessions_per_user`` are refused too. A refusal raises MQTTError before anything
+        ``max_sessions_per_user`` are refused too, and so is a client id reserved for the
+        integrations (``$bridge/``, ``$webhook/``). A refusal raises MQTTError before anything
         has changed."""
+        if client_id.startswith(RESERVED_PREFIXES):  # the integrations' own sessions
+            raise MQTTError(
+                f"client identifier {client_id!r} is reserved",
+                ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
+            )
         opts = self.options
         if opts.client_id_pattern and not conn.assigned_id:
             self._check_client_id(client_id, username)
@@ -254,6 +264,8 @@ class Broker:
             self.store.save_session(session)
             if conn.will is not None:
                 self.store.save_will(session, conn.will, None)
+        if self.observers:
+            self.notify("client.connected", session)
         return session, present
 
     def _check_client_id(self, client_id: str, username: str | None) -> None:
@@ -315,9 +327,14 @@ class Broker:
         subscriptions and queued messages against the rules as they are now (the ACL may have
         changed while the broker was down)."""
         for session in self.sessions.values():
-            self._count(session, session.expiry_interval != 0)
+            # An integration's session (bridge, webhook) is the operator's: never counted.
+            self._count(session, session.expiry_interval != 0 and session.sink is None)
             session.subscription_bytes = sum(map(filter_size, session.subscriptions))
         self.recheck_subscriptions()
+
+    def notify(self, event: str, session: Session) -> None:
+        for observer in self.observers:
+            observer(event, session)
 
     def connection_closed(self, conn: Connection, publish_will: bool) -> None:
         self.connections.discard(conn)
@@ -335,6 +352,8 @@ class Broker:
         conn.will = None
         if session is None or session.connection is not conn:
             return
+        if self.observers:
+            self.notify("client.disconnected", session)
         session.connection = None
         now = self.clock()
         store = self.store
@@ -450,6 +469,8 @@ class Broker:
             return 0
         removed = dropped = 0
         for session in list(self.sessions.values()):
+            if session.sink is not None:  # an integration's rules are the operator's own
+                continue
             client_id = session.client_id
             username = session.username
             for topic_filter, sub in list(session.subscriptions.items()):
@@ -519,6 +540,8 @@ class Broker:
                     self.publish_will(will, session, now)
             if session.expires_at is not None and now >= session.expires_at:
                 log.info("session %s expired", session.client_id)
+                if self.observers:
+                    self.notify("session.expired", session)
                 self.end_session(session, now)
 
     def shutdown(self) -> None:
