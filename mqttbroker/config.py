@@ -132,6 +132,9 @@ class Config:
     # Microseconds the event loop keeps polling, instead of sleeping, after a pass that sent
     # something (server/polling.py): lower latency for a core spinning meanwhile. 0: off.
     busy_poll_us: int = 0
+    # [[bridge]] and [[webhook]] sections (integrations/settings.py: BridgeConfig, WebhookConfig)
+    bridges: list[Any] = field(default_factory=list)
+    webhooks: list[Any] = field(default_factory=list)
 
     @property
     def store_path(self) -> Path:
@@ -210,10 +213,17 @@ def load(path: str | Path | None) -> Config:
             config.log_levels = _log_levels(value, source)
         elif key in ("gc_threshold", "busy_poll_us"):
             setattr(config, key, _typed(value, int, f"{source}: {key}"))
+        elif key in ("bridge", "webhook"):
+            from .integrations import settings
+
+            try:
+                setattr(config, key + "s", settings.parse(key, value, source))
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
         else:
             raise ConfigError(
                 f"{source}: {key}: unknown key (known: broker, storage, security, listener, "
-                "data_dir, log_level, log_levels, gc_threshold, busy_poll_us)"
+                "bridge, webhook, data_dir, log_level, log_levels, gc_threshold, busy_poll_us)"
             )
     check(config, source)
     return config

@@ -29,6 +29,7 @@ from .options import PER_ADDRESS_DEFAULT, BrokerOptions
 from .policy import OPEN, ListenerPolicy
 from .router import Router
 from .session import NEVER, Session
+from .sink import RESERVED_PREFIXES
 from .state import AUTHENTICATING, AWAIT_CONNECT
 from .store import Restored, Store
 from .topics import SharedGroup, Subscription
@@ -90,6 +91,9 @@ class Broker:
         self._dirty: list[Connection] = []
         self._deferred: list[Connection] = []  # input left for the next pass
         self.passes = 0  # flushes so far: one per event-loop pass with output
+        # Told of client.connected (before the CONNACK: the connection sets the session's user
+        # name right after), client.disconnected and session.expired (webhooks use these).
+        self.observers: list[Callable[[str, Session], None]] = []
 
     def _connack_properties(self) -> dict[int, Any]:
         """What every MQTT 5 CONNACK tells the client about this broker (section 3.2.2.3);
@@ -208,8 +212,14 @@ class Broker:
         user is refused, or gets a fresh session and the old one is discarded, per
         ``session_owner_mismatch`` and ``allow_takeover_by_other_user``; a client id against
         ``client_id_pattern`` and a new persistent session past ``max_sessions`` or
-        ``max_sessions_per_user`` are refused too. A refusal raises MQTTError before anything
+        ``max_sessions_per_user`` are refused too, and so is a client id reserved for the
+        integrations (``$bridge/``, ``$webhook/``). A refusal raises MQTTError before anything
         has changed."""
+        if client_id.startswith(RESERVED_PREFIXES):  # the integrations' own sessions
+            raise MQTTError(
+                f"client identifier {client_id!r} is reserved",
+                ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
+            )
         opts = self.options
         if opts.client_id_pattern and not conn.assigned_id:
             self._check_client_id(client_id, username)
@@ -263,6 +273,8 @@ class Broker:
             self.store.save_session(session)
             if conn.will is not None:
                 self.store.save_will(session, conn.will, None)
+        if self.observers:
+            self.notify("client.connected", session)
         return session, present
 
     def _check_client_id(self, client_id: str, username: str | None) -> None:
@@ -323,9 +335,7 @@ class Broker:
         """Build the sessions and retained messages of the previous run from the store's
         records (before any client connects): a session whose client was connected when the
         broker stopped starts its expiry now, and its will is due now (or after its delay).
-        Then the caps count them, and their subscriptions and queued messages are held
-        against the rules as they are now (the ACL may have changed while the broker was
-        down)."""
+        :meth:`restored` follows, once the integrations have claimed their sessions."""
         now = self.clock()
         for message in restored.retained:
             self.router.retained.store(message, save=False)
@@ -361,9 +371,20 @@ class Broker:
                     delay = will.properties.get(Prop.WILL_DELAY_INTERVAL, 0)
                     session.will_due = now + (delay if record.will_version == MQTT_5 else 0)
             self.sessions[record.client_id] = session
-            self._count(session, session.persistent)
             self.store.save_session(session)  # records the expiry deadline now running
+
+    def restored(self) -> None:
+        """The sessions of the previous run are back: count them, and hold their
+        subscriptions and queued messages against the rules as they are now (the ACL may have
+        changed while the broker was down)."""
+        for session in self.sessions.values():
+            # An integration's session (bridge, webhook) is the operator's: never counted.
+            self._count(session, session.persistent and session.sink is None)
         self.recheck_subscriptions()
+
+    def notify(self, event: str, session: Session) -> None:
+        for observer in self.observers:
+            observer(event, session)
 
     def connection_closed(self, conn: Connection, publish_will: bool) -> None:
         self.connections.discard(conn)
@@ -381,6 +402,8 @@ class Broker:
         conn.will = None
         if session is None or session.connection is not conn:
             return
+        if self.observers:
+            self.notify("client.disconnected", session)
         session.connection = None
         now = self.clock()
         store = self.store
@@ -496,6 +519,8 @@ class Broker:
             return 0
         removed = dropped = 0
         for session in list(self.sessions.values()):
+            if session.sink is not None:  # an integration's rules are the operator's own
+                continue
             client_id = session.client_id
             username = session.username
             for topic_filter, sub in list(session.subscriptions.items()):
@@ -562,6 +587,8 @@ class Broker:
                     self.publish_will(will, session, now)
             if session.expires_at is not None and now >= session.expires_at:
                 log.info("session %s expired", session.client_id)
+                if self.observers:
+                    self.notify("session.expired", session)
                 self.end_session(session, now)
 
     def shutdown(self) -> None:

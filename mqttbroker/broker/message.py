@@ -31,6 +31,8 @@ class Message:
         "_q0",
         "store_id",
         "store_refs",
+        "origin_id",
+        "origin_user",
     )
 
     def __init__(
@@ -58,6 +60,11 @@ class Message:
         self._q0: dict[int, bytes] = {}
         self.store_id: int | None = None  # row in the durable store, while referenced
         self.store_refs = 0
+        # The client id and user name of its publisher, recorded by Router.publish only while
+        # an integration needs them (a webhook names the publisher); None otherwise, for the
+        # broker's own messages, and for messages restored from the store.
+        self.origin_id: str | None = None
+        self.origin_user: str | None = None
 
     @classmethod
     def received(

@@ -38,6 +38,8 @@ class Router:
         self.retained = RetainedStore(self.store)
         self._cache: dict[bytes, tuple[str, Match]] = {}
         self._cache_bytes = 0  # what the cached topics take, about
+        # Record each message's publisher on it (Message.origin_id): set by webhooks.
+        self.track_origin = False
 
     def subscribe(self, sub: Subscription) -> bool:
         """Add or replace ``sub``; True if it replaced one (MQTT-3.8.4-3)."""
@@ -100,6 +102,9 @@ class Router:
     def publish(self, message: Message, match: Match, publisher: Session | None, now: float) -> int:
         """Store if retained, then deliver to every matching session; returns how many sessions
         it was handed to."""
+        if self.track_origin and publisher is not None:
+            message.origin_id = publisher.client_id
+            message.origin_user = publisher.username
         if message.retain:
             self.retained.store(message)  # and in the durable store
         targets, groups = match

@@ -22,6 +22,7 @@ from .topics import Subscription
 if TYPE_CHECKING:
     from ..protocol.packets import Will
     from .connection import Connection
+    from .sink import Sink
 
 log = logging.getLogger("mqttbroker.session")
 
@@ -103,6 +104,7 @@ class Session:
         "username",
         "counted",
         "subscription_bytes",
+        "sink",
     )
 
     def __init__(self, client_id: str, options: BrokerOptions, store: Store | None = None) -> None:
@@ -130,6 +132,9 @@ class Session:
         self.drops_unlogged = 0  # ... since the last log line about them
         self._drop_why = ""
         self.drop_log_next = float("-inf")  # no line about drops before this time
+        # An integration (bridge, webhook) that takes this session's queue instead of a network
+        # connection (see sink.py); such a session never has a connection.
+        self.sink: Sink | None = None
 
     @property
     def persistent(self) -> bool:
@@ -217,6 +222,8 @@ class Session:
         if conn is None or conn.paused:
             if qos or self.options.queue_qos0:
                 self._enqueue(Delivery(message, qos, retain, sub_ids, share), now)
+                if self.sink is not None:
+                    self.sink.wake()
             elif conn is not None:
                 self._count_drop("client is not reading", now)
             return

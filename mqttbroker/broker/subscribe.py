@@ -41,8 +41,7 @@ def on_subscribe(conn: Connection, packet: pk.Subscribe) -> None:
     codes: list[int] = []
     new_subs: list[tuple[Subscription, bool]] = []
     over = 0  # filters refused for max_subscriptions_per_client
-    refused = 0  # ...and by the authorizer, the first of them:
-    denied: str | None = None
+    denied: str | None = None  # the first filter the authorizer refused
     for request in packet.subscriptions:
         topic_filter = request.topic_filter
         try:
@@ -68,7 +67,6 @@ def on_subscribe(conn: Connection, packet: pk.Subscribe) -> None:
         ):
             if denied is None:
                 denied = topic_filter
-            refused += 1
             codes.append(ReasonCode.NOT_AUTHORIZED if v5 else 0x80)
             continue
         if not opts.wildcard_subscriptions and ("+" in inner or "#" in inner):
@@ -108,8 +106,8 @@ def on_subscribe(conn: Connection, packet: pk.Subscribe) -> None:
         session.add_subscription(sub)
         codes.append(qos)
         new_subs.append((sub, existed))
-    if denied is not None:  # one line per packet, however many filters it held
-        conn.log_denied(f"subscribe to {refused} filter(s), the first", denied)
+    if denied is not None:  # one line per packet (its first refused filter), however many
+        conn.log_denied("subscribe to", denied)
     if over:
         log.info(
             "client %s: max_subscriptions_per_client (%d) reached: %d filter(s) refused",

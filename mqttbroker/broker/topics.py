@@ -56,6 +56,24 @@ def parse_shared(topic_filter: str) -> tuple[str, str] | None:
     return group, inner
 
 
+def matches(topic_filter: str, topic: str) -> bool:
+    """Whether ``topic_filter`` matches the Topic Name ``topic``: the plain definition, for one
+    filter against one topic (a bridge's rules); the trie matches all subscriptions at once,
+    and is tested against this."""
+    if topic.startswith("$") and topic_filter[:1] in ("+", "#"):
+        return False  # MQTT-4.7.2-1
+    flevels = topic_filter.split("/")
+    tlevels = topic.split("/")
+    for index, level in enumerate(flevels):
+        if level == "#":
+            return True
+        if index >= len(tlevels):
+            return False
+        if level != "+" and level != tlevels[index]:
+            return False
+    return len(flevels) == len(tlevels)
+
+
 class Subscription:
     """One subscription of one session: the filter as the client sent it and its options."""
 

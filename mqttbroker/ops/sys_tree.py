@@ -16,6 +16,7 @@ exponentially over that period, as Mosquitto's are.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from .. import __version__
@@ -78,6 +79,8 @@ class SysTree:
         self._totals = totals(broker)
         # load name ("messages/received/1min") -> messages (bytes, ...) per minute
         self.loads = {f"{name}/{period}": 0.0 for name in self._totals for period in PERIODS}
+        # More figures, by name under $SYS/broker/ (the integrations' status).
+        self.sources: list[Callable[[], dict[str, Any]]] = []
 
     def _sample(self, now: float) -> None:
         """Fold the counts since the last sample into the moving averages."""
@@ -106,6 +109,8 @@ class SysTree:
         self._sample(now)
         figures = stats(broker, now - self.started)
         figures.update((f"load/{key}", f"{load:.2f}") for key, load in self.loads.items())
+        for source in self.sources:
+            figures.update(source())
         router = broker.router
         for name, value in figures.items():
             topic = PREFIX + name

@@ -20,6 +20,7 @@ from .. import compiled
 from ..broker.core import Broker
 from ..broker.store import Store
 from ..config import Config
+from ..integrations import Integrations
 from ..ops.sys_tree import SysTree
 from ..protocol.reasons import ReasonCode
 from ..security import build_security, listener_policy
@@ -53,6 +54,7 @@ class Server:
         self.busy_poll: BusyPoll | None = None
         self._lock: DataDirLock | None = None
         self._serving = False
+        self.integrations: Integrations | None = None  # bridges and webhooks, once loaded
 
     @staticmethod
     def _make_store(config: Config) -> Store:
@@ -79,6 +81,9 @@ class Server:
             lock.acquire()  # before the store: a second broker never touches the database
             self._lock = lock
         broker.restore(await self.store.load(broker.clock))
+        self.integrations = Integrations(broker, self.config)  # they claim their sessions
+        self.sys_tree.sources.append(self.integrations.sys_figures)
+        broker.restored()  # caps counted, rules applied to what the store put back
         broker.tick()  # expire what expired while the broker was down
 
         window = self.config.busy_poll_us
@@ -100,6 +105,7 @@ class Server:
             self.listeners.append(listener)
             self.addresses.extend(listener.addresses)
         self._ticker = asyncio.create_task(self._tick())
+        self.integrations.start()
         self._serving = True
 
     async def _tick(self) -> None:
@@ -141,6 +147,8 @@ class Server:
         if self._ticker is not None:
             self._ticker.cancel()
         self.broker.shutdown()
+        if self.integrations is not None:
+            await self.integrations.stop()
         await self.store.close()
         if self._lock is not None:
             self._lock.release()

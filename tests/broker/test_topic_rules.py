@@ -1,13 +1,12 @@
 """Topic names, topic filters, shared-subscription names and matching (sections 4.7, 4.8.2).
 
 One table of (topic name, filter, matches?) is checked three ways: against the reference
-``support.codec.matches``, against the subscription trie, and against the retained store's wildcard walk.
+``topics.matches``, against the subscription trie, and against the retained store's wildcard walk.
 """
 
 from __future__ import annotations
 
 import pytest
-from support.codec import matches
 
 from mqttbroker.broker.message import Message
 from mqttbroker.broker.options import BrokerOptions
@@ -16,6 +15,7 @@ from mqttbroker.broker.session import Session
 from mqttbroker.broker.topics import (
     Subscription,
     SubscriptionTrie,
+    matches,
     parse_shared,
     valid_topic_filter,
     valid_topic_name,

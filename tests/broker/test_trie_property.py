@@ -1,4 +1,4 @@
-"""The subscription trie against a brute-force matcher (support.codec.matches), under hypothesis.
+"""The subscription trie against a brute-force matcher (topics.matches), under hypothesis.
 
 Random filters (some shared) for random client ids, random topic names from a small alphabet that
 has '/', '$' and empty levels; the (client id, filter) pairs the trie matches must be exactly the
@@ -11,11 +11,10 @@ import itertools
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support.codec import matches
 
 from mqttbroker.broker.options import BrokerOptions
 from mqttbroker.broker.session import Session
-from mqttbroker.broker.topics import Subscription, SubscriptionTrie
+from mqttbroker.broker.topics import Subscription, SubscriptionTrie, matches
 
 LEVELS = ["a", "b", "", "$", "$a", "a$"]
 CLIENTS = ["c1", "c2", "c3"]

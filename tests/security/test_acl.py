@@ -9,8 +9,8 @@ import itertools
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support.codec import matches as reference_matches
 
+from mqttbroker.broker.topics import matches as reference_matches
 from mqttbroker.security import AclAuthorizer, AclRules, SecurityFileError
 from mqttbroker.security.filters import covers, matches, overlaps, split
 

@@ -162,6 +162,7 @@ class Node:
         self.broker = Broker(self.options, clock=self.time.clock, store=self.store)
         _OPEN.append(self)
         self.broker.restore(await self.store.load(self.broker.clock))
+        self.broker.restored()
         if self.auto_flush:  # as the TCP edge does: flush at the end of the loop pass
             loop = asyncio.get_running_loop()
             broker = self.broker

@@ -1,8 +1,7 @@
 """Whole-packet encode and decode for tests, on top of the broker's codec.
 
 The broker never needs to encode an arbitrary packet object, nor to decode a body without a
-buffer around it; tests do, to build input and read output. The reference filter matcher the
-subscription trie and the retained store are checked against lives here too.
+buffer around it; tests do, to build input and read output.
 """
 
 from __future__ import annotations
@@ -62,20 +61,3 @@ def encode_packet(packet: pk.Packet, version: int) -> bytes:
     if isinstance(packet, (pk.Suback, pk.Unsuback)):
         return fastpath.encode_suback(packet, version)
     return grammar.encode(packet, version)
-
-
-def matches(topic_filter: str, topic: str) -> bool:
-    """Whether ``topic_filter`` matches the Topic Name ``topic``: the plain definition, the
-    reference the trie and the retained store's wildcard walk are tested against."""
-    if topic.startswith("$") and topic_filter[:1] in ("+", "#"):
-        return False  # MQTT-4.7.2-1
-    flevels = topic_filter.split("/")
-    tlevels = topic.split("/")
-    for index, level in enumerate(flevels):
-        if level == "#":
-            return True
-        if index >= len(tlevels):
-            return False
-        if level != "+" and level != tlevels[index]:
-            return False
-    return len(flevels) == len(tlevels)

@@ -1,0 +1,43 @@
+"""Fixtures of the integration tests: Mosquitto brokers and paho collectors stopped after the
+test (see integration_support.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from integration_support import Collector, Mosquitto, in_python_path
+
+in_python_path()
+
+
+@pytest.fixture
+def mosquitto(tmp_path: Path) -> Iterator[Callable[..., Mosquitto]]:
+    """``mosquitto(persistence=False, extra="", start=True)``: a Mosquitto of the test's own."""
+    made: list[Mosquitto] = []
+
+    def make(persistence: bool = False, extra: str = "", start: bool = True) -> Mosquitto:
+        broker = Mosquitto(tmp_path / f"mosquitto{len(made)}", persistence, extra)
+        made.append(broker)
+        return broker.start() if start else broker
+
+    yield make
+    for broker in made:
+        broker.stop()
+
+
+@pytest.fixture
+def collect() -> Iterator[Callable[..., Collector]]:
+    """``collect(port, topics, qos=1, version=5, persistent=False)``: a subscribed collector."""
+    made: list[Collector] = []
+
+    def make(*args: Any, **kwargs: Any) -> Collector:
+        collector = Collector(*args, **kwargs)
+        made.append(collector)
+        return collector
+
+    yield make
+    for collector in made:
+        collector.close()

@@ -1,0 +1,121 @@
+"""Bad [[bridge]] and [[webhook]] sections fail at start, naming the file and the key."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mqttbroker.config import ConfigError, load
+
+ROOT = Path(__file__).resolve().parents[2]
+
+BRIDGE = """
+[[bridge]]
+name = "cloud"
+address = "127.0.0.1:1883"
+{extra}
+[[bridge.topic]]
+filter = "{filter}"
+direction = "{direction}"
+"""
+WEBHOOK = """
+[[webhook]]
+name = "hook"
+url = "{url}"
+topics = ["a/#"]
+{extra}
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "integrations.toml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            BRIDGE.format(extra="", filter="a/#", direction="sideways"),
+            'bridge[0].topic[0].direction: expected "out", "in" or "both", got \'sideways\'',
+        ),
+        (
+            BRIDGE.format(extra="", filter="a/#/b", direction="out"),
+            "bridge[0].topic[0].filter: 'a/#/b' is not a valid topic filter",
+        ),
+        (
+            BRIDGE.format(extra='password_file = "/nonexistent/pw"', filter="a", direction="in"),
+            "bridge[0].password_file: file not found: /nonexistent/pw",
+        ),
+        (
+            BRIDGE.format(extra='protocol = "4"', filter="a", direction="in"),
+            'bridge[0].protocol: expected "5" or "3.1.1"',
+        ),
+        (
+            BRIDGE.format(extra="", filter="a", direction="in").replace("1883", "port"),
+            'bridge[0].address: expected "host:port"',
+        ),
+        (
+            BRIDGE.format(extra="colour = 1", filter="a", direction="in"),
+            "bridge[0].colour: unknown key",
+        ),
+        (
+            WEBHOOK.format(url="example.com/hook", extra=""),
+            "webhook[0].url: expected an http:// or https:// URL, got 'example.com/hook'",
+        ),
+        (
+            WEBHOOK.format(url="http://127.0.0.1/x", extra='secret_file = "/nonexistent/s"'),
+            "webhook[0].secret_file: file not found: /nonexistent/s",
+        ),
+        (
+            WEBHOOK.format(url="http://127.0.0.1/x", extra='secret_env = "NO_SUCH_VARIABLE_X"'),
+            "webhook[0].secret_env: environment variable NO_SUCH_VARIABLE_X is not set",
+        ),
+        (
+            WEBHOOK.format(url="http://127.0.0.1/x", extra='events = ["message.lost"]'),
+            "webhook[0].events[0]: expected one of",
+        ),
+        (
+            WEBHOOK.format(url="http://127.0.0.1/x", extra="max_attempts = 0"),
+            "webhook[0].max_attempts: must be at least 1",
+        ),
+    ],
+)
+def test_bad_sections_name_file_and_key(tmp_path: Path, text: str, message: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load(path)
+    assert str(info.value).startswith(f"{path}: "), info.value
+    assert message in str(info.value)
+
+
+def test_good_sections_load(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("k\n")
+    text = BRIDGE.format(extra='protocol = "3.1.1"', filter="a/+/b", direction="both")
+    text += WEBHOOK.format(url="https://example.com/in", extra=f'secret_file = "{secret}"')
+    config = load(write(tmp_path, text))
+    (bridge,) = config.bridges
+    assert (bridge.host, bridge.port, bridge.protocol) == ("127.0.0.1", 1883, "3.1.1")
+    assert bridge.session_expiry == 3600 and not bridge.insecure and not bridge.tls
+    assert bridge.topics[0].direction == "both" and bridge.topics[0].qos == 1
+    (hook,) = config.webhooks
+    assert hook.secret == b"k" and hook.max_attempts == 10 and hook.events == ["message.publish"]
+
+
+def test_the_broker_exits_2_and_names_the_key(tmp_path: Path) -> None:
+    path = write(tmp_path, WEBHOOK.format(url="/relative", extra=""))
+    run = subprocess.run(
+        [sys.executable, "-m", "mqttbroker", "--config", str(path), "--memory"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )
+    assert run.returncode == 2, run
+    assert f"{path}: webhook[0].url: expected an http:// or https:// URL" in run.stderr

@@ -1,0 +1,383 @@
+"""Webhooks against a local aiohttp endpoint that fails for a while (500, then 429 with
+Retry-After) before it answers 200: every message arrives at least once, signed; dead letters
+are exactly the deliveries past max_attempts (or refused with a 4xx); a restart loses nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import hmac
+import json
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from integration_support import Collector, publish_all, publisher, wait_for, write_config
+
+SECRET = b"s3cret-for-tests"
+
+
+@dataclass
+class Request:
+    path: str
+    at: float
+    body: bytes
+    headers: dict[str, str]
+    status: int
+
+    @property
+    def delivery_id(self) -> str:
+        return self.headers["X-Mqttbroker-Delivery-Id"]
+
+    def envelope(self) -> dict[str, Any]:
+        data: dict[str, Any] = json.loads(self.body)
+        return data
+
+
+class Endpoint:
+    """An aiohttp server on its own thread; ``answer(path, body, count)`` decides each reply."""
+
+    def __init__(self, answer: Callable[[str, bytes, int], tuple[int, dict[str, str]]]) -> None:
+        self.answer = answer
+        self.hang = False
+        self.requests: list[Request] = []
+        self.lock = threading.Lock()
+        self.loop = asyncio.new_event_loop()
+        self.port = 0
+        ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(ready,), daemon=True)
+        self.thread.start()
+        assert ready.wait(10)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def _run(self, ready: threading.Event) -> None:
+        asyncio.set_event_loop(self.loop)
+        app = web.Application()
+        app.router.add_post("/{path}", self._handle)
+        self.runner = web.AppRunner(app)
+        self.released = asyncio.Event()
+        self.loop.run_until_complete(self.runner.setup())
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        self.loop.run_until_complete(site.start())
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        ready.set()
+        self.loop.run_forever()
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        if self.hang:
+            await self.released.wait()  # no answer until the test ends
+        path = request.match_info["path"]
+        with self.lock:
+            count = sum(1 for r in self.requests if r.path == path)
+            status, headers = self.answer(path, body, count)
+            self.requests.append(
+                Request(path, time.monotonic(), body, dict(request.headers), status)
+            )
+        return web.Response(status=status, headers=headers)
+
+    def ok(self, path: str) -> list[Request]:
+        with self.lock:
+            return [r for r in self.requests if r.path == path and r.status == 200]
+
+    def all(self, path: str) -> list[Request]:
+        with self.lock:
+            return [r for r in self.requests if r.path == path]
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.released.set)
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+def verify(request: Request) -> None:
+    """The receiver's check: HMAC-SHA256 over "<t>." and the body, with the shared secret."""
+    fields = dict(
+        part.split("=", 1) for part in request.headers["X-Mqttbroker-Signature"].split(",")
+    )
+    expected = hmac.new(SECRET, fields["t"].encode() + b"." + request.body, hashlib.sha256)
+    assert hmac.compare_digest(fields["v1"], expected.hexdigest()), request
+    assert abs(int(fields["t"]) - time.time()) < 300  # not a replay of an old request
+
+
+@pytest.fixture
+def secret_file(tmp_path: Path) -> Path:
+    path = tmp_path / "webhook.secret"
+    path.write_bytes(SECRET + b"\n")
+    return path
+
+
+def test_retries_429_retry_after_signatures_and_dead_letters(
+    tmp_path: Path,
+    secret_file: Path,
+    start_broker: Callable[..., Any],
+    collect: Callable[..., Collector],
+) -> None:
+    def answer(path: str, body: bytes, count: int) -> tuple[int, dict[str, str]]:
+        if path == "hook":  # 500 for a while, then 429 with Retry-After, then 200
+            if count < 8:
+                return 500, {}
+            if count < 11:
+                return 429, {"Retry-After": "1"}
+            return 200, {}
+        payload = json.loads(body)["payload"]
+        if payload.startswith("bad"):
+            return 503, {}
+        if payload.startswith("reject"):
+            return 400, {}
+        return 200, {}
+
+    endpoint = Endpoint(answer)
+    try:
+        config = f"""
+[broker]
+sys_interval = 0.2
+
+[[webhook]]
+name = "main"
+url = "{endpoint.url}/hook"
+topics = ["data/#"]
+secret_file = "{secret_file}"
+max_attempts = 50
+retry_delay = 0.05
+retry_max_delay = 0.2
+concurrency = 2
+
+[[webhook]]
+name = "strict"
+url = "{endpoint.url}/strict"
+topics = ["jobs/#"]
+secret_file = "{secret_file}"
+max_attempts = 3
+retry_delay = 0.02
+retry_max_delay = 0.05
+dead_letter_topic = "webhooks/dead/strict"
+"""
+        broker = start_broker(extra_args=write_config(tmp_path / "w.toml", config))
+        dead = collect(broker.port, ["webhooks/dead/#"])
+        client = publisher(broker.port)
+        payloads = [b"reading-%02d" % n for n in range(20)] + [b"\xff\xfe binary"]
+        publish_all(client, "data/t", payloads)
+        jobs = [b"good-1", b"bad-1", b"good-2", b"reject-1", b"bad-2", b"good-3"]
+        publish_all(client, "jobs/run", jobs)
+
+        wait_for(lambda: len({r.delivery_id for r in endpoint.ok("hook")}) == 21, "21 deliveries")
+        delivered = {}
+        for request in endpoint.all("hook"):
+            verify(request)
+            envelope = request.envelope()
+            assert envelope["delivery_id"] == request.delivery_id
+            assert request.headers["X-Mqttbroker-Event"] == "message.publish"
+            assert set(envelope) >= {
+                "event", "delivery_id", "timestamp", "topic", "payload", "payload_encoding",
+                "qos", "retain", "properties", "client_id", "username",
+            }  # fmt: skip
+            if envelope["payload_encoding"] == "base64":
+                body = base64.b64decode(envelope["payload"])
+            else:
+                body = envelope["payload"].encode()
+            # every attempt of one delivery carries the same id and the same message
+            assert delivered.setdefault(request.delivery_id, body) == body
+            assert envelope["topic"] == "data/t" and envelope["qos"] == 1
+            assert envelope["client_id"] == client._client_id.decode()
+        assert sorted(delivered.values()) == sorted(payloads)
+        # 429 with Retry-After: 1 was honoured: the next attempt of that delivery waited
+        attempts = endpoint.all("hook")
+        for index, request in enumerate(attempts):
+            if request.status == 429:
+                later = [r for r in attempts[index + 1 :] if r.delivery_id == request.delivery_id]
+                assert later and later[0].at - request.at >= 0.9, (request, later[:1])
+
+        # the strict endpoint: bad-* past max_attempts (3 tries each), reject-* at once (4xx)
+        dead.wait_count(3)
+        wait_for(lambda: len(endpoint.ok("strict")) == 3, "the good jobs")
+        letters = [json.loads(p) for p in dead.payloads()]
+        assert sorted(letter["payload"] for letter in letters) == ["bad-1", "bad-2", "reject-1"]
+        for letter in letters:
+            tries = [r for r in endpoint.all("strict") if r.delivery_id == letter["delivery_id"]]
+            if letter["payload"].startswith("bad"):
+                assert letter["attempts"] == 3 and len(tries) == 3
+                assert "HTTP 503 after 3 attempts" in letter["reason"]
+            else:
+                assert letter["attempts"] == 1 and len(tries) == 1
+                assert letter["reason"] == "HTTP 400"
+            assert letter["webhook"] == "strict" and letter["topic"] == "jobs/run"
+        assert sorted(json.loads(r.body)["payload"] for r in endpoint.ok("strict")) == [
+            "good-1",
+            "good-2",
+            "good-3",
+        ]
+        # visible like a session's: in $SYS
+        status = collect(broker.port, ["$SYS/broker/webhooks/#"], qos=0)
+
+        def figure(name: str) -> bytes | None:
+            with status.lock:
+                found = [m for m in status.messages if m.topic == f"$SYS/broker/webhooks/{name}"]
+            return bytes(found[-1].payload) if found else None
+
+        wait_for(lambda: figure("strict/dead_letters") == b"3", "$SYS dead_letters 3")
+        wait_for(lambda: figure("main/delivered") == b"21", "$SYS delivered 21")
+        assert int(figure("main/failures") or 0) >= 11
+        assert figure("main/queued") == b"0"
+        client.disconnect()
+        client.loop_stop()
+    finally:
+        endpoint.close()
+
+
+def test_a_broker_restart_loses_no_pending_delivery(
+    tmp_path: Path, secret_file: Path, start_broker: Callable[..., Any]
+) -> None:
+    up = threading.Event()
+
+    def answer(path: str, body: bytes, count: int) -> tuple[int, dict[str, str]]:
+        return (200, {}) if up.is_set() else (503, {})
+
+    endpoint = Endpoint(answer)
+    try:
+        config = f"""
+[[webhook]]
+name = "durable"
+url = "{endpoint.url}/hook"
+topics = ["data/#"]
+secret_env = "MQTTBROKER_TEST_WEBHOOK_SECRET"
+retry_delay = 0.05
+retry_max_delay = 0.1
+max_attempts = 1000
+"""
+        args = write_config(tmp_path / "w.toml", config)
+        data = tmp_path / "data"
+        import os
+
+        os.environ["MQTTBROKER_TEST_WEBHOOK_SECRET"] = SECRET.decode()
+        try:
+            first = start_broker(data_dir=data, extra_args=args)
+            client = publisher(first.port)
+            payloads = [b"p-%02d" % n for n in range(30)]
+            publish_all(client, "data/x", payloads)
+            client.loop_stop()
+            wait_for(lambda: len(endpoint.all("hook")) >= 3, "attempts while the endpoint fails")
+            first.send_signal(signal.SIGKILL)
+            first.wait_exit()
+            second = start_broker(data_dir=data, extra_args=args)
+            up.set()
+            wait_for(lambda: len({r.delivery_id for r in endpoint.ok("hook")}) == 30, "all 30")
+        finally:
+            del os.environ["MQTTBROKER_TEST_WEBHOOK_SECRET"]
+        got = sorted(json.loads(r.body)["payload"].encode() for r in endpoint.ok("hook"))
+        assert sorted(set(got)) == payloads
+        ids: dict[bytes, set[str]] = {}
+        for request in endpoint.all("hook"):
+            verify(request)
+            body = json.loads(request.body)["payload"].encode()
+            ids.setdefault(body, set()).add(request.delivery_id)
+        # the idempotency key of a delivery is the same before and after the restart
+        assert all(len(keys) == 1 for keys in ids.values()), ids
+        assert "restored 1 sessions, 30 queued" in second.log_text()
+    finally:
+        endpoint.close()
+
+
+def test_events_and_raw_format(
+    tmp_path: Path, start_broker: Callable[..., Any], collect: Callable[..., Collector]
+) -> None:
+    endpoint = Endpoint(lambda path, body, count: (200, {}))
+    try:
+        config = f"""
+[broker]
+max_queued_messages = 2
+
+[[webhook]]
+name = "events"
+url = "{endpoint.url}/events"
+events = ["client.connected", "client.disconnected"]
+
+[[webhook]]
+name = "drops"
+url = "{endpoint.url}/drops"
+events = ["message.dropped"]
+
+[[webhook]]
+name = "raw"
+url = "{endpoint.url}/raw"
+topics = ["raw/#"]
+format = "raw"
+"""
+        broker = start_broker(extra_args=write_config(tmp_path / "w.toml", config))
+        client = publisher(broker.port)
+        publish_all(client, "raw/bytes", [b"\x00\x01binary"])
+        client.disconnect()
+        client.loop_stop()
+        wait_for(lambda: len(endpoint.ok("events")) == 2, "connected and disconnected")
+        wait_for(lambda: len(endpoint.ok("raw")) == 1, "the raw delivery")
+        events = [r.envelope() for r in endpoint.ok("events")]
+        name = client._client_id.decode()
+        assert [(e["event"], e["client_id"]) for e in events] == [
+            ("client.connected", name),
+            ("client.disconnected", name),
+        ]
+        assert "X-Mqttbroker-Signature" not in endpoint.ok("events")[0].headers  # no secret
+
+        # an offline session with room for 2 messages gets 5: 3 dropped, told as events
+        away = collect(broker.port, ["drop/#"], persistent=True, client_id="away")
+        away.close()
+        again = publisher(broker.port)
+        publish_all(again, "drop/x", [b"%d" % n for n in range(5)])
+        wait_for(lambda: sum(r.envelope()["dropped"] for r in endpoint.ok("drops")) >= 3, "3 drops")
+        drops = [r.envelope() for r in endpoint.ok("drops")]
+        assert {d["client_id"] for d in drops} == {"away"}
+        assert sum(d["dropped"] for d in drops) == 3
+        assert drops[0]["event"] == "message.dropped"
+        again.disconnect()
+        again.loop_stop()
+        raw = endpoint.ok("raw")[0]
+        assert raw.body == b"\x00\x01binary"
+        assert raw.headers["X-Mqttbroker-Topic"] == "raw/bytes"
+        assert raw.headers["X-Mqttbroker-Qos"] == "1"
+        assert raw.headers["X-Mqttbroker-Client-Id"] == name
+    finally:
+        endpoint.close()
+
+
+def test_a_hung_endpoint_slows_nobody_else(
+    tmp_path: Path, start_broker: Callable[..., Any], collect: Callable[..., Collector]
+) -> None:
+    """An endpoint that never answers: publishers are acknowledged and subscribers served as
+    usual, while the webhook's deliveries wait in its own queue."""
+    endpoint = Endpoint(lambda path, body, count: (200, {}))
+    endpoint.hang = True
+    try:
+        config = f"""
+[broker]
+sys_interval = 0.2
+
+[[webhook]]
+name = "stuck"
+url = "{endpoint.url}/hook"
+topics = ["data/#"]
+timeout = 60.0
+"""
+        broker = start_broker(extra_args=write_config(tmp_path / "w.toml", config))
+        subscriber = collect(broker.port, ["data/#"])
+        client = publisher(broker.port)
+        payloads = [b"v-%03d" % n for n in range(200)]
+        publish_all(client, "data/x", payloads)  # every PUBACK came
+        subscriber.wait_count(200, b"v-")
+        assert endpoint.ok("hook") == []
+        status = collect(broker.port, ["$SYS/broker/webhooks/stuck/queued"], qos=0)
+        wait_for(
+            lambda: bool(status.payloads()) and int(status.payloads()[-1]) >= 196,
+            "the webhook's own queue holding the rest",
+        )
+        client.disconnect()
+        client.loop_stop()
+    finally:
+        endpoint.close()
