@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker_harness import Harness, Prop, pk
+from support.harness import Harness, Prop, pk
 
 
 def _connect(h: Harness, client_id: str, certificate: str | None, claimed: str | None) -> Any:

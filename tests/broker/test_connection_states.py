@@ -7,8 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from broker_harness import Harness, Prop, pk
-from test_enhanced_auth import METHOD, ToyAuthenticator, _Offload
+from support.harness import METHOD, Harness, Offload, Prop, ToyAuthenticator, pk
 
 from mqttbroker.broker import state as st
 from mqttbroker.protocol.packets import PacketType
@@ -85,7 +84,7 @@ def test_a_connection_walks_every_transition(ha: Harness) -> None:
     step(quitter, st.Event.AUTHENTICATE, lambda: quitter.send(_auth_connect()))
     step(quitter, st.Event.CLOSE, lambda: quitter.disconnect())
     # the same two through a password check run off the event loop
-    offload = ha.broker.offload = _Offload()
+    offload = ha.broker.offload = Offload()
     checked = ha.client()
     step(
         checked,

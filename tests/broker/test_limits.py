@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker_harness import FakeLink, Harness, Prop, pk
+from support.harness import FakeLink, Harness, Prop, pk
 
 from mqttbroker.broker.policy import ListenerPolicy
 

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
-from sqlite_harness import FakeTime, Node, async_test, rows, snapshot
+from support.sqlite_harness import FakeTime, Node, async_test, rows, snapshot
 
 import mqttbroker.storage.sqlite.store as sqlite_store
 from mqttbroker.storage import StoreError

@@ -15,7 +15,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from sqlite_harness import MQTT_5, FakeTime, Node, Prop, async_test, pk, rows, snapshot
+from support.sqlite_harness import MQTT_5, FakeTime, Node, Prop, async_test, pk, rows, snapshot
 
 from mqttbroker.broker.session import NEVER
 from mqttbroker.broker.store import Restored, SessionRecord
