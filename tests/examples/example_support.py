@@ -17,7 +17,13 @@ for folder in ("e2e", "integrations"):
         sys.path.insert(0, path)
 
 from helpers import PahoClient, unique  # noqa: E402
-from integration_support import Collector, Mosquitto, publish_all, publisher  # noqa: E402
+from integration_support import (  # noqa: E402
+    Collector,
+    Mosquitto,
+    publish_all,
+    publisher,
+    wait_for,
+)
 
 __all__ = [
     "EXAMPLES",
@@ -29,6 +35,7 @@ __all__ = [
     "publisher",
     "simulator",
     "unique",
+    "wait_for",
 ]
 
 
