@@ -10,6 +10,12 @@
 - answer 2xx once handled: anything else makes the broker retry (5xx, 429) or give up (other
   4xx, which is what a forged or stale request gets here).
 
+Both of the webhook's formats are taken: ``format = "json"``, the envelope (``event``,
+``delivery_id``, ``timestamp``, ``topic``, ``payload``, ``payload_encoding``, ``qos``, ``retain``,
+``properties``, ``client_id``, ``username``), and ``format = "raw"``, the payload as the body
+(``application/octet-stream``) with the topic, QoS, retain flag and client id in
+``X-Mqttbroker-*`` headers. Events (``client.connected``, ...) always come as an envelope.
+
 The secret comes from ``--secret-file`` (its content without the trailing newline) or the
 environment variable ``WEBHOOK_SECRET``.
 
@@ -33,6 +39,7 @@ import signal
 import sys
 import time
 from collections import OrderedDict
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +48,10 @@ from aiohttp import web
 SIGNATURE = "X-Mqttbroker-Signature"
 DELIVERY_ID = "X-Mqttbroker-Delivery-Id"
 EVENT = "X-Mqttbroker-Event"
+TOPIC = "X-Mqttbroker-Topic"  # format = "raw": the metadata in headers
+QOS = "X-Mqttbroker-Qos"
+RETAIN = "X-Mqttbroker-Retain"
+CLIENT_ID = "X-Mqttbroker-Client-Id"
 TOLERANCE = 300  # seconds: older (or further ahead) timestamps are refused
 
 log = logging.getLogger("webhook_receiver")
@@ -93,12 +104,15 @@ class Receiver:
             log.info("delivery %r again: already handled", delivery_id)
             return web.json_response({"status": "duplicate"})
         try:
-            envelope = json.loads(body)
-            if envelope.get("delivery_id", delivery_id) != delivery_id:
-                raise ValueError("delivery_id differs from the header's")
-            payload = payload_bytes(envelope)
+            if request.content_type == "application/json":
+                envelope = json.loads(body)
+                if envelope.get("delivery_id", delivery_id) != delivery_id:
+                    raise ValueError("delivery_id differs from the header's")
+                payload = payload_bytes(envelope)
+            else:  # format = "raw"
+                envelope, payload = raw_envelope(request.headers, delivery_id), body
         except (ValueError, AttributeError, TypeError) as error:
-            return web.json_response({"error": f"not a webhook envelope: {error}"}, status=400)
+            return web.json_response({"error": f"not a webhook delivery: {error}"}, status=400)
         self.handle(request.headers.get(EVENT, envelope.get("event", "")), envelope, payload)
         # Remembered only once handled: if handling fails, the retry is handled again.
         self.seen[delivery_id] = None
@@ -136,6 +150,21 @@ def payload_bytes(envelope: dict[str, Any]) -> bytes | None:
     if envelope.get("payload_encoding") == "base64":
         return base64.b64decode(payload, validate=True)
     return str(payload).encode()
+
+
+def raw_envelope(headers: Mapping[str, str], delivery_id: str) -> dict[str, Any]:
+    """What the headers of a ``format = "raw"`` delivery say, as the envelope would."""
+    topic, qos = headers.get(TOPIC), headers.get(QOS, "")
+    if topic is None or not qos.isdigit():
+        raise ValueError(f"no {TOPIC} or {QOS} header")
+    return {
+        "event": headers.get(EVENT, "message.publish"),
+        "delivery_id": delivery_id,
+        "topic": topic,
+        "qos": int(qos),
+        "retain": headers.get(RETAIN) == "true",
+        "client_id": headers.get(CLIENT_ID),
+    }
 
 
 def read_secret(args: argparse.Namespace) -> bytes:

@@ -166,7 +166,7 @@ def parse_bridge(table: dict[str, Any], seen: set[str]) -> BridgeConfig:
         raise SettingsError(f'protocol: expected "5" or "3.1.1", got {protocol!r}')
     cfg = BridgeConfig(name, host, int(port_text), protocol)
     cfg.client_id = _get(table, "client_id", str, "") or f"{socket.gethostname()}-bridge-{name}"
-    cfg.username = _get(table, "username", str, None)
+    cfg.username = _get(table, "username", str, None) or None  # "": no user name
     cfg.password = _secret(table, "password")
     for key in ("tls_ca_file", "tls_cert_file", "tls_key_file", "tls_server_name"):
         setattr(cfg, key, _get(table, key, str, ""))

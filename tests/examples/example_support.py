@@ -1,5 +1,6 @@
 """What the tests of examples/ share: where the examples are, how to start one (as a user
-would, ``python examples/NAME.py ...``), and the paho client of the end-to-end tests."""
+would, ``python examples/NAME.py ...``), the paho client of the end-to-end tests, and the
+Mosquitto and paho collectors of the integration tests."""
 
 from __future__ import annotations
 
@@ -10,13 +11,32 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 EXAMPLES = ROOT / "examples"
-E2E = ROOT / "tests" / "e2e"
-if str(E2E) not in sys.path:
-    sys.path.insert(0, str(E2E))
+for folder in ("e2e", "integrations"):
+    path = str(ROOT / "tests" / folder)
+    if path not in sys.path:
+        sys.path.insert(0, path)
 
 from helpers import PahoClient, unique  # noqa: E402
+from integration_support import (  # noqa: E402
+    Collector,
+    Mosquitto,
+    publish_all,
+    publisher,
+    wait_for,
+)
 
-__all__ = ["EXAMPLES", "PahoClient", "example", "simulator", "unique"]
+__all__ = [
+    "EXAMPLES",
+    "Collector",
+    "Mosquitto",
+    "PahoClient",
+    "example",
+    "publish_all",
+    "publisher",
+    "simulator",
+    "unique",
+    "wait_for",
+]
 
 
 def example(start_program: Callable[..., Any], script: str, *args: str, ready: str) -> Any:

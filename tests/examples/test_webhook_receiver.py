@@ -1,7 +1,8 @@
-"""examples/webhook_receiver.py, posted to with aiohttp's client as the broker's webhooks will:
+"""examples/webhook_receiver.py, posted to with aiohttp's client as the broker's webhooks do:
 a correctly signed delivery is handled and answered 2xx; the same delivery id again is answered
 2xx and not handled twice; a wrong secret, a changed body, a stale timestamp or no signature
-are refused (401) and not remembered."""
+are refused (401) and not remembered. Then end to end: our broker's [[webhook]] deliveries of a
+paho client's messages, both formats, the secret from the environment or from a file."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import base64
 import hashlib
 import hmac
 import json
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -19,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from example_support import EXAMPLES, example
+import pytest
+from example_support import EXAMPLES, Collector, example, publish_all, publisher, wait_for
 
 SECRET = b"correct horse battery staple"
 
@@ -143,3 +147,110 @@ def test_without_a_secret_it_does_not_start(tmp_path: Path) -> None:
     )
     assert result.returncode != 0
     assert f"--secret-file {tmp_path / 'missing'}: No such file or directory" in result.stderr
+
+
+def last_figure(collector: Collector, figure: str) -> int:
+    with collector.lock:
+        values = [int(m.payload) for m in collector.messages if m.topic.endswith("/" + figure)]
+    return values[-1] if values else 0
+
+
+@pytest.mark.parametrize("secret_from", ["env", "file"])
+def test_the_broker_webhooks_end_to_end(
+    start_program: Callable[..., Any],
+    start_broker: Callable[..., Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    secret_from: str,
+) -> None:
+    """Our broker's [[webhook]] deliveries (json and raw) of a paho client's messages and events,
+    to the receiver started as examples/README.md says: each verified and handled once, also
+    when the receiver stalls and the broker sends the same delivery again."""
+    if secret_from == "env":  # the broker and the receiver read the same variable
+        monkeypatch.setenv("WEBHOOK_SECRET", "s3cret")
+        receiver_args: tuple[str, ...] = ()
+        secret = 'secret_env = "WEBHOOK_SECRET"'
+    else:
+        monkeypatch.delenv("WEBHOOK_SECRET", raising=False)
+        secret_file = tmp_path / "webhook.secret"
+        secret_file.write_bytes(b"s3cret\n")  # as `echo s3cret > webhook.secret` writes it
+        receiver_args = ("--secret-file", str(secret_file))
+        secret = f'secret_file = "{secret_file}"'
+    receiver = example(
+        start_program,
+        "webhook_receiver.py",
+        "--port",
+        "0",
+        *receiver_args,
+        ready=r"listening on http://(\S+):(\d+)/webhook",
+    )
+    url = f"http://{receiver.host}:{receiver.port}/webhook"
+    config = tmp_path / "webhooks.toml"
+    config.write_text(
+        f"""
+[broker]
+sys_interval = 0.2
+
+[[webhook]]
+name = "receiver"
+url = "{url}"
+topics = ["sensors/#"]
+events = ["message.publish", "client.connected"]
+{secret}
+timeout = 0.5
+retry_delay = 0.05
+retry_max_delay = 0.1
+
+[[webhook]]
+name = "raw"
+url = "{url}"
+topics = ["raw/#"]
+format = "raw"
+{secret}
+"""
+    )
+    broker = start_broker(extra_args=("--config", str(config)))
+    handled = r"handled '(receiver-\d+-[0-9a-f]+)': "
+
+    client = publisher(broker.port)
+    watch: Collector | None = None
+    try:
+        publish_all(client, "sensors/t1", [b"21.5"])
+        publish_all(client, "raw/t1", [b"\xff\x00raw"])
+        name = client._client_id.decode()
+        for line in (
+            handled + re.escape(f"client.connected, client {name!r}"),
+            handled + re.escape("message.publish on 'sensors/t1', 4 bytes, qos 1: b'21.5'"),
+            r"handled 'raw-\d+-[0-9a-f]+': "
+            + re.escape(r"message.publish on 'raw/t1', 5 bytes, qos 1: b'\xff\x00raw'"),
+        ):
+            assert receiver.wait_for_log(line, 20), receiver.log_text() + broker.log_text()
+
+        # The receiver stalls: the broker's request times out, and it sends the same delivery
+        # again (twice at least) before the receiver goes on and answers them all.
+        watch = Collector(broker.port, ["$SYS/broker/webhooks/receiver/+"], 0, client_id="watch")
+        assert receiver.wait_for_log(handled + "client.connected, client 'watch'", 20)
+        receiver.send_signal(signal.SIGSTOP)
+        try:
+            publish_all(client, "sensors/t2", [b"22.0"])
+            wait_for(lambda: last_figure(watch, "failures") >= 2, "two attempts timed out")
+        finally:
+            receiver.send_signal(signal.SIGCONT)
+        again = receiver.wait_for_log(r"delivery '(receiver-\d+-[0-9a-f]+)' again", 20)
+        assert again, receiver.log_text()
+        wait_for(lambda: last_figure(watch, "delivered") == 4, "4 deliveries acknowledged")
+    finally:
+        client.disconnect()
+        client.loop_stop()
+        if watch is not None:
+            watch.close()
+
+    log = receiver.log_text()
+    assert "refused" not in log, log  # every signature verified
+    assert re.search(handled + re.escape("message.publish on 'sensors/t2', 4 bytes"), log), log
+    handled_ids = re.findall(r"handled '([^']+)'", log)
+    assert again.group(1) in handled_ids
+    assert len(handled_ids) == len(set(handled_ids)) == 5, log  # each once, duplicates aside
+    receiver.stop()
+    assert receiver.returncode == 0
+    assert "stopped after 5 deliveries" in receiver.log_text()

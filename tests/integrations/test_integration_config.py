@@ -107,6 +107,17 @@ def test_good_sections_load(tmp_path: Path) -> None:
     assert hook.secret == b"k" and hook.max_attempts == 10 and hook.events == ["message.publish"]
 
 
+@pytest.mark.parametrize(
+    ("line", "username"), [("", None), ('username = ""', None), ('username = "a"', "a")]
+)
+def test_an_empty_user_name_means_none(tmp_path: Path, line: str, username: str | None) -> None:
+    """As for password_file and client_id, an empty string leaves the key unset: the bridge
+    sends no user name (a remote with a password file would refuse an empty one)."""
+    text = BRIDGE.format(extra=line, filter="a/#", direction="out")
+    (bridge,) = load(write(tmp_path, text)).bridges
+    assert bridge.username == username
+
+
 def test_the_broker_exits_2_and_names_the_key(tmp_path: Path) -> None:
     path = write(tmp_path, WEBHOOK.format(url="/relative", extra=""))
     run = subprocess.run(
