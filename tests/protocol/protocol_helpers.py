@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+from support.clients import vbi
 from support.codec import decode_hot, decode_packet, encode_hot, encode_packet
 
 from mqttbroker.protocol import fastpath, grammar
@@ -29,16 +30,6 @@ HOT = frozenset(
 # Bytes around a body handed to the fast path, so that reading outside [pos, end) shows.
 PAD_BEFORE = b"\xff\x00\x7f"
 PAD_AFTER = b"\x00\xff\x80\x01"
-
-
-def vbi(n: int) -> bytes:
-    """Variable Byte Integer, written here independently of the codec (section 1.5.5)."""
-    out = bytearray()
-    while True:
-        n, digit = n >> 7, n & 0x7F
-        out.append(digit | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
 
 
 def s(raw: bytes | str) -> bytes:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from protocol_helpers import vbi
+from support.clients import vbi
 from support.codec import encode_hot
 
 from mqttbroker.protocol import fastpath, grammar
