@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from ..protocol.errors import MalformedPacket
 from ..protocol.fastpath import encode_topic
 from .auth import Authorizer
+from .backplane import Backplane
 from .message import Message
 from .options import BrokerOptions
 from .retained import RetainedStore
@@ -30,15 +31,30 @@ class Router:
         self.trie = SubscriptionTrie()
         self.retained = RetainedStore(self.store)
         self._cache: dict[bytes, tuple[str, Match]] = {}
+        self.backplane: Backplane | None = None  # the other nodes of a cluster (None: alone)
+        self.route_counts: dict[str, int] = {}  # with a backplane: subscriptions per filter
 
     def subscribe(self, sub: Subscription) -> bool:
         """Add or replace ``sub``; True if it replaced one (MQTT-3.8.4-3)."""
         self._cache.clear()
-        return self.trie.add(sub)
+        replaced = self.trie.add(sub)
+        if not replaced and self.backplane is not None:
+            count = self.route_counts.get(sub.filter, 0)
+            self.route_counts[sub.filter] = count + 1
+            if not count:
+                self.backplane.route_added(sub.filter)
+        return replaced
 
     def unsubscribe(self, sub: Subscription) -> bool:
         self._cache.clear()
-        return self.trie.remove(sub)
+        removed = self.trie.remove(sub)
+        if removed and self.backplane is not None:
+            count = self.route_counts.pop(sub.filter, 1) - 1
+            if count:
+                self.route_counts[sub.filter] = count
+            else:
+                self.backplane.route_removed(sub.filter)
+        return removed
 
     def lookup_raw(self, raw: bytes) -> tuple[str, Match] | None:
         """The topic name and the subscriptions matching it, from the topic as it is on the wire
@@ -77,7 +93,8 @@ class Router:
         if message.retain:
             self.retained.store(message)  # and in the durable store
         targets, groups = match
-        count = 0
+        backplane = self.backplane
+        count = 0 if backplane is None else backplane.publish(message, publisher)
         msg_qos = message.qos
         retain = message.retain
         for session, subs in targets:

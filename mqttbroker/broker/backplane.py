@@ -1,0 +1,33 @@
+"""The seam between one broker and the other nodes of its cluster.
+
+A single node has no backplane: ``Router.backplane`` is None and every hook below is one
+attribute check that fails. A cluster node (``mqttbroker.cluster``) sets it to an object with
+these methods; the router calls them at the points where other nodes must hear of something:
+
+- :meth:`Backplane.publish`: a message was routed here, from a client of this node (or its will):
+  send it on to the nodes with matching subscribers; returns how many nodes it went to.
+- :meth:`Backplane.route_added` / :meth:`Backplane.route_removed`: the first subscription of a
+  filter on this node came, or its last one went.
+
+Messages that arrived from another node are routed locally only; the backplane knows them (it
+routed them itself) and does not send them on again.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .message import Message
+    from .session import Session
+
+
+class Backplane:
+    """The interface; this base class does nothing (a node alone)."""
+
+    def publish(self, message: Message, publisher: Session | None) -> int:
+        return 0
+
+    def route_added(self, topic_filter: str) -> None: ...
+
+    def route_removed(self, topic_filter: str) -> None: ...

@@ -1,0 +1,483 @@
+"""One node's link to the cluster: the broker's backplane on Redis.
+
+Redis keys (``mqttbroker:`` prefix):
+
+- ``node:<id>``: the node's lease (a random token, expiring after ``node_ttl`` unless renewed);
+  a second node with the same id finds it taken and does not start.
+- ``nodes``: the ids of every node that ever joined; ``routes:<id>``: a hash of that node's topic
+  filters (value: its subscriptions to the filter when last written).
+- ``stream:<id>``: the QoS 1/2 messages for node ``<id>`` (consumer group ``deliver``), trimmed
+  to about ``stream_max_length`` entries.
+- ``retained``: a hash of every retained message (topic -> MQTT 5 PUBLISH).
+
+Channels: ``routes`` (``+<id>\\0<filter>`` and ``-<id>\\0<filter>``: a node's first subscription
+to a filter and the end of its last), ``pub:<id>`` (QoS 0 messages for node ``<id>``),
+``retained`` (``<id>\\0<PUBLISH>``: a retained message set or cleared).
+
+A message crosses nodes as an MQTT 5 PUBLISH (the encoding the broker has anyway), and only to the
+nodes whose filters match its topic. All writes go through one task, in order, pipelined: one
+round trip per batch whatever its size.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from functools import partial
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit, urlunsplit
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError, ResponseError
+
+from ..broker.backplane import Backplane
+from ..broker.message import Message
+from ..protocol import fastpath
+from ..protocol.errors import MQTTError
+from ..protocol.packets import MQTT_5
+from ..server import StartError
+from .routes import RouteTable
+from .store import ClusterStore
+
+if TYPE_CHECKING:
+    from ..broker.core import Broker
+    from ..broker.session import Session
+    from ..config import ClusterConfig
+
+log = logging.getLogger("mqttbroker.cluster")
+
+PREFIX = "mqttbroker:"
+GROUP = "deliver"
+ROUTES = PREFIX + "routes"
+RETAINED = PREFIX + "retained"
+READ_COUNT = 512  # stream entries read at once
+RETRY_SECONDS = 0.5  # between tries while Redis is unreachable
+
+# Writes, in the order they were asked for.
+_XADD, _PUB, _ROUTE, _RETAIN, _XACK = range(5)
+
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 2 end
+return 0
+"""
+
+
+def redacted(url: str) -> str:
+    """``url`` without its password, as logs and errors show it."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def decode(data: bytes, now: float) -> Message:
+    """A message as it crossed from another node (an MQTT 5 PUBLISH); MQTTError if it is not
+    one."""
+    found = fastpath.read_fixed_header(data, 0, len(data))
+    if found is None or found[0] + found[1] != len(data) or data[0] >> 4 != 3:
+        raise MQTTError("not a PUBLISH packet")
+    length, pos = found
+    packet = fastpath.decode_publish(data[0] & 0x0F, data, pos, pos + length, MQTT_5)
+    topic = packet.topic
+    return Message.received(
+        topic,
+        fastpath.encode_topic(topic),
+        packet.payload,
+        packet.qos,
+        packet.retain,
+        packet.properties or None,
+        now,
+    )
+
+
+def encode(message: Message, now: float) -> bytes:
+    qos = message.qos
+    return message.encode(MQTT_5, qos, message.retain, False, 1 if qos else None, (), now)
+
+
+class ClusterNode(Backplane):
+    def __init__(self, config: ClusterConfig, broker: Broker, store: ClusterStore) -> None:
+        self.config = config
+        self.node_id = config.node_id
+        self.url = redacted(config.redis)
+        self.broker = broker
+        self.router = broker.router
+        self.store = store
+        store.redis_pending = self._unconfirmed_forwards
+        # (typed Any: redis-py's types do not know that responses are bytes here)
+        self.redis: Any = aioredis.Redis.from_url(
+            config.redis, socket_connect_timeout=config.connect_timeout
+        )
+        self.routes = RouteTable(broker.options.match_cache_size)
+        self.token = secrets.token_hex(16)
+        self._lease_key = f"{PREFIX}node:{self.node_id}"
+        self._routes_key = f"{PREFIX}routes:{self.node_id}"
+        self._stream_key = self.stream_key(self.node_id)
+        self._ops: list[tuple[int, str, Any]] = []
+        self._unconfirmed = 0  # forwards queued or sent, not yet confirmed by Redis
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._pubsub: Any = None
+        self._down = False  # in an episode of Redis being unreachable
+        self._leased = False
+        # Counters (for tests, $SYS and the benchmark)
+        self.forwarded = 0  # copies of messages sent to other nodes
+        self.arrived = 0  # messages that came from other nodes
+        self.redis_calls = 0  # commands sent to Redis (pipelined ones each count)
+
+    @staticmethod
+    def stream_key(node_id: str) -> str:
+        return f"{PREFIX}stream:{node_id}"
+
+    def _unconfirmed_forwards(self) -> bool:
+        return self._unconfirmed > 0
+
+    # -- start and stop ---------------------------------------------------------------------
+
+    async def connect(self) -> None:
+        """Reach Redis, take this node's lease, forget the routes of this node's previous run;
+        StartError names the key when that fails. Then the broker may attach the backplane and
+        restore its sessions (their subscriptions become this node's routes)."""
+        try:
+            await self.redis.ping()
+        except (RedisError, OSError) as exc:
+            raise StartError(f"cluster.redis: cannot reach Redis at {self.url}: {exc}") from None
+        try:
+            taken = await self.redis.set(
+                self._lease_key, self.token, nx=True, px=int(self.config.node_ttl * 1000)
+            )
+            if not taken:
+                raise StartError(
+                    f"cluster.node_id: node {self.node_id!r} is already running on {self.url} "
+                    f"(a node that stopped without leaving holds it for up to "
+                    f"{self.config.node_ttl:g} s); give each node its own node_id"
+                )
+            self._leased = True
+            await self._prepare()
+        except RedisError as exc:
+            raise StartError(f"cluster.redis: Redis at {self.url} refused: {exc}") from None
+        self.router.backplane = self
+
+    async def _prepare(self) -> None:
+        """This node's entries as they must be before it routes: registered, routes rewritten
+        from the router's, its stream's consumer group there."""
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.sadd(PREFIX + "nodes", self.node_id)
+        pipe.delete(self._routes_key)
+        counts = self.router.route_counts
+        if counts:
+            pipe.hset(self._routes_key, mapping=dict(counts))
+        await pipe.execute()
+        try:
+            await self.redis.xgroup_create(self._stream_key, GROUP, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    async def start(self) -> None:
+        """Listen to the other nodes, read their routes and the retained messages, and start
+        the tasks that write, read this node's stream and renew the lease."""
+        try:
+            self._pubsub = self.redis.pubsub()
+            await self._pubsub.subscribe(ROUTES, RETAINED, f"{PREFIX}pub:{self.node_id}")
+            await self._resync()
+        except RedisError as exc:
+            raise StartError(f"cluster.redis: Redis at {self.url} failed: {exc}") from None
+        for work in (self._write_loop, self._listen, self._read_stream, self._renew):
+            self._tasks.append(asyncio.create_task(work()))
+        log.info(
+            "cluster node %r on Redis %s: %d other nodes with routes",
+            self.node_id,
+            self.url,
+            len(self.routes.filters),
+        )
+
+    async def _resync(self) -> None:
+        """The other nodes' routes, and the retained messages (those here and not in Redis
+        are written there: a Redis that lost its data gets them back)."""
+        nodes = [n.decode() for n in await self.redis.smembers(PREFIX + "nodes")]
+        for node in nodes:
+            if node != self.node_id:
+                filters = await self.redis.hkeys(f"{PREFIX}routes:{node}")
+                self.routes.replace(node, {f.decode() for f in filters})
+        stored: dict[bytes, bytes] = await self.redis.hgetall(RETAINED)
+        now = self.broker.clock()
+        retained = self.router.retained
+        for data in stored.values():
+            self._retained_arrived(data, now)
+        missing = {m.topic: encode(m, now) for m in retained if m.topic.encode() not in stored}
+        if missing:
+            await self.redis.hset(RETAINED, mapping=missing)
+
+    async def stop(self, timeout: float = 2.0) -> None:
+        """Send what is waiting (routes of sessions that ended at shutdown among it), then
+        leave: the lease goes, the routes of persistent sessions stay (their messages wait in
+        this node's stream until it is back)."""
+        if self._tasks:
+            writer = self._tasks[0]
+            self._wake.set()
+            deadline = asyncio.get_running_loop().time() + timeout
+            while (self._ops or self.store.redis_waiters) and not writer.done():
+                if asyncio.get_running_loop().time() > deadline:
+                    log.warning("cluster: %d writes to Redis not sent at stop", len(self._ops))
+                    break
+                await asyncio.sleep(0.01)
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+        self._tasks = []
+        try:
+            if self._leased:
+                await self.redis.eval(
+                    "if redis.call('GET', KEYS[1]) == ARGV[1] then "
+                    "return redis.call('DEL', KEYS[1]) end return 0",
+                    1,
+                    self._lease_key,
+                    self.token,
+                )
+            if self._pubsub is not None:
+                await self._pubsub.aclose()
+        except RedisError:
+            pass
+        await self.redis.aclose()
+
+    # -- the backplane ----------------------------------------------------------------------
+
+    def publish(self, message: Message, publisher: Session | None) -> int:
+        """A message published on this node: to each other node with matching filters. One
+        without a publisher (from another node, or this node's $SYS counters) stays here."""
+        if publisher is None:
+            return 0
+        now = self.broker.clock()
+        if message.retain:
+            self._queue(_RETAIN, message.topic, (encode(message, now), not message.payload))
+        nodes = self.routes.match(message.topic)
+        if not nodes:
+            return 0
+        data = encode(message, now)
+        if message.qos:
+            for node in nodes:
+                self._queue(_XADD, node, data)
+            self._unconfirmed += len(nodes)
+            self.store.forwards += 1  # the publisher's acknowledgement waits for Redis
+        else:
+            for node in nodes:
+                self._queue(_PUB, node, data)
+        self.forwarded += len(nodes)
+        return len(nodes)
+
+    def route_added(self, topic_filter: str) -> None:
+        self._queue(_ROUTE, topic_filter, None)
+
+    def route_removed(self, topic_filter: str) -> None:
+        self._queue(_ROUTE, topic_filter, None)
+
+    def _queue(self, kind: int, name: str, data: Any) -> None:
+        if not self._ops:
+            self._wake.set()
+        self._ops.append((kind, name, data))
+
+    # -- writing ----------------------------------------------------------------------------
+
+    async def _write_loop(self) -> None:
+        store = self.store
+        while True:
+            if not self._down:
+                await self._wake.wait()
+            self._wake.clear()
+            while self._ops or store.redis_waiters:
+                ops, self._ops = self._ops, []
+                waiters, store.redis_waiters = store.redis_waiters, []
+                forwards = sum(1 for op in ops if op[0] == _XADD)
+                while True:
+                    try:
+                        await self._send(ops)
+                        break
+                    except (RedisError, OSError) as exc:
+                        self._lost(exc)
+                        ops = [op for op in ops if op[0] != _PUB]  # QoS 0: at most once
+                        await asyncio.sleep(RETRY_SECONDS)
+                self._unconfirmed -= forwards
+                store.redis_done(waiters)
+            if self._down:
+                await self._back()
+                if self._down:
+                    await asyncio.sleep(RETRY_SECONDS)
+
+    async def _send(self, ops: list[tuple[int, str, Any]]) -> None:
+        if not ops:
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        me = self.node_id
+        maxlen = self.config.stream_max_length
+        counts = self.router.route_counts
+        routed: set[str] = set()
+        for kind, name, data in ops:
+            if kind == _XADD:
+                pipe.xadd(self.stream_key(name), {"m": data}, maxlen=maxlen, approximate=True)
+            elif kind == _PUB:
+                pipe.publish(f"{PREFIX}pub:{name}", data)
+            elif kind == _ROUTE:
+                if name in routed:
+                    continue
+                routed.add(name)
+                count = counts.get(name, 0)
+                if count:
+                    pipe.hset(self._routes_key, name, count)
+                    pipe.publish(ROUTES, f"+{me}\0{name}")
+                else:
+                    pipe.hdel(self._routes_key, name)
+                    pipe.publish(ROUTES, f"-{me}\0{name}")
+            elif kind == _RETAIN:
+                packet, cleared = data
+                if cleared:
+                    pipe.hdel(RETAINED, name)
+                else:
+                    pipe.hset(RETAINED, name, packet)
+                pipe.publish(RETAINED, me.encode() + b"\0" + packet)
+            else:  # _XACK
+                pipe.xack(self._stream_key, GROUP, *data)
+        self.redis_calls += len(pipe.command_stack)
+        await pipe.execute()
+
+    def _lost(self, exc: BaseException) -> None:
+        if not self._down:
+            self._down = True
+            self._wake.set()  # the writer resynchronises once Redis answers
+            log.warning(
+                "cluster: Redis at %s unreachable (%s): local traffic goes on, messages for "
+                "other nodes wait (QoS 0 ones are dropped) until it is back",
+                self.url,
+                exc,
+            )
+
+    async def _back(self) -> None:
+        """Redis answers again: put this node's entries back (a restarted Redis may have lost
+        them) and read the others' again."""
+        try:
+            await self.redis.set(
+                self._lease_key, self.token, nx=True, px=int(self.config.node_ttl * 1000)
+            )
+            await self._prepare()
+            await self._resync()
+        except (RedisError, OSError) as exc:
+            log.debug("cluster: resync failed: %s", exc)
+            return
+        self._down = False
+        log.warning("cluster: Redis at %s reachable again; routes resynchronised", self.url)
+
+    # -- reading ----------------------------------------------------------------------------
+
+    async def _listen(self) -> None:
+        """Route changes, QoS 0 messages for this node, retained messages."""
+        pubsub = self._pubsub
+        me = self.node_id
+        while True:
+            try:
+                msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+            except (RedisError, OSError) as exc:
+                self._lost(exc)
+                await asyncio.sleep(RETRY_SECONDS)
+                continue
+            if msg is None:
+                continue
+            channel = msg["channel"].decode()
+            data: bytes = msg["data"]
+            if channel == ROUTES:
+                node, _, topic_filter = data[1:].decode().partition("\0")
+                if node == me:
+                    continue
+                if data[:1] == b"+":
+                    self.routes.add(node, topic_filter)
+                else:
+                    self.routes.remove(node, topic_filter)
+            elif channel == RETAINED:
+                node_bytes, _, packet = data.partition(b"\0")
+                if node_bytes.decode() != me:
+                    self._retained_arrived(packet, self.broker.clock())
+            else:
+                self._arrived(data)
+
+    def _retained_arrived(self, data: bytes, now: float) -> None:
+        try:
+            message = decode(data, now)
+        except MQTTError as exc:
+            log.warning("cluster: retained message from Redis not readable: %s", exc)
+            return
+        self.router.retained.store(message)
+
+    def _arrived(self, data: bytes) -> None:
+        """A message from another node: routed to this node's subscribers only."""
+        now = self.broker.clock()
+        try:
+            message = decode(data, now)
+        except MQTTError as exc:
+            log.warning("cluster: message from Redis not readable, skipped: %s", exc)
+            return
+        self.arrived += 1
+        match = self.router.lookup(message.topic)
+        if match is not None:
+            self.router.publish(message, match, None, now)
+
+    async def _read_stream(self) -> None:
+        """QoS 1/2 messages for this node: those a previous run read and did not acknowledge
+        first, then new ones. Each batch is acknowledged (XACK) once the store has committed
+        what its delivery changed."""
+        last = "0"
+        key = self._stream_key
+        while True:
+            try:
+                found: Any = await self.redis.xreadgroup(
+                    GROUP,
+                    self.node_id,
+                    {key: last},
+                    count=READ_COUNT,
+                    block=None if last != ">" else 1000,
+                )
+            except ResponseError as exc:
+                if "NOGROUP" in str(exc):  # Redis lost it (restarted without persistence)
+                    self._lost(exc)
+                await asyncio.sleep(RETRY_SECONDS)
+                continue
+            except (RedisError, OSError) as exc:
+                self._lost(exc)
+                await asyncio.sleep(RETRY_SECONDS)
+                continue
+            entries = found[0][1] if found else []
+            if not entries:
+                last = ">"  # the previous run's are done
+                continue
+            ids = []
+            for entry_id, fields in entries:
+                ids.append(entry_id)
+                if fields:  # None: trimmed away while pending
+                    self._arrived(fields[b"m"])
+            if last != ">":
+                last = entries[-1][0].decode()
+            self.store.after_commit(partial(self._queue, _XACK, "", ids))
+            await asyncio.sleep(0)  # let the deliveries flush before the next read
+
+    async def _renew(self) -> None:
+        ttl_ms = int(self.config.node_ttl * 1000)
+        while True:
+            await asyncio.sleep(self.config.node_ttl / 3)
+            try:
+                kept = await self.redis.eval(_RENEW, 1, self._lease_key, self.token, ttl_ms)
+            except (RedisError, OSError) as exc:
+                self._lost(exc)
+                continue
+            if not kept:
+                log.error(
+                    "cluster.node_id: the lease of node %r is held by another process; two "
+                    "nodes with one node_id lose messages",
+                    self.node_id,
+                )

@@ -1,0 +1,170 @@
+"""Cluster mode on a real redis-server: start errors, routes, QoS 0 and QoS 1/2 across nodes,
+retained messages shared, Redis restarted during traffic."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import MQTT_5, PahoClient, unique
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+pytestmark = pytest.mark.needs_redis
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+def client(node, **kw) -> PahoClient:
+    c = PahoClient(node.host, node.port, MQTT_5, **kw)
+    c.connect()
+    return c
+
+
+def routes_in(redis_server, node_id: str) -> set[str]:
+    r = redis_server.client()
+    try:
+        return {f.decode() for f in r.hkeys(f"mqttbroker:routes:{node_id}")}
+    finally:
+        r.close()
+
+
+def wait_for(predicate, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def until_routed(pub: PahoClient, sub: PahoClient, topic: str) -> None:
+    """Route changes reach the other nodes through Redis, a moment after the SUBACK: publish
+    probes (QoS 0) until ``sub`` gets one, so ``pub``'s node has the route."""
+
+    def probed() -> bool:
+        pub.publish(topic, b"probe")
+        time.sleep(0.05)
+        return any(m.payload == b"probe" for m in sub.received())
+
+    wait_for(probed, f"the route of {topic!r} to reach the publisher's node")
+
+
+def payloads(c: PahoClient) -> list[bytes]:
+    return [m.payload for m in c.received() if m.payload != b"probe"]
+
+
+# -- (1) start errors -----------------------------------------------------------------------
+
+
+def test_a_url_that_is_not_redis_is_a_config_error_naming_the_key(start_broker) -> None:
+    node = start_broker(extra_args=("--cluster", "http://127.0.0.1:6379"), wait=False)
+    assert node.wait_exit() == 2
+    assert "cluster.redis: expected a redis://" in node.log_text()
+
+
+def test_an_unreachable_redis_stops_the_start_naming_the_key(start_node) -> None:
+    from conftest import free_port
+
+    node = start_node("a", url=f"redis://127.0.0.1:{free_port()}/0", wait=False)
+    assert node.wait_exit(20) == 2
+    text = node.log_text()
+    assert "cannot start: cluster.redis: cannot reach Redis at redis://127.0.0.1:" in text, text
+
+
+def test_a_second_node_with_the_same_node_id_is_refused(start_node) -> None:
+    first = start_node("same")
+    second = start_node("same", wait=False)
+    assert second.wait_exit(20) == 2
+    assert "cluster.node_id: node 'same' is already running" in second.log_text()
+    assert first.returncode is None  # the first one serves on
+    c = client(first)
+    c.close()
+
+
+def test_without_cluster_redis_is_never_imported() -> None:
+    code = (
+        "import sys; from mqttbroker.config import Config; from mqttbroker.server.app import "
+        "Server; Server(Config()); assert 'redis' not in sys.modules, 'redis imported'"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60, capture_output=True
+    )
+
+
+# -- (2) routes, QoS 0 ----------------------------------------------------------------------
+
+
+def test_qos0_reaches_the_node_with_a_subscriber_and_no_other(redis_server, start_node) -> None:
+    a = start_node("a")
+    b = start_node("b")
+    c = start_node("c")
+    # What crosses to each node's QoS 0 channel, seen from Redis.
+    watcher = redis_server.client().pubsub()
+    watcher.psubscribe("mqttbroker:pub:*")
+    watcher.get_message(timeout=5)  # the psubscribe confirmation
+    topic = unique("q0")
+    sub = client(b)
+    sub.subscribe(f"{topic}/+")
+    pub = client(a)
+    until_routed(pub, sub, f"{topic}/x")
+    for i in range(5):
+        pub.publish(f"{topic}/x", f"m{i}".encode())
+    wait_for(lambda: len(payloads(sub)) == 5, "5 messages")
+    assert payloads(sub) == [f"m{i}".encode() for i in range(5)]
+    channels = set()
+    while (msg := watcher.get_message(timeout=0.5)) is not None:
+        channels.add(msg["channel"].decode())
+    assert channels == {"mqttbroker:pub:b"}  # not to c, which has no subscriber
+    # Unsubscribed: the route goes, and nothing crosses any more.
+    sub.unsubscribe(f"{topic}/+")
+    wait_for(lambda: not routes_in(redis_server, "b"), "the route removed")
+    pub.publish(f"{topic}/x", b"late")
+    sub.sync()
+    assert watcher.get_message(timeout=0.5) is None
+    for x in (pub, sub):
+        x.close()
+    watcher.close()
+
+
+# -- (3) QoS 1/2 through the streams --------------------------------------------------------
+
+
+def test_qos1_and_qos2_cross_nodes_and_wait_in_the_stream_while_the_node_is_down(
+    start_node, tmp_path: Path
+) -> None:
+    a = start_node("a")
+    b_data = tmp_path / "b-data"
+    b = start_node("b", data_dir=b_data, memory=False)
+    topic = unique("q1")
+    sub = PahoClient(b.host, b.port, MQTT_5, client_id=unique("persist"))
+    props = Properties(PacketTypes.CONNECT)
+    props.SessionExpiryInterval = 3600
+    sub.connect_properties = props
+    sub.connect()
+    sub.subscribe(topic, qos=2)
+    pub = client(a)
+    until_routed(pub, sub, topic)
+    # Live: QoS 1 and 2 arrive, once each.
+    info = pub.publish(topic, b"one", qos=1)
+    assert pub.acked[info.mid] == 0  # not 0x10: b has a matching subscriber
+    pub.publish(topic, b"two", qos=2)
+    wait_for(lambda: payloads(sub) == [b"one", b"two"], "the QoS 1 and 2 messages")
+    assert {m.qos for m in sub.received() if m.payload != b"probe"} == {1, 2}
+    # b stops (its persistent session's route stays in Redis); a goes on accepting for it.
+    sub.close()
+    b.stop()
+    for i in range(50):
+        info = pub.publish(topic, f"m{i}".encode(), qos=1)
+        assert pub.acked[info.mid] == 0  # acknowledged: in b's stream
+    b2 = start_node("b", data_dir=b_data, memory=False)
+    again = PahoClient(b2.host, b2.port, MQTT_5, client_id=sub.client_id, clean=False)
+    again.connect_properties = props
+    again.connect()
+    assert again.connack is not None and again.connack[1]  # session present
+    wait_for(lambda: len(payloads(again)) >= 50, "the 50 queued messages", timeout=20)
+    assert payloads(again) == [f"m{i}".encode() for i in range(50)]
+    again.close()
+    pub.close()
