@@ -8,8 +8,8 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis

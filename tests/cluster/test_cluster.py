@@ -100,7 +100,7 @@ def test_without_cluster_redis_is_never_imported() -> None:
 def test_qos0_reaches_the_node_with_a_subscriber_and_no_other(redis_server, start_node) -> None:
     a = start_node("a")
     b = start_node("b")
-    c = start_node("c")
+    start_node("c")  # a node without subscribers: nothing may go to it
     # What crosses to each node's QoS 0 channel, seen from Redis.
     watcher = redis_server.client().pubsub()
     watcher.psubscribe("mqttbroker:pub:*")
