@@ -168,3 +168,82 @@ def test_qos1_and_qos2_cross_nodes_and_wait_in_the_stream_while_the_node_is_down
     assert payloads(again) == [f"m{i}".encode() for i in range(50)]
     again.close()
     pub.close()
+
+
+# -- (5) retained messages ------------------------------------------------------------------
+
+
+def retained_on(node, topic_filter: str, payload: bytes | None) -> None:
+    """Subscribe on ``node`` until its retained message for ``topic_filter`` is ``payload``
+    (None: no retained message)."""
+
+    def check() -> bool:
+        c = client(node)
+        try:
+            c.subscribe(topic_filter)
+            c.sync()
+            got = [m.payload for m in c.received() if m.retain]
+        finally:
+            c.close()
+        return got == ([] if payload is None else [payload])
+
+    wait_for(check, f"retained {payload!r} on {node}")
+
+
+def test_a_retained_message_set_on_one_node_is_seen_on_the_others(start_node) -> None:
+    a = start_node("a")
+    b = start_node("b")
+    topic = unique("retained")
+    pub = client(a)
+    pub.publish(topic, b"kept", qos=1, retain=True)
+    retained_on(b, topic, b"kept")  # b was running: told through Redis
+    c = start_node("c")
+    retained_on(c, topic, b"kept")  # c started later: read from Redis at start
+    pub.publish(topic, b"", qos=1, retain=True)  # cleared on a: cleared everywhere
+    retained_on(b, topic, None)
+    retained_on(c, topic, None)
+    pub.close()
+
+
+# -- (8) Redis down -------------------------------------------------------------------------
+
+
+def test_redis_restarted_during_qos1_traffic_loses_no_acknowledged_message(
+    tmp_path: Path, start_broker
+) -> None:
+    from conftest import RedisServer
+
+    directory = tmp_path / "redis-aof"
+    directory.mkdir()
+    server = RedisServer(directory, aof=True).start()
+    try:
+        args = ("--cluster", server.url, "--memory", "--node-id")
+        a = start_broker(extra_args=(*args, "a"))
+        b = start_broker(extra_args=(*args, "b"))
+        topic = unique("down")
+        sub = client(b)
+        sub.subscribe(topic, qos=1)
+        pub = client(a)
+        until_routed(pub, sub, topic)
+        for i in range(20):
+            pub.publish(topic, f"m{i}".encode(), qos=1)
+        server.proc.kill()  # type: ignore[union-attr]
+        server.proc.wait()  # type: ignore[union-attr]
+        mark = a.log_mark()
+        waiting = [pub.publish(topic, f"m{i}".encode(), qos=1, wait=False) for i in range(20, 30)]
+        assert a.wait_for_log("Redis at .* unreachable", since=mark) is not None
+        assert not any(info.mid in pub.acked for info in waiting)  # held while Redis is down
+        server.start()  # same port, same append-only file
+        for info in waiting:
+            pub.wait_published(info, timeout=30)
+        for i in range(30, 60):
+            pub.publish(topic, f"m{i}".encode(), qos=1)
+        acked = [f"m{i}".encode() for i in range(60)]
+        assert set(pub.acked.values()) == {0}
+        wait_for(lambda: set(acked) <= set(payloads(sub)), "every acknowledged message", 30)
+        assert a.wait_for_log("reachable again", since=mark) is not None
+        assert a.returncode is None and b.returncode is None
+        pub.close()
+        sub.close()
+    finally:
+        server.stop()
