@@ -8,6 +8,9 @@ these methods; the router calls them at the points where other nodes must hear o
   send it on to the nodes with matching subscribers; returns how many nodes it went to.
 - :meth:`Backplane.route_added` / :meth:`Backplane.route_removed`: the first subscription of a
   filter on this node came, or its last one went.
+- :meth:`Backplane.claim`: a client's CONNECT is accepted; the node takes its client id over
+  (another node may hand its session over) and calls ``done`` to let the CONNECT go on.
+- :meth:`Backplane.session_ended`: a session ended here; its client id is free.
 
 Messages that arrived from another node are routed locally only; the backplane knows them (it
 routed them itself) and does not send them on again.
@@ -15,6 +18,7 @@ routed them itself) and does not send them on again.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -31,3 +35,10 @@ class Backplane:
     def route_added(self, topic_filter: str) -> None: ...
 
     def route_removed(self, topic_filter: str) -> None: ...
+
+    def claim(self, client_id: str, clean_start: bool, done: Callable[[], None]) -> None:
+        """Take ``client_id`` over, then call ``done`` on the event loop (never from within
+        this call: the connection calling it is in the middle of its input)."""
+        raise NotImplementedError
+
+    def session_ended(self, client_id: str) -> None: ...

@@ -9,10 +9,13 @@ Redis keys (``mqttbroker:`` prefix):
 - ``stream:<id>``: the QoS 1/2 messages for node ``<id>`` (consumer group ``deliver``), trimmed
   to about ``stream_max_length`` entries.
 - ``retained``: a hash of every retained message (topic -> MQTT 5 PUBLISH).
+- ``client:<client id>``: the node that owns the client id (set when its CONNECT is accepted,
+  removed when its session ends there); ``handover:<token>``: a session on its way (handover.py).
 
 Channels: ``routes`` (``+<id>\\0<filter>`` and ``-<id>\\0<filter>``: a node's first subscription
 to a filter and the end of its last), ``pub:<id>`` (QoS 0 messages for node ``<id>``),
-``retained`` (``<id>\\0<PUBLISH>``: a retained message set or cleared).
+``retained`` (``<id>\\0<PUBLISH>``: a retained message set or cleared), ``ctl:<id>`` (requests to
+node ``<id>``: hand a session over).
 
 A message crosses nodes as an MQTT 5 PUBLISH (the encoding the broker has anyway), and only to the
 nodes whose filters match its topic. All writes go through one task, in order, pipelined: one
@@ -22,8 +25,10 @@ round trip per batch whatever its size.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import secrets
+from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
@@ -36,7 +41,9 @@ from ..broker.message import Message
 from ..protocol import fastpath
 from ..protocol.errors import MQTTError
 from ..protocol.packets import MQTT_5
+from ..protocol.reasons import ReasonCode
 from ..server import StartError
+from .handover import forget, restore, serialise
 from .routes import RouteTable
 from .store import ClusterStore
 
@@ -54,8 +61,15 @@ RETAINED = PREFIX + "retained"
 READ_COUNT = 512  # stream entries read at once
 RETRY_SECONDS = 0.5  # between tries while Redis is unreachable
 
+HANDOVER_SECONDS = 5.0  # how long a node waits for another to hand a session over
+
 # Writes, in the order they were asked for.
-_XADD, _PUB, _ROUTE, _RETAIN, _XACK = range(5)
+_XADD, _PUB, _ROUTE, _RETAIN, _XACK, _REPLY, _RELEASE = range(7)
+
+_RELEASE_SCRIPT = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
 
 _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -118,6 +132,8 @@ class ClusterNode(Backplane):
         self._lease_key = f"{PREFIX}node:{self.node_id}"
         self._routes_key = f"{PREFIX}routes:{self.node_id}"
         self._stream_key = self.stream_key(self.node_id)
+        self._control = f"{PREFIX}ctl:{self.node_id}"
+        self._claims: set[asyncio.Task[None]] = set()
         self._ops: list[tuple[int, str, Any]] = []
         self._unconfirmed = 0  # forwards queued or sent, not yet confirmed by Redis
         self._wake = asyncio.Event()
@@ -184,7 +200,9 @@ class ClusterNode(Backplane):
         the tasks that write, read this node's stream and renew the lease."""
         try:
             self._pubsub = self.redis.pubsub()
-            await self._pubsub.subscribe(ROUTES, RETAINED, f"{PREFIX}pub:{self.node_id}")
+            await self._pubsub.subscribe(
+                ROUTES, RETAINED, f"{PREFIX}pub:{self.node_id}", self._control
+            )
             await self._resync()
         except RedisError as exc:
             raise StartError(f"cluster.redis: Redis at {self.url} failed: {exc}") from None
@@ -227,7 +245,7 @@ class ClusterNode(Backplane):
                     log.warning("cluster: %d writes to Redis not sent at stop", len(self._ops))
                     break
                 await asyncio.sleep(0.01)
-        for task in self._tasks:
+        for task in [*self._tasks, *self._claims]:
             task.cancel()
         for task in self._tasks:
             try:
@@ -276,10 +294,86 @@ class ClusterNode(Backplane):
         return len(nodes)
 
     def route_added(self, topic_filter: str) -> None:
+        """A write like a forward: the SUBACK waits until Redis has told the other nodes, so
+        a message published anywhere after it reaches the new subscriber."""
         self._queue(_ROUTE, topic_filter, None)
+        self._unconfirmed += 1
+        self.store.forwards += 1
 
     def route_removed(self, topic_filter: str) -> None:
         self._queue(_ROUTE, topic_filter, None)
+        self._unconfirmed += 1
+        self.store.forwards += 1
+
+    def claim(self, client_id: str, clean_start: bool, done: Callable[[], None]) -> None:
+        task = asyncio.ensure_future(self._claim(client_id, clean_start, done))
+        self._claims.add(task)
+        task.add_done_callback(self._claims.discard)
+
+    async def _claim(self, client_id: str, clean_start: bool, done: Callable[[], None]) -> None:
+        """Own ``client_id``; if another live node owned it, it hands the session over (or
+        drops it, on Clean Start) and closes the client's connection there (0x8E)."""
+        key = f"{PREFIX}client:{client_id}"
+        try:
+            previous = await self.redis.set(key, self.node_id, get=True)
+            old = previous.decode() if previous is not None else self.node_id
+            if old != self.node_id and await self.redis.exists(f"{PREFIX}node:{old}"):
+                reply = f"{PREFIX}handover:{secrets.token_hex(8)}"
+                request = json.dumps({"client": client_id, "reply": reply, "clean": clean_start})
+                if await self.redis.publish(f"{PREFIX}ctl:{old}", request):
+                    answer = await self.redis.blpop([reply], timeout=HANDOVER_SECONDS)
+                    if answer is None:
+                        log.warning(
+                            "cluster: client %s: node %r did not hand its session over within "
+                            "%g s; a new session starts here",
+                            client_id,
+                            old,
+                            HANDOVER_SECONDS,
+                        )
+                    elif answer[1]:
+                        restore(self.broker, client_id, answer[1])
+                        log.info(
+                            "cluster: client %s: session taken over from node %r", client_id, old
+                        )
+        except (RedisError, OSError) as exc:
+            log.warning(
+                "cluster: client %s: owner not checked, Redis failed (%s); served here",
+                client_id,
+                exc,
+            )
+        except MQTTError as exc:
+            log.warning("cluster: client %s: %s; a new session starts here", client_id, exc)
+        # The session's routes (if it came from another node) are in Redis before the CONNACK.
+        self.store.after_commit(done)
+
+    def _hand_over(self, data: bytes) -> None:
+        """Another node took a client over: close its connection here (0x8E) and send its
+        session there (nothing on Clean Start: it ends here)."""
+        try:
+            request = json.loads(data)
+            client_id, reply, clean = request["client"], request["reply"], request["clean"]
+        except (ValueError, KeyError, TypeError):
+            log.warning("cluster: control request not readable, ignored")
+            return
+        broker = self.broker
+        answer = b""
+        session = broker.sessions.get(client_id)
+        if session is not None and session.connection is not None:
+            session.connection.disconnect(
+                ReasonCode.SESSION_TAKEN_OVER, "another node took over the session"
+            )
+            session = broker.sessions.get(client_id)  # gone if its expiry was 0
+        if session is not None:
+            now = broker.clock()
+            if clean:
+                broker.end_session(session, now)
+            else:
+                answer = serialise(session, now)
+                forget(broker, session)
+        self._queue(_REPLY, reply, answer)
+
+    def session_ended(self, client_id: str) -> None:
+        self._queue(_RELEASE, client_id, None)
 
     def _queue(self, kind: int, name: str, data: Any) -> None:
         if not self._ops:
@@ -297,7 +391,7 @@ class ClusterNode(Backplane):
             while self._ops or store.redis_waiters:
                 ops, self._ops = self._ops, []
                 waiters, store.redis_waiters = store.redis_waiters, []
-                forwards = sum(1 for op in ops if op[0] == _XADD)
+                forwards = sum(1 for op in ops if op[0] in (_XADD, _ROUTE))
                 while True:
                     try:
                         await self._send(ops)
@@ -344,8 +438,13 @@ class ClusterNode(Backplane):
                 else:
                     pipe.hset(RETAINED, name, packet)
                 pipe.publish(RETAINED, me.encode() + b"\0" + packet)
-            else:  # _XACK
+            elif kind == _XACK:
                 pipe.xack(self._stream_key, GROUP, *data)
+            elif kind == _REPLY:
+                pipe.rpush(name, data)
+                pipe.expire(name, 60)
+            else:  # _RELEASE
+                pipe.eval(_RELEASE_SCRIPT, 1, f"{PREFIX}client:{name}", me)
         self.redis_calls += len(pipe.command_stack)
         await pipe.execute()
 
@@ -400,6 +499,8 @@ class ClusterNode(Backplane):
                     self.routes.add(node, topic_filter)
                 else:
                     self.routes.remove(node, topic_filter)
+            elif channel == self._control:
+                self._hand_over(data)
             elif channel == RETAINED:
                 node_bytes, _, packet = data.partition(b"\0")
                 if node_bytes.decode() != me:

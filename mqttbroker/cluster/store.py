@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 class ClusterStore(Store):
     def __init__(self, inner: Store) -> None:
         self.inner = inner
-        self.forwards = 0  # QoS 1/2 messages handed to Redis so far
+        self.forwards = 0  # QoS 1/2 messages and route changes handed to Redis so far
         # Set by the node: whether Redis has forwards not yet confirmed, and where callbacks
         # wait for them (in order).
         self.redis_pending: Callable[[], bool] = lambda: False

@@ -227,9 +227,9 @@ def test_redis_restarted_during_qos1_traffic_loses_no_acknowledged_message(
         until_routed(pub, sub, topic)
         for i in range(20):
             pub.publish(topic, f"m{i}".encode(), qos=1)
+        mark = a.log_mark()
         server.proc.kill()  # type: ignore[union-attr]
         server.proc.wait()  # type: ignore[union-attr]
-        mark = a.log_mark()
         waiting = [pub.publish(topic, f"m{i}".encode(), qos=1, wait=False) for i in range(20, 30)]
         assert a.wait_for_log("Redis at .* unreachable", since=mark) is not None
         assert not any(info.mid in pub.acked for info in waiting)  # held while Redis is down
@@ -247,3 +247,77 @@ def test_redis_restarted_during_qos1_traffic_loses_no_acknowledged_message(
         sub.close()
     finally:
         server.stop()
+
+
+# -- (4) client ownership and takeover ------------------------------------------------------
+
+
+def persistent(node, client_id: str, clean: bool = True) -> PahoClient:
+    props = Properties(PacketTypes.CONNECT)
+    props.SessionExpiryInterval = 3600
+    c = PahoClient(node.host, node.port, MQTT_5, client_id=client_id, clean=clean)
+    c.connect_properties = props
+    c.connect()
+    return c
+
+
+def test_a_client_taking_over_on_another_node_moves_its_session(start_node) -> None:
+    a = start_node("a")
+    b = start_node("b")
+    c = start_node("c")
+    client_id = unique("mover")
+    topic = unique("moved")
+    first = persistent(a, client_id)
+    first.subscribe(topic, qos=1)
+    pub = client(c)
+    until_routed(pub, first, topic)
+    # Away: QoS 1 messages queue on a.
+    first.close()
+    for i in range(5):
+        pub.publish(topic, f"q{i}".encode(), qos=1)
+    # Back on a, then taken over from b: the old connection gets 0x8E, the session moves.
+    again = persistent(a, client_id, clean=False)
+    wait_for(lambda: payloads(again) == [f"q{i}".encode() for i in range(5)], "queued on a")
+    again.close()
+    for i in range(5, 8):
+        pub.publish(topic, f"q{i}".encode(), qos=1)
+    old = persistent(a, client_id, clean=False)
+    wait_for(lambda: len(payloads(old)) == 3, "queued while away")
+    moved = persistent(b, client_id, clean=False)
+    assert moved.connack is not None and moved.connack[1]  # Session Present
+    assert old.wait_disconnected().reason_code == 0x8E
+    # The subscription came along: new messages reach b, not a.
+    for i in range(8, 11):
+        pub.publish(topic, f"q{i}".encode(), qos=1)
+    wait_for(lambda: payloads(moved)[-3:] == [b"q8", b"q9", b"q10"], "messages on b")
+    assert not [p for p in payloads(moved) if p in (b"q0", b"q1")]  # acknowledged on a earlier
+    # Clean Start on a third node: no session present, and the old one is gone from b.
+    fresh = PahoClient(c.host, c.port, MQTT_5, client_id=client_id)
+    fresh.connect()
+    assert fresh.connack is not None and not fresh.connack[1]
+    assert moved.wait_disconnected().reason_code == 0x8E
+    for x in (pub, fresh):
+        x.close()
+
+
+def test_queued_messages_move_with_a_session_taken_over_while_away(start_node) -> None:
+    a = start_node("a")
+    b = start_node("b")
+    client_id = unique("away")
+    topic = unique("away")
+    first = persistent(a, client_id)
+    first.subscribe(topic, qos=2)
+    pub = client(b)
+    until_routed(pub, first, topic)
+    first.close()
+    for i in range(20):
+        pub.publish(topic, f"w{i}".encode(), qos=2 if i % 2 else 1)
+    moved = persistent(b, client_id, clean=False)
+    assert moved.connack is not None and moved.connack[1]
+    wait_for(lambda: len(payloads(moved)) >= 20, "the 20 queued messages")
+    got = payloads(moved)
+    # In order per QoS (paho hands a QoS 2 message over at PUBREL, later than a QoS 1 one).
+    assert [p for p in got if int(p[1:]) % 2 == 0] == [f"w{i}".encode() for i in range(0, 20, 2)]
+    assert [p for p in got if int(p[1:]) % 2] == [f"w{i}".encode() for i in range(1, 20, 2)]
+    moved.close()
+    pub.close()
