@@ -1,5 +1,5 @@
 """Command line: ``mqttbroker [--config PATH] [--host H] [--port P] [--ws-port P] [--data-dir D]
-[--memory] [--allow-anonymous] [--log-level L] [--cluster URL] [--node-id ID]``.
+[--memory] [--allow-anonymous] [--log-level L] [--cluster URL] [--node-id ID] [--workers N]``.
 
 Exit statuses: 0 stopped by SIGINT/SIGTERM, 1 an unexpected error, 2 did not start (a
 configuration error on stderr, or a start error in the log: server/app.py)."""
@@ -59,6 +59,13 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--node-id", metavar="ID", help="this node's name in the cluster (cluster.node_id)"
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="run N broker processes sharing the listening ports, nodes of the cluster "
+        "(needs --cluster); one per core",
     )
     p.add_argument("--version", action="version", version=f"mqttbroker {__version__}")
     return p
@@ -123,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
             config.cluster.redis = args.cluster
         if args.node_id is not None:
             config.cluster.node_id = args.node_id
+        if args.workers is not None:
+            config.workers = args.workers
         check(config)
         from .server.tls import check_listeners
 
@@ -132,6 +141,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logformat.setup(config.log_level)  # control characters in messages escaped
     _set_log_levels(config)
+    if config.workers > 1:
+        from .cluster.workers import as_worker, supervise, worker_index
+
+        index = worker_index()
+        if index is None:
+            return supervise(argv, config, stop_requested)
+        as_worker(config, index)
     logging.getLogger("mqttbroker").info(
         "mqttbroker %s, %s",
         __version__,

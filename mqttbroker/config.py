@@ -21,6 +21,7 @@ from .broker.options import BrokerOptions
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 MAX_BUSY_POLL_US = 1_000_000
+MAX_WORKERS = 256
 
 
 class ConfigError(Exception):
@@ -152,6 +153,9 @@ class Config:
     # Microseconds the event loop keeps polling, instead of sleeping, after a pass that sent
     # something (server/polling.py): lower latency for a core spinning meanwhile. 0: off.
     busy_poll_us: int = 0
+    # Processes serving the same listeners (SO_REUSEPORT), each a node of the cluster on
+    # [cluster] redis (node_id "<node_id>-<n>", data under <data_dir>/worker-<n>): one per core.
+    workers: int = 1
 
     @property
     def store_path(self) -> Path:
@@ -221,12 +225,12 @@ def load(path: str | Path | None) -> Config:
             config.log_level = _typed(value, str, f"{source}: {key}")
         elif key == "log_levels":
             config.log_levels = _log_levels(value, source)
-        elif key in ("gc_threshold", "busy_poll_us"):
+        elif key in ("gc_threshold", "busy_poll_us", "workers"):
             setattr(config, key, _typed(value, int, f"{source}: {key}"))
         else:
             raise ConfigError(
                 f"{source}: {key}: unknown key (known: broker, storage, security, cluster, listener, "
-                "data_dir, log_level, log_levels, gc_threshold, busy_poll_us)"
+                "data_dir, log_level, log_levels, gc_threshold, busy_poll_us, workers)"
             )
     check(config, source)
     return config
@@ -297,6 +301,20 @@ def check(config: Config, source: str = "command line") -> None:
     except ValueError as exc:
         raise ConfigError(f"{source}: broker.{exc}") from None
     _check_cluster(config.cluster, f"{source}: cluster")
+    if not 1 <= config.workers <= MAX_WORKERS:
+        raise ConfigError(f"{source}: workers: must be between 1 and {MAX_WORKERS}")
+    if config.workers > 1:
+        if not config.cluster.redis:
+            raise ConfigError(
+                f"{source}: workers: more than 1 needs [cluster] redis (--cluster URL): the "
+                "workers are nodes of one cluster"
+            )
+        for index, listener in enumerate(config.listeners):
+            if not listener.port:
+                raise ConfigError(
+                    f"{source}: listener[{index}].port: 0 (any free port) cannot be shared by "
+                    "workers; give a port"
+                )
 
 
 NODE_ID = re.compile(r"[A-Za-z0-9_.:-]{1,100}")

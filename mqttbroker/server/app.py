@@ -117,7 +117,9 @@ class Server:
         if self.security.authenticator is not None and self.config.security.password_file:
             broker.offload = self._offloader(loop)
         for index, config in enumerate(self.config.listeners):
-            listener = await start_listener(broker, config, f"listener[{index}]")
+            listener = await start_listener(
+                broker, config, f"listener[{index}]", self.config.workers > 1
+            )
             self.listeners.append(listener)
             self.addresses.extend(listener.addresses)
         self._ticker = asyncio.create_task(self._tick())

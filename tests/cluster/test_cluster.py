@@ -321,3 +321,60 @@ def test_queued_messages_move_with_a_session_taken_over_while_away(start_node) -
     assert [p for p in got if int(p[1:]) % 2] == [f"w{i}".encode() for i in range(1, 20, 2)]
     moved.close()
     pub.close()
+
+
+# -- (6) --workers --------------------------------------------------------------------------
+
+
+def test_workers_share_the_port_and_behave_as_one_broker(
+    redis_server, start_broker, tmp_path: Path
+) -> None:
+    from conftest import free_port
+
+    port = free_port()
+    supervisor = start_broker(
+        extra_args=(
+            "--cluster",
+            redis_server.url,
+            "--node-id",
+            "w",
+            "--workers",
+            "2",
+            "--port",
+            str(port),
+        ),
+        wait=False,
+    )
+    assert supervisor.wait_for_log("2 workers started", 20) is not None
+    # Both workers listen on the one port, each a node of the cluster.
+    wait_for(
+        lambda: (
+            len([line for line in supervisor.log_lines() if f":{port} (MQTT over TCP)" in line])
+            == 2
+        ),
+        "both workers listening",
+        20,
+    )
+    r = redis_server.client()
+    assert {n.decode() for n in r.smembers("mqttbroker:nodes")} == {"w-0", "w-1"}
+    r.close()
+    supervisor.host, supervisor.port = "127.0.0.1", port
+    # Clients land on either worker; messages reach every subscriber whichever it is on.
+    subs = [client(supervisor) for _ in range(6)]
+    topic = unique("workers")
+    for s in subs:
+        s.subscribe(topic)
+    pub = client(supervisor)
+    pub.publish(topic, b"hello", qos=1)
+    for s in subs:
+        s.wait_payload(b"hello")
+    for x in (*subs, pub):
+        x.close()
+    supervisor.send_signal(15)
+    assert supervisor.wait_exit(20) == 0
+
+
+def test_workers_need_a_cluster(start_broker) -> None:
+    node = start_broker(extra_args=("--workers", "2", "--port", "18830"), wait=False)
+    assert node.wait_exit() == 2
+    assert "workers: more than 1 needs [cluster] redis" in node.log_text()
