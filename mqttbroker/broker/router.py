@@ -39,21 +39,21 @@ class Router:
         self._cache.clear()
         replaced = self.trie.add(sub)
         if not replaced and self.backplane is not None:
-            count = self.route_counts.get(sub.filter, 0)
-            self.route_counts[sub.filter] = count + 1
+            count = self.route_counts.get(sub.topic_filter, 0)
+            self.route_counts[sub.topic_filter] = count + 1
             if not count:
-                self.backplane.route_added(sub.filter)
+                self.backplane.route_added(sub.topic_filter)
         return replaced
 
     def unsubscribe(self, sub: Subscription) -> bool:
         self._cache.clear()
         removed = self.trie.remove(sub)
         if removed and self.backplane is not None:
-            count = self.route_counts.pop(sub.filter, 1) - 1
+            count = self.route_counts.pop(sub.topic_filter, 1) - 1
             if count:
-                self.route_counts[sub.filter] = count
+                self.route_counts[sub.topic_filter] = count
             else:
-                self.backplane.route_removed(sub.filter)
+                self.backplane.route_removed(sub.topic_filter)
         return removed
 
     def lookup_raw(self, raw: bytes) -> tuple[str, Match] | None:
@@ -93,8 +93,10 @@ class Router:
         if message.retain:
             self.retained.store(message)  # and in the durable store
         targets, groups = match
+        count = 0
         backplane = self.backplane
-        count = 0 if backplane is None else backplane.publish(message, publisher)
+        if backplane is not None:  # a cluster: other nodes too, and shared groups may be there
+            count, groups = backplane.publish(message, groups, publisher)
         msg_qos = message.qos
         retain = message.retain
         for session, subs in targets:

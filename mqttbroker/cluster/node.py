@@ -50,6 +50,7 @@ from .store import ClusterStore
 if TYPE_CHECKING:
     from ..broker.core import Broker
     from ..broker.session import Session
+    from ..broker.topics import SharedGroup
     from ..config import ClusterConfig
 
 log = logging.getLogger("mqttbroker.cluster")
@@ -134,6 +135,7 @@ class ClusterNode(Backplane):
         self._stream_key = self.stream_key(self.node_id)
         self._control = f"{PREFIX}ctl:{self.node_id}"
         self._claims: set[asyncio.Task[None]] = set()
+        self._turns: dict[str, int] = {}  # shared subscription -> messages it got from here
         self._ops: list[tuple[int, str, Any]] = []
         self._unconfirmed = 0  # forwards queued or sent, not yet confirmed by Redis
         self._wake = asyncio.Event()
@@ -203,6 +205,7 @@ class ClusterNode(Backplane):
             await self._pubsub.subscribe(
                 ROUTES, RETAINED, f"{PREFIX}pub:{self.node_id}", self._control
             )
+            await self._owned_sessions()
             await self._resync()
         except RedisError as exc:
             raise StartError(f"cluster.redis: Redis at {self.url} failed: {exc}") from None
@@ -214,6 +217,25 @@ class ClusterNode(Backplane):
             self.url,
             len(self.routes.filters),
         )
+
+    async def _owned_sessions(self, chunk: int = 1000) -> None:
+        """The sessions this node's store put back that another node took over while this one
+        was down are not this node's any more: forgotten here (their wills and expiry happen
+        there, once). Those no node owns become this node's."""
+        broker = self.broker
+        sessions = list(broker.sessions.values())
+        moved = 0
+        for start in range(0, len(sessions), chunk):
+            part = sessions[start : start + chunk]
+            pipe = self.redis.pipeline(transaction=False)
+            for session in part:
+                pipe.set(f"{PREFIX}client:{session.client_id}", self.node_id, nx=True, get=True)
+            for session, owner in zip(part, await pipe.execute(), strict=True):
+                if owner is not None and owner.decode() != self.node_id:
+                    forget(broker, session)
+                    moved += 1
+        if moved:
+            log.info("cluster: %d stored sessions were taken over by other nodes meanwhile", moved)
 
     async def _resync(self) -> None:
         """The other nodes' routes, and the retained messages (those here and not in Redis
@@ -270,28 +292,47 @@ class ClusterNode(Backplane):
 
     # -- the backplane ----------------------------------------------------------------------
 
-    def publish(self, message: Message, publisher: Session | None) -> int:
-        """A message published on this node: to each other node with matching filters. One
-        without a publisher (from another node, or this node's $SYS counters) stays here."""
+    def publish(
+        self, message: Message, groups: list[SharedGroup], publisher: Session | None
+    ) -> tuple[int, list[SharedGroup]]:
+        """A message published on this node: to each other node with matching filters, and
+        for each matching shared subscription to one node with members of it, in turn (this
+        one among them). One without a publisher (from another node, or this node's $SYS
+        counters) stays here."""
         if publisher is None:
-            return 0
+            return 0, groups
         now = self.broker.clock()
         if message.retain:
             self._queue(_RETAIN, message.topic, (encode(message, now), not message.payload))
-        nodes = self.routes.match(message.topic)
-        if not nodes:
-            return 0
-        data = encode(message, now)
-        if message.qos:
-            for node in nodes:
-                self._queue(_XADD, node, data)
-            self._unconfirmed += len(nodes)
+        plain, shares = self.routes.match(message.topic)
+        if not plain and not shares:
+            return 0, groups
+        chosen: dict[str, list[str]] = {}  # node -> the shared subscriptions it serves
+        if shares:
+            me = self.node_id
+            local = {g.members[0].topic_filter: g for g in groups if g.members}
+            turns = self._turns
+            for share, nodes in shares.items():
+                candidates = (*nodes, me) if share in local else nodes
+                turn = turns.get(share, 0)
+                turns[share] = turn + 1
+                node = candidates[turn % len(candidates)]
+                if node != me:
+                    chosen.setdefault(node, []).append(share)
+                    local.pop(share, None)  # its turn is elsewhere
+            groups = list(local.values())
+        packet = encode(message, now)
+        targets = set(plain).union(chosen)
+        qos = message.qos
+        for node in targets:
+            header = b"1" if node in plain else b"0"
+            data = header + "\x1f".join(chosen.get(node, ())).encode() + b"\0" + packet
+            self._queue(_XADD if qos else _PUB, node, data)
+        if qos:
+            self._unconfirmed += len(targets)
             self.store.forwards += 1  # the publisher's acknowledgement waits for Redis
-        else:
-            for node in nodes:
-                self._queue(_PUB, node, data)
-        self.forwarded += len(nodes)
-        return len(nodes)
+        self.forwarded += len(targets)
+        return len(targets), groups
 
     def route_added(self, topic_filter: str) -> None:
         """A write like a forward: the SUBACK waits until Redis has told the other nodes, so
@@ -517,17 +558,31 @@ class ClusterNode(Backplane):
         self.router.retained.store(message)
 
     def _arrived(self, data: bytes) -> None:
-        """A message from another node: routed to this node's subscribers only."""
+        """A message from another node, framed as ``<1 or 0><shares>\\0<PUBLISH>``: routed to
+        this node's plain subscribers if the first byte is 1, and to those of its shared groups
+        named (separated by 0x1F) whose turn it is here."""
         now = self.broker.clock()
+        header, _, packet = data.partition(b"\0")
         try:
-            message = decode(data, now)
+            message = decode(packet, now)
         except MQTTError as exc:
             log.warning("cluster: message from Redis not readable, skipped: %s", exc)
             return
         self.arrived += 1
         match = self.router.lookup(message.topic)
-        if match is not None:
-            self.router.publish(message, match, None, now)
+        if match is None:
+            return
+        targets, groups = match
+        shares = set(header[1:].decode().split("\x1f")) if len(header) > 1 else set()
+        self.router.publish(
+            message,
+            (
+                targets if header[:1] == b"1" else [],
+                [g for g in groups if g.members and g.members[0].topic_filter in shares],
+            ),
+            None,
+            now,
+        )
 
     async def _read_stream(self) -> None:
         """QoS 1/2 messages for this node: those a previous run read and did not acknowledge

@@ -378,3 +378,73 @@ def test_workers_need_a_cluster(start_broker) -> None:
     node = start_broker(extra_args=("--workers", "2", "--port", "18830"), wait=False)
     assert node.wait_exit() == 2
     assert "workers: more than 1 needs [cluster] redis" in node.log_text()
+
+
+# -- (7) shared subscriptions ---------------------------------------------------------------
+
+
+def test_a_shared_group_with_members_on_two_nodes_gets_each_message_once(start_node) -> None:
+    a = start_node("a")
+    b = start_node("b")
+    c = start_node("c")
+    topic = unique("shared")
+    members = [client(node) for node in (a, a, b)]
+    for m in members:
+        m.subscribe(f"$share/g/{topic}/+", qos=1)
+    plain = client(b)
+    plain.subscribe(f"{topic}/#", qos=1)
+    pub = client(c)
+    until_routed(pub, plain, f"{topic}/x")
+    # a's members are routed too by now? Their SUBACKs waited for Redis: yes.
+    sent = [f"s{i}".encode() for i in range(30)]
+    for p in sent:
+        pub.publish(f"{topic}/x", p, qos=1)
+    wait_for(lambda: len(payloads(plain)) == 30, "the plain subscriber's 30")
+    wait_for(lambda: sum(len(payloads(m)) for m in members) >= 30, "30 shared deliveries")
+    time.sleep(0.3)  # (a duplicate would arrive about now)
+    got = [p for m in members for p in payloads(m)]
+    assert sorted(got) == sorted(sent)  # each once, in the whole cluster
+    on_a = len(payloads(members[0])) + len(payloads(members[1]))
+    assert on_a and len(payloads(members[2]))  # both nodes took turns
+    assert payloads(plain) == sent  # plain subscribers are not affected
+    for x in (*members, plain, pub):
+        x.close()
+
+
+def test_the_will_of_a_session_taken_over_is_published_once_by_its_new_node(start_node) -> None:
+    import socket
+
+    a = start_node("a")
+    b = start_node("b")
+    c = start_node("c")
+    client_id = unique("willing")
+    will_topic = unique("will")
+    watcher = client(c)
+    watcher.subscribe(will_topic, qos=1)
+    probe = client(a)
+    until_routed(probe, watcher, will_topic)
+
+    def with_will(node) -> PahoClient:
+        props = Properties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = 3600
+        will_props = Properties(PacketTypes.WILLMESSAGE)
+        will_props.WillDelayInterval = 1
+        x = PahoClient(node.host, node.port, MQTT_5, client_id=client_id, clean=False)
+        x.connect_properties = props
+        x.client.will_set(will_topic, b"gone", qos=1, properties=will_props)
+        return x
+
+    first = with_will(a)
+    first.connect()
+    moved = with_will(b)
+    moved.connect()
+    assert first.wait_disconnected().reason_code == 0x8E
+    # The client vanishes without DISCONNECT: after the will delay its node publishes the will.
+    moved.client.socket().shutdown(socket.SHUT_RDWR)
+    wait_for(lambda: b"gone" in payloads(watcher), "the will")
+    probe.publish(will_topic, b"after", qos=1)
+    wait_for(lambda: b"after" in payloads(watcher), "the message after the will")
+    time.sleep(1.5)  # a second will (from a, the session's former node) would be due by now
+    assert payloads(watcher).count(b"gone") == 1
+    for x in (first, moved, watcher, probe):
+        x.close()
