@@ -125,9 +125,10 @@ class ClusterConfig:
     # This node's name, unique in the cluster (letters, digits, "-", "_", ".", ":"); its stream
     # and routes are kept under it across restarts. "": the host name.
     node_id: str = ""
-    # QoS 1/2 messages kept for a node in its Redis stream (approximately); past it the oldest
-    # are dropped, acknowledged or not (a node down that long loses them).
-    stream_max_length: int = 100_000
+    # Entries kept in a node's Redis stream (approximately; an entry holds the QoS 1/2 messages
+    # for that node of one write, up to about 64 KiB); past it the oldest are dropped, read or
+    # not (a node down that long loses them).
+    stream_max_length: int = 10_000
     # Seconds a node's lease lasts without renewal (renewed every third of it): a node killed
     # without stopping keeps its node_id this long.
     node_ttl: float = 10.0
@@ -347,8 +348,8 @@ def _check_cluster(cluster: ClusterConfig, where: str) -> None:
             f"{where}.node_id: letters, digits, '-', '_', '.' and ':' only (1 to 100), "
             f"got {cluster.node_id!r}"
         )
-    if cluster.stream_max_length < 1000:
-        raise ConfigError(f"{where}.stream_max_length: must be at least 1000")
+    if cluster.stream_max_length < 100:
+        raise ConfigError(f"{where}.stream_max_length: must be at least 100")
     if not cluster.node_ttl >= 1:
         raise ConfigError(f"{where}.node_ttl: must be at least 1 (second)")
     if not cluster.connect_timeout > 0:

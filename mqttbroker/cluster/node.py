@@ -7,7 +7,8 @@ Redis keys (``mqttbroker:`` prefix):
 - ``nodes``: the ids of every node that ever joined; ``routes:<id>``: a hash of that node's topic
   filters (value: its subscriptions to the filter when last written).
 - ``stream:<id>``: the QoS 1/2 messages for node ``<id>`` (consumer group ``deliver``), trimmed
-  to about ``stream_max_length`` entries.
+  to about ``stream_max_length`` entries; an entry holds the messages for that node of one write
+  (up to about 64 KiB of them).
 - ``retained``: a hash of every retained message (topic -> MQTT 5 PUBLISH).
 - ``client:<client id>``: the node that owns the client id (set when its CONNECT is accepted,
   removed when its session ends there); ``handover:<token>``: a session on its way (handover.py).
@@ -19,7 +20,8 @@ node ``<id>``: hand a session over).
 
 A message crosses nodes as an MQTT 5 PUBLISH (the encoding the broker has anyway), and only to the
 nodes whose filters match its topic. All writes go through one task, in order, pipelined: one
-round trip per batch whatever its size.
+round trip per batch whatever its size, and the messages of a batch for one node travel as one
+stream entry (QoS 1/2) or one pub/sub message (QoS 0).
 """
 
 from __future__ import annotations
@@ -62,6 +64,10 @@ RETAINED = PREFIX + "retained"
 READ_COUNT = 512  # stream entries read at once
 RETRY_SECONDS = 0.5  # between tries while Redis is unreachable
 
+# QoS 0 copies for other nodes that may wait for one write to Redis; past it they are dropped
+# (QoS 0 is at most once), so a node publishing faster than Redis takes keeps its memory.
+MAX_QOS0_WAITING = 100_000
+ENTRY_BYTES = 65536  # messages for one node share a stream entry (or pub/sub message) up to this
 HANDOVER_SECONDS = 5.0  # how long a node waits for another to hand a session over
 
 # Writes, in the order they were asked for.
@@ -110,6 +116,24 @@ def decode(data: bytes, now: float) -> Message:
     )
 
 
+def pack(frames: list[bytes], limit: int = ENTRY_BYTES) -> list[bytes]:
+    """``frames`` as entries of at most about ``limit`` bytes, each frame after its length (4
+    bytes, big-endian): one Redis entry carries many messages."""
+    entries: list[bytes] = []
+    parts: list[bytes] = []
+    size = 0
+    for frame in frames:
+        if parts and size + len(frame) > limit:
+            entries.append(b"".join(parts))
+            parts, size = [], 0
+        parts.append(len(frame).to_bytes(4, "big"))
+        parts.append(frame)
+        size += 4 + len(frame)
+    if parts:
+        entries.append(b"".join(parts))
+    return entries
+
+
 def encode(message: Message, now: float) -> bytes:
     qos = message.qos
     return message.encode(MQTT_5, qos, message.retain, False, 1 if qos else None, (), now)
@@ -145,6 +169,9 @@ class ClusterNode(Backplane):
         self._leased = False
         # Counters (for tests, $SYS and the benchmark)
         self.forwarded = 0  # copies of messages sent to other nodes
+        self.dropped = 0  # QoS 0 copies not sent: too many waited for Redis
+        self._qos0_waiting = 0  # QoS 0 copies queued for the next write
+        self._dropping = False
         self.arrived = 0  # messages that came from other nodes
         self.redis_calls = 0  # commands sent to Redis (pipelined ones each count)
 
@@ -267,27 +294,25 @@ class ClusterNode(Backplane):
                     log.warning("cluster: %d writes to Redis not sent at stop", len(self._ops))
                     break
                 await asyncio.sleep(0.01)
-        for task in [*self._tasks, *self._claims]:
+        tasks = [*self._tasks, *self._claims]
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):
-                pass
+        if tasks:  # bounded: a Redis call that does not give way to cancelling holds no stop
+            await asyncio.wait(tasks, timeout=timeout)
         self._tasks = []
         try:
-            if self._leased:
-                await self.redis.eval(
-                    "if redis.call('GET', KEYS[1]) == ARGV[1] then "
-                    "return redis.call('DEL', KEYS[1]) end return 0",
-                    1,
-                    self._lease_key,
-                    self.token,
-                )
-            if self._pubsub is not None:
-                await self._pubsub.aclose()
-        except RedisError:
+            async with asyncio.timeout(timeout):
+                await self._leave()
+        except (RedisError, OSError, TimeoutError):
             pass
+
+    async def _leave(self) -> None:
+        """The lease given back (so that this node_id may start again at once), connections
+        closed."""
+        if self._leased:
+            await self.redis.eval(_RELEASE_SCRIPT, 1, self._lease_key, self.token)
+        if self._pubsub is not None:
+            await self._pubsub.aclose()
         await self.redis.aclose()
 
     # -- the backplane ----------------------------------------------------------------------
@@ -321,9 +346,21 @@ class ClusterNode(Backplane):
                     chosen.setdefault(node, []).append(share)
                     local.pop(share, None)  # its turn is elsewhere
             groups = list(local.values())
-        packet = encode(message, now)
         targets = set(plain).union(chosen)
         qos = message.qos
+        if not qos:
+            if self._qos0_waiting >= MAX_QOS0_WAITING:  # Redis (or the writer) is behind
+                self.dropped += len(targets)
+                if not self._dropping:
+                    self._dropping = True
+                    log.warning(
+                        "cluster: QoS 0 messages for other nodes dropped: %d wait for Redis "
+                        "already (logged once until they flow again)",
+                        MAX_QOS0_WAITING,
+                    )
+                return 0, groups
+            self._qos0_waiting += len(targets)
+        packet = encode(message, now)
         for node in targets:
             header = b"1" if node in plain else b"0"
             data = header + "\x1f".join(chosen.get(node, ())).encode() + b"\0" + packet
@@ -431,6 +468,8 @@ class ClusterNode(Backplane):
             self._wake.clear()
             while self._ops or store.redis_waiters:
                 ops, self._ops = self._ops, []
+                self._qos0_waiting = 0
+                self._dropping = False
                 waiters, store.redis_waiters = store.redis_waiters, []
                 forwards = sum(1 for op in ops if op[0] in (_XADD, _ROUTE))
                 while True:
@@ -456,11 +495,13 @@ class ClusterNode(Backplane):
         maxlen = self.config.stream_max_length
         counts = self.router.route_counts
         routed: set[str] = set()
+        streams: dict[str, list[bytes]] = {}  # node -> its QoS 1/2 frames in this batch
+        channels: dict[str, list[bytes]] = {}  # node -> its QoS 0 frames
         for kind, name, data in ops:
             if kind == _XADD:
-                pipe.xadd(self.stream_key(name), {"m": data}, maxlen=maxlen, approximate=True)
+                streams.setdefault(name, []).append(data)
             elif kind == _PUB:
-                pipe.publish(f"{PREFIX}pub:{name}", data)
+                channels.setdefault(name, []).append(data)
             elif kind == _ROUTE:
                 if name in routed:
                     continue
@@ -486,6 +527,15 @@ class ClusterNode(Backplane):
                 pipe.expire(name, 60)
             else:  # _RELEASE
                 pipe.eval(_RELEASE_SCRIPT, 1, f"{PREFIX}client:{name}", me)
+        # The messages for one node go as few entries (or pub/sub messages) as their size allows.
+        for node, frames in streams.items():
+            key = self.stream_key(node)
+            for entry in pack(frames):
+                pipe.xadd(key, {"m": entry}, maxlen=maxlen, approximate=True)
+        for node, frames in channels.items():
+            channel = f"{PREFIX}pub:{node}"
+            for entry in pack(frames):
+                pipe.publish(channel, entry)
         self.redis_calls += len(pipe.command_stack)
         await pipe.execute()
 
@@ -558,6 +608,15 @@ class ClusterNode(Backplane):
         self.router.retained.store(message)
 
     def _arrived(self, data: bytes) -> None:
+        """Messages from another node: an entry of frames (see :func:`pack`)."""
+        pos = 0
+        end = len(data)
+        while pos + 4 <= end:
+            size = int.from_bytes(data[pos : pos + 4], "big")
+            self._arrived_one(data[pos + 4 : pos + 4 + size])
+            pos += 4 + size
+
+    def _arrived_one(self, data: bytes) -> None:
         """A message from another node, framed as ``<1 or 0><shares>\\0<PUBLISH>``: routed to
         this node's plain subscribers if the first byte is 1, and to those of its shared groups
         named (separated by 0x1F) whose turn it is here."""
@@ -599,13 +658,12 @@ class ClusterNode(Backplane):
                     count=READ_COUNT,
                     block=None if last != ">" else 1000,
                 )
-            except ResponseError as exc:
-                if "NOGROUP" in str(exc):  # Redis lost it (restarted without persistence)
-                    self._lost(exc)
-                await asyncio.sleep(RETRY_SECONDS)
-                continue
             except (RedisError, OSError) as exc:
-                self._lost(exc)
+                # Redis may have handed entries over without the answer reaching us: read this
+                # node's pending entries again first (a message may come twice, none is lost).
+                last = "0"
+                if not isinstance(exc, ResponseError) or "NOGROUP" in str(exc):
+                    self._lost(exc)  # (NOGROUP: Redis restarted without persistence)
                 await asyncio.sleep(RETRY_SECONDS)
                 continue
             entries = found[0][1] if found else []

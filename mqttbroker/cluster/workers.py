@@ -38,6 +38,16 @@ def as_worker(config: Config, index: int) -> None:
     config.data_dir = os.path.join(config.data_dir, f"worker-{index}")
 
 
+def _die_with_parent() -> None:
+    """In a worker (Linux): SIGTERM when the supervisor dies, however it dies (SIGKILL too),
+    so that no worker outlives it holding the ports."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def supervise(argv: Sequence[str], config: Config, stop_requested: Sequence[int]) -> int:
     children: list[subprocess.Popen[bytes]] = []
 
@@ -50,7 +60,11 @@ def supervise(argv: Sequence[str], config: Config, stop_requested: Sequence[int]
         signal.signal(signum, forward)
     for index in range(config.workers):
         env = dict(os.environ, **{WORKER: str(index)})
-        children.append(subprocess.Popen([sys.executable, "-m", "mqttbroker", *argv], env=env))
+        children.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "mqttbroker", *argv], env=env, preexec_fn=_die_with_parent
+            )
+        )
     log.info(
         "%d workers started (pids %s), nodes %s-0 to -%d",
         len(children),
