@@ -525,7 +525,7 @@ class ClusterNode(Backplane):
             elif kind == _REPLY:
                 pipe.rpush(name, data)
                 pipe.expire(name, 60)
-            else:  # _RELEASE
+            elif name not in self.broker.sessions:  # _RELEASE: not if it is back already
                 pipe.eval(_RELEASE_SCRIPT, 1, f"{PREFIX}client:{name}", me)
         # The messages for one node go as few entries (or pub/sub messages) as their size allows.
         for node, frames in streams.items():

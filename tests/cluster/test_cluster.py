@@ -448,3 +448,21 @@ def test_the_will_of_a_session_taken_over_is_published_once_by_its_new_node(star
     assert payloads(watcher).count(b"gone") == 1
     for x in (first, moved, watcher, probe):
         x.close()
+
+
+def test_a_client_that_came_back_with_clean_start_is_still_owned_by_its_node(start_node) -> None:
+    a = start_node("a")
+    b = start_node("b")
+    client_id = unique("again")
+    first = PahoClient(a.host, a.port, MQTT_5, client_id=client_id)
+    first.connect()
+    second = PahoClient(a.host, a.port, MQTT_5, client_id=client_id)  # Clean Start, same node
+    second.connect()
+    assert first.wait_disconnected().reason_code == 0x8E
+    second.sync()
+    # The first session's end must not have freed the id: a third connection, on b, takes over.
+    third = PahoClient(b.host, b.port, MQTT_5, client_id=client_id)
+    third.connect()
+    assert second.wait_disconnected().reason_code == 0x8E
+    for x in (first, second, third):
+        x.close()
