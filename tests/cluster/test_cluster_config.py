@@ -50,3 +50,10 @@ def test_a_node_id_defaults_to_the_host_name(tmp_path: Path) -> None:
     loaded = load(config(tmp_path, '[cluster]\nredis = "redis://127.0.0.1:6379/0"'))
     assert loaded.cluster.node_id == socket.gethostname()
     assert loaded.cluster.stream_max_length == 10_000
+
+
+def test_a_redis_password_is_not_shown() -> None:
+    from mqttbroker.cluster.node import redacted
+
+    assert redacted("redis://user:s3cret@h:6379/0") == "redis://user:***@h:6379/0"
+    assert redacted("redis://h:6379/0") == "redis://h:6379/0"
