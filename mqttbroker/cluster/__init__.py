@@ -6,6 +6,8 @@
   (QoS 1/2), retained messages shared.
 - ``store.py``: ``ClusterStore``, the node's store wrapped so that a message forwarded to other
   nodes counts as a write: its acknowledgement waits until Redis has it.
+- ``handover.py``: a session moving to the node its client connected to.
+- ``workers.py``: ``--workers N``, processes of one machine sharing its ports, each a node.
 
 Nothing here is imported unless ``[cluster] redis`` is set; a single node never loads Redis.
 """

@@ -19,9 +19,10 @@ to a filter and the end of its last), ``pub:<id>`` (QoS 0 messages for node ``<i
 node ``<id>``: hand a session over).
 
 A message crosses nodes as an MQTT 5 PUBLISH (the encoding the broker has anyway), and only to the
-nodes whose filters match its topic. All writes go through one task, in order, pipelined: one
-round trip per batch whatever its size, and the messages of a batch for one node travel as one
-stream entry (QoS 1/2) or one pub/sub message (QoS 0).
+nodes whose filters match its topic, framed with what it is for there (``_arrived_one``). All
+writes go through one task, in order, pipelined: one round trip per batch whatever its size, and
+the messages of a batch for one node travel as one stream entry (QoS 1/2) or one pub/sub message
+(QoS 0).
 """
 
 from __future__ import annotations
@@ -167,13 +168,8 @@ class ClusterNode(Backplane):
         self._pubsub: Any = None
         self._down = False  # in an episode of Redis being unreachable
         self._leased = False
-        # Counters (for tests, $SYS and the benchmark)
-        self.forwarded = 0  # copies of messages sent to other nodes
-        self.dropped = 0  # QoS 0 copies not sent: too many waited for Redis
         self._qos0_waiting = 0  # QoS 0 copies queued for the next write
-        self._dropping = False
-        self.arrived = 0  # messages that came from other nodes
-        self.redis_calls = 0  # commands sent to Redis (pipelined ones each count)
+        self._dropping = False  # dropping QoS 0 copies (logged once until they flow again)
 
     @staticmethod
     def stream_key(node_id: str) -> str:
@@ -350,7 +346,6 @@ class ClusterNode(Backplane):
         qos = message.qos
         if not qos:
             if self._qos0_waiting >= MAX_QOS0_WAITING:  # Redis (or the writer) is behind
-                self.dropped += len(targets)
                 if not self._dropping:
                     self._dropping = True
                     log.warning(
@@ -368,7 +363,6 @@ class ClusterNode(Backplane):
         if qos:
             self._unconfirmed += len(targets)
             self.store.forwards += 1  # the publisher's acknowledgement waits for Redis
-        self.forwarded += len(targets)
         return len(targets), groups
 
     def route_added(self, topic_filter: str) -> None:
@@ -536,7 +530,6 @@ class ClusterNode(Backplane):
             channel = f"{PREFIX}pub:{node}"
             for entry in pack(frames):
                 pipe.publish(channel, entry)
-        self.redis_calls += len(pipe.command_stack)
         await pipe.execute()
 
     def _lost(self, exc: BaseException) -> None:
@@ -627,7 +620,6 @@ class ClusterNode(Backplane):
         except MQTTError as exc:
             log.warning("cluster: message from Redis not readable, skipped: %s", exc)
             return
-        self.arrived += 1
         match = self.router.lookup(message.topic)
         if match is None:
             return
