@@ -466,3 +466,43 @@ def test_a_client_that_came_back_with_clean_start_is_still_owned_by_its_node(sta
     assert second.wait_disconnected().reason_code == 0x8E
     for x in (first, second, third):
         x.close()
+
+
+def test_a_node_killed_mid_flight_loses_no_acknowledged_message(start_node, tmp_path: Path) -> None:
+    import signal
+
+    a = start_node("a")
+    b_data = tmp_path / "b-killed"
+    config = "[cluster]\nnode_ttl = 1.0\n"
+    b = start_node("b", data_dir=b_data, memory=False, config=config)
+    client_id = unique("survivor")
+    topic = unique("killed")
+    sub = persistent(b, client_id)
+    sub.subscribe(topic, qos=1)
+    pub = client(a)
+    until_routed(pub, sub, topic)
+    sub.close()  # away: b queues the messages in its store
+    sent = [f"k{i}".encode() for i in range(300)]
+    infos = []
+    for i, payload in enumerate(sent):
+        if i == 100:
+            b.send_signal(signal.SIGKILL)  # mid-flight: some read, some queued, some not yet
+        infos.append(pub.publish(topic, payload, qos=1, wait=False))
+    for info in infos:
+        assert pub.wait_published(info, timeout=30) == 0  # acknowledged: in b's stream
+    before = set(payloads(sub))
+    b.wait_exit()
+    # b back on its data once its lease has run out (node_ttl 1 s): nothing acknowledged is lost.
+    deadline = time.monotonic() + 20
+    while True:
+        b2 = start_node("b", data_dir=b_data, memory=False, config=config, wait=False)
+        if b2.wait_for_log(r"listening on \S+:\d+ \(MQTT over TCP\)", 20, stop_on_exit=True):
+            break
+        assert "cluster.node_id" in b2.log_text() and time.monotonic() < deadline, b2.log_text()
+        time.sleep(0.3)
+    match = b2.wait_for_log(r"listening on (\S+):(\d+) \(MQTT over TCP\)", 1)
+    b2.host, b2.port = match.group(1), int(match.group(2))
+    again = persistent(b2, client_id, clean=False)
+    wait_for(lambda: before | set(payloads(again)) >= set(sent), "every acknowledged message", 30)
+    again.close()
+    pub.close()
