@@ -119,6 +119,7 @@ class Connection:
         "_auth_method",
         "_connect",
         "_checking",
+        "_claimed",
         "_denials",
         "work",
         "work_pass",
@@ -171,6 +172,7 @@ class Connection:
         self._auth_method: str | None = None
         self._connect: pk.Connect | None = None  # held while authenticating
         self._checking = False  # a password check runs off the event loop
+        self._claimed = False  # in a cluster: the client id is this node's now
         self._denials = 0  # PUBLISHes and subscriptions the authorizer refused
         self.work = 0  # packets and deliveries caused by our input in this loop pass
         self.work_pass = -1  # the pass ``work`` counts
@@ -491,12 +493,26 @@ class Connection:
         self._connect = None
         if self.state == CLOSED or packet is None:
             return
+        self._resume_connect(packet, None, code)
+
+    def _claim_done(self, packet: pk.Connect, auth_props: dict[int, Any] | None) -> None:
+        """In a cluster: this node owns the client id now, the client's session is here if
+        another node had it (see _accept)."""
+        self._checking = False
+        if self.state != CLOSED:
+            self._resume_connect(packet, auth_props, 0)
+
+    def _resume_connect(
+        self, packet: pk.Connect, auth_props: dict[int, Any] | None, code: int
+    ) -> None:
+        """Accept a CONNECT whose answer waited (``code``: the password check's), then read
+        what the client sent meanwhile."""
         store = self.broker.store
         writes = store.writes
         try:
             if code:
                 raise MQTTError("authentication failed", code)
-            self._accept(packet, None)
+            self._accept(packet, auth_props)
         except MQTTError as exc:
             self._fail(exc)
             return
@@ -555,6 +571,18 @@ class Connection:
     def _accept(self, packet: pk.Connect, auth_props: dict[int, Any] | None) -> None:
         """The client is who it says: take over or create its session and send CONNACK."""
         broker = self.broker
+        backplane = broker.router.backplane
+        if backplane is not None and not self._claimed:
+            # A cluster node first takes the client id over: its session may be on another
+            # node, which hands it over. The CONNECT waits (input held) until then.
+            self._claimed = self._checking = True
+            self.state = AUTHENTICATING
+            backplane.claim(
+                packet.client_id,
+                packet.clean_start,
+                lambda: self._claim_done(packet, auth_props),
+            )
+            return
         opts = broker.options
         version = self.version
         v5 = version == MQTT_5

@@ -63,11 +63,14 @@ class Listener:
         await self.server.wait_closed()
 
 
-async def start_listener(broker: Broker, listener: ListenerConfig, where: str) -> Listener:
+async def start_listener(
+    broker: Broker, listener: ListenerConfig, where: str, reuse_port: bool = False
+) -> Listener:
     """Bind ``listener`` and log "listening on HOST:PORT (MQTT over ...)" for each socket.
-    ``where`` names it in configuration and start errors (e.g. ``"listener[1]"``)."""
+    ``where`` names it in configuration and start errors (e.g. ``"listener[1]"``);
+    ``reuse_port``: share the port with other processes (SO_REUSEPORT; ``workers``)."""
     try:
-        return await _start_listener(broker, listener, where)
+        return await _start_listener(broker, listener, where, reuse_port)
     except OSError as exc:
         if isinstance(exc, socket.gaierror):
             cause = f"cannot resolve host {listener.host!r}: {exc.strerror}"
@@ -78,7 +81,9 @@ async def start_listener(broker: Broker, listener: ListenerConfig, where: str) -
         ) from None
 
 
-async def _start_listener(broker: Broker, listener: ListenerConfig, where: str) -> Listener:
+async def _start_listener(
+    broker: Broker, listener: ListenerConfig, where: str, reuse_port: bool
+) -> Listener:
     loop = asyncio.get_running_loop()
     context = server_context(listener, where)
     handshake_timeout = broker.options.connect_timeout if context is not None else None
@@ -100,7 +105,7 @@ async def _start_listener(broker: Broker, listener: ListenerConfig, where: str) 
     elif listener.proxy_protocol:
         acceptor = ProxyAcceptor(
             loop,
-            bind(listener.host, listener.port),
+            bind(listener.host, listener.port, reuse_port),
             trusted_networks(listener.proxy_protocol),
             lambda name, address: MQTTProtocol(broker, listener, (name, address)),
             context,
@@ -126,6 +131,7 @@ async def _start_listener(broker: Broker, listener: ListenerConfig, where: str) 
             ssl=context,
             ssl_handshake_timeout=handshake_timeout,
             reuse_address=True,
+            reuse_port=reuse_port or None,
         )
     except BaseException:
         if runner is not None:
