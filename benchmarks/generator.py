@@ -38,6 +38,7 @@ async def _main(spec: dict[str, Any]) -> dict[str, Any]:
         broker_pid=spec.get("broker_pid"),
         run_id=str(spec.get("run_id", "0")),
         sizes=_sizes(spec.get("sizes")),
+        sub_port=spec.get("sub_port"),
     )
     return await run(scenario, ctx)
 

@@ -64,6 +64,9 @@ class Ctx:
     broker_pid: int | None = None
     run_id: str = "0"
     sizes: Sizes = field(default_factory=Sizes)
+    # A cluster (benchmarks/cluster.py): the subscribers of scenarios 1 to 4 connect to this
+    # node's port instead, so every message crosses nodes. None: all on ``port``.
+    sub_port: int | None = None
     clients: list[Client] = field(default_factory=list)
     raw: list[RawClient] = field(default_factory=list)
     retired: list[Client] = field(default_factory=list)  # closed by the scenario itself
@@ -72,10 +75,16 @@ class Ctx:
     def cid(self, name: str) -> str:
         return f"bm{self.run_id}-{name}"
 
-    async def client(self, name: str, clean_start: bool = True, session_expiry: int = 0) -> Client:
+    async def client(
+        self,
+        name: str,
+        clean_start: bool = True,
+        session_expiry: int = 0,
+        port: int | None = None,
+    ) -> Client:
         client = await open_client(
             self.host,
-            self.port,
+            port or self.port,
             self.cid(name),
             self.version,
             clean_start=clean_start,
@@ -207,7 +216,7 @@ async def _qos0_flow(
     frame = ctx.publish_len(topics[0])
     subs = []
     for i in range(subscribers):
-        sub = await ctx.client(f"sub{i}")
+        sub = await ctx.client(f"sub{i}", port=ctx.sub_port)
         await sub.subscribe([(sub_filter, 0)])
         sub.start_counting(frame)
         subs.append(sub)
@@ -258,7 +267,7 @@ async def _qos_flow(ctx: Ctx, qos: int) -> dict[str, Any]:
     topics = [f"bench/q{qos}/{i:02d}" for i in range(n)]
     subs = []
     for i, topic in enumerate(topics):
-        sub = await ctx.client(f"sub{i}")
+        sub = await ctx.client(f"sub{i}", port=ctx.sub_port)
         await sub.subscribe([(topic, qos)])
         sub.start_acking()
         subs.append(sub)

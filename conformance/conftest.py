@@ -9,6 +9,9 @@ MQTT over TCP, and over WebSocket for chapter 6). Options:
                                 (tests that need it are skipped when it is not given)
 ``--ws-broker HOST:PORT/PATH``  with ``--broker``: its MQTT over WebSocket listener (the chapter 6
                                 tests are skipped when it is not given)
+``--cluster HOST:PORT,HOST:PORT``  test running nodes of one cluster: every test's clients are
+                                spread over them in turn (the first, third... on the first node)
+``--cluster auto``              start a redis-server and two of our nodes on it, and test them so
 
 Every test's docstring names the statements it checks as ``[MQTT-x.y.z-n]``; they are recorded as
 the JUnit property ``statements`` so that ``python -m conformance.coverage`` can count them.
@@ -133,6 +136,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="that user's password (default conformance-password)",
     )
     group.addoption(
+        "--cluster",
+        metavar="HOST:PORT,HOST:PORT",
+        help="test the nodes of a cluster, each test's clients spread over them; 'auto': start "
+        "a redis-server and two nodes of this broker",
+    )
+    group.addoption(
         "--mosquitto",
         action="store_true",
         help=f"start Debian's mosquitto ({MOSQUITTO}) on a free loopback port and test it",
@@ -140,6 +149,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--cluster"):
+        from . import mqtt
+
+        mqtt.SETTLE = 0.25
     if config.getoption("--ws-broker") and not config.getoption("--broker"):
         raise pytest.UsageError("--ws-broker names the WebSocket listener of a --broker")
     config.addinivalue_line(
@@ -171,6 +184,9 @@ class Broker:
     process: subprocess.Popen[str] | None = None
     lines: int = 0  # log lines received so far
     ws: tuple[str, int, str] | None = None  # its MQTT over WebSocket listener: host, port, path
+    # A cluster: every node's address (clients go to each in turn); the other nodes we started.
+    addresses: list[tuple[str, int]] = field(default_factory=list)
+    others: list[Broker] = field(default_factory=list)
 
     def log_since(self, mark: int) -> list[str]:
         """Log lines received after the ``lines`` count ``mark``."""
@@ -185,6 +201,8 @@ class Broker:
         return self.process is None or self.process.poll() is None
 
     def stop(self) -> None:
+        for other in self.others:
+            other.stop()
         proc = self.process
         if proc is None or proc.poll() is not None:
             return
@@ -324,7 +342,67 @@ def _start_mosquitto(workdir: Path, limited: bool = False, passwords: str = "") 
 _brokers: list[Broker] = []
 
 
+def _start_redis(workdir: Path) -> Broker:
+    """redis-server on a free loopback port, nothing on disk."""
+    port = _free_port()
+    proc = subprocess.Popen(
+        [shutil.which("redis-server") or "/usr/bin/redis-server", "--port", str(port)]
+        + ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(workdir)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    redis = Broker("127.0.0.1", port, "redis-server", process=proc)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            socket.create_connection(redis.address, timeout=1).close()
+            return redis
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                redis.stop()
+                raise RuntimeError("redis-server did not start") from None
+            time.sleep(0.02)
+
+
+def _start_cluster(config: pytest.Config) -> Broker:
+    """``--cluster``: the running nodes named, or (``auto``) two of ours on a new Redis."""
+    option = config.getoption("--cluster")
+    if option != "auto":
+        addresses = [_parse_address(a.strip()) for a in option.split(",") if a.strip()]
+        if len(addresses) < 2:
+            raise pytest.UsageError("--cluster: name at least two nodes, HOST:PORT,HOST:PORT")
+        return Broker(*addresses[0], "external", addresses=addresses)
+    workdir = Path(tempfile.mkdtemp(prefix="mqtt-conformance-cluster-"))
+    redis = _start_redis(workdir)
+    nodes = [redis]
+    try:
+        for index in range(2):
+            directory = workdir / f"node{index}"
+            directory.mkdir()
+            toml = _ours_toml(directory, config).replace(
+                "[broker]",
+                f'[cluster]\nredis = "redis://127.0.0.1:{redis.port}/0"\n'
+                f'node_id = "conformance-{index}"\n\n[broker]',
+                1,
+            )
+            nodes.append(_start_ours(directory, toml, ws=index == 0))
+    except BaseException:
+        for node in nodes:
+            node.stop()
+        raise
+    first = nodes[1]
+    first.addresses = [node.address for node in nodes[1:]]
+    first.others = [nodes[2], redis]  # stopped after the first node
+    return first
+
+
 def _start(config: pytest.Config, limited: bool) -> Broker | None:
+    if config.getoption("--cluster") and not limited:
+        broker = _start_cluster(config)
+        _brokers.append(broker)
+        return broker
     external = config.getoption("--limited-broker" if limited else "--broker")
     if external:
         host, port = _parse_address(external)
@@ -401,7 +479,9 @@ class Clients:
     def new(self, version: int = MQTT_5, name: str = "") -> Client:
         """A TCP connection, nothing sent yet."""
         self._count += 1
-        client = Client(self.broker.address, version, name or f"{self.uid}-{self._count}")
+        addresses = self.broker.addresses or [self.broker.address]
+        address = addresses[(self._count - 1) % len(addresses)]  # a cluster: each node in turn
+        client = Client(address, version, name or f"{self.uid}-{self._count}")
         self.made.append(client)
         return client
 

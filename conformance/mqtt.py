@@ -23,6 +23,9 @@ from typing import Any
 # it sends nothing (only where no later event can serve as a barrier).
 WAIT = 3.0
 QUIET = 0.3
+# Testing a cluster (--cluster): a message acknowledged by one node reaches a subscriber on
+# another a moment later (through Redis), so the PINGREQ barrier waits this long first.
+SETTLE = 0.0
 
 MQTT_311 = 4
 MQTT_5 = 5
@@ -977,6 +980,8 @@ class Client:
     def ping(self, timeout: float = WAIT) -> list[Packet]:
         """PINGREQ, then every packet up to the PINGRESP: a barrier that shows what the broker
         had queued for this client before it processed the PINGREQ."""
+        if SETTLE:
+            time.sleep(SETTLE)
         self.send(PINGREQ_BYTES)
         before: list[Packet] = []
         while True:

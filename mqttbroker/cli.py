@@ -1,5 +1,5 @@
 """Command line: ``mqttbroker [--config PATH] [--host H] [--port P] [--ws-port P] [--data-dir D]
-[--memory] [--allow-anonymous] [--log-level L]``.
+[--memory] [--allow-anonymous] [--log-level L] [--cluster URL] [--node-id ID] [--workers N]``.
 
 Exit statuses: 0 stopped by SIGINT/SIGTERM, 1 an unexpected error, 2 did not start (a
 configuration error on stderr, or a start error in the log: server/app.py)."""
@@ -52,6 +52,21 @@ def parser() -> argparse.ArgumentParser:
         "(security.allow_anonymous = true)",
     )
     p.add_argument("--log-level", choices=LOG_LEVELS, help="default info")
+    p.add_argument(
+        "--cluster",
+        metavar="URL",
+        help="be a node of the cluster on this Redis (cluster.redis), e.g. redis://127.0.0.1:6379/0",
+    )
+    p.add_argument(
+        "--node-id", metavar="ID", help="this node's name in the cluster (cluster.node_id)"
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="run N broker processes sharing the listening ports, nodes of the cluster "
+        "(needs --cluster); one per core",
+    )
     p.add_argument("--version", action="version", version=f"mqttbroker {__version__}")
     return p
 
@@ -111,6 +126,12 @@ def main(argv: list[str] | None = None) -> int:
             config.security.allow_anonymous = True
         if args.log_level is not None:
             config.log_level = args.log_level
+        if args.cluster is not None:
+            config.cluster.redis = args.cluster
+        if args.node_id is not None:
+            config.cluster.node_id = args.node_id
+        if args.workers is not None:
+            config.workers = args.workers
         check(config)
         from .server.tls import check_listeners
 
@@ -120,6 +141,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logformat.setup(config.log_level)  # control characters in messages escaped
     _set_log_levels(config)
+    if config.workers > 1:
+        from .cluster.workers import as_worker, supervise, worker_index
+
+        index = worker_index()
+        if index is None:
+            return supervise(argv, config, stop_requested)
+        as_worker(config, index)
     logging.getLogger("mqttbroker").info(
         "mqttbroker %s, %s",
         __version__,

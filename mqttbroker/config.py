@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import os
+import re
+import socket
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +21,7 @@ from .broker.options import BrokerOptions
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 MAX_BUSY_POLL_US = 1_000_000
+MAX_WORKERS = 256
 
 
 class ConfigError(Exception):
@@ -115,11 +118,30 @@ class SecurityConfig:
 
 
 @dataclass(slots=True)
+class ClusterConfig:
+    # Redis URL ("redis://host:6379/0", "rediss://...", "unix:///path"): this broker is one node
+    # of a cluster on that Redis. "": a single broker (Redis is never loaded).
+    redis: str = ""
+    # This node's name, unique in the cluster (letters, digits, "-", "_", ".", ":"); its stream
+    # and routes are kept under it across restarts. "": the host name.
+    node_id: str = ""
+    # Entries kept in a node's Redis stream (approximately; an entry holds the QoS 1/2 messages
+    # for that node of one write, up to about 64 KiB); past it the oldest are dropped, read or
+    # not (a node down that long loses them).
+    stream_max_length: int = 10_000
+    # Seconds a node's lease lasts without renewal (renewed every third of it): a node killed
+    # without stopping keeps its node_id this long.
+    node_ttl: float = 10.0
+    connect_timeout: float = 5.0  # seconds to reach Redis
+
+
+@dataclass(slots=True)
 class Config:
     listeners: list[ListenerConfig] = field(default_factory=lambda: [ListenerConfig()])
     broker: BrokerOptions = field(default_factory=BrokerOptions)
     storage: StorageConfig = field(default_factory=StorageConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
     data_dir: str = "./data"  # in a config file: relative to the file's directory
     log_level: str = "info"
     # Levels of other loggers by name, e.g. {"aiosqlite": "debug"}. Loggers outside the broker's
@@ -135,6 +157,9 @@ class Config:
     # [[bridge]] and [[webhook]] sections (integrations/settings.py: BridgeConfig, WebhookConfig)
     bridges: list[Any] = field(default_factory=list)
     webhooks: list[Any] = field(default_factory=list)
+    # Processes serving the same listeners (SO_REUSEPORT), each a node of the cluster on
+    # [cluster] redis (node_id "<node_id>-<n>", data under <data_dir>/worker-<n>): one per core.
+    workers: int = 1
 
     @property
     def store_path(self) -> Path:
@@ -190,7 +215,7 @@ def load(path: str | Path | None) -> Config:
     except OSError as exc:
         raise ConfigError(f"{source}: cannot read: {exc.strerror}") from None
     for key, value in data.items():
-        if key in ("broker", "storage", "security"):
+        if key in ("broker", "storage", "security", "cluster"):
             if not isinstance(value, dict):
                 raise ConfigError(f"{source}: {key}: expected a table [{key}]")
             _fill(getattr(config, key), value, f"{key}.", source)
@@ -211,7 +236,7 @@ def load(path: str | Path | None) -> Config:
             config.log_level = _typed(value, str, f"{source}: {key}")
         elif key == "log_levels":
             config.log_levels = _log_levels(value, source)
-        elif key in ("gc_threshold", "busy_poll_us"):
+        elif key in ("gc_threshold", "busy_poll_us", "workers"):
             setattr(config, key, _typed(value, int, f"{source}: {key}"))
         elif key in ("bridge", "webhook"):
             from .integrations import settings
@@ -222,8 +247,9 @@ def load(path: str | Path | None) -> Config:
                 raise ConfigError(str(exc)) from None
         else:
             raise ConfigError(
-                f"{source}: {key}: unknown key (known: broker, storage, security, listener, "
-                "bridge, webhook, data_dir, log_level, log_levels, gc_threshold, busy_poll_us)"
+                f"{source}: {key}: unknown key (known: broker, storage, security, cluster, "
+                "listener, bridge, webhook, data_dir, log_level, log_levels, gc_threshold, "
+                "busy_poll_us, workers)"
             )
     check(config, source)
     return config
@@ -293,6 +319,59 @@ def check(config: Config, source: str = "command line") -> None:
         config.broker.check()
     except ValueError as exc:
         raise ConfigError(f"{source}: broker.{exc}") from None
+    _check_cluster(config.cluster, f"{source}: cluster")
+    if not 1 <= config.workers <= MAX_WORKERS:
+        raise ConfigError(f"{source}: workers: must be between 1 and {MAX_WORKERS}")
+    if config.workers > 1:
+        if not config.cluster.redis:
+            raise ConfigError(
+                f"{source}: workers: more than 1 needs [cluster] redis (--cluster URL): the "
+                "workers are nodes of one cluster"
+            )
+        for index, listener in enumerate(config.listeners):
+            if not listener.port:
+                raise ConfigError(
+                    f"{source}: listener[{index}].port: 0 (any free port) cannot be shared by "
+                    "workers; give a port"
+                )
+
+
+NODE_ID = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
+
+
+def _check_cluster(cluster: ClusterConfig, where: str) -> None:
+    """The [cluster] values; an empty node_id becomes the host name."""
+    if not cluster.redis:
+        return
+    scheme = cluster.redis.partition("://")[0]
+    if scheme not in ("redis", "rediss", "unix"):
+        raise ConfigError(
+            f"{where}.redis: expected a redis://, rediss:// or unix:// URL, got {scheme!r}"
+        )
+    try:
+        from redis.asyncio.connection import parse_url
+    except ImportError:
+        raise ConfigError(
+            f"{where}.redis: cluster mode needs the redis package "
+            "(pip install 'mqttbroker[cluster]')"
+        ) from None
+    try:
+        parse_url(cluster.redis)
+    except ValueError as exc:
+        raise ConfigError(f"{where}.redis: not a valid Redis URL: {exc}") from None
+    if not cluster.node_id:
+        cluster.node_id = socket.gethostname()
+    if not NODE_ID.fullmatch(cluster.node_id):
+        raise ConfigError(
+            f"{where}.node_id: letters, digits, '-', '_', '.' and ':' only (1 to 100), "
+            f"got {cluster.node_id!r}"
+        )
+    if cluster.stream_max_length < 100:
+        raise ConfigError(f"{where}.stream_max_length: must be at least 100")
+    if not cluster.node_ttl >= 1:
+        raise ConfigError(f"{where}.node_ttl: must be at least 1 (second)")
+    if not cluster.connect_timeout > 0:
+        raise ConfigError(f"{where}.connect_timeout: must be positive")
 
 
 def _check_listener(listener: ListenerConfig, where: str) -> None:

@@ -34,6 +34,7 @@ TOOLS = {
     "needs_openssl": Tool(("openssl",), "apt-get install openssl"),
     "needs_systemd": Tool(("systemd-analyze",), "apt-get install systemd"),
     "needs_chromium": Tool(("chromium",), "apt-get install chromium"),
+    "needs_redis": Tool(("redis-server",), "apt-get install redis-server"),
 }
 
 

@@ -176,6 +176,18 @@ def on_auth(conn: Connection, packet: pk.Auth) -> None:
 def accept(conn: Connection, packet: pk.Connect, auth_props: dict[int, Any] | None) -> None:
     """The client is who it says: take over or create its session and send CONNACK."""
     broker = conn.broker
+    backplane = broker.router.backplane
+    if backplane is not None and not conn.claimed:
+        # A cluster node first takes the client id over: its session may be on another
+        # node, which hands it over. The CONNECT waits (input held) until then.
+        conn.claimed = conn.checking = True
+        conn.to(Event.AUTHENTICATE)
+        backplane.claim(
+            packet.client_id,
+            packet.clean_start,
+            lambda: conn.claim_done(packet, auth_props),
+        )
+        return
     opts = broker.options
     version = conn.version
     v5 = version == MQTT_5

@@ -114,6 +114,7 @@ class Connection:
         "auth_method",
         "held_connect",
         "checking",
+        "claimed",
         "_denials",
         "work",
         "work_pass",
@@ -177,6 +178,7 @@ class Connection:
         self.auth_method: str | None = None
         self.held_connect: pk.Connect | None = None  # held while authenticating
         self.checking = False  # a password check runs off the event loop
+        self.claimed = False  # in a cluster: the client id is this node's now
         self._denials = 0  # PUBLISHes and subscriptions the authorizer refused
         self.work = 0  # packets and deliveries caused by our input in this loop pass
         self.work_pass = -1  # the pass ``work`` counts
@@ -310,19 +312,32 @@ class Connection:
             self.link.resume_reading()
 
     def password_checked(self, code: int) -> None:
-        """The answer of a password check run off the event loop (see connect.on_connect):
-        accepted or refused, then the input held meanwhile is gone through."""
+        """The answer of a password check run off the event loop (see connect.on_connect)."""
         self.checking = False
         packet = self.held_connect
         self.held_connect = None
         if self.state == CLOSED or packet is None:
             return
+        self._resume_connect(packet, None, code)
+
+    def claim_done(self, packet: pk.Connect, auth_props: dict[int, Any] | None) -> None:
+        """In a cluster: this node owns the client id now, the client's session is here if
+        another node had it (see connect.accept)."""
+        self.checking = False
+        if self.state != CLOSED:
+            self._resume_connect(packet, auth_props, 0)
+
+    def _resume_connect(
+        self, packet: pk.Connect, auth_props: dict[int, Any] | None, code: int
+    ) -> None:
+        """Accept a CONNECT whose answer waited (``code``: the password check's), then go
+        through the input the client sent meanwhile."""
         store = self.broker.store
         writes = store.writes
         try:
             if code:
                 raise MQTTError("authentication failed", code)
-            connect.accept(self, packet, None)
+            connect.accept(self, packet, auth_props)
         except MQTTError as exc:
             self.fail(exc)
             return

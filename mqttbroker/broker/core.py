@@ -434,6 +434,9 @@ class Broker:
         waiting out its delay is published now."""
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
+            backplane = self.router.backplane
+            if backplane is not None:
+                backplane.session_ended(session.client_id)
         self._count(session, False)
         self.store.delete_session(session)
         for sub in session.subscriptions.values():

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from ..protocol.errors import MalformedPacket
 from ..protocol.fastpath import encode_topic
+from .backplane import Backplane
 from .message import Message
 from .options import BrokerOptions
 from .retained import RetainedStore
@@ -40,15 +41,30 @@ class Router:
         self._cache_bytes = 0  # what the cached topics take, about
         # Record each message's publisher on it (Message.origin_id): set by webhooks.
         self.track_origin = False
+        self.backplane: Backplane | None = None  # the other nodes of a cluster (None: alone)
+        self.route_counts: dict[str, int] = {}  # with a backplane: subscriptions per filter
 
     def subscribe(self, sub: Subscription) -> bool:
         """Add or replace ``sub``; True if it replaced one (MQTT-3.8.4-3)."""
         self._clear_cache()
-        return self.trie.add(sub)
+        replaced = self.trie.add(sub)
+        if not replaced and self.backplane is not None:
+            count = self.route_counts.get(sub.topic_filter, 0)
+            self.route_counts[sub.topic_filter] = count + 1
+            if not count:
+                self.backplane.route_added(sub.topic_filter)
+        return replaced
 
     def unsubscribe(self, sub: Subscription) -> bool:
         self._clear_cache()
-        return self.trie.remove(sub)
+        removed = self.trie.remove(sub)
+        if removed and self.backplane is not None:
+            count = self.route_counts.pop(sub.topic_filter, 1) - 1
+            if count:
+                self.route_counts[sub.topic_filter] = count
+            else:
+                self.backplane.route_removed(sub.topic_filter)
+        return removed
 
     def _clear_cache(self) -> None:
         self._cache.clear()
@@ -109,6 +125,9 @@ class Router:
             self.retained.store(message)  # and in the durable store
         targets, groups = match
         count = 0
+        backplane = self.backplane
+        if backplane is not None:  # a cluster: other nodes too, and shared groups may be there
+            count, groups = backplane.publish(message, groups, publisher)
         msg_qos = message.qos
         retain = message.retain
         for session, subs in targets:

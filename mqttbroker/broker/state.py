@@ -31,7 +31,7 @@ class State(IntEnum):
 
 
 class Event(IntEnum):
-    AUTHENTICATE = 0  # CONNECT is acceptable so far; its credentials are being checked
+    AUTHENTICATE = 0  # CONNECT acceptable so far; its credentials (or its claim) are checked
     ACCEPT = 1  # the client is who it says: session attached, CONNACK sent
     CLOSE = 2  # DISCONNECT, an error, a refusal, the transport lost, or the server's decision
 
@@ -42,7 +42,12 @@ TRANSITIONS: Final[dict[int, dict[int, int]]] = {
         Event.ACCEPT: CONNECTED,
         Event.CLOSE: CLOSED,
     },
-    AUTHENTICATING: {Event.ACCEPT: CONNECTED, Event.CLOSE: CLOSED},
+    # AUTHENTICATE again: a cluster node claims the client id once the credentials are checked
+    AUTHENTICATING: {
+        Event.AUTHENTICATE: AUTHENTICATING,
+        Event.ACCEPT: CONNECTED,
+        Event.CLOSE: CLOSED,
+    },
     CONNECTED: {Event.CLOSE: CLOSED},
     CLOSED: {},
 }

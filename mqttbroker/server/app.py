@@ -15,6 +15,7 @@ import logging
 import signal
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 from .. import compiled
 from ..broker.core import Broker
@@ -30,6 +31,9 @@ from . import StartError
 from .listeners import Listener, start_listener
 from .polling import BusyPoll
 
+if TYPE_CHECKING:
+    from ..cluster.node import ClusterNode
+
 log = logging.getLogger("mqttbroker")
 
 TICK_SECONDS = 0.5
@@ -40,12 +44,22 @@ class Server:
         self.config = config
         self.security = build_security(config)  # SecurityFileError (a ConfigError) if bad
         self.store = self._make_store(config)
+        cluster_store = None
+        if config.cluster.redis:  # only then is Redis loaded
+            from ..cluster.store import ClusterStore
+
+            self.store = cluster_store = ClusterStore(self.store)
         self.broker = Broker(
             config.broker,
             store=self.store,
             authenticator=self.security.authenticator,
             authorizer=self.security.authorizer,
         )
+        self.cluster: ClusterNode | None = None
+        if cluster_store is not None:
+            from ..cluster.node import ClusterNode
+
+            self.cluster = ClusterNode(config.cluster, self.broker, cluster_store)
         self.sys_tree = SysTree(self.broker, config.broker.sys_interval)
         self.listeners: list[Listener] = []
         self._ticker: asyncio.Task[None] | None = None
@@ -80,11 +94,15 @@ class Server:
             lock = DataDirLock(self.config.data_dir)
             lock.acquire()  # before the store: a second broker never touches the database
             self._lock = lock
+        if self.cluster is not None:
+            await self.cluster.connect()  # before the sessions come back: their routes
         broker.restore(await self.store.load(broker.clock))
         self.integrations = Integrations(broker, self.config)  # they claim their sessions
         self.sys_tree.sources.append(self.integrations.sys_figures)
         broker.restored()  # caps counted, rules applied to what the store put back
         broker.tick()  # expire what expired while the broker was down
+        if self.cluster is not None:
+            await self.cluster.start()
 
         window = self.config.busy_poll_us
         if window:
@@ -101,7 +119,9 @@ class Server:
             broker.offload = self._offloader(loop)
         for index, config in enumerate(self.config.listeners):
             policy = listener_policy(config, self.config.security.allow_anonymous)
-            listener = await start_listener(broker, config, f"listener[{index}]", policy)
+            listener = await start_listener(
+                broker, config, f"listener[{index}]", policy, self.config.workers > 1
+            )
             self.listeners.append(listener)
             self.addresses.extend(listener.addresses)
         self._ticker = asyncio.create_task(self._tick())
@@ -149,6 +169,8 @@ class Server:
         self.broker.shutdown()
         if self.integrations is not None:
             await self.integrations.stop()
+        if self.cluster is not None:
+            await self.cluster.stop()
         await self.store.close()
         if self._lock is not None:
             self._lock.release()

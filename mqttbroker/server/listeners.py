@@ -65,13 +65,18 @@ class Listener:
 
 
 async def start_listener(
-    broker: Broker, listener: ListenerConfig, where: str, policy: ListenerPolicy = OPEN
+    broker: Broker,
+    listener: ListenerConfig,
+    where: str,
+    policy: ListenerPolicy = OPEN,
+    reuse_port: bool = False,
 ) -> Listener:
     """Bind ``listener`` and log "listening on HOST:PORT (MQTT over ...)" for each socket.
     ``where`` names it in configuration and start errors (e.g. ``"listener[1]"``); ``policy``
-    is what the broker is told about each connection it accepts."""
+    is what the broker is told about each connection it accepts; ``reuse_port``: share the
+    port with other processes (SO_REUSEPORT; ``workers``)."""
     try:
-        return await _start_listener(broker, listener, where, policy)
+        return await _start_listener(broker, listener, where, policy, reuse_port)
     except OSError as exc:
         if isinstance(exc, socket.gaierror):
             cause = f"cannot resolve host {listener.host!r}: {exc.strerror}"
@@ -83,7 +88,7 @@ async def start_listener(
 
 
 async def _start_listener(
-    broker: Broker, listener: ListenerConfig, where: str, policy: ListenerPolicy
+    broker: Broker, listener: ListenerConfig, where: str, policy: ListenerPolicy, reuse_port: bool
 ) -> Listener:
     loop = asyncio.get_running_loop()
     context = server_context(listener, where)
@@ -106,7 +111,7 @@ async def _start_listener(
     elif listener.proxy_protocol:
         acceptor = ProxyAcceptor(
             loop,
-            bind(listener.host, listener.port),
+            bind(listener.host, listener.port, reuse_port),
             trusted_networks(listener.proxy_protocol),
             lambda name, address: MQTTProtocol(broker, listener, (name, address), policy),
             context,
@@ -132,6 +137,7 @@ async def _start_listener(
             ssl=context,
             ssl_handshake_timeout=handshake_timeout,
             reuse_address=True,
+            reuse_port=reuse_port or None,
         )
     except BaseException:
         if runner is not None:

@@ -329,9 +329,10 @@ class ProxyAcceptor:
         )
 
 
-def bind(host: str, port: int) -> list[socket.socket]:
+def bind(host: str, port: int, reuse_port: bool = False) -> list[socket.socket]:
     """Listening sockets for ``host``:``port``, one per address it resolves to, as
-    ``loop.create_server`` binds them (SO_REUSEADDR; IPv6 sockets IPv6 only)."""
+    ``loop.create_server`` binds them (SO_REUSEADDR, and SO_REUSEPORT with ``reuse_port``; IPv6
+    sockets IPv6 only)."""
     sockets: list[socket.socket] = []
     try:
         seen = set()
@@ -347,6 +348,8 @@ def bind(host: str, port: int) -> list[socket.socket]:
                 continue
             sockets.append(sock)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if reuse_port:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             if family == socket.AF_INET6:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             sock.bind(address)

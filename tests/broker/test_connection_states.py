@@ -4,12 +4,14 @@ answers a packet its state does not accept as that state says."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from support.harness import METHOD, Harness, Offload, Prop, ToyAuthenticator, pk
 
 from mqttbroker.broker import state as st
+from mqttbroker.broker.backplane import Backplane
 from mqttbroker.protocol.packets import PacketType
 
 ALL_STATES = (st.AWAIT_CONNECT, st.AUTHENTICATING, st.CONNECTED, st.CLOSED)
@@ -92,7 +94,32 @@ def test_a_connection_walks_every_transition(ha: Harness) -> None:
         lambda: checked.send(pk.Connect(client_id="c", username="alice", password=b"secret")),
     )
     step(checked, st.Event.ACCEPT, offload.run_all)
+    # a cluster node claims the client id before CONNACK, after the password check too
+    claims = ha.broker.router.backplane = _Claims()
+    claimed = ha.client()
+    step(
+        claimed,
+        st.Event.AUTHENTICATE,
+        lambda: claimed.send(pk.Connect(client_id="k", username="alice", password=b"secret")),
+    )
+    step(claimed, st.Event.AUTHENTICATE, offload.run_all)  # checked: now the claim
+    step(claimed, st.Event.ACCEPT, claims.grant_all)
     assert walked == {(s, e) for s, events in st.TRANSITIONS.items() for e in events}
+
+
+class _Claims(Backplane):
+    """A cluster's backplane that grants each claim when the test says so."""
+
+    def __init__(self) -> None:
+        self.pending: list[Callable[[], None]] = []
+
+    def claim(self, client_id: str, clean_start: bool, done: Callable[[], None]) -> None:
+        self.pending.append(done)
+
+    def grant_all(self) -> None:
+        pending, self.pending = self.pending, []
+        for done in pending:
+            done()
 
 
 def test_each_state_answers_a_packet_it_does_not_accept(ha: Harness) -> None:

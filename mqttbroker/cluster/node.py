@@ -1,0 +1,689 @@
+"""One node's link to the cluster: the broker's backplane on Redis.
+
+Redis keys (``mqttbroker:`` prefix):
+
+- ``node:<id>``: the node's lease (a random token, expiring after ``node_ttl`` unless renewed);
+  a second node with the same id finds it taken and does not start.
+- ``nodes``: the ids of every node that ever joined; ``routes:<id>``: a hash of that node's topic
+  filters (value: its subscriptions to the filter when last written).
+- ``stream:<id>``: the QoS 1/2 messages for node ``<id>`` (consumer group ``deliver``), trimmed
+  to about ``stream_max_length`` entries; an entry holds the messages for that node of one write
+  (up to about 64 KiB of them).
+- ``retained``: a hash of every retained message (topic -> MQTT 5 PUBLISH).
+- ``client:<client id>``: the node that owns the client id (set when its CONNECT is accepted,
+  removed when its session ends there); ``handover:<token>``: a session on its way (handover.py).
+
+Channels: ``routes`` (``+<id>\\0<filter>`` and ``-<id>\\0<filter>``: a node's first subscription
+to a filter and the end of its last), ``pub:<id>`` (QoS 0 messages for node ``<id>``),
+``retained`` (``<id>\\0<PUBLISH>``: a retained message set or cleared), ``ctl:<id>`` (requests to
+node ``<id>``: hand a session over).
+
+A message crosses nodes as an MQTT 5 PUBLISH (the encoding the broker has anyway), and only to the
+nodes whose filters match its topic, framed with what it is for there (``_arrived_one``). All
+writes go through one task, in order, pipelined: one round trip per batch whatever its size, and
+the messages of a batch for one node travel as one stream entry (QoS 1/2) or one pub/sub message
+(QoS 0).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit, urlunsplit
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError, ResponseError
+
+from ..broker.backplane import Backplane
+from ..broker.message import Message
+from ..protocol import fastpath
+from ..protocol.errors import MQTTError
+from ..protocol.packets import MQTT_5
+from ..protocol.reasons import ReasonCode
+from ..server import StartError
+from .handover import forget, restore, serialise
+from .routes import RouteTable
+from .store import ClusterStore
+
+if TYPE_CHECKING:
+    from ..broker.core import Broker
+    from ..broker.session import Session
+    from ..broker.topics import SharedGroup
+    from ..config import ClusterConfig
+
+log = logging.getLogger("mqttbroker.cluster")
+
+PREFIX = "mqttbroker:"
+GROUP = "deliver"
+ROUTES = PREFIX + "routes"
+RETAINED = PREFIX + "retained"
+READ_COUNT = 512  # stream entries read at once
+RETRY_SECONDS = 0.5  # between tries while Redis is unreachable
+
+# QoS 0 copies for other nodes that may wait for one write to Redis; past it they are dropped
+# (QoS 0 is at most once), so a node publishing faster than Redis takes keeps its memory.
+MAX_QOS0_WAITING = 100_000
+ENTRY_BYTES = 65536  # messages for one node share a stream entry (or pub/sub message) up to this
+HANDOVER_SECONDS = 5.0  # how long a node waits for another to hand a session over
+
+# Writes, in the order they were asked for.
+_XADD, _PUB, _ROUTE, _RETAIN, _XACK, _REPLY, _RELEASE = range(7)
+
+_RELEASE_SCRIPT = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 2 end
+return 0
+"""
+
+
+def redacted(url: str) -> str:
+    """``url`` without its password, as logs and errors show it."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def decode(data: bytes, now: float) -> Message:
+    """A message as it crossed from another node (an MQTT 5 PUBLISH); MQTTError if it is not
+    one."""
+    found = fastpath.read_fixed_header(data, 0, len(data))
+    if found is None or found[0] + found[1] != len(data) or data[0] >> 4 != 3:
+        raise MQTTError("not a PUBLISH packet")
+    length, pos = found
+    packet = fastpath.decode_publish(data[0] & 0x0F, data, pos, pos + length, MQTT_5)
+    topic = packet.topic
+    return Message.received(
+        topic,
+        fastpath.encode_topic(topic),
+        packet.payload,
+        packet.qos,
+        packet.retain,
+        packet.properties or None,
+        now,
+    )
+
+
+def pack(frames: list[bytes], limit: int = ENTRY_BYTES) -> list[bytes]:
+    """``frames`` as entries of at most about ``limit`` bytes, each frame after its length (4
+    bytes, big-endian): one Redis entry carries many messages."""
+    entries: list[bytes] = []
+    parts: list[bytes] = []
+    size = 0
+    for frame in frames:
+        if parts and size + len(frame) > limit:
+            entries.append(b"".join(parts))
+            parts, size = [], 0
+        parts.append(len(frame).to_bytes(4, "big"))
+        parts.append(frame)
+        size += 4 + len(frame)
+    if parts:
+        entries.append(b"".join(parts))
+    return entries
+
+
+def encode(message: Message, now: float) -> bytes:
+    qos = message.qos
+    return message.encode(MQTT_5, qos, message.retain, False, 1 if qos else None, (), now)
+
+
+class ClusterNode(Backplane):
+    def __init__(self, config: ClusterConfig, broker: Broker, store: ClusterStore) -> None:
+        self.config = config
+        self.node_id = config.node_id
+        self.url = redacted(config.redis)
+        self.broker = broker
+        self.router = broker.router
+        self.store = store
+        store.redis_pending = self._unconfirmed_forwards
+        # (typed Any: redis-py's types do not know that responses are bytes here)
+        self.redis: Any = aioredis.Redis.from_url(
+            config.redis, socket_connect_timeout=config.connect_timeout
+        )
+        self.routes = RouteTable(broker.options.match_cache_size)
+        self.token = secrets.token_hex(16)
+        self._lease_key = f"{PREFIX}node:{self.node_id}"
+        self._routes_key = f"{PREFIX}routes:{self.node_id}"
+        self._stream_key = self.stream_key(self.node_id)
+        self._control = f"{PREFIX}ctl:{self.node_id}"
+        self._claims: set[asyncio.Task[None]] = set()
+        self._turns: dict[str, int] = {}  # shared subscription -> messages it got from here
+        self._ops: list[tuple[int, str, Any]] = []
+        self._unconfirmed = 0  # forwards queued or sent, not yet confirmed by Redis
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._pubsub: Any = None
+        self._down = False  # in an episode of Redis being unreachable
+        self._leased = False
+        self._qos0_waiting = 0  # QoS 0 copies queued for the next write
+        self._dropping = False  # dropping QoS 0 copies (logged once until they flow again)
+
+    @staticmethod
+    def stream_key(node_id: str) -> str:
+        return f"{PREFIX}stream:{node_id}"
+
+    def _unconfirmed_forwards(self) -> bool:
+        return self._unconfirmed > 0
+
+    # -- start and stop ---------------------------------------------------------------------
+
+    async def connect(self) -> None:
+        """Reach Redis, take this node's lease, forget the routes of this node's previous run;
+        StartError names the key when that fails. Then the broker may attach the backplane and
+        restore its sessions (their subscriptions become this node's routes)."""
+        try:
+            await self.redis.ping()
+        except (RedisError, OSError) as exc:
+            raise StartError(f"cluster.redis: cannot reach Redis at {self.url}: {exc}") from None
+        try:
+            taken = await self.redis.set(
+                self._lease_key, self.token, nx=True, px=int(self.config.node_ttl * 1000)
+            )
+            if not taken:
+                raise StartError(
+                    f"cluster.node_id: node {self.node_id!r} is already running on {self.url} "
+                    f"(a node that stopped without leaving holds it for up to "
+                    f"{self.config.node_ttl:g} s); give each node its own node_id"
+                )
+            self._leased = True
+            await self._prepare()
+        except RedisError as exc:
+            raise StartError(f"cluster.redis: Redis at {self.url} refused: {exc}") from None
+        self.router.backplane = self
+
+    async def _prepare(self) -> None:
+        """This node's entries as they must be before it routes: registered, routes rewritten
+        from the router's, its stream's consumer group there."""
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.sadd(PREFIX + "nodes", self.node_id)
+        pipe.delete(self._routes_key)
+        counts = self.router.route_counts
+        if counts:
+            pipe.hset(self._routes_key, mapping=dict(counts))
+        await pipe.execute()
+        try:
+            await self.redis.xgroup_create(self._stream_key, GROUP, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    async def start(self) -> None:
+        """Listen to the other nodes, read their routes and the retained messages, and start
+        the tasks that write, read this node's stream and renew the lease."""
+        try:
+            self._pubsub = self.redis.pubsub()
+            await self._pubsub.subscribe(
+                ROUTES, RETAINED, f"{PREFIX}pub:{self.node_id}", self._control
+            )
+            await self._owned_sessions()
+            await self._resync()
+        except RedisError as exc:
+            raise StartError(f"cluster.redis: Redis at {self.url} failed: {exc}") from None
+        for work in (self._write_loop, self._listen, self._read_stream, self._renew):
+            self._tasks.append(asyncio.create_task(work()))
+        log.info(
+            "cluster node %r on Redis %s: %d other nodes with routes",
+            self.node_id,
+            self.url,
+            len(self.routes.filters),
+        )
+
+    async def _owned_sessions(self, chunk: int = 1000) -> None:
+        """The sessions this node's store put back that another node took over while this one
+        was down are not this node's any more: forgotten here (their wills and expiry happen
+        there, once). Those no node owns become this node's."""
+        broker = self.broker
+        sessions = list(broker.sessions.values())
+        moved = 0
+        for start in range(0, len(sessions), chunk):
+            part = sessions[start : start + chunk]
+            pipe = self.redis.pipeline(transaction=False)
+            for session in part:
+                pipe.set(f"{PREFIX}client:{session.client_id}", self.node_id, nx=True, get=True)
+            for session, owner in zip(part, await pipe.execute(), strict=True):
+                if owner is not None and owner.decode() != self.node_id:
+                    forget(broker, session)
+                    moved += 1
+        if moved:
+            log.info("cluster: %d stored sessions were taken over by other nodes meanwhile", moved)
+
+    async def _resync(self) -> None:
+        """The other nodes' routes, and the retained messages (those here and not in Redis
+        are written there: a Redis that lost its data gets them back)."""
+        nodes = [n.decode() for n in await self.redis.smembers(PREFIX + "nodes")]
+        for node in nodes:
+            if node != self.node_id:
+                filters = await self.redis.hkeys(f"{PREFIX}routes:{node}")
+                self.routes.replace(node, {f.decode() for f in filters})
+        stored: dict[bytes, bytes] = await self.redis.hgetall(RETAINED)
+        now = self.broker.clock()
+        retained = self.router.retained
+        for data in stored.values():
+            self._retained_arrived(data, now)
+        missing = {m.topic: encode(m, now) for m in retained if m.topic.encode() not in stored}
+        if missing:
+            await self.redis.hset(RETAINED, mapping=missing)
+
+    async def stop(self, timeout: float = 2.0) -> None:
+        """Send what is waiting (routes of sessions that ended at shutdown among it), then
+        leave: the lease goes, the routes of persistent sessions stay (their messages wait in
+        this node's stream until it is back)."""
+        if self._tasks:
+            writer = self._tasks[0]
+            self._wake.set()
+            deadline = asyncio.get_running_loop().time() + timeout
+            while (self._ops or self.store.redis_waiters) and not writer.done():
+                if asyncio.get_running_loop().time() > deadline:
+                    log.warning("cluster: %d writes to Redis not sent at stop", len(self._ops))
+                    break
+                await asyncio.sleep(0.01)
+        tasks = [*self._tasks, *self._claims]
+        for task in tasks:
+            task.cancel()
+        if tasks:  # bounded: a Redis call that does not give way to cancelling holds no stop
+            await asyncio.wait(tasks, timeout=timeout)
+        self._tasks = []
+        try:
+            async with asyncio.timeout(timeout):
+                await self._leave()
+        except (RedisError, OSError, TimeoutError):
+            pass
+
+    async def _leave(self) -> None:
+        """The lease given back (so that this node_id may start again at once), connections
+        closed."""
+        if self._leased:
+            await self.redis.eval(_RELEASE_SCRIPT, 1, self._lease_key, self.token)
+        if self._pubsub is not None:
+            await self._pubsub.aclose()
+        await self.redis.aclose()
+
+    # -- the backplane ----------------------------------------------------------------------
+
+    def publish(
+        self, message: Message, groups: list[SharedGroup], publisher: Session | None
+    ) -> tuple[int, list[SharedGroup]]:
+        """A message published on this node: to each other node with matching filters, and
+        for each matching shared subscription to one node with members of it, in turn (this
+        one among them). One without a publisher (from another node, or this node's $SYS
+        counters) stays here."""
+        if publisher is None:
+            return 0, groups
+        now = self.broker.clock()
+        if message.retain:
+            self._queue(_RETAIN, message.topic, (encode(message, now), not message.payload))
+        plain, shares = self.routes.match(message.topic)
+        if not plain and not shares:
+            return 0, groups
+        chosen: dict[str, list[str]] = {}  # node -> the shared subscriptions it serves
+        if shares:
+            me = self.node_id
+            local = {g.members[0].topic_filter: g for g in groups if g.members}
+            turns = self._turns
+            for share, nodes in shares.items():
+                candidates = (*nodes, me) if share in local else nodes
+                turn = turns.get(share, 0)
+                turns[share] = turn + 1
+                node = candidates[turn % len(candidates)]
+                if node != me:
+                    chosen.setdefault(node, []).append(share)
+                    local.pop(share, None)  # its turn is elsewhere
+            groups = list(local.values())
+        targets = set(plain).union(chosen)
+        qos = message.qos
+        if not qos:
+            if self._qos0_waiting >= MAX_QOS0_WAITING:  # Redis (or the writer) is behind
+                if not self._dropping:
+                    self._dropping = True
+                    log.warning(
+                        "cluster: QoS 0 messages for other nodes dropped: %d wait for Redis "
+                        "already (logged once until they flow again)",
+                        MAX_QOS0_WAITING,
+                    )
+                return 0, groups
+            self._qos0_waiting += len(targets)
+        packet = encode(message, now)
+        for node in targets:
+            header = b"1" if node in plain else b"0"
+            data = header + "\x1f".join(chosen.get(node, ())).encode() + b"\0" + packet
+            self._queue(_XADD if qos else _PUB, node, data)
+        if qos:
+            self._unconfirmed += len(targets)
+            self.store.forwards += 1  # the publisher's acknowledgement waits for Redis
+        return len(targets), groups
+
+    def route_added(self, topic_filter: str) -> None:
+        """A write like a forward: the SUBACK waits until Redis has told the other nodes, so
+        a message published anywhere after it reaches the new subscriber."""
+        self._queue(_ROUTE, topic_filter, None)
+        self._unconfirmed += 1
+        self.store.forwards += 1
+
+    def route_removed(self, topic_filter: str) -> None:
+        self._queue(_ROUTE, topic_filter, None)
+        self._unconfirmed += 1
+        self.store.forwards += 1
+
+    def claim(self, client_id: str, clean_start: bool, done: Callable[[], None]) -> None:
+        task = asyncio.ensure_future(self._claim(client_id, clean_start, done))
+        self._claims.add(task)
+        task.add_done_callback(self._claims.discard)
+
+    async def _claim(self, client_id: str, clean_start: bool, done: Callable[[], None]) -> None:
+        """Own ``client_id``; if another live node owned it, it hands the session over (or
+        drops it, on Clean Start) and closes the client's connection there (0x8E)."""
+        key = f"{PREFIX}client:{client_id}"
+        try:
+            previous = await self.redis.set(key, self.node_id, get=True)
+            old = previous.decode() if previous is not None else self.node_id
+            if old != self.node_id and await self.redis.exists(f"{PREFIX}node:{old}"):
+                reply = f"{PREFIX}handover:{secrets.token_hex(8)}"
+                request = json.dumps({"client": client_id, "reply": reply, "clean": clean_start})
+                if await self.redis.publish(f"{PREFIX}ctl:{old}", request):
+                    answer = await self.redis.blpop([reply], timeout=HANDOVER_SECONDS)
+                    if answer is None:
+                        log.warning(
+                            "cluster: client %s: node %r did not hand its session over within "
+                            "%g s; a new session starts here",
+                            client_id,
+                            old,
+                            HANDOVER_SECONDS,
+                        )
+                    elif answer[1]:
+                        restore(self.broker, client_id, answer[1])
+                        log.info(
+                            "cluster: client %s: session taken over from node %r", client_id, old
+                        )
+        except (RedisError, OSError) as exc:
+            log.warning(
+                "cluster: client %s: owner not checked, Redis failed (%s); served here",
+                client_id,
+                exc,
+            )
+        except MQTTError as exc:
+            log.warning("cluster: client %s: %s; a new session starts here", client_id, exc)
+        # The session's routes (if it came from another node) are in Redis before the CONNACK.
+        self.store.after_commit(done)
+
+    def _hand_over(self, data: bytes) -> None:
+        """Another node took a client over: close its connection here (0x8E) and send its
+        session there (nothing on Clean Start: it ends here)."""
+        try:
+            request = json.loads(data)
+            client_id, reply, clean = request["client"], request["reply"], request["clean"]
+        except (ValueError, KeyError, TypeError):
+            log.warning("cluster: control request not readable, ignored")
+            return
+        broker = self.broker
+        answer = b""
+        session = broker.sessions.get(client_id)
+        if session is not None and session.connection is not None:
+            session.connection.disconnect(
+                ReasonCode.SESSION_TAKEN_OVER, "another node took over the session"
+            )
+            session = broker.sessions.get(client_id)  # gone if its expiry was 0
+        if session is not None:
+            now = broker.clock()
+            if clean:
+                broker.end_session(session, now)
+            else:
+                answer = serialise(session, now)
+                forget(broker, session)
+        self._queue(_REPLY, reply, answer)
+
+    def session_ended(self, client_id: str) -> None:
+        self._queue(_RELEASE, client_id, None)
+
+    def _queue(self, kind: int, name: str, data: Any) -> None:
+        if not self._ops:
+            self._wake.set()
+        self._ops.append((kind, name, data))
+
+    # -- writing ----------------------------------------------------------------------------
+
+    async def _write_loop(self) -> None:
+        store = self.store
+        while True:
+            if not self._down:
+                await self._wake.wait()
+            self._wake.clear()
+            while self._ops or store.redis_waiters:
+                ops, self._ops = self._ops, []
+                self._qos0_waiting = 0
+                self._dropping = False
+                waiters, store.redis_waiters = store.redis_waiters, []
+                forwards = sum(1 for op in ops if op[0] in (_XADD, _ROUTE))
+                while True:
+                    try:
+                        await self._send(ops)
+                        break
+                    except (RedisError, OSError) as exc:
+                        self._lost(exc)
+                        ops = [op for op in ops if op[0] != _PUB]  # QoS 0: at most once
+                        await asyncio.sleep(RETRY_SECONDS)
+                self._unconfirmed -= forwards
+                store.redis_done(waiters)
+            if self._down:
+                await self._back()
+                if self._down:
+                    await asyncio.sleep(RETRY_SECONDS)
+
+    async def _send(self, ops: list[tuple[int, str, Any]]) -> None:
+        if not ops:
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        me = self.node_id
+        maxlen = self.config.stream_max_length
+        counts = self.router.route_counts
+        routed: set[str] = set()
+        streams: dict[str, list[bytes]] = {}  # node -> its QoS 1/2 frames in this batch
+        channels: dict[str, list[bytes]] = {}  # node -> its QoS 0 frames
+        for kind, name, data in ops:
+            if kind == _XADD:
+                streams.setdefault(name, []).append(data)
+            elif kind == _PUB:
+                channels.setdefault(name, []).append(data)
+            elif kind == _ROUTE:
+                if name in routed:
+                    continue
+                routed.add(name)
+                count = counts.get(name, 0)
+                if count:
+                    pipe.hset(self._routes_key, name, count)
+                    pipe.publish(ROUTES, f"+{me}\0{name}")
+                else:
+                    pipe.hdel(self._routes_key, name)
+                    pipe.publish(ROUTES, f"-{me}\0{name}")
+            elif kind == _RETAIN:
+                packet, cleared = data
+                if cleared:
+                    pipe.hdel(RETAINED, name)
+                else:
+                    pipe.hset(RETAINED, name, packet)
+                pipe.publish(RETAINED, me.encode() + b"\0" + packet)
+            elif kind == _XACK:
+                pipe.xack(self._stream_key, GROUP, *data)
+            elif kind == _REPLY:
+                pipe.rpush(name, data)
+                pipe.expire(name, 60)
+            elif name not in self.broker.sessions:  # _RELEASE: not if it is back already
+                pipe.eval(_RELEASE_SCRIPT, 1, f"{PREFIX}client:{name}", me)
+        # The messages for one node go as few entries (or pub/sub messages) as their size allows.
+        for node, frames in streams.items():
+            key = self.stream_key(node)
+            for entry in pack(frames):
+                pipe.xadd(key, {"m": entry}, maxlen=maxlen, approximate=True)
+        for node, frames in channels.items():
+            channel = f"{PREFIX}pub:{node}"
+            for entry in pack(frames):
+                pipe.publish(channel, entry)
+        await pipe.execute()
+
+    def _lost(self, exc: BaseException) -> None:
+        if not self._down:
+            self._down = True
+            self._wake.set()  # the writer resynchronises once Redis answers
+            log.warning(
+                "cluster: Redis at %s unreachable (%s): local traffic goes on, messages for "
+                "other nodes wait (QoS 0 ones are dropped) until it is back",
+                self.url,
+                exc,
+            )
+
+    async def _back(self) -> None:
+        """Redis answers again: put this node's entries back (a restarted Redis may have lost
+        them) and read the others' again."""
+        try:
+            await self.redis.set(
+                self._lease_key, self.token, nx=True, px=int(self.config.node_ttl * 1000)
+            )
+            await self._prepare()
+            await self._resync()
+        except (RedisError, OSError) as exc:
+            log.debug("cluster: resync failed: %s", exc)
+            return
+        self._down = False
+        log.warning("cluster: Redis at %s reachable again; routes resynchronised", self.url)
+
+    # -- reading ----------------------------------------------------------------------------
+
+    async def _listen(self) -> None:
+        """Route changes, QoS 0 messages for this node, retained messages."""
+        pubsub = self._pubsub
+        me = self.node_id
+        while True:
+            try:
+                msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+            except (RedisError, OSError) as exc:
+                self._lost(exc)
+                await asyncio.sleep(RETRY_SECONDS)
+                continue
+            if msg is None:
+                continue
+            channel = msg["channel"].decode()
+            data: bytes = msg["data"]
+            if channel == ROUTES:
+                node, _, topic_filter = data[1:].decode().partition("\0")
+                if node == me:
+                    continue
+                if data[:1] == b"+":
+                    self.routes.add(node, topic_filter)
+                else:
+                    self.routes.remove(node, topic_filter)
+            elif channel == self._control:
+                self._hand_over(data)
+            elif channel == RETAINED:
+                node_bytes, _, packet = data.partition(b"\0")
+                if node_bytes.decode() != me:
+                    self._retained_arrived(packet, self.broker.clock())
+            else:
+                self._arrived(data)
+
+    def _retained_arrived(self, data: bytes, now: float) -> None:
+        try:
+            message = decode(data, now)
+        except MQTTError as exc:
+            log.warning("cluster: retained message from Redis not readable: %s", exc)
+            return
+        self.router.retained.store(message)
+
+    def _arrived(self, data: bytes) -> None:
+        """Messages from another node: an entry of frames (see :func:`pack`)."""
+        pos = 0
+        end = len(data)
+        while pos + 4 <= end:
+            size = int.from_bytes(data[pos : pos + 4], "big")
+            self._arrived_one(data[pos + 4 : pos + 4 + size])
+            pos += 4 + size
+
+    def _arrived_one(self, data: bytes) -> None:
+        """A message from another node, framed as ``<1 or 0><shares>\\0<PUBLISH>``: routed to
+        this node's plain subscribers if the first byte is 1, and to those of its shared groups
+        named (separated by 0x1F) whose turn it is here."""
+        now = self.broker.clock()
+        header, _, packet = data.partition(b"\0")
+        try:
+            message = decode(packet, now)
+        except MQTTError as exc:
+            log.warning("cluster: message from Redis not readable, skipped: %s", exc)
+            return
+        match = self.router.lookup(message.topic)
+        if match is None:
+            return
+        targets, groups = match
+        shares = set(header[1:].decode().split("\x1f")) if len(header) > 1 else set()
+        self.router.publish(
+            message,
+            (
+                targets if header[:1] == b"1" else [],
+                [g for g in groups if g.members and g.members[0].topic_filter in shares],
+            ),
+            None,
+            now,
+        )
+
+    async def _read_stream(self) -> None:
+        """QoS 1/2 messages for this node: those a previous run read and did not acknowledge
+        first, then new ones. Each batch is acknowledged (XACK) once the store has committed
+        what its delivery changed."""
+        last = "0"
+        key = self._stream_key
+        while True:
+            try:
+                found: Any = await self.redis.xreadgroup(
+                    GROUP,
+                    self.node_id,
+                    {key: last},
+                    count=READ_COUNT,
+                    block=None if last != ">" else 1000,
+                )
+            except (RedisError, OSError) as exc:
+                # Redis may have handed entries over without the answer reaching us: read this
+                # node's pending entries again first (a message may come twice, none is lost).
+                last = "0"
+                if not isinstance(exc, ResponseError) or "NOGROUP" in str(exc):
+                    self._lost(exc)  # (NOGROUP: Redis restarted without persistence)
+                await asyncio.sleep(RETRY_SECONDS)
+                continue
+            entries = found[0][1] if found else []
+            if not entries:
+                last = ">"  # the previous run's are done
+                continue
+            ids = []
+            for entry_id, fields in entries:
+                ids.append(entry_id)
+                if fields:  # None: trimmed away while pending
+                    self._arrived(fields[b"m"])
+            if last != ">":
+                last = entries[-1][0].decode()
+            self.store.after_commit(partial(self._queue, _XACK, "", ids))
+            await asyncio.sleep(0)  # let the deliveries flush before the next read
+
+    async def _renew(self) -> None:
+        ttl_ms = int(self.config.node_ttl * 1000)
+        while True:
+            await asyncio.sleep(self.config.node_ttl / 3)
+            try:
+                kept = await self.redis.eval(_RENEW, 1, self._lease_key, self.token, ttl_ms)
+            except (RedisError, OSError) as exc:
+                self._lost(exc)
+                continue
+            if not kept:
+                log.error(
+                    "cluster.node_id: the lease of node %r is held by another process; two "
+                    "nodes with one node_id lose messages",
+                    self.node_id,
+                )

@@ -1,0 +1,508 @@
+"""Cluster mode on a real redis-server: start errors, routes, QoS 0 and QoS 1/2 across nodes,
+retained messages shared, Redis restarted during traffic."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import MQTT_5, PahoClient, unique
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+pytestmark = pytest.mark.needs_redis
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+def client(node, **kw) -> PahoClient:
+    c = PahoClient(node.host, node.port, MQTT_5, **kw)
+    c.connect()
+    return c
+
+
+def routes_in(redis_server, node_id: str) -> set[str]:
+    r = redis_server.client()
+    try:
+        return {f.decode() for f in r.hkeys(f"mqttbroker:routes:{node_id}")}
+    finally:
+        r.close()
+
+
+def wait_for(predicate, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def until_routed(pub: PahoClient, sub: PahoClient, topic: str) -> None:
+    """Route changes reach the other nodes through Redis, a moment after the SUBACK: publish
+    probes (QoS 0) until ``sub`` gets one, so ``pub``'s node has the route."""
+
+    def probed() -> bool:
+        pub.publish(topic, b"probe")
+        time.sleep(0.05)
+        return any(m.payload == b"probe" for m in sub.received())
+
+    wait_for(probed, f"the route of {topic!r} to reach the publisher's node")
+
+
+def payloads(c: PahoClient) -> list[bytes]:
+    return [m.payload for m in c.received() if m.payload != b"probe"]
+
+
+# -- (1) start errors -----------------------------------------------------------------------
+
+
+def test_a_url_that_is_not_redis_is_a_config_error_naming_the_key(start_broker) -> None:
+    node = start_broker(extra_args=("--cluster", "http://127.0.0.1:6379"), wait=False)
+    assert node.wait_exit() == 2
+    assert "cluster.redis: expected a redis://" in node.log_text()
+
+
+def test_an_unreachable_redis_stops_the_start_naming_the_key(start_node) -> None:
+    from conftest import free_port
+
+    node = start_node("a", url=f"redis://127.0.0.1:{free_port()}/0", wait=False)
+    assert node.wait_exit(20) == 2
+    text = node.log_text()
+    assert "cannot start: cluster.redis: cannot reach Redis at redis://127.0.0.1:" in text, text
+
+
+def test_a_second_node_with_the_same_node_id_is_refused(start_node) -> None:
+    first = start_node("same")
+    second = start_node("same", wait=False)
+    assert second.wait_exit(20) == 2
+    assert "cluster.node_id: node 'same' is already running" in second.log_text()
+    assert first.returncode is None  # the first one serves on
+    c = client(first)
+    c.close()
+
+
+def test_without_cluster_redis_is_never_imported() -> None:
+    code = (
+        "import sys; from mqttbroker.config import Config; from mqttbroker.server.app import "
+        "Server; Server(Config()); assert 'redis' not in sys.modules, 'redis imported'"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60, capture_output=True
+    )
+
+
+# -- (2) routes, QoS 0 ----------------------------------------------------------------------
+
+
+def test_qos0_reaches_the_node_with_a_subscriber_and_no_other(redis_server, start_node) -> None:
+    a = start_node("a")
+    b = start_node("b")
+    start_node("c")  # a node without subscribers: nothing may go to it
+    # What crosses to each node's QoS 0 channel, seen from Redis.
+    watcher = redis_server.client().pubsub()
+    watcher.psubscribe("mqttbroker:pub:*")
+    watcher.get_message(timeout=5)  # the psubscribe confirmation
+    topic = unique("q0")
+    sub = client(b)
+    sub.subscribe(f"{topic}/+")
+    pub = client(a)
+    until_routed(pub, sub, f"{topic}/x")
+    for i in range(5):
+        pub.publish(f"{topic}/x", f"m{i}".encode())
+    wait_for(lambda: len(payloads(sub)) == 5, "5 messages")
+    assert payloads(sub) == [f"m{i}".encode() for i in range(5)]
+    channels = set()
+    while (msg := watcher.get_message(timeout=0.5)) is not None:
+        channels.add(msg["channel"].decode())
+    assert channels == {"mqttbroker:pub:b"}  # not to c, which has no subscriber
+    # Unsubscribed: the route goes, and nothing crosses any more.
+    sub.unsubscribe(f"{topic}/+")
+    wait_for(lambda: not routes_in(redis_server, "b"), "the route removed")
+    pub.publish(f"{topic}/x", b"late")
+    sub.sync()
+    assert watcher.get_message(timeout=0.5) is None
+    for x in (pub, sub):
+        x.close()
+    watcher.close()
+
+
+# -- (3) QoS 1/2 through the streams --------------------------------------------------------
+
+
+def test_qos1_and_qos2_cross_nodes_and_wait_in_the_stream_while_the_node_is_down(
+    start_node, tmp_path: Path
+) -> None:
+    a = start_node("a")
+    b_data = tmp_path / "b-data"
+    b = start_node("b", data_dir=b_data, memory=False)
+    topic = unique("q1")
+    sub = PahoClient(b.host, b.port, MQTT_5, client_id=unique("persist"))
+    props = Properties(PacketTypes.CONNECT)
+    props.SessionExpiryInterval = 3600
+    sub.connect_properties = props
+    sub.connect()
+    sub.subscribe(topic, qos=2)
+    pub = client(a)
+    until_routed(pub, sub, topic)
+    # Live: QoS 1 and 2 arrive, once each.
+    info = pub.publish(topic, b"one", qos=1)
+    assert pub.acked[info.mid] == 0  # not 0x10: b has a matching subscriber
+    pub.publish(topic, b"two", qos=2)
+    wait_for(lambda: payloads(sub) == [b"one", b"two"], "the QoS 1 and 2 messages")
+    assert {m.qos for m in sub.received() if m.payload != b"probe"} == {1, 2}
+    # b stops (its persistent session's route stays in Redis); a goes on accepting for it.
+    sub.close()
+    b.stop()
+    for i in range(50):
+        info = pub.publish(topic, f"m{i}".encode(), qos=1)
+        assert pub.acked[info.mid] == 0  # acknowledged: in b's stream
+    b2 = start_node("b", data_dir=b_data, memory=False)
+    again = PahoClient(b2.host, b2.port, MQTT_5, client_id=sub.client_id, clean=False)
+    again.connect_properties = props
+    again.connect()
+    assert again.connack is not None and again.connack[1]  # session present
+    wait_for(lambda: len(payloads(again)) >= 50, "the 50 queued messages", timeout=20)
+    assert payloads(again) == [f"m{i}".encode() for i in range(50)]
+    again.close()
+    pub.close()
+
+
+# -- (5) retained messages ------------------------------------------------------------------
+
+
+def retained_on(node, topic_filter: str, payload: bytes | None) -> None:
+    """Subscribe on ``node`` until its retained message for ``topic_filter`` is ``payload``
+    (None: no retained message)."""
+
+    def check() -> bool:
+        c = client(node)
+        try:
+            c.subscribe(topic_filter)
+            c.sync()
+            got = [m.payload for m in c.received() if m.retain]
+        finally:
+            c.close()
+        return got == ([] if payload is None else [payload])
+
+    wait_for(check, f"retained {payload!r} on {node}")
+
+
+def test_a_retained_message_set_on_one_node_is_seen_on_the_others(start_node) -> None:
+    a = start_node("a")
+    b = start_node("b")
+    topic = unique("retained")
+    pub = client(a)
+    pub.publish(topic, b"kept", qos=1, retain=True)
+    retained_on(b, topic, b"kept")  # b was running: told through Redis
+    c = start_node("c")
+    retained_on(c, topic, b"kept")  # c started later: read from Redis at start
+    pub.publish(topic, b"", qos=1, retain=True)  # cleared on a: cleared everywhere
+    retained_on(b, topic, None)
+    retained_on(c, topic, None)
+    pub.close()
+
+
+# -- (8) Redis down -------------------------------------------------------------------------
+
+
+def test_redis_restarted_during_qos1_traffic_loses_no_acknowledged_message(
+    tmp_path: Path, start_broker
+) -> None:
+    from conftest import RedisServer
+
+    directory = tmp_path / "redis-aof"
+    directory.mkdir()
+    server = RedisServer(directory, aof=True).start()
+    try:
+        args = ("--cluster", server.url, "--memory", "--node-id")
+        a = start_broker(extra_args=(*args, "a"))
+        b = start_broker(extra_args=(*args, "b"))
+        topic = unique("down")
+        sub = client(b)
+        sub.subscribe(topic, qos=1)
+        pub = client(a)
+        until_routed(pub, sub, topic)
+        for i in range(20):
+            pub.publish(topic, f"m{i}".encode(), qos=1)
+        mark = a.log_mark()
+        server.proc.kill()  # type: ignore[union-attr]
+        server.proc.wait()  # type: ignore[union-attr]
+        waiting = [pub.publish(topic, f"m{i}".encode(), qos=1, wait=False) for i in range(20, 30)]
+        assert a.wait_for_log("Redis at .* unreachable", since=mark) is not None
+        assert not any(info.mid in pub.acked for info in waiting)  # held while Redis is down
+        server.start()  # same port, same append-only file
+        for info in waiting:
+            pub.wait_published(info, timeout=30)
+        for i in range(30, 60):
+            pub.publish(topic, f"m{i}".encode(), qos=1)
+        acked = [f"m{i}".encode() for i in range(60)]
+        assert set(pub.acked.values()) == {0}
+        wait_for(lambda: set(acked) <= set(payloads(sub)), "every acknowledged message", 30)
+        assert a.wait_for_log("reachable again", since=mark) is not None
+        assert a.returncode is None and b.returncode is None
+        pub.close()
+        sub.close()
+    finally:
+        server.stop()
+
+
+# -- (4) client ownership and takeover ------------------------------------------------------
+
+
+def persistent(node, client_id: str, clean: bool = True) -> PahoClient:
+    props = Properties(PacketTypes.CONNECT)
+    props.SessionExpiryInterval = 3600
+    c = PahoClient(node.host, node.port, MQTT_5, client_id=client_id, clean=clean)
+    c.connect_properties = props
+    c.connect()
+    return c
+
+
+def test_a_client_taking_over_on_another_node_moves_its_session(start_node) -> None:
+    a = start_node("a")
+    b = start_node("b")
+    c = start_node("c")
+    client_id = unique("mover")
+    topic = unique("moved")
+    first = persistent(a, client_id)
+    first.subscribe(topic, qos=1)
+    pub = client(c)
+    until_routed(pub, first, topic)
+    # Away: QoS 1 messages queue on a.
+    first.close()
+    for i in range(5):
+        pub.publish(topic, f"q{i}".encode(), qos=1)
+    # Back on a, then taken over from b: the old connection gets 0x8E, the session moves.
+    again = persistent(a, client_id, clean=False)
+    wait_for(lambda: payloads(again) == [f"q{i}".encode() for i in range(5)], "queued on a")
+    again.close()
+    for i in range(5, 8):
+        pub.publish(topic, f"q{i}".encode(), qos=1)
+    old = persistent(a, client_id, clean=False)
+    wait_for(lambda: len(payloads(old)) == 3, "queued while away")
+    moved = persistent(b, client_id, clean=False)
+    assert moved.connack is not None and moved.connack[1]  # Session Present
+    assert old.wait_disconnected().reason_code == 0x8E
+    # The subscription came along: new messages reach b, not a.
+    for i in range(8, 11):
+        pub.publish(topic, f"q{i}".encode(), qos=1)
+    wait_for(lambda: payloads(moved)[-3:] == [b"q8", b"q9", b"q10"], "messages on b")
+    assert not [p for p in payloads(moved) if p in (b"q0", b"q1")]  # acknowledged on a earlier
+    # Clean Start on a third node: no session present, and the old one is gone from b.
+    fresh = PahoClient(c.host, c.port, MQTT_5, client_id=client_id)
+    fresh.connect()
+    assert fresh.connack is not None and not fresh.connack[1]
+    assert moved.wait_disconnected().reason_code == 0x8E
+    for x in (pub, fresh):
+        x.close()
+
+
+def test_queued_messages_move_with_a_session_taken_over_while_away(start_node) -> None:
+    a = start_node("a")
+    b = start_node("b")
+    client_id = unique("away")
+    topic = unique("away")
+    first = persistent(a, client_id)
+    first.subscribe(topic, qos=2)
+    pub = client(b)
+    until_routed(pub, first, topic)
+    first.close()
+    for i in range(20):
+        pub.publish(topic, f"w{i}".encode(), qos=2 if i % 2 else 1)
+    moved = persistent(b, client_id, clean=False)
+    assert moved.connack is not None and moved.connack[1]
+    wait_for(lambda: len(payloads(moved)) >= 20, "the 20 queued messages")
+    got = payloads(moved)
+    # In order per QoS (paho hands a QoS 2 message over at PUBREL, later than a QoS 1 one).
+    assert [p for p in got if int(p[1:]) % 2 == 0] == [f"w{i}".encode() for i in range(0, 20, 2)]
+    assert [p for p in got if int(p[1:]) % 2] == [f"w{i}".encode() for i in range(1, 20, 2)]
+    moved.close()
+    pub.close()
+
+
+# -- (6) --workers --------------------------------------------------------------------------
+
+
+def test_workers_share_the_port_and_behave_as_one_broker(
+    redis_server, start_broker, tmp_path: Path
+) -> None:
+    from conftest import free_port
+
+    port = free_port()
+    supervisor = start_broker(
+        extra_args=(
+            "--cluster",
+            redis_server.url,
+            "--node-id",
+            "w",
+            "--workers",
+            "2",
+            "--port",
+            str(port),
+        ),
+        wait=False,
+    )
+    assert supervisor.wait_for_log("2 workers started", 20) is not None
+    # Both workers listen on the one port, each a node of the cluster.
+    wait_for(
+        lambda: (
+            len([line for line in supervisor.log_lines() if f":{port} (MQTT over TCP)" in line])
+            == 2
+        ),
+        "both workers listening",
+        20,
+    )
+    r = redis_server.client()
+    assert {n.decode() for n in r.smembers("mqttbroker:nodes")} == {"w-0", "w-1"}
+    r.close()
+    supervisor.host, supervisor.port = "127.0.0.1", port
+    # Clients land on either worker; messages reach every subscriber whichever it is on.
+    subs = [client(supervisor) for _ in range(6)]
+    topic = unique("workers")
+    for s in subs:
+        s.subscribe(topic)
+    pub = client(supervisor)
+    pub.publish(topic, b"hello", qos=1)
+    for s in subs:
+        s.wait_payload(b"hello")
+    for x in (*subs, pub):
+        x.close()
+    supervisor.send_signal(15)
+    assert supervisor.wait_exit(20) == 0
+
+
+def test_workers_need_a_cluster(start_broker) -> None:
+    node = start_broker(extra_args=("--workers", "2", "--port", "18830"), wait=False)
+    assert node.wait_exit() == 2
+    assert "workers: more than 1 needs [cluster] redis" in node.log_text()
+
+
+# -- (7) shared subscriptions ---------------------------------------------------------------
+
+
+def test_a_shared_group_with_members_on_two_nodes_gets_each_message_once(start_node) -> None:
+    a = start_node("a")
+    b = start_node("b")
+    c = start_node("c")
+    topic = unique("shared")
+    members = [client(node) for node in (a, a, b)]
+    for m in members:
+        m.subscribe(f"$share/g/{topic}/+", qos=1)
+    plain = client(b)
+    plain.subscribe(f"{topic}/#", qos=1)
+    pub = client(c)
+    until_routed(pub, plain, f"{topic}/x")
+    # a's members are routed too by now? Their SUBACKs waited for Redis: yes.
+    sent = [f"s{i}".encode() for i in range(30)]
+    for p in sent:
+        pub.publish(f"{topic}/x", p, qos=1)
+    wait_for(lambda: len(payloads(plain)) == 30, "the plain subscriber's 30")
+    wait_for(lambda: sum(len(payloads(m)) for m in members) >= 30, "30 shared deliveries")
+    time.sleep(0.3)  # (a duplicate would arrive about now)
+    got = [p for m in members for p in payloads(m)]
+    assert sorted(got) == sorted(sent)  # each once, in the whole cluster
+    on_a = len(payloads(members[0])) + len(payloads(members[1]))
+    assert on_a and len(payloads(members[2]))  # both nodes took turns
+    assert payloads(plain) == sent  # plain subscribers are not affected
+    for x in (*members, plain, pub):
+        x.close()
+
+
+def test_the_will_of_a_session_taken_over_is_published_once_by_its_new_node(start_node) -> None:
+    import socket
+
+    a = start_node("a")
+    b = start_node("b")
+    c = start_node("c")
+    client_id = unique("willing")
+    will_topic = unique("will")
+    watcher = client(c)
+    watcher.subscribe(will_topic, qos=1)
+    probe = client(a)
+    until_routed(probe, watcher, will_topic)
+
+    def with_will(node) -> PahoClient:
+        props = Properties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = 3600
+        will_props = Properties(PacketTypes.WILLMESSAGE)
+        will_props.WillDelayInterval = 1
+        x = PahoClient(node.host, node.port, MQTT_5, client_id=client_id, clean=False)
+        x.connect_properties = props
+        x.client.will_set(will_topic, b"gone", qos=1, properties=will_props)
+        return x
+
+    first = with_will(a)
+    first.connect()
+    moved = with_will(b)
+    moved.connect()
+    assert first.wait_disconnected().reason_code == 0x8E
+    # The client vanishes without DISCONNECT: after the will delay its node publishes the will.
+    moved.client.socket().shutdown(socket.SHUT_RDWR)
+    wait_for(lambda: b"gone" in payloads(watcher), "the will")
+    probe.publish(will_topic, b"after", qos=1)
+    wait_for(lambda: b"after" in payloads(watcher), "the message after the will")
+    time.sleep(1.5)  # a second will (from a, the session's former node) would be due by now
+    assert payloads(watcher).count(b"gone") == 1
+    for x in (first, moved, watcher, probe):
+        x.close()
+
+
+def test_a_client_that_came_back_with_clean_start_is_still_owned_by_its_node(start_node) -> None:
+    a = start_node("a")
+    b = start_node("b")
+    client_id = unique("again")
+    first = PahoClient(a.host, a.port, MQTT_5, client_id=client_id)
+    first.connect()
+    second = PahoClient(a.host, a.port, MQTT_5, client_id=client_id)  # Clean Start, same node
+    second.connect()
+    assert first.wait_disconnected().reason_code == 0x8E
+    second.sync()
+    # The first session's end must not have freed the id: a third connection, on b, takes over.
+    third = PahoClient(b.host, b.port, MQTT_5, client_id=client_id)
+    third.connect()
+    assert second.wait_disconnected().reason_code == 0x8E
+    for x in (first, second, third):
+        x.close()
+
+
+def test_a_node_killed_mid_flight_loses_no_acknowledged_message(start_node, tmp_path: Path) -> None:
+    import signal
+
+    a = start_node("a")
+    b_data = tmp_path / "b-killed"
+    config = "[cluster]\nnode_ttl = 1.0\n"
+    b = start_node("b", data_dir=b_data, memory=False, config=config)
+    client_id = unique("survivor")
+    topic = unique("killed")
+    sub = persistent(b, client_id)
+    sub.subscribe(topic, qos=1)
+    pub = client(a)
+    until_routed(pub, sub, topic)
+    sub.close()  # away: b queues the messages in its store
+    sent = [f"k{i}".encode() for i in range(300)]
+    infos = []
+    for i, payload in enumerate(sent):
+        if i == 100:
+            b.send_signal(signal.SIGKILL)  # mid-flight: some read, some queued, some not yet
+        infos.append(pub.publish(topic, payload, qos=1, wait=False))
+    for info in infos:
+        assert pub.wait_published(info, timeout=30) == 0  # acknowledged: in b's stream
+    before = set(payloads(sub))
+    b.wait_exit()
+    # b back on its data once its lease has run out (node_ttl 1 s): nothing acknowledged is lost.
+    deadline = time.monotonic() + 20
+    while True:
+        b2 = start_node("b", data_dir=b_data, memory=False, config=config, wait=False)
+        if b2.wait_for_log(r"listening on \S+:\d+ \(MQTT over TCP\)", 20, stop_on_exit=True):
+            break
+        assert "cluster.node_id" in b2.log_text() and time.monotonic() < deadline, b2.log_text()
+        time.sleep(0.3)
+    match = b2.wait_for_log(r"listening on (\S+):(\d+) \(MQTT over TCP\)", 1)
+    b2.host, b2.port = match.group(1), int(match.group(2))
+    again = persistent(b2, client_id, clean=False)
+    wait_for(lambda: before | set(payloads(again)) >= set(sent), "every acknowledged message", 30)
+    again.close()
+    pub.close()
