@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,8 +13,6 @@ from typing import Any
 import pytest
 import redis
 from external_tools import program
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "e2e"))  # helpers.py
 
 START_TIMEOUT = 10.0
 

@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import MQTT_5, PahoClient, unique
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from support.clients import MQTT_5, PahoClient, unique
 
 pytestmark = pytest.mark.needs_redis
 
