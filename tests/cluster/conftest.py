@@ -3,79 +3,12 @@ broker nodes on it (``python -m mqttbroker --cluster URL --node-id ID``)."""
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
-from external_tools import program
-
-START_TIMEOUT = 10.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class RedisServer:
-    """redis-server on 127.0.0.1, no snapshots; with ``aof`` an append-only file synced on every
-    write (``appendfsync always``), so a restart keeps everything."""
-
-    def __init__(self, directory: Path, aof: bool = False) -> None:
-        self.directory = directory
-        self.aof = aof
-        self.port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> RedisServer:
-        args = [
-            program("redis-server"),
-            "--port",
-            str(self.port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--dir",
-            str(self.directory),
-            "--appendonly",
-            "yes" if self.aof else "no",
-        ]
-        if self.aof:
-            args += ["--appendfsync", "always"]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = self.client()
-        deadline = time.monotonic() + START_TIMEOUT
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise RuntimeError(f"redis-server did not start on port {self.port}") from None
-                time.sleep(0.05)
-            finally:
-                client.close()
-        return self
-
-    def client(self) -> redis.Redis:
-        return redis.Redis(host="127.0.0.1", port=self.port)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(10)
-        self.proc = None
+from cluster_support import RedisServer
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cluster_support import RedisServer, free_port
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from support.clients import MQTT_5, PahoClient, unique
@@ -66,7 +67,6 @@ def test_a_url_that_is_not_redis_is_a_config_error_naming_the_key(start_broker) 
 
 
 def test_an_unreachable_redis_stops_the_start_naming_the_key(start_node) -> None:
-    from conftest import free_port
 
     node = start_node("a", url=f"redis://127.0.0.1:{free_port()}/0", wait=False)
     assert node.wait_exit(20) == 2
@@ -211,7 +211,6 @@ def test_a_retained_message_set_on_one_node_is_seen_on_the_others(start_node) ->
 def test_redis_restarted_during_qos1_traffic_loses_no_acknowledged_message(
     tmp_path: Path, start_broker
 ) -> None:
-    from conftest import RedisServer
 
     directory = tmp_path / "redis-aof"
     directory.mkdir()
@@ -329,7 +328,6 @@ def test_queued_messages_move_with_a_session_taken_over_while_away(start_node) -
 def test_workers_share_the_port_and_behave_as_one_broker(
     redis_server, start_broker, tmp_path: Path
 ) -> None:
-    from conftest import free_port
 
     port = free_port()
     supervisor = start_broker(
