@@ -158,7 +158,7 @@ class Connection:
         self._pending_len = 0
         self._need = 0  # bytes the incomplete packet needs in all, when known
         self.out: list[bytes] = []
-        # Output held for the store (see _hold_output): absolute output positions that wait for
+        # Output held for the store (see hold_output): absolute output positions that wait for
         # a commit each, the number of chunks flushed so far, and how far output may go.
         self._marks: list[int] = []  # few at a time: a list is smaller than a deque
         self._out_base = 0
@@ -185,7 +185,7 @@ class Connection:
         self.input_paused = False  # reading paused until the broker resumes our input
         self.publishes_sent = 0  # PUBLISH packets queued for the client ($SYS: delivered)
         # Retained messages still to send for new subscriptions, sent a share per loop pass
-        # while the output drains (see _send_retained).
+        # while the output drains (see subscribe.send_retained).
         self.retained: deque[tuple[Subscription, Iterator[Message]]] | None = None
         self._overflowed = False  # closed for output past max_output_buffer
 
