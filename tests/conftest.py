@@ -6,9 +6,9 @@ directory. The port comes from the ``listening on HOST:PORT (MQTT over TCP)`` li
 so there is no port race. A thread keeps draining the broker's output, so its pipe never fills,
 and keeps every line for assertions (``log_text()``, ``wait_for_log()``).
 
-A test marked ``needs_mosquitto``, ``needs_haproxy``, ``needs_node`` or ``needs_openssl`` is
-skipped when that program is missing, and fails instead under ``CI=true``; a CI run that skipped
-any test, for whatever reason, fails (``external_tools.py``).
+A test marked ``needs_mosquitto``, ``needs_haproxy``, ``needs_node``, ``needs_openssl`` or
+``needs_chromium`` is skipped when that program is missing, and fails instead under ``CI=true``;
+a CI run that skipped any test, for whatever reason, fails (``external_tools.py``).
 """
 
 from __future__ import annotations
@@ -48,6 +48,8 @@ class BrokerProcess:
             log_level,
             "--data-dir",
             str(data_dir),
+            # The admin server (default port 18083) only where a test asks for it (its own port).
+            *(() if "--admin-port" in extra_args else ("--admin-port", "0")),
             *extra_args,
         ]
         self.host = ""

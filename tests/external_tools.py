@@ -33,6 +33,7 @@ TOOLS = {
     "needs_node": Tool(("node", "npm"), "apt-get install nodejs npm"),
     "needs_openssl": Tool(("openssl",), "apt-get install openssl"),
     "needs_systemd": Tool(("systemd-analyze",), "apt-get install systemd"),
+    "needs_chromium": Tool(("chromium",), "apt-get install chromium"),
 }
 
 

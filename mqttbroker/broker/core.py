@@ -52,6 +52,7 @@ class Broker:
         self.refused = 0  # connections refused by the connection limits
         self.connects = 0  # CONNECT packets received
         self.delivered_closed = 0  # PUBLISH packets sent on connections now closed
+        self.dropped_ended = 0  # messages dropped by sessions that have ended
         # Bytes read from and written to clients (MQTT bytes: inside TLS and WebSocket frames),
         # counted by the transports per read and per write.
         self.bytes_received = 0
@@ -247,6 +248,8 @@ class Broker:
         waiting out its delay is published now."""
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
+        self.dropped_ended += session.dropped
+        session.dropped = 0
         self.store.delete_session(session)
         for sub in session.subscriptions.values():
             self.router.unsubscribe(sub)

@@ -40,6 +40,7 @@ class Delivery:
         "stored",
         "held",
         "share",
+        "queued_at",
     )
 
     def __init__(
@@ -62,6 +63,7 @@ class Delivery:
         # The shared subscription it came through ("$share/<group>/<filter>"), if any: when the
         # session ends first, the message goes to another member of that group as it is then.
         self.share = share
+        self.queued_at = 0.0  # clock() when it joined the session's queue (its age there)
 
 
 _MEMORY = Store()
@@ -128,7 +130,7 @@ class Session:
         conn = self.connection
         if conn is None or conn.paused:
             if qos or self.options.queue_qos0:
-                self._enqueue(Delivery(message, qos, retain, sub_ids, share))
+                self._enqueue(Delivery(message, qos, retain, sub_ids, share), now)
             elif conn is not None:
                 self._count_drop("client is not reading")
             return
@@ -137,7 +139,7 @@ class Session:
         elif not self.queue and len(self.inflight) < conn.send_quota:
             self._start(Delivery(message, qos, retain, sub_ids, share), conn, now)
         else:
-            self._enqueue(Delivery(message, qos, retain, sub_ids, share))
+            self._enqueue(Delivery(message, qos, retain, sub_ids, share), now)
 
     def _start(self, delivery: Delivery, conn: Connection, now: float) -> None:
         packet_id = self._allocate_packet_id()
@@ -189,7 +191,7 @@ class Session:
         self.next_packet_id = packet_id % 65535 + 1
         return packet_id
 
-    def _enqueue(self, delivery: Delivery) -> None:
+    def _enqueue(self, delivery: Delivery, now: float) -> None:
         opts = self.options
         size = delivery.message.size
         if (
@@ -198,6 +200,7 @@ class Session:
         ):
             self._count_drop("queue full")
             return
+        delivery.queued_at = now
         self.queue.append(delivery)
         self.queued_bytes += size
         if self.expiry_interval:

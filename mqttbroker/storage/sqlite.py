@@ -39,6 +39,30 @@ log = logging.getLogger("mqttbroker.storage")
 
 SYNC_LEVELS = {"off": 0, "normal": 1, "full": 2}
 
+
+class CommitTimes:
+    """A histogram of commit durations (seconds): counts per upper bound, the last bucket
+    unbounded, as Prometheus histograms count them; one observation per commit."""
+
+    BOUNDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+    __slots__ = ("counts", "total", "count")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(self.BOUNDS) + 1)
+        self.total = 0.0
+        self.count = 0
+
+    def observe(self, seconds: float) -> None:
+        index = 0
+        for bound in self.BOUNDS:
+            if seconds <= bound:
+                break
+            index += 1
+        self.counts[index] += 1
+        self.total += seconds
+        self.count += 1
+
 # Each entry upgrades the schema by one version; the database records the version it has.
 MIGRATIONS: list[str] = [
     """
@@ -173,6 +197,8 @@ class SQLiteStore(Store):
         self.commit_interval = commit_interval
         self.writes = 0
         self.commits = 0
+        self.commit_times = CommitTimes()  # seconds per commit, for /metrics
+        self.failing = False  # the last commit failed (the disk refuses): /readyz says so
         self._db: aiosqlite.Connection | None = None
         self._batch = _Batch()
         self._wake = asyncio.Event()
@@ -343,6 +369,7 @@ class SQLiteStore(Store):
                 owner.inflight[packet_id] = delivery
                 owner.next_packet_id = packet_id % 65535 + 1
             else:
+                delivery.queued_at = now  # its age counts from the restart
                 owner.queue.append(delivery)
                 owner.queued_bytes += msg.size
         for client_id, packet_id in await self._rows(
@@ -556,13 +583,17 @@ class SQLiteStore(Store):
         while True:
             try:
                 if not batch.empty():
+                    started = time.perf_counter()
                     await self._apply(batch)
+                    self.commit_times.observe(time.perf_counter() - started)
                     self.commits += 1
                 break
             except (sqlite3.Error, OSError) as exc:
                 # Acknowledgements stay held while the disk refuses; clients see no ack.
                 log.error("store %s: commit failed (%s); retrying in 1 s", self.path, exc)
+                self.failing = True
                 await asyncio.sleep(1.0)
+        self.failing = False
         for callback in batch.waiters:
             try:
                 callback()
