@@ -36,8 +36,9 @@ def paho() -> Iterator[Callable[..., PahoClient]]:
     """``paho(admin, client_id=None, **kw)``: a connected paho client, closed after the test."""
     made: list[PahoClient] = []
 
-    def make(admin: Admin, client_id: str | None = None, connect: bool = True,
-             **kw: Any) -> PahoClient:
+    def make(
+        admin: Admin, client_id: str | None = None, connect: bool = True, **kw: Any
+    ) -> PahoClient:
         client = PahoClient(admin.broker.host, admin.broker.port, client_id=client_id, **kw)
         made.append(client)
         if connect:

@@ -69,7 +69,9 @@ class Admin:
         except urllib.error.HTTPError as exc:
             status, got, payload = exc.code, exc.headers, exc.read()
         kind = got.get("Content-Type", "")
-        parsed: Any = json.loads(payload) if kind.startswith("application/json") else payload.decode()
+        parsed: Any = (
+            json.loads(payload) if kind.startswith("application/json") else payload.decode()
+        )
         return Reply(status, got, parsed)
 
     def get(self, path: str, **kw: Any) -> Reply:

@@ -39,7 +39,9 @@ def test_health_checks(admin_broker: Callable[..., Admin]) -> None:
     assert (reply.status, reply.body) == (200, {"ready": True})
 
 
-def test_clients_list_a_connected_paho_client(admin_broker: Callable[..., Admin], paho: Paho) -> None:
+def test_clients_list_a_connected_paho_client(
+    admin_broker: Callable[..., Admin], paho: Paho
+) -> None:
     admin = admin_broker()
     topic = unique("api")
     client = paho(admin, client_id=unique("listed"))
@@ -84,9 +86,21 @@ def test_offline_sessions_show_their_backlog_and_can_be_deleted(
     client.wait_disconnected()
     for n in range(3):
         subprocess.run(
-            [program("mosquitto_pub"), "-h", admin.broker.host, "-p", str(admin.broker.port),
-             "-q", "1", "-t", topic, "-m", f"m{n}"],
-            check=True, timeout=TIMEOUT,
+            [
+                program("mosquitto_pub"),
+                "-h",
+                admin.broker.host,
+                "-p",
+                str(admin.broker.port),
+                "-q",
+                "1",
+                "-t",
+                topic,
+                "-m",
+                f"m{n}",
+            ],
+            check=True,
+            timeout=TIMEOUT,
         )
     session = admin.ok("GET", f"/api/v1/sessions/{client.client_id}")
     assert session["online"] is False
@@ -125,14 +139,32 @@ def test_retained_messages_browse_and_delete(admin_broker: Callable[..., Admin])
     admin = admin_broker()
     topic = unique("kept") + "/temp"
     subprocess.run(
-        [program("mosquitto_pub"), "-h", admin.broker.host, "-p", str(admin.broker.port),
-         "-r", "-t", topic, "-m", "21.5"],
-        check=True, timeout=TIMEOUT,
+        [
+            program("mosquitto_pub"),
+            "-h",
+            admin.broker.host,
+            "-p",
+            str(admin.broker.port),
+            "-r",
+            "-t",
+            topic,
+            "-m",
+            "21.5",
+        ],
+        check=True,
+        timeout=TIMEOUT,
     )
     items = admin.ok("GET", f"/api/v1/retained?filter={topic.split('/')[0]}/%23")["items"]
     assert items == [
-        {"topic": topic, "qos": 0, "size": 4, "payload_preview": "21.5",
-         "preview_encoding": "utf-8", "truncated": False, "expires_in": None}
+        {
+            "topic": topic,
+            "qos": 0,
+            "size": 4,
+            "payload_preview": "21.5",
+            "preview_encoding": "utf-8",
+            "truncated": False,
+            "expires_in": None,
+        }
     ]
     assert admin.ok("DELETE", f"/api/v1/retained?topic={topic}")["deleted"] is True
     assert admin.ok("GET", f"/api/v1/retained?filter={topic}")["items"] == []
@@ -145,7 +177,10 @@ def test_publish_reaches_subscribers(admin_broker: Callable[..., Admin], paho: P
     sub = paho(admin)
     sub.subscribe(topic, qos=1)
     body = {
-        "topic": topic, "payload": "aGVsbG8=", "encoding": "base64", "qos": 1,
+        "topic": topic,
+        "payload": "aGVsbG8=",
+        "encoding": "base64",
+        "qos": 1,
         "properties": {"content_type": "text/plain", "user_properties": [["k", "v"]]},
     }
     assert admin.ok("POST", "/api/v1/publish", body) == {"topic": topic, "sessions": 1}
@@ -167,19 +202,54 @@ def test_publish_reaches_subscribers(admin_broker: Callable[..., Admin], paho: P
         ("GET", "/api/v1/clients/nobody-here", None, None, {}, 404, "nobody-here"),
         ("POST", "/api/v1/clients/nobody-here/kick", None, None, {}, 404, "nobody-here"),
         ("DELETE", "/api/v1/sessions/nobody-here", None, None, {}, 404, "nobody-here"),
-        ("POST", "/api/v1/publish", None, b"{not json", {"Content-Type": "application/json"},
-         400, "JSON"),
-        ("POST", "/api/v1/publish", None, b"topic=a", {"Content-Type": "text/plain"}, 415,
-         "Content-Type"),
+        (
+            "POST",
+            "/api/v1/publish",
+            None,
+            b"{not json",
+            {"Content-Type": "application/json"},
+            400,
+            "JSON",
+        ),
+        (
+            "POST",
+            "/api/v1/publish",
+            None,
+            b"topic=a",
+            {"Content-Type": "text/plain"},
+            415,
+            "Content-Type",
+        ),
         ("POST", "/api/v1/publish", [1], None, {}, 400, "object"),
         ("POST", "/api/v1/publish", {"topic": "a/#"}, None, {}, 400, "topic"),
         ("POST", "/api/v1/publish", {"topic": "a", "qos": 3}, None, {}, 400, "qos"),
-        ("POST", "/api/v1/publish", {"topic": "a", "payload": "!", "encoding": "base64"}, None,
-         {}, 400, "base64"),
-        ("POST", "/api/v1/publish", {"topic": "a", "properties": {"colour": 1}}, None, {}, 400,
-         "colour"),
-        ("POST", "/api/v1/publish", None, b"BIG", {"Content-Type": "application/json"}, 413,
-         "larger"),
+        (
+            "POST",
+            "/api/v1/publish",
+            {"topic": "a", "payload": "!", "encoding": "base64"},
+            None,
+            {},
+            400,
+            "base64",
+        ),
+        (
+            "POST",
+            "/api/v1/publish",
+            {"topic": "a", "properties": {"colour": 1}},
+            None,
+            {},
+            400,
+            "colour",
+        ),
+        (
+            "POST",
+            "/api/v1/publish",
+            None,
+            b"BIG",
+            {"Content-Type": "application/json"},
+            413,
+            "larger",
+        ),
         ("GET", "/api/v1/nothing", None, None, {}, 404, "Not Found"),
     ],
 )
@@ -202,4 +272,3 @@ def test_bad_input_gets_a_clear_json_error(
     if path.startswith("/api/v1/") and "nothing" not in path:
         check(method, path, status, reply.body)
     assert admin.get("/healthz").status == 200  # and the server goes on
-
