@@ -58,7 +58,7 @@ HEADERS = {
     "Referrer-Policy": "no-referrer",
     "Content-Security-Policy": (
         "default-src 'self'; connect-src 'self' ws: wss:; style-src 'self' 'unsafe-inline'; "
-        "img-src 'self' data:; frame-ancestors 'none'"
+        "img-src 'self' data:; worker-src 'self' blob:; frame-ancestors 'none'"
     ),
 }
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

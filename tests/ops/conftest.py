@@ -1,6 +1,6 @@
 """Fixtures of the admin-server tests: a broker with its admin server on a port of the test's
 own, and a small HTTP client. The end-to-end helpers (tests/e2e) are shared, so their folder goes
-on sys.path."""
+on sys.path, and the broker harness (tests/broker) too."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 HERE = Path(__file__).resolve().parent
-for folder in (HERE.parent / "e2e",):
+for folder in (HERE.parent / "e2e", HERE.parent / "broker"):
     if str(folder) not in sys.path:
         sys.path.append(str(folder))
 

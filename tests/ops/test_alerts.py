@@ -7,16 +7,23 @@ fake clock: queued messages carry the time they were queued, immediate deliverie
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from helpers import TIMEOUT, RawClient, connect_packet, decode_vbi, parse_connack, subscribe_packet
-from helpers import unique
+from broker_harness import Harness
+from helpers import (
+    TIMEOUT,
+    RawClient,
+    connect_packet,
+    decode_vbi,
+    parse_connack,
+    subscribe_packet,
+    unique,
+)
 from ops_support import Admin
 
-sys.path.append(str(Path(__file__).resolve().parent.parent / "broker"))
+from mqttbroker.ops.alerts import Survey, oldest_queued_age
+from mqttbroker.protocol.properties import PropertyId as Prop
 
 Paho = Callable[..., Any]
 RECEIVE_MAXIMUM_1 = b"\x21\x00\x01"
@@ -71,10 +78,6 @@ def test_a_subscriber_that_stops_reading_raises_and_clears_an_alarm(
 
 
 def test_queued_deliveries_record_when_they_were_queued() -> None:
-    from broker_harness import Harness  # the in-memory broker with a fake clock
-
-    from mqttbroker.ops.alerts import Survey, oldest_queued_age
-    from mqttbroker.protocol.properties import PropertyId as Prop
 
     h = Harness()
     sub = h.connect("sub", properties={Prop.RECEIVE_MAXIMUM: 1})

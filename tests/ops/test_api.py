@@ -12,8 +12,8 @@ from external_tools import program
 from helpers import MQTT_311, TIMEOUT, unique
 from openapi_spec_validator import validate
 from ops_support import OPENAPI, Admin, check
-from paho.mqtt.properties import Properties
 from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 Paho = Callable[..., Any]
 
