@@ -3,6 +3,7 @@ with real traffic (paho, mosquitto_pub/sub)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 from collections.abc import Callable
@@ -11,7 +12,7 @@ from typing import Any
 import pytest
 from external_tools import program
 from helpers import TIMEOUT, unique
-from ops_support import Admin
+from ops_support import ROOT, Admin
 from prometheus_client.parser import text_string_to_metric_families
 
 Paho = Callable[..., Any]
@@ -88,6 +89,11 @@ def test_metrics_follow_the_traffic(admin_broker: Callable[..., Admin], paho: Pa
         == after[("mqttbroker_store_commit_seconds_count", ())]
     )
     assert after[("process_resident_memory_bytes", ())] > 0
+    # The Grafana dashboard of examples/ asks only for metrics the broker has.
+    names = {name for name, _ in after}
+    grafana = (ROOT / "examples" / "grafana" / "mqttbroker.json").read_text()
+    wanted = set(re.findall(r"\b((?:mqttbroker|process)_[a-z_]+)\{", grafana))
+    assert wanted and wanted <= names, wanted - names
 
 
 def test_oldest_queued_age_is_the_maximum_over_sessions(
