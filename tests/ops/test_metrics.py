@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -117,3 +118,27 @@ def test_oldest_queued_age_is_the_maximum_over_sessions(
     assert samples[("mqttbroker_queued_messages", ())] == 1
     assert samples[("mqttbroker_sessions", (("state", "offline"),))] == 1
     assert samples[age] >= 1.0
+
+
+def test_the_benchmark_option_scrapes_our_broker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``python -m benchmarks --scrape-metrics``: our broker runs its admin server, a thread
+    fetches /metrics every second, and the MQTT port found in /proc is not the admin port."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from benchmarks import brokers as br
+
+    monkeypatch.setattr(br, "SCRAPE_METRICS", True)
+    monkeypatch.setattr(br, "SCRAPE_INTERVAL", 0.2)
+    handle = br.start_ours(pin=False)
+    try:
+        assert handle.admin_port and handle.port and handle.port != handle.admin_port
+        assert "admin on, /metrics scraped" in handle.description
+        scraper = handle.scraper
+        assert scraper is not None
+        deadline = time.monotonic() + TIMEOUT
+        while scraper.scrapes < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert scraper.scrapes >= 2 and scraper.failures == 0
+    finally:
+        handle.stop()
+    assert handle.scraper is None
