@@ -1,6 +1,7 @@
 """Fixtures of the admin-server tests: a broker with its admin server on a port of the test's
 own, and a small HTTP client. The end-to-end helpers (tests/e2e) are shared, so their folder goes
-on sys.path, and the broker harness (tests/broker) too."""
+on sys.path, and the broker harness (tests/broker) and the test certificates
+(tests/transports) too."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 
 HERE = Path(__file__).resolve().parent
-for folder in (HERE.parent / "e2e", HERE.parent / "broker"):
+for folder in (HERE.parent / "e2e", HERE.parent / "broker", HERE.parent / "transports"):
     if str(folder) not in sys.path:
         sys.path.append(str(folder))
 
