@@ -22,7 +22,8 @@ def parser() -> argparse.ArgumentParser:
         prog="mqttbroker",
         description="An MQTT 5.0 / 3.1.1 broker.",
         epilog="mqttbroker passwd [-c | -D] FILE USER: add, change or delete a user of a "
-        "password file (mqttbroker passwd --help)",
+        "password file (mqttbroker passwd --help); mqttbroker check-config FILE: validate a "
+        "configuration file without starting anything (exit 0: valid, 2: not)",
     )
     p.add_argument("--config", metavar="PATH", help="TOML configuration file")
     p.add_argument(
@@ -50,6 +51,12 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="accept clients without a user name on every listener that does not say otherwise "
         "(security.allow_anonymous = true)",
+    )
+    p.add_argument(
+        "--admin-port",
+        type=int,
+        metavar="PORT",
+        help="admin HTTP server (dashboard, /metrics, API) port (default 18083; 0 = off)",
     )
     p.add_argument("--log-level", choices=LOG_LEVELS, help="default info")
     p.add_argument(
@@ -101,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         from .security.passwd import main as passwd_main
 
         return passwd_main(argv[1:])
+    if argv[:1] == ["check-config"]:
+        return check_config(argv[1:])
     args = parser().parse_args(argv)
     stop_requested = _record_stop_signals()
     try:
@@ -132,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
             config.cluster.node_id = args.node_id
         if args.workers is not None:
             config.workers = args.workers
+        if args.admin_port is not None:
+            config.admin.port = args.admin_port
         check(config)
         from .server.tls import check_listeners
 
@@ -153,6 +164,11 @@ def main(argv: list[str] | None = None) -> int:
         __version__,
         f"config file {os.path.abspath(args.config)}" if args.config else "no config file",
     )
+    if config.log_format == "json":
+        from .ops.logjson import JsonFormatter
+
+        for handler in logging.getLogger().handlers:
+            handler.setFormatter(JsonFormatter())
     from .server.app import run
 
     try:
@@ -160,3 +176,30 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:  # a password or ACL file that does not load (file and line)
         print(f"mqttbroker: configuration error: {exc}", file=sys.stderr)
         return 2
+
+
+def check_config(argv: list[str]) -> int:
+    """``mqttbroker check-config FILE``: load FILE as the broker would (its keys, the files it
+    names: certificates, password and ACL files, the admin token) without binding anything.
+    Exit 0 if it is valid, 2 (with the error on stderr) if not."""
+    p = argparse.ArgumentParser(
+        prog="mqttbroker check-config", description="Validate a configuration file."
+    )
+    p.add_argument("file", metavar="FILE")
+    args = p.parse_args(argv)
+    from .ops.admin import read_token
+    from .security import build_security
+    from .server.tls import check_listeners
+
+    logging.basicConfig(level="ERROR")  # build_security's notes are not the point here
+    try:
+        config = load(args.file)
+        check_listeners(config, args.file)
+        build_security(config)
+        if config.admin.port:
+            read_token(config.admin)
+    except ConfigError as exc:
+        print(f"mqttbroker: configuration error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{args.file}: valid")
+    return 0

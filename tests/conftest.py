@@ -7,9 +7,9 @@ so there is no port race. A thread keeps draining the broker's output, so its pi
 and keeps every line for assertions (``log_text()``, ``wait_for_log()``).
 ``start_program`` runs another program (an example, say) the same way, until its ready line.
 
-A test marked ``needs_mosquitto``, ``needs_haproxy``, ``needs_node`` or ``needs_openssl`` is
-skipped when that program is missing, and fails instead under ``CI=true``; a CI run that skipped
-any test, for whatever reason, fails (``external_tools.py``).
+A test marked ``needs_mosquitto``, ``needs_haproxy``, ``needs_node``, ``needs_openssl`` or
+``needs_chromium`` is skipped when that program is missing, and fails instead under ``CI=true``;
+a CI run that skipped any test, for whatever reason, fails (``external_tools.py``).
 """
 
 from __future__ import annotations
@@ -54,6 +54,8 @@ class BrokerProcess:
             log_level,
             "--data-dir",
             str(data_dir),
+            # The admin server (default port 18083) only where a test asks for it (its own port).
+            *(() if "--admin-port" in extra_args else ("--admin-port", "0")),
             *extra_args,
         ]
         self.host = ""

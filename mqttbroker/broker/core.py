@@ -63,6 +63,7 @@ class Broker:
         self.refused = 0  # connections refused by the connection limits
         self.connects = 0  # CONNECT packets received
         self.delivered_closed = 0  # PUBLISH packets sent on connections now closed
+        self.dropped_ended = 0  # messages dropped by sessions that have ended
         # Bytes read from and written to clients (MQTT bytes: inside TLS and WebSocket frames),
         # counted by the transports per read and per write.
         self.bytes_received = 0
@@ -388,6 +389,8 @@ class Broker:
             if backplane is not None:
                 backplane.session_ended(session.client_id)
         self._count(session, False)
+        self.dropped_ended += session.dropped  # $SYS dropped never goes down
+        session.dropped = 0
         self.store.delete_session(session)
         for sub in session.subscriptions.values():
             self.router.unsubscribe(sub)

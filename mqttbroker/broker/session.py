@@ -50,6 +50,7 @@ class Delivery:
         "stored",
         "held",
         "share",
+        "queued_at",
     )
 
     def __init__(
@@ -72,6 +73,7 @@ class Delivery:
         # The shared subscription it came through ("$share/<group>/<filter>"), if any: when the
         # session ends first, the message goes to another member of that group as it is then.
         self.share = share
+        self.queued_at = 0.0  # clock() when it joined the session's queue (its age there)
 
 
 _MEMORY = Store()
@@ -222,6 +224,7 @@ class Session:
         ):
             self._count_drop("queue full", now)
             return
+        delivery.queued_at = now
         self.queue.append(delivery)
         self.queued_bytes += size
         if self.expiry_interval:

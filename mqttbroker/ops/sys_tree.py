@@ -61,7 +61,7 @@ def stats(broker: Broker, uptime: float) -> dict[str, Any]:
         "messages/delivered": delivered(broker),
         "messages/queued": sum(len(s.queue) for s in sessions),
         "messages/inflight": sum(len(s.inflight) for s in sessions),
-        "messages/dropped": sum(s.dropped for s in sessions),
+        "messages/dropped": broker.dropped_ended + sum(s.dropped for s in sessions),
         "messages/denied": broker.denied,
         "connections/refused": broker.refused,
         "bytes/received": broker.bytes_received,
