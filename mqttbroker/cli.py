@@ -151,6 +151,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mqttbroker: configuration error: {exc}", file=sys.stderr)
         return 2
     logformat.setup(config.log_level)  # control characters in messages escaped
+    if config.log_format == "json":
+        from .ops.logjson import JsonFormatter
+
+        for handler in logging.getLogger().handlers:
+            handler.setFormatter(JsonFormatter())
     _set_log_levels(config)
     if config.workers > 1:
         from .cluster.workers import as_worker, supervise, worker_index
@@ -164,11 +169,6 @@ def main(argv: list[str] | None = None) -> int:
         __version__,
         f"config file {os.path.abspath(args.config)}" if args.config else "no config file",
     )
-    if config.log_format == "json":
-        from .ops.logjson import JsonFormatter
-
-        for handler in logging.getLogger().handlers:
-            handler.setFormatter(JsonFormatter())
     from .server.app import run
 
     try:
