@@ -95,6 +95,10 @@ class SecurityConfig:
     # ACL file (Mosquitto's acl_file syntax, and more: see mqttbroker/security/acl.py).
     # "": every client may publish and subscribe anywhere; set: what it does not allow is denied.
     acl_file: str = ""
+    # A subscription whose filter an ACL deny rule matches only in part (`#` beside
+    # `topic deny secret/x`): "filter" grants it and never delivers the denied topics through it
+    # (as Mosquitto does); "refuse" refuses it (0x87).
+    acl_partly_denied: str = "filter"
     # Clients without a user name (without a password file, with one too), on every listener
     # without its own allow_anonymous. Absent: each such listener allows them only if it is
     # local-only (binds to loopback, not behind a proxy).
@@ -255,6 +259,8 @@ def check(config: Config, source: str = "command line") -> None:
     from .security.passwords import MAX_ITERATIONS
 
     security = config.security
+    if security.acl_partly_denied not in ("filter", "refuse"):
+        raise ConfigError(f'{source}: security.acl_partly_denied: expected "filter" or "refuse"')
     if security.max_login_failures < 0:
         raise ConfigError(f"{source}: security.max_login_failures: must not be negative (0: off)")
     if not security.login_failure_window > 0:

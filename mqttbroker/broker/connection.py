@@ -873,6 +873,7 @@ class Connection:
                 retain_handling=request.retain_handling,
                 identifier=identifier,
             )
+            sub.read_check = broker.read_check(session, inner)
             existed = broker.router.subscribe(sub)
             session.subscriptions[topic_filter] = sub
             session.subscription_bytes += size
