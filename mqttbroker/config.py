@@ -95,10 +95,6 @@ class SecurityConfig:
     # ACL file (Mosquitto's acl_file syntax, and more: see mqttbroker/security/acl.py).
     # "": every client may publish and subscribe anywhere; set: what it does not allow is denied.
     acl_file: str = ""
-    # A subscription whose filter an ACL deny rule matches only in part (`#` beside
-    # `topic deny secret/x`): "filter" grants it and never delivers the denied topics through it
-    # (as Mosquitto does); "refuse" refuses it (0x87).
-    acl_partly_denied: str = "filter"
     # Clients without a user name (without a password file, with one too), on every listener
     # without its own allow_anonymous. Absent: each such listener allows them only if it is
     # local-only (binds to loopback, not behind a proxy).
@@ -116,6 +112,10 @@ class SecurityConfig:
     # stay the same across restarts. "": <data_dir>/auth-secret; with storage.backend = "memory"
     # (nothing on disk) one per process instead.
     secret_file: str = ""
+    # A subscription whose filter an ACL deny rule matches only in part (`#` beside
+    # `topic deny secret/x`): "filter" grants it and never delivers the denied topics through it
+    # (as Mosquitto does); "refuse" refuses it (0x87).
+    acl_partly_denied: str = "filter"
 
 
 @dataclass(slots=True)
