@@ -881,7 +881,7 @@ class Connection:
                 broker.store.save_subscription(session, sub)
             codes.append(qos)
             new_subs.append((sub, existed))
-        self._send(fastpath.encode_suback(pk.Suback(packet.packet_id, codes), self.version))
+        self._send(self._encode_suback(packet, codes))
         now = broker.clock()
         for sub, existed in new_subs:
             # Retained messages after the SUBACK, per Retain Handling; never on a shared
@@ -890,6 +890,24 @@ class Connection:
                 sub.retain_handling == 0 or (sub.retain_handling == 1 and not existed)
             ):
                 broker.router.send_retained(sub, now, broker.authorizer)
+
+    def _encode_suback(self, packet: pk.Subscribe, codes: list[int]) -> bytes:
+        """The SUBACK; in MQTT 5, when a filter is refused, a Reason String naming each refused
+        filter and why, unless the client asked for none (MQTT-3.1.2-29) or it would not fit
+        the client's Maximum Packet Size (MQTT-3.9.2-1)."""
+        suback = pk.Suback(packet.packet_id, codes)
+        if self.version == MQTT_5 and self.problem_info and max(codes) >= 0x80:
+            refused = [
+                f"{request.topic_filter!r}: {_REFUSAL.get(code, 'refused')}"
+                for request, code in zip(packet.subscriptions, codes, strict=True)
+                if code >= 0x80
+            ]
+            suback.properties[Prop.REASON_STRING] = "; ".join(refused)[:_REASON_MAX]
+            data = fastpath.encode_suback(suback, MQTT_5)
+            if len(data) <= self.max_send_size:
+                return data
+            suback.properties.clear()
+        return fastpath.encode_suback(suback, self.version)
 
     def _on_unsubscribe(self, packet: pk.Unsubscribe) -> None:
         session = self.session
@@ -1150,6 +1168,17 @@ class Connection:
         self.paused = False
         if self.session is not None and self.state == CONNECTED:
             self.session.drain(self.broker.clock())
+
+
+# Why a SUBSCRIBE refused a filter, for the SUBACK's Reason String.
+_REFUSAL = {
+    ReasonCode.TOPIC_FILTER_INVALID: "invalid topic filter (or beyond the length/level limits)",
+    ReasonCode.NOT_AUTHORIZED: "not authorized by the ACL",
+    ReasonCode.QUOTA_EXCEEDED: "subscription quota exceeded",
+    ReasonCode.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED: "shared subscriptions are off",
+    ReasonCode.WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED: "wildcard subscriptions are off",
+}
+_REASON_MAX = 1024  # characters of a Reason String the broker composes
 
 
 def _check_utf8_payload(payload: bytes) -> None:

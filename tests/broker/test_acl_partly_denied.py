@@ -10,11 +10,7 @@ from mqttbroker.security import AclAuthorizer, AclRules
 
 # Everyone may read and write everything; the subscribers "sub" and "member" may not read (nor
 # write) secret/x.
-RULES = (
-    "topic readwrite #\n"
-    "client sub\ntopic deny secret/x\n"
-    "client member\ntopic deny secret/x\n"
-)
+RULES = "topic readwrite #\nclient sub\ntopic deny secret/x\nclient member\ntopic deny secret/x\n"
 
 
 def acl(h: Harness, text: str = RULES, mode: str = "filter") -> None:
