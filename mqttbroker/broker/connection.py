@@ -1171,7 +1171,7 @@ class Connection:
 
 
 # Why a SUBSCRIBE refused a filter, for the SUBACK's Reason String.
-_REFUSAL = {
+_REFUSAL: dict[int, str] = {
     ReasonCode.TOPIC_FILTER_INVALID: "invalid topic filter (or beyond the length/level limits)",
     ReasonCode.NOT_AUTHORIZED: "not authorized by the ACL",
     ReasonCode.QUOTA_EXCEEDED: "subscription quota exceeded",
