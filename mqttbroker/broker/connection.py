@@ -734,7 +734,12 @@ class Connection:
         """PUBACK/PUBREC with a failure code: the message is acknowledged, not delivered
         (MQTT-4.4.0-2). A Reason String says why, unless the client asked for none
         (MQTT-3.1.2-29) or it would not fit the client's Maximum Packet Size (MQTT-3.4.2-2)."""
-        ptype = _PUBACK if qos == 1 else _PUBREC
+        self._send_explained(_PUBACK if qos == 1 else _PUBREC, packet_id, code, reason)
+
+    def _send_explained(self, ptype: int, packet_id: int, code: int, reason: str) -> None:
+        """An acknowledgement (PUBACK, PUBREC, PUBREL, PUBCOMP) with a Reason String, unless the
+        client asked for none (MQTT-3.1.2-29) or it would exceed the client's Maximum Packet
+        Size (MQTT-3.4.2-2, -3.5.2-2, -3.6.2-2, -3.7.2-2)."""
         props: dict[int, Any] | None = {Prop.REASON_STRING: reason} if self.problem_info else None
         data = fastpath.encode_ack(ptype, packet_id, code, props, self.version)
         if len(data) > self.max_send_size:
@@ -780,7 +785,12 @@ class Connection:
             delivery = session.inflight.get(packet_id)
             if delivery is None or delivery.qos != 2:
                 if self.version == MQTT_5 and ack.reason_code < 0x80:
-                    self.send_pubrel(packet_id, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND)
+                    self._send_explained(
+                        _PUBREL,
+                        packet_id,
+                        ReasonCode.PACKET_IDENTIFIER_NOT_FOUND,
+                        f"PUBREC for packet identifier {packet_id}: no QoS 2 message in flight",
+                    )
             elif session.received(packet_id, ack.reason_code, now):
                 self.send_pubrel(packet_id)  # MQTT-4.3.3-4
         elif ptype == _PUBREL:
@@ -789,8 +799,15 @@ class Connection:
                 session.awaiting_release.discard(packet_id)
                 if session.expiry_interval:
                     self.broker.store.delete_release(session, packet_id)
-            code = 0 if known or self.version != MQTT_5 else ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
-            self._send(fastpath.encode_ack(_PUBCOMP, packet_id, code, None, self.version))
+            if known or self.version != MQTT_5:
+                self._send(fastpath.encode_ack(_PUBCOMP, packet_id, 0, None, self.version))
+            else:
+                self._send_explained(
+                    _PUBCOMP,
+                    packet_id,
+                    ReasonCode.PACKET_IDENTIFIER_NOT_FOUND,
+                    f"PUBREL for packet identifier {packet_id}: no QoS 2 message awaits it",
+                )
         else:
             session.completed(packet_id, now)
 
@@ -881,7 +898,8 @@ class Connection:
                 broker.store.save_subscription(session, sub)
             codes.append(qos)
             new_subs.append((sub, existed))
-        self._send(self._encode_suback(packet, codes))
+        suback = pk.Suback(packet.packet_id, codes)
+        self._send(self._encode_explained(suback, [r.topic_filter for r in packet.subscriptions]))
         now = broker.clock()
         for sub, existed in new_subs:
             # Retained messages after the SUBACK, per Retain Handling; never on a shared
@@ -891,23 +909,24 @@ class Connection:
             ):
                 broker.router.send_retained(sub, now, broker.authorizer)
 
-    def _encode_suback(self, packet: pk.Subscribe, codes: list[int]) -> bytes:
-        """The SUBACK; in MQTT 5, when a filter is refused, a Reason String naming each refused
-        filter and why, unless the client asked for none (MQTT-3.1.2-29) or it would not fit
-        the client's Maximum Packet Size (MQTT-3.9.2-1)."""
-        suback = pk.Suback(packet.packet_id, codes)
-        if self.version == MQTT_5 and self.problem_info and max(codes) >= 0x80:
+    def _encode_explained(self, ack: pk.Suback | pk.Unsuback, filters: list[str]) -> bytes:
+        """A SUBACK or UNSUBACK; in MQTT 5, when it refuses a filter (or UNSUBACK finds none), a
+        Reason String naming each such filter and why, unless the client asked for none
+        (MQTT-3.1.2-29) or it would exceed the client's Maximum Packet Size (MQTT-3.9.2-1,
+        MQTT-3.11.2-1)."""
+        codes = ack.reason_codes
+        if self.version == MQTT_5 and self.problem_info and any(c in _REFUSAL for c in codes):
             refused = [
-                f"{request.topic_filter!r}: {_REFUSAL.get(code, 'refused')}"
-                for request, code in zip(packet.subscriptions, codes, strict=True)
-                if code >= 0x80
+                f"{topic_filter!r}: {_REFUSAL[code]}"
+                for topic_filter, code in zip(filters, codes, strict=True)
+                if code in _REFUSAL
             ]
-            suback.properties[Prop.REASON_STRING] = "; ".join(refused)[:_REASON_MAX]
-            data = fastpath.encode_suback(suback, MQTT_5)
+            ack.properties[Prop.REASON_STRING] = "; ".join(refused)[:_REASON_MAX]
+            data = fastpath.encode_suback(ack, MQTT_5)
             if len(data) <= self.max_send_size:
                 return data
-            suback.properties.clear()
-        return fastpath.encode_suback(suback, self.version)
+            ack.properties.clear()
+        return fastpath.encode_suback(ack, self.version)
 
     def _on_unsubscribe(self, packet: pk.Unsubscribe) -> None:
         session = self.session
@@ -925,7 +944,8 @@ class Connection:
                 codes.append(ReasonCode.NO_SUBSCRIPTION_EXISTED)
         if self.version != MQTT_5:
             codes = []
-        self._send(fastpath.encode_suback(pk.Unsuback(packet.packet_id, codes), self.version))
+        unsuback = pk.Unsuback(packet.packet_id, codes)
+        self._send(self._encode_explained(unsuback, packet.topic_filters))
 
     # -- DISCONNECT -------------------------------------------------------------------------
 
@@ -1056,8 +1076,8 @@ class Connection:
         self._send(data)
         return True
 
-    def send_pubrel(self, packet_id: int, reason_code: int = 0) -> None:
-        self._send(fastpath.encode_ack(_PUBREL, packet_id, reason_code, None, self.version))
+    def send_pubrel(self, packet_id: int) -> None:
+        self._send(fastpath.encode_ack(_PUBREL, packet_id, 0, None, self.version))
 
     # -- closing ----------------------------------------------------------------------------
 
@@ -1170,8 +1190,9 @@ class Connection:
             self.session.drain(self.broker.clock())
 
 
-# Why a SUBSCRIBE refused a filter, for the SUBACK's Reason String.
+# Why a SUBSCRIBE refused a filter or an UNSUBSCRIBE found none, for the Reason String.
 _REFUSAL: dict[int, str] = {
+    ReasonCode.NO_SUBSCRIPTION_EXISTED: "no such subscription",
     ReasonCode.TOPIC_FILTER_INVALID: "invalid topic filter (or beyond the length/level limits)",
     ReasonCode.NOT_AUTHORIZED: "not authorized by the ACL",
     ReasonCode.QUOTA_EXCEEDED: "subscription quota exceeded",
