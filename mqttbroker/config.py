@@ -170,9 +170,8 @@ def _fill(target: Any, table: dict[str, Any], prefix: str, source: str) -> None:
 
 def load(path: str | Path | None) -> Config:
     """Read ``path`` (None: the defaults)."""
-    config = Config()
     if path is None:
-        return config
+        return Config()
     source = str(path)
     try:
         with open(path, "rb") as fh:
@@ -183,6 +182,14 @@ def load(path: str | Path | None) -> Config:
         raise ConfigError(f"{source}: not valid TOML: {exc}") from None
     except OSError as exc:
         raise ConfigError(f"{source}: cannot read: {exc.strerror}") from None
+    return from_table(data, source, Path(os.path.abspath(path)).parent)
+
+
+def from_table(data: dict[str, Any], source: str, directory: Path) -> Config:
+    """The Config of a parsed TOML document (or of a converted Mosquitto configuration, see
+    mosquitto_conf.py); ``source`` names it in errors, ``data_dir`` is relative to
+    ``directory``."""
+    config = Config()
     for key, value in data.items():
         if key in ("broker", "storage", "security"):
             if not isinstance(value, dict):
@@ -197,7 +204,6 @@ def load(path: str | Path | None) -> Config:
                 _fill(listener, table, f"listener[{index}].", source)
                 config.listeners.append(listener)
         elif key == "data_dir":  # relative to the file's directory, not the working directory
-            directory = os.path.dirname(os.path.abspath(path))
             config.data_dir = os.path.normpath(
                 os.path.join(directory, _typed(value, str, f"{source}: {key}"))
             )
