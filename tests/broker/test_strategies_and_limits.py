@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker_harness import Harness, Prop
+from broker_harness import Harness, Prop, pk
 from test_aliases_and_sharing import counts, raw_publishes, resolve, shared_setup
 
 
@@ -102,3 +102,34 @@ def test_sticky_moves_on_when_its_member_leaves(make_harness: Any) -> None:
     pub.publish("work/3", b"x", 1)
     now = counts(subs)
     assert now[first[0]] == 0 and sorted(now) == [0, 0, 2]
+
+
+def test_overlapping_subscriptions_no_local_and_retain_as_published(h: Harness) -> None:
+    """One client, two matching subscriptions: a No Local one does not stop the other from
+    delivering the client's own message, whichever the router meets first; the copy keeps
+    RETAIN if either subscription asked for Retain As Published (MQTT-3.3.1-12, -3.8.3-3)."""
+    for no_local_filter, plain_filter in (("t/a", "t/#"), ("t/#", "t/a")):
+        c = h.connect("both")
+        c.subscribe(no_local_filter, 1, no_local=True)
+        c.subscribe(plain_filter, 1, retain_as_published=True)
+        c.publish("t/a", b"own", 1, retain=True)
+        got = [p for p in c.receive() if isinstance(p, pk.Publish)]
+        assert [(p.payload, p.retain) for p in got] == [(b"own", True)], (no_local_filter, got)
+        for p in got:
+            c.puback(p.packet_id)
+        c.disconnect()
+    other = h.connect("other")
+    other.subscribe("t/a", 1)
+    other.subscribe("t/#", 1)
+    h.connect("pub").publish("t/a", b"x", 1, retain=True)
+    assert [p.retain for p in other.publishes()] == [False]  # neither asked for it
+
+
+def test_retained_messages_carry_the_subscription_identifier(h: Harness) -> None:
+    pub = h.connect("pub")
+    for name in ("r/1", "r/2"):
+        pub.publish(name, b"kept", 1, retain=True)
+    sub = h.connect("sub")
+    received = sub.subscribe("r/+", 1, sub_id=42)[1:]
+    assert sorted(p.topic for p in received) == ["r/1", "r/2"]
+    assert all(p.properties[Prop.SUBSCRIPTION_IDENTIFIER] == [42] for p in received)
