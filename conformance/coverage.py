@@ -1,16 +1,21 @@
 """Statement coverage of the conformance suite.
 
-    python -m conformance.coverage [--junit results.xml] [--list] [pytest options...]
+    python -m conformance.coverage [--junit results.xml [--compare other.xml]] [--list]
+                                   [pytest options...]
 
-Counts the distinct statement IDs of role ``server`` or ``both`` in
-``conformance/spec/mqtt5-normative.tsv`` (238 of them) that are named (``[MQTT-x.y.z-n]``) in the
-docstring of at least one PASSING test and of no FAILING test. Skipped tests count for nothing;
-statements listed in ``conformance/UNTESTED.md`` are reported separately and never counted.
+For MQTT 5.0 (``spec/mqtt5-normative.tsv``, tags ``[MQTT-x.y.z-n]``) and MQTT 3.1.1
+(``spec/mqtt311-normative.tsv``, tags ``[MQTT311-x.y.z-n]``) it counts the statements of role
+``server`` or ``both`` named in the docstring of at least one PASSING test and of no FAILING test,
+three ways: covered (every test), spec-only (without the ``feature`` tests) and checkable here
+(spec-only, leaving out what a test marked with the ``unchecked`` fixture: statements this broker
+gave it nothing to check). With ``--compare`` it also reports the statements both brokers can be
+held to, and each one's score. Skipped tests count for nothing; statements listed in
+``conformance/UNTESTED.md`` are reported separately and never counted.
 
 With ``--junit FILE`` it reads a JUnit XML file written by ``pytest conformance --junitxml=FILE``
-(the suite records each test's statements as the testcase property ``statements``). Without it,
-it runs the suite itself (any other options, e.g. ``--mosquitto`` or ``--broker HOST:PORT``, go to
-pytest) and records each test's outcome.
+(the suite records each test's statements, and whether it is a feature test or left statements
+unchecked, as testcase properties). Without it, it runs the suite itself (any other options,
+e.g. ``--mosquitto`` or ``--broker HOST:PORT``, go to pytest) and records each test's outcome.
 """
 
 from __future__ import annotations

@@ -40,6 +40,9 @@ denial can match only in part (``sensors/#`` under ``topic read #`` plus
   such subscriptions check each message);
 * ``refuse``: the subscription is refused (0x87).
 
+A filter that a denial matches whole (``secret/x`` itself) is refused either way (Mosquitto
+grants it and delivers nothing through it).
+
 A rule with ``%u`` does nothing for a client without a user name. A substituted value that is
 empty or holds ``/``, ``+`` or ``#`` (or would start the topic with ``$``) cannot be placed safely:
 such a client gets nothing from the allowances that use it, and each denial that uses it
