@@ -116,6 +116,10 @@ class SecurityConfig:
     # stay the same across restarts. "": <data_dir>/auth-secret; with storage.backend = "memory"
     # (nothing on disk) one per process instead.
     secret_file: str = ""
+    # A subscription whose filter an ACL deny rule matches only in part (`#` beside
+    # `topic deny secret/x`): "filter" grants it and never delivers the denied topics through it
+    # (as Mosquitto does); "refuse" refuses it (0x87).
+    acl_partly_denied: str = "filter"
 
 
 @dataclass(slots=True)
@@ -230,9 +234,8 @@ def _fill(target: Any, table: dict[str, Any], prefix: str, source: str) -> None:
 
 def load(path: str | Path | None) -> Config:
     """Read ``path`` (None: the defaults)."""
-    config = Config()
     if path is None:
-        return config
+        return Config()
     source = str(path)
     try:
         with open(path, "rb") as fh:
@@ -243,6 +246,14 @@ def load(path: str | Path | None) -> Config:
         raise ConfigError(f"{source}: not valid TOML: {exc}") from None
     except OSError as exc:
         raise ConfigError(f"{source}: cannot read: {exc.strerror}") from None
+    return from_table(data, source, Path(os.path.abspath(path)).parent)
+
+
+def from_table(data: dict[str, Any], source: str, directory: Path) -> Config:
+    """The Config of a parsed TOML document (or of a converted Mosquitto configuration, see
+    mosquitto_conf.py); ``source`` names it in errors, ``data_dir`` is relative to
+    ``directory``."""
+    config = Config()
     for key, value in data.items():
         if key in ("broker", "storage", "security", "cluster", "admin", "alerts"):
             if not isinstance(value, dict):
@@ -257,7 +268,6 @@ def load(path: str | Path | None) -> Config:
                 _fill(listener, table, f"listener[{index}].", source)
                 config.listeners.append(listener)
         elif key == "data_dir":  # relative to the file's directory, not the working directory
-            directory = os.path.dirname(os.path.abspath(path))
             config.data_dir = os.path.normpath(
                 os.path.join(directory, _typed(value, str, f"{source}: {key}"))
             )
@@ -329,6 +339,8 @@ def check(config: Config, source: str = "command line") -> None:
     from .security.passwords import MAX_ITERATIONS
 
     security = config.security
+    if security.acl_partly_denied not in ("filter", "refuse"):
+        raise ConfigError(f'{source}: security.acl_partly_denied: expected "filter" or "refuse"')
     if security.max_login_failures < 0:
         raise ConfigError(f"{source}: security.max_login_failures: must not be negative (0: off)")
     if not security.login_failure_window > 0:

@@ -833,7 +833,12 @@ class Connection:
         """PUBACK/PUBREC with a failure code: the message is acknowledged, not delivered
         (MQTT-4.4.0-2). A Reason String says why, unless the client asked for none
         (MQTT-3.1.2-29) or it would not fit the client's Maximum Packet Size (MQTT-3.4.2-2)."""
-        ptype = _PUBACK if qos == 1 else _PUBREC
+        self._send_explained(_PUBACK if qos == 1 else _PUBREC, packet_id, code, reason)
+
+    def _send_explained(self, ptype: int, packet_id: int, code: int, reason: str) -> None:
+        """An acknowledgement (PUBACK, PUBREC, PUBREL, PUBCOMP) with a Reason String, unless the
+        client asked for none (MQTT-3.1.2-29) or it would exceed the client's Maximum Packet
+        Size (MQTT-3.4.2-2, -3.5.2-2, -3.6.2-2, -3.7.2-2)."""
         props: dict[int, Any] | None = {Prop.REASON_STRING: reason} if self.problem_info else None
         data = fastpath.encode_ack(ptype, packet_id, code, props, self.version)
         if len(data) > self.max_send_size:
@@ -885,7 +890,12 @@ class Connection:
             delivery = session.inflight.get(packet_id)
             if delivery is None or delivery.qos != 2:
                 if self.version == MQTT_5 and ack.reason_code < 0x80:
-                    self.send_pubrel(packet_id, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND)
+                    self._send_explained(
+                        _PUBREL,
+                        packet_id,
+                        ReasonCode.PACKET_IDENTIFIER_NOT_FOUND,
+                        f"PUBREC for packet identifier {packet_id}: no QoS 2 message in flight",
+                    )
             elif session.received(packet_id, ack.reason_code, now):
                 self.send_pubrel(packet_id)  # MQTT-4.3.3-4
         elif ptype == _PUBREL:
@@ -894,8 +904,15 @@ class Connection:
                 session.awaiting_release.discard(packet_id)
                 if session.expiry_interval:
                     self.broker.store.delete_release(session, packet_id)
-            code = 0 if known or self.version != MQTT_5 else ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
-            self._send(fastpath.encode_ack(_PUBCOMP, packet_id, code, None, self.version))
+            if known or self.version != MQTT_5:
+                self._send(fastpath.encode_ack(_PUBCOMP, packet_id, 0, None, self.version))
+            else:
+                self._send_explained(
+                    _PUBCOMP,
+                    packet_id,
+                    ReasonCode.PACKET_IDENTIFIER_NOT_FOUND,
+                    f"PUBREL for packet identifier {packet_id}: no QoS 2 message awaits it",
+                )
         else:
             session.completed(packet_id, now)
 
@@ -977,6 +994,7 @@ class Connection:
                 retain_handling=request.retain_handling,
                 identifier=identifier,
             )
+            sub.read_check = broker.read_check(session, inner)
             existed = broker.router.subscribe(sub)
             session.subscriptions[topic_filter] = sub
             session.subscription_bytes += size
@@ -993,7 +1011,8 @@ class Connection:
                 opts.max_subscriptions_per_client,
                 over,
             )
-        self._send(fastpath.encode_suback(pk.Suback(packet.packet_id, codes), self.version))
+        suback = pk.Suback(packet.packet_id, codes)
+        self._send(self._encode_explained(suback, [r.topic_filter for r in packet.subscriptions]))
         now = broker.clock()
         for sub, existed in new_subs:
             # Retained messages after the SUBACK, per Retain Handling; never on a shared
@@ -1045,6 +1064,25 @@ class Connection:
             if not self.paused:
                 broker.defer(self)
 
+    def _encode_explained(self, ack: pk.Suback | pk.Unsuback, filters: list[str]) -> bytes:
+        """A SUBACK or UNSUBACK; in MQTT 5, when it refuses a filter (or UNSUBACK finds none), a
+        Reason String naming each such filter and why, unless the client asked for none
+        (MQTT-3.1.2-29) or it would exceed the client's Maximum Packet Size (MQTT-3.9.2-1,
+        MQTT-3.11.2-1)."""
+        codes = ack.reason_codes
+        if self.version == MQTT_5 and self.problem_info and any(c in _REFUSAL for c in codes):
+            refused = [
+                f"{topic_filter!r}: {_REFUSAL[code]}"
+                for topic_filter, code in zip(filters, codes, strict=True)
+                if code in _REFUSAL
+            ]
+            ack.properties[Prop.REASON_STRING] = "; ".join(refused)[:_REASON_MAX]
+            data = fastpath.encode_suback(ack, MQTT_5)
+            if len(data) <= self.max_send_size:
+                return data
+            ack.properties.clear()
+        return fastpath.encode_suback(ack, self.version)
+
     def _on_unsubscribe(self, packet: pk.Unsubscribe) -> None:
         session = self.session
         assert session is not None
@@ -1061,7 +1099,8 @@ class Connection:
                 codes.append(ReasonCode.NO_SUBSCRIPTION_EXISTED)
         if self.version != MQTT_5:
             codes = []
-        self._send(fastpath.encode_suback(pk.Unsuback(packet.packet_id, codes), self.version))
+        unsuback = pk.Unsuback(packet.packet_id, codes)
+        self._send(self._encode_explained(unsuback, packet.topic_filters))
 
     # -- DISCONNECT -------------------------------------------------------------------------
 
@@ -1211,8 +1250,8 @@ class Connection:
         self._send(data)
         return True
 
-    def send_pubrel(self, packet_id: int, reason_code: int = 0) -> None:
-        self._send(fastpath.encode_ack(_PUBREL, packet_id, reason_code, None, self.version))
+    def send_pubrel(self, packet_id: int) -> None:
+        self._send(fastpath.encode_ack(_PUBREL, packet_id, 0, None, self.version))
 
     # -- closing ----------------------------------------------------------------------------
 
@@ -1331,6 +1370,18 @@ class Connection:
             self.session.drain(self.broker.clock())
         if not self._checking:
             self.resume_input()
+
+
+# Why a SUBSCRIBE refused a filter or an UNSUBSCRIBE found none, for the Reason String.
+_REFUSAL: dict[int, str] = {
+    ReasonCode.NO_SUBSCRIPTION_EXISTED: "no such subscription",
+    ReasonCode.TOPIC_FILTER_INVALID: "invalid topic filter (or beyond the length/level limits)",
+    ReasonCode.NOT_AUTHORIZED: "not authorized by the ACL",
+    ReasonCode.QUOTA_EXCEEDED: "subscription quota exceeded",
+    ReasonCode.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED: "shared subscriptions are off",
+    ReasonCode.WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED: "wildcard subscriptions are off",
+}
+_REASON_MAX = 1024  # characters of a Reason String the broker composes
 
 
 def _check_utf8_payload(payload: bytes) -> None:

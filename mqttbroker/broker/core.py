@@ -424,7 +424,9 @@ class Broker:
             if group is None:  # no member left
                 continue
             member = group.pick(strategy, message.topic, "", exclude=session)
-            if member is not None:  # sent as that member's subscription would have sent it
+            if member is not None and (
+                member.read_check is None or member.read_check(message.topic)
+            ):  # sent as that member's subscription would have sent it
                 ident = member.identifier
                 member.session.deliver(
                     message,
@@ -465,6 +467,16 @@ class Broker:
             log.info("publishing the will of %s on %r", session.client_id, will.topic)
             self.router.publish(message, match, session, now)
 
+    def read_check(self, session: Session, topic_filter: str) -> Callable[[str], bool] | None:
+        """What a granted subscription to ``topic_filter`` checks each message's topic with:
+        None unless the authorizer denies this client some topic the filter reaches."""
+        authorizer = self.authorizer
+        if authorizer is None or not authorizer.needs_read_check(
+            session.client_id, session.username, topic_filter
+        ):
+            return None
+        return partial(authorizer.can_read, session.client_id, session.username)
+
     def recheck_subscriptions(self) -> int:
         """After the rules changed (SIGHUP, or while the broker was down): remove the
         subscriptions the authorizer no longer allows, so that a revoked right stops the flow at
@@ -481,6 +493,7 @@ class Broker:
             username = session.username
             for topic_filter, sub in list(session.subscriptions.items()):
                 if authorizer.can_subscribe(client_id, username, sub.filter):
+                    sub.read_check = self.read_check(session, sub.filter)
                     continue
                 del session.subscriptions[topic_filter]
                 session.subscription_bytes -= filter_size(topic_filter)

@@ -66,6 +66,7 @@ class CommitTimes:
         self.total += seconds
         self.count += 1
 
+
 # Each entry upgrades the schema by one version; the database records the version it has.
 MIGRATIONS: list[str] = [
     """
