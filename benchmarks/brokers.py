@@ -1,6 +1,8 @@
 """Starting, watching and stopping the brokers under test.
 
-* ours: ``python -m mqttbroker --port 0 --log-level warning`` (its port read from /proc);
+* ours: ``python -m mqttbroker --port 0 --log-level warning`` (its port read from /proc), its
+  admin server off, or with ``--scrape-metrics`` (``SCRAPE_METRICS``) on a free port and its
+  ``/metrics`` fetched every second by a thread of the runner for as long as it runs;
 * Mosquitto: ``mosquitto -c <generated config>`` on a free loopback port;
 * amqtt: only when it is importable (never installed by this suite); MQTT 3.1.1 only;
 * an external broker at HOST:PORT (its pid, when given, enables CPU and RSS figures);
@@ -22,7 +24,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +37,8 @@ REPO = Path(__file__).resolve().parent.parent
 BROKER_CORE = 0
 GENERATOR_CORE = 1
 START_TIMEOUT = 20.0
+SCRAPE_METRICS = False  # --scrape-metrics: our brokers run their admin server, scraped each second
+SCRAPE_INTERVAL = 1.0
 
 MOSQUITTO_CONF = """\
 listener {port} 127.0.0.1
@@ -153,6 +159,8 @@ class BrokerHandle:
     log_path: str | None = None
     crashes: int = 0
     description: str = ""
+    admin_port: int = 0  # our broker's admin server, when SCRAPE_METRICS
+    scraper: Scraper | None = None
 
     @property
     def managed(self) -> bool:
@@ -173,6 +181,9 @@ class BrokerHandle:
         return "\n".join(text.splitlines()[-lines:])
 
     def stop(self) -> None:
+        if self.scraper is not None:
+            self.scraper.stop()
+            self.scraper = None
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -233,7 +244,7 @@ def _wait_port(handle: BrokerHandle, find_port: bool) -> None:
                 + handle.log_tail()
             )
         if find_port and not handle.port:
-            ports = procfs.listening_ports(handle.pid)
+            ports = [p for p in procfs.listening_ports(handle.pid) if p != handle.admin_port]
             if ports:
                 handle.port = ports[0]
         if handle.port and port_open(handle.host, handle.port):
@@ -272,6 +283,8 @@ def start_ours(
         "--data-dir",
         os.path.join(workdir, "data"),
     ]
+    admin_port = free_port() if SCRAPE_METRICS else 0
+    cmd += ["--admin-port", str(admin_port)]
     if config is not None:
         path = os.path.join(workdir, "mqttbroker.toml")
         Path(path).write_text(config)
@@ -279,12 +292,50 @@ def start_ours(
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     description += f", {_hot_path_form(env)} hot path"
+    if admin_port:
+        description += f", admin on, /metrics scraped every {SCRAPE_INTERVAL:g} s"
     proc, log_path = _spawn(name, pinned(BROKER_CORE, cmd, pin), workdir, env)
     handle = BrokerHandle(
-        name, "127.0.0.1", 0, proc.pid, version, proc, workdir, log_path, description=description
+        name,
+        "127.0.0.1",
+        0,
+        proc.pid,
+        version,
+        proc,
+        workdir,
+        log_path,
+        description=description,
+        admin_port=admin_port,
     )
     _wait_port(handle, find_port=True)
+    if admin_port:
+        handle.scraper = Scraper(f"http://127.0.0.1:{admin_port}/metrics")
     return handle
+
+
+class Scraper:
+    """Fetches a /metrics URL every SCRAPE_INTERVAL seconds on a thread, as Prometheus would."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.scrapes = 0
+        self.failures = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="scraper", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(SCRAPE_INTERVAL):
+            try:
+                with urllib.request.urlopen(self.url, timeout=5) as response:
+                    response.read()
+                self.scrapes += 1
+            except OSError:
+                self.failures += 1
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
 
 
 def start_mosquitto(pin: bool, version: int = MQTT_5, persistent: bool = False) -> BrokerHandle:

@@ -65,6 +65,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--subscribers", type=int, help="fan-out subscribers, scenario 2 (default 100)")
     p.add_argument("--no-pin", action="store_true", help="do not pin with taskset")
     p.add_argument(
+        "--scrape-metrics",
+        action="store_true",
+        help="run our brokers with the admin server on and /metrics scraped every second "
+        "(its cost: compare with a run without)",
+    )
+    p.add_argument(
         "--out", metavar="PATH", help="JSON lines file (default benchmarks/results/<time>.jsonl)"
     )
     return p
@@ -382,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         sizes.fanout_subscribers = args.subscribers
     version = MQTT_5 if args.mqtt == "5" else MQTT_311
     pin = br.pinning_available() and not args.no_pin
+    br.SCRAPE_METRICS = args.scrape_metrics
     fds = procfs.raise_fd_limit()  # inherited by the brokers and the generators
     suite = time.strftime("%Y%m%d-%H%M%S")
     out = Path(args.out) if args.out else RESULTS / f"{suite}.jsonl"

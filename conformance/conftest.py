@@ -42,6 +42,9 @@ from .mqtt import MQTT_5, Client
 
 REPO = Path(__file__).resolve().parent.parent
 STATEMENT = re.compile(r"\[(MQTT-\d+(?:\.\d+)*-\d+)\]")
+# MQTT 3.1.1's statements are tagged [MQTT311-x.y.z-n] (the same ID means something else in 5.0);
+# the ID recorded is the standard's, MQTT-x.y.z-n, of spec/mqtt311-normative.tsv.
+STATEMENT_311 = re.compile(r"\[MQTT311-(\d+(?:\.\d+)*-\d+)\]")
 MOSQUITTO = os.environ.get("MOSQUITTO", "/usr/sbin/mosquitto")
 
 # The second, restricted broker some tests need: Maximum QoS 1, no retained messages, a 4096-byte
@@ -101,10 +104,11 @@ max_packet_size {LIMITED_MAX_PACKET_SIZE}
 """
 
 
-def statements_of(item: Any) -> list[str]:
-    """The statement IDs in a test's docstring, in order, without repeats."""
+def statements_of(item: Any, pattern: re.Pattern[str] = STATEMENT) -> list[str]:
+    """The statement IDs in a test's docstring, in order, without repeats (MQTT 5.0's; with
+    ``pattern=STATEMENT_311``, MQTT 3.1.1's)."""
     doc = getattr(getattr(item, "function", None), "__doc__", None) or ""
-    return list(dict.fromkeys(STATEMENT.findall(doc)))
+    return list(dict.fromkeys(pattern.findall(doc)))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -168,6 +172,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         ids = statements_of(item)
         if ids:
             item.user_properties.append(("statements", " ".join(ids)))
+        ids = statements_of(item, STATEMENT_311)
+        if ids:
+            item.user_properties.append(("statements311", " ".join(f"MQTT-{i}" for i in ids)))
+        if item.get_closest_marker("feature"):
+            item.user_properties.append(("feature", "1"))
+
+
+@pytest.fixture
+def unchecked(request: pytest.FixtureRequest) -> Any:
+    """``unchecked(*ids)``: the broker gave this test nothing to check for these statements of
+    its docstring (e.g. "leave out the Reason String when it would not fit" from a broker that
+    sends none), so a pass proves nothing about them here: the coverage report counts them
+    as named, not as checkable (see coverage.py)."""
+
+    def mark(*ids: str) -> None:
+        request.node.user_properties.append(("unchecked", " ".join(ids)))
+
+    return mark
 
 
 # -- brokers ------------------------------------------------------------------------------------

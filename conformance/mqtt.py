@@ -712,6 +712,9 @@ class Client:
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._buf = bytearray()
         self._eof = False
+        # bytes per recv(): a client that reads one packet at a time leaves the rest in the
+        # kernel, where a reset from the peer can discard it
+        self.recv_size = 65536
         self._next_id = 0
         self._stash: list[Packet] = []
         self.connack: Packet | None = None
@@ -746,7 +749,7 @@ class Client:
             raise NoPacket("timed out")
         self.sock.settimeout(remaining)
         try:
-            return self.sock.recv(65536)
+            return self.sock.recv(self.recv_size)
         except TimeoutError:
             raise NoPacket("timed out") from None
         except (ConnectionResetError, ConnectionAbortedError, BrokenPipeError):

@@ -6,21 +6,31 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-from .conftest import STATEMENT
-from .coverage import load_statements, untested_ids
+import pytest
+
+from .conftest import STATEMENT, STATEMENT_311
+from .coverage import SPEC, SPEC_311, load_statements, untested_ids
 
 
-def _named() -> dict[str, list[str]]:
+def _named(pattern=STATEMENT, prefix="") -> dict[str, list[str]]:
     """Statement ID -> names of the tests naming it, over every test module (whatever -k or -m
-    selected)."""
+    selected); with ``STATEMENT_311`` and prefix "MQTT-", the MQTT 3.1.1 ones."""
     named: dict[str, list[str]] = {}
     for path in sorted(Path(__file__).parent.glob("test_*.py")):
         module = importlib.import_module(f"{__package__}.{path.stem}")
         for name, obj in vars(module).items():
             if name.startswith("test_") and callable(obj):
-                for sid in dict.fromkeys(STATEMENT.findall(obj.__doc__ or "")):
-                    named.setdefault(sid, []).append(name)
+                for sid in dict.fromkeys(pattern.findall(obj.__doc__ or "")):
+                    named.setdefault(prefix + sid, []).append(name)
     return named
+
+
+def test_mqtt311_statement_ids_exist():
+    """Every [MQTT311-...] in a docstring is an ID of the 3.1.1 list, of role server or both."""
+    statements = load_statements(SPEC_311)
+    for sid, tests in _named(STATEMENT_311, "MQTT-").items():
+        assert sid in statements, f"MQTT311{sid[4:]} (in {tests[0]}) is not a 3.1.1 statement ID"
+        assert statements[sid]["role"] in ("server", "both"), f"{sid} binds only clients"
 
 
 def test_statement_ids_exist():
@@ -31,12 +41,13 @@ def test_statement_ids_exist():
         assert statements[sid]["role"] in ("server", "both"), f"{sid} binds only clients"
 
 
-def test_every_statement_tested_or_explained():
+@pytest.mark.parametrize("version", ["5.0", "3.1.1"])
+def test_every_statement_tested_or_explained(version):
     """Each server/both statement is named by a test or listed in UNTESTED.md, not both."""
-    statements = load_statements()
+    statements = load_statements(SPEC_311 if version == "3.1.1" else SPEC)
     scope = {sid for sid, row in statements.items() if row["role"] in ("server", "both")}
-    untested = set(untested_ids())
+    untested = set(untested_ids(version))
     assert untested <= scope, f"UNTESTED.md lists unknown IDs: {sorted(untested - scope)}"
-    named = set(_named())
+    named = set(_named(STATEMENT_311, "MQTT-") if version == "3.1.1" else _named())
     assert not (named & untested), f"both tested and untested: {sorted(named & untested)}"
     assert not (scope - named - untested), f"unaccounted for: {sorted(scope - named - untested)}"

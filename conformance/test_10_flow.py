@@ -100,6 +100,32 @@ def test_client_exceeding_receive_maximum(clients, topic):
     c.expect_disconnect({0x93})
 
 
+def test_receive_maximum_exceeded_heard_while_still_sending(clients, topic):
+    """The same excess, from a client that answers each PUBREC with PUBREL as it reads it: its
+    PUBRELs reach a connection the broker is closing, and the client must still read the
+    DISCONNECT 0x93: a broker that closes at once answers them with a reset, and the client's
+    next write fails (broken pipe) before it reads the DISCONNECT, or the reset discards what
+    it has not read. A lingering close (as nginx's) avoids both: shut down the sending side,
+    read and discard for a bounded time, then close. [MQTT-3.3.4-7]"""
+    c = clients.connected()
+    assert c.connack is not None
+    maximum = c.connack.prop(P.RECEIVE_MAXIMUM, 65535)
+    if maximum > 5000:
+        pytest.skip(f"Receive Maximum {maximum} too large to exceed quickly")
+    burst = b"".join(publish(topic, b"x", qos=2, packet_id=i + 1) for i in range(maximum + 1))
+    c.recv_size = 4  # one PUBREC per read, as a client reading packet by packet does
+    c.send(burst)
+    for _ in range(maximum):
+        rec = c.expect(PUBREC)
+        assert rec.reason_code < 0x80
+        # A client library stops at a failed write and never reads what came before it.
+        try:
+            c.send(ack(PUBREL, rec.packet_id))
+        except OSError as exc:
+            raise AssertionError(f"{exc!r} before the DISCONNECT 0x93 was read") from None
+    c.expect_disconnect({0x93}, required=True)
+
+
 def test_ordering_per_topic(clients, topic):
     """Messages of one publisher on one topic at one QoS arrive in the order sent, for each
     topic (non-shared subscriptions make every topic an Ordered Topic). The publisher pipelines

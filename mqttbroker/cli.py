@@ -22,9 +22,18 @@ def parser() -> argparse.ArgumentParser:
         prog="mqttbroker",
         description="An MQTT 5.0 / 3.1.1 broker.",
         epilog="mqttbroker passwd [-c | -D] FILE USER: add, change or delete a user of a "
-        "password file (mqttbroker passwd --help)",
+        "password file (mqttbroker passwd --help); mqttbroker check-config FILE: validate a "
+        "configuration file without starting anything (exit 0: valid, 2: not); mqttbroker convert-config MOSQUITTO_CONF: "
+        "print the TOML equivalent of a Mosquitto configuration.",
     )
-    p.add_argument("--config", metavar="PATH", help="TOML configuration file")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--config", metavar="PATH", help="TOML configuration file")
+    source.add_argument(
+        "--mosquitto-conf",
+        metavar="PATH",
+        help="run with a Mosquitto configuration file (mosquitto.conf); the directives it "
+        "cannot carry over are logged (mqttbroker convert-config PATH prints the TOML)",
+    )
     p.add_argument(
         "--host", help="address to listen on (default 127.0.0.1; the first [[listener]]'s)"
     )
@@ -50,6 +59,12 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="accept clients without a user name on every listener that does not say otherwise "
         "(security.allow_anonymous = true)",
+    )
+    p.add_argument(
+        "--admin-port",
+        type=int,
+        metavar="PORT",
+        help="admin HTTP server (dashboard, /metrics, API) port (default 18083; 0 = off)",
     )
     p.add_argument("--log-level", choices=LOG_LEVELS, help="default info")
     p.add_argument(
@@ -101,10 +116,21 @@ def main(argv: list[str] | None = None) -> int:
         from .security.passwd import main as passwd_main
 
         return passwd_main(argv[1:])
+    if argv[:1] == ["check-config"]:
+        return check_config(argv[1:])
+    if argv[:1] == ["convert-config"]:
+        return convert_config(argv[1:])
     args = parser().parse_args(argv)
     stop_requested = _record_stop_signals()
+    not_carried: list[str] = []
     try:
-        config = load(args.config)
+        if args.mosquitto_conf:
+            from . import mosquitto_conf
+
+            config, conversion = mosquitto_conf.load(args.mosquitto_conf)
+            not_carried = conversion.unsupported
+        else:
+            config = load(args.config)
         if args.host is not None or args.port is not None:
             # The first listener's address; its protocol and TLS settings stay.
             first = config.listeners[0] if config.listeners else ListenerConfig()
@@ -132,14 +158,21 @@ def main(argv: list[str] | None = None) -> int:
             config.cluster.node_id = args.node_id
         if args.workers is not None:
             config.workers = args.workers
+        if args.admin_port is not None:
+            config.admin.port = args.admin_port
         check(config)
         from .server.tls import check_listeners
 
-        check_listeners(config, args.config or "command line")
+        check_listeners(config, args.config or args.mosquitto_conf or "command line")
     except ConfigError as exc:
         print(f"mqttbroker: configuration error: {exc}", file=sys.stderr)
         return 2
     logformat.setup(config.log_level)  # control characters in messages escaped
+    if config.log_format == "json":
+        from .ops.logjson import JsonFormatter
+
+        for handler in logging.getLogger().handlers:
+            handler.setFormatter(JsonFormatter())
     _set_log_levels(config)
     if config.workers > 1:
         from .cluster.workers import as_worker, supervise, worker_index
@@ -148,11 +181,16 @@ def main(argv: list[str] | None = None) -> int:
         if index is None:
             return supervise(argv, config, stop_requested)
         as_worker(config, index)
+    path = args.config or args.mosquitto_conf
     logging.getLogger("mqttbroker").info(
         "mqttbroker %s, %s",
         __version__,
-        f"config file {os.path.abspath(args.config)}" if args.config else "no config file",
+        f"{'Mosquitto ' if args.mosquitto_conf else ''}config file {os.path.abspath(path)}"
+        if path
+        else "no config file",
     )
+    for note in not_carried:
+        logging.getLogger("mqttbroker").warning("Mosquitto directive not carried over: %s", note)
     from .server.app import run
 
     try:
@@ -160,3 +198,52 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:  # a password or ACL file that does not load (file and line)
         print(f"mqttbroker: configuration error: {exc}", file=sys.stderr)
         return 2
+
+
+def check_config(argv: list[str]) -> int:
+    """``mqttbroker check-config FILE``: load FILE as the broker would (its keys, the files it
+    names: certificates, password and ACL files, the admin token) without binding anything.
+    Exit 0 if it is valid, 2 (with the error on stderr) if not."""
+    p = argparse.ArgumentParser(
+        prog="mqttbroker check-config", description="Validate a configuration file."
+    )
+    p.add_argument("file", metavar="FILE")
+    args = p.parse_args(argv)
+    from .ops.admin import read_token
+    from .security import build_security
+    from .server.tls import check_listeners
+
+    logging.basicConfig(level="ERROR")  # build_security's notes are not the point here
+    try:
+        config = load(args.file)
+        check_listeners(config, args.file)
+        build_security(config)
+        if config.admin.port:
+            read_token(config.admin)
+    except ConfigError as exc:
+        print(f"mqttbroker: configuration error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{args.file}: valid")
+    return 0
+
+
+def convert_config(argv: list[str]) -> int:
+    """``mqttbroker convert-config MOSQUITTO_CONF``: the equivalent TOML on stdout; the
+    directives not carried over are comments in it, and listed on stderr."""
+    p = argparse.ArgumentParser(
+        prog="mqttbroker convert-config",
+        description="Print the TOML configuration equivalent to a Mosquitto configuration.",
+    )
+    p.add_argument("path", metavar="MOSQUITTO_CONF")
+    args = p.parse_args(argv)
+    from . import mosquitto_conf
+
+    try:
+        conversion = mosquitto_conf.convert(args.path)  # files need not exist on this machine
+    except ConfigError as exc:
+        print(f"mqttbroker: configuration error: {exc}", file=sys.stderr)
+        return 2
+    sys.stdout.write(conversion.toml())
+    for note in conversion.unsupported:
+        print(f"not carried over: {note}", file=sys.stderr)
+    return 0

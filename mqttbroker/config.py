@@ -20,6 +20,7 @@ from .broker.options import BrokerOptions
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+LOG_FORMATS = ("text", "json")
 MAX_BUSY_POLL_US = 1_000_000
 MAX_WORKERS = 256
 
@@ -115,6 +116,10 @@ class SecurityConfig:
     # stay the same across restarts. "": <data_dir>/auth-secret; with storage.backend = "memory"
     # (nothing on disk) one per process instead.
     secret_file: str = ""
+    # A subscription whose filter an ACL deny rule matches only in part (`#` beside
+    # `topic deny secret/x`): "filter" grants it and never delivers the denied topics through it
+    # (as Mosquitto does); "refuse" refuses it (0x87).
+    acl_partly_denied: str = "filter"
 
 
 @dataclass(slots=True)
@@ -136,6 +141,31 @@ class ClusterConfig:
 
 
 @dataclass(slots=True)
+class AdminConfig:
+    # The admin HTTP server (dashboard, /metrics, /api/v1, /healthz, /readyz). 0: off.
+    host: str = "127.0.0.1"
+    port: int = 18083
+    # A bearer token, read from this file (first line) or from this environment variable; never
+    # written in the configuration itself. Needed (or admin_users) unless host is loopback.
+    token_file: str = ""
+    token_env: str = ""
+    # Comma-separated users of [security] password_file who may log in (HTTP Basic).
+    admin_users: str = ""
+    # TLS, as for listeners: a PEM certificate chain, and its key ("": in tls_cert_file).
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    # Comma-separated origins allowed to call the API from other sites (CORS). "": none.
+    cors_origins: str = ""
+
+
+@dataclass(slots=True)
+class AlertsConfig:
+    # Seconds a session's oldest queued message may wait before the session counts as stuck
+    # (logged, counted, published under $SYS/broker/alerts/, flagged in the API). 0: off.
+    oldest_queued_age: float = 60.0
+
+
+@dataclass(slots=True)
 class Config:
     listeners: list[ListenerConfig] = field(default_factory=lambda: [ListenerConfig()])
     broker: BrokerOptions = field(default_factory=BrokerOptions)
@@ -147,6 +177,9 @@ class Config:
     # Levels of other loggers by name, e.g. {"aiosqlite": "debug"}. Loggers outside the broker's
     # own (aiosqlite, asyncio, aiohttp) are otherwise at info at most, even at log_level debug.
     log_levels: dict[str, str] = field(default_factory=dict)
+    log_format: str = "text"  # "json": one object per line, for log shippers
+    admin: AdminConfig = field(default_factory=AdminConfig)
+    alerts: AlertsConfig = field(default_factory=AlertsConfig)
     # Allocations between two young-generation runs of Python's cycle collector (its default is
     # 700). Thousands of long-lived connection objects make each run costly: at 700 it took
     # about a fifth of the broker's CPU while 10,000 clients connected. 0 leaves Python's setting.
@@ -201,9 +234,8 @@ def _fill(target: Any, table: dict[str, Any], prefix: str, source: str) -> None:
 
 def load(path: str | Path | None) -> Config:
     """Read ``path`` (None: the defaults)."""
-    config = Config()
     if path is None:
-        return config
+        return Config()
     source = str(path)
     try:
         with open(path, "rb") as fh:
@@ -214,8 +246,16 @@ def load(path: str | Path | None) -> Config:
         raise ConfigError(f"{source}: not valid TOML: {exc}") from None
     except OSError as exc:
         raise ConfigError(f"{source}: cannot read: {exc.strerror}") from None
+    return from_table(data, source, Path(os.path.abspath(path)).parent)
+
+
+def from_table(data: dict[str, Any], source: str, directory: Path) -> Config:
+    """The Config of a parsed TOML document (or of a converted Mosquitto configuration, see
+    mosquitto_conf.py); ``source`` names it in errors, ``data_dir`` is relative to
+    ``directory``."""
+    config = Config()
     for key, value in data.items():
-        if key in ("broker", "storage", "security", "cluster"):
+        if key in ("broker", "storage", "security", "cluster", "admin", "alerts"):
             if not isinstance(value, dict):
                 raise ConfigError(f"{source}: {key}: expected a table [{key}]")
             _fill(getattr(config, key), value, f"{key}.", source)
@@ -228,12 +268,11 @@ def load(path: str | Path | None) -> Config:
                 _fill(listener, table, f"listener[{index}].", source)
                 config.listeners.append(listener)
         elif key == "data_dir":  # relative to the file's directory, not the working directory
-            directory = os.path.dirname(os.path.abspath(path))
             config.data_dir = os.path.normpath(
                 os.path.join(directory, _typed(value, str, f"{source}: {key}"))
             )
-        elif key == "log_level":
-            config.log_level = _typed(value, str, f"{source}: {key}")
+        elif key in ("log_level", "log_format"):
+            setattr(config, key, _typed(value, str, f"{source}: {key}"))
         elif key == "log_levels":
             config.log_levels = _log_levels(value, source)
         elif key in ("gc_threshold", "busy_poll_us", "workers"):
@@ -248,8 +287,8 @@ def load(path: str | Path | None) -> Config:
         else:
             raise ConfigError(
                 f"{source}: {key}: unknown key (known: broker, storage, security, cluster, "
-                "listener, bridge, webhook, data_dir, log_level, log_levels, gc_threshold, "
-                "busy_poll_us, workers)"
+                "admin, alerts, listener, bridge, webhook, data_dir, log_level, log_levels, "
+                "log_format, gc_threshold, busy_poll_us, workers)"
             )
     check(config, source)
     return config
@@ -275,6 +314,8 @@ def _log_levels(value: Any, source: str) -> dict[str, str]:
 def check(config: Config, source: str = "command line") -> None:
     if config.log_level.lower() not in LOG_LEVELS:
         raise ConfigError(f"{source}: log_level: expected one of {', '.join(LOG_LEVELS)}")
+    if config.log_format not in LOG_FORMATS:
+        raise ConfigError(f'{source}: log_format: expected "text" or "json"')
     if not 0 <= config.gc_threshold <= 2**31 - 1:
         raise ConfigError(f"{source}: gc_threshold: must be between 0 and {2**31 - 1}")
     if not 0 <= config.busy_poll_us <= MAX_BUSY_POLL_US:
@@ -298,6 +339,8 @@ def check(config: Config, source: str = "command line") -> None:
     from .security.passwords import MAX_ITERATIONS
 
     security = config.security
+    if security.acl_partly_denied not in ("filter", "refuse"):
+        raise ConfigError(f'{source}: security.acl_partly_denied: expected "filter" or "refuse"')
     if security.max_login_failures < 0:
         raise ConfigError(f"{source}: security.max_login_failures: must not be negative (0: off)")
     if not security.login_failure_window > 0:
@@ -306,6 +349,9 @@ def check(config: Config, source: str = "command line") -> None:
         raise ConfigError(
             f"{source}: security.min_iterations: must be between 0 (none) and {MAX_ITERATIONS:,}"
         )
+    _check_admin(config, source)
+    if config.alerts.oldest_queued_age < 0:
+        raise ConfigError(f"{source}: alerts.oldest_queued_age: must not be negative (0: off)")
     storage = config.storage
     if storage.backend not in ("sqlite", "memory"):
         raise ConfigError(f'{source}: storage.backend: expected "sqlite" or "memory"')
@@ -372,6 +418,35 @@ def _check_cluster(cluster: ClusterConfig, where: str) -> None:
         raise ConfigError(f"{where}.node_ttl: must be at least 1 (second)")
     if not cluster.connect_timeout > 0:
         raise ConfigError(f"{where}.connect_timeout: must be positive")
+
+
+def _check_admin(config: Config, source: str) -> None:
+    """[admin]: off with port 0; anywhere but loopback only with a token or admin users."""
+    admin = config.admin
+    where = f"{source}: admin"
+    if not 0 <= admin.port <= 65535:
+        raise ConfigError(f"{where}.port: must be between 0 (off) and 65535")
+    if not admin.port:
+        return
+    if admin.token_file and admin.token_env:
+        raise ConfigError(f"{where}.token_env: token_file is set too; choose one")
+    for key in ("token_file", "tls_cert_file", "tls_key_file"):
+        path = getattr(admin, key)
+        if path and not Path(path).is_file():
+            raise ConfigError(f"{where}.{key}: file not found: {path}")
+    if admin.tls_key_file and not admin.tls_cert_file:
+        raise ConfigError(f"{where}.tls_key_file: needs tls_cert_file")
+    if admin.admin_users and not config.security.password_file:
+        raise ConfigError(f"{where}.admin_users: needs security.password_file (their passwords)")
+    from .security import is_loopback
+
+    if not is_loopback(admin.host) and not (
+        admin.token_file or admin.token_env or admin.admin_users
+    ):
+        raise ConfigError(
+            f"{where}.host: {admin.host!r} is not a loopback address: set token_file, token_env "
+            "or admin_users, or admin.port = 0 to turn the admin server off"
+        )
 
 
 def _check_listener(listener: ListenerConfig, where: str) -> None:

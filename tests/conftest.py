@@ -8,9 +8,9 @@ and keeps every line for assertions (``log_text()``, ``wait_for_log()``): see
 ``support/launcher.py``, which the persistence tests use too.
 ``start_program`` runs another program (an example, say) the same way, until its ready line.
 
-A test marked ``needs_mosquitto``, ``needs_haproxy``, ``needs_node`` or ``needs_openssl`` is
-skipped when that program is missing, and fails instead under ``CI=true``; a CI run that skipped
-any test, for whatever reason, fails (``external_tools.py``).
+A test marked ``needs_mosquitto``, ``needs_haproxy``, ``needs_node``, ``needs_openssl`` or
+``needs_chromium`` is skipped when that program is missing, and fails instead under ``CI=true``;
+a CI run that skipped any test, for whatever reason, fails (``external_tools.py``).
 """
 
 from __future__ import annotations

@@ -89,9 +89,16 @@ class Authorizer(Protocol):
     def can_publish(self, client_id: str, username: str | None, topic: str) -> bool: ...
 
     def can_subscribe(self, client_id: str, username: str | None, topic_filter: str) -> bool:
-        """False also when a wildcard filter could reach a topic the client may not read."""
+        """Whether the subscription is granted (a filter reaching denied topics may be granted,
+        those topics then withheld at delivery: see ``needs_read_check``)."""
         ...
 
     def can_read(self, client_id: str, username: str | None, topic: str) -> bool:
-        """Whether a message on ``topic`` may be delivered (checked for retained messages)."""
+        """Whether a message on ``topic`` may be delivered (checked for retained messages, and
+        for each message through a subscription that ``needs_read_check``)."""
+        ...
+
+    def needs_read_check(self, client_id: str, username: str | None, topic_filter: str) -> bool:
+        """For a subscription ``can_subscribe`` granted: whether it can reach a topic the
+        client may not read, so that each message through it must pass ``can_read``."""
         ...

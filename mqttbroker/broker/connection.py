@@ -468,6 +468,16 @@ class Connection:
             self.broker.mark_dirty(self)
         out.append(data)
 
+    def send_explained(self, ptype: int, packet_id: int, code: int, reason: str) -> None:
+        """An acknowledgement (PUBACK, PUBREC, PUBREL, PUBCOMP) with a Reason String, unless the
+        client asked for none (MQTT-3.1.2-29) or it would exceed the client's Maximum Packet
+        Size (MQTT-3.4.2-2, -3.5.2-2, -3.6.2-2, -3.7.2-2)."""
+        props: dict[int, Any] | None = {Prop.REASON_STRING: reason} if self.problem_info else None
+        data = fastpath.encode_ack(ptype, packet_id, code, props, self.version)
+        if len(data) > self.max_send_size:
+            data = fastpath.encode_ack(ptype, packet_id, code, None, self.version)
+        self.send(data)
+
     def hold_output(self) -> None:
         """Our input changed the store: what we have buffered so far (acknowledgements among
         it) waits until the store's current batch is committed, so that "acknowledged" means

@@ -65,6 +65,7 @@ class Broker:
         self.refused = 0  # connections refused by the connection limits
         self.connects = 0  # CONNECT packets received
         self.delivered_closed = 0  # PUBLISH packets sent on connections now closed
+        self.dropped_ended = 0  # messages dropped by sessions that have ended
         # Bytes read from and written to clients (MQTT bytes: inside TLS and WebSocket frames),
         # counted by the transports per read and per write.
         self.bytes_received = 0
@@ -360,7 +361,7 @@ class Broker:
                 self.router.subscribe(sub)
                 session.add_subscription(sub, save=False)
             for delivery in record.deliveries:
-                session.restore_delivery(delivery)
+                session.restore_delivery(delivery, now)
             session.awaiting_release.update(record.releases)
             will = record.will
             if will is not None:
@@ -438,6 +439,8 @@ class Broker:
             if backplane is not None:
                 backplane.session_ended(session.client_id)
         self._count(session, False)
+        self.dropped_ended += session.dropped  # $SYS dropped never goes down
+        session.dropped = 0
         self.store.delete_session(session)
         for sub in session.subscriptions.values():
             self.router.unsubscribe(sub)
@@ -471,7 +474,9 @@ class Broker:
             if group is None:  # no member left
                 continue
             member = group.pick(strategy, message.topic, "", exclude=session)
-            if member is not None:  # sent as that member's subscription would have sent it
+            if member is not None and (
+                member.read_check is None or member.read_check(message.topic)
+            ):  # sent as that member's subscription would have sent it
                 ident = member.identifier
                 member.session.deliver(
                     message,
@@ -512,6 +517,16 @@ class Broker:
             log.info("publishing the will of %s on %r", session.client_id, will.topic)
             self.router.publish(message, match, session, now)
 
+    def read_check(self, session: Session, topic_filter: str) -> Callable[[str], bool] | None:
+        """What a granted subscription to ``topic_filter`` checks each message's topic with:
+        None unless the authorizer denies this client some topic the filter reaches."""
+        authorizer = self.authorizer
+        if authorizer is None or not authorizer.needs_read_check(
+            session.client_id, session.username, topic_filter
+        ):
+            return None
+        return partial(authorizer.can_read, session.client_id, session.username)
+
     def recheck_subscriptions(self) -> int:
         """After the rules changed (SIGHUP, or while the broker was down): remove the
         subscriptions the authorizer no longer allows, so that a revoked right stops the flow at
@@ -528,6 +543,7 @@ class Broker:
             username = session.username
             for topic_filter, sub in list(session.subscriptions.items()):
                 if authorizer.can_subscribe(client_id, username, sub.filter):
+                    sub.read_check = self.read_check(session, sub.filter)
                     continue
                 session.remove_subscription(topic_filter)
                 self.router.unsubscribe(sub)

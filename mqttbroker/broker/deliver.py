@@ -91,8 +91,8 @@ def send_aliased(
     return True
 
 
-def send_pubrel(conn: Connection, packet_id: int, reason_code: int = 0) -> None:
-    conn.send(fastpath.encode_ack(_PUBREL, packet_id, reason_code, None, conn.version))
+def send_pubrel(conn: Connection, packet_id: int) -> None:
+    conn.send(fastpath.encode_ack(_PUBREL, packet_id, 0, None, conn.version))
 
 
 def on_ack(conn: Connection, ptype: int, ack: pk.Ack) -> None:
@@ -108,7 +108,12 @@ def on_ack(conn: Connection, ptype: int, ack: pk.Ack) -> None:
         delivery = session.inflight.get(packet_id)
         if delivery is None or delivery.qos != 2:
             if conn.version == MQTT_5 and ack.reason_code < 0x80:
-                send_pubrel(conn, packet_id, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND)
+                conn.send_explained(
+                    _PUBREL,
+                    packet_id,
+                    ReasonCode.PACKET_IDENTIFIER_NOT_FOUND,
+                    f"PUBREC for packet identifier {packet_id}: no QoS 2 message in flight",
+                )
         elif session.received(packet_id, ack.reason_code, now):
             send_pubrel(conn, packet_id)  # MQTT-4.3.3-4
     else:

@@ -193,12 +193,7 @@ def refuse(conn: Connection, qos: int, packet_id: int, code: int, reason: str) -
     """PUBACK/PUBREC with a failure code: the message is acknowledged, not delivered
     (MQTT-4.4.0-2). A Reason String says why, unless the client asked for none
     (MQTT-3.1.2-29) or it would not fit the client's Maximum Packet Size (MQTT-3.4.2-2)."""
-    ptype = _PUBACK if qos == 1 else _PUBREC
-    props: dict[int, Any] | None = {Prop.REASON_STRING: reason} if conn.problem_info else None
-    data = fastpath.encode_ack(ptype, packet_id, code, props, conn.version)
-    if len(data) > conn.max_send_size:
-        data = fastpath.encode_ack(ptype, packet_id, code, None, conn.version)
-    conn.send(data)
+    conn.send_explained(_PUBACK if qos == 1 else _PUBREC, packet_id, code, reason)
 
 
 def on_pubrel(conn: Connection, packet: pk.Ack) -> None:
@@ -207,9 +202,15 @@ def on_pubrel(conn: Connection, packet: pk.Ack) -> None:
     session = conn.session
     assert session is not None
     packet_id = packet.packet_id
-    known = session.release(packet_id)
-    code = 0 if known or conn.version != MQTT_5 else ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
-    conn.send(fastpath.encode_ack(_PUBCOMP, packet_id, code, None, conn.version))
+    if session.release(packet_id) or conn.version != MQTT_5:
+        conn.send(fastpath.encode_ack(_PUBCOMP, packet_id, 0, None, conn.version))
+    else:
+        conn.send_explained(
+            _PUBCOMP,
+            packet_id,
+            ReasonCode.PACKET_IDENTIFIER_NOT_FOUND,
+            f"PUBREL for packet identifier {packet_id}: no QoS 2 message awaits it",
+        )
 
 
 def check_utf8_payload(payload: bytes) -> None:

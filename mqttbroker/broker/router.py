@@ -135,6 +135,8 @@ class Router:
                 sub = subs[0]
                 if sub.no_local and session is publisher:
                     continue  # MQTT-3.8.3-3
+                if sub.read_check is not None and not sub.read_check(message.topic):
+                    continue  # an ACL denial inside the filter
                 qos = sub.qos if sub.qos < msg_qos else msg_qos  # MQTT-3.8.4-8
                 ident = sub.identifier
                 session.deliver(
@@ -150,6 +152,8 @@ class Router:
                 for sub in subs:
                     if sub.no_local and session is publisher:
                         continue
+                    if sub.read_check is not None and not sub.read_check(message.topic):
+                        continue
                     if sub.qos > qos:
                         qos = sub.qos
                     rap = rap or sub.retain_as_published
@@ -162,7 +166,9 @@ class Router:
         strategy = self.options.shared_subscription_strategy
         for group in groups:
             member = group.pick(strategy, message.topic, publisher.client_id if publisher else "")
-            if member is None:
+            if member is None or (
+                member.read_check is not None and not member.read_check(message.topic)
+            ):
                 continue
             ident = member.identifier
             member.session.deliver(

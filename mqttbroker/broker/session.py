@@ -51,6 +51,7 @@ class Delivery:
         "stored",
         "held",
         "share",
+        "queued_at",
     )
 
     def __init__(
@@ -73,6 +74,7 @@ class Delivery:
         # The shared subscription it came through ("$share/<group>/<filter>"), if any: when the
         # session ends first, the message goes to another member of that group as it is then.
         self.share = share
+        self.queued_at = 0.0  # clock() when it joined the session's queue (its age there)
 
 
 _MEMORY = Store()
@@ -191,9 +193,9 @@ class Session:
 
     # -- delivery ---------------------------------------------------------------------------
 
-    def restore_delivery(self, record: DeliveryRecord) -> None:
+    def restore_delivery(self, record: DeliveryRecord, now: float) -> None:
         """Put back a message the store kept for this session (records come in their order):
-        in flight under its packet id, or queued."""
+        in flight under its packet id, or queued (its age there counts from ``now``)."""
         delivery = Delivery(record.message, record.qos, record.retain, record.sub_ids, record.share)
         delivery.seq = record.seq
         delivery.stored = True
@@ -205,6 +207,7 @@ class Session:
             self.inflight[packet_id] = delivery
             self.next_packet_id = packet_id % 65535 + 1
         else:
+            delivery.queued_at = now
             self.queue.append(delivery)
             self.queued_bytes += record.message.size
 
@@ -300,6 +303,7 @@ class Session:
         ):
             self._count_drop("queue full", now)
             return
+        delivery.queued_at = now
         self.queue.append(delivery)
         self.queued_bytes += size
         if self.persistent:

@@ -23,6 +23,17 @@ log = logging.getLogger("mqttbroker.connection")
 # Bytes of retained messages sent for new subscriptions per connection and loop pass.
 RETAINED_PER_PASS = 1_048_576
 
+# Why a SUBSCRIBE refused a filter or an UNSUBSCRIBE found none, for the Reason String.
+_REFUSAL: dict[int, str] = {
+    ReasonCode.NO_SUBSCRIPTION_EXISTED: "no such subscription",
+    ReasonCode.TOPIC_FILTER_INVALID: "invalid topic filter (or beyond the length/level limits)",
+    ReasonCode.NOT_AUTHORIZED: "not authorized by the ACL",
+    ReasonCode.QUOTA_EXCEEDED: "subscription quota exceeded",
+    ReasonCode.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED: "shared subscriptions are off",
+    ReasonCode.WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED: "wildcard subscriptions are off",
+}
+_REASON_MAX = 1024  # characters of a Reason String the broker composes
+
 
 def on_subscribe(conn: Connection, packet: pk.Subscribe) -> None:
     """SUBSCRIBE: each filter checked (syntax, limits, features, the authorizer, quotas) and
@@ -102,6 +113,7 @@ def on_subscribe(conn: Connection, packet: pk.Subscribe) -> None:
             retain_handling=request.retain_handling,
             identifier=identifier,
         )
+        sub.read_check = broker.read_check(session, inner)
         existed = broker.router.subscribe(sub)
         session.add_subscription(sub)
         codes.append(qos)
@@ -115,7 +127,8 @@ def on_subscribe(conn: Connection, packet: pk.Subscribe) -> None:
             opts.max_subscriptions_per_client,
             over,
         )
-    conn.send(fastpath.encode_suback(pk.Suback(packet.packet_id, codes), conn.version))
+    suback = pk.Suback(packet.packet_id, codes)
+    conn.send(_encode_explained(conn, suback, [r.topic_filter for r in packet.subscriptions]))
     now = broker.clock()
     for sub, existed in new_subs:
         # Retained messages after the SUBACK, per Retain Handling; never on a shared
@@ -181,4 +194,25 @@ def on_unsubscribe(conn: Connection, packet: pk.Unsubscribe) -> None:
             codes.append(ReasonCode.NO_SUBSCRIPTION_EXISTED)
     if conn.version != MQTT_5:
         codes = []
-    conn.send(fastpath.encode_suback(pk.Unsuback(packet.packet_id, codes), conn.version))
+    unsuback = pk.Unsuback(packet.packet_id, codes)
+    conn.send(_encode_explained(conn, unsuback, packet.topic_filters))
+
+
+def _encode_explained(conn: Connection, ack: pk.Suback | pk.Unsuback, filters: list[str]) -> bytes:
+    """A SUBACK or UNSUBACK; in MQTT 5, when it refuses a filter (or UNSUBACK finds none), a
+    Reason String naming each such filter and why, unless the client asked for none
+    (MQTT-3.1.2-29) or it would exceed the client's Maximum Packet Size (MQTT-3.9.2-1,
+    MQTT-3.11.2-1)."""
+    codes = ack.reason_codes
+    if conn.version == MQTT_5 and conn.problem_info and any(c in _REFUSAL for c in codes):
+        refused = [
+            f"{topic_filter!r}: {_REFUSAL[code]}"
+            for topic_filter, code in zip(filters, codes, strict=True)
+            if code in _REFUSAL
+        ]
+        ack.properties[Prop.REASON_STRING] = "; ".join(refused)[:_REASON_MAX]
+        data = fastpath.encode_suback(ack, MQTT_5)
+        if len(data) <= conn.max_send_size:
+            return data
+        ack.properties.clear()
+    return fastpath.encode_suback(ack, conn.version)

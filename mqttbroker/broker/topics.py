@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -87,6 +87,7 @@ class Subscription:
         "session",
         "share_group",
         "filter",
+        "read_check",
     )
 
     def __init__(
@@ -110,6 +111,10 @@ class Subscription:
         shared = parse_shared(topic_filter)
         self.share_group = shared[0] if shared else None
         self.filter = shared[1] if shared else topic_filter  # the part matched against names
+        # Set when an ACL deny rule overlaps the filter (decided when subscribing): whether the
+        # client may read a topic; messages it refuses are not delivered through this
+        # subscription. None (nearly always): nothing to check per message.
+        self.read_check: Callable[[str], bool] | None = None
 
     def __repr__(self) -> str:
         return f"Subscription({self.session.client_id!r}, {self.topic_filter!r}, qos={self.qos})"

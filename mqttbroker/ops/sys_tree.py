@@ -4,10 +4,14 @@ every ``interval`` seconds, so that any MQTT client can watch them
 they are not counted as retained messages. Subscribing to ``#`` does not reach them
 (MQTT-4.7.2-1); ``$SYS/#`` does.
 
-Names follow Mosquitto's where it has the figure (``uptime``, ``bytes/...``, ``load/...``,
-``clients/connected``, ``version``). "Messages" are PUBLISH packets: ``messages/received``
-those accepted from clients, ``messages/delivered`` those sent to subscribers (resends
-included; a message queued for an offline session counts when it is sent, one dropped never).
+Names follow Mosquitto's where it has the figure, so that dashboards made for it work
+(``uptime``, ``version``, ``bytes/...``, ``load/...``, ``clients/connected``, ``clients/total``,
+``clients/disconnected``, ``messages/sent``, ``publish/messages/...``, ``store/messages/count``).
+"Messages" are PUBLISH packets: ``messages/received`` (also ``publish/messages/received``)
+those accepted from clients, ``messages/delivered`` (also ``messages/sent`` and
+``publish/messages/sent``) those sent to subscribers (resends included; a message queued for an
+offline session counts when it is sent, one dropped never); ``store/messages/count`` the
+messages queued or in flight to sessions.
 Bytes are MQTT bytes (inside TLS and WebSocket frames), counted by the transports per read and
 per write. A ``load/.../1min``, ``5min`` or ``15min`` figure is a rate per minute, averaged
 exponentially over that period, as Mosquitto's are.
@@ -39,6 +43,8 @@ def totals(broker: Broker) -> dict[str, int]:
     return {
         "messages/received": broker.received,
         "messages/sent": delivered(broker),
+        "publish/received": broker.received,
+        "publish/sent": delivered(broker),
         "bytes/received": broker.bytes_received,
         "bytes/sent": broker.bytes_sent,
         "connections": broker.connects,
@@ -49,19 +55,31 @@ def stats(broker: Broker, uptime: float) -> dict[str, Any]:
     """The broker's counters, by the name they are published under (the loads aside)."""
     sessions = broker.sessions.values()
     router = broker.router
+    offline = sum(1 for s in sessions if s.connection is None)
+    sent = delivered(broker)
+    queued = sum(len(s.queue) for s in sessions)
+    inflight = sum(len(s.inflight) for s in sessions)
+    dropped = broker.dropped_ended + sum(s.dropped for s in sessions)
     return {
         "version": f"mqttbroker version {__version__}",
         "uptime": f"{int(uptime)} seconds",
         "clients/connected": sum(1 for c in broker.connections if c.state == CONNECTED),
+        "clients/total": len(broker.sessions),  # Mosquitto: connected and persistent
+        "clients/disconnected": offline,
         "sessions/total": len(broker.sessions),
-        "sessions/offline": sum(1 for s in sessions if s.connection is None),
+        "sessions/offline": offline,
         "subscriptions/count": router.trie.count,
         "retained messages/count": len(router.retained),
         "messages/received": broker.received,
-        "messages/delivered": delivered(broker),
-        "messages/queued": sum(len(s.queue) for s in sessions),
-        "messages/inflight": sum(len(s.inflight) for s in sessions),
-        "messages/dropped": sum(s.dropped for s in sessions),
+        "messages/delivered": sent,
+        "messages/sent": sent,
+        "messages/queued": queued,
+        "messages/inflight": inflight,
+        "messages/dropped": dropped,
+        "publish/messages/received": broker.received,
+        "publish/messages/sent": sent,
+        "publish/messages/dropped": dropped,
+        "store/messages/count": queued + inflight,
         "messages/denied": broker.denied,
         "connections/refused": broker.refused,
         "bytes/received": broker.bytes_received,

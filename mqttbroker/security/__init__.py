@@ -164,7 +164,7 @@ def build_security(config: Config) -> Security:
         failures=LoginFailures(settings.max_login_failures, settings.login_failure_window),
         secret=load_secret(secret_file) if secret_file and passwords is not None else None,
     )
-    authorizer = AclAuthorizer(rules) if rules is not None else None
+    authorizer = AclAuthorizer(rules, settings.acl_partly_denied) if rules is not None else None
     if passwords is not None:
         for warning in passwords.warnings:
             log.warning("%s", warning)

@@ -30,9 +30,18 @@ Rules:
     is a synonym of ``write`` and ``subscribe`` of ``read``.
 
 ``write`` is needed to publish (and for a will to be published); ``read`` to subscribe and to
-receive retained messages. A subscription is allowed only if one ``read`` rule matches every topic
-its filter can match and no ``read`` denial can match any of them: ``sensors/#`` is refused under
-``topic read #`` plus ``topic deny sensors/secret``.
+receive messages. A subscription is allowed only if one ``read`` rule matches every topic its
+filter can match and no ``read`` denial matches all of them. What happens to a filter that some
+denial can match only in part (``sensors/#`` under ``topic read #`` plus
+``topic deny sensors/secret``) depends on ``[security] acl_partly_denied``:
+
+* ``filter`` (the default, as Mosquitto does): the subscription is granted and the denied topics
+  are withheld at delivery (:meth:`AclRules.needs_read_check` marks it when subscribing, and only
+  such subscriptions check each message);
+* ``refuse``: the subscription is refused (0x87).
+
+A filter that a denial matches whole (``secret/x`` itself) is refused either way (Mosquitto
+grants it and delivers nothing through it).
 
 A rule with ``%u`` does nothing for a client without a user name. A substituted value that is
 empty or holds ``/``, ``+`` or ``#`` (or would start the topic with ``$``) cannot be placed safely:
@@ -268,14 +277,24 @@ class AclRules:
             return False
         return any(matches(a, levels) for a in rules.allow_read)
 
-    def can_subscribe(self, client_id: str, username: str | None, topic_filter: str) -> bool:
+    def can_subscribe(
+        self, client_id: str, username: str | None, topic_filter: str, partly: bool = False
+    ) -> bool:
+        """``partly``: grant a filter that a denial reaches only in part (its denied topics are
+        then withheld at delivery); otherwise refuse it."""
         rules = self.compiled(client_id, username)
         if rules.deny_all_read:
             return False
         levels = split(topic_filter)
-        if any(overlaps(d, levels) for d in rules.deny_read):
+        denied = covers if partly else overlaps
+        if any(denied(d, levels) for d in rules.deny_read):
             return False
         return any(covers(a, levels) for a in rules.allow_read)
+
+    def needs_read_check(self, client_id: str, username: str | None, topic_filter: str) -> bool:
+        """Whether a read denial can match some topic of ``topic_filter``."""
+        levels = split(topic_filter)
+        return any(overlaps(d, levels) for d in self.compiled(client_id, username).deny_read)
 
 
 def _check_topic(topic: str, substitute: bool, fail: Callable[[str], SecurityFileError]) -> None:
@@ -288,9 +307,12 @@ class AclAuthorizer:
     """The broker's Authorizer backed by an ACL file; ``replace`` swaps in reloaded rules and
     moves ``generation`` on, so connections drop the answers they cached."""
 
-    def __init__(self, rules: AclRules) -> None:
+    def __init__(self, rules: AclRules, partly_denied: str = "filter") -> None:
         self.rules = rules
         self.generation = 0
+        # "filter": grant a subscription a denial reaches in part and withhold the denied topics
+        # at delivery; "refuse": refuse it (see the module docstring)
+        self.partly = partly_denied == "filter"
 
     def replace(self, rules: AclRules) -> None:
         self.rules = rules
@@ -300,7 +322,10 @@ class AclAuthorizer:
         return self.rules.can_write(client_id, username, topic)
 
     def can_subscribe(self, client_id: str, username: str | None, topic_filter: str) -> bool:
-        return self.rules.can_subscribe(client_id, username, topic_filter)
+        return self.rules.can_subscribe(client_id, username, topic_filter, self.partly)
+
+    def needs_read_check(self, client_id: str, username: str | None, topic_filter: str) -> bool:
+        return self.partly and self.rules.needs_read_check(client_id, username, topic_filter)
 
     def can_read(self, client_id: str, username: str | None, topic: str) -> bool:
         return self.rules.can_read(client_id, username, topic)

@@ -22,6 +22,8 @@ from ..broker.core import Broker
 from ..broker.store import Store
 from ..config import Config
 from ..integrations import Integrations
+from ..ops.admin import AdminServer
+from ..ops.alerts import Survey
 from ..ops.sys_tree import SysTree
 from ..protocol.reasons import ReasonCode
 from ..security import build_security, listener_policy
@@ -61,6 +63,13 @@ class Server:
 
             self.cluster = ClusterNode(config.cluster, self.broker, cluster_store)
         self.sys_tree = SysTree(self.broker, config.broker.sys_interval)
+        self.survey = Survey(self.broker, config.alerts.oldest_queued_age, config.listeners)
+        self.admin: AdminServer | None = None
+        if config.admin.port:  # a token file or variable that gives nothing: ConfigError
+            self.admin = AdminServer(
+                config.admin, self.broker, self.survey, self.security.authenticator, self.ready
+            )
+        self.stopping = False
         self.listeners: list[Listener] = []
         self._ticker: asyncio.Task[None] | None = None
         self._executor: ThreadPoolExecutor | None = None
@@ -124,15 +133,37 @@ class Server:
             )
             self.listeners.append(listener)
             self.addresses.extend(listener.addresses)
+        if self.admin is not None:
+            await self.admin.start(
+                [
+                    (port, listener.config)
+                    for listener in self.listeners
+                    if listener.config.protocol == "ws"
+                    for _, port in listener.addresses
+                ]
+            )
         self._ticker = asyncio.create_task(self._tick())
         self.integrations.start()
         self._serving = True
+
+    def ready(self) -> str | None:
+        """/readyz: why the broker cannot serve now (None: it can)."""
+        if self.stopping:
+            return "shutting down"
+        if len(self.listeners) < len(self.config.listeners):
+            return "not every listener is bound yet"
+        if getattr(self.store, "failing", False):
+            return "the store cannot commit (see the log)"
+        return None
 
     async def _tick(self) -> None:
         while True:
             await asyncio.sleep(TICK_SECONDS)
             self.broker.tick()
             self.sys_tree.tick()
+            self.survey.tick()
+            if self.admin is not None:
+                self.admin.tick()
 
     def _offloader(
         self, loop: asyncio.AbstractEventLoop
@@ -160,6 +191,7 @@ class Server:
         """Stop what ``start`` started, also when it failed or was interrupted part way."""
         if self._serving:
             log.info("shutting down: disconnecting %d clients", len(self.broker.connections))
+        self.stopping = True
         if self.busy_poll is not None:
             self.busy_poll.stop()  # the DISCONNECTs below must not start it again
         for listener in self.listeners:
@@ -181,6 +213,8 @@ class Server:
             await asyncio.sleep(0.05)  # let the transports write their DISCONNECTs
         for listener in self.listeners:
             await listener.wait_closed()
+        if self.admin is not None:
+            await self.admin.stop()
         self._serving = False
 
     def reload_security(self) -> None:

@@ -27,6 +27,14 @@ WRITE_HIGH_WATER = 4 * 1_048_576
 # Seconds a closed connection's client has to read what is still buffered for it.
 CLOSE_GRACE = 10.0
 
+# The lingering close (as nginx's): when the broker closes a connection (after a DISCONNECT or a
+# refusing CONNACK) it shuts down its sending side and reads and discards what the client still
+# sends, until the client closes, LINGER_SECONDS pass or LINGER_BYTES arrive, and only then
+# closes. Closing at once would answer the client's next segment with a reset: its next write
+# fails, or its stack discards the DISCONNECT it has not read yet, and the reason is lost.
+LINGER_SECONDS = 2.0
+LINGER_BYTES = 1_048_576
+
 
 def peer_name(peer: object) -> str:
     """A socket's peer as the log names it: "address:port" (a Unix socket's path as it is)."""
@@ -37,7 +45,7 @@ class MQTTProtocol(asyncio.Protocol):
     """``origin``: (name, address) of a client a PROXY protocol header named (proxy.py), which
     the log and the per-address limit then use instead of the socket's peer."""
 
-    __slots__ = ("broker", "listener", "policy", "transport", "conn", "origin")
+    __slots__ = ("broker", "listener", "policy", "transport", "conn", "origin", "lingering")
 
     def __init__(
         self,
@@ -52,6 +60,7 @@ class MQTTProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.conn: Connection | None = None
         self.origin = origin
+        self.lingering = -1  # while lingering: the bytes discarded so far
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
@@ -68,9 +77,12 @@ class MQTTProtocol(asyncio.Protocol):
         self.conn = self.broker.connect(self, name, address, self.policy, user)
 
     def data_received(self, data: bytes) -> None:
-        assert self.conn is not None
+        conn = self.conn
+        if conn is None:
+            self._discard(len(data))
+            return
         self.broker.bytes_received += len(data)
-        self.conn.data_received(data)
+        conn.data_received(data)
 
     def eof_received(self) -> bool:
         return False  # close our side too
@@ -96,13 +108,28 @@ class MQTTProtocol(asyncio.Protocol):
             self.transport.write(data)
 
     def close(self) -> None:
+        """Close after the broker's last packet, lingering (see LINGER_SECONDS) where the
+        transport can shut down its sending side alone (plain TCP; not TLS)."""
         transport = self.transport
-        if transport is not None:
+        if transport is None or transport.is_closing() or self.lingering >= 0:
+            return
+        if transport.get_write_buffer_size():
+            # A client that does not read would keep the socket, and what waits for it, for
+            # ever: it has CLOSE_GRACE seconds to take it.
+            asyncio.get_running_loop().call_later(CLOSE_GRACE, transport.abort)
+        if not transport.can_write_eof():
             transport.close()
-            if transport.get_write_buffer_size():
-                # A client that does not read would keep the socket, and what waits for it,
-                # for ever: it has CLOSE_GRACE seconds to take it.
-                asyncio.get_running_loop().call_later(CLOSE_GRACE, transport.abort)
+            return
+        self.lingering = 0
+        self.conn = None  # closed: what the client still sends is discarded
+        transport.write_eof()  # after what is buffered: the client reads it all, then EOF
+        transport.resume_reading()
+        asyncio.get_running_loop().call_later(LINGER_SECONDS, transport.close)
+
+    def _discard(self, count: int) -> None:
+        self.lingering += count
+        if self.lingering > LINGER_BYTES and self.transport is not None:
+            self.transport.close()
 
     def abort(self) -> None:
         if self.transport is not None:

@@ -62,6 +62,12 @@ def check_listeners(config: Config, source: str) -> None:
     string is a configuration error (naming ``source`` and the key) before the broker starts."""
     for index, listener in enumerate(config.listeners):
         server_context(listener, f"{source}: listener[{index}]")
+    admin = config.admin
+    if admin.port and admin.tls_cert_file:
+        server_context(
+            ListenerConfig(tls_cert_file=admin.tls_cert_file, tls_key_file=admin.tls_key_file),
+            f"{source}: admin",
+        )
 
 
 def _no_password() -> str:

@@ -19,6 +19,9 @@ class Rules:
     def can_read(self, client_id: str, username: str | None, topic: str) -> bool:
         return True
 
+    def needs_read_check(self, client_id: str, username: str | None, topic_filter: str) -> bool:
+        return False
+
 
 def test_revoked_subscription_stops_the_flow(h: Harness) -> None:
     rules = Rules()

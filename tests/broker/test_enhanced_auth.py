@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from support.harness import METHOD, Harness, Offload, Prop, ToyAuthenticator, pk
 
+from mqttbroker.broker.auth import SUCCESS, AuthOutcome
 from mqttbroker.broker.policy import ListenerPolicy
 
 
@@ -267,3 +268,43 @@ def test_connection_lost_during_the_check(ha: Harness) -> None:
     offload.run_all()  # the answer finds the connection closed: nothing happens
     assert "gone" not in ha.broker.sessions
     assert client.link.data == b""
+
+
+class NamedExchange:
+    """Succeeds at once, establishing the user name ``user``."""
+
+    def __init__(self, user: str) -> None:
+        self.user = user
+
+    def step(self, data: bytes | None) -> AuthOutcome:
+        return AuthOutcome(SUCCESS, None, username=self.user)
+
+
+class NamingAuthenticator(ToyAuthenticator):
+    def __init__(self) -> None:
+        super().__init__()
+        self.users = ["alice"]
+
+    def exchange(
+        self, method: str, client_id: str, username: str | None, address: str | None = None
+    ) -> NamedExchange | None:
+        return NamedExchange(self.users.pop(0)) if method == METHOD else None
+
+
+def test_reauthentication_must_keep_the_user(make_harness: Any) -> None:
+    """The exchange's user name becomes the connection's; re-authenticating as the same user
+    succeeds (AUTH 0x00), as another one ends the connection (DISCONNECT 0x87)."""
+    h: Harness = make_harness()
+    auth = NamingAuthenticator()
+    h.broker.authenticator = auth
+    client = connect_with_method(h)
+    assert client.one(pk.Connack).reason_code == 0
+    assert client.conn.username == "alice"
+    auth.users = ["alice", "mallory"]
+    for expected in ("same", "other"):
+        client.send(pk.Auth(0x19, {Prop.AUTHENTICATION_METHOD: METHOD}))
+        packets = client.receive()
+        if expected == "same":
+            assert isinstance(packets[0], pk.Auth) and packets[0].reason_code == 0
+        else:
+            assert isinstance(packets[-1], pk.Disconnect) and packets[-1].reason_code == 0x87

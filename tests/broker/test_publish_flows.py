@@ -706,3 +706,15 @@ def test_queue_drops_logged_per_session_rate_limited(
     publisher.publish("t", b"later", 1)  # the interval is over: logged at once
     assert drop_lines() == ["session sub: 1 messages dropped (queue full); 4 dropped in all"]
     assert subscriber.session.dropped == 4
+
+
+def test_v311_qos1_publish_with_empty_payload(h: Harness) -> None:
+    """A 3.1.1 QoS 1 PUBLISH ends right after its packet identifier (no properties, no
+    payload): accepted, acknowledged and delivered with its empty payload."""
+    sub = h.connect("sub")
+    sub.subscribe("t", 1)
+    pub = h.connect("pub", version=MQTT_3_1_1)
+    pub.send_raw(b"\x32\x05\x00\x01t\x00\x07")
+    (puback,) = pub.receive()
+    assert isinstance(puback, pk.Puback) and puback.packet_id == 7
+    assert [p.payload for p in sub.publishes()] == [b""]

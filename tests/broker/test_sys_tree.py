@@ -133,3 +133,43 @@ def test_uptime_and_loads(make_harness: Any) -> None:
         period: float(got[f"$SYS/broker/load/connections/{period}"]) for period in ("1min", "15min")
     }
     assert 0 < connections["1min"] < 0.05 < connections["15min"]
+
+
+def test_names_mosquitto_dashboards_read(make_harness: Any) -> None:
+    """The topics a dashboard made for Mosquitto subscribes to are there, with its meaning."""
+    h: Harness = make_harness(sys_interval=5.0)
+    tree = SysTree(h.broker, 5.0)
+    watcher = h.connect("watcher")
+    watcher.subscribe("$SYS/broker/#")
+    sub = h.connect("sub")
+    sub.subscribe("a/#")
+    h.connect("pub").publish("a/b", b"x")
+    sub.receive()
+    tree.tick()
+    got = {p.topic.removeprefix("$SYS/broker/"): p.payload for p in watcher.publishes()}
+    expected = {
+        "clients/connected": b"3",
+        "clients/total": b"3",
+        "clients/disconnected": b"0",
+        "messages/received": b"1",
+        "messages/sent": b"1",
+        "publish/messages/received": b"1",
+        "publish/messages/sent": b"1",
+        "publish/messages/dropped": b"0",
+        "store/messages/count": b"0",
+        "subscriptions/count": b"2",
+    }
+    assert {name: got.get(name) for name in expected} == expected
+    for name in (
+        "uptime",
+        "version",
+        "bytes/received",
+        "bytes/sent",
+        "load/messages/received/1min",
+        "load/messages/sent/15min",
+        "load/publish/received/1min",
+        "load/publish/sent/5min",
+        "load/bytes/received/1min",
+        "load/connections/1min",
+    ):
+        assert name in got, name

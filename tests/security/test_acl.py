@@ -159,8 +159,12 @@ def test_allow_and_deny_one_access() -> None:
     assert not acl.can_publish("c", "anna", "devices/d1/firmware")
     assert acl.can_publish("c", "anna", "devices/d1/keys")  # only read is denied
     assert not acl.can_read("c", "anna", "devices/d1/keys")
-    assert not acl.can_subscribe("c", "anna", "devices/#")  # reaches devices/+/keys
+    # devices/# reaches devices/+/keys: granted, those topics withheld at delivery
+    assert acl.can_subscribe("c", "anna", "devices/#")
+    assert acl.needs_read_check("c", "anna", "devices/#")
     assert acl.can_subscribe("c", "anna", "devices/+/firmware")
+    assert not acl.needs_read_check("c", "anna", "devices/+/firmware")
+    assert not acl.can_subscribe("c", "anna", "devices/d1/keys")  # denied whole
 
 
 def test_client_sections_and_allow_with_placeholders() -> None:
@@ -226,7 +230,8 @@ def test_all_denial_overrides_user_allowance() -> None:
 def test_wildcard_subscription_must_not_reach_a_denied_topic(
     topic_filter: str, allowed: bool
 ) -> None:
-    acl = authorizer("topic read #\ntopic deny secret/#\n")
+    """acl_partly_denied = "refuse"."""
+    acl = AclAuthorizer(rules("topic read #\ntopic deny secret/#\n"), "refuse")
     assert acl.can_subscribe("c", None, topic_filter) is allowed
 
 
@@ -331,3 +336,38 @@ def test_overlaps_is_exact(first: tuple[str, ...], second: tuple[str, ...]) -> N
     brute = any(matches(first, t) and matches(second, t) for t in UNIVERSE)
     assert overlaps(first, second) is brute
     assert overlaps(second, first) is brute
+
+
+# -- subscriptions a denial reaches in part -----------------------------------------------------
+
+PARTLY = "topic readwrite #\ntopic deny secret/x\ntopic deny vault/#\n"
+
+
+@pytest.mark.parametrize(
+    ("topic_filter", "granted", "checked"),
+    [
+        ("#", True, True),  # reaches secret/x: granted, each message checked
+        ("+/+", True, True),
+        ("secret/+", True, True),
+        ("vault/+/y", False, False),  # vault/# denies everything it reaches
+        ("secret/x", False, False),
+        ("public/#", True, False),  # no denial inside: nothing checked per message
+        ("public/+", True, False),
+    ],
+)
+def test_partly_denied_filters_are_granted_and_marked(
+    topic_filter: str, granted: bool, checked: bool
+) -> None:
+    """Mosquitto's semantics (the default, acl_partly_denied = "filter")."""
+    acl = authorizer(PARTLY)
+    assert acl.can_subscribe("c", None, topic_filter) is granted
+    if granted:
+        assert acl.needs_read_check("c", None, topic_filter) is checked
+
+
+def test_partly_denied_filters_refused_when_configured() -> None:
+    acl = AclAuthorizer(rules(PARTLY), "refuse")
+    assert not acl.can_subscribe("c", None, "#")
+    assert not acl.can_subscribe("c", None, "secret/+")
+    assert acl.can_subscribe("c", None, "public/#")
+    assert not acl.needs_read_check("c", None, "public/#")

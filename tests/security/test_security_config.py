@@ -65,6 +65,10 @@ def test_values_are_applied(tmp_path: Path) -> None:
             "security.min_iterations: must be between 0 (none) and 10,000,000",
         ),
         ("[security]\nsecret_file = 1\n", "security.secret_file: expected a string"),
+        (
+            "[security]\nacl_partly_denied = 'drop'\n",
+            'security.acl_partly_denied: expected "filter" or "refuse"',
+        ),
     ],
 )
 def test_errors_name_file_and_key(tmp_path: Path, text: str, expected: str) -> None:

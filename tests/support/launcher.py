@@ -42,6 +42,8 @@ class BrokerProcess:
             log_level,
             "--data-dir",
             str(data_dir),
+            # The admin server (default port 18083) only where a test asks for it (its own port).
+            *(() if "--admin-port" in extra_args else ("--admin-port", "0")),
             *extra_args,
         ]
         self.host = ""

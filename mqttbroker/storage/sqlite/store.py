@@ -22,6 +22,7 @@ import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
+from time import perf_counter  # the commit timer (``time`` is the wall clock, faked in tests)
 
 import aiosqlite
 
@@ -37,6 +38,30 @@ from .restore import Reader
 from .schema import DAMAGE_CODES, SYNC_LEVELS, Damaged, denied, prepare
 
 log = logging.getLogger("mqttbroker.storage")
+
+
+class CommitTimes:
+    """A histogram of commit durations (seconds): counts per upper bound, the last bucket
+    unbounded, as Prometheus histograms count them; one observation per commit."""
+
+    BOUNDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+    __slots__ = ("counts", "total", "count")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(self.BOUNDS) + 1)
+        self.total = 0.0
+        self.count = 0
+
+    def observe(self, seconds: float) -> None:
+        index = 0
+        for bound in self.BOUNDS:
+            if seconds <= bound:
+                break
+            index += 1
+        self.counts[index] += 1
+        self.total += seconds
+        self.count += 1
 
 
 class SQLiteStore(Store):
@@ -60,6 +85,7 @@ class SQLiteStore(Store):
         self.commit_interval = commit_interval
         self.writes = 0
         self.commits = 0
+        self.commit_times = CommitTimes()  # seconds per commit, for /metrics
         self._db: aiosqlite.Connection | None = None
         self._batch = Batch()
         self._wake = asyncio.Event()
@@ -69,6 +95,11 @@ class SQLiteStore(Store):
         self._failing_since: float | None = None  # when commits began to fail (None: they work)
         self._next_message_id = 1
         self._clock: Callable[[], float] = time.monotonic
+
+    @property
+    def failing(self) -> bool:
+        """Commits fail at present (the disk refuses): /readyz says so."""
+        return self._failing_since is not None
 
     # -- time -------------------------------------------------------------------------------
 
@@ -345,7 +376,9 @@ class SQLiteStore(Store):
         delay = self.RETRY_FIRST
         while not batch.empty():
             try:
+                started = perf_counter()
                 await self._apply(batch)
+                self.commit_times.observe(perf_counter() - started)
             except (sqlite3.Error, OSError) as exc:
                 if self._closing:
                     log.error(

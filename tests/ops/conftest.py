@@ -1,0 +1,50 @@
+"""Fixtures of the admin-server tests: a broker with its admin server on a port of the test's
+own, and a small HTTP client. The test certificates (tests/transports) are shared, so that
+folder goes on sys.path (the rest comes from tests/support)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+for folder in (HERE.parent / "transports",):
+    if str(folder) not in sys.path:
+        sys.path.append(str(folder))
+
+from ops_support import Admin, start_admin  # noqa: E402
+from support.clients import PahoClient  # noqa: E402
+
+
+@pytest.fixture
+def admin_broker(start_broker: Callable[..., Any], tmp_path: Path) -> Callable[..., Admin]:
+    """``admin_broker(config="", args=())``: a broker (memory store unless the config says
+    otherwise) whose admin server listens on a free loopback port; returns its Admin."""
+
+    def start(config: str = "", args: tuple[str, ...] = (), memory: bool = True) -> Admin:
+        return start_admin(start_broker, tmp_path, config, args, memory)
+
+    return start
+
+
+@pytest.fixture
+def paho() -> Iterator[Callable[..., PahoClient]]:
+    """``paho(admin, client_id=None, **kw)``: a connected paho client, closed after the test."""
+    made: list[PahoClient] = []
+
+    def make(
+        admin: Admin, client_id: str | None = None, connect: bool = True, **kw: Any
+    ) -> PahoClient:
+        client = PahoClient(admin.broker.host, admin.broker.port, client_id=client_id, **kw)
+        made.append(client)
+        if connect:
+            client.connect()
+        return client
+
+    yield make
+    for client in made:
+        client.close()

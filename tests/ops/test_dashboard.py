@@ -1,0 +1,183 @@
+"""The dashboard in a real headless Chromium (Debian's, driven by Playwright): every page loads
+without console errors, the clients table shows a connected paho client, the chart moves while
+messages flow, a subscriber that stops reading turns red, kick works, the live viewer shows
+messages through the WebSocket listener, and a phone-sized window has no sideways scrolling. A
+screenshot of each page goes to the test's temporary directory (and the overview to
+``$MQTTBROKER_DASHBOARD_SCREENSHOT`` when set: that is how docs/dashboard.png is made)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from external_tools import in_ci, program
+from ops_support import Admin
+from support.clients import (
+    TIMEOUT,
+    RawClient,
+    connect_packet,
+    parse_connack,
+    subscribe_packet,
+    unique,
+)
+
+Paho = Callable[..., Any]
+WAIT_MS = int(TIMEOUT * 1000)
+
+pytestmark = pytest.mark.needs_chromium
+
+
+def sync_playwright() -> Any:
+    try:
+        from playwright.sync_api import sync_playwright as start
+    except ImportError:
+        reason = "the playwright package is not installed: pip install -e '.[test]'"
+        if in_ci():
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason)
+    return start()
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    chromium = program("chromium")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, headless=True)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+class Page:
+    """A page of the dashboard, collecting console errors and uncaught exceptions."""
+
+    def __init__(self, browser: Any, admin: Admin, shots: Path, **context: Any) -> None:
+        self.page = browser.new_page(**context)
+        self.errors: list[str] = []
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.admin = admin
+        self.shots = shots
+
+    def open(self, tab: str) -> Any:
+        self.page.goto(f"{self.admin.base}/#{tab}")
+        self.page.wait_for_selector(f"section#{tab}:not([hidden])", timeout=WAIT_MS)
+        return self.page
+
+    def shot(self, name: str) -> Path:
+        path = self.shots / f"{name}.png"
+        self.page.screenshot(path=str(path), full_page=True)
+        assert path.stat().st_size > 1000
+        return path
+
+
+def publish_forever(admin: Admin, paho: Paho, topic: str, stop: threading.Event) -> None:
+    publisher = paho(admin)
+    while not stop.wait(0.05):
+        publisher.client.publish(topic, b"tick", qos=1)
+
+
+def test_dashboard_pages_in_chromium(
+    admin_broker: Callable[..., Admin], paho: Paho, browser: Any, tmp_path: Path
+) -> None:
+    admin = admin_broker(
+        "[alerts]\noldest_queued_age = 1\n"
+        '[[listener]]\nport = 0\n[[listener]]\nport = 0\nprotocol = "ws"\n'
+    )
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+    topic = unique("flow")
+    watcher = paho(admin, client_id=unique("dashboard-watcher"))
+    watcher.subscribe(topic, qos=0)
+    stop = threading.Event()
+    flow = threading.Thread(target=publish_forever, args=(admin, paho, topic, stop), daemon=True)
+    flow.start()
+    slow_id = unique("slow")
+    try:
+        ui = Page(browser, admin, shots, viewport={"width": 1280, "height": 900})
+        # -- overview: the chart moves while messages flow
+        page = ui.open("overview")
+        page.wait_for_function(
+            "() => Number(document.getElementById('rate-chart').dataset.lastReceivedRate) > 0",
+            timeout=WAIT_MS * 2,
+        )
+        points = int(page.get_attribute("#rate-chart", "data-points") or 0)
+        page.wait_for_function(
+            f"() => Number(document.getElementById('rate-chart').dataset.points) > {points}",
+            timeout=WAIT_MS,
+        )
+        assert page.locator("#rate-chart canvas").count() >= 1
+        overview = ui.shot("overview")
+        # -- a subscriber that stops reading: MQTT 5, Receive Maximum 1, never acknowledges
+        with RawClient(admin.broker.host, admin.broker.port) as slow:
+            slow.send(connect_packet(slow_id, properties=b"\x21\x00\x01"))
+            assert parse_connack(slow.read_packet(), 5)[1] == 0
+            slow.send(subscribe_packet(1, [(topic, 1)]))
+            slow.read_packet()
+            page = ui.open("sessions")
+            page.wait_for_selector(
+                f'#sessions-table tr.stuck[data-client-id="{slow_id}"]', timeout=WAIT_MS
+            )
+            colour = page.eval_on_selector(
+                f'#sessions-table tr[data-client-id="{slow_id}"] td',
+                "td => getComputedStyle(td).color",
+            )
+            assert colour == "rgb(217, 45, 32)"  # red
+            ui.shot("sessions")
+        # -- clients: the paho client is listed, and kick disconnects it with 0x98
+        page = ui.open("clients")
+        row = f'#clients-table tr[data-client-id="{watcher.client_id}"]'
+        page.wait_for_selector(row, timeout=WAIT_MS)
+        assert "MQTT 5" in page.inner_text(row)
+        ui.shot("clients")
+        page.click(f"{row} button")
+        gone = watcher.wait_disconnected()
+        assert gone.from_server and gone.reason_code == 0x98
+        page.wait_for_selector(row, state="detached", timeout=WAIT_MS)
+        # -- subscriptions, retained
+        paho(admin).publish(f"{topic}/kept", b"21.5", qos=1, retain=True)
+        for member in (paho(admin), paho(admin)):
+            member.subscribe(f"$share/workers/{topic}/jobs", qos=1)
+        page = ui.open("subscriptions")
+        page.wait_for_selector(
+            '#shared-table td:text-is("$share/workers/' + topic + '/jobs")', timeout=WAIT_MS
+        )
+        ui.shot("subscriptions")
+        page = ui.open("retained")
+        page.wait_for_selector(f'#retained-table td:text-is("{topic}/kept")', timeout=WAIT_MS)
+        ui.shot("retained")
+        # -- live: MQTT.js over the WebSocket listener
+        page = ui.open("live")
+        page.fill("#live-filter", topic)
+        page.click("#live-start")
+        page.wait_for_selector('#live-table td:text-is("tick")', timeout=WAIT_MS)
+        ui.shot("live")
+        assert ui.errors == [], "\n".join(ui.errors)
+        # -- a phone-sized window: everything fits its width; tables scroll inside their box
+        phone = Page(
+            browser,
+            admin,
+            shots,
+            viewport={"width": 390, "height": 844},
+            is_mobile=True,
+            has_touch=True,
+        )
+        for tab in ("overview", "clients", "sessions"):
+            page = phone.open(tab)
+            page.wait_for_selector("#version:not(:empty)", timeout=WAIT_MS)
+            width = page.evaluate("document.documentElement.scrollWidth")
+            assert width <= 390, f"{tab}: the page is {width}px wide on a 390px screen"
+            phone.shot(f"phone-{tab}")
+        assert phone.errors == []
+    finally:
+        stop.set()
+        flow.join(TIMEOUT)
+    target = os.environ.get("MQTTBROKER_DASHBOARD_SCREENSHOT")
+    if target:
+        shutil.copyfile(overview, target)
