@@ -2,7 +2,7 @@
 the package is in pyproject.toml.
 
 The modules listed in ``mqttbroker.compiled.MODULES`` are compiled from their unchanged source,
-and the SHA-256 of each is recorded in ``mqttbroker/compiled.sha256``, so that the package loads
+and the SHA-256 (with size and modification time) of each is recorded in ``mqttbroker/compiled.sha256``, so that the package loads
 the compiled form only while it matches the source beside it. ``MQTTBROKER_COMPILE=0`` installs
 the pure-Python package only; so does a machine without a C compiler (the build falls back).
 """
@@ -43,9 +43,8 @@ class OptionalBuildExt(build_ext):
         if self.failed or not self.extensions:
             print("warning: the pure-Python modules will be used", file=sys.stderr)
             return
-        lines = [f"{digest}  {name}" for name, digest in compiled.digests().items()]
         package.mkdir(parents=True, exist_ok=True)
-        record.write_text("\n".join(lines) + "\n")
+        record.write_text(compiled.record())
 
     def build_extension(self, ext) -> None:  # type: ignore[no-untyped-def]
         try:

@@ -7,8 +7,10 @@ form is loaded:
 
 * the compiled one when it is built and was built from the source files now on disk: every
   file of ``protocol/`` and ``broker/``, since mypyc also builds in the types of the modules the
-  compiled ones import (their SHA-256 digests are recorded in ``compiled.sha256`` once the build
-  has succeeded);
+  compiled ones import (their SHA-256 digests, sizes and modification times are recorded in
+  ``compiled.sha256`` once the build has succeeded). Checking costs a ``stat`` per file: a
+  file is read and hashed only when its size or modification time differs from the record
+  (touched, copied without its times, or edited), so an unchanged install pays no hashing;
 * the pure-Python one when nothing was compiled, when ``MQTTBROKER_PURE`` is set to a non-empty
   value other than ``0``, or when a source file changed since the build (an edited checkout must
   never run stale machine code: reinstall to compile again). A meta-path finder then loads these
@@ -20,7 +22,6 @@ sans-I/O broker tests again in the other form.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -37,6 +38,10 @@ MODULES = (
     "mqttbroker.broker.router",
     "mqttbroker.broker.session",
     "mqttbroker.broker.connection",
+    "mqttbroker.broker.connect",
+    "mqttbroker.broker.publish",
+    "mqttbroker.broker.subscribe",
+    "mqttbroker.broker.deliver",
     "mqttbroker.broker.core",
 )
 SHARED_LIBRARY = "mqttbroker.native__mypyc"  # the C code of all of them; the modules are shims
@@ -62,12 +67,40 @@ def sources() -> list[Path]:
     )
 
 
-def digests() -> dict[str, str]:
-    """SHA-256 of each source file, keyed by its path relative to the package."""
-    return {
-        path.relative_to(_PACKAGE_DIR).as_posix(): hashlib.sha256(path.read_bytes()).hexdigest()
+def _sha256(path: Path) -> str:
+    import hashlib  # only when a file's size or time changed: most imports never need it
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _signature(path: Path) -> str:
+    status = path.stat()
+    return f"{status.st_size} {status.st_mtime_ns}"
+
+
+def record() -> str:
+    """The text of ``compiled.sha256`` for the sources on disk now, one line per file:
+    ``SHA-256 SIZE MTIME_NS  PATH`` (the path relative to the package). Written by setup.py."""
+    return "".join(
+        f"{_sha256(path)} {_signature(path)}  {path.relative_to(_PACKAGE_DIR).as_posix()}\n"
         for path in sources()
-    }
+    )
+
+
+def _changed(recorded: dict[str, tuple[str, str]]) -> list[str]:
+    """The sources that differ from the record, added or removed. A file whose size and
+    modification time are the recorded ones is taken as unchanged without reading it."""
+    now = {path.relative_to(_PACKAGE_DIR).as_posix(): path for path in sources()}
+    changed = []
+    for name in sorted(now.keys() | recorded.keys()):
+        path = now.get(name)
+        if path is None or name not in recorded:
+            changed.append(name)
+            continue
+        digest, signature = recorded[name]
+        if signature != _signature(path) and digest != _sha256(path):
+            changed.append(name)
+    return changed
 
 
 def _extension_built(module: str) -> bool:
@@ -78,16 +111,18 @@ def _extension_built(module: str) -> bool:
     )
 
 
-def _recorded() -> dict[str, str]:
+def _recorded() -> dict[str, tuple[str, str]]:
+    """Path -> (digest, "size mtime_ns") from ``compiled.sha256`` (see :func:`record`)."""
     try:
         text = (_PACKAGE_DIR / DIGESTS).read_text()
     except OSError:
         return {}
-    recorded: dict[str, str] = {}
+    recorded: dict[str, tuple[str, str]] = {}
     for line in text.splitlines():
-        digest, _, name = line.partition("  ")
+        fields, _, name = line.partition("  ")
+        digest, _, signature = fields.partition(" ")
         if name:
-            recorded[name] = digest
+            recorded[name] = (digest, signature)
     return recorded
 
 
@@ -142,10 +177,7 @@ def select() -> None:
     if not recorded:
         _use_source(f"{DIGESTS} is missing; reinstall to compile again", True)
         return
-    now = digests()
-    changed = sorted(
-        name for name in now.keys() | recorded.keys() if recorded.get(name) != now.get(name)
-    )
+    changed = _changed(recorded)
     if changed:
         _use_source(
             f"{', '.join(changed)} changed since the modules were compiled; "

@@ -8,6 +8,7 @@ pure-Python modules, never the stale machine code.
 
 from __future__ import annotations
 
+import importlib.machinery
 import os
 import shutil
 import subprocess
@@ -104,3 +105,48 @@ def test_the_other_form_passes_the_broker_and_codec_tests() -> None:
     tail = result.stdout[-3000:]
     assert result.returncode == 0, tail
     assert " passed" in tail
+
+
+def test_an_unchanged_build_is_recognised_without_hashing(tmp_path: Path) -> None:
+    """Choosing the form costs a stat per source file, not a read and a hash: in a copy with
+    a (stand-in) build and its record, importing the package never loads hashlib. A file whose
+    time changed but not its content is hashed and still matches; an edited one does not."""
+    copy = tmp_path / "mqttbroker"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    for name in (*compiled.MODULES, compiled.SHARED_LIBRARY):
+        copy.joinpath(*name.split(".")[1:]).with_suffix(suffix).write_bytes(b"")
+    record = subprocess.run(
+        [sys.executable, "-c", "import mqttbroker.compiled as c; print(c.record(), end='')"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path), "MQTTBROKER_PURE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    (copy / compiled.DIGESTS).write_text(record)
+    probe = (
+        "import sys; sys.modules['hashlib'] = None; import mqttbroker.compiled as c; "
+        "print(c.mode, c.stale); print(c.reason)"
+    )
+
+    def run(code: str) -> list[str]:
+        result = subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(tmp_path), "MQTTBROKER_PURE": ""},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 0, result.stderr
+        return result.stdout.splitlines()
+
+    assert run(probe)[0] == "compiled False"
+    router = copy / "broker" / "router.py"
+    os.utime(router, ns=(router.stat().st_atime_ns, router.stat().st_mtime_ns + 10**9))
+    assert run(probe.replace("sys.modules['hashlib'] = None; ", ""))[0] == "compiled False"
+    router.write_text(router.read_text() + "\n# edited\n")
+    first, reason = run(probe.replace("sys.modules['hashlib'] = None; ", ""))
+    assert first == "pure True" and "broker/router.py changed" in reason

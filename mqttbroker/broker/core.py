@@ -23,14 +23,16 @@ from ..protocol.properties import PropertyId as Prop
 from ..protocol.properties import limit_user_properties
 from ..protocol.reasons import ReasonCode
 from .auth import AllowAll, Authenticator, Authorizer
-from .connection import AUTHENTICATING, AWAIT_CONNECT, Connection, Link
+from .connection import Connection, Link
 from .message import Message
 from .options import PER_ADDRESS_DEFAULT, BrokerOptions
+from .policy import OPEN, ListenerPolicy
 from .router import Router
-from .session import NEVER, Session, filter_size
+from .session import NEVER, Session
 from .sink import RESERVED_PREFIXES
-from .store import Store
-from .topics import SharedGroup
+from .state import AUTHENTICATING, AWAIT_CONNECT
+from .store import Restored, Store
+from .topics import SharedGroup, Subscription
 
 log = logging.getLogger("mqttbroker.broker")
 
@@ -119,13 +121,20 @@ class Broker:
     # -- connections and output -------------------------------------------------------------
 
     def connect(
-        self, link: Link, peer: str = "?", address: str | None = None, local: bool = False
+        self,
+        link: Link,
+        peer: str = "?",
+        address: str | None = None,
+        policy: ListenerPolicy = OPEN,
+        certificate_user: str | None = None,
     ) -> Connection:
         """A new network connection from ``peer`` ("address:port", how the log names it) and
-        ``address`` (by default the address in ``peer``; a proxy's client may differ). Past the
-        connection limits it is closed at once (the log says which limit). ``local``: on a
-        local-only listener, which has no per-address limit unless one is configured."""
-        conn = Connection(self, link, peer)
+        ``address`` (by default the address in ``peer``; a proxy's client may differ), on a
+        listener whose rules are ``policy`` (a local-only one has no per-address limit unless
+        one is configured); ``certificate_user``: the user name of a client certificate the
+        listener verified. Past the connection limits it is closed at once (the log says which
+        limit)."""
+        conn = Connection(self, link, peer, policy, certificate_user)
         opts = self.options
         if address is None:
             address = peer.rpartition(":")[0] or peer
@@ -134,7 +143,7 @@ class Broker:
             return conn
         per_address = opts.max_connections_per_address
         if per_address is None:
-            per_address = 0 if local else PER_ADDRESS_DEFAULT
+            per_address = 0 if policy.local else PER_ADDRESS_DEFAULT
         if per_address:
             count = self._per_address.get(address, 0)
             if count >= per_address:
@@ -323,14 +332,55 @@ class Broker:
             else:
                 self._user_sessions.pop(user, None)
 
+    def restore(self, restored: Restored) -> None:
+        """Build the sessions and retained messages of the previous run from the store's
+        records (before any client connects): a session whose client was connected when the
+        broker stopped starts its expiry now, and its will is due now (or after its delay).
+        :meth:`restored` follows, once the integrations have claimed their sessions."""
+        now = self.clock()
+        for message in restored.retained:
+            self.router.retained.store(message, save=False)
+        for record in restored.sessions:
+            session = Session(record.client_id, self.options, self.store)
+            session.username = record.username
+            session.expiry_interval = record.expiry_interval
+            if record.expires_at is not None:
+                session.expires_at = record.expires_at
+            elif record.expiry_interval != NEVER:
+                session.expires_at = now + record.expiry_interval
+            for sub_record in record.subscriptions:
+                sub = Subscription(
+                    session,
+                    sub_record.topic_filter,
+                    sub_record.qos,
+                    no_local=sub_record.no_local,
+                    retain_as_published=sub_record.retain_as_published,
+                    retain_handling=sub_record.retain_handling,
+                    identifier=sub_record.identifier,
+                )
+                self.router.subscribe(sub)
+                session.add_subscription(sub, save=False)
+            for delivery in record.deliveries:
+                session.restore_delivery(delivery, now)
+            session.awaiting_release.update(record.releases)
+            will = record.will
+            if will is not None:
+                session.will = will
+                if record.will_due is not None:
+                    session.will_due = record.will_due
+                else:  # connected when the broker stopped: the connection is gone now
+                    delay = will.properties.get(Prop.WILL_DELAY_INTERVAL, 0)
+                    session.will_due = now + (delay if record.will_version == MQTT_5 else 0)
+            self.sessions[record.client_id] = session
+            self.store.save_session(session)  # records the expiry deadline now running
+
     def restored(self) -> None:
-        """The store has put back the sessions of the previous run: count them, and hold their
+        """The sessions of the previous run are back: count them, and hold their
         subscriptions and queued messages against the rules as they are now (the ACL may have
         changed while the broker was down)."""
         for session in self.sessions.values():
             # An integration's session (bridge, webhook) is the operator's: never counted.
-            self._count(session, session.expiry_interval != 0 and session.sink is None)
-            session.subscription_bytes = sum(map(filter_size, session.subscriptions))
+            self._count(session, session.persistent and session.sink is None)
         self.recheck_subscriptions()
 
     def notify(self, event: str, session: Session) -> None:
@@ -358,7 +408,7 @@ class Broker:
         session.connection = None
         now = self.clock()
         store = self.store
-        persistent = session.expiry_interval != 0
+        persistent = session.persistent
         if will is not None and publish_will:
             delay = (
                 will.properties.get(Prop.WILL_DELAY_INTERVAL, 0) if conn.version == MQTT_5 else 0
@@ -495,11 +545,8 @@ class Broker:
                 if authorizer.can_subscribe(client_id, username, sub.filter):
                     sub.read_check = self.read_check(session, sub.filter)
                     continue
-                del session.subscriptions[topic_filter]
-                session.subscription_bytes -= filter_size(topic_filter)
+                session.remove_subscription(topic_filter)
                 self.router.unsubscribe(sub)
-                if session.expiry_interval:
-                    self.store.delete_subscription(session, topic_filter)
                 removed += 1
                 log.warning(
                     "session %s: subscription %r removed: no longer authorized",

@@ -29,9 +29,9 @@ class RetainedStore:
         self.count = 0  # retained messages, those of $SYS topics left out
         self._store = store or Store()
 
-    def store(self, message: Message) -> None:
+    def store(self, message: Message, save: bool = True) -> None:
         """Keep ``message`` as its topic's retained message, or clear the topic if the payload is
-        empty (MQTT-3.3.1-5, -6, -7)."""
+        empty (MQTT-3.3.1-5, -6, -7). ``save`` False: restored from the store, which has it."""
         levels = message.topic.split("/")
         if not message.payload:
             self._clear(levels)
@@ -47,7 +47,7 @@ class RetainedStore:
         if node.message is None and not own:
             self.count += 1
         node.message = message
-        if not own:
+        if save and not own:
             self._store.save_retained(message)
 
     def _clear(self, levels: list[str]) -> None:

@@ -13,9 +13,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from .deliver import send_publish, send_pubrel
 from .message import Message
 from .options import BrokerOptions
-from .store import Store
+from .store import DeliveryRecord, Store
 from .topics import Subscription
 
 if TYPE_CHECKING:
@@ -137,7 +138,78 @@ class Session:
         # connection (see sink.py); such a session never has a connection.
         self.sink: Sink | None = None
 
+    @property
+    def persistent(self) -> bool:
+        """Whether the session outlives its connection (a non-zero Session Expiry Interval):
+        then, and only then, the store keeps it and everything that belongs to it."""
+        return self.expiry_interval != 0
+
+    # -- subscriptions ----------------------------------------------------------------------
+
+    def subscription_growth(self, topic_filter: str) -> int:
+        """What subscribing to ``topic_filter`` adds to ``subscription_bytes`` (nothing when
+        it replaces a subscription of the same filter)."""
+        return 0 if topic_filter in self.subscriptions else filter_size(topic_filter)
+
+    def add_subscription(self, sub: Subscription, save: bool = True) -> None:
+        """Hold ``sub``, in place of any subscription of the same filter (MQTT-3.8.4-3); the
+        caller puts it in the router. ``save`` False: restored from the store, which has it."""
+        self.subscription_bytes += self.subscription_growth(sub.topic_filter)
+        self.subscriptions[sub.topic_filter] = sub
+        if save and self.persistent:
+            self.store.save_subscription(self, sub)
+
+    def remove_subscription(self, topic_filter: str) -> Subscription | None:
+        """Drop the subscription of exactly ``topic_filter`` (compared literally, MQTT-3.10.4-1)
+        and return it for the caller to take out of the router; None if there was none."""
+        sub = self.subscriptions.pop(topic_filter, None)
+        if sub is not None:
+            self.subscription_bytes -= filter_size(topic_filter)
+            if self.persistent:
+                self.store.delete_subscription(self, topic_filter)
+        return sub
+
+    # -- QoS 2 from the client --------------------------------------------------------------
+
+    def await_release(self, packet_id: int) -> bool:
+        """An inbound QoS 2 PUBLISH under ``packet_id`` was routed: its id is held until PUBREL
+        (MQTT-4.3.3-9). False if it was held already: a resend, not routed again (-10)."""
+        waiting = self.awaiting_release
+        if packet_id in waiting:
+            return False
+        waiting.add(packet_id)
+        if self.persistent:
+            self.store.save_release(self, packet_id)
+        return True
+
+    def release(self, packet_id: int) -> bool:
+        """PUBREL: the id is free again. False if it was not held."""
+        if packet_id not in self.awaiting_release:
+            return False
+        self.awaiting_release.discard(packet_id)
+        if self.persistent:
+            self.store.delete_release(self, packet_id)
+        return True
+
     # -- delivery ---------------------------------------------------------------------------
+
+    def restore_delivery(self, record: DeliveryRecord, now: float) -> None:
+        """Put back a message the store kept for this session (records come in their order):
+        in flight under its packet id, or queued (its age there counts from ``now``)."""
+        delivery = Delivery(record.message, record.qos, record.retain, record.sub_ids, record.share)
+        delivery.seq = record.seq
+        delivery.stored = True
+        delivery.released = record.released
+        self.seq = max(self.seq, record.seq)
+        packet_id = record.packet_id
+        if packet_id is not None:
+            delivery.packet_id = packet_id
+            self.inflight[packet_id] = delivery
+            self.next_packet_id = packet_id % 65535 + 1
+        else:
+            delivery.queued_at = now
+            self.queue.append(delivery)
+            self.queued_bytes += record.message.size
 
     def deliver(
         self,
@@ -159,7 +231,7 @@ class Session:
                 self._count_drop("client is not reading", now)
             return
         if not qos:
-            conn.send_publish(message, 0, retain, False, None, sub_ids, now)
+            send_publish(conn, message, 0, retain, False, None, sub_ids, now)
         elif not self.queue and len(self.inflight) < conn.send_quota:
             self._start(Delivery(message, qos, retain, sub_ids, share), conn, now)
         else:
@@ -167,12 +239,19 @@ class Session:
 
     def _start(self, delivery: Delivery, conn: Connection, now: float) -> None:
         packet_id = self._allocate_packet_id()
-        if conn.send_publish(
-            delivery.message, delivery.qos, delivery.retain, False, packet_id, delivery.sub_ids, now
+        if send_publish(
+            conn,
+            delivery.message,
+            delivery.qos,
+            delivery.retain,
+            False,
+            packet_id,
+            delivery.sub_ids,
+            now,
         ):
             delivery.packet_id = packet_id
             self.inflight[packet_id] = delivery
-            if self.expiry_interval:
+            if self.persistent:
                 if not delivery.stored:
                     self.seq += 1
                     delivery.seq = self.seq
@@ -227,7 +306,7 @@ class Session:
         delivery.queued_at = now
         self.queue.append(delivery)
         self.queued_bytes += size
-        if self.expiry_interval:
+        if self.persistent:
             self.seq += 1
             delivery.seq = self.seq
             self.store.save_delivery(self, delivery)
@@ -308,8 +387,8 @@ class Session:
             elif delivery.qos:
                 self._start(delivery, conn, now)
             else:
-                conn.send_publish(
-                    delivery.message, 0, delivery.retain, False, None, delivery.sub_ids, now
+                send_publish(
+                    conn, delivery.message, 0, delivery.retain, False, None, delivery.sub_ids, now
                 )
                 if delivery.stored:
                     self.store.delete_delivery(self, delivery)
@@ -326,7 +405,7 @@ class Session:
         too_large = []
         for packet_id, delivery in list(self.inflight.items()):
             if delivery.released:
-                conn.send_pubrel(packet_id)
+                send_pubrel(conn, packet_id)
                 room -= 1
             elif room > 0:
                 if delivery.held:
@@ -348,8 +427,15 @@ class Session:
     def _send_again(conn: Connection, packet_id: int, delivery: Delivery, now: float) -> bool:
         """Send an in-flight PUBLISH again, DUP set; False if it no longer fits the client's
         Maximum Packet Size (it is then dropped as delivered, MQTT-3.1.2-25)."""
-        return conn.send_publish(
-            delivery.message, delivery.qos, delivery.retain, True, packet_id, delivery.sub_ids, now
+        return send_publish(
+            conn,
+            delivery.message,
+            delivery.qos,
+            delivery.retain,
+            True,
+            packet_id,
+            delivery.sub_ids,
+            now,
         )
 
     # -- acknowledgements from the client ---------------------------------------------------

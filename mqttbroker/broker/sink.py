@@ -75,16 +75,16 @@ class Outbox:
         session = self.session
         for topic_filter in list(session.subscriptions):
             if topic_filter not in filters:
-                broker.router.unsubscribe(session.subscriptions.pop(topic_filter))
-                broker.store.delete_subscription(session, topic_filter)
+                gone = session.remove_subscription(topic_filter)
+                assert gone is not None
+                broker.router.unsubscribe(gone)
         for topic_filter, qos in filters.items():
             old = session.subscriptions.get(topic_filter)
             if old is not None and old.qos == qos:
                 continue
             sub = Subscription(session, topic_filter, qos, no_local=True, retain_as_published=True)
             broker.router.subscribe(sub)
-            session.subscriptions[topic_filter] = sub
-            broker.store.save_subscription(session, sub)
+            session.add_subscription(sub)
 
     # -- outbound: the queue ----------------------------------------------------------------
 

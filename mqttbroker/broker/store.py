@@ -7,6 +7,10 @@ The calls are synchronous and cheap (a store records them and writes them in bat
 connection whose input caused writes holds its output until :meth:`Store.after_commit` says the
 batch is on disk, so an acknowledgement always means "stored".
 
+At start the store hands back what it kept as plain records (:class:`Restored`), and the
+broker builds its sessions from them (:meth:`Broker.restore <mqttbroker.broker.core.Broker.restore>`):
+the store never fills a session itself.
+
 This base class is the memory-only store (``--memory``): it records nothing and every commit has
 already happened. ``mqttbroker.storage.sqlite.SQLiteStore`` is the durable one.
 """
@@ -14,22 +18,74 @@ already happened. ``mqttbroker.storage.sqlite.SQLiteStore`` is the durable one.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..protocol.packets import Will
-    from .core import Broker
     from .message import Message
     from .session import Delivery, Session
     from .topics import Subscription
+
+
+@dataclass(slots=True)
+class SubscriptionRecord:
+    topic_filter: str
+    qos: int
+    no_local: bool
+    retain_as_published: bool
+    retain_handling: int
+    identifier: int | None
+
+
+@dataclass(slots=True)
+class DeliveryRecord:
+    """A QoS 1/2 message queued for a session (``packet_id`` None) or in flight to it.
+    ``message`` is shared by every record of one stored message."""
+
+    seq: int  # order within the session
+    message: Message
+    qos: int
+    retain: bool
+    sub_ids: tuple[int, ...]
+    packet_id: int | None
+    released: bool
+    share: str | None
+
+
+@dataclass(slots=True)
+class SessionRecord:
+    """A persistent session as stored. Times are on the broker's clock; ``expires_at`` and
+    ``will_due`` are None for a session whose client was connected when the broker stopped."""
+
+    client_id: str
+    expiry_interval: int
+    expires_at: float | None
+    username: str | None
+    subscriptions: list[SubscriptionRecord] = field(default_factory=list)
+    deliveries: list[DeliveryRecord] = field(default_factory=list)  # in their order
+    releases: list[int] = field(default_factory=list)  # inbound QoS 2 ids awaiting PUBREL
+    will: Will | None = None
+    will_version: int = 5  # the protocol version of the connection that set the will
+    will_due: float | None = None
+
+
+@dataclass(slots=True)
+class Restored:
+    """Everything a store kept from the previous run."""
+
+    sessions: list[SessionRecord] = field(default_factory=list)
+    retained: list[Message] = field(default_factory=list)
 
 
 class Store:
     # Number of changes recorded so far; a connection compares it before and after its input.
     writes = 0
 
-    async def load(self, broker: Broker) -> None:
-        """Restore the stored state into ``broker`` (called once, before listening)."""
+    async def load(self, clock: Callable[[], float]) -> Restored:
+        """Open the store and hand back what it kept, with times on ``clock`` (called once,
+        before listening); the broker builds its state from it."""
+        return Restored()
 
     async def close(self) -> None:
         """Write what is pending and close."""

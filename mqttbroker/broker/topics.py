@@ -57,8 +57,9 @@ def parse_shared(topic_filter: str) -> tuple[str, str] | None:
 
 
 def matches(topic_filter: str, topic: str) -> bool:
-    """Whether ``topic_filter`` matches the Topic Name ``topic``: the plain definition, used by the
-    retained store's tests and as the trie's reference in tests."""
+    """Whether ``topic_filter`` matches the Topic Name ``topic``: the plain definition, for one
+    filter against one topic (a bridge's rules); the trie matches all subscriptions at once,
+    and is tested against this."""
     if topic.startswith("$") and topic_filter[:1] in ("+", "#"):
         return False  # MQTT-4.7.2-1
     flevels = topic_filter.split("/")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from ..broker.session import Delivery, Session, filter_size
+from ..broker.session import Delivery, Session
 from ..broker.topics import Subscription
 from ..protocol.errors import MQTTError
 
@@ -88,7 +88,7 @@ def restore(broker: Broker, client_id: str, data: bytes) -> Session:
         session = Session(client_id, broker.options, store)
         session.username = state["username"]
         session.expiry_interval = int(state["expiry"])
-        persistent = session.expiry_interval != 0
+        persistent = session.persistent
         broker.sessions[client_id] = session
         if persistent:
             store.save_session(session)
@@ -103,10 +103,7 @@ def restore(broker: Broker, client_id: str, data: bytes) -> Session:
                 identifier=ident,
             )
             broker.router.subscribe(sub)
-            session.subscriptions[topic_filter] = sub
-            session.subscription_bytes += filter_size(topic_filter)
-            if persistent:
-                store.save_subscription(session, sub)
+            session.add_subscription(sub)
         for packet, qos, retain, sub_ids, packet_id, released, share in state["deliveries"]:
             delivery = Delivery(
                 decode(bytes.fromhex(packet), now), qos, retain, tuple(sub_ids), share
@@ -123,9 +120,7 @@ def restore(broker: Broker, client_id: str, data: bytes) -> Session:
             if persistent:
                 store.save_delivery(session, delivery)
         for packet_id in state["releases"]:
-            session.awaiting_release.add(packet_id)
-            if persistent:
-                store.save_release(session, packet_id)
+            session.await_release(packet_id)
         session.next_packet_id = int(state["next_packet_id"])
     except (ValueError, KeyError, TypeError) as exc:
         raise MQTTError(f"session of {client_id} from another node not readable: {exc}") from None

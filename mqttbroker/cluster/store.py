@@ -11,10 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..broker.store import Store
+from ..broker.store import Restored, Store
 
 if TYPE_CHECKING:
-    from ..broker.core import Broker
     from ..broker.message import Message
     from ..broker.session import Delivery, Session
     from ..broker.topics import Subscription
@@ -51,8 +50,8 @@ class ClusterStore(Store):
         for callback in waiters:
             self.inner.after_commit(callback)
 
-    async def load(self, broker: Broker) -> None:
-        await self.inner.load(broker)
+    async def load(self, clock: Callable[[], float]) -> Restored:
+        return await self.inner.load(clock)
 
     async def close(self) -> None:
         await self.inner.close()

@@ -259,12 +259,10 @@ class Bridge(Sink):
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, present: bool
     ) -> None:
         session = self.session
-        store = self.broker.store
         if not present:
             # A new remote session: the inbound QoS 2 ids of the old one will never be released.
             for packet_id in list(session.awaiting_release):
-                store.delete_release(session, packet_id)
-            session.awaiting_release.clear()
+                session.release(packet_id)
         self.remote_id = None
         v5 = self.version == MQTT_5
         requests: dict[str, int] = {}
@@ -426,9 +424,7 @@ class Bridge(Sink):
         elif ptype == PacketType.PUBREL:
             ack = fastpath.decode_ack(ptype, first & 0x0F, body, 0, len(body), self.version)
             packet_id = ack.packet_id
-            if packet_id in session.awaiting_release:
-                session.awaiting_release.discard(packet_id)
-                self.broker.store.delete_release(session, packet_id)
+            session.release(packet_id)
             self._ack_after_commit(writer, PacketType.PUBCOMP, packet_id, 0)
         elif ptype == PacketType.SUBACK:
             suback = grammar.decode(ptype, first & 0x0F, body, self.version)
@@ -465,8 +461,7 @@ class Bridge(Sink):
         code = self._publish_locally(publish)
         if qos == 2:
             if code < 0x80:
-                session.awaiting_release.add(packet_id)
-                self.broker.store.save_release(session, packet_id)
+                session.await_release(packet_id)
             self._ack_after_commit(writer, PacketType.PUBREC, packet_id, code)
         elif qos == 1:
             self._ack_after_commit(writer, PacketType.PUBACK, packet_id, code)

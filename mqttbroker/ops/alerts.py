@@ -21,10 +21,10 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..broker.connection import CONNECTED
 from ..broker.core import Broker
 from ..broker.message import Message
 from ..broker.session import Session
+from ..broker.state import CONNECTED
 
 log = logging.getLogger("mqttbroker.alerts")
 

@@ -20,10 +20,11 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from .. import __version__
-from ..broker.connection import CONNECTED, Connection
+from ..broker.connection import Connection
 from ..broker.core import Broker
 from ..broker.message import Message
 from ..broker.session import Session
+from ..broker.state import CONNECTED
 from ..broker.topics import matches, valid_topic_filter, valid_topic_name
 from ..protocol.packets import MQTT_5
 from ..protocol.properties import PropertyId as Prop

@@ -24,9 +24,9 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import __version__
-from ..broker.connection import CONNECTED
 from ..broker.core import Broker
 from ..broker.message import Message
+from ..broker.state import CONNECTED
 
 PREFIX = "$SYS/broker/"
 # Name -> seconds the moving average spans.

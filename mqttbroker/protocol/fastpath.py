@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import grammar
 from . import packets as pk
 from .errors import LimitExceeded, MalformedPacket, ProtocolError
 from .packets import MQTT_5, PacketType
@@ -241,6 +242,41 @@ def decode_publish(flags: int, data: bytes, pos: int, end: int, version: int) ->
     return pk.Publish(topic, data[p:end], qos, bool(flags & 1), bool(flags & 8), packet_id, props)
 
 
+def scan_publish(
+    first: int, data: bytes, body: int, stop: int, version: int
+) -> tuple[int, int, int]:
+    """Slice the PUBLISH whose fixed header starts with ``first`` and whose body is
+    ``data[body:stop]``, without building a packet: (end of the topic, start of the payload,
+    packet id or 0). The topic is ``data[body + 2 : topic_end]``, not checked here (the router
+    checks a topic once, when it is new to its cache). A start of -1 means the PUBLISH has
+    properties: decode it with :func:`decode_publish`. The same errors as decode_publish."""
+    if stop - body < 2:
+        raise MalformedPacket("truncated PUBLISH")
+    pos = topic_end = body + 2 + ((data[body] << 8) | data[body + 1])
+    if topic_end > stop:
+        raise MalformedPacket("topic runs past the end of the PUBLISH")
+    qos = (first >> 1) & 3
+    packet_id = 0
+    if qos:
+        if qos == 3:
+            raise MalformedPacket("PUBLISH with QoS 3")  # MQTT-3.3.1-4
+        if pos + 2 > stop:
+            raise MalformedPacket("truncated PUBLISH")
+        packet_id = (data[pos] << 8) | data[pos + 1]
+        if not packet_id:
+            raise ProtocolError("PUBLISH with packet identifier 0")
+        pos += 2
+    elif first & 8:
+        raise MalformedPacket("QoS 0 PUBLISH with DUP set")  # MQTT-3.3.1-2
+    if version == MQTT_5:
+        if pos >= stop:
+            raise MalformedPacket("PUBLISH without a property length")
+        if data[pos]:
+            return topic_end, -1, packet_id
+        pos += 1
+    return topic_end, pos, packet_id
+
+
 def encode_publish_raw(
     flags: int, topic: bytes, packet_id: int | None, props: bytes | None, payload: bytes
 ) -> bytes:
@@ -347,39 +383,21 @@ PINGREQ = b"\xc0\x00"
 PINGRESP = b"\xd0\x00"
 
 
-def decode(
-    packet_type: int, flags: int, data: bytes, pos: int, end: int, version: int
-) -> pk.Packet:
-    """Decode a hot packet (PUBLISH, the four acks, PINGREQ, PINGRESP)."""
-    if packet_type == PacketType.PUBLISH:
-        return decode_publish(flags, data, pos, end, version)
-    if packet_type in pk.ACK_CLASSES:
-        return decode_ack(packet_type, flags, data, pos, end, version)
-    if packet_type in (PacketType.PINGREQ, PacketType.PINGRESP):
-        if flags or end != pos:
-            raise MalformedPacket("PINGREQ/PINGRESP with flags or a body")
-        return pk.Pingreq() if packet_type == PacketType.PINGREQ else pk.Pingresp()
-    raise ValueError(f"packet type {packet_type} has no fast path")
-
-
-def encode(packet: pk.Packet, version: int) -> bytes:
-    """Encode a hot packet; the same bytes grammar.encode gives."""
-    if isinstance(packet, pk.Publish):
-        return encode_publish(packet, version)
-    if isinstance(packet, pk.Ack):
-        return encode_ack(
-            packet.packet_type, packet.packet_id, packet.reason_code, packet.properties, version
-        )
-    if isinstance(packet, pk.Pingreq):
-        return PINGREQ
-    if isinstance(packet, pk.Pingresp):
-        return PINGRESP
-    raise ValueError(f"{type(packet).__name__} has no fast path")
-
-
 # ---------------------------------------------------------------------------------------------
 # Connection storms: CONNECT and SUBSCRIBE in, CONNACK, SUBACK and UNSUBACK out. Thousands of
 # clients connecting and subscribing at once make these hot too (construct takes ~0.2 ms each).
+
+
+def connect_version(body: bytes) -> int:
+    """The protocol level at the start of a CONNECT body (3.1's "MQIsdp" included, 5 for any
+    level above; the level as sent below 5), or -1 when the body does not start like a
+    CONNECT: learnt before the body is decoded, so that a refusal is answered in the client's
+    own version."""
+    if body[:6] == b"\x00\x04MQTT" and len(body) > 6:
+        return MQTT_5 if body[6] >= MQTT_5 else body[6]
+    if body[:8] == b"\x00\x06MQIsdp":
+        return pk.MQTT_3_1
+    return -1
 
 
 def decode_connect(flags: int, data: bytes, pos: int, end: int) -> pk.Connect:
@@ -511,3 +529,37 @@ def encode_suback(packet: pk.Suback | pk.Unsuback, version: int) -> bytes:
     elif first == 0x90:
         body += bytes(packet.reason_codes)
     return _with_header(first, body)
+
+
+# ---------------------------------------------------------------------------------------------
+# The one dispatcher: what the broker's connection calls for every packet it receives.
+
+
+def decode_packet(
+    first: int, data: bytes, pos: int, end: int, version: int, max_filters: int = 0
+) -> pk.Packet:
+    """Decode the packet whose fixed header's first byte is ``first`` and whose body is
+    ``data[pos:end]``, for a connection at ``version``: the hot packets (PUBLISH, the acks,
+    PING, CONNECT, SUBSCRIBE) by the hand-written code above, every other one by the grammar.
+    A SUBSCRIBE or UNSUBSCRIBE of more than ``max_filters`` filters (0: no limit) is refused
+    whole (LimitExceeded, 0x97). (The broker slices a PUBLISH without properties with
+    :func:`scan_publish` instead, without a packet object.)"""
+    ptype = first >> 4
+    flags = first & 0x0F
+    if ptype == PacketType.PUBLISH:
+        return decode_publish(flags, data, pos, end, version)
+    if PacketType.PUBACK <= ptype <= PacketType.PUBCOMP:
+        return decode_ack(ptype, flags, data, pos, end, version)
+    if ptype == PacketType.PINGREQ or ptype == PacketType.PINGRESP:
+        if flags or end != pos:
+            raise MalformedPacket("PINGREQ/PINGRESP with flags or a body")
+        return pk.Pingreq() if ptype == PacketType.PINGREQ else pk.Pingresp()
+    if ptype == PacketType.CONNECT:
+        return decode_connect(flags, data, pos, end)
+    if ptype == PacketType.SUBSCRIBE:
+        return decode_subscribe(flags, data, pos, end, version, max_filters)
+    if ptype == PacketType.UNSUBSCRIBE and max_filters:
+        check_unsubscribe_count(data, pos, end, version, max_filters)
+    if ptype == 0:
+        raise MalformedPacket("reserved packet type 0")
+    return grammar.decode(ptype, flags, data[pos:end], version)

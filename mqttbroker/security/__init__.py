@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..broker.policy import ListenerPolicy
 from .acl import AclAuthorizer, AclRules
 from .authenticator import FileAuthenticator, LoginFailures, load_secret
 from .errors import SecurityFileError
@@ -39,6 +40,7 @@ __all__ = [
     "SecurityFileError",
     "anonymous_default",
     "listener_anonymous",
+    "listener_policy",
     "build_security",
     "is_loopback",
     "local_only",
@@ -74,6 +76,17 @@ def listener_anonymous(listener: ListenerConfig, setting: bool | None) -> bool:
     if listener.allow_anonymous is not None:
         return listener.allow_anonymous
     return local_only(listener) if setting is None else setting
+
+
+def listener_policy(listener: ListenerConfig, setting: bool | None) -> ListenerPolicy:
+    """What the broker is told about the connections ``listener`` accepts: its anonymous rule
+    (see :func:`listener_anonymous`; ``setting`` is [security] allow_anonymous), whether it is
+    local-only, and how the log names it."""
+    return ListenerPolicy(
+        allow_anonymous=listener_anonymous(listener, setting),
+        local=local_only(listener),
+        kind=listener.kind,
+    )
 
 
 def anonymous_default(listeners: Iterable[ListenerConfig]) -> bool:

@@ -26,7 +26,7 @@ from ..ops.admin import AdminServer
 from ..ops.alerts import Survey
 from ..ops.sys_tree import SysTree
 from ..protocol.reasons import ReasonCode
-from ..security import build_security, listener_anonymous
+from ..security import build_security, listener_policy
 from ..storage import StoreError
 from ..storage.lock import DataDirLock
 from . import StartError
@@ -45,9 +45,6 @@ class Server:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.security = build_security(config)  # SecurityFileError (a ConfigError) if bad
-        for listener in config.listeners:
-            # Each listener's rule for clients without a user name, settled once.
-            listener.allow_anonymous = listener_anonymous(listener, config.security.allow_anonymous)
         self.store = self._make_store(config)
         cluster_store = None
         if config.cluster.redis:  # only then is Redis loaded
@@ -108,8 +105,8 @@ class Server:
             self._lock = lock
         if self.cluster is not None:
             await self.cluster.connect()  # before the sessions come back: their routes
-        await self.store.load(broker)
-        self.integrations = Integrations(broker, self.config)
+        broker.restore(await self.store.load(broker.clock))
+        self.integrations = Integrations(broker, self.config)  # they claim their sessions
         self.sys_tree.sources.append(self.integrations.sys_figures)
         broker.restored()  # caps counted, rules applied to what the store put back
         broker.tick()  # expire what expired while the broker was down
@@ -130,8 +127,9 @@ class Server:
         if self.security.authenticator is not None and self.config.security.password_file:
             broker.offload = self._offloader(loop)
         for index, config in enumerate(self.config.listeners):
+            policy = listener_policy(config, self.config.security.allow_anonymous)
             listener = await start_listener(
-                broker, config, f"listener[{index}]", self.config.workers > 1
+                broker, config, f"listener[{index}]", policy, self.config.workers > 1
             )
             self.listeners.append(listener)
             self.addresses.extend(listener.addresses)

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..broker.core import Broker
+from ..broker.policy import OPEN, ListenerPolicy
 from ..config import ListenerConfig, trusted_networks
 from ..storage import describe
 from . import StartError
@@ -64,13 +65,18 @@ class Listener:
 
 
 async def start_listener(
-    broker: Broker, listener: ListenerConfig, where: str, reuse_port: bool = False
+    broker: Broker,
+    listener: ListenerConfig,
+    where: str,
+    policy: ListenerPolicy = OPEN,
+    reuse_port: bool = False,
 ) -> Listener:
     """Bind ``listener`` and log "listening on HOST:PORT (MQTT over ...)" for each socket.
-    ``where`` names it in configuration and start errors (e.g. ``"listener[1]"``);
-    ``reuse_port``: share the port with other processes (SO_REUSEPORT; ``workers``)."""
+    ``where`` names it in configuration and start errors (e.g. ``"listener[1]"``); ``policy``
+    is what the broker is told about each connection it accepts; ``reuse_port``: share the
+    port with other processes (SO_REUSEPORT; ``workers``)."""
     try:
-        return await _start_listener(broker, listener, where, reuse_port)
+        return await _start_listener(broker, listener, where, policy, reuse_port)
     except OSError as exc:
         if isinstance(exc, socket.gaierror):
             cause = f"cannot resolve host {listener.host!r}: {exc.strerror}"
@@ -82,7 +88,7 @@ async def start_listener(
 
 
 async def _start_listener(
-    broker: Broker, listener: ListenerConfig, where: str, reuse_port: bool
+    broker: Broker, listener: ListenerConfig, where: str, policy: ListenerPolicy, reuse_port: bool
 ) -> Listener:
     loop = asyncio.get_running_loop()
     context = server_context(listener, where)
@@ -94,7 +100,7 @@ async def _start_listener(
 
         from .websocket import SHUTDOWN_TIMEOUT, bounded, make_app
 
-        app = make_app(broker, listener)
+        app = make_app(broker, listener, policy)
         runner = web.AppRunner(
             app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_TIMEOUT
         )
@@ -107,7 +113,7 @@ async def _start_listener(
             loop,
             bind(listener.host, listener.port, reuse_port),
             trusted_networks(listener.proxy_protocol),
-            lambda name, address: MQTTProtocol(broker, listener, (name, address)),
+            lambda name, address: MQTTProtocol(broker, listener, (name, address), policy),
             context,
             broker.options.connect_timeout,
         )
@@ -122,7 +128,7 @@ async def _start_listener(
             )
         return result
     else:
-        factory = lambda: MQTTProtocol(broker, listener)  # noqa: E731
+        factory = lambda: MQTTProtocol(broker, listener, None, policy)  # noqa: E731
     try:
         server = await loop.create_server(
             factory,

@@ -2,8 +2,9 @@
 
 It is the Link the connection writes through. Nothing here parses or decides anything. On a TLS
 listener asyncio's SSL transport sits underneath (the Protocol sees plain bytes, after the
-handshake); ``certificate_user`` is then the user name the client's verified certificate gives,
-when the listener has ``tls_certificate_username`` (see ``tls.py``), else None.
+handshake); the user name the client's verified certificate gives, when the listener has
+``tls_certificate_username`` (see ``tls.py``), is handed to the broker with the listener's
+policy when the connection is made.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from typing import cast
 
 from ..broker.connection import Connection
 from ..broker.core import Broker
+from ..broker.policy import OPEN, ListenerPolicy
 from ..config import ListenerConfig
-from ..security import local_only
 from .tls import certificate_user
 
 log = logging.getLogger("mqttbroker.tcp")
@@ -44,27 +45,20 @@ class MQTTProtocol(asyncio.Protocol):
     """``origin``: (name, address) of a client a PROXY protocol header named (proxy.py), which
     the log and the per-address limit then use instead of the socket's peer."""
 
-    __slots__ = (
-        "broker",
-        "listener",
-        "transport",
-        "conn",
-        "certificate_user",
-        "origin",
-        "lingering",
-    )
+    __slots__ = ("broker", "listener", "policy", "transport", "conn", "origin", "lingering")
 
     def __init__(
         self,
         broker: Broker,
         listener: ListenerConfig | None = None,
         origin: tuple[str, str | None] | None = None,
+        policy: ListenerPolicy = OPEN,
     ) -> None:
         self.broker = broker
         self.listener = listener if listener is not None else ListenerConfig()
+        self.policy = policy
         self.transport: asyncio.Transport | None = None
         self.conn: Connection | None = None
-        self.certificate_user: str | None = None
         self.origin = origin
         self.lingering = -1  # while lingering: the bytes discarded so far
 
@@ -76,11 +70,11 @@ class MQTTProtocol(asyncio.Protocol):
         else:
             name, address = self.origin
         field = self.listener.tls_certificate_username
+        user = None
         if field != "none":
             user = certificate_user(transport.get_extra_info("ssl_object"), field)
-            self.certificate_user = user
             log.debug("connection from %s: client certificate user %r", name, user)
-        self.conn = self.broker.connect(self, name, address, local_only(self.listener))
+        self.conn = self.broker.connect(self, name, address, self.policy, user)
 
     def data_received(self, data: bytes) -> None:
         conn = self.conn

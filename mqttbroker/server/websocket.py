@@ -22,8 +22,8 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from ..broker.connection import Connection
 from ..broker.core import Broker
+from ..broker.policy import OPEN, ListenerPolicy
 from ..config import IPNetwork, ListenerConfig, trusted_networks
-from ..security import local_only
 from .proxy import IPAddress, ip_of, within
 from .tcp import WRITE_HIGH_WATER, peer_name
 from .tls import certificate_user
@@ -66,12 +66,13 @@ class WebSocketLink:
     socket once its own queue holds 128 KiB, which is the backpressure TCP's pause_reading gives.
 
     ``certificate_user`` is the user name a verified client certificate gives (wss:// with
-    ``tls_certificate_username``), or None.
+    ``tls_certificate_username``), or None; the broker gets it with the listener's ``policy``.
     """
 
     __slots__ = (
         "ws",
         "listener",
+        "policy",
         "certificate_user",
         "broker",
         "conn",
@@ -85,10 +86,15 @@ class WebSocketLink:
     )
 
     def __init__(
-        self, ws: web.WebSocketResponse, listener: ListenerConfig, user: str | None = None
+        self,
+        ws: web.WebSocketResponse,
+        listener: ListenerConfig,
+        user: str | None = None,
+        policy: ListenerPolicy = OPEN,
     ) -> None:
         self.ws = ws
         self.listener = listener
+        self.policy = policy
         self.certificate_user = user
         self.broker: Broker | None = None  # set by serve(); counts the bytes
         self.conn: Connection | None = None
@@ -141,7 +147,7 @@ class WebSocketLink:
         """Read frames until either side closes; the writer task lives as long. ``address``:
         the client's, when a trusted proxy named it (``peer`` is then "address (via proxy)")."""
         self.broker = broker
-        conn = self.conn = broker.connect(self, peer, address, local_only(self.listener))
+        conn = self.conn = broker.connect(self, peer, address, self.policy, self.certificate_user)
         writer = asyncio.create_task(self._write_loop())
         ws = self.ws
         try:
@@ -226,7 +232,9 @@ class WebSocketLink:
             self._reading.set()  # a paused reading loop must see the end too
 
 
-def make_app(broker: Broker, listener: ListenerConfig) -> web.Application:
+def make_app(
+    broker: Broker, listener: ListenerConfig, policy: ListenerPolicy = OPEN
+) -> web.Application:
     """An aiohttp application with one route: GET ``listener.ws_path``."""
     max_msg_size = max(4 * 1_048_576, broker.options.max_packet_size + 16)
     trusted = trusted_networks(listener.ws_trusted_proxies)
@@ -264,7 +272,7 @@ def make_app(broker: Broker, listener: ListenerConfig) -> web.Application:
         if listener.tls_certificate_username != "none" and transport is not None:
             ssl_object = transport.get_extra_info("ssl_object")
             user = certificate_user(ssl_object, listener.tls_certificate_username)
-        await WebSocketLink(ws, listener, user).serve(broker, peer, address)
+        await WebSocketLink(ws, listener, user, policy).serve(broker, peer, address)
         return ws
 
     app = web.Application()

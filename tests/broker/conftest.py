@@ -1,4 +1,4 @@
-"""Fixtures for the broker state-machine tests (see broker_harness.py)."""
+"""Fixtures for the broker state-machine tests (see tests/support/harness.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from broker_harness import Harness
+from support.harness import Harness
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ retained messages and wills; subscriptions no denial reaches check nothing per m
 
 from __future__ import annotations
 
-from broker_harness import Harness, pk
+from support.harness import Harness, pk
 
 from mqttbroker.security import AclAuthorizer, AclRules
 

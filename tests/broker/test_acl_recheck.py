@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from broker_harness import Harness
+from support.harness import Harness
 
 
 class Rules:

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker_harness import Harness, Prop, pk
+from support.harness import Harness, Prop, pk
 
 
 def _connect(h: Harness, client_id: str, certificate: str | None, claimed: str | None) -> Any:
-    client = h.client(peer=f"peer-{certificate}")
-    client.link.certificate_user = certificate  # type: ignore[attr-defined]
+    client = h.client(peer=f"peer-{certificate}", certificate_user=certificate)
     client.send(
         pk.Connect(
             client_id=client_id,

@@ -6,48 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from broker_harness import Harness, Prop, pk
+from support.harness import METHOD, Harness, Offload, Prop, ToyAuthenticator, pk
 
-from mqttbroker.broker.auth import CONTINUE, FAIL, SUCCESS, AuthOutcome
-
-METHOD = "TOY-CHALLENGE"
-
-
-class ToyExchange:
-    """The server sends the challenge b"nonce"; the client must answer it reversed."""
-
-    def __init__(self) -> None:
-        self.challenged = False
-
-    def step(self, data: bytes | None) -> AuthOutcome:
-        if not self.challenged:
-            self.challenged = True
-            return AuthOutcome(CONTINUE, b"nonce")
-        if data == b"ecnon":
-            return AuthOutcome(SUCCESS, b"welcome")
-        return AuthOutcome(FAIL, reason_code=0x86)
-
-
-class ToyAuthenticator:
-    def __init__(self) -> None:
-        self.passwords = {"alice": b"secret"}
-
-    def check_password(
-        self,
-        client_id: str,
-        username: str | None,
-        password: bytes | None,
-        anonymous: bool | None = None,
-        address: str | None = None,
-    ) -> int:
-        if username is None:
-            return 0x87
-        return 0 if self.passwords.get(username) == password else 0x86
-
-    def exchange(
-        self, method: str, client_id: str, username: str | None, address: str | None = None
-    ) -> ToyExchange | None:
-        return ToyExchange() if method == METHOD else None
+from mqttbroker.broker.auth import SUCCESS, AuthOutcome
+from mqttbroker.broker.policy import ListenerPolicy
 
 
 @pytest.fixture
@@ -242,8 +204,7 @@ def test_response_information_only_when_requested(make_harness: Any) -> None:
 def test_certificate_user_replaces_the_password_check(ha: Harness) -> None:
     """A link whose listener verified a client certificate names the user: the CONNECT's own
     user name is replaced and no password is asked for."""
-    client = ha.client()
-    client.link.certificate_user = "alice"  # type: ignore[attr-defined]
+    client = ha.client(certificate_user="alice")
     client.send(pk.Connect(client_id="cert", username="mallory", password=b"nothing"))
     assert client.one(pk.Connack).reason_code == 0
     assert client.conn.username == "alice"
@@ -252,44 +213,23 @@ def test_certificate_user_replaces_the_password_check(ha: Harness) -> None:
     assert plain.one(pk.Connack).reason_code == 0x86
 
 
-class _Listener:
-    def __init__(self, allow_anonymous: bool | None) -> None:
-        self.allow_anonymous = allow_anonymous
-
-
 @pytest.mark.parametrize(("allowed", "code"), [(False, 0x87), (True, 0)])
 def test_anonymous_access_per_listener(ha: Harness, allowed: bool, code: int) -> None:
     """A listener's own anonymous rule decides for clients without a user name (the toy
     authenticator alone would refuse them with 0x87); named users are still checked."""
-    anonymous = ha.client()
-    anonymous.link.listener = _Listener(allowed)  # type: ignore[attr-defined]
+    policy = ListenerPolicy(allow_anonymous=allowed)
+    anonymous = ha.client(policy=policy)
     anonymous.send(pk.Connect(client_id="anon"))
     assert anonymous.one(pk.Connack).reason_code == code
-    named = ha.client()
-    named.link.listener = _Listener(allowed)  # type: ignore[attr-defined]
+    named = ha.client(policy=policy)
     named.send(pk.Connect(client_id="named", username="alice", password=b"wrong"))
     assert named.one(pk.Connack).reason_code == 0x86
-
-
-class _Offload:
-    """Stands in for the worker threads: holds each check until the test runs it."""
-
-    def __init__(self) -> None:
-        self.pending: list[tuple[Any, Any]] = []
-
-    def __call__(self, work: Any, done: Any) -> None:
-        self.pending.append((work, done))
-
-    def run_all(self) -> None:
-        jobs, self.pending = self.pending, []
-        for work, done in jobs:
-            done(work())
 
 
 def test_password_check_off_the_loop_holds_pipelined_packets(ha: Harness) -> None:
     """While the password is checked elsewhere, packets the client sent right after CONNECT
     wait; once accepted, CONNACK comes first and then their answers, in order."""
-    offload = _Offload()
+    offload = Offload()
     ha.broker.offload = offload
     client = ha.client()
     client.send(
@@ -307,7 +247,7 @@ def test_password_check_off_the_loop_holds_pipelined_packets(ha: Harness) -> Non
 
 
 def test_refused_password_off_the_loop(ha: Harness) -> None:
-    offload = _Offload()
+    offload = Offload()
     ha.broker.offload = offload
     client = ha.client()
     client.send(
@@ -320,7 +260,7 @@ def test_refused_password_off_the_loop(ha: Harness) -> None:
 
 
 def test_connection_lost_during_the_check(ha: Harness) -> None:
-    offload = _Offload()
+    offload = Offload()
     ha.broker.offload = offload
     client = ha.client()
     client.send(pk.Connect(client_id="gone", username="alice", password=b"secret"))

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker_harness import FakeLink, Harness, Prop, pk
+from support.harness import FakeLink, Harness, Prop, pk
+
+from mqttbroker.broker.policy import ListenerPolicy
 
 
 def test_max_connections_closes_the_extra_connection(make_harness: Any) -> None:
@@ -226,7 +228,7 @@ def test_connections_per_address_by_default(make_harness: Any) -> None:
     assert [link.closed for link in links] == [False] * 64 + [True]
     local = [FakeLink() for _ in range(65)]
     for link in local:
-        h.broker.connect(link, "127.0.0.1:1", local=True)
+        h.broker.connect(link, "127.0.0.1:1", policy=ListenerPolicy(local=True))
     assert not any(link.closed for link in local)
 
 

@@ -8,7 +8,7 @@ import logging
 from collections.abc import Callable
 
 import pytest
-from broker_harness import Harness, Prop, pk, split_raw
+from support.harness import Harness, Prop, pk, split_raw
 
 from mqttbroker.broker.session import DROP_LOG_INTERVAL
 from mqttbroker.protocol import grammar

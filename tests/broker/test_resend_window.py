@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker_harness import Client, Harness, Prop, pk, split_packets
+from support.harness import Client, Harness, Prop, pk, split_packets
 
 from mqttbroker.broker.store import Store
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from broker_harness import MQTT_5, Harness, pk
+from support.harness import MQTT_5, Harness, pk
 
 from mqttbroker.broker.sink import Outbox, Sink, retire
 from mqttbroker.protocol import grammar

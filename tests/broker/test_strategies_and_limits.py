@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker_harness import Harness, Prop, pk
+from support.harness import Harness, Prop, pk
 from test_aliases_and_sharing import counts, raw_publishes, resolve, shared_setup
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from broker_harness import Harness, Prop, pk
+from support.harness import Harness, Prop, pk
 
 from mqttbroker.protocol import grammar
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from broker_harness import Harness
+from support.harness import Harness
 
 from mqttbroker.ops.sys_tree import SysTree
 from mqttbroker.protocol.properties import PropertyId as Prop

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from broker_harness import Client, Harness, Prop, pk
+from support.harness import Client, Harness, Prop, pk
 
 MQTT_3_1_1 = 4
 

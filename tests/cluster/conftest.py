@@ -3,15 +3,12 @@ broker nodes on it (``python -m mqttbroker --cluster URL --node-id ID``)."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from cluster_support import RedisServer
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "e2e"))  # helpers.py
 
 
 @pytest.fixture

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 from cluster_support import RedisServer, free_port
-from helpers import MQTT_5, PahoClient, unique
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from support.clients import MQTT_5, PahoClient, unique
 
 pytestmark = pytest.mark.needs_redis
 

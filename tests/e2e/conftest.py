@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from helpers import MQTT_5, PahoClient, Server, unique
+from support.clients import MQTT_5, PahoClient, Server, unique
 
 ClientFactory = Callable[..., PahoClient]
 

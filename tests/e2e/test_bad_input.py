@@ -7,7 +7,7 @@ traceback (``assert_broker_healthy``).
 from __future__ import annotations
 
 import pytest
-from helpers import (
+from support.clients import (
     MQTT_5,
     MQTT_311,
     PINGREQ,

@@ -9,9 +9,9 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from helpers import MQTT_5, PahoClient, unique
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from support.clients import MQTT_5, PahoClient, unique
 
 LAUNCHER = (str(Path(__file__).with_name("full_disk_broker.py")),)
 

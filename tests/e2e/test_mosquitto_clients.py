@@ -14,7 +14,7 @@ import time
 
 import pytest
 from external_tools import program
-from helpers import TIMEOUT, unique
+from support.clients import TIMEOUT, unique
 
 pytestmark = pytest.mark.needs_mosquitto
 

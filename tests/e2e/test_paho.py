@@ -5,7 +5,9 @@ from __future__ import annotations
 import time
 
 import pytest
-from helpers import (
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from support.clients import (
     DISCONNECT,
     MQTT_5,
     MQTT_311,
@@ -18,8 +20,6 @@ from helpers import (
     publish_properties,
     unique,
 )
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
 
 VERSIONS = [pytest.param(MQTT_5, id="v5"), pytest.param(MQTT_311, id="v311")]
 QOS = [pytest.param(q, id=f"qos{q}") for q in (0, 1, 2)]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import signal
 
 import pytest
-from helpers import (
+from support.clients import (
     MQTT_5,
     MQTT_311,
     PahoClient,

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from helpers import TIMEOUT
+from support.clients import TIMEOUT
 
 LOADS = [
     f"$SYS/broker/load/{name}/{period}"

@@ -9,14 +9,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from support.clients import PahoClient, unique
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 EXAMPLES = ROOT / "examples"
-for folder in ("e2e", "integrations"):
-    path = str(ROOT / "tests" / folder)
-    if path not in sys.path:
-        sys.path.insert(0, path)
+path = str(ROOT / "tests" / "integrations")
+if path not in sys.path:
+    sys.path.insert(0, path)
 
-from helpers import PahoClient, unique  # noqa: E402
 from integration_support import (  # noqa: E402
     Collector,
     Mosquitto,

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.codec import decode_packet
 
 from mqttbroker.broker.core import Broker
 from mqttbroker.broker.options import BrokerOptions
-from mqttbroker.protocol import decode_packet, fastpath, grammar
+from mqttbroker.protocol import fastpath, grammar
 from mqttbroker.protocol import packets as pk
 from mqttbroker.protocol.errors import MQTTError
 from mqttbroker.protocol.properties import PropertyId as Prop

@@ -9,18 +9,15 @@ from __future__ import annotations
 import os
 import random
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "e2e"))
+from support.clients import PahoClient, unique
 
-from helpers import PahoClient, unique  # noqa: E402
-
-from mqttbroker.protocol import grammar  # noqa: E402
-from mqttbroker.protocol import packets as pk  # noqa: E402
+from mqttbroker.protocol import grammar
+from mqttbroker.protocol import packets as pk
 
 CONFIG = """
 [broker]

@@ -6,7 +6,6 @@ publish/subscribe round trip keeps working, and the broker's RSS stays under a s
 from __future__ import annotations
 
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -14,10 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "e2e"))
-
-from helpers import (  # noqa: E402
+from support.clients import (
     PahoClient,
     RawClient,
     connect_packet,
@@ -30,7 +26,7 @@ from helpers import (  # noqa: E402
     utf8,
     vbi,
 )
-from test_live_attack import closed_by_peer, rss_kib  # noqa: E402
+from test_live_attack import closed_by_peer, rss_kib
 
 MIB = 1024 * 1024
 RSS_BOUND = 100 * MIB  # growth allowed while an attack runs

@@ -208,7 +208,7 @@ def publish_all(client: mqtt.Client, topic: str, payloads: list[bytes], qos: int
 def in_python_path() -> None:
     """The transport tests' helpers (certificates) are importable from here too."""
     here = Path(__file__).resolve().parent
-    for folder in ("transports", "e2e"):
+    for folder in ("transports",):
         path = str(here.parent / folder)
         if path not in sys.path:
             sys.path.append(path)

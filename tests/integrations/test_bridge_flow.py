@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from support.codec import decode_hot, encode_hot
+
 from mqttbroker.broker.core import Broker
 from mqttbroker.broker.message import Message
 from mqttbroker.broker.store import Store
@@ -76,7 +78,7 @@ def feed(bridge: Bridge, writer: FakeWriter, data: bytes) -> None:
 def test_inbound_acknowledged_only_after_the_local_commit() -> None:
     store = DeferredStore()
     broker, bridge, writer = make_bridge(store)
-    feed(bridge, writer, fastpath.encode(pk.Publish("in/x", b"v", 1, packet_id=7), 5))
+    feed(bridge, writer, encode_hot(pk.Publish("in/x", b"v", 1, packet_id=7), 5))
     assert broker.received == 1 and bridge.forwarded_in == 1
     assert writer.data == []  # not before the commit
     store.commit()
@@ -96,7 +98,7 @@ def test_outbound_kept_until_the_remote_acknowledges() -> None:
     data = bridge._encode(packet_id, delivery, False)
     assert data is not None
     writer.write(data)
-    sent = fastpath.decode(
+    sent = decode_hot(
         PacketType.PUBLISH, writer.data[0][0] & 0x0F, writer.data[0], 2, len(writer.data[0]), 5
     )
     assert isinstance(sent, pk.Publish)

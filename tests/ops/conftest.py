@@ -1,7 +1,6 @@
 """Fixtures of the admin-server tests: a broker with its admin server on a port of the test's
-own, and a small HTTP client. The end-to-end helpers (tests/e2e) are shared, so their folder goes
-on sys.path, and the broker harness (tests/broker) and the test certificates
-(tests/transports) too."""
+own, and a small HTTP client. The test certificates (tests/transports) are shared, so that
+folder goes on sys.path (the rest comes from tests/support)."""
 
 from __future__ import annotations
 
@@ -13,12 +12,12 @@ from typing import Any
 import pytest
 
 HERE = Path(__file__).resolve().parent
-for folder in (HERE.parent / "e2e", HERE.parent / "broker", HERE.parent / "transports"):
+for folder in (HERE.parent / "transports",):
     if str(folder) not in sys.path:
         sys.path.append(str(folder))
 
-from helpers import PahoClient  # noqa: E402
 from ops_support import Admin, start_admin  # noqa: E402
+from support.clients import PahoClient  # noqa: E402
 
 
 @pytest.fixture

@@ -10,8 +10,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from broker_harness import Harness
-from helpers import (
+from ops_support import Admin
+from support.clients import (
     TIMEOUT,
     RawClient,
     connect_packet,
@@ -20,7 +20,7 @@ from helpers import (
     subscribe_packet,
     unique,
 )
-from ops_support import Admin
+from support.harness import Harness
 
 from mqttbroker.ops.alerts import Survey, oldest_queued_age
 from mqttbroker.protocol.properties import PropertyId as Prop

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 from external_tools import program
-from helpers import MQTT_311, TIMEOUT, unique
 from openapi_spec_validator import validate
 from ops_support import OPENAPI, Admin, check
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from support.clients import MQTT_311, TIMEOUT, unique
 
 Paho = Callable[..., Any]
 

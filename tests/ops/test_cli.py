@@ -11,8 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from helpers import RawClient, connect_packet
 from ops_support import ROOT
+from support.clients import RawClient, connect_packet
 
 
 def check_config(path: Path) -> subprocess.CompletedProcess[str]:

@@ -16,8 +16,15 @@ from typing import Any
 
 import pytest
 from external_tools import in_ci, program
-from helpers import TIMEOUT, RawClient, connect_packet, parse_connack, subscribe_packet, unique
 from ops_support import Admin
+from support.clients import (
+    TIMEOUT,
+    RawClient,
+    connect_packet,
+    parse_connack,
+    subscribe_packet,
+    unique,
+)
 
 Paho = Callable[..., Any]
 WAIT_MS = int(TIMEOUT * 1000)

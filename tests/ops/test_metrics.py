@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 from external_tools import program
-from helpers import TIMEOUT, unique
 from ops_support import ROOT, Admin
 from prometheus_client.parser import text_string_to_metric_families
+from support.clients import TIMEOUT, unique
 
 Paho = Callable[..., Any]
 

@@ -7,7 +7,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from persistence_support import BrokerProc, Paho
+from persistence_support import Paho
+from support.launcher import BrokerProcess
 
 
 @pytest.fixture
@@ -18,14 +19,15 @@ def data_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def brokers(data_dir: Path) -> Iterator[Callable[..., BrokerProc]]:
+def brokers(data_dir: Path) -> Iterator[Callable[..., BrokerProcess]]:
     """``brokers(*extra_args)``: a started broker on ``data_dir``."""
-    made: list[BrokerProc] = []
+    made: list[BrokerProcess] = []
 
-    def make(*extra: str, start: bool = True) -> BrokerProc:
-        proc = BrokerProc(data_dir, *extra)
+    def make(*extra: str, start: bool = True) -> BrokerProcess:
+        proc = BrokerProcess(data_dir, extra_args=extra)
+        proc.cwd = data_dir.parent
         made.append(proc)
-        return proc.start() if start else proc.launch()
+        return proc.start() if start else proc.spawn()
 
     yield make
     for proc in made:

@@ -1,9 +1,7 @@
-"""Helpers of the persistence tests: the broker as a real subprocess on a data directory that
-outlives it, paho clients that wait for the broker's answers, and a raw socket client.
+"""Helpers of the persistence tests: paho clients that wait for the broker's answers, and a raw
+socket client. The broker runs as support.launcher.BrokerProcess on a data directory that
+outlives it (``kill()`` is SIGKILL, ``terminate()`` SIGTERM).
 
-- ``BrokerProc``: ``python -m mqttbroker --port 0 --data-dir DIR``; the port comes from the
-  ``listening on HOST:PORT (MQTT over TCP)`` log line. A thread per output stream keeps every line
-  (``wait_for_log``). ``kill()`` is SIGKILL, ``terminate()`` SIGTERM.
 - ``Paho``: a paho-mqtt 2.x client (MQTT 5 or 3.1.1) on its own network thread; ``connect``,
   ``subscribe`` and ``wait_messages`` wait on a condition with a timeout.
 - ``raw_connect``: a TCP socket that has sent CONNECT (built with the broker's own codec) and read
@@ -12,160 +10,24 @@ outlives it, paho clients that wait for the broker's answers, and a raw socket c
 
 from __future__ import annotations
 
-import os
-import re
-import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from support.launcher import BrokerProcess
 
 from mqttbroker.protocol import grammar
 from mqttbroker.protocol import packets as pk
 
-ROOT = Path(__file__).resolve().parents[2]
-LISTENING = re.compile(r"listening on (\S+):(\d+) \(MQTT over TCP\)")
 TIMEOUT = 15.0  # failure guard for anything that should happen promptly
 
 MQTT_5 = 5
 MQTT_311 = 4
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
-class BrokerProc:
-    """One run of the broker process on ``data_dir``."""
-
-    def __init__(self, data_dir: Path, *extra: str, log_level: str = "info") -> None:
-        self.data_dir = data_dir
-        self.args = [
-            sys.executable,
-            "-m",
-            "mqttbroker",
-            "--port",
-            "0",
-            "--log-level",
-            log_level,
-            "--data-dir",
-            str(data_dir),
-            *extra,
-        ]
-        self.proc: subprocess.Popen[str] | None = None
-        self.host = ""
-        self.port = 0
-        self.lines: list[str] = []
-        self._cond = threading.Condition()
-        self._open_streams = 0
-        self._threads: list[threading.Thread] = []
-
-    def launch(self) -> BrokerProc:
-        """Start the process without waiting for it to listen."""
-        self.proc = subprocess.Popen(
-            self.args,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd=str(self.data_dir.parent),
-            env=_env(),
-            text=True,
-            encoding="utf-8",
-            errors="replace",
-            bufsize=1,
-        )
-        for stream in (self.proc.stderr, self.proc.stdout):
-            self._open_streams += 1
-            thread = threading.Thread(target=self._drain, args=(stream,), daemon=True)
-            thread.start()
-            self._threads.append(thread)
-        return self
-
-    def start(self) -> BrokerProc:
-        """Start and wait for the listening line."""
-        self.launch()
-        found = self.wait_for_log(LISTENING, TIMEOUT)
-        if found is None:
-            self.kill()
-            raise AssertionError(
-                f"the broker did not start (exit code {self.returncode}):\n{self.log_text()}"
-            )
-        self.host, self.port = found.group(1), int(found.group(2))
-        return self
-
-    def _drain(self, stream: Any) -> None:
-        for line in stream:
-            with self._cond:
-                self.lines.append(line.rstrip("\n"))
-                self._cond.notify_all()
-        with self._cond:
-            self._open_streams -= 1
-            self._cond.notify_all()
-
-    def wait_for_log(
-        self, pattern: str | re.Pattern[str], timeout: float = TIMEOUT, since: int = 0
-    ) -> re.Match[str] | None:
-        regex = re.compile(pattern) if isinstance(pattern, str) else pattern
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            checked = since
-            while True:
-                for line in self.lines[checked:]:
-                    found = regex.search(line)
-                    if found:
-                        return found
-                checked = len(self.lines)
-                left = deadline - time.monotonic()
-                if left <= 0 or self._open_streams == 0:
-                    return None
-                self._cond.wait(left)
-
-    def mark(self) -> int:
-        with self._cond:
-            return len(self.lines)
-
-    def log_text(self) -> str:
-        with self._cond:
-            return "\n".join(self.lines)
-
-    @property
-    def returncode(self) -> int | None:
-        return None if self.proc is None else self.proc.poll()
-
-    def wait_exit(self, timeout: float = TIMEOUT) -> int:
-        assert self.proc is not None
-        code = self.proc.wait(timeout)
-        for thread in self._threads:
-            thread.join(timeout)
-        return code
-
-    def kill(self) -> int:
-        """SIGKILL: no shutdown code runs."""
-        assert self.proc is not None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-        return self.wait_exit()
-
-    def terminate(self) -> int:
-        """SIGTERM: the broker's clean stop."""
-        assert self.proc is not None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return self.wait_exit()
-
-    def __repr__(self) -> str:
-        return f"BrokerProc({self.host}:{self.port})"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -187,7 +49,7 @@ class Paho:
 
     def __init__(
         self,
-        broker: BrokerProc,
+        broker: BrokerProcess,
         client_id: str,
         version: int = MQTT_5,
         *,
@@ -331,7 +193,7 @@ class Paho:
 # raw socket
 
 
-def raw_connect(broker: BrokerProc, connect: pk.Connect) -> socket.socket:
+def raw_connect(broker: BrokerProcess, connect: pk.Connect) -> socket.socket:
     """A socket that has sent ``connect`` and read a successful CONNACK."""
     sock = socket.create_connection((broker.host, broker.port), timeout=TIMEOUT)
     sock.sendall(grammar.encode(connect, connect.protocol_level))

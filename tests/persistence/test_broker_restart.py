@@ -23,21 +23,21 @@ from persistence_support import (
     MQTT_5,
     MQTT_311,
     TIMEOUT,
-    BrokerProc,
     Got,
     Paho,
     raw_connect,
 )
+from support.launcher import BrokerProcess
 
 from mqttbroker.protocol import packets as pk
 from mqttbroker.protocol.properties import PropertyId as Prop
 
 N = 200
-Brokers = Callable[..., BrokerProc]
+Brokers = Callable[..., BrokerProcess]
 
 
 def persistent(
-    clients: list[Paho], broker: BrokerProc, client_id: str, version: int, expiry: int = 300
+    clients: list[Paho], broker: BrokerProcess, client_id: str, version: int, expiry: int = 300
 ) -> Paho:
     """A client that resumes its session: MQTT 5 Clean Start 0 with a Session Expiry Interval, or
     MQTT 3.1.1 Clean Session 0."""
@@ -49,7 +49,9 @@ def persistent(
     return client
 
 
-def plain(clients: list[Paho], broker: BrokerProc, client_id: str, version: int = MQTT_5) -> Paho:
+def plain(
+    clients: list[Paho], broker: BrokerProcess, client_id: str, version: int = MQTT_5
+) -> Paho:
     client = Paho(broker, client_id, version, clean=True)
     clients.append(client)
     client.connect()
@@ -182,12 +184,12 @@ def test_sigkill_keeps_retained_messages_and_their_removal(brokers: Brokers, cli
     ]
 
 
-def drop_with_delayed_will(broker: BrokerProc, client_id: str, topic: str, delay: int) -> float:
+def drop_with_delayed_will(broker: BrokerProcess, client_id: str, topic: str, delay: int) -> float:
     """A client with a will (Will Delay Interval ``delay``, Session Expiry 300) whose network
     connection fails; returns when the broker has seen it go, with the time it was dropped."""
     will = pk.Will(topic, b"%s went away" % client_id.encode(), 1, False)
     will.properties[Prop.WILL_DELAY_INTERVAL] = delay
-    mark = broker.mark()
+    mark = broker.log_mark()
     sock = raw_connect(
         broker,
         pk.Connect(
@@ -249,7 +251,7 @@ def test_sigterm_restart_keeps_sessions_queues_retained_and_pending_wills(
     pub = plain(clients, first, "term-pub")
     sent = [(f"term/{i % 3}", b"term-%02d" % i, 1 + i % 2, i == 5) for i in range(30)]
     pub.publish_all(sent)  # acknowledged: committed, and so is the pending will before them
-    mark = first.mark()
+    mark = first.log_mark()
     assert first.terminate() == 0
     assert first.wait_for_log("stopped", since=mark, timeout=0) is not None
     assert time.time() - dropped_at < delay, "too slow: the will delay ran out before the stop"
@@ -315,7 +317,7 @@ def test_session_whose_expiry_passed_before_the_restart_is_gone(
 # mosquitto_sub -c -i ID -x 300
 
 
-def mosquitto_sub(broker: BrokerProc, *args: str, timeout: float = TIMEOUT) -> str:
+def mosquitto_sub(broker: BrokerProcess, *args: str, timeout: float = TIMEOUT) -> str:
     result = subprocess.run(
         [
             program("mosquitto_sub"),
@@ -344,7 +346,7 @@ def mosquitto_sub(broker: BrokerProc, *args: str, timeout: float = TIMEOUT) -> s
     return result.stdout
 
 
-def mosquitto_pub(broker: BrokerProc, message: str) -> None:
+def mosquitto_pub(broker: BrokerProcess, message: str) -> None:
     result = subprocess.run(
         [
             program("mosquitto_pub"),

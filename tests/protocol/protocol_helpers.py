@@ -7,8 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+from support.clients import vbi
+from support.codec import decode_hot, decode_packet, encode_hot, encode_packet
 
-from mqttbroker.protocol import decode_packet, encode_packet, fastpath, grammar
+from mqttbroker.protocol import fastpath, grammar
 from mqttbroker.protocol import packets as pk
 from mqttbroker.protocol.errors import MQTTError
 from mqttbroker.protocol.packets import PacketType
@@ -28,16 +30,6 @@ HOT = frozenset(
 # Bytes around a body handed to the fast path, so that reading outside [pos, end) shows.
 PAD_BEFORE = b"\xff\x00\x7f"
 PAD_AFTER = b"\x00\xff\x80\x01"
-
-
-def vbi(n: int) -> bytes:
-    """Variable Byte Integer, written here independently of the codec (section 1.5.5)."""
-    out = bytearray()
-    while True:
-        n, digit = n >> 7, n & 0x7F
-        out.append(digit | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
 
 
 def s(raw: bytes | str) -> bytes:
@@ -71,13 +63,13 @@ def check_golden(packet: pk.Packet, version: int, expected: bytes) -> None:
     assert encode_packet(packet, version) == expected
     assert decode_packet(expected[0], body, version) == packet
     if ptype in HOT:
-        assert fastpath.encode(packet, version) == expected
+        assert encode_hot(packet, version) == expected
         start = len(expected) - len(body)
-        assert fastpath.decode(ptype, flags, expected, start, len(expected), version) == packet
+        assert decode_hot(ptype, flags, expected, start, len(expected), version) == packet
         # The body somewhere inside a larger buffer: the decoder must stay within [pos, end).
         buffer = PAD_BEFORE + expected + PAD_AFTER
         pos = len(PAD_BEFORE) + start
-        assert fastpath.decode(ptype, flags, buffer, pos, pos + len(body), version) == packet
+        assert decode_hot(ptype, flags, buffer, pos, pos + len(body), version) == packet
 
 
 def decoders(ptype: int, flags: int, body: bytes, version: int) -> list[Callable[[], pk.Packet]]:
@@ -87,7 +79,7 @@ def decoders(ptype: int, flags: int, body: bytes, version: int) -> list[Callable
     if ptype in HOT:
         buffer = PAD_BEFORE + body + PAD_AFTER
         pos = len(PAD_BEFORE)
-        out.append(lambda: fastpath.decode(ptype, flags, buffer, pos, pos + len(body), version))
+        out.append(lambda: decode_hot(ptype, flags, buffer, pos, pos + len(body), version))
     return out
 
 

@@ -10,8 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from protocol_helpers import assert_rejects, decode_all, props, s, split
 from protocol_strategies import any_packet
+from support.codec import decode_packet
 
-from mqttbroker.protocol import decode_packet, grammar
+from mqttbroker.protocol import grammar
 from mqttbroker.protocol import packets as pk
 from mqttbroker.protocol.errors import (
     MalformedPacket,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from protocol_helpers import assert_rejects, decode_all, props, s, vbi
+from protocol_helpers import assert_rejects, decode_all, props, s
 from protocol_strategies import (
     ALLOWED,
     BINARY_PROPS,
@@ -16,6 +16,7 @@ from protocol_strategies import (
     TWO_BYTE_PROPS,
     UTF8_PROPS,
 )
+from support.clients import vbi
 
 from mqttbroker.protocol import packets as pk
 from mqttbroker.protocol.errors import MalformedPacket, ProtocolError

@@ -18,6 +18,7 @@ from typing import Any
 from hypothesis import event, example, given, note, settings
 from hypothesis import strategies as st
 from protocol_strategies import ACK_CLASSES, acks, hot_packet, publishes
+from support.codec import decode_hot, encode_hot
 
 from mqttbroker.protocol import fastpath, grammar
 from mqttbroker.protocol import packets as pk
@@ -48,17 +49,17 @@ def as_311(packet: pk.Packet) -> pk.Packet:
 
 
 def check_agree(packet: pk.Packet, version: int) -> None:
-    fast = fastpath.encode(packet, version)
+    fast = encode_hot(packet, version)
     slow = grammar.encode(packet, version)
     assert fast == slow
     ptype, flags, start = body_of(slow)
     expected = packet if version == V5 else as_311(packet)
     # fast path reads grammar's bytes, grammar reads the fast path's bytes
-    assert fastpath.decode(ptype, flags, slow, start, len(slow), version) == expected
+    assert decode_hot(ptype, flags, slow, start, len(slow), version) == expected
     assert grammar.decode(ptype, flags, fast[start:], version) == expected
     # and the body inside a larger buffer
     padded = b"\x01\x02" + fast + b"\xff\xff"
-    assert fastpath.decode(ptype, flags, padded, start + 2, len(fast) + 2, version) == expected
+    assert decode_hot(ptype, flags, padded, start + 2, len(fast) + 2, version) == expected
 
 
 @settings(max_examples=200, deadline=None)
@@ -105,7 +106,7 @@ def compare_decoders(ptype: int, flags: int, body: bytes, version: int) -> None:
     note(f"type={ptype} flags={flags:04b} version={version} body={body!r}")
     padded = b"\x00\x80" + body + b"\xff\x7f"
     slow = run(lambda: grammar.decode(ptype, flags, body, version))
-    fast = run(lambda: fastpath.decode(ptype, flags, padded, 2, 2 + len(body), version))
+    fast = run(lambda: decode_hot(ptype, flags, padded, 2, 2 + len(body), version))
     if slow[0] == "ok" or fast[0] == "ok":
         assert slow == fast, f"grammar {slow!r} vs fastpath {fast!r}"
         event(f"both decode {PacketType(ptype).name}")
@@ -172,3 +173,64 @@ def mutated(draw: st.DrawFn) -> tuple[int, int, bytes, int]:
 @given(mutated())
 def test_mutated_bodies(case: tuple[int, int, bytes, int]) -> None:
     compare_decoders(*case)
+
+
+# ---------------------------------------------------------------------------------------------
+# scan_publish: the connection's PUBLISH slicer, against the full decoder
+
+
+def check_scan(first: int, data: bytes, body: int, stop: int, version: int) -> None:
+    """scan_publish slices what decode_publish decodes, or defers to it (properties), or
+    raises where it raises; it leaves only the topic's UTF-8 check to the router."""
+    note(f"first=0x{first:02X} version={version} body={data[body:stop]!r}")
+    full = run(lambda: fastpath.decode_publish(first & 15, data, body, stop, version))
+    scan = run(lambda: fastpath.scan_publish(first, data, body, stop, version))
+    if scan[0] == "error":
+        assert full[0] == "error", f"scan raised {scan[1]!r}, decode gave {full[1]!r}"
+        return
+    topic_end, start, packet_id = scan[1]
+    if full[0] == "error":  # only a topic that is not well-formed gets past the scan
+        assert start != -1 and "string" in full[1].message, full
+        topic = data[body + 2 : topic_end]
+        assert b"\x00" in topic or topic != topic.decode("utf-8", "ignore").encode(), full
+        return
+    packet = full[1]
+    if start == -1:
+        assert version == V5 and packet.properties
+        return
+    assert not packet.properties
+    assert data[body + 2 : topic_end].decode() == packet.topic
+    assert data[start:stop] == packet.payload
+    assert packet_id == (packet.packet_id or 0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data(), versions)
+def test_scan_publish_agrees_on_valid_packets(data: st.DataObject, version: int) -> None:
+    raw = grammar.encode(data.draw(publishes(version)), version)
+    _, _, start = body_of(raw)
+    padded = b"\x01" + raw + b"\xff"
+    check_scan(raw[0], padded, start + 1, len(raw) + 1, version)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 15), st.binary(max_size=40), versions)
+@example(0x30, b"\x00\x01a\x00", V5)
+@example(0x32, b"\x00\x01a\x00\x00\x00", V5)
+@example(0x3E, b"\x00\x01a\x00\x01", V4)
+@example(0x30, b"\x00\x02\xff\xfe", V4)
+@example(0x30, b"\x00\x01\x00", V4)
+def test_scan_publish_agrees_on_any_bytes(flags: int, body: bytes, version: int) -> None:
+    padded = b"\x00" + body + b"\x00"
+    check_scan(0x30 | flags, padded, 1, 1 + len(body), version)
+
+
+def test_connect_version() -> None:
+    connect = grammar.encode(pk.Connect(client_id="v", protocol_level=V4), V4)
+    _, _, start = body_of(connect)
+    assert fastpath.connect_version(connect[start:]) == V4
+    assert fastpath.connect_version(b"\x00\x04MQTT\x09rest") == V5
+    assert fastpath.connect_version(b"\x00\x06MQIsdp\x03") == pk.MQTT_3_1
+    assert fastpath.connect_version(b"\x00\x04MQTT\x00") == 0
+    assert fastpath.connect_version(b"\x00\x04MQTT") == -1
+    assert fastpath.connect_version(b"GET / HTTP/1.1") == -1

@@ -8,8 +8,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from protocol_strategies import connacks, connects, subacks, subscribes, unsubacks
+from support.codec import decode_packet, encode_packet
 
-from mqttbroker.protocol import decode_packet, encode_packet, fastpath, grammar
+from mqttbroker.protocol import fastpath, grammar
 from mqttbroker.protocol import packets as pk
 from mqttbroker.protocol.errors import MQTTError
 from mqttbroker.protocol.packets import MQTT_3_1_1, MQTT_5

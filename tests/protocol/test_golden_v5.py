@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import pytest
 from protocol_helpers import check_golden, split
+from support.codec import decode_hot
 
-from mqttbroker.protocol import fastpath, grammar
+from mqttbroker.protocol import grammar
 from mqttbroker.protocol import packets as pk
 from mqttbroker.protocol.packets import MQTT_5
 from mqttbroker.protocol.properties import PropertyId as P
@@ -280,7 +281,7 @@ def test_publish_user_property_order_interleaved() -> None:
     )
     data = bytes([0x30, len(body)]) + body
     assert grammar.decode(3, 0, body, V5) == expected
-    assert fastpath.decode(3, 0, data, 2, len(data), V5) == expected
+    assert decode_hot(3, 0, data, 2, len(data), V5) == expected
     got = grammar.decode(3, 0, body, V5)
     assert isinstance(got, pk.Publish)
     assert got.properties[P.USER_PROPERTY] == [("z", "a"), ("b", "b")]
@@ -345,7 +346,7 @@ def test_acks_long_forms_of_success_decode(first: int, cls: type[pk.Ack]) -> Non
     for body in (b"\x00\x09\x00", b"\x00\x09\x00\x00"):
         data = bytes([first, len(body)]) + body
         assert grammar.decode(first >> 4, first & 15, body, V5) == cls(9)
-        assert fastpath.decode(first >> 4, first & 15, data, 2, len(data), V5) == cls(9)
+        assert decode_hot(first >> 4, first & 15, data, 2, len(data), V5) == cls(9)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import hashlib
 import hmac
 import os
 
-from helpers import MQTT_5, binary, packet, parse_properties, utf8, vbi
+from support.clients import MQTT_5, binary, packet, parse_properties, utf8, vbi
 
 HASHES = {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}
 

@@ -11,7 +11,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from helpers import (
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from security_support import ITERATIONS
+from support.clients import (
     MQTT_5,
     TIMEOUT,
     PahoClient,
@@ -22,9 +25,6 @@ from helpers import (
     utf8,
     vbi,
 )
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
-from security_support import ITERATIONS
 
 from mqttbroker.security.passwords import make_entry_line
 

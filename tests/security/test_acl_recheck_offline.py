@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import unique
 from session_support import ACL, SecureBroker, paho_client
+from support.clients import unique
 
 REVOKED = ACL.replace("topic read data/#\n", "")
 

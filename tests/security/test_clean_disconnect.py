@@ -11,7 +11,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from helpers import DISCONNECT, MQTT_5, TIMEOUT, assert_broker_healthy, connect_packet, unique
+from support.clients import (
+    DISCONNECT,
+    MQTT_5,
+    TIMEOUT,
+    assert_broker_healthy,
+    connect_packet,
+    unique,
+)
 
 EXPIRY_HOUR = bytes((0x11,)) + (3600).to_bytes(4, "big")  # Session Expiry Interval 3600
 

@@ -10,8 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from helpers import MQTT_5, TIMEOUT, RawClient, parse_connack, unique
 from security_support import ITERATIONS, ScramClient, connect_bytes
+from support.clients import MQTT_5, TIMEOUT, RawClient, parse_connack, unique
 
 from mqttbroker.security.authenticator import (
     FailureCounter,

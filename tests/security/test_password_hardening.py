@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import TIMEOUT, RawClient, unique
 from security_support import (
     ITERATIONS,
     ScramClient,
@@ -19,6 +18,7 @@ from security_support import (
     mosquitto_sha512_line,
     parse_reason_and_properties,
 )
+from support.clients import TIMEOUT, RawClient, unique
 
 from mqttbroker.security import SecurityFileError
 from mqttbroker.security.authenticator import FileAuthenticator, load_secret

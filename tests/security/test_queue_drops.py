@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from helpers import unique
 from session_support import HOUR, paho_client
+from support.clients import unique
 
 QUEUE_LIMIT = 1000  # max_queued_messages by default
 

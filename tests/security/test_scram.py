@@ -10,8 +10,8 @@ import sys
 from typing import Any
 
 import pytest
-from broker_harness import Client, Harness, Prop, pk
 from security_support import ITERATIONS, ScramClient, mosquitto_pbkdf2_line
+from support.harness import Client, Harness, Prop, pk
 
 from mqttbroker.broker.auth import CONTINUE, FAIL, SUCCESS
 from mqttbroker.security import AclAuthorizer, AclRules, FileAuthenticator, PasswordFile

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import MQTT_5, MQTT_311, TIMEOUT, PahoClient, RawClient, parse_connack, unique
 from security_support import (
     ITERATIONS,
     ScramClient,
@@ -23,6 +22,7 @@ from security_support import (
     mosquitto_pbkdf2_line,
     parse_reason_and_properties,
 )
+from support.clients import MQTT_5, MQTT_311, TIMEOUT, PahoClient, RawClient, parse_connack, unique
 
 from mqttbroker.security.passwords import make_entry_line
 

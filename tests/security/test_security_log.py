@@ -9,7 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from helpers import (
+from security_support import ITERATIONS, connect_bytes
+from support.clients import (
     MQTT_5,
     TIMEOUT,
     RawClient,
@@ -18,7 +19,6 @@ from helpers import (
     subscribe_packet,
     unique,
 )
-from security_support import ITERATIONS, connect_bytes
 
 from mqttbroker.logformat import escape
 from mqttbroker.security.passwords import make_entry_line

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import MQTT_5, MQTT_311, unique
 from session_support import SecureBroker, assert_logged, connack, paho_client
+from support.clients import MQTT_5, MQTT_311, unique
 
 QUOTA = {MQTT_5: 0x97, MQTT_311: 0x03}
 

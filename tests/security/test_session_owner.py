@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import MQTT_5, MQTT_311, unique
 from session_support import SecureBroker, assert_logged, connack, paho_client
+from support.clients import MQTT_5, MQTT_311, unique
 
 NOT_AUTHORIZED = {MQTT_5: 0x87, MQTT_311: 0x05}
 ID_NOT_VALID = {MQTT_5: 0x85, MQTT_311: 0x02}

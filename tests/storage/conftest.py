@@ -7,9 +7,9 @@ import types
 from pathlib import Path
 
 import pytest
-from sqlite_harness import FakeTime
+from support.sqlite_harness import FakeTime
 
-import mqttbroker.storage.sqlite as sqlite_store
+import mqttbroker.storage.sqlite.store as sqlite_store
 
 
 @pytest.fixture

@@ -9,9 +9,9 @@ import os
 from pathlib import Path
 
 import pytest
-from sqlite_harness import FakeTime, Node, async_test, rows, snapshot
+from support.sqlite_harness import FakeTime, Node, async_test, rows, snapshot
 
-import mqttbroker.storage.sqlite as sqlite_store
+import mqttbroker.storage.sqlite.store as sqlite_store
 from mqttbroker.storage import StoreError
 
 GARBAGE = bytes(range(256)) * 64  # 16 KiB that is not an SQLite database

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlite_harness import TIMEOUT, FakeTime, Node, async_test, pk, rows
+from support.sqlite_harness import TIMEOUT, FakeTime, Node, async_test, pk, rows
 
 from mqttbroker.storage.sqlite import SQLiteStore
 

@@ -12,7 +12,8 @@ import asyncio
 import time
 from pathlib import Path
 
-from sqlite_harness import FakeTime, Node, async_test, decode, pk, rows, split_raw
+from support.harness import decode_raw, split_raw
+from support.sqlite_harness import FakeTime, Node, async_test, pk, rows
 
 
 class AckAudit:
@@ -25,7 +26,7 @@ class AckAudit:
 
     def __call__(self, data: bytes) -> None:
         for raw in split_raw(data):
-            packet = decode(raw, 5)
+            packet = decode_raw(raw, 5)
             if not isinstance(packet, pk.Puback | pk.Pubrec):
                 continue
             payload = self.payloads[packet.packet_id]

@@ -15,11 +15,12 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from sqlite_harness import MQTT_5, FakeTime, Node, Prop, async_test, pk, rows, snapshot
+from support.sqlite_harness import MQTT_5, FakeTime, Node, Prop, async_test, pk, rows, snapshot
 
 from mqttbroker.broker.session import NEVER
+from mqttbroker.broker.store import Restored, SessionRecord
 from mqttbroker.storage import StoreError
-from mqttbroker.storage.sqlite import MIGRATIONS
+from mqttbroker.storage.sqlite import MIGRATIONS, SQLiteStore
 
 MQTT_311 = 4
 
@@ -649,3 +650,36 @@ async def test_queue_restores_for_both_protocol_versions(
         got = await client.connect("sub", clean_start=False)
     assert client.connack is not None and client.connack.session_present
     assert [(p.payload, p.qos) for p in got] == [(b"one", 1), (b"two", 2)]
+
+
+# -- the restore API ------------------------------------------------------------------------
+
+
+@async_test
+async def test_the_store_hands_back_records_without_a_broker(db_path: Path, fake_time: FakeTime):
+    """``load`` reads the file into plain records (broker/store.py) on the clock it is given;
+    it builds no session: the broker does, from the records."""
+    node = await Node(db_path, fake_time).start()
+    await offline_subscriber(node, "sub", "t/#", qos=1, expiry=600)
+    publisher = await node.connect("pub")
+    await publisher.publish_acked("t/a", b"one", 1)
+    await publisher.publish_acked("t/b", b"kept", 1, retain=True)
+    await node.close()
+    fake_time.reboot()
+
+    store = SQLiteStore(db_path)
+    try:
+        restored = await store.load(fake_time.clock)
+    finally:
+        await store.close()
+    assert isinstance(restored, Restored)
+    assert [m.topic for m in restored.retained] == ["t/b"]
+    [record] = restored.sessions
+    assert isinstance(record, SessionRecord)
+    assert (record.client_id, record.expiry_interval, record.will) == ("sub", 600, None)
+    assert [(s.topic_filter, s.qos) for s in record.subscriptions] == [("t/#", 1)]
+    assert [(d.message.payload, d.packet_id) for d in record.deliveries] == [
+        (b"one", None),
+        (b"kept", None),
+    ]
+    assert record.expires_at is not None and record.expires_at > fake_time.clock()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sqlite_harness import Client, FakeTime, Node, Prop, async_test, pk, rows, snapshot
+from support.sqlite_harness import Client, FakeTime, Node, Prop, async_test, pk, rows, snapshot
 
 MQTT_311 = 4
 

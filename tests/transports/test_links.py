@@ -86,7 +86,12 @@ class FakeBroker:
         self.bytes_sent = 0
 
     def connect(
-        self, link: Any, peer: str, address: str | None = None, local: bool = False
+        self,
+        link: Any,
+        peer: str,
+        address: str | None = None,
+        policy: Any = None,
+        certificate_user: str | None = None,
     ) -> FakeConnection:
         return self.conn
 
@@ -253,8 +258,8 @@ def test_certificate_user_on_tls_and_websocket_links(
             assert answer.type is WSMsgType.BINARY and answer.data == CONNACK_OK
             by_id = {conn.client_id: conn for conn in server.broker.connections}
             for name, client_id in ids.items():
-                link = by_id[client_id].link
-                seen[name] = (type(link), getattr(link, "certificate_user", "missing"))
+                conn = by_id[client_id]
+                seen[name] = (type(conn.link), conn.certificate_user)
             await ws.close()
         finally:
             for writer in writers:

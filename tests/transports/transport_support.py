@@ -37,6 +37,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from support.clients import binary, utf8
+from support.clients import packet as mqtt_packet
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 if str(ROOT) not in sys.path:
@@ -466,25 +468,6 @@ class Paho:
 # MQTT 3.1.1 packets
 
 
-def _remaining_length(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = n % 128
-        n //= 128
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _str(s: str) -> bytes:
-    data = s.encode()
-    return struct.pack("!H", len(data)) + data
-
-
-def _packet(first: int, body: bytes) -> bytes:
-    return bytes([first]) + _remaining_length(len(body)) + body
-
-
 def connect_packet(
     client_id: str,
     keep_alive: int = 30,
@@ -495,19 +478,19 @@ def connect_packet(
     QoS 0 will ``(topic, message)`` if given."""
     flags = 0x02 | (0x04 if will else 0)
     props = b"\x00" if version == 5 else b""
-    body = _str("MQTT") + bytes([version, flags]) + struct.pack("!H", keep_alive) + props
-    body += _str(client_id)
+    body = utf8("MQTT") + bytes([version, flags]) + struct.pack("!H", keep_alive) + props
+    body += utf8(client_id)
     if will:
-        body += props + _str(will[0]) + struct.pack("!H", len(will[1])) + will[1]
-    return _packet(0x10, body)
+        body += props + utf8(will[0]) + binary(will[1])
+    return mqtt_packet(0x10, body)
 
 
 def subscribe_packet(packet_id: int, topic: str, qos: int = 0) -> bytes:
-    return _packet(0x82, struct.pack("!H", packet_id) + _str(topic) + bytes([qos]))
+    return mqtt_packet(0x82, struct.pack("!H", packet_id) + utf8(topic) + bytes([qos]))
 
 
 def publish_packet(topic: str, payload: bytes) -> bytes:
-    return _packet(0x30, _str(topic) + payload)
+    return mqtt_packet(0x30, utf8(topic) + payload)
 
 
 PINGREQ = b"\xc0\x00"

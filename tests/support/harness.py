@@ -7,16 +7,20 @@ happens only when it calls ``broker.tick()``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from mqttbroker.broker.auth import CONTINUE, FAIL, SUCCESS, AuthOutcome
 from mqttbroker.broker.connection import Connection
 from mqttbroker.broker.core import Broker
 from mqttbroker.broker.options import BrokerOptions
+from mqttbroker.broker.policy import OPEN, ListenerPolicy
 from mqttbroker.broker.session import Session
-from mqttbroker.protocol import decode_packet, fastpath, grammar
+from mqttbroker.protocol import fastpath, grammar
 from mqttbroker.protocol import packets as pk
 from mqttbroker.protocol.packets import MQTT_5
 from mqttbroker.protocol.properties import PropertyId as Prop
+from support.codec import decode_packet
 
 __all__ = [
     "FakeClock",
@@ -25,6 +29,10 @@ __all__ = [
     "Client",
     "split_packets",
     "split_raw",
+    "decode_raw",
+    "METHOD",
+    "ToyAuthenticator",
+    "Offload",
     "Prop",
     "pk",
     "MQTT_5",
@@ -48,7 +56,7 @@ class FakeClock:
 class FakeLink:
     """A transport that records every write and whether (and how often) it was closed."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_write: Callable[[bytes], None] | None = None) -> None:
         self.writes: list[bytes] = []
         self.closed = False
         self.close_calls = 0
@@ -56,10 +64,13 @@ class FakeLink:
         self.reading_paused = False
         self.unread = 0  # what buffered() says: bytes the client has not taken
         self.aborted = False
+        self.on_write = on_write  # sees each write as it happens
 
     def write(self, data: bytes) -> None:
         if self.closed:
             self.writes_after_close += 1
+        if self.on_write is not None:
+            self.on_write(bytes(data))
         self.writes.append(bytes(data))
 
     def close(self) -> None:
@@ -113,11 +124,20 @@ def split_packets(data: bytes, version: int) -> list[Any]:
 class Client:
     """One fake network connection to the broker, speaking MQTT at ``version``."""
 
-    def __init__(self, harness: Harness, version: int = MQTT_5, peer: str = "peer") -> None:
+    def __init__(
+        self,
+        harness: Harness,
+        version: int = MQTT_5,
+        peer: str = "peer",
+        policy: ListenerPolicy = OPEN,
+        certificate_user: str | None = None,
+    ) -> None:
         self.h = harness
         self.version = version
         self.link = FakeLink()
-        self.conn: Connection = harness.broker.connect(self.link, peer)
+        self.conn: Connection = harness.broker.connect(
+            self.link, peer, policy=policy, certificate_user=certificate_user
+        )
         self.connack: pk.Connack | None = None
         self._read = 0
         self._next_id = 1
@@ -281,8 +301,16 @@ class Harness:
         self.broker = Broker(self.options, clock=self.clock)
         self.clients: list[Client] = []
 
-    def client(self, version: int = MQTT_5, peer: str = "peer") -> Client:
-        client = Client(self, version, peer)
+    def client(
+        self,
+        version: int = MQTT_5,
+        peer: str = "peer",
+        policy: ListenerPolicy = OPEN,
+        certificate_user: str | None = None,
+    ) -> Client:
+        """A new connection, on a listener with ``policy``; ``certificate_user``: the name of
+        a client certificate its listener verified."""
+        client = Client(self, version, peer, policy, certificate_user)
         self.clients.append(client)
         return client
 
@@ -330,3 +358,60 @@ class Harness:
         for client in self.clients:
             assert client.link.writes_after_close == 0, client.conn
             assert client.link.close_calls <= 1, client.conn
+
+
+# -- stand-ins for the security edge -----------------------------------------------------------
+
+METHOD = "TOY-CHALLENGE"
+
+
+class ToyExchange:
+    """The server sends the challenge b"nonce"; the client must answer it reversed."""
+
+    def __init__(self) -> None:
+        self.challenged = False
+
+    def step(self, data: bytes | None) -> AuthOutcome:
+        if not self.challenged:
+            self.challenged = True
+            return AuthOutcome(CONTINUE, b"nonce")
+        if data == b"ecnon":
+            return AuthOutcome(SUCCESS, b"welcome")
+        return AuthOutcome(FAIL, reason_code=0x86)
+
+
+class ToyAuthenticator:
+    def __init__(self) -> None:
+        self.passwords = {"alice": b"secret"}
+
+    def check_password(
+        self,
+        client_id: str,
+        username: str | None,
+        password: bytes | None,
+        anonymous: bool | None = None,
+        address: str | None = None,
+    ) -> int:
+        if username is None:
+            return 0x87
+        return 0 if self.passwords.get(username) == password else 0x86
+
+    def exchange(
+        self, method: str, client_id: str, username: str | None, address: str | None = None
+    ) -> ToyExchange | None:
+        return ToyExchange() if method == METHOD else None
+
+
+class Offload:
+    """Stands in for the worker threads: holds each check until the test runs it."""
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[Any, Any]] = []
+
+    def __call__(self, work: Any, done: Any) -> None:
+        self.pending.append((work, done))
+
+    def run_all(self) -> None:
+        jobs, self.pending = self.pending, []
+        for work, done in jobs:
+            done(work())

@@ -1,4 +1,4 @@
-"""Helpers for the end-to-end tests.
+"""Clients of a real broker, shared by the end-to-end, security, hostile and example tests.
 
 - ``PahoClient``: a paho-mqtt client on its own network thread whose ``connect``, ``subscribe``
   and ``publish`` wait for the broker's acknowledgement (with a timeout), and which collects the

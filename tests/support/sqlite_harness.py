@@ -1,11 +1,12 @@
 """Drive a Broker with a real SQLiteStore, without sockets.
 
 - ``FakeTime``: one fake monotonic clock (the broker's) and one fake wall clock (patched into
-  ``mqttbroker.storage.sqlite`` by the ``fake_time`` fixture), moved together by ``advance``;
+  ``mqttbroker.storage.sqlite.store`` by the ``fake_time`` fixture), moved together by ``advance``;
   ``reboot`` moves the wall clock by the downtime and starts a fresh monotonic clock, as a
   restarted process would have.
 - ``Node``: one broker "process" on a database file: ``await Node(...).start()`` builds
-  Broker(options, clock=..., store=SQLiteStore(path)) and awaits ``store.load(broker)``;
+  Broker(options, clock=..., store=SQLiteStore(path)) and restores it from what
+  ``store.load`` reads;
   ``committed()`` awaits the store's post-commit callback; ``close()`` is a clean stop.
 - ``Client``: a fake network connection fed bytes made with ``grammar.encode``. ``receive()``
   waits for the store to commit, flushes the broker and decodes what the link got.
@@ -27,11 +28,12 @@ from typing import Any, TypeVar
 from mqttbroker.broker.core import Broker
 from mqttbroker.broker.options import BrokerOptions
 from mqttbroker.broker.session import Session
-from mqttbroker.protocol import decode_packet, fastpath, grammar
+from mqttbroker.protocol import grammar
 from mqttbroker.protocol import packets as pk
 from mqttbroker.protocol.packets import MQTT_5
 from mqttbroker.protocol.properties import PropertyId as Prop
 from mqttbroker.storage.sqlite import SQLiteStore
+from support.harness import FakeLink, decode_raw, split_raw
 
 __all__ = [
     "FakeTime",
@@ -97,43 +99,6 @@ class FakeTime:
         self.mono = 17.0
 
 
-class Link:
-    def __init__(self, on_write: Callable[[bytes], None] | None = None) -> None:
-        self.writes: list[bytes] = []
-        self.closed = False
-        self.on_write = on_write
-
-    def write(self, data: bytes) -> None:
-        if self.on_write is not None:
-            self.on_write(bytes(data))
-        self.writes.append(bytes(data))
-
-    def close(self) -> None:
-        self.closed = True
-
-    @property
-    def data(self) -> bytes:
-        return b"".join(self.writes)
-
-
-def split_raw(data: bytes) -> list[bytes]:
-    out: list[bytes] = []
-    pos = 0
-    while pos < len(data):
-        header = fastpath.read_fixed_header(data, pos, len(data))
-        assert header is not None, "truncated output"
-        length, body = header
-        out.append(data[pos : body + length])
-        pos = body + length
-    return out
-
-
-def decode(raw: bytes, version: int) -> Any:
-    header = fastpath.read_fixed_header(raw, 0, len(raw))
-    assert header is not None
-    return decode_packet(raw[0], raw[header[1] :], version)
-
-
 class Node:
     """One broker process on the database at ``path``."""
 
@@ -158,7 +123,8 @@ class Node:
         self.store = SQLiteStore(self.path, **self.store_options)
         self.broker = Broker(self.options, clock=self.time.clock, store=self.store)
         _OPEN.append(self)
-        await self.store.load(self.broker)
+        self.broker.restore(await self.store.load(self.broker.clock))
+        self.broker.restored()
         if self.auto_flush:  # as the TCP edge does: flush at the end of the loop pass
             loop = asyncio.get_running_loop()
             broker = self.broker
@@ -230,7 +196,7 @@ class Client:
     ) -> None:
         self.node = node
         self.version = version
-        self.link = Link(on_write)
+        self.link = FakeLink(on_write)
         self.conn = node.b.connect(self.link, "test")
         self._read = 0
         self._next_id = 1
@@ -246,7 +212,7 @@ class Client:
 
     def written(self) -> list[Any]:
         """Everything written to the link so far (without flushing or waiting)."""
-        return [decode(r, self.version) for r in split_raw(self.link.data)]
+        return [decode_raw(r, self.version) for r in split_raw(self.link.data)]
 
     async def receive(self) -> list[Any]:
         """Wait for the commit, flush, and decode what arrived since the last call."""
@@ -254,7 +220,7 @@ class Client:
         self.node.b.flush()
         raw = split_raw(self.link.data[self._read :])
         self._read += sum(len(r) for r in raw)
-        return [decode(r, self.version) for r in raw]
+        return [decode_raw(r, self.version) for r in raw]
 
     async def connect(
         self,

@@ -1,0 +1,291 @@
+"""CONNECT, enhanced authentication (AUTH, section 4.12) and DISCONNECT from the client: who it
+is, which session it gets, the CONNACK, and what ends the connection on its side."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from ..protocol import fastpath, grammar
+from ..protocol import packets as pk
+from ..protocol.errors import MQTTError, ProtocolError
+from ..protocol.packets import MQTT_5
+from ..protocol.properties import PropertyId as Prop
+from ..protocol.reasons import CONNACK_CODES, ReasonCode, v311_connack_code
+from . import publish
+from .auth import CONTINUE, SUCCESS
+from .state import AUTHENTICATING, CONNECTED, Event
+from .topics import valid_topic_name
+
+if TYPE_CHECKING:
+    from .connection import Connection
+
+log = logging.getLogger("mqttbroker.connection")
+
+# The refusals an MQTT 3.1.1 CONNACK can express (its return codes 1-5); others get no CONNACK.
+_V311_REFUSALS = (
+    ReasonCode.UNSUPPORTED_PROTOCOL_VERSION,
+    ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
+    ReasonCode.BAD_USER_NAME_OR_PASSWORD,
+    ReasonCode.NOT_AUTHORIZED,
+    ReasonCode.SERVER_UNAVAILABLE,
+    ReasonCode.SERVER_BUSY,
+    ReasonCode.QUOTA_EXCEEDED,
+    ReasonCode.USE_ANOTHER_SERVER,
+    ReasonCode.SERVER_MOVED,
+)
+
+
+def on_connect(conn: Connection, packet: pk.Connect) -> None:
+    """Check a CONNECT; accept it at once, or after an enhanced-authentication exchange."""
+    broker = conn.broker
+    broker.connects += 1
+    opts = broker.options
+    conn.version = version = packet.protocol_level
+    v5 = version == MQTT_5
+    props = packet.properties
+    conn.max_send_size = props.get(Prop.MAXIMUM_PACKET_SIZE, 268_435_460)
+    conn.problem_info = props.get(Prop.REQUEST_PROBLEM_INFORMATION, 1) == 1
+    if not packet.client_id:
+        if not v5 and not packet.clean_start:
+            raise MQTTError(
+                "empty client id with a persistent session",
+                ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
+            )  # 3.1.1 MQTT-3.1.3-8
+        conn.assigned_id = True
+        packet.client_id = broker.new_client_id()  # MQTT-3.1.3-6, -7
+    conn.client_id = packet.client_id
+    will = packet.will
+    if will is not None:
+        if not valid_topic_name(will.topic):
+            raise MQTTError("invalid will topic", ReasonCode.TOPIC_NAME_INVALID)
+        if will.qos > opts.maximum_qos:
+            raise MQTTError(
+                "will QoS above the maximum", ReasonCode.QOS_NOT_SUPPORTED
+            )  # MQTT-3.2.2-12
+        if will.retain and not opts.retain_available:
+            raise MQTTError(
+                "retained will not supported", ReasonCode.RETAIN_NOT_SUPPORTED
+            )  # MQTT-3.2.2-13
+        if will.properties.get(Prop.PAYLOAD_FORMAT_INDICATOR) == 1:
+            publish.check_utf8_payload(will.payload)
+    if opts.server_reference:
+        moved = ReasonCode.SERVER_MOVED if opts.server_moved else ReasonCode.USE_ANOTHER_SERVER
+        raise MQTTError("redirected to " + opts.server_reference, moved)
+    method = props.get(Prop.AUTHENTICATION_METHOD)
+    if Prop.AUTHENTICATION_DATA in props and method is None:
+        raise ProtocolError("Authentication Data without an Authentication Method")
+    certificate_user = conn.certificate_user
+    if certificate_user is not None:
+        # A client certificate the listener verified is the credential; its name is the
+        # user name (mutual TLS with tls_certificate_username).
+        packet.username = certificate_user
+    conn.username = packet.username  # as claimed, for the log until CONNACK says more
+    if certificate_user is None and method is None:
+        anonymous = conn.policy.allow_anonymous
+        if packet.username is None and anonymous is not None:
+            if not anonymous:  # this listener's own rule
+                raise MQTTError(
+                    "anonymous access refused on this listener", ReasonCode.NOT_AUTHORIZED
+                )
+        elif broker.offload is not None:
+            # Hashing a password takes milliseconds: off the event loop, while this
+            # connection waits (state AUTHENTICATING, input held) for the answer.
+            conn.to(Event.AUTHENTICATE)
+            conn.checking = True
+            conn.held_connect = packet
+            authenticator = broker.authenticator
+            address = conn.address
+            broker.offload(
+                lambda: authenticator.check_password(
+                    packet.client_id, packet.username, packet.password, anonymous, address
+                ),
+                conn.password_checked,
+            )
+            return
+        else:
+            code = broker.authenticator.check_password(
+                packet.client_id, packet.username, packet.password, anonymous, conn.address
+            )
+            if code:
+                raise MQTTError("authentication failed", code)
+    if method is None:
+        accept(conn, packet, None)
+        return
+    exchange = broker.authenticator.exchange(
+        method, packet.client_id, packet.username, conn.address
+    )
+    if exchange is None:
+        raise MQTTError(
+            f"authentication method {method!r} not supported",
+            ReasonCode.BAD_AUTHENTICATION_METHOD,
+        )  # MQTT-4.12.0-1
+    conn.auth = exchange
+    conn.auth_method = method
+    conn.held_connect = packet
+    conn.to(Event.AUTHENTICATE)
+    auth_step(conn, props.get(Prop.AUTHENTICATION_DATA))
+
+
+def auth_step(conn: Connection, data: bytes | None) -> None:
+    """Run one step of the enhanced-authentication exchange (section 4.12)."""
+    assert conn.auth is not None
+    outcome = conn.auth.step(data)
+    auth_props: dict[int, Any] = {Prop.AUTHENTICATION_METHOD: conn.auth_method}
+    if outcome.data is not None:
+        auth_props[Prop.AUTHENTICATION_DATA] = outcome.data
+    if outcome.status == CONTINUE:  # MQTT-4.12.0-2, -5
+        conn.send(grammar.encode(pk.Auth(ReasonCode.CONTINUE_AUTHENTICATION, auth_props)))
+        return
+    conn.auth = None
+    if outcome.status != SUCCESS:
+        raise MQTTError("authentication failed", outcome.reason_code)  # MQTT-4.12.0-4
+    if conn.state == AUTHENTICATING:
+        packet = conn.held_connect
+        assert packet is not None
+        conn.held_connect = None
+        if outcome.username is not None:
+            packet.username = outcome.username
+        accept(conn, packet, auth_props)
+    else:  # re-authentication succeeded
+        if outcome.username is not None and outcome.username != conn.username:
+            raise MQTTError("re-authenticated as another user", ReasonCode.NOT_AUTHORIZED)
+        conn.send(grammar.encode(pk.Auth(ReasonCode.SUCCESS, auth_props)))
+        log.info("client %s re-authenticated", conn.client_id)
+
+
+def on_auth(conn: Connection, packet: pk.Auth) -> None:
+    method = packet.properties.get(Prop.AUTHENTICATION_METHOD)
+    if conn.auth_method is None:
+        raise ProtocolError("AUTH without an Authentication Method in CONNECT")  # 4.12.0-7
+    if method != conn.auth_method:
+        raise ProtocolError("AUTH with another Authentication Method")  # MQTT-4.12.1-1
+    code = packet.reason_code
+    if conn.state == CONNECTED and code == ReasonCode.RE_AUTHENTICATE and conn.auth is None:
+        exchange = conn.broker.authenticator.exchange(
+            method, conn.client_id, conn.username, conn.address
+        )
+        if exchange is None:
+            raise MQTTError("re-authentication refused", ReasonCode.NOT_AUTHORIZED)
+        conn.auth = exchange
+    elif code != ReasonCode.CONTINUE_AUTHENTICATION or conn.auth is None:
+        raise ProtocolError(f"unexpected AUTH reason code 0x{code:02X}")
+    auth_step(conn, packet.properties.get(Prop.AUTHENTICATION_DATA))
+
+
+def accept(conn: Connection, packet: pk.Connect, auth_props: dict[int, Any] | None) -> None:
+    """The client is who it says: take over or create its session and send CONNACK."""
+    broker = conn.broker
+    backplane = broker.router.backplane
+    if backplane is not None and not conn.claimed:
+        # A cluster node first takes the client id over: its session may be on another
+        # node, which hands it over. The CONNECT waits (input held) until then.
+        conn.claimed = conn.checking = True
+        conn.to(Event.AUTHENTICATE)
+        backplane.claim(
+            packet.client_id,
+            packet.clean_start,
+            lambda: conn.claim_done(packet, auth_props),
+        )
+        return
+    opts = broker.options
+    version = conn.version
+    v5 = version == MQTT_5
+    props = packet.properties
+    client_id = packet.client_id
+    conn.send_quota = min(props.get(Prop.RECEIVE_MAXIMUM, 65535), opts.max_inflight)
+    conn.alias_maximum = props.get(Prop.TOPIC_ALIAS_MAXIMUM, 0) if v5 else 0
+    keep_alive = packet.keep_alive
+    server_keep_alive = None
+    if opts.max_keepalive and (keep_alive == 0 or keep_alive > opts.max_keepalive):
+        keep_alive = server_keep_alive = opts.max_keepalive
+    conn.keep_alive = keep_alive
+    if v5:
+        requested = props.get(Prop.SESSION_EXPIRY_INTERVAL, 0)
+    else:
+        requested = 0 if packet.clean_start else 0xFFFFFFFF
+    expiry = min(requested, opts.max_session_expiry)
+    conn.connect_expiry = expiry
+    conn.will = packet.will
+    session, present = broker.attach(conn, client_id, packet.clean_start, expiry, packet.username)
+    conn.username = packet.username
+    conn.session = session
+    conn.to(Event.ACCEPT)
+    if v5:
+        extra: dict[int, Any] = {}
+        if conn.assigned_id:
+            extra[Prop.ASSIGNED_CLIENT_IDENTIFIER] = client_id  # MQTT-3.2.2-16
+        if server_keep_alive is not None:
+            extra[Prop.SERVER_KEEP_ALIVE] = server_keep_alive
+        if expiry != requested:
+            extra[Prop.SESSION_EXPIRY_INTERVAL] = expiry
+        if opts.response_information and props.get(Prop.REQUEST_RESPONSE_INFORMATION):
+            extra[Prop.RESPONSE_INFORMATION] = opts.response_information.replace(
+                "%c", client_id
+            )  # absent unless requested: MQTT-3.1.2-28
+        if auth_props:
+            extra.update(auth_props)  # MQTT-4.12.0-5
+        if extra:
+            ack_props = {**broker.connack_properties, **extra}
+            conn.send(fastpath.encode_connack(pk.Connack(present, 0, ack_props), MQTT_5))
+        else:  # the usual answer, encoded once by the broker
+            conn.send(broker.connack_v5[present])
+    else:
+        conn.send(fastpath.encode_connack(pk.Connack(present, 0), version))
+    kind = conn.policy.kind
+    log.info(
+        "client %s connected from %s (MQTT %s over %s, user %r, keep alive %ds, session %s)",
+        client_id,
+        conn.peer,
+        "5.0" if v5 else "3.1.1" if version == 4 else "3.1",
+        kind.removeprefix("MQTT over "),  # TCP, TLS, WebSocket, WebSocket+TLS
+        conn.username,
+        keep_alive,
+        "resumed" if present else "new",
+    )
+    session.resend(broker.clock())
+
+
+def on_disconnect(conn: Connection, packet: pk.Disconnect) -> None:
+    """DISCONNECT from the client: its Session Expiry Interval may change (not from 0), and
+    only a normal disconnection discards the will. Before CONNACK: it gave up authenticating."""
+    if conn.state == AUTHENTICATING:
+        log.info("client %s from %s gave up authenticating", conn.client_id, conn.peer)
+        conn.close(publish_will=False)
+        return
+    session = conn.session
+    assert session is not None
+    expiry = packet.properties.get(Prop.SESSION_EXPIRY_INTERVAL)
+    if expiry is not None:
+        if conn.connect_expiry == 0 and expiry != 0:
+            raise ProtocolError("Session Expiry Interval set on DISCONNECT after CONNECT had 0")
+        session.expiry_interval = min(expiry, conn.broker.options.max_session_expiry)
+    # Only a normal disconnection (0x00) discards the will (MQTT-3.1.2-8, -10, 3.14.4-3);
+    # 0x04 asks for it, and so does any error code.
+    keep_will = packet.reason_code != ReasonCode.NORMAL_DISCONNECTION
+    if not keep_will and conn.will is not None:
+        conn.will = None  # MQTT-3.14.4-3
+        if session.persistent:
+            conn.broker.store.delete_will(session)
+    log.info("client %s disconnected (reason 0x%02X)", conn.client_id, packet.reason_code)
+    conn.close()
+
+
+def refuse(conn: Connection, code: int, reason: str) -> None:
+    """Refuse the connection before CONNACK (called by Connection.fail, which closes it): a
+    CONNACK with ``code`` if the client's version has one for it. MQTT 5: any CONNACK reason
+    code, with a Reason String (left out when the client's Maximum Packet Size would not take
+    it, MQTT-3.2.2-19) and the Server Reference of a redirection; 3.1.1: the return code
+    nearest to it, for the refusals 3.1.1 can express; otherwise nothing is sent."""
+    if conn.version == MQTT_5:
+        if code not in CONNACK_CODES:
+            return
+        props: dict[int, Any] = {Prop.REASON_STRING: reason} if reason else {}
+        if code in (ReasonCode.USE_ANOTHER_SERVER, ReasonCode.SERVER_MOVED):
+            props[Prop.SERVER_REFERENCE] = conn.broker.options.server_reference
+        data = fastpath.encode_connack(pk.Connack(False, code, props), MQTT_5)
+        if len(data) > conn.max_send_size:
+            data = fastpath.encode_connack(pk.Connack(False, code), MQTT_5)
+        conn.send(data)
+    elif code in _V311_REFUSALS:
+        conn.send(fastpath.encode_connack(pk.Connack(False, v311_connack_code(code)), conn.version))

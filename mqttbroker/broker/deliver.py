@@ -1,0 +1,120 @@
+"""PUBLISH to the client, and the acknowledgements of it: the encoded-once message written to
+the connection's output buffer (with a Topic Alias when the client allows them), PUBREL, and
+PUBACK/PUBREC/PUBCOMP from the client (the outbound QoS flows). Called by the session, which
+owns the in-flight window and the queue."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+from ..protocol import fastpath
+from ..protocol import packets as pk
+from ..protocol.packets import MQTT_5, PacketType
+from ..protocol.reasons import ReasonCode
+from .message import Message
+from .state import CLOSED
+
+if TYPE_CHECKING:
+    from .connection import Connection
+
+_PUBACK = PacketType.PUBACK
+_PUBREC = PacketType.PUBREC
+_PUBREL = PacketType.PUBREL
+
+
+def send_publish(
+    conn: Connection,
+    message: Message,
+    qos: int,
+    retain: bool,
+    dup: bool,
+    packet_id: int | None,
+    sub_ids: tuple[int, ...],
+    now: float,
+) -> bool:
+    """Queue one PUBLISH to the client; False if it exceeds the client's Maximum Packet
+    Size and was dropped instead (MQTT-3.1.2-24, -25)."""
+    if conn.alias_maximum:
+        return send_aliased(conn, message, qos, retain, dup, packet_id, sub_ids, now)
+    data = message.encode(conn.version, qos, retain, dup, packet_id, sub_ids, now)
+    if len(data) > conn.max_send_size:
+        return False
+    if conn.state != CLOSED:
+        out = conn.out
+        if not out:
+            conn.broker.mark_dirty(conn)
+        out.append(data)
+        conn.publishes_sent += 1
+    return True
+
+
+def send_aliased(
+    conn: Connection,
+    message: Message,
+    qos: int,
+    retain: bool,
+    dup: bool,
+    packet_id: int | None,
+    sub_ids: tuple[int, ...],
+    now: float,
+) -> bool:
+    """Send with a Topic Alias: the client allowed ``alias_maximum`` of them
+    (MQTT-3.1.2-26); the least recently used is reassigned when they are all taken."""
+    aliases = conn.out_aliases
+    if aliases is None:
+        aliases = conn.out_aliases = OrderedDict()
+    topic = message.topic
+    alias = aliases.get(topic)
+    evicted = None
+    if alias is not None:
+        aliases.move_to_end(topic)
+        data = message.encode_aliased(qos, retain, dup, packet_id, sub_ids, now, alias, False)
+    else:
+        if len(aliases) < conn.alias_maximum:
+            alias = len(aliases) + 1
+        else:
+            evicted = aliases.popitem(last=False)
+            alias = evicted[1]
+        data = message.encode_aliased(qos, retain, dup, packet_id, sub_ids, now, alias, True)
+        if len(data) > conn.max_send_size:
+            if evicted is not None:  # not sent: the client still has the old mapping
+                aliases[evicted[0]] = evicted[1]
+                aliases.move_to_end(evicted[0], last=False)
+            return False
+        aliases[topic] = alias
+    if len(data) > conn.max_send_size:
+        return False
+    if conn.state != CLOSED:
+        conn.publishes_sent += 1
+    conn.send(data)
+    return True
+
+
+def send_pubrel(conn: Connection, packet_id: int) -> None:
+    conn.send(fastpath.encode_ack(_PUBREL, packet_id, 0, None, conn.version))
+
+
+def on_ack(conn: Connection, ptype: int, ack: pk.Ack) -> None:
+    """PUBACK, PUBREC or PUBCOMP for a PUBLISH sent to the client: the outbound QoS 1/2 flows
+    (section 4.3); the session frees the packet id and refills the receive window."""
+    session = conn.session
+    assert session is not None
+    packet_id = ack.packet_id
+    now = conn.broker.clock()
+    if ptype == _PUBACK:
+        session.acknowledge(packet_id, now)
+    elif ptype == _PUBREC:
+        delivery = session.inflight.get(packet_id)
+        if delivery is None or delivery.qos != 2:
+            if conn.version == MQTT_5 and ack.reason_code < 0x80:
+                conn.send_explained(
+                    _PUBREL,
+                    packet_id,
+                    ReasonCode.PACKET_IDENTIFIER_NOT_FOUND,
+                    f"PUBREC for packet identifier {packet_id}: no QoS 2 message in flight",
+                )
+        elif session.received(packet_id, ack.reason_code, now):
+            send_pubrel(conn, packet_id)  # MQTT-4.3.3-4
+    else:
+        session.completed(packet_id, now)

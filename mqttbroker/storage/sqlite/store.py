@@ -1,0 +1,441 @@
+"""The durable store: SQLite through aiosqlite, WAL mode, group commit.
+
+Changes the broker reports are coalesced in memory per row (a QoS 1 message queued and
+acknowledged within one batch never touches the disk) and written in one transaction per batch.
+A batch starts as soon as the previous one is committed, so under load each fsync carries many
+messages; idle, a change is written at once. Connections hold their acknowledgements until the
+batch with their changes has committed (see broker/store.py).
+
+Payloads routed to many sessions are stored once (``messages``) and referenced (``deliveries``).
+Times are stored as wall-clock seconds, so deadlines survive a restart. The schema and its
+migrations are in ``schema.py``, a batch and its transaction in ``batch.py``, reading the file
+back at start in ``restore.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import sqlite3
+import time
+from collections.abc import Callable
+from pathlib import Path
+from time import perf_counter  # the commit timer (``time`` is the wall clock, faked in tests)
+
+import aiosqlite
+
+from ...broker.message import Message
+from ...broker.session import Delivery, Session
+from ...broker.store import Restored, Store
+from ...broker.topics import Subscription
+from ...protocol.fastpath import encode_properties
+from ...protocol.packets import MQTT_5, Will
+from .. import StoreError, describe
+from .batch import Batch, apply
+from .restore import Reader
+from .schema import DAMAGE_CODES, SYNC_LEVELS, Damaged, denied, prepare
+
+log = logging.getLogger("mqttbroker.storage")
+
+
+class CommitTimes:
+    """A histogram of commit durations (seconds): counts per upper bound, the last bucket
+    unbounded, as Prometheus histograms count them; one observation per commit."""
+
+    BOUNDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+    __slots__ = ("counts", "total", "count")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(self.BOUNDS) + 1)
+        self.total = 0.0
+        self.count = 0
+
+    def observe(self, seconds: float) -> None:
+        index = 0
+        for bound in self.BOUNDS:
+            if seconds <= bound:
+                break
+            index += 1
+        self.counts[index] += 1
+        self.total += seconds
+        self.count += 1
+
+
+class SQLiteStore(Store):
+    RETRY_FIRST = 0.25  # seconds before the first retry of a failed commit; doubled each time
+    RETRY_MAX = 5.0  # up to this
+
+    def __init__(
+        self,
+        path: str | Path,
+        sync: str = "full",
+        on_corrupt: str = "move",
+        commit_interval: float = 0.0,
+    ) -> None:
+        if sync not in SYNC_LEVELS:
+            raise ValueError(f"sync must be one of {', '.join(SYNC_LEVELS)}")
+        if on_corrupt not in ("move", "refuse"):
+            raise ValueError("on_corrupt must be 'move' or 'refuse'")
+        self.path = Path(os.path.abspath(path))
+        self.sync = sync
+        self.on_corrupt = on_corrupt
+        self.commit_interval = commit_interval
+        self.writes = 0
+        self.commits = 0
+        self.commit_times = CommitTimes()  # seconds per commit, for /metrics
+        self._db: aiosqlite.Connection | None = None
+        self._batch = Batch()
+        self._wake = asyncio.Event()
+        self._writer: asyncio.Task[None] | None = None
+        self._closing = False
+        self._stopped = asyncio.Event()  # set by close(): a retry waits no longer
+        self._failing_since: float | None = None  # when commits began to fail (None: they work)
+        self._next_message_id = 1
+        self._clock: Callable[[], float] = time.monotonic
+
+    @property
+    def failing(self) -> bool:
+        """Commits fail at present (the disk refuses): /readyz says so."""
+        return self._failing_since is not None
+
+    # -- time -------------------------------------------------------------------------------
+
+    def _wall(self, t: float | None) -> float | None:
+        return None if t is None else t + (time.time() - self._clock())
+
+    def _local(self, t: float | None) -> float | None:
+        return None if t is None else t - (time.time() - self._clock())
+
+    # -- opening ----------------------------------------------------------------------------
+
+    async def _connect(self) -> aiosqlite.Connection:
+        """Open, check and upgrade the database. ``Damaged`` if SQLite finds it corrupt; any
+        other error (permission, read-only, locked, disk full, I/O) propagates as it is."""
+        connecting = asyncio.ensure_future(aiosqlite.connect(self.path, isolation_level=None))
+        try:
+            db = await asyncio.shield(connecting)
+        except asyncio.CancelledError:
+            # Stopped while the connection's thread opens the file: let it finish and close
+            # it, so that no thread outlives the event loop.
+            with contextlib.suppress(Exception):
+                await (await connecting).close()
+            raise
+        try:
+            await prepare(db, self.path, self.sync)
+        except sqlite3.Error as exc:
+            await db.close()
+            if getattr(exc, "sqlite_errorcode", 0) & 0xFF in DAMAGE_CODES:
+                raise Damaged(describe(exc)) from None
+            raise
+        except BaseException:  # cancelled while starting, too: the connection's thread ends
+            await db.close()
+            raise
+        return db
+
+    async def _open(self) -> aiosqlite.Connection:
+        """The database, checked: only real damage may move it aside (``on_corrupt``); a
+        database that cannot be used for another reason is a StoreError naming the path and
+        the cause, and the file is left as it is."""
+        directory = self.path.parent
+        if directory.exists() and not directory.is_dir():
+            raise StoreError(f"{self.path}: {directory} is not a directory")
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            return await self._connect()
+        except Damaged as exc:
+            damage = str(exc)
+        except (sqlite3.Error, OSError) as exc:
+            hint = ""
+            if denied(exc):
+                hint = "; the broker's user must be able to read and write it and its directory"
+            raise StoreError(
+                f"{self.path}: cannot open the database: {describe(exc)}{hint}"
+            ) from None
+        if self.on_corrupt == "refuse":
+            raise StoreError(
+                f"{self.path}: the database is damaged ({damage}). Move it aside (or restore a "
+                f'backup) and start again, or set storage.on_corrupt = "move" to let the '
+                f"broker move it aside and start empty."
+            )
+        try:
+            moved = self._move_aside()
+            db = await self._connect()
+        except (Damaged, sqlite3.Error, OSError) as exc:
+            raise StoreError(
+                f"{self.path}: the database is damaged ({damage}) and cannot be moved aside "
+                f"and replaced: {describe(exc)}"
+            ) from None
+        log.error(
+            "STORE DAMAGED: %s could not be used (%s). It was moved to %s and the broker starts "
+            "with an EMPTY store: sessions, queued and retained messages are not restored. "
+            'Inspect or restore the moved file; set storage.on_corrupt = "refuse" to stop '
+            "instead.",
+            self.path,
+            damage,
+            moved,
+        )
+        return db
+
+    def _move_aside(self) -> Path:
+        """Rename the database (and its -wal and -shm files) to ``<name>.damaged-<stamp>``."""
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        moved = self.path.with_name(f"{self.path.name}.damaged-{stamp}")
+        count = 1
+        while moved.exists():  # never overwrite an earlier damaged copy
+            count += 1
+            moved = self.path.with_name(f"{self.path.name}.damaged-{stamp}-{count}")
+        for suffix in ("", "-wal", "-shm"):
+            source = Path(f"{self.path}{suffix}")
+            if source.exists():
+                os.replace(source, f"{moved}{suffix}")
+        return moved
+
+    # -- loading ----------------------------------------------------------------------------
+
+    async def load(self, clock: Callable[[], float]) -> Restored:
+        """Open the database and read back what it kept; StoreError (naming the path and the
+        cause) if it cannot. The caller closes the store either way."""
+        self._clock = clock
+        log.info("store %s: opening (SQLite, sync %s)", self.path, self.sync)
+        db = self._db = await self._open()
+        reader = Reader(db, self._local, self.path)
+        try:
+            restored = await reader.read()
+        except (sqlite3.Error, OSError) as exc:
+            raise StoreError(f"{self.path}: cannot read the database: {describe(exc)}") from None
+        except Exception as exc:  # a row that does not make sense (written by something else?)
+            raise StoreError(
+                f"{self.path}: cannot restore the stored state ({reader.table}: "
+                f"{type(exc).__name__}: {exc}). Move the file aside (or restore a backup) to "
+                "start with an empty store."
+            ) from None
+        self._next_message_id = reader.next_message_id
+        self._writer = asyncio.create_task(self._write_loop())
+        return restored
+
+    # -- recording changes (called by the broker, synchronously) ----------------------------
+
+    def _changed(self) -> None:
+        self.writes += 1
+        self._wake.set()
+
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        self._batch.waiters.append(callback)
+        self._wake.set()
+
+    def save_session(self, session: Session) -> None:
+        session.stored = True
+        self._batch.sessions[session.client_id] = (
+            session.client_id,
+            session.expiry_interval,
+            self._wall(session.expires_at),
+            session.username,
+        )
+        self._changed()
+
+    def delete_session(self, session: Session) -> None:
+        if not session.stored:
+            return  # never written: a clean session costs the store nothing
+        session.stored = False
+        client_id = session.client_id
+        for delivery in list(session.inflight.values()) + list(session.queue):
+            if delivery.stored:
+                self.delete_delivery(session, delivery)
+        batch = self._batch
+        batch.wiped.append(client_id)
+        batch.sessions.pop(client_id, None)
+        batch.wills.pop(client_id, None)
+        for sub_key in [k for k in batch.subs if k[0] == client_id]:
+            del batch.subs[sub_key]
+        for release_key in [k for k in batch.releases if k[0] == client_id]:
+            del batch.releases[release_key]
+        self._changed()
+
+    def save_subscription(self, session: Session, sub: Subscription) -> None:
+        self._batch.subs[(session.client_id, sub.topic_filter)] = (
+            session.client_id,
+            sub.topic_filter,
+            sub.qos,
+            int(sub.no_local),
+            int(sub.retain_as_published),
+            sub.retain_handling,
+            sub.identifier,
+        )
+        self._changed()
+
+    def delete_subscription(self, session: Session, topic_filter: str) -> None:
+        self._batch.subs[(session.client_id, topic_filter)] = None
+        self._changed()
+
+    def save_delivery(self, session: Session, delivery: Delivery) -> None:
+        batch = self._batch
+        msg = delivery.message
+        key = (session.client_id, delivery.seq)
+        if not delivery.stored:
+            delivery.stored = True
+            if msg.store_id is None:
+                msg.store_id = self._next_message_id
+                self._next_message_id += 1
+                batch.messages[msg.store_id] = msg
+            msg.store_refs += 1
+            batch.new_deliveries.add(key)
+        batch.deliveries[key] = (
+            session.client_id,
+            delivery.seq,
+            msg.store_id,
+            delivery.qos,
+            int(delivery.retain),
+            ",".join(map(str, delivery.sub_ids)),
+            delivery.packet_id,
+            int(delivery.released),
+            delivery.share,
+        )
+        self._changed()
+
+    def delete_delivery(self, session: Session, delivery: Delivery) -> None:
+        if not delivery.stored:
+            return
+        delivery.stored = False
+        batch = self._batch
+        key = (session.client_id, delivery.seq)
+        if key in batch.new_deliveries:  # never reached the disk
+            batch.new_deliveries.discard(key)
+            del batch.deliveries[key]
+        else:
+            batch.deliveries[key] = None
+        msg = delivery.message
+        msg.store_refs -= 1
+        if msg.store_refs <= 0 and msg.store_id is not None:
+            if batch.messages.pop(msg.store_id, None) is None:
+                batch.dead_messages.add(msg.store_id)
+            msg.store_id = None
+        self._changed()
+
+    def save_release(self, session: Session, packet_id: int) -> None:
+        self._batch.releases[(session.client_id, packet_id)] = True
+        self._changed()
+
+    def delete_release(self, session: Session, packet_id: int) -> None:
+        self._batch.releases[(session.client_id, packet_id)] = False
+        self._changed()
+
+    def save_retained(self, message: Message) -> None:
+        self._batch.retained[message.topic] = (
+            message.topic,
+            message.payload,
+            message.qos,
+            encode_properties(message.properties),
+            self._wall(message.expires_at),
+        )
+        self._changed()
+
+    def delete_retained(self, topic: str) -> None:
+        self._batch.retained[topic] = None
+        self._changed()
+
+    def save_will(self, session: Session, will: Will, due: float | None) -> None:
+        version = session.connection.version if session.connection is not None else MQTT_5
+        self._batch.wills[session.client_id] = (
+            session.client_id,
+            will.topic,
+            will.payload,
+            will.qos,
+            int(will.retain),
+            encode_properties(will.properties),
+            version,
+            self._wall(due),
+        )
+        self._changed()
+
+    def delete_will(self, session: Session) -> None:
+        self._batch.wills[session.client_id] = None
+        self._changed()
+
+    # -- writing ----------------------------------------------------------------------------
+
+    async def _write_loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if self.commit_interval and not self._closing:
+                await asyncio.sleep(self.commit_interval)
+            await self._commit_pending()
+            if self._closing:
+                return
+
+    async def _commit_pending(self) -> None:
+        """Commit the current batch, then release what waited for it. While the disk refuses
+        (full, read-only, I/O error) the batch is retried with backoff and its waiters (held
+        acknowledgements) stay held; one ERROR when that starts, one WARNING when it ends.
+        Closing, a batch that still fails is given up, its waiters never called."""
+        batch = self._batch
+        self._batch = Batch()
+        delay = self.RETRY_FIRST
+        while not batch.empty():
+            try:
+                started = perf_counter()
+                await self._apply(batch)
+                self.commit_times.observe(perf_counter() - started)
+            except (sqlite3.Error, OSError) as exc:
+                if self._closing:
+                    log.error(
+                        "store %s: stopping with changes that could not be written (%s): "
+                        "their acknowledgements were never sent",
+                        self.path,
+                        describe(exc),
+                    )
+                    return
+                if self._failing_since is None:
+                    self._failing_since = time.monotonic()
+                    log.error(
+                        "store %s: cannot commit: %s. Acknowledgements of what is not stored "
+                        "are held; retrying until it can be written",
+                        self.path,
+                        describe(exc),
+                    )
+                else:
+                    log.debug("store %s: commit failed again: %s", self.path, describe(exc))
+                try:
+                    await asyncio.wait_for(self._stopped.wait(), delay)
+                except TimeoutError:
+                    pass
+                delay = min(delay * 2, self.RETRY_MAX)
+            else:
+                self.commits += 1
+                if self._failing_since is not None:
+                    log.warning(
+                        "store %s: commits succeed again, after %.1f s",
+                        self.path,
+                        time.monotonic() - self._failing_since,
+                    )
+                    self._failing_since = None
+                break
+        for callback in batch.waiters:
+            try:
+                callback()
+            except Exception:
+                log.exception("error in a post-commit callback")
+
+    async def _apply(self, batch: Batch) -> None:
+        """Write one batch (the commit the retries above repeat)."""
+        db = self._db
+        assert db is not None
+        await apply(db, batch, self._wall, self.path)
+
+    async def close(self) -> None:
+        """Write what is pending (one more attempt if commits are failing) and close. Safe to
+        call after a failed ``load``, and more than once."""
+        self._closing = True
+        self._stopped.set()
+        if self._writer is not None:
+            self._wake.set()
+            await self._writer
+            self._writer = None
+        db = self._db
+        if db is not None:
+            await self._commit_pending()  # what was recorded while the writer's last commit ran
+            self._db = None
+            await db.close()
