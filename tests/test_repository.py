@@ -64,3 +64,15 @@ def test_license_is_the_one_pyproject_names() -> None:
     assert "Apache License\n                           Version 2.0, January 2004" in text
     assert "END OF TERMS AND CONDITIONS" in text  # the full text, not a pointer to it
     assert "9. Accepting Warranty or Additional Liability." in text
+
+
+def test_no_two_test_modules_share_a_basename() -> None:
+    """pytest imports the test modules under tests/ by their basename (they are not in packages):
+    two of one name cannot be collected in one run, which only the whole suite shows."""
+    seen: dict[str, Path] = {}
+    clashes = []
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        if path.name in seen:
+            clashes.append(f"{seen[path.name].relative_to(ROOT)} and {path.relative_to(ROOT)}")
+        seen.setdefault(path.name, path)
+    assert not clashes, clashes
