@@ -59,6 +59,10 @@ BATCH = 1000  # deliveries sent per pass before yielding to the event loop
 ECHO_MEMORY = 10_000  # 3.1.1: messages sent out remembered to recognise their echo
 
 
+# The acknowledgements the remote sends for our PUBLISHes, and its PUBREL for its QoS 2 ones.
+_ACKS = frozenset((PacketType.PUBACK, PacketType.PUBREC, PacketType.PUBCOMP, PacketType.PUBREL))
+
+
 class BridgeError(Exception):
     """The remote broker refused or broke the protocol; the message says how."""
 
@@ -405,27 +409,22 @@ class Bridge(Sink):
                     self._ack_after_commit(writer, PacketType.PUBACK, publish.packet_id or 0, 0)
                 return
             self._inbound(writer, publish)
-        elif ptype == PacketType.PUBACK:
-            ack = fastpath.decode_ack(ptype, first & 0x0F, body, 0, len(body), self.version)
-            session.acknowledge(ack.packet_id, now)
-            self._work.set()
-        elif ptype == PacketType.PUBREC:
-            ack = fastpath.decode_ack(ptype, first & 0x0F, body, 0, len(body), self.version)
-            if session.received(ack.packet_id, ack.reason_code, now):
-                writer.write(
-                    fastpath.encode_ack(PacketType.PUBREL, ack.packet_id, 0, None, self.version)
-                )
-            else:
-                self._work.set()
-        elif ptype == PacketType.PUBCOMP:
-            ack = fastpath.decode_ack(ptype, first & 0x0F, body, 0, len(body), self.version)
-            session.completed(ack.packet_id, now)
-            self._work.set()
-        elif ptype == PacketType.PUBREL:
+        elif ptype in _ACKS:
             ack = fastpath.decode_ack(ptype, first & 0x0F, body, 0, len(body), self.version)
             packet_id = ack.packet_id
-            session.release(packet_id)
-            self._ack_after_commit(writer, PacketType.PUBCOMP, packet_id, 0)
+            if ptype == PacketType.PUBREL:
+                session.release(packet_id)
+                self._ack_after_commit(writer, PacketType.PUBCOMP, packet_id, 0)
+            elif ptype == PacketType.PUBREC and session.received(packet_id, ack.reason_code, now):
+                writer.write(
+                    fastpath.encode_ack(PacketType.PUBREL, packet_id, 0, None, self.version)
+                )
+            else:
+                if ptype == PacketType.PUBACK:
+                    session.acknowledge(packet_id, now)
+                elif ptype == PacketType.PUBCOMP:
+                    session.completed(packet_id, now)
+                self._work.set()  # a place in the window is free (or a PUBREC refused one)
         elif ptype == PacketType.SUBACK:
             suback = grammar.decode(ptype, first & 0x0F, body, self.version)
             assert isinstance(suback, pk.Suback)
