@@ -94,6 +94,23 @@ class FakeLink:
         return b"".join(self.writes)
 
 
+def subscribe_packet(
+    packet_id: int,
+    topic_filter: str,
+    qos: int,
+    no_local: bool,
+    retain_as_published: bool,
+    retain_handling: int,
+    sub_id: int | None,
+) -> pk.Subscribe:
+    """A SUBSCRIBE to one filter (with a Subscription Identifier unless ``sub_id`` is None)."""
+    props = {Prop.SUBSCRIPTION_IDENTIFIER: sub_id} if sub_id is not None else {}
+    request = pk.SubscriptionRequest(
+        topic_filter, qos, no_local, retain_as_published, retain_handling
+    )
+    return pk.Subscribe(packet_id, [request], props)
+
+
 def split_raw(data: bytes) -> list[bytes]:
     """Cut a written byte stream into whole packets (fixed header included)."""
     raw: list[bytes] = []
@@ -188,12 +205,12 @@ class Client:
         sub_id: int | None = None,
     ) -> list[Any]:
         """SUBSCRIBE to one filter; returns everything received afterwards (SUBACK first)."""
-        props = {Prop.SUBSCRIPTION_IDENTIFIER: sub_id} if sub_id is not None else {}
         packet_id = self.next_id()
-        request = pk.SubscriptionRequest(
-            topic_filter, qos, no_local, retain_as_published, retain_handling
+        self.send(
+            subscribe_packet(
+                packet_id, topic_filter, qos, no_local, retain_as_published, retain_handling, sub_id
+            )
         )
-        self.send(pk.Subscribe(packet_id, [request], props))
         received = self.receive()
         assert received, "no SUBACK"
         suback = received[0]

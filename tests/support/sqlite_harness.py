@@ -33,7 +33,7 @@ from mqttbroker.protocol import packets as pk
 from mqttbroker.protocol.packets import MQTT_5
 from mqttbroker.protocol.properties import PropertyId as Prop
 from mqttbroker.storage.sqlite import SQLiteStore
-from support.harness import FakeLink, decode_raw, split_raw
+from support.harness import FakeLink, decode_raw, split_raw, subscribe_packet
 
 __all__ = [
     "FakeTime",
@@ -263,12 +263,12 @@ class Client:
         sub_id: int | None = None,
     ) -> list[Any]:
         """SUBSCRIBE; returns what arrived (SUBACK first, then any retained messages)."""
-        props = {Prop.SUBSCRIPTION_IDENTIFIER: sub_id} if sub_id is not None else {}
         packet_id = self.next_id()
-        request = pk.SubscriptionRequest(
-            topic_filter, qos, no_local, retain_as_published, retain_handling
+        self.send(
+            subscribe_packet(
+                packet_id, topic_filter, qos, no_local, retain_as_published, retain_handling, sub_id
+            )
         )
-        self.send(pk.Subscribe(packet_id, [request], props))
         received = await self.receive()
         assert received and isinstance(received[0], pk.Suback), received
         assert received[0].packet_id == packet_id
