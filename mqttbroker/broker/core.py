@@ -60,9 +60,10 @@ class Broker:
         self.store = store or Store()
         self.authenticator: Authenticator = authenticator or AllowAll()
         self.authorizer = authorizer  # None: everyone may publish and subscribe anywhere
-        self.received = 0  # PUBLISHes accepted from clients
+        self.received_by_qos = [0, 0, 0]  # PUBLISHes accepted from clients, per QoS
         self.denied = 0  # PUBLISHes refused by the authorizer
         self.refused = 0  # connections refused by the connection limits
+        self.refusals: dict[int, int] = {}  # CONNECTs refused, per reason code (Connection.fail)
         self.connects = 0  # CONNECT packets received
         self.delivered_closed = 0  # PUBLISH packets sent on connections now closed
         self.dropped_ended = 0  # messages dropped by sessions that have ended
@@ -95,6 +96,12 @@ class Broker:
         # Told of client.connected (before the CONNACK: the connection sets the session's user
         # name right after), client.disconnected and session.expired (webhooks use these).
         self.observers: list[Callable[[str, Session], None]] = []
+
+    @property
+    def received(self) -> int:
+        """PUBLISHes accepted from clients (and from the integrations), all QoS together."""
+        by_qos = self.received_by_qos
+        return by_qos[0] + by_qos[1] + by_qos[2]
 
     def _connack_properties(self) -> dict[int, Any]:
         """What every MQTT 5 CONNACK tells the client about this broker (section 3.2.2.3);

@@ -159,7 +159,7 @@ class Outbox:
             broker.denied += 1
             return ReasonCode.QUOTA_EXCEEDED
         now = broker.clock()
-        broker.received += 1
+        broker.received_by_qos[qos] += 1
         message = Message.received(
             topic, encode_topic(topic), payload, qos, retain, properties, now
         )

@@ -30,6 +30,7 @@ from ..protocol.packets import MQTT_5
 from ..protocol.properties import PropertyId as Prop
 from ..protocol.reasons import ReasonCode
 from .alerts import Survey, oldest_queued_age
+from .metrics import refusals
 from .sys_tree import delivered
 
 MAX_LIMIT = 1000
@@ -171,7 +172,10 @@ class Api:
             "user": conn.username,
             "keep_alive": conn.keep_alive,
             "connected_since": self._wall(conn.opened_at),
+            "messages_received": conn.publishes_received,
             "messages_sent": conn.publishes_sent,
+            "bytes_received": conn.bytes_received,
+            "bytes_sent": conn.bytes_sent,
             "subscriptions": sorted(session.subscriptions) if session is not None else [],
         }
         if session is not None:
@@ -215,10 +219,14 @@ class Api:
                 "stuck_sessions": sorted(figures.stuck),
                 "alert_threshold": self.survey.threshold,
                 "messages_received": broker.received,
+                "messages_received_by_qos": {
+                    str(qos): count for qos, count in enumerate(broker.received_by_qos)
+                },
                 "messages_delivered": delivered(broker),
                 "messages_dropped": figures.dropped + broker.denied,
                 "bytes_received": broker.bytes_received,
                 "bytes_sent": broker.bytes_sent,
+                "connections_refused": refusals(broker),
                 "store_commits": times.count if times is not None else 0,
                 "store_commit_seconds": round(times.total, 6) if times is not None else 0.0,
                 "websocket_listeners": self.websockets,

@@ -134,7 +134,9 @@ async function showClients() {
     if (c.stuck) tr.className = "stuck";
     tr.dataset.clientId = c.client_id;
     cell(tr, c.client_id); cell(tr, c.protocol); cell(tr, c.address); cell(tr, c.user);
-    cell(tr, c.listener); cell(tr, when(c.connected_since)); cell(tr, c.messages_sent);
+    cell(tr, c.listener); cell(tr, when(c.connected_since));
+    cell(tr, c.messages_received); cell(tr, c.messages_sent);
+    cell(tr, c.bytes_received, "bytes-in"); cell(tr, c.bytes_sent, "bytes-out");
     cell(tr, c.inflight); cell(tr, c.queued); cell(tr, age(c.oldest_queued_age));
     button(tr, "Kick", () => api("/api/v1/clients/" + encodeURIComponent(c.client_id) + "/kick", { method: "POST" }));
   });
