@@ -80,6 +80,9 @@ class Broker:
             fastpath.encode_connack(pk.Connack(True, 0, self.connack_properties), MQTT_5),
         )
         self.sessions: dict[str, Session] = {}
+        # The sessions with queued messages (each session keeps its entry; see Session.backlog):
+        # what the admin API sorts by oldest queued message, without a walk over all sessions.
+        self.backlog: dict[Session, None] = {}
         self.persistent_sessions = 0  # sessions of non-zero expiry (max_sessions)
         self._user_sessions: dict[str, int] = {}  # user name -> its persistent sessions
         self.connections: set[Connection] = set()
@@ -264,7 +267,9 @@ class Broker:
             session = None
         present = session is not None
         if session is None:
-            session = self.sessions[client_id] = Session(client_id, self.options, self.store)
+            session = self.sessions[client_id] = Session(
+                client_id, self.options, self.store, self.backlog
+            )
             session.username = username
         else:
             if session.will is not None:
@@ -348,7 +353,7 @@ class Broker:
         for message in restored.retained:
             self.router.retained.store(message, save=False)
         for record in restored.sessions:
-            session = Session(record.client_id, self.options, self.store)
+            session = Session(record.client_id, self.options, self.store, self.backlog)
             session.username = record.username
             session.expiry_interval = record.expiry_interval
             if record.expires_at is not None:
@@ -455,6 +460,7 @@ class Broker:
         session.subscription_bytes = 0
         self._hand_over_shared(session, now)
         session.queue.clear()
+        self.backlog.pop(session, None)
         session.inflight.clear()
         if session.will is not None:
             will = session.will
