@@ -85,7 +85,7 @@ def restore(broker: Broker, client_id: str, data: bytes) -> Session:
         if stale is not None:
             forget(broker, stale)
         store = broker.store
-        session = Session(client_id, broker.options, store)
+        session = Session(client_id, broker.options, store, broker.backlog)
         session.username = state["username"]
         session.expiry_interval = int(state["expiry"])
         persistent = session.persistent
@@ -119,6 +119,8 @@ def restore(broker: Broker, client_id: str, data: bytes) -> Session:
                 session.queued_bytes += delivery.message.size
             if persistent:
                 store.save_delivery(session, delivery)
+        if session.queue:
+            broker.backlog[session] = None
         for packet_id in state["releases"]:
             session.await_release(packet_id)
         session.next_packet_id = int(state["next_packet_id"])
