@@ -507,7 +507,7 @@ async def close_clients(clients: Sequence[Client], timeout: float = 3.0) -> None
 class RawClient:
     """A connected, set-up MQTT connection on a plain non-blocking socket, read by sweeps."""
 
-    __slots__ = ("sock", "rest", "count", "eof", "others", "frame")
+    __slots__ = ("sock", "rest", "count", "eof", "others", "frame", "receive_max")
 
     def __init__(self, sock: socket.socket, rest: bytes, frame_len: int) -> None:
         self.sock = sock
@@ -515,6 +515,7 @@ class RawClient:
         self.count = 0
         self.eof = False
         self.others: list[tuple[int, bytes]] = []
+        self.receive_max = 65535  # from CONNACK (open_blocking)
         second = frame_len - 2 if 0 < frame_len - 2 < 128 else -1
         self.frame = (frame_len, 0x30, second)
 
@@ -724,7 +725,7 @@ def open_blocking(
         _nodelay(sock)
         sock.sendall(wire.connect(client_id, version))
         body, buf = _expect_blocking(sock, CONNACK, b"", deadline, others)
-        code, _ = wire.connack_result(body, version)
+        code, props = wire.connack_result(body, version)
         if code != 0:
             raise BrokerRefused(f"CONNACK refused {client_id}: reason 0x{code:02X}")
         if filters:
@@ -739,6 +740,7 @@ def open_blocking(
         raise
     client = RawClient(sock, buf, 0)
     client.others = others
+    client.receive_max = props.get(wire.PROP_RECEIVE_MAXIMUM, 65535)
     return client
 
 
