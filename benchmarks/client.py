@@ -547,13 +547,14 @@ _CONNECTING, _AWAIT_CONNACK, _AWAIT_SUBACK = range(3)
 
 
 class _Opening:
-    __slots__ = ("sock", "index", "phase", "buf")
+    __slots__ = ("sock", "index", "phase", "buf", "receive_max")
 
     def __init__(self, sock: socket.socket, index: int) -> None:
         self.sock = sock
         self.index = index
         self.phase = _CONNECTING
         self.buf = b""
+        self.receive_max = 65535
 
 
 def open_many(
@@ -628,9 +629,10 @@ def open_many(
                 first, body, end = frame
                 kind = first >> 4
                 if phase == _AWAIT_CONNACK and kind == CONNACK:
-                    code, _ = wire.connack_result(buf[body:end], version)
+                    code, props = wire.connack_result(buf[body:end], version)
                     if code != 0:
                         fail(f"CONNACK refused {client_ids[index]}: reason 0x{code:02X}")
+                    state.receive_max = props.get(wire.PROP_RECEIVE_MAXIMUM, 65535)
                     wanted = filters(index) if filters else ()
                     if wanted:
                         sock.send(wire.subscribe(1, list(wanted), version))
@@ -645,7 +647,9 @@ def open_many(
                     fail(f"{client_ids[index]}: unexpected packet 0x{first:02X} during setup")
                 ep.unregister(fd)
                 del pending[fd]
-                done.append(RawClient(sock, buf[end:], frame_len))
+                opened = RawClient(sock, buf[end:], frame_len)
+                opened.receive_max = state.receive_max
+                done.append(opened)
     finally:
         ep.close()
     return done

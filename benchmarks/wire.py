@@ -255,3 +255,28 @@ def puback_keys(data: bytes) -> tuple[bytes | bytearray, int] | None:
     keys[2::4] = data[2:whole:5]
     keys[3::4] = data[3:whole:5]
     return keys, whole
+
+
+def count_pubacks(data: bytes, others: list[tuple[int, bytes]]) -> tuple[int, int, int]:
+    """Count the PUBACKs in ``data``: (acks, of which failed (reason code >= 0x80), position of
+    the first byte not consumed). A run of successful ones is counted at C speed (see
+    :func:`puback_keys`); anything else is walked frame by frame, other packets going to
+    ``others`` as (first byte, body)."""
+    acks = failed = pos = 0
+    found = puback_keys(data)
+    if found is not None:
+        keys, whole = found
+        k = len(keys) >> 2
+        if keys[0::4].count(0x40) == k and keys[1::4].count(2) == k:
+            acks, pos = k, whole
+    end = len(data)
+    while (frame := next_frame(data, pos)) is not None:
+        first, body, stop = frame
+        if first >> 4 == PUBACK:
+            acks += 1
+            if stop - body > 2 and data[body + 2] >= 0x80:
+                failed += 1
+        else:
+            others.append((first, data[body:stop]))
+        pos = stop
+    return acks, failed, min(pos, end)
