@@ -664,6 +664,9 @@ async def many_devices(ctx: Ctx) -> dict[str, Any]:
             for i, conn in enumerate(conns)
         ]
 
+        def received(sub: Client = sub) -> float:
+            return sub.count
+
         def sweep(devs: list[devices.Device] = devs) -> None:
             for device in devs:
                 device.sweep()
@@ -680,9 +683,7 @@ async def many_devices(ctx: Ctx) -> dict[str, Any]:
             devices.pace(devs, per_device, stop, bool(qos))
         )
         try:
-            w = await ctx.measure(
-                read, before_read=sweep if qos else None, progress=lambda sub=sub: sub.count
-            )
+            w = await ctx.measure(read, before_read=sweep if qos else None, progress=received)
         finally:
             stop.set()
             pacer = await task

@@ -45,7 +45,7 @@ def _latency_key(us: int) -> int:
     """A latency in µs, kept to 3 significant digits (bounds the histogram's size)."""
     if us < 1000:
         return us
-    step = 10 ** (len(str(us)) - 3)
+    step: int = 10 ** (len(str(us)) - 3)
     return us - us % step
 
 
