@@ -63,6 +63,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--connections", type=int, help="idle connections, scenario 6 (default 5000)")
     p.add_argument("--topics", type=int, help="own-topic subscribers, scenario 7 (default 10000)")
     p.add_argument("--subscribers", type=int, help="fan-out subscribers, scenario 2 (default 100)")
+    p.add_argument("--devices", type=int, help="paced devices, scenario 9 (default 1000)")
     p.add_argument("--no-pin", action="store_true", help="do not pin with taskset")
     p.add_argument(
         "--scrape-metrics",
@@ -396,6 +397,8 @@ def main(argv: list[str] | None = None) -> int:
         sizes.spray_topics = args.topics
     if args.subscribers:
         sizes.fanout_subscribers = args.subscribers
+    if args.devices:
+        sizes.devices = args.devices
     version = MQTT_5 if args.mqtt == "5" else MQTT_311
     pin = br.pinning_available() and not args.no_pin
     br.SCRAPE_METRICS = args.scrape_metrics
