@@ -376,15 +376,21 @@ class Client(asyncio.Protocol):
         every group is found, group 0 is a 4-byte frame, hence group 1 starts a frame, and so
         on: the chunk is exactly those frames. Anything else (a failed ack, an identifier
         outside the window, another packet: a KeyError) is walked by :meth:`_pub_ack_walk`;
-        so are the bytes after the last whole group (an incomplete frame, or a short one)."""
+        so are the bytes after the last whole group (an incomplete frame, or a short one).
+        PUBACKs with reason code 0 (5 bytes, as Mosquitto sends them) are first turned into
+        the same 4-byte keys by :func:`wire.puback_keys`."""
         if self.rest:
             data = self.rest + data
             self.rest = b""
         size = len(data)
-        whole = size & -4
-        if whole:
+        found = wire.puback_keys(data) if size > 4 and data[1] == 3 else None
+        if found is not None:
+            head, whole = found
+        else:
+            whole = size & -4
             head = data if whole == size else data[:whole]
-            n = whole >> 2
+        if whole:
+            n = len(head) >> 2
             stopping = self.stopping
             table = self._replies_stopping if stopping else self._replies
             try:
