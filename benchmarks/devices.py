@@ -96,7 +96,7 @@ class Device:
         self.limit = limit  # most PUBLISHes unacknowledged (0: QoS 0)
 
     def send(self) -> None:
-        if self.pending and not self._flush():
+        if self.pending and not self.flush():
             self.held += 1
             return
         if self.limit and self.sent - self.acked >= self.limit:
@@ -118,7 +118,8 @@ class Device:
         if self.i == len(self.packets):
             self.i = 0
 
-    def _flush(self) -> bool:
+    def flush(self) -> bool:
+        """Send the rest of a partly written PUBLISH; True when nothing is left."""
         try:
             n = self.conn.sock.send(self.pending)
         except (BlockingIOError, InterruptedError):
@@ -176,6 +177,9 @@ async def pace(devices: Sequence[Device], rate: float, stop: asyncio.Event, acks
                 device.sweep()
             next_sweep = now + SWEEP_EVERY
         await asyncio.sleep(max(0.0, pacer.due() - clock()))
+    for device in devices:  # no half PUBLISH left before the next phase or DISCONNECT
+        if device.pending:
+            device.flush()
     return pacer
 
 

@@ -288,6 +288,7 @@ async def fan_in_per_write(ctx: Ctx) -> dict[str, Any]:
     finally:
         stop.set()
         await task
+    ctx.lost_before_retiring += sum(1 for c in conns if c.eof)  # the broker closed a publisher
     d = w["delta"]
     w["metrics"] = {
         "msgs_per_s": rate(d["received"], w["elapsed"]),
@@ -707,6 +708,7 @@ async def many_devices(ctx: Ctx) -> dict[str, Any]:
         metrics[f"{name}_missed"] = pacer.missed  # turns skipped: the generator was late
         gen_cpu.append(w["gen_cpu_pct"])
         broker_cpu.append(w["broker_cpu_pct"])
+    ctx.lost_before_retiring += sum(1 for c in conns if c.eof)  # the broker closed a device
     out: dict[str, Any] = {
         "metrics": metrics,
         "delivered": sub1.count + sub0.count,
