@@ -220,6 +220,7 @@ def suback_codes(body: bytes, version: int) -> list[int]:
 
 
 _ACK_KEY = b"\x40\x02\x00\x00"  # a PUBACK without reason code: the identifier is filled in
+SHORT_RUN = 4  # up to this many 5-byte PUBACKs, puback_keys checks them one by one
 
 
 def puback_keys(data: bytes) -> tuple[bytes | bytearray, int] | None:
@@ -245,6 +246,16 @@ def puback_keys(data: bytes) -> tuple[bytes | bytearray, int] | None:
     if not k:
         return None
     whole = k * 5
+    if k == 1:  # the most common chunk from Mosquitto, which writes its PUBACKs one by one
+        return (b"\x40\x02" + data[2:4], 5) if data[4] < 0x80 else None
+    if k <= SHORT_RUN:  # a few: a short loop costs less than the strided checks
+        keys = bytearray()
+        for p in range(0, whole, 5):
+            if data[p] != 0x40 or data[p + 1] != 3 or data[p + 4] >= 0x80:
+                return None
+            keys += data[p : p + 4]
+        keys[1::4] = b"\x02" * k
+        return keys, whole
     if (
         data[0:whole:5].count(0x40) != k
         or data[1:whole:5].count(3) != k

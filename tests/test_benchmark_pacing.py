@@ -33,13 +33,17 @@ def puback(pid: int, reason: int | None = None) -> bytes:
 
 
 @pytest.mark.parametrize("reason", [None, 0x00, 0x10])
-def test_puback_keys_give_one_4_byte_key_per_successful_puback(reason: int | None) -> None:
-    chunk = b"".join(puback(pid, reason) for pid in (1, 7, 300))
+@pytest.mark.parametrize("count", [1, 3, 9])  # one frame, a short run, a strided run
+def test_puback_keys_give_one_4_byte_key_per_successful_puback(
+    reason: int | None, count: int
+) -> None:
+    pids = [1, 7, 300, 65535, 2, 3, 4, 5, 6][:count]
+    chunk = b"".join(puback(pid, reason) for pid in pids)
     found = wire.puback_keys(chunk + b"\x40")  # and the first byte of the next one
     assert found is not None
     keys, whole = found
     assert whole == len(chunk)
-    assert bytes(keys) == b"".join(puback(pid) for pid in (1, 7, 300))
+    assert bytes(keys) == b"".join(puback(pid) for pid in pids)
 
 
 def test_puback_keys_refuse_a_failed_ack_or_another_packet() -> None:
@@ -47,6 +51,10 @@ def test_puback_keys_refuse_a_failed_ack_or_another_packet() -> None:
     assert wire.puback_keys(b"\xd0\x00" + puback(1)) is None
     assert wire.puback_keys(puback(1, 0) + b"\xd0\x00\x00\x00\x00") is None
     assert wire.puback_keys(b"\x40\x03\x00") is None  # not one whole frame yet
+    assert wire.puback_keys(puback(1, 0x80)) is None
+    long_run = b"".join(puback(pid, 0) for pid in range(1, 9))
+    assert wire.puback_keys(long_run + puback(9, 0x80)) is None
+    assert wire.puback_keys(long_run[:-5] + b"\x50\x03\x00\x08\x00" + puback(9, 0)) is None
 
 
 def test_count_pubacks_counts_failures_others_and_keeps_an_incomplete_frame() -> None:
