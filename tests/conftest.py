@@ -16,13 +16,12 @@ a CI run that skipped any test, for whatever reason, fails (``external_tools.py`
 from __future__ import annotations
 
 import itertools
-import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from external_tools import TOOLS, in_ci, require
-from support.launcher import BrokerProcess
+from support.launcher import BrokerProcess, ProgramProcess
 
 
 @pytest.fixture(scope="session")
@@ -56,7 +55,6 @@ def start_broker(tmp_path: Path) -> Iterator[Callable[..., BrokerProcess]]:
     ) -> BrokerProcess:
         if data_dir is None:
             data_dir = tmp_path / f"data{next(counter)}"
-        data_dir.mkdir(parents=True, exist_ok=True)
         process = BrokerProcess(data_dir, log_level, extra_args)
         process.cwd = cwd or data_dir
         process.preexec_fn = preexec_fn
@@ -76,16 +74,6 @@ def start_broker(tmp_path: Path) -> Iterator[Callable[..., BrokerProcess]]:
 def fresh_broker(start_broker: Callable[..., BrokerProcess]) -> BrokerProcess:
     """A broker of the test's own, for tests that stop it or need it otherwise untouched."""
     return start_broker()
-
-
-class ProgramProcess(BrokerProcess):
-    """Another program, run and watched as the broker is: ``args`` its command line, ``ready``
-    the line it logs (on stderr) once it is ready, with host and port in its first two groups."""
-
-    def __init__(self, workdir: Path, args: list[str], ready: str) -> None:
-        super().__init__(workdir)
-        self.args = args
-        self.ready = re.compile(ready)
 
 
 @pytest.fixture

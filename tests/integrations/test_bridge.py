@@ -20,6 +20,7 @@ from integration_support import (
 )
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from support.certs import make_certificates
 
 pytestmark = pytest.mark.needs_mosquitto
 
@@ -270,8 +271,6 @@ def test_tls_to_a_mosquitto_tls_listener(
     mosquitto: Callable[..., Mosquitto],
     collect: Callable[..., Collector],
 ) -> None:
-    from transport_support import make_certificates
-
     certs = make_certificates(tmp_path / "certs")
     tls_port = free_port()
     remote = mosquitto(

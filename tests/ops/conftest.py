@@ -1,23 +1,15 @@
 """Fixtures of the admin-server tests: a broker with its admin server on a port of the test's
-own, and a small HTTP client. The test certificates (tests/transports) are shared, so that
-folder goes on sys.path (the rest comes from tests/support)."""
+own, and a small HTTP client."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-HERE = Path(__file__).resolve().parent
-for folder in (HERE.parent / "transports",):
-    if str(folder) not in sys.path:
-        sys.path.append(str(folder))
-
-from ops_support import Admin, start_admin  # noqa: E402
-from support.clients import PahoClient  # noqa: E402
+from ops_support import Admin, start_admin
+from support.clients import PahoClient
 
 
 @pytest.fixture

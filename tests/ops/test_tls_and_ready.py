@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ops_support import ADMIN_LINE, ROOT, TIMEOUT, free_port
-from transport_support import client_context, make_certificates
+from support.certs import client_context, make_certificates
 
 from mqttbroker.config import Config
 from mqttbroker.server.app import Server
