@@ -11,8 +11,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
 from security_support import ITERATIONS
 from support.clients import (
     MQTT_5,
@@ -105,13 +103,7 @@ def paho_client(
 ) -> PahoClient:
     """A paho client of ``user`` on a persistent session (MQTT 5: Session Expiry Interval
     ``expiry``; 3.1.1: clean session 0), not yet connected."""
-    props = None
-    if version == MQTT_5:
-        props = Properties(PacketTypes.CONNECT)
-        props.SessionExpiryInterval = expiry
-    client = PahoClient(
-        server.host, server.port, version, client_id, clean=clean, connect_properties=props
-    )
+    client = PahoClient(server.host, server.port, version, client_id, clean=clean, expiry=expiry)
     if user is not None:
         client.client.username_pw_set(user, PASSWORDS[user])
     return client

@@ -68,6 +68,7 @@ class Received:
     retain: bool
     dup: bool
     properties: Properties | None
+    at: float = field(default_factory=time.time)  # when it arrived (wall clock)
 
     def prop(self, name: str, default: Any = None) -> Any:
         if self.properties is None:
@@ -101,13 +102,18 @@ class PahoClient:
         keepalive: int = 60,
         connect_properties: Properties | None = None,
         *,
+        expiry: int | None = None,
         transport: str = "tcp",
         path: str = "/mqtt",
         tls: ssl.SSLContext | None = None,
         bind_address: str = "",
     ) -> None:
-        """``transport``: "tcp" or "websockets" (on ``path``); ``tls``: the client's context
-        for TLS; ``bind_address``: the local address to connect from."""
+        """``expiry``: the Session Expiry Interval its CONNECT asks for (MQTT 5);
+        ``transport``: "tcp" or "websockets" (on ``path``); ``tls``: the client's context for
+        TLS; ``bind_address``: the local address to connect from."""
+        if expiry is not None and version == MQTT_5:
+            connect_properties = connect_properties or Properties(PacketTypes.CONNECT)
+            connect_properties.SessionExpiryInterval = expiry
         self.host = host
         self.port = port
         self.version = version
@@ -242,6 +248,11 @@ class PahoClient:
         with self._cond:
             return self.acked[info.mid]
 
+    @property
+    def session_present(self) -> bool:
+        """The Session Present flag of the CONNACK (False before it)."""
+        return self.connack is not None and self.connack[1]
+
     def wait_disconnected(self, timeout: float = TIMEOUT) -> Disconnected:
         self.wait_until(lambda: bool(self.disconnects), timeout, "a disconnection")
         with self._cond:
@@ -327,6 +338,22 @@ class PahoClient:
             if qos == 0:
                 self.sync(timeout)
         return info
+
+    def publish_all(
+        self, messages: Iterable[tuple[str, bytes, int, bool]], timeout: float = 4 * TIMEOUT
+    ) -> list[int]:
+        """Publish every (topic, payload, qos, retain) without waiting in between, then wait for
+        all their acknowledgements (QoS 1 and 2); their reason codes."""
+        infos = [self.publish(t, p, q, r, wait=False) for t, p, q, r in messages]
+        self.wait_until(
+            lambda: all(i.mid in self.acked for i in infos) or bool(self.disconnects),
+            timeout,
+            f"the acknowledgements of {len(infos)} messages",
+        )
+        with self._cond:
+            missing = [i.mid for i in infos if i.mid not in self.acked]
+            assert not missing, f"{self}: disconnected before {missing} were acknowledged"
+            return [self.acked[i.mid] for i in infos]
 
     def sync(self, timeout: float = TIMEOUT) -> None:
         """Wait until the broker has handled everything this client sent so far: it answers
