@@ -18,9 +18,11 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from external_tools import TOOLS, in_ci, require
+from support.clients import MQTT_5, PahoClient
 from support.launcher import BrokerProcess, ProgramProcess
 
 
@@ -92,6 +94,35 @@ def start_program(tmp_path: Path) -> Iterator[Callable[..., ProgramProcess]]:
     finally:
         for process in reversed(started):
             process.stop()
+
+
+@pytest.fixture
+def paho() -> Iterator[Callable[..., PahoClient]]:
+    """``paho(server, version=5, user=None, password=None, connect=True, **PahoClient options)``:
+    a paho client of ``server`` (anything with ``host`` and ``port``), logging in as ``user``
+    if given, connected (CONNACK received) unless ``connect=False``; all are closed after the
+    test."""
+    made: list[PahoClient] = []
+
+    def make(
+        server: Any,
+        version: int = MQTT_5,
+        user: str | None = None,
+        password: bytes | str | None = None,
+        connect: bool = True,
+        **options: Any,
+    ) -> PahoClient:
+        client = PahoClient(server.host, server.port, version, **options)
+        if user is not None:
+            client.client.username_pw_set(user, password)
+        made.append(client)
+        if connect:
+            client.connect()
+        return client
+
+    yield make
+    for client in made:
+        client.close()
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -9,7 +9,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -93,31 +93,6 @@ def secure_broker(setup: Setup, start_broker: Callable[..., Any]) -> Callable[[b
         return setup.broker
 
     return start
-
-
-@pytest.fixture
-def paho() -> Iterator[Callable[..., PahoClient]]:
-    """``paho(server, version, user, password, connect=True)``: a paho client; closed after."""
-    made: list[PahoClient] = []
-
-    def make(
-        server: Any,
-        version: int = MQTT_5,
-        user: str | None = None,
-        password: bytes | None = None,
-        connect: bool = True,
-    ) -> PahoClient:
-        client = PahoClient(server.host, server.port, version)
-        if user is not None:
-            client.client.username_pw_set(user, password)
-        made.append(client)
-        if connect:
-            client.connect()
-        return client
-
-    yield make
-    for client in made:
-        client.close()
 
 
 def raw_connack(server: Any, version: int, **connect: Any) -> int:

@@ -107,10 +107,12 @@ class PahoClient:
         path: str = "/mqtt",
         tls: ssl.SSLContext | None = None,
         bind_address: str = "",
+        reconnect: bool = False,
     ) -> None:
         """``expiry``: the Session Expiry Interval its CONNECT asks for (MQTT 5);
         ``transport``: "tcp" or "websockets" (on ``path``); ``tls``: the client's context for
-        TLS; ``bind_address``: the local address to connect from."""
+        TLS; ``bind_address``: the local address to connect from; ``reconnect``: connect again
+        (within half a second) whenever the connection is lost."""
         if expiry is not None and version == MQTT_5:
             connect_properties = connect_properties or Properties(PacketTypes.CONNECT)
             connect_properties.SessionExpiryInterval = expiry
@@ -127,9 +129,11 @@ class PahoClient:
             client_id=self.client_id,
             protocol=protocol,
             clean_session=None if version == MQTT_5 else clean,
-            reconnect_on_failure=False,  # a disconnected client stays disconnected
+            reconnect_on_failure=reconnect,  # else a disconnected client stays disconnected
             transport=transport,  # type: ignore[arg-type]
         )
+        if reconnect:
+            self.client.reconnect_delay_set(0.05, 0.5)
         if transport == "websockets":
             self.client.ws_set_options(path=path)
         if tls is not None:
@@ -373,6 +377,62 @@ class PahoClient:
         if self._started:
             self.client.loop_stop()
             self._started = False
+
+
+class Collector(PahoClient):
+    """A paho client of a broker on 127.0.0.1 that subscribes to ``topics`` on every
+    (re)connection and keeps what it receives, across restarts of that broker; with
+    ``persistent``, on a session that outlives its connections."""
+
+    def __init__(
+        self,
+        port: int,
+        topics: list[str],
+        qos: int = 1,
+        version: int = MQTT_5,
+        persistent: bool = False,
+        client_id: str | None = None,
+    ) -> None:
+        super().__init__(
+            "127.0.0.1",
+            port,
+            version,
+            client_id or unique("collector"),
+            clean=not persistent,
+            expiry=3600 if persistent else None,
+            reconnect=True,
+        )
+        self.topics = topics
+        self.qos = qos
+        self.connect()
+        self.wait_until(lambda: bool(self._waits.subacks), TIMEOUT, "the first SUBACK")
+
+    def _on_connect(self, client: Any, userdata: Any, flags: Any, rc: ReasonCode, props: Any):
+        super()._on_connect(client, userdata, flags, rc, props)
+        client.subscribe([(topic, self.qos) for topic in self.topics])
+
+    def payloads(self, prefix: bytes = b"") -> list[bytes]:
+        """The payloads received so far that start with ``prefix``."""
+        with self._cond:
+            return [m.payload for m in self.messages if m.payload.startswith(prefix)]
+
+    def wait_count(self, count: int, prefix: bytes = b"", timeout: float = 2 * TIMEOUT) -> None:
+        """Wait until ``count`` payloads starting with ``prefix`` arrived."""
+        self.wait_until(
+            lambda: len(self.payloads(prefix)) >= count,
+            timeout,
+            f"{count} messages starting {prefix!r}",
+        )
+
+
+def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 2 * TIMEOUT) -> None:
+    """Poll ``predicate`` (for what no client callback announces: a web hook's endpoint, a
+    figure in $SYS) until it holds; fails after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)
 
 
 def publish_properties(**values: Any) -> Properties:

@@ -5,7 +5,8 @@
   ``listening on HOST:PORT (MQTT over ...)`` lines it logs, in configuration order, so there is
   no port race; a thread per stream drains its output into lines kept for assertions
   (``log_text()``, ``wait_for_log()``). The fixtures of tests/conftest.py start it.
-- ``ProgramProcess``: another program (an example, Mosquitto) run and watched the same way.
+- ``ProgramProcess``: another program (an example) run and watched the same way.
+- ``Mosquitto``: Debian's Mosquitto broker on a free port with a generated configuration.
 - ``run_broker``: the broker's command line run to its end (a configuration error, a subcommand).
 - ``free_port``, ``wait_port``, ``stop_process``: for programs that log no address.
 """
@@ -24,6 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import pytest
+from external_tools import find, in_ci
 
 ROOT = Path(__file__).resolve().parents[2]
 LISTENING = re.compile(r"listening on (\S+):(\d+) \((MQTT over [A-Za-z+]+)\)")
@@ -333,3 +337,73 @@ class ProgramProcess(BrokerProcess):
         super().__init__(workdir)
         self.args = args
         self.ready = re.compile(ready)
+
+
+def mosquitto_binary() -> str:
+    """The path of Debian's ``mosquitto`` broker; skips the test (fails it under CI) if missing."""
+    path = find("mosquitto")
+    if path is None:
+        reason = "mosquitto not installed: apt-get install mosquitto"
+        if in_ci():
+            pytest.fail(f"{reason} (CI=true: a missing tool fails the run)", pytrace=False)
+        pytest.skip(reason)
+    return path
+
+
+class Mosquitto:
+    """A Mosquitto broker of the test's own on 127.0.0.1 with a generated configuration
+    (``extra``: more of it, a TLS listener); ``restart()`` keeps its port (and, with
+    ``persistence``, what it saved on the way down)."""
+
+    host = "127.0.0.1"
+
+    def __init__(self, workdir: Path, persistence: bool = False, extra: str = "") -> None:
+        self.binary = mosquitto_binary()
+        self.workdir = workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.persistence = persistence
+        self.extra = extra
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = workdir / "mosquitto.log"
+
+    def start(self) -> Mosquitto:
+        conf = self.workdir / "mosquitto.conf"
+        text = (
+            ""
+            # as root, stay root: it reads the test's files (certificates) and writes its store
+            + ("user root\n" if os.geteuid() == 0 else "")
+            + "per_listener_settings false\n"
+            "allow_anonymous true\n"
+            f"persistence {'true' if self.persistence else 'false'}\n"
+            f"persistence_location {self.workdir}/\n"
+            "log_type all\n"
+            "max_queued_messages 100000\n"
+            "set_tcp_nodelay true\n"
+            f"listener {self.port} 127.0.0.1\n" + self.extra
+        )
+        conf.write_text(text)
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [self.binary, "-c", str(conf)],
+                cwd=self.workdir,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+            )
+        try:
+            wait_port(self.port, self.proc)
+        except RuntimeError as exc:
+            raise RuntimeError(
+                f"mosquitto did not start ({exc}):\n{self.log.read_text()}"
+            ) from None
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_process(self.proc)
+        self.proc = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
