@@ -17,11 +17,9 @@ from support.clients import (
     TIMEOUT,
     PahoClient,
     RawClient,
-    binary,
-    packet,
+    connect_packet,
     parse_connack,
-    utf8,
-    vbi,
+    prop,
 )
 
 from mqttbroker.security.passwords import make_entry_line
@@ -118,17 +116,15 @@ def connect_bytes(
 ) -> bytes:
     """CONNECT of ``user`` (password from PASSWORDS) on client id ``client_id``; without
     ``clean``, a persistent session (MQTT 5: Session Expiry Interval ``expiry``)."""
-    flags = 0x02 if clean else 0x00
-    if user is not None:
-        flags |= 0xC0
-    body = utf8("MQTT") + bytes((version, flags)) + (60).to_bytes(2, "big")
-    if version == MQTT_5:
-        props = bytes((0x11,)) + expiry.to_bytes(4, "big") if expiry else b""
-        body += vbi(len(props)) + props
-    body += utf8(client_id)
-    if user is not None:
-        body += utf8(user) + binary(PASSWORDS[user])
-    return packet(0x10, body)
+    props = prop(0x11, expiry.to_bytes(4, "big")) if expiry else b""
+    return connect_packet(
+        client_id,
+        version,
+        clean=clean,
+        properties=props,
+        username=user,
+        password=None if user is None else PASSWORDS[user],
+    )
 
 
 def connack(
