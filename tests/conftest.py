@@ -1,12 +1,13 @@
-"""Shared fixtures: the broker as a real subprocess.
+"""Shared fixtures: the broker as a real subprocess, and paho clients of it.
 
 ``broker`` (one per test session), ``fresh_broker`` (one per test, for tests that stop it or
-depend on timing of their own) and ``start_broker`` (a factory, for several per test) run ``python -m mqttbroker --port 0`` with a temporary data
-directory. The port comes from the ``listening on HOST:PORT (MQTT over TCP)`` line the broker logs,
-so there is no port race. A thread keeps draining the broker's output, so its pipe never fills,
-and keeps every line for assertions (``log_text()``, ``wait_for_log()``): see
-``support/launcher.py``, which the persistence tests use too.
+depend on timing of their own) and ``start_broker`` (a factory, for several per test) run
+``python -m mqttbroker --port 0`` with a temporary data directory. The port comes from the
+``listening on HOST:PORT (MQTT over TCP)`` line the broker logs, so there is no port race. A
+thread keeps draining the broker's output, so its pipe never fills, and keeps every line for
+assertions (``log_text()``, ``wait_for_log()``): see ``support/launcher.py``.
 ``start_program`` runs another program (an example, say) the same way, until its ready line.
+``paho`` makes paho clients (``support.clients.PahoClient``) that are closed after the test.
 
 A test marked ``needs_mosquitto``, ``needs_haproxy``, ``needs_node``, ``needs_openssl`` or
 ``needs_chromium`` is skipped when that program is missing, and fails instead under ``CI=true``;
