@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from external_tools import program
 from support.certs import Certificates
-from support.clients import MQTT_311, PahoClient, connect_packet, unique
+from support.clients import MQTT_311, TIMEOUT, PahoClient, connect_packet, unique
 from support.launcher import BrokerProcess, free_port, stop_process, wait_port
-from transport_support import TIMEOUT, toml_listener
+from transport_support import toml_listener
 
 pytestmark = [pytest.mark.needs_haproxy, pytest.mark.needs_mosquitto]
 

@@ -12,8 +12,8 @@ import paho.mqtt.client as mqtt
 import pytest
 from external_tools import program
 from support.certs import Certificates, client_context
-from support.clients import CONNACK_OK, MQTT_311, PahoClient, connect_packet, unique
-from transport_support import TIMEOUT, Listeners, RawWebSocket
+from support.clients import CONNACK_OK, MQTT_311, TIMEOUT, PahoClient, connect_packet, unique
+from transport_support import Listeners, RawWebSocket
 
 
 @pytest.mark.parametrize("version", [mqtt.MQTTv5, mqtt.MQTTv311], ids=["v5", "v311"])

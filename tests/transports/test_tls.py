@@ -11,8 +11,8 @@ import paho.mqtt.client as mqtt
 import pytest
 from external_tools import program
 from support.certs import Certificates, client_context
-from support.clients import CONNACK_OK, MQTT_311, PahoClient, connect_packet, unique
-from transport_support import TIMEOUT, TLS12_CIPHER, Listeners
+from support.clients import CONNACK_OK, MQTT_311, TIMEOUT, PahoClient, connect_packet, unique
+from transport_support import TLS12_CIPHER, Listeners
 
 VERSIONS = [pytest.param(mqtt.MQTTv5, id="v5"), pytest.param(mqtt.MQTTv311, id="v311")]
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import paho.mqtt.client as mqtt
 import pytest
 from support.certs import Certificates, client_context
-from support.clients import CONNACK_OK, MQTT_311, PahoClient, connect_packet, unique
+from support.clients import CONNACK_OK, MQTT_311, TIMEOUT, PahoClient, connect_packet, unique
 from support.launcher import BrokerProcess
-from transport_support import CUSTOM_PATH, TIMEOUT, Listeners, RawWebSocket, toml_listener
+from transport_support import CUSTOM_PATH, Listeners, RawWebSocket, toml_listener
 
 from conformance.websocket import HandshakeRefused
 

@@ -18,6 +18,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from support.clients import TIMEOUT
 from support.launcher import ROOT, Address, BrokerProcess
 
 from mqttbroker.protocol import fastpath
@@ -27,8 +28,6 @@ if str(ROOT) not in sys.path:
 
 # The conformance suite's WebSocket handshake and client frames serve the transport tests too.
 from conformance.websocket import client_frame, open_handshake  # noqa: E402
-
-TIMEOUT = 10.0  # failure guard for anything that should happen promptly
 
 
 def toml_listener(**values: Any) -> str:
