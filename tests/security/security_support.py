@@ -19,6 +19,7 @@ from support.clients import (
     MQTT_5,
     binary,
     connect_packet,
+    decode_vbi,
     packet,
     parse_properties,
     prop,
@@ -138,10 +139,7 @@ def auth_bytes(reason_code: int, method: str, data: bytes | None) -> bytes:
 def parse_reason_and_properties(data: bytes, first: int) -> tuple[int, dict[str, object]]:
     """An MQTT 5 AUTH (``first`` 0xF0) or CONNACK (0x20): its reason code and properties."""
     assert data[0] == first, f"expected packet 0x{first:02X}, got {data.hex(' ')}"
-    pos = 1
-    while data[pos] & 0x80:
-        pos += 1
-    pos += 1
+    _, pos = decode_vbi(data, 1)  # the Remaining Length
     if first == 0x20:
         pos += 1  # acknowledge flags
     code = data[pos]
