@@ -9,6 +9,13 @@ builds it again and then lets the client's CONNECT go on, which resumes it (Sess
 The form is JSON: the session's owner, expiry, subscriptions with their options, its queued and
 in-flight QoS 1/2 messages (each an MQTT 5 PUBLISH, hex) with their packet ids and QoS 2 state,
 and the QoS 2 packet ids it has not released.
+
+A persistent session is also kept in Redis while it lives (``session:<client id>``, a hash
+written by store.py, one field per part, so that a change is one field written): ``s`` its
+owner and expiry, ``f:<filter>`` a subscription, ``d:<seq>`` a queued or in-flight message (its
+state in JSON, a newline, the MQTT 5 PUBLISH), ``r:<packet id>`` an unreleased QoS 2 id.
+:func:`from_hash` turns that hash into the form above, so that a node adopting the sessions
+of a node that is gone builds them as it builds a session handed over.
 """
 
 from __future__ import annotations
@@ -16,12 +23,34 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from ..broker.session import Delivery, Session
+from ..broker.session import NEVER, Delivery, Session
 from ..broker.topics import Subscription
 from ..protocol.errors import MQTTError
 
 if TYPE_CHECKING:
     from ..broker.core import Broker
+
+
+def _delivery_state(delivery: Delivery) -> list[Any]:
+    return [
+        delivery.qos,
+        delivery.retain,
+        list(delivery.sub_ids),
+        delivery.packet_id,
+        delivery.released,
+        delivery.share,
+    ]
+
+
+def _subscription_state(sub: Subscription) -> list[Any]:
+    return [
+        sub.topic_filter,
+        sub.qos,
+        sub.no_local,
+        sub.retain_as_published,
+        sub.retain_handling,
+        sub.identifier,
+    ]
 
 
 def serialise(session: Session, now: float) -> bytes:
@@ -31,37 +60,68 @@ def serialise(session: Session, now: float) -> bytes:
     for delivery in [*session.inflight.values(), *session.queue]:
         if delivery.message.expired(now):
             continue
-        deliveries.append(
-            [
-                encode(delivery.message, now).hex(),
-                delivery.qos,
-                delivery.retain,
-                list(delivery.sub_ids),
-                delivery.packet_id,
-                delivery.released,
-                delivery.share,
-            ]
-        )
+        deliveries.append([encode(delivery.message, now).hex(), *_delivery_state(delivery)])
     return json.dumps(
         {
             "username": session.username,
             "expiry": session.expiry_interval,
-            "subscriptions": [
-                [
-                    s.topic_filter,
-                    s.qos,
-                    s.no_local,
-                    s.retain_as_published,
-                    s.retain_handling,
-                    s.identifier,
-                ]
-                for s in session.subscriptions.values()
-            ],
+            "subscriptions": [_subscription_state(s) for s in session.subscriptions.values()],
             "deliveries": deliveries,
             "releases": sorted(session.awaiting_release),
             "next_packet_id": session.next_packet_id,
         }
     ).encode()
+
+
+# -- the session's hash in Redis ------------------------------------------------------------
+
+
+def session_value(session: Session) -> bytes:
+    return json.dumps([session.username, session.expiry_interval]).encode()
+
+
+def subscription_value(sub: Subscription) -> bytes:
+    return json.dumps(_subscription_state(sub)).encode()
+
+
+def delivery_value(delivery: Delivery, now: float) -> bytes:
+    from .node import encode
+
+    state = json.dumps(_delivery_state(delivery)).encode()
+    return state + b"\n" + encode(delivery.message, now)
+
+
+def from_hash(client_id: str, fields: dict[bytes, bytes]) -> dict[str, Any]:
+    """The handover form of a session kept in Redis (see above); MQTTError if it is not
+    readable."""
+    try:
+        username, expiry = json.loads(fields[b"s"])
+        subscriptions = []
+        deliveries: list[tuple[int, list[Any]]] = []
+        releases = []
+        next_packet_id = 1
+        for name, value in fields.items():
+            kind, _, key = name.partition(b":")
+            if kind == b"f":
+                subscriptions.append(json.loads(value))
+            elif kind == b"d":
+                state, _, packet = value.partition(b"\n")
+                delivery = [packet.hex(), *json.loads(state)]
+                deliveries.append((int(key), delivery))
+                if delivery[4] is not None:
+                    next_packet_id = max(next_packet_id, delivery[4] % 65535 + 1)
+            elif kind == b"r":
+                releases.append(int(key))
+    except (KeyError, ValueError, TypeError) as exc:
+        raise MQTTError(f"session of {client_id} in Redis not readable: {exc}") from None
+    return {
+        "username": username,
+        "expiry": expiry,
+        "subscriptions": subscriptions,
+        "deliveries": [d for _, d in sorted(deliveries, key=lambda item: item[0])],
+        "releases": releases,
+        "next_packet_id": next_packet_id,
+    }
 
 
 def forget(broker: Broker, session: Session) -> None:
@@ -73,13 +133,17 @@ def forget(broker: Broker, session: Session) -> None:
     broker.end_session(session, broker.clock())
 
 
-def restore(broker: Broker, client_id: str, data: bytes) -> Session:
-    """Build the session sent by another node into ``broker`` (replacing a stale local one),
-    recorded in the store when it is persistent; MQTTError if ``data`` does not make sense."""
+def restore(
+    broker: Broker, client_id: str, data: bytes | dict[str, Any], away: bool = False
+) -> Session:
+    """Build the session sent by another node (or read from Redis: ``data`` a dict) into
+    ``broker`` (replacing a stale local one), recorded in the store when it is persistent;
+    MQTTError if ``data`` does not make sense. ``away``: its client is not connecting now (an
+    adopted session), so its expiry runs from now."""
     from .node import decode
 
     try:
-        state: dict[str, Any] = json.loads(data)
+        state: dict[str, Any] = json.loads(data) if isinstance(data, bytes) else data
         now = broker.clock()
         stale = broker.sessions.get(client_id)
         if stale is not None:
@@ -89,6 +153,8 @@ def restore(broker: Broker, client_id: str, data: bytes) -> Session:
         session.username = state["username"]
         session.expiry_interval = int(state["expiry"])
         persistent = session.persistent
+        if away and session.expiry_interval != NEVER:
+            session.expires_at = now + session.expiry_interval
         broker.sessions[client_id] = session
         if persistent:
             store.save_session(session)

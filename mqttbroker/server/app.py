@@ -61,7 +61,13 @@ class Server:
         if cluster_store is not None:
             from ..cluster.node import ClusterNode
 
-            self.cluster = ClusterNode(config.cluster, self.broker, cluster_store)
+            durable = config.storage.backend != "memory"
+            self.cluster = ClusterNode(
+                config.cluster,
+                self.broker,
+                cluster_store,
+                config.store_path.parent if durable else None,
+            )
         self.sys_tree = SysTree(self.broker, config.broker.sys_interval)
         self.survey = Survey(self.broker, config.alerts.oldest_queued_age, config.listeners)
         self.admin: AdminServer | None = None
