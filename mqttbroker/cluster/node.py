@@ -200,6 +200,12 @@ class ClusterNode(Backplane):
         self._qos0_waiting = 0  # QoS 0 copies queued for the next write
         self._dropping = False  # dropping QoS 0 copies (logged once until they flow again)
 
+    def unready(self) -> str | None:
+        """For /readyz: why this node does not serve as part of the cluster now."""
+        if self._down:
+            return f"cluster: Redis at {self.url} unreachable (local traffic only)"
+        return None
+
     @staticmethod
     def stream_key(node_id: str) -> str:
         return f"{PREFIX}stream:{node_id}"

@@ -147,6 +147,11 @@ class ClusterStore(Store):
                 pipe.hset(key, mapping=mapping)
 
     @property
+    def failing(self) -> bool:
+        """Whether the node's store cannot commit (for /readyz)."""
+        return bool(getattr(self.inner, "failing", False))
+
+    @property
     def writes(self) -> int:
         return self.inner.writes + self.forwards
 

@@ -160,6 +160,8 @@ class Server:
             return "not every listener is bound yet"
         if getattr(self.store, "failing", False):
             return "the store cannot commit (see the log)"
+        if self.cluster is not None:
+            return self.cluster.unready()
         return None
 
     async def _tick(self) -> None:

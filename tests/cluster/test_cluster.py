@@ -550,3 +550,33 @@ def test_a_persistent_session_outlives_the_loss_of_its_node(start_node) -> None:
     wait_for(lambda: b"after" in payloads(again), "a message after the move")
     for x in (again, remote):
         x.close()
+
+
+def test_readyz_reports_redis_unreachable_and_healthz_stays_ok(redis_server, start_broker) -> None:
+    import json
+    import urllib.error
+    import urllib.request
+
+    port = free_port()
+    args = ("--cluster", redis_server.url, "--node-id", "a", "--memory")
+    node = start_broker(extra_args=(*args, "--admin-port", str(port)))
+
+    def get(path: str) -> tuple[int, dict]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as reply:
+                return reply.status, json.loads(reply.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+    assert get("/readyz") == (200, {"ready": True})
+    mark = node.log_mark()
+    redis_server.proc.kill()  # type: ignore[union-attr]
+    redis_server.proc.wait()  # type: ignore[union-attr]
+    assert node.wait_for_log("Redis at .* unreachable", since=mark) is not None
+    status, body = get("/readyz")
+    assert status == 503 and not body["ready"]
+    assert f"Redis at {redis_server.url} unreachable" in body["reason"]
+    assert get("/healthz")[0] == 200
+    redis_server.start()
+    assert node.wait_for_log("reachable again", 20, since=mark) is not None
+    assert get("/readyz") == (200, {"ready": True})
