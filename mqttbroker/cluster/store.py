@@ -42,13 +42,16 @@ class SessionChanges:
     goes unless another node owns the client id now; REWRITE: this node rebuilt it, its hash is
     written afresh), then ``fields`` (name -> the object whose state it holds; None: removed)."""
 
-    __slots__ = ("session", "wipe", "fields", "meta")
+    __slots__ = ("session", "wipe", "fields", "fresh", "meta")
 
     def __init__(self, session: Session) -> None:
         self.session = session
         self.wipe = KEEP
         self.meta = False  # the "s" field (owner, expiry) to write
         self.fields: dict[str, Any] = {}
+        # Messages first stored since the last write: removed again before it, Redis never
+        # hears of them (a message delivered and acknowledged between two writes).
+        self.fresh: set[str] = set()
 
 
 class ClusterStore(Store):
@@ -75,12 +78,6 @@ class ClusterStore(Store):
         self.changed()
         return change
 
-    def rewrite(self, session: Session) -> None:
-        """``session`` was rebuilt here (handed over, adopted): its hash is written afresh."""
-        change = self._change(session)
-        change.wipe = REWRITE
-        change.fields.clear()
-
     def rewrite_all(self, session: Session) -> None:
         """Write ``session`` to Redis whole (at start, and when Redis is back: it may have lost
         it)."""
@@ -88,6 +85,7 @@ class ClusterStore(Store):
         change.wipe = REWRITE
         fields = change.fields
         fields.clear()
+        change.fresh.clear()
         for sub in session.subscriptions.values():
             fields["f:" + sub.topic_filter] = sub
         for delivery in [*session.inflight.values(), *session.queue]:
@@ -106,6 +104,7 @@ class ClusterStore(Store):
                 new.wipe = old.wipe
                 new.meta = new.meta or old.meta
                 new.fields = {**old.fields, **new.fields}
+                new.fresh |= old.fresh
 
     def take_changes(self) -> dict[str, SessionChanges]:
         changes, self.changes = self.changes, {}
@@ -195,6 +194,7 @@ class ClusterStore(Store):
             change.wipe = END
             change.meta = False
             change.fields.clear()
+            change.fresh.clear()
 
     def save_subscription(self, session: Session, sub: Subscription) -> None:
         self.inner.save_subscription(session, sub)
@@ -207,10 +207,15 @@ class ClusterStore(Store):
             self._change(session).fields["f:" + topic_filter] = None
 
     def save_delivery(self, session: Session, delivery: Delivery) -> None:
+        new = not delivery.stored
         self.inner.save_delivery(session, delivery)
         delivery.stored = True  # (the memory store does not mark it: Redis has it now)
         if session.sink is None:
-            self._change(session).fields[f"d:{delivery.seq}"] = delivery
+            change = self._change(session)
+            name = f"d:{delivery.seq}"
+            change.fields[name] = delivery
+            if new:
+                change.fresh.add(name)
 
     def delete_delivery(self, session: Session, delivery: Delivery) -> None:
         if not delivery.stored:
@@ -218,7 +223,13 @@ class ClusterStore(Store):
         self.inner.delete_delivery(session, delivery)
         delivery.stored = False
         if session.sink is None:
-            self._change(session).fields[f"d:{delivery.seq}"] = None
+            change = self._change(session)
+            name = f"d:{delivery.seq}"
+            if name in change.fresh:
+                change.fresh.discard(name)
+                del change.fields[name]
+            else:
+                change.fields[name] = None
 
     def save_release(self, session: Session, packet_id: int) -> None:
         self.inner.save_release(session, packet_id)

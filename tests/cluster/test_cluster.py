@@ -568,6 +568,13 @@ def test_readyz_reports_redis_unreachable_and_healthz_stays_ok(redis_server, sta
         except urllib.error.HTTPError as exc:
             return exc.code, json.loads(exc.read())
 
+    def answers() -> bool:  # (the admin server starts after the listeners)
+        try:
+            return get("/healthz")[0] == 200
+        except urllib.error.URLError:
+            return False
+
+    wait_for(answers, "the admin server")
     assert get("/readyz") == (200, {"ready": True})
     mark = node.log_mark()
     redis_server.proc.kill()  # type: ignore[union-attr]
