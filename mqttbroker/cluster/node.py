@@ -291,9 +291,10 @@ class ClusterNode(Backplane):
         )
 
     async def _owned_sessions(self, chunk: int = 1000) -> None:
-        """The sessions this node's store put back that another node took over while this one
-        was down are not this node's any more: forgotten here (their wills and expiry happen
-        there, once). Those no node owns become this node's."""
+        """The sessions this node's store put back (or kept while Redis was unreachable) that
+        another node took over meanwhile are not this node's any more: forgotten here (their
+        wills and expiry happen there, once; a client still connected here is disconnected,
+        0x8E). Those no node owns become this node's, and are written to Redis whole."""
         broker = self.broker
         sessions = list(broker.sessions.values())
         moved = 0
@@ -304,7 +305,9 @@ class ClusterNode(Backplane):
                 pipe.set(f"{PREFIX}client:{session.client_id}", self.node_id, nx=True, get=True)
             for session, owner in zip(part, await pipe.execute(), strict=True):
                 if owner is not None and owner.decode() != self.node_id:
-                    forget(broker, session)
+                    left = self._disconnect(session)
+                    if left is not None:
+                        forget(broker, left)
                     moved += 1
                 elif session.sink is None:
                     self.store.rewrite_all(session)  # Redis may not have it (all) any more
@@ -622,11 +625,8 @@ class ClusterNode(Backplane):
         broker = self.broker
         answer = b""
         session = broker.sessions.get(client_id)
-        if session is not None and session.connection is not None:
-            session.connection.disconnect(
-                ReasonCode.SESSION_TAKEN_OVER, "another node took over the session"
-            )
-            session = broker.sessions.get(client_id)  # gone if its expiry was 0
+        if session is not None:
+            session = self._disconnect(session)
         if session is not None:
             now = broker.clock()
             if clean:
@@ -635,6 +635,17 @@ class ClusterNode(Backplane):
                 answer = serialise(session, now)
                 forget(broker, session)
         self._queue(_REPLY, reply, answer)
+
+    def _disconnect(self, session: Session) -> Session | None:
+        """Close the connection of ``session``'s client here, if any (0x8E: another node has
+        its session now); the session if it is still here (not if its expiry was 0)."""
+        if session.connection is None:
+            return session
+        session.connection.disconnect(
+            ReasonCode.SESSION_TAKEN_OVER, "another node took over the session"
+        )
+        found = self.broker.sessions.get(session.client_id)
+        return found if found is session else None
 
     def session_ended(self, client_id: str) -> None:
         self._queue(_RELEASE, client_id, None)
@@ -796,6 +807,7 @@ class ClusterNode(Backplane):
             )
             await self._prepare()
             await self._resync()
+            await self._owned_sessions()
             sent = await self._send_outbox()
             if self._retry:
                 await self._send(self._retry, {})
@@ -804,9 +816,6 @@ class ClusterNode(Backplane):
             log.debug("cluster: resync failed: %s", exc)
             return
         self._down = False
-        for session in list(self.broker.sessions.values()):
-            if session.stored and session.sink is None:
-                self.store.rewrite_all(session)  # (a restarted Redis may have lost them)
         log.warning(
             "cluster: Redis at %s reachable again; routes resynchronised, %d messages sent from "
             "this node's store",
@@ -937,6 +946,14 @@ class ClusterNode(Backplane):
             except (RedisError, OSError) as exc:
                 self._lost(exc)
                 continue
+            if kept == 2 and not self._down:
+                # The lease had run out (this node did not reach Redis for node_ttl): another
+                # node may have adopted it meanwhile. Resynchronise as after Redis was down.
+                log.warning(
+                    "cluster: the lease of node %r had expired: resynchronising", self.node_id
+                )
+                self._down = True
+                self._wake.set()
             if not kept:
                 log.error(
                     "cluster.node_id: the lease of node %r is held by another process; two "
