@@ -88,9 +88,10 @@ return 0
 """
 
 # A session of the node ARGV[1] (gone) taken by ARGV[2]: its hash, or nothing if another node
-# owns the client id now.
+# owns the client id now (ARGV[3] "1": the client id ARGV[2] is claiming for a CONNECT).
 _TAKE_SCRIPT = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return false end
+local owner = redis.call('GET', KEYS[1])
+if owner ~= ARGV[1] and (ARGV[3] ~= '1' or owner ~= ARGV[2]) then return false end
 redis.call('SET', KEYS[1], ARGV[2])
 return redis.call('HGETALL', KEYS[2])
 """
@@ -176,8 +177,11 @@ class ClusterNode(Backplane):
         store.changed = self._session_changed
         self.outbox = Outbox(data_dir)
         # (typed Any: redis-py's types do not know that responses are bytes here)
+        # (a reply is read for longer than a hand-over waits: redis-py's default, 5 s, is not)
         self.redis: Any = aioredis.Redis.from_url(
-            config.redis, socket_connect_timeout=config.connect_timeout
+            config.redis,
+            socket_connect_timeout=config.connect_timeout,
+            socket_timeout=2 * HANDOVER_SECONDS,
         )
         self.routes = RouteTable(broker.options.match_cache_size)
         self.token = secrets.token_hex(16)
@@ -453,7 +457,10 @@ class ClusterNode(Backplane):
                 request = json.dumps({"client": client_id, "reply": reply, "clean": clean_start})
                 if await self.redis.publish(f"{PREFIX}ctl:{old}", request):
                     answer = await self.redis.blpop([reply], timeout=HANDOVER_SECONDS)
-                    if answer is None:
+                    if answer is None and not await self.redis.exists(f"{PREFIX}node:{old}"):
+                        # It stopped answering and its lease ran out meanwhile: it is gone.
+                        await self._adopt(old, client_id)
+                    elif answer is None:
                         log.warning(
                             "cluster: client %s: node %r did not hand its session over within "
                             "%g s; a new session starts here",
@@ -504,10 +511,11 @@ class ClusterNode(Backplane):
         if session.persistent:
             self.store.rewrite_all(session)
 
-    async def _adopt(self, node: str, chunk: int = 200) -> None:
+    async def _adopt(self, node: str, claiming: str = "", chunk: int = 200) -> None:
         """``node`` is gone (its lease expired): its persistent sessions become this node's,
         built from Redis; the messages left in its stream are routed here (they may come
-        twice: at least once); then its routes and stream go."""
+        twice: at least once); then its routes and stream go. ``claiming``: a client id this
+        node took already for a CONNECT (its session is adopted all the same)."""
         async with self._adopting:
             lease = f"{PREFIX}node:{node}"
             ttl_ms = int(self.config.node_ttl * 1000)
@@ -529,6 +537,7 @@ class ClusterNode(Backplane):
                         f"{PREFIX}session:{client_id}",
                         node,
                         self.node_id,
+                        "1" if client_id == claiming else "",
                     )
                 for client_id, found in zip(part, await pipe.execute(), strict=True):
                     if not found:

@@ -587,3 +587,34 @@ def test_readyz_reports_redis_unreachable_and_healthz_stays_ok(redis_server, sta
     redis_server.start()
     assert node.wait_for_log("reachable again", 20, since=mark) is not None
     assert get("/readyz") == (200, {"ready": True})
+
+
+def test_a_session_on_a_frozen_node_is_adopted_and_the_node_gives_it_up(start_node) -> None:
+    import signal
+
+    a = start_node("a")
+    b = start_node("b", config="[cluster]\nnode_ttl = 1.0\n")
+    client_id = unique("frozen")
+    topic = unique("frozen")
+    first = persistent(b, client_id)
+    first.subscribe(topic, qos=1)
+    pub = client(a)
+    until_routed(pub, first, topic)
+    b.send_signal(signal.SIGSTOP)  # b answers nothing now, and its lease runs out
+    try:
+        sent = [f"f{i}".encode() for i in range(10)]
+        for p in sent:
+            pub.publish(topic, p, qos=1)  # acknowledged: in b's stream
+        # b does not hand the session over: once its lease ran out, a adopts it.
+        moved = persistent(a, client_id, clean=False)
+        assert moved.connack is not None and moved.connack[1], a.log_text()  # Session Present
+        wait_for(lambda: set(payloads(moved)) >= set(sent), "the messages b had not delivered")
+    finally:
+        b.send_signal(signal.SIGCONT)
+    # b wakes up: the client still connected there is told the session went (0x8E).
+    assert first.wait_disconnected(20).reason_code == 0x8E
+    pub.publish(topic, b"after", qos=1)
+    wait_for(lambda: b"after" in payloads(moved), "a message after the move")
+    assert b"after" not in payloads(first)
+    for x in (moved, first, pub):
+        x.close()
