@@ -189,13 +189,14 @@ class ClusterNode(Backplane):
         self._routes_key = f"{PREFIX}routes:{self.node_id}"
         self._stream_key = self.stream_key(self.node_id)
         self._control = f"{PREFIX}ctl:{self.node_id}"
-        self._claims: set[asyncio.Task[None]] = set()
+        self._claims: set[asyncio.Task[None]] = set()  # claims and adoptions under way
         self._turns: dict[str, int] = {}  # shared subscription -> messages it got from here
         self._ops: list[tuple[int, str, Any]] = []
         self._unconfirmed = 0  # forwards queued or sent, not yet confirmed by Redis
         self._counted = 0  # ... of them, those not yet taken by the writer
         self._retry: list[tuple[int, str, Any]] = []  # writes to send once Redis is back
         self._adopting = asyncio.Lock()
+        self._missing: dict[str, float] = {}  # other node -> when it was first seen gone
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._pubsub: Any = None
@@ -575,6 +576,33 @@ class ClusterNode(Backplane):
                 routed,
             )
 
+    async def _sweep(self) -> None:
+        """Adopt the nodes gone for ``adopt_after`` seconds (as seen from here)."""
+        others = [n.decode() for n in await self.redis.smembers(PREFIX + "nodes")]
+        others = [n for n in others if n != self.node_id]
+        pipe = self.redis.pipeline(transaction=False)
+        for node in others:
+            pipe.exists(f"{PREFIX}node:{node}")
+        alive = await pipe.execute() if others else []
+        now = asyncio.get_running_loop().time()
+        missing = {}
+        for node, up in zip(others, alive, strict=True):
+            if not up:
+                missing[node] = self._missing.get(node, now)
+        self._missing = missing
+        for node, since in list(missing.items()):
+            if now - since >= self.config.adopt_after:
+                del missing[node]
+                task = asyncio.ensure_future(self._adopt_gone(node))  # (renewal goes on)
+                self._claims.add(task)
+                task.add_done_callback(self._claims.discard)
+
+    async def _adopt_gone(self, node: str) -> None:
+        try:
+            await self._adopt(node)
+        except (RedisError, OSError) as exc:
+            self._lost(exc)  # (the next sweep tries again)
+
     async def _drain(self, stream: str) -> int:
         """Route here the entries of another node's stream it has not acknowledged (pending,
         then never read); this node's consumer acknowledges them once committed."""
@@ -952,6 +980,8 @@ class ClusterNode(Backplane):
             await asyncio.sleep(self.config.node_ttl / 3)
             try:
                 kept = await self.redis.eval(_RENEW, 1, self._lease_key, self.token, ttl_ms)
+                if self.config.adopt_after and not self._down:
+                    await self._sweep()
             except (RedisError, OSError) as exc:
                 self._lost(exc)
                 continue

@@ -618,3 +618,38 @@ def test_a_session_on_a_frozen_node_is_adopted_and_the_node_gives_it_up(start_no
     assert b"after" not in payloads(first)
     for x in (moved, first, pub):
         x.close()
+
+
+def test_a_node_gone_for_adopt_after_is_adopted_without_its_clients(
+    redis_server, start_node
+) -> None:
+    import signal
+
+    a = start_node("a", config="[cluster]\nnode_ttl = 1.0\nadopt_after = 1.0\n")
+    b = start_node("b", config="[cluster]\nnode_ttl = 1.0\nadopt_after = 0\n")
+    client_id = unique("swept")
+    topic = unique("swept")
+    sub = persistent(b, client_id)
+    sub.subscribe(topic, qos=1)
+    pub = client(a)
+    until_routed(pub, sub, topic)
+    sub.close()
+    sent = [f"s{i}".encode() for i in range(20)]
+    for p in sent:
+        pub.publish(topic, p, qos=1)
+    b.send_signal(signal.SIGKILL)
+    b.wait_exit()
+    # No client of b comes back: a adopts b once it has been gone for adopt_after.
+    assert a.wait_for_log(r"node 'b' adopted: 1 sessions", 20) is not None
+    r = redis_server.client()
+    try:
+        assert b"b" not in r.smembers("mqttbroker:nodes")
+        assert not r.exists("mqttbroker:routes:b", "mqttbroker:stream:b")
+    finally:
+        r.close()
+    pub.publish(topic, b"after", qos=1)  # queued on a, for the session it adopted
+    again = persistent(a, client_id, clean=False)
+    assert again.connack is not None and again.connack[1]
+    wait_for(lambda: set(payloads(again)) >= {*sent, b"after"}, "the messages, on a")
+    for x in (again, pub):
+        x.close()
