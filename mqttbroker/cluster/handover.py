@@ -13,7 +13,8 @@ and the QoS 2 packet ids it has not released.
 A persistent session is also kept in Redis while it lives (``session:<client id>``, a hash
 written by store.py, one field per part, so that a change is one field written): ``s`` its
 owner and expiry, ``f:<filter>`` a subscription, ``d:<seq>`` a queued or in-flight message (its
-state in JSON, a newline, the MQTT 5 PUBLISH), ``r:<packet id>`` an unreleased QoS 2 id.
+state in JSON, a newline, the MQTT 5 PUBLISH), ``r:<packet id>`` an unreleased QoS 2 id, ``w``
+its will (armed while its client is connected, or waiting out its delay: wall-clock time).
 :func:`from_hash` turns that hash into the form above, so that a node adopting the sessions
 of a node that is gone builds them as it builds a session handed over.
 """
@@ -21,11 +22,16 @@ of a node that is gone builds them as it builds a session handed over.
 from __future__ import annotations
 
 import json
+import time
 from typing import TYPE_CHECKING, Any
 
 from ..broker.session import NEVER, Delivery, Session
 from ..broker.topics import Subscription
 from ..protocol.errors import MQTTError
+from ..protocol.fastpath import decode_properties, encode_properties
+from ..protocol.packets import MQTT_5, Will
+from ..protocol.properties import WILL
+from ..protocol.properties import PropertyId as Prop
 
 if TYPE_CHECKING:
     from ..broker.core import Broker
@@ -91,6 +97,32 @@ def delivery_value(delivery: Delivery, now: float) -> bytes:
     return state + b"\n" + encode(delivery.message, now)
 
 
+def will_value(state: tuple[Will, float | None, int], now: float) -> bytes:
+    """A will as ``save_will`` gave it (``due`` on the broker's clock, None while its client
+    is connected) with the protocol version of its connection."""
+    will, due, version = state
+    wall_due = None if due is None else time.time() + (due - now)
+    props = encode_properties(will.properties).hex()
+    return json.dumps(
+        [will.topic, will.payload.hex(), will.qos, will.retain, props, version, wall_due]
+    ).encode()
+
+
+def _restore_will(session: Session, state: list[Any], now: float) -> Will:
+    """The will of a session whose client's connection is gone: due when its delay runs out
+    (counted from now when its client was connected)."""
+    topic, payload, qos, retain, props, version, wall_due = state
+    raw = bytes.fromhex(props)
+    properties = decode_properties(raw, 0, len(raw), WILL)[0] if raw != b"\x00" else {}
+    session.will = will = Will(topic, bytes.fromhex(payload), qos, retain, properties)
+    if wall_due is not None:
+        session.will_due = now + max(0.0, wall_due - time.time())
+    else:
+        delay = properties.get(Prop.WILL_DELAY_INTERVAL, 0)
+        session.will_due = now + (delay if version == MQTT_5 else 0)
+    return will
+
+
 def from_hash(client_id: str, fields: dict[bytes, bytes]) -> dict[str, Any]:
     """The handover form of a session kept in Redis (see above); MQTTError if it is not
     readable."""
@@ -100,6 +132,7 @@ def from_hash(client_id: str, fields: dict[bytes, bytes]) -> dict[str, Any]:
         deliveries: list[tuple[int, list[Any]]] = []
         releases = []
         next_packet_id = 1
+        will = json.loads(fields[b"w"]) if b"w" in fields else None
         for name, value in fields.items():
             kind, _, key = name.partition(b":")
             if kind == b"f":
@@ -121,6 +154,7 @@ def from_hash(client_id: str, fields: dict[bytes, bytes]) -> dict[str, Any]:
         "deliveries": [d for _, d in sorted(deliveries, key=lambda item: item[0])],
         "releases": releases,
         "next_packet_id": next_packet_id,
+        "will": will,
     }
 
 
@@ -188,6 +222,10 @@ def restore(
         for packet_id in state["releases"]:
             session.await_release(packet_id)
         session.next_packet_id = int(state["next_packet_id"])
+        if state.get("will") is not None:  # (adopted: its client's connection is gone)
+            will = _restore_will(session, state["will"], now)
+            if persistent:
+                store.save_will(session, will, session.will_due)
     except (ValueError, KeyError, TypeError) as exc:
         raise MQTTError(f"session of {client_id} from another node not readable: {exc}") from None
     return session

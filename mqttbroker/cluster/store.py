@@ -18,7 +18,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..broker.store import Restored, Store
-from .handover import delivery_value, session_value, subscription_value
+from ..protocol.packets import MQTT_5
+from .handover import delivery_value, session_value, subscription_value, will_value
 
 if TYPE_CHECKING:
     from ..broker.message import Message
@@ -93,6 +94,11 @@ class ClusterStore(Store):
                 fields[f"d:{delivery.seq}"] = delivery
         for packet_id in session.awaiting_release:
             fields[f"r:{packet_id}"] = True
+        conn = session.connection
+        if session.will is not None:
+            fields["w"] = (session.will, session.will_due, MQTT_5)
+        elif conn is not None and conn.will is not None:
+            fields["w"] = (conn.will, None, conn.version)
 
     def put_back(self, changes: dict[str, SessionChanges]) -> None:
         """Changes that did not reach Redis: before those that came since."""
@@ -138,6 +144,8 @@ class ClusterStore(Store):
                     mapping[name] = delivery_value(thing, now)
                 elif name[0] == "f":
                     mapping[name] = subscription_value(thing)
+                elif name == "w":
+                    mapping[name] = will_value(thing, now)
                 else:
                     mapping[name] = b"1"
             if removed:
@@ -249,6 +257,12 @@ class ClusterStore(Store):
 
     def save_will(self, session: Session, will: Will, due: float | None) -> None:
         self.inner.save_will(session, will, due)
+        if session.sink is None:
+            conn = session.connection
+            version = conn.version if conn is not None else MQTT_5
+            self._change(session).fields["w"] = (will, due, version)
 
     def delete_will(self, session: Session) -> None:
         self.inner.delete_will(session)
+        if session.sink is None:
+            self._change(session).fields["w"] = None

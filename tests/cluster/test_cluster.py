@@ -653,3 +653,34 @@ def test_a_node_gone_for_adopt_after_is_adopted_without_its_clients(
     wait_for(lambda: set(payloads(again)) >= {*sent, b"after"}, "the messages, on a")
     for x in (again, pub):
         x.close()
+
+
+def test_the_will_of_a_client_of_a_lost_node_is_published_by_the_node_adopting_it(
+    start_node,
+) -> None:
+    import signal
+
+    a = start_node("a", config="[cluster]\nnode_ttl = 1.0\nadopt_after = 1.0\n")
+    b = start_node("b", config="[cluster]\nnode_ttl = 1.0\nadopt_after = 0\n")
+    will_topic = unique("lostwill")
+    watcher = client(a)
+    watcher.subscribe(will_topic, qos=1)
+    props = Properties(PacketTypes.CONNECT)
+    props.SessionExpiryInterval = 3600
+    will_props = Properties(PacketTypes.WILLMESSAGE)
+    will_props.WillDelayInterval = 1
+    doomed = PahoClient(b.host, b.port, MQTT_5, client_id=unique("doomed"))
+    doomed.connect_properties = props
+    doomed.client.will_set(will_topic, b"gone", qos=1, properties=will_props)
+    doomed.connect()
+    probe = client(b)
+    until_routed(probe, watcher, will_topic)  # b routes to a (the will's way, were b alive)
+    probe.close()
+    b.send_signal(signal.SIGKILL)  # the client's connection is gone with b: its will is due
+    b.wait_exit()
+    assert a.wait_for_log(r"node 'b' adopted: 1 sessions", 20) is not None
+    wait_for(lambda: b"gone" in payloads(watcher), "the will, published by a")
+    time.sleep(1.5)  # (a second one would come about now)
+    assert payloads(watcher).count(b"gone") == 1
+    for x in (watcher, doomed):
+        x.close()
