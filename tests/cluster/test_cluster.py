@@ -684,3 +684,40 @@ def test_the_will_of_a_client_of_a_lost_node_is_published_by_the_node_adopting_i
     assert payloads(watcher).count(b"gone") == 1
     for x in (watcher, doomed):
         x.close()
+
+
+def test_a_redis_restarted_empty_gets_the_sessions_back_from_their_nodes(
+    redis_server, start_node
+) -> None:
+    import signal
+
+    a = start_node("a")
+    b = start_node("b", config="[cluster]\nnode_ttl = 1.0\n")
+    client_id = unique("rewritten")
+    topic = unique("rewritten")
+    sub = persistent(b, client_id)
+    sub.subscribe(topic, qos=1)
+    local = client(b)
+    local.publish(topic, b"probe")  # (b routes its own clients' messages at once)
+    sub.wait_payload(b"probe")
+    sub.close()
+    sent = [f"r{i}".encode() for i in range(30)]
+    for p in sent:
+        local.publish(topic, p, qos=1)  # queued on b, and in its session's hash in Redis
+    mark = b.log_mark()
+    redis_server.proc.kill()  # type: ignore[union-attr]
+    redis_server.proc.wait()  # type: ignore[union-attr]
+    redis_server.start()  # no persistence: empty
+    assert b.wait_for_log("reachable again", 20, since=mark) is not None
+    r = redis_server.client()
+    try:
+        wait_for(lambda: len(r.hkeys(f"mqttbroker:session:{client_id}")) > 30, "the hash back")
+    finally:
+        r.close()
+    b.send_signal(signal.SIGKILL)  # and now b is lost: a adopts its session from Redis
+    b.wait_exit()
+    again = persistent(a, client_id, clean=False)
+    assert again.connack is not None and again.connack[1]
+    wait_for(lambda: set(payloads(again)) >= set(sent), "the queued messages, on a")
+    for x in (again, local):
+        x.close()
