@@ -15,8 +15,9 @@ Redis keys (``mqttbroker:`` prefix):
 - ``session:<client id>``: a persistent session as its node last committed it (a hash, see
   handover.py; written by store.py); ``owned:<id>``: the client ids of node ``<id>``'s persistent
   sessions. A node that is gone (its lease expired) is adopted by the first other node one of
-  its clients connects to: that node takes its sessions from there and the messages left in
-  its stream, and removes its routes and stream (``_adopt``).
+  its clients connects to, or once it has been gone ``adopt_after`` seconds (``_sweep``): that
+  node takes its sessions from there and the messages left in its stream, and removes its
+  routes and stream (``_adopt``).
 
 Channels: ``routes`` (``+<id>\\0<filter>`` and ``-<id>\\0<filter>``: a node's first subscription
 to a filter and the end of its last), ``pub:<id>`` (QoS 0 messages for node ``<id>``),
