@@ -284,7 +284,8 @@ class ClusterNode(Backplane):
             await self._owned_sessions()
             await self._resync()
             await self.outbox.load()
-            await self._send_outbox()
+            if await self._send_outbox():
+                log.warning("cluster: messages kept while Redis was unreachable sent")
         except RedisError as exc:
             raise StartError(f"cluster.redis: Redis at {self.url} failed: {exc}") from None
         for work in (self._write_loop, self._listen, self._read_stream, self._renew):

@@ -721,3 +721,32 @@ def test_a_redis_restarted_empty_gets_the_sessions_back_from_their_nodes(
     wait_for(lambda: set(payloads(again)) >= set(sent), "the queued messages, on a")
     for x in (again, local):
         x.close()
+
+
+def test_messages_kept_while_redis_was_down_survive_their_node_and_go_on_restart(
+    redis_server, start_node, tmp_path: Path
+) -> None:
+    import signal
+
+    a_data = tmp_path / "a-outbox"
+    a = start_node("a", data_dir=a_data, memory=False)
+    b = start_node("b")
+    topic = unique("outbox")
+    sub = client(b)
+    sub.subscribe(topic, qos=1)
+    pub = client(a)
+    until_routed(pub, sub, topic)
+    redis_server.proc.kill()  # type: ignore[union-attr]
+    redis_server.proc.wait()  # type: ignore[union-attr]
+    sent = [f"k{i}".encode() for i in range(10)]
+    for p in sent:  # acknowledged: in a's outbox, on disk
+        assert pub.wait_published(pub.publish(topic, p, qos=1, wait=False)) == 0
+    a.send_signal(signal.SIGKILL)
+    a.wait_exit()
+    mark = b.log_mark()
+    redis_server.start()
+    assert b.wait_for_log("reachable again", 20, since=mark) is not None
+    a2 = start_node("a", data_dir=a_data, memory=False)
+    assert a2.wait_for_log("messages kept while Redis was unreachable sent") is not None
+    wait_for(lambda: set(payloads(sub)) >= set(sent), "the messages a kept")
+    sub.close()
