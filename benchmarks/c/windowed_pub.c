@@ -16,7 +16,8 @@
  * time (getrusage) are taken at both ends of that window. After it, nothing more is released;
  * the last acks are awaited for up to SETTLE seconds, then DISCONNECT, and the broker is left to
  * close first. The result is one JSON line on stdout, the same object windowed.py prints (plus
- * cpu_s and the process's own percentiles); a failure is {"error": "..."} and exit status 1.
+ * window_acked, cpu_s and the process's own percentiles); a failure is {"error": "..."} and exit
+ * status 1.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -189,8 +190,10 @@ int main(int argc, char **argv) {
         if (size < 0 || size > BUF_SIZE)
             fail("malformed CONNACK");
         ssize_t n = lost ? -1 : recv(fd, buf + have, BUF_SIZE - have, 0);
-        if (n <= 0)
-            fail("no CONNACK: %s", n == 0 ? "connection closed" : strerror(errno));
+        if (n == 0)
+            fail("no CONNACK: the broker closed the connection");
+        if (n < 0)
+            fail("no CONNACK within %d s: %s", SETUP_TIMEOUT_S, strerror(errno));
         have += (size_t)n;
     }
     if (buf[0] != 0x20 || rl < 2)
@@ -353,7 +356,8 @@ int main(int argc, char **argv) {
         printf("%s[%.9f, %.6f, {\"acked\": %llu, \"failed\": %llu, \"sent\": %llu}]", m ? ", " : "",
                mark_t[m], mark_cpu[m], (unsigned long long)mark_acked[m],
                (unsigned long long)mark_failed[m], (unsigned long long)mark_sent[m]);
-    printf("], \"acked\": %llu, \"failed\": %llu, \"sent\": %llu, \"settled\": %s, \"lost\": %s",
+    printf("], \"window_acked\": %llu", (unsigned long long)(mark_acked[1] - mark_acked[0]));
+    printf(", \"acked\": %llu, \"failed\": %llu, \"sent\": %llu, \"settled\": %s, \"lost\": %s",
            (unsigned long long)acked, (unsigned long long)failed, (unsigned long long)sent,
            waiting == 0 ? "true" : "false", lost ? "true" : "false");
     printf(", \"others\": {");
