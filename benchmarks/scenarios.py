@@ -601,10 +601,15 @@ async def persistent(ctx: Ctx) -> dict[str, Any]:
     resume_s = max(last_at - t0, 1e-9)
 
     accepted_rate = sum(_window_rate(p, "acked") - _window_rate(p, "failed") for p in pubs)
+    reads = sum(_window_rate(p, "reads") for p in pubs)
     w["metrics"] = {
         # each publisher's own window (they start and end within a few ms of the broker's)
         "msgs_per_s": round(accepted_rate, 1),
         "sent_per_s": round(sum(_window_rate(p, "sent") for p in pubs), 1),
+        # PUBACKs per read at the publishers: the fewer, the more system calls per message
+        "acks_per_read": round(sum(_window_rate(p, "acked") for p in pubs) / reads, 2)
+        if reads
+        else None,
         "ack_p99_ms": round(p99 / 1000, 2) if p99 is not None else None,
         "ack_max_ms": max(worst) if worst else None,
         "resume_msgs_per_s": rate(resumed, resume_s),

@@ -100,6 +100,7 @@ class Windowed:
         self.sent = 0
         self.acked = 0
         self.failed = 0
+        self.reads = 0  # chunks read (on_chunk calls)
         self.others: Counter[int] = Counter()  # unexpected packets: first byte -> count
 
     @staticmethod
@@ -114,6 +115,7 @@ class Windowed:
 
     def on_chunk(self, data: bytes, now: float) -> bytes:
         """Count the acks in ``data`` (read at ``now``) and return what to write back."""
+        self.reads += 1
         if self.rest:
             data = self.rest + data
             self.rest = b""
@@ -179,7 +181,7 @@ class Windowed:
         return dict(hist), (round(worst * 1000, 3) if self.log else None)
 
     def counters(self) -> dict[str, float]:
-        return {"acked": self.acked, "failed": self.failed, "sent": self.sent}
+        return {"acked": self.acked, "failed": self.failed, "sent": self.sent, "reads": self.reads}
 
 
 # -- the worker process --------------------------------------------------------------------------

@@ -211,6 +211,7 @@ def test_the_c_publisher_reads_every_puback_form(binary: str) -> None:
     (t0, cpu0, c0), (t1, cpu1, c1) = result["marks"]
     assert t1 > t0 and cpu1 >= cpu0 >= 0 and result["cpu_s"] >= cpu1
     assert 0 < c1["acked"] - c0["acked"] == result["window_acked"] <= result["acked"]
+    assert 0 < c1["reads"] - c0["reads"] <= 2 * (c1["acked"] - c0["acked"])  # reads, counted
     hist = {int(k): n for k, n in result["latency_hist_us"].items()}
     assert sum(hist.values()) == c1["acked"] - c0["acked"]
     p99 = windowed.hist_percentile(hist, 0.99)

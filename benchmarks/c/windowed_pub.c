@@ -233,11 +233,11 @@ int main(int argc, char **argv) {
     tv.tv_usec = RECV_TIMEOUT_US;
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
 
-    uint64_t acked = 0, failed = 0, sent = 0, recorded = 0;
+    uint64_t acked = 0, failed = 0, sent = 0, reads = 0, recorded = 0;
     int64_t worst = -1;
     int marks = 0, recording = 0, stopping = 0, waiting = window; /* PUBLISHes in flight */
     double mark_t[2], mark_cpu[2];
-    uint64_t mark_acked[2], mark_failed[2], mark_sent[2];
+    uint64_t mark_acked[2], mark_failed[2], mark_sent[2], mark_reads[2];
     size_t skip = 0; /* bytes still to drop of a frame larger than the buffer */
 
     struct timespec at = {(time_t)(start / 1000000000), (long)(start % 1000000000)};
@@ -264,12 +264,14 @@ int main(int argc, char **argv) {
             mark_acked[marks] = acked;
             mark_failed[marks] = failed;
             mark_sent[marks] = sent;
+            mark_reads[marks] = reads;
             marks++;
             recording = marks == 1;
             stopping = marks == 2;
         }
         int nreleased = 0;
         if (n > 0) {
+            reads++;
             have += (size_t)n;
             size_t pos = 0;
             if (skip) {
@@ -338,6 +340,7 @@ int main(int argc, char **argv) {
         mark_acked[marks] = acked;
         mark_failed[marks] = failed;
         mark_sent[marks] = sent;
+        mark_reads[marks] = reads;
         marks++;
     }
     if (!lost) { /* DISCONNECT; the broker closes first (TIME_WAIT stays on its side) */
@@ -353,9 +356,10 @@ int main(int argc, char **argv) {
 
     printf("{\"window\": %d, \"marks\": [", window);
     for (int m = 0; m < 2; m++)
-        printf("%s[%.9f, %.6f, {\"acked\": %llu, \"failed\": %llu, \"sent\": %llu}]", m ? ", " : "",
-               mark_t[m], mark_cpu[m], (unsigned long long)mark_acked[m],
-               (unsigned long long)mark_failed[m], (unsigned long long)mark_sent[m]);
+        printf("%s[%.9f, %.6f, {\"acked\": %llu, \"failed\": %llu, \"sent\": %llu, \"reads\": %llu}]",
+               m ? ", " : "", mark_t[m], mark_cpu[m], (unsigned long long)mark_acked[m],
+               (unsigned long long)mark_failed[m], (unsigned long long)mark_sent[m],
+               (unsigned long long)mark_reads[m]);
     printf("], \"window_acked\": %llu", (unsigned long long)(mark_acked[1] - mark_acked[0]));
     printf(", \"acked\": %llu, \"failed\": %llu, \"sent\": %llu, \"settled\": %s, \"lost\": %s",
            (unsigned long long)acked, (unsigned long long)failed, (unsigned long long)sent,
