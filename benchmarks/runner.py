@@ -12,16 +12,18 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from . import brokers as br
-from . import ceiling, procfs
+from . import ceiling, procfs, windowed
 from .scenarios import SCENARIOS, Scenario, Sizes, pick, resume_limit, titled
 from .wire import MQTT_5, MQTT_311
 
@@ -65,6 +67,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--subscribers", type=int, help="fan-out subscribers, scenario 2 (default 100)")
     p.add_argument("--devices", type=int, help="paced devices, scenario 9 (default 1000)")
     p.add_argument("--no-pin", action="store_true", help="do not pin with taskset")
+    p.add_argument(
+        "--python-publishers",
+        action="store_true",
+        help="scenario 8: the Python publishers even when the C one can be built",
+    )
     p.add_argument(
         "--scrape-metrics",
         action="store_true",
@@ -224,6 +231,7 @@ def run_one(
         "broker_pid": broker.pid,
         "run_id": f"{suite[-6:]}{scenario.key}{tag}{run}",
         "sizes": asdict(sizes),
+        "c_publisher": args.c_publisher,
     }
     cmd = br.pinned(
         br.GENERATOR_CORE, [sys.executable, "-m", "benchmarks.generator", json.dumps(spec)], pin
@@ -411,6 +419,14 @@ def main(argv: list[str] | None = None) -> int:
     own = [s for s in scenarios if s.own_brokers]
     handles: list[br.BrokerHandle] = []
     records: list[dict[str, Any]] = []
+    build_dir = tempfile.mkdtemp(prefix="bench-publisher-") if own else None
+    args.c_publisher, publishers = None, ""
+    if build_dir and args.python_publishers:
+        publishers = (
+            "Python publishers (benchmarks/windowed.py), one process each: --python-publishers"
+        )
+    elif build_dir:
+        args.c_publisher, publishers = windowed.build_c(build_dir)
     try:
         try:
             if args.broker:
@@ -465,6 +481,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 + " (see benchmarks/README.md)"
             )
+            print(f"  scenario 8 generator: {publishers}")
             if "ours-full" in own_names:
                 print(f"  scenario 8: {ceiling.DEFINITION}")
         print(
@@ -521,6 +538,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for h in handles:
             h.stop()
+        if build_dir:
+            shutil.rmtree(build_dir, ignore_errors=True)
 
     print()
     print(table(records, sizes))

@@ -71,6 +71,9 @@ class Ctx:
     # A cluster (benchmarks/cluster.py): the subscribers of scenarios 1 to 4 connect to this
     # node's port instead, so every message crosses nodes. None: all on ``port``.
     sub_port: int | None = None
+    # Scenario 8: the C publisher built by the runner (benchmarks/c/windowed_pub.c); None: the
+    # Python publishers (benchmarks/windowed.py).
+    c_publisher: str | None = None
     clients: list[Client] = field(default_factory=list)
     raw: list[RawClient] = field(default_factory=list)
     retired: list[Client] = field(default_factory=list)  # closed by the scenario itself
@@ -535,8 +538,8 @@ async def persistent(ctx: Ctx) -> dict[str, Any]:
     await sub.subscribe([(topic, 1)])
     await ctx.retire([sub])
 
-    # The publishers: one process each (benchmarks/windowed.py), so the generator's side keeps
-    # up with a broker acknowledging from memory.
+    # The publishers: one process each (the C program, or benchmarks/windowed.py), so the
+    # generator's side keeps up with a broker acknowledging from memory.
     specs = [
         {
             "host": ctx.host,
@@ -549,7 +552,7 @@ async def persistent(ctx: Ctx) -> dict[str, Any]:
         for i in range(ctx.sizes.persist_publishers)
     ]
     pubs, s0, s1 = await windowed.run_publishers(
-        specs, ctx.warmup, ctx.duration, ACK_SETTLE_LIMIT, ctx.snapshot
+        specs, ctx.warmup, ctx.duration, ACK_SETTLE_LIMIT, ctx.snapshot, ctx.c_publisher
     )
     w = window(
         {k: sum(p["marks"][0][2][k] for p in pubs) for k in ("acked", "failed", "sent")},
@@ -560,6 +563,7 @@ async def persistent(ctx: Ctx) -> dict[str, Any]:
     worker_cpu = sum(p["marks"][1][1] - p["marks"][0][1] for p in pubs)
     w["gen_cpu_pct"] = round(w["gen_cpu_pct"] + 100 * worker_cpu / w["elapsed"], 1)
     w["gen_processes"] = len(pubs)
+    w["gen_publishers"] = "c" if ctx.c_publisher else "python"
     settled = all(p["settled"] for p in pubs)
     sent = sum(p["sent"] for p in pubs)
     failed = sum(p["failed"] for p in pubs)
@@ -597,10 +601,15 @@ async def persistent(ctx: Ctx) -> dict[str, Any]:
     resume_s = max(last_at - t0, 1e-9)
 
     accepted_rate = sum(_window_rate(p, "acked") - _window_rate(p, "failed") for p in pubs)
+    reads = sum(_window_rate(p, "reads") for p in pubs)
     w["metrics"] = {
         # each publisher's own window (they start and end within a few ms of the broker's)
         "msgs_per_s": round(accepted_rate, 1),
         "sent_per_s": round(sum(_window_rate(p, "sent") for p in pubs), 1),
+        # PUBACKs per read at the publishers: the fewer, the more system calls per message
+        "acks_per_read": round(sum(_window_rate(p, "acked") for p in pubs) / reads, 2)
+        if reads
+        else None,
         "ack_p99_ms": round(p99 / 1000, 2) if p99 is not None else None,
         "ack_max_ms": max(worst) if worst else None,
         "resume_msgs_per_s": rate(resumed, resume_s),

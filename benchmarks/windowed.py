@@ -16,6 +16,12 @@ event loop, no callbacks. The generator process of scenario 8 starts them with
 (``time.monotonic()``, the same clock in every process), send for warm-up + duration, take
 their counters and CPU time at both ends of the window, then stop sending, wait for the last
 acks, DISCONNECT, and print one JSON object.
+
+When a C compiler is there, the runner builds ``c/windowed_pub.c`` once per suite
+(:func:`build_c`) and :func:`run_publishers` starts that program instead: the same steps and the
+same JSON object, at a fraction of the CPU per message, so that a broker acknowledging from
+memory, not the generator, is the limit. The bytes it sends are still encoded here
+(:func:`c_command`): the CONNECT, one PUBLISH and where its packet identifier is, DISCONNECT.
 """
 
 from __future__ import annotations
@@ -24,13 +30,16 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import socket
 import struct
+import subprocess
 import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
 from itertools import repeat
+from pathlib import Path
 from typing import Any
 
 from . import wire
@@ -39,6 +48,8 @@ from .client import _NATIVE, _reply_table, open_blocking
 RECV_TIMEOUT = 0.01  # seconds: how late a publisher may notice the end of a phase
 READY_TIMEOUT = 60.0
 START_DELAY = 0.1  # seconds between the last "ready" and the common start
+C_SOURCE = Path(__file__).resolve().parent / "c" / "windowed_pub.c"
+C_FLAGS = ("-O2",)
 
 
 def _latency_key(us: int) -> int:
@@ -89,6 +100,7 @@ class Windowed:
         self.sent = 0
         self.acked = 0
         self.failed = 0
+        self.reads = 0  # chunks read (on_chunk calls)
         self.others: Counter[int] = Counter()  # unexpected packets: first byte -> count
 
     @staticmethod
@@ -103,6 +115,7 @@ class Windowed:
 
     def on_chunk(self, data: bytes, now: float) -> bytes:
         """Count the acks in ``data`` (read at ``now``) and return what to write back."""
+        self.reads += 1
         if self.rest:
             data = self.rest + data
             self.rest = b""
@@ -168,7 +181,7 @@ class Windowed:
         return dict(hist), (round(worst * 1000, 3) if self.log else None)
 
     def counters(self) -> dict[str, float]:
-        return {"acked": self.acked, "failed": self.failed, "sent": self.sent}
+        return {"acked": self.acked, "failed": self.failed, "sent": self.sent, "reads": self.reads}
 
 
 # -- the worker process --------------------------------------------------------------------------
@@ -271,6 +284,71 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+# -- the C publisher ---------------------------------------------------------------------------------
+
+
+def compiler() -> str | None:
+    """The C compiler to build the publisher with: ``$CC``, else cc, else gcc; None if none."""
+    for name in (os.environ.get("CC"), "cc", "gcc"):
+        path = shutil.which(name) if name else None
+        if path:
+            return path
+    return None
+
+
+def build_c(directory: str | Path) -> tuple[str | None, str]:
+    """Compile :data:`C_SOURCE` into ``directory``: (the program or None, which publishers
+    scenario 8 runs and why, for the runner's header)."""
+    cc = compiler()
+    python = "Python publishers (benchmarks/windowed.py), one process each"
+    if cc is None:
+        return None, f"{python}: no C compiler (cc, gcc) found"
+    binary = Path(directory) / "windowed_pub"
+    cmd = [cc, *C_FLAGS, "-o", str(binary), str(C_SOURCE)]
+    try:
+        subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True)
+    except subprocess.CalledProcessError as exc:
+        cause = (exc.stderr.strip().splitlines() or [f"exit status {exc.returncode}"])[-1]
+        return None, f"{python}: {Path(cc).name} failed on {C_SOURCE.name}: {cause}"
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"{python}: {Path(cc).name} failed on {C_SOURCE.name}: {exc}"
+    built = f"{Path(cc).name} {' '.join(C_FLAGS)}"
+    return str(binary), f"C publishers (benchmarks/c/{C_SOURCE.name}, {built}), one process each"
+
+
+def c_command(binary: str, spec: dict[str, Any]) -> list[str]:
+    """The C publisher's command line for ``spec`` (what :func:`work` reads from its JSON)."""
+    version = int(spec["version"])
+    packet = wire.publish(spec["topic"], wire.payload(), 1, 1, version)
+    header = wire.read_remaining_length(packet, 0, len(packet))
+    assert header is not None
+    offset = header[1] + 2 + int.from_bytes(packet[header[1] : header[1] + 2], "big")
+    assert packet[offset : offset + 2] == b"\x00\x01"
+    return [
+        binary,
+        str(spec["host"]),
+        str(spec["port"]),
+        wire.connect(spec["client_id"], version).hex(),
+        packet.hex(),
+        str(offset),
+        wire.disconnect(version).hex(),
+        repr(float(spec["warmup"])),
+        repr(float(spec["duration"])),
+        repr(float(spec["settle"])),
+    ]
+
+
+def c_window(ready: dict[str, Any], spec: dict[str, Any]) -> int:
+    """The window of a C publisher: ``spec``'s, within the broker's Receive Maximum, which is
+    read from the CONNACK the program reports in its ready line."""
+    connack = bytes.fromhex(ready["connack"])
+    frame = wire.next_frame(connack)
+    if frame is None:
+        raise ConnectionError(f"a publisher process reported a bad CONNACK: {ready['connack']}")
+    _, props = wire.connack_result(connack[frame[1] : frame[2]], int(spec["version"]))
+    return max(1, min(int(spec["window"]), props.get(wire.PROP_RECEIVE_MAXIMUM, 65535)))
+
+
 # -- the generator's side --------------------------------------------------------------------------
 
 
@@ -286,28 +364,38 @@ async def _line(stream: asyncio.StreamReader | None, timeout: float) -> dict[str
 
 
 async def run_publishers(
-    specs: Sequence[dict[str, Any]], warmup: float, duration: float, settle: float, snapshot: Any
+    specs: Sequence[dict[str, Any]],
+    warmup: float,
+    duration: float,
+    settle: float,
+    snapshot: Any,
+    binary: str | None = None,
 ) -> tuple[list[dict[str, Any]], Any, Any]:
-    """Start one process per spec, start them together, and take ``snapshot()`` (Ctx.snapshot)
-    at both ends of their measuring window; returns their results and the two snapshots."""
-    procs = [
-        await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "benchmarks.windowed",
-            json.dumps({**spec, "warmup": warmup, "duration": duration, "settle": settle}),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-        )
+    """Start one process per spec (the C publisher ``binary`` when given, else :func:`main`),
+    start them together, and take ``snapshot()`` (Ctx.snapshot) at both ends of their measuring
+    window; returns their results and the two snapshots."""
+    timing = {"warmup": warmup, "duration": duration, "settle": settle}
+    commands = [
+        c_command(binary, {**spec, **timing})
+        if binary
+        else [sys.executable, "-m", "benchmarks.windowed", json.dumps({**spec, **timing})]
         for spec in specs
     ]
+    procs = [
+        await asyncio.create_subprocess_exec(
+            *cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
+        )
+        for cmd in commands
+    ]
     try:
-        for proc in procs:
-            await _line(proc.stdout, READY_TIMEOUT)
+        windows = []  # the C publisher gets its window with the start time
+        for proc, spec in zip(procs, specs, strict=True):
+            ready = await _line(proc.stdout, READY_TIMEOUT)
+            windows.append(f" {c_window(ready, spec)}" if binary else "")
         start = time.monotonic() + START_DELAY
-        for proc in procs:
+        for proc, window in zip(procs, windows, strict=True):
             assert proc.stdin is not None
-            proc.stdin.write(f"{start!r}\n".encode())
+            proc.stdin.write(f"{start!r}{window}\n".encode())
             await proc.stdin.drain()
         snaps = []
         for at in (start + warmup, start + warmup + duration):

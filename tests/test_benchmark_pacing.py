@@ -91,8 +91,10 @@ def test_windowed_fast_path_answers_as_the_walk(reason: int | None) -> None:
     pids = list(range(1, 33))
     stream = acks_for(pids, reason) + acks_for(pids[:10], reason)
     fast_out = []
-    for i, chunk in enumerate(split(stream, rng)):
+    chunks = split(stream, rng)
+    for i, chunk in enumerate(chunks):
         fast_out.append(fast.on_chunk(chunk, 1.0 + i))
+    assert fast.counters()["reads"] == len(chunks)
     walk_out = walk.walk(stream, 1.0)
     assert b"".join(fast_out) == walk_out
     packets = walk.packets
