@@ -78,6 +78,12 @@ class Delivery:
 
 
 _MEMORY = Store()
+# What a session that has never queued a message shows as its queue, and a session that never
+# held an inbound QoS 2 id as ``awaiting_release``: shared, since most sessions never do (an
+# empty deque holds a block of 64 slots). The queue takes nothing (maxlen 0): messages are
+# queued through append_queued, which gives the session its own deque first.
+_NO_QUEUE: deque[Delivery] = deque(maxlen=0)
+_NO_RELEASES: frozenset[int] = frozenset()
 
 
 class Session:
@@ -124,10 +130,11 @@ class Session:
         self.expiry_interval = 0
         self.expires_at: float | None = None  # set while the client is away
         self.inflight: dict[int, Delivery] = {}  # insertion order is sending order
-        self.queue: deque[Delivery] = deque()
+        self.queue: deque[Delivery] = _NO_QUEUE  # its own deque from the first queued message on
         self.queued_bytes = 0
         self.next_packet_id = 1
-        self.awaiting_release: set[int] = set()  # inbound QoS 2 ids before PUBREL
+        # Inbound QoS 2 ids before PUBREL (its own set from the first one on).
+        self.awaiting_release: set[int] | frozenset[int] = _NO_RELEASES
         self.will: Will | None = None  # a will waiting out its Will Delay Interval
         self.will_due: float | None = None
         self.dropped = 0  # messages dropped for this session, in all
@@ -177,6 +184,8 @@ class Session:
         waiting = self.awaiting_release
         if packet_id in waiting:
             return False
+        if isinstance(waiting, frozenset):
+            waiting = self.awaiting_release = set()
         waiting.add(packet_id)
         if self.persistent:
             self.store.save_release(self, packet_id)
@@ -184,9 +193,10 @@ class Session:
 
     def release(self, packet_id: int) -> bool:
         """PUBREL: the id is free again. False if it was not held."""
-        if packet_id not in self.awaiting_release:
+        waiting = self.awaiting_release
+        if packet_id not in waiting or isinstance(waiting, frozenset):
             return False
-        self.awaiting_release.discard(packet_id)
+        waiting.discard(packet_id)
         if self.persistent:
             self.store.delete_release(self, packet_id)
         return True
@@ -208,8 +218,21 @@ class Session:
             self.next_packet_id = packet_id % 65535 + 1
         else:
             delivery.queued_at = now
-            self.queue.append(delivery)
-            self.queued_bytes += record.message.size
+            self.append_queued(delivery)
+
+    def restore_releases(self, packet_ids: list[int]) -> None:
+        """Put back the inbound QoS 2 ids the store kept (awaiting PUBREL)."""
+        if packet_ids:
+            self.awaiting_release = set(packet_ids)
+
+    def append_queued(self, delivery: Delivery) -> None:
+        """Put ``delivery`` at the end of the queue, as it is (no limit checked, nothing
+        stored): for messages coming back from the store or from another node."""
+        queue = self.queue
+        if queue is _NO_QUEUE:
+            queue = self.queue = deque()
+        queue.append(delivery)
+        self.queued_bytes += delivery.message.size
 
     def deliver(
         self,
@@ -304,8 +327,7 @@ class Session:
             self._count_drop("queue full", now)
             return
         delivery.queued_at = now
-        self.queue.append(delivery)
-        self.queued_bytes += size
+        self.append_queued(delivery)
         if self.persistent:
             self.seq += 1
             delivery.seq = self.seq

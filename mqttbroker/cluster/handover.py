@@ -115,8 +115,7 @@ def restore(broker: Broker, client_id: str, data: bytes) -> Session:
                 delivery.packet_id = packet_id
                 session.inflight[packet_id] = delivery
             else:
-                session.queue.append(delivery)
-                session.queued_bytes += delivery.message.size
+                session.append_queued(delivery)
             if persistent:
                 store.save_delivery(session, delivery)
         for packet_id in state["releases"]:
