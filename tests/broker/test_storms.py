@@ -159,3 +159,20 @@ def test_a_new_subscription_changes_the_cached_match_of_its_topic(
     late.unsubscribe(topic_filter)
     pub.publish("t/x", b"gone")
     assert late.receive() == []
+
+
+def test_a_subscription_keeps_no_retained_backlog_once_sent(
+    make_harness: Callable[..., Harness],
+) -> None:
+    h = make_harness()
+    pub = h.connect("pub")
+    pub.publish("kept/a", b"r1", retain=True)
+    pub.publish("kept/b", b"r2", retain=True)
+    sub = h.connect("sub")
+    assert sub.subscribe("nothing/here")[1:] == []
+    assert sub.conn.retained is None
+    received = sub.subscribe("kept/a")[1:]
+    assert [(p.topic, p.payload, p.retain) for p in received] == [("kept/a", b"r1", True)]
+    received = sub.subscribe("kept/+")[1:]
+    assert sorted(p.payload for p in received) == [b"r1", b"r2"]
+    assert sub.conn.retained is None
