@@ -450,8 +450,7 @@ class Broker:
         self.store.delete_session(session)
         for sub in session.subscriptions.values():
             self.router.unsubscribe(sub)
-        session.subscriptions.clear()
-        session.subscription_bytes = 0
+        session.clear_subscriptions()
         self._hand_over_shared(session, now)
         session.queue.clear()
         session.inflight.clear()

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from .deliver import send_publish, send_pubrel
@@ -78,12 +79,14 @@ class Delivery:
 
 
 _MEMORY = Store()
-# What a session that has never queued a message shows as its queue, and a session that never
-# held an inbound QoS 2 id as ``awaiting_release``: shared, since most sessions never do (an
-# empty deque holds a block of 64 slots). The queue takes nothing (maxlen 0): messages are
+# What a session that has never queued a message shows as its queue, a session that never
+# held an inbound QoS 2 id as ``awaiting_release``, and one without subscriptions as
+# ``subscriptions``: shared, since many sessions never need them (an empty deque holds a
+# block of 64 slots). The queue takes nothing (maxlen 0): messages are
 # queued through append_queued, which gives the session its own deque first.
 _NO_QUEUE: deque[Delivery] = deque(maxlen=0)
 _NO_RELEASES: frozenset[int] = frozenset()
+_NO_SUBSCRIPTIONS: Mapping[str, Subscription] = MappingProxyType({})  # read-only
 
 
 class Session:
@@ -125,7 +128,8 @@ class Session:
         self.username: str | None = None  # its owner: the user that created it
         self.counted = False  # counted against max_sessions (see Broker.attach)
         self.subscription_bytes = 0  # the filter_size of its subscriptions, summed
-        self.subscriptions: dict[str, Subscription] = {}
+        # Topic filter -> subscription (its own dict from the first subscription on).
+        self.subscriptions: Mapping[str, Subscription] = _NO_SUBSCRIPTIONS
         self.connection: Connection | None = None
         self.expiry_interval = 0
         self.expires_at: float | None = None  # set while the client is away
@@ -162,14 +166,25 @@ class Session:
         """Hold ``sub``, in place of any subscription of the same filter (MQTT-3.8.4-3); the
         caller puts it in the router. ``save`` False: restored from the store, which has it."""
         self.subscription_bytes += self.subscription_growth(sub.topic_filter)
-        self.subscriptions[sub.topic_filter] = sub
+        subscriptions = self.subscriptions
+        if not isinstance(subscriptions, dict):
+            subscriptions = self.subscriptions = {}
+        subscriptions[sub.topic_filter] = sub
         if save and self.persistent:
             self.store.save_subscription(self, sub)
+
+    def clear_subscriptions(self) -> None:
+        """Forget every subscription (the caller took them out of the router)."""
+        self.subscriptions = _NO_SUBSCRIPTIONS
+        self.subscription_bytes = 0
 
     def remove_subscription(self, topic_filter: str) -> Subscription | None:
         """Drop the subscription of exactly ``topic_filter`` (compared literally, MQTT-3.10.4-1)
         and return it for the caller to take out of the router; None if there was none."""
-        sub = self.subscriptions.pop(topic_filter, None)
+        subscriptions = self.subscriptions
+        if not isinstance(subscriptions, dict):
+            return None
+        sub: Subscription | None = subscriptions.pop(topic_filter, None)
         if sub is not None:
             self.subscription_bytes -= filter_size(topic_filter)
             if self.persistent:

@@ -20,7 +20,7 @@ from mqttbroker.protocol.packets import MQTT_5
 # What one idle connection (clean session, no subscription) may keep in the sans-I/O broker:
 # its Connection and Session with what they hold, its entries in the broker's tables. An empty
 # deque alone takes 760 bytes, a set 216: what most sessions never use is created on first use.
-IDLE_CONNECTION_BYTES = 1400
+IDLE_CONNECTION_BYTES = 1200
 # What the trie keeps for one subscription to a topic of its own, two levels below a shared one.
 TRIE_BYTES_PER_TOPIC = 750
 
@@ -71,6 +71,20 @@ def test_an_idle_connection_keeps_little_memory() -> None:
         tracemalloc.stop()
     assert len(broker.connections) == count
     assert per_connection < IDLE_CONNECTION_BYTES, per_connection
+
+
+def test_idle_sessions_share_their_empty_tables(make_harness: Callable[..., Harness]) -> None:
+    """Until a session subscribes, queues or holds a QoS 2 id, it has no table of its own for
+    them; the first one it fills is its own, and the others stay empty."""
+    h = make_harness()
+    one, two = h.connect("one").session, h.connect("two").session
+    assert one.subscriptions is two.subscriptions
+    assert one.queue is two.queue
+    assert one.awaiting_release is two.awaiting_release
+    h.clients[0].subscribe("mine")
+    assert list(one.subscriptions) == ["mine"] and not two.subscriptions
+    h.clients[0].unsubscribe("mine")
+    assert not one.subscriptions
 
 
 def test_sessions_queue_and_hold_ids_after_starting_without(
