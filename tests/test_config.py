@@ -54,6 +54,14 @@ def test_no_file_gives_defaults() -> None:
         ("busy_poll_us = -1\n", "busy_poll_us: must be between 0 (off) and 1,000,000"),
         ("busy_poll_us = 1000001\n", "busy_poll_us: must be between 0 (off) and 1,000,000"),
         ("busy_poll_us = 2.5\n", "busy_poll_us: expected an integer"),
+        (
+            "[broker]\nconnection_log_interval = -1\n",
+            "broker.connection_log_interval must not be negative",
+        ),
+        (
+            "[broker]\nconnection_log_interval = 'often'\n",
+            "broker.connection_log_interval: expected a number",
+        ),
         ("colour = 'blue'\n", "colour: unknown key"),
         ("broker = 3\n", "broker: expected a table"),
         ("[broker\n", "not valid TOML"),

@@ -156,8 +156,10 @@ class Connection:
         self.paused = False  # the transport asked us to stop writing
         self.will: pk.Will | None = None
         self.connect_expiry = 0
-        self.aliases: dict[int, str] = {}
-        self._pending: list[bytes] = []  # bytes of an incomplete packet
+        # What most connections never need is created on first use: the client's topic
+        # aliases, the chunks of an incomplete packet, the cache of publish rights.
+        self.aliases: dict[int, str] | None = None
+        self._pending: list[bytes] | None = None  # bytes of an incomplete packet
         self._pending_len = 0
         self._need = 0  # bytes the incomplete packet needs in all, when known
         self.out: list[bytes] = []
@@ -171,7 +173,8 @@ class Connection:
         self.alias_maximum = 0  # the client's Topic Alias Maximum
         self.out_aliases: OrderedDict[str, int] | None = None  # topic -> alias, LRU first
         self.username: str | None = None
-        self._allowed: dict[str, bool] = {}  # topic -> may publish, for the rules' generation
+        self._allowed: dict[str, bool] | None = None  # topic -> may publish, for the
+        # rules' generation
         self._allowed_generation = -1
         self._allowed_size = 0  # characters of the topics in _allowed
         self.address: str | None = None  # the client's address: per-address limits, logins
@@ -211,18 +214,22 @@ class Connection:
         if self.state == CLOSED:
             return  # MQTT-3.1.4-6: nothing after a refused CONNECT is processed
         self.bytes_received += len(data)
+        pending = self._pending
         if self.checking:  # a password check is under way: keep the bytes for later
-            self._pending.append(data)
+            if pending is None:
+                self._pending = [data]
+            else:
+                pending.append(data)
             self._pending_len += len(data)
             self._need = 0
             return
-        if self._pending:
-            self._pending.append(data)
+        if pending:
+            pending.append(data)
             self._pending_len += len(data)
             if self._pending_len < self._need:
                 return
-            data = b"".join(self._pending)
-            self._pending.clear()
+            data = b"".join(pending)
+            self._pending = None
             self._pending_len = self._need = 0
         end = len(data)
         pos = 0
@@ -282,7 +289,7 @@ class Connection:
         if pos < end or self.checking:
             rest = data[pos:]
             if rest:
-                self._pending.append(rest)
+                self._pending = [rest]
                 self._pending_len = len(rest)
             if self.checking:  # the rest waits for the password check's answer
                 self._need = 0
@@ -452,16 +459,19 @@ class Connection:
         characters in all."""
         authorizer = self.broker.authorizer
         assert authorizer is not None
+        cache = self._allowed
         if self._allowed_generation != authorizer.generation:
-            self._allowed.clear()
+            cache = self._allowed = None
             self._allowed_size = 0
             self._allowed_generation = authorizer.generation
-        allowed = self._allowed.get(topic)
+        allowed = None if cache is None else cache.get(topic)
         if allowed is None:
             allowed = authorizer.can_publish(self.client_id, self.username, topic)
             size = self._allowed_size + len(topic)
-            if len(self._allowed) < ALLOWED_CACHE_TOPICS and size <= ALLOWED_CACHE_CHARS:
-                self._allowed[topic] = allowed
+            if cache is None:
+                cache = self._allowed = {}
+            if len(cache) < ALLOWED_CACHE_TOPICS and size <= ALLOWED_CACHE_CHARS:
+                cache[topic] = allowed
                 self._allowed_size = size
         return allowed
 
@@ -616,7 +626,10 @@ class Connection:
         self.out.clear()
         if self.state != CLOSED:
             if self.state == CONNECTED:
-                log.info("client %s: connection lost", self.client_id)
+                if self.broker.options.connection_log_interval:
+                    self.broker.unlogged_lost += 1
+                else:
+                    log.info("client %s: connection lost", self.client_id)
             self.to(Event.CLOSE)
             self.broker.connection_closed(self, True)
 

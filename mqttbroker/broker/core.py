@@ -67,6 +67,12 @@ class Broker:
         self.connects = 0  # CONNECT packets received
         self.delivered_closed = 0  # PUBLISH packets sent on connections now closed
         self.dropped_ended = 0  # messages dropped by sessions that have ended
+        # With connection_log_interval: clients connected, disconnected and lost since the
+        # last line counting them, and when the next such line is due.
+        self.unlogged_connected = 0
+        self.unlogged_disconnected = 0
+        self.unlogged_lost = 0
+        self._connection_log_due = 0.0
         # Bytes read from and written to clients (MQTT bytes: inside TLS and WebSocket frames),
         # counted by the transports per read and per write.
         self.bytes_received = 0
@@ -374,7 +380,7 @@ class Broker:
                 session.add_subscription(sub, save=False)
             for delivery in record.deliveries:
                 session.restore_delivery(delivery, now)
-            session.awaiting_release.update(record.releases)
+            session.restore_releases(record.releases)
             will = record.will
             if will is not None:
                 session.will = will
@@ -456,8 +462,7 @@ class Broker:
         self.store.delete_session(session)
         for sub in session.subscriptions.values():
             self.router.unsubscribe(sub)
-        session.subscriptions.clear()
-        session.subscription_bytes = 0
+        session.clear_subscriptions()
         self._hand_over_shared(session, now)
         session.queue.clear()
         self.backlog.pop(session, None)
@@ -592,6 +597,8 @@ class Broker:
         expiry. Called by the edge about once a second."""
         now = self.clock()
         opts = self.options
+        if opts.connection_log_interval and now >= self._connection_log_due:
+            self._log_connections(now)
         for conn in list(self.connections):
             if conn.state in (AWAIT_CONNECT, AUTHENTICATING):
                 if now - conn.opened_at > opts.connect_timeout:
@@ -622,6 +629,20 @@ class Broker:
                 if self.observers:
                     self.notify("session.expired", session)
                 self.end_session(session, now)
+
+    def _log_connections(self, now: float) -> None:
+        """connection_log_interval: one line counting the clients connected, disconnected and
+        lost since the last one (none when there were none)."""
+        if self.unlogged_connected or self.unlogged_disconnected or self.unlogged_lost:
+            log.info(
+                "in the last %gs: %d clients connected, %d disconnected, %d connections lost",
+                self.options.connection_log_interval,
+                self.unlogged_connected,
+                self.unlogged_disconnected,
+                self.unlogged_lost,
+            )
+            self.unlogged_connected = self.unlogged_disconnected = self.unlogged_lost = 0
+        self._connection_log_due = now + self.options.connection_log_interval
 
     def shutdown(self) -> None:
         """Tell every MQTT 5 client the server is shutting down (0x8B) and close them all."""

@@ -44,6 +44,9 @@ class BrokerOptions:
     max_keepalive: int = 0
     # Seconds a new connection has to send its CONNECT.
     connect_timeout: float = 10.0
+    # 0: an info line per client connecting, disconnecting or lost. N: instead, one line every
+    # N seconds counting them (under connection storms of thousands per second).
+    connection_log_interval: float = 0.0
     # Largest Session Expiry Interval granted (seconds); 3.1.1 persistent sessions get this too.
     max_session_expiry: int = 0xFFFFFFFF
     # Offline queue bounds per session; QoS 0 is queued for offline sessions only if enabled.
@@ -120,6 +123,8 @@ class BrokerOptions:
             raise ValueError("max_keepalive must be between 0 and 65535")
         if self.connect_timeout <= 0:
             raise ValueError("connect_timeout must be positive")
+        if self.connection_log_interval < 0:
+            raise ValueError("connection_log_interval must not be negative")
         if not 0 <= self.max_session_expiry <= 0xFFFFFFFF:
             raise ValueError("max_session_expiry must be between 0 and 4294967295")
         if self.max_queued_messages < 0 or self.max_queued_bytes < 0:

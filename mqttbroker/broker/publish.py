@@ -55,10 +55,13 @@ def on_publish(conn: Connection, packet: pk.Publish) -> None:
             raise MQTTError(
                 f"topic alias {alias} out of range", ReasonCode.TOPIC_ALIAS_INVALID
             )  # MQTT-3.3.2-9, -12
+        aliases = conn.aliases
         if topic:
-            conn.aliases[alias] = topic
+            if aliases is None:
+                aliases = conn.aliases = {}
+            aliases[alias] = topic
         else:
-            known = conn.aliases.get(alias)
+            known = None if aliases is None else aliases.get(alias)
             if known is None:
                 raise ProtocolError(f"topic alias {alias} has no mapping")
             topic = known

@@ -2,8 +2,9 @@
 matching session once.
 
 A match cache maps a topic name to its matching subscriptions. A hit also stands for "this topic
-name was validated", so the per-message cost of a repeated topic is one dict lookup. The cache is
-cleared on every subscription change and when it grows past its bound.
+name was validated", so the per-message cost of a repeated topic is one dict lookup. A
+subscription change forgets what it may change: the one topic a filter without wildcards
+matches, or else the whole cache; the cache is cleared too when it grows past its bound.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class Router:
 
     def subscribe(self, sub: Subscription) -> bool:
         """Add or replace ``sub``; True if it replaced one (MQTT-3.8.4-3)."""
-        self._clear_cache()
+        self._invalidate(sub.filter)
         replaced = self.trie.add(sub)
         if not replaced and self.backplane is not None:
             count = self.route_counts.get(sub.topic_filter, 0)
@@ -56,7 +57,7 @@ class Router:
         return replaced
 
     def unsubscribe(self, sub: Subscription) -> bool:
-        self._clear_cache()
+        self._invalidate(sub.filter)
         removed = self.trie.remove(sub)
         if removed and self.backplane is not None:
             count = self.route_counts.pop(sub.topic_filter, 1) - 1
@@ -65,6 +66,19 @@ class Router:
             else:
                 self.backplane.route_removed(sub.topic_filter)
         return removed
+
+    def _invalidate(self, topic_filter: str) -> None:
+        """Forget the cached matches a subscription to ``topic_filter`` (a shared one's inner
+        filter) changes: a filter without wildcards matches one topic name, itself."""
+        cache = self._cache
+        if not cache:
+            return
+        if "+" in topic_filter or "#" in topic_filter:
+            self._clear_cache()
+            return
+        raw = encode_topic(topic_filter)
+        if cache.pop(raw, None) is not None:
+            self._cache_bytes -= 2 * len(raw) + _ENTRY_BYTES
 
     def _clear_cache(self) -> None:
         self._cache.clear()

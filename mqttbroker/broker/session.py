@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from .deliver import send_publish, send_pubrel
@@ -78,6 +79,14 @@ class Delivery:
 
 
 _MEMORY = Store()
+# What a session that has never queued a message shows as its queue, a session that never
+# held an inbound QoS 2 id as ``awaiting_release``, and one without subscriptions as
+# ``subscriptions``: shared, since many sessions never need them (an empty deque holds a
+# block of 64 slots). The queue takes nothing (maxlen 0): messages are
+# queued through append_queued, which gives the session its own deque first.
+_NO_QUEUE: deque[Delivery] = deque(maxlen=0)
+_NO_RELEASES: frozenset[int] = frozenset()
+_NO_SUBSCRIPTIONS: Mapping[str, Subscription] = MappingProxyType({})  # read-only
 
 
 class Session:
@@ -126,15 +135,17 @@ class Session:
         self.username: str | None = None  # its owner: the user that created it
         self.counted = False  # counted against max_sessions (see Broker.attach)
         self.subscription_bytes = 0  # the filter_size of its subscriptions, summed
-        self.subscriptions: dict[str, Subscription] = {}
+        # Topic filter -> subscription (its own dict from the first subscription on).
+        self.subscriptions: Mapping[str, Subscription] = _NO_SUBSCRIPTIONS
         self.connection: Connection | None = None
         self.expiry_interval = 0
         self.expires_at: float | None = None  # set while the client is away
         self.inflight: dict[int, Delivery] = {}  # insertion order is sending order
-        self.queue: deque[Delivery] = deque()
+        self.queue: deque[Delivery] = _NO_QUEUE  # its own deque from the first queued message on
         self.queued_bytes = 0
         self.next_packet_id = 1
-        self.awaiting_release: set[int] = set()  # inbound QoS 2 ids before PUBREL
+        # Inbound QoS 2 ids before PUBREL (its own set from the first one on).
+        self.awaiting_release: set[int] | frozenset[int] = _NO_RELEASES
         self.will: Will | None = None  # a will waiting out its Will Delay Interval
         self.will_due: float | None = None
         self.dropped = 0  # messages dropped for this session, in all
@@ -166,14 +177,25 @@ class Session:
         """Hold ``sub``, in place of any subscription of the same filter (MQTT-3.8.4-3); the
         caller puts it in the router. ``save`` False: restored from the store, which has it."""
         self.subscription_bytes += self.subscription_growth(sub.topic_filter)
-        self.subscriptions[sub.topic_filter] = sub
+        subscriptions = self.subscriptions
+        if not isinstance(subscriptions, dict):
+            subscriptions = self.subscriptions = {}
+        subscriptions[sub.topic_filter] = sub
         if save and self.persistent:
             self.store.save_subscription(self, sub)
+
+    def clear_subscriptions(self) -> None:
+        """Forget every subscription (the caller took them out of the router)."""
+        self.subscriptions = _NO_SUBSCRIPTIONS
+        self.subscription_bytes = 0
 
     def remove_subscription(self, topic_filter: str) -> Subscription | None:
         """Drop the subscription of exactly ``topic_filter`` (compared literally, MQTT-3.10.4-1)
         and return it for the caller to take out of the router; None if there was none."""
-        sub = self.subscriptions.pop(topic_filter, None)
+        subscriptions = self.subscriptions
+        if not isinstance(subscriptions, dict):
+            return None
+        sub: Subscription | None = subscriptions.pop(topic_filter, None)
         if sub is not None:
             self.subscription_bytes -= filter_size(topic_filter)
             if self.persistent:
@@ -188,6 +210,8 @@ class Session:
         waiting = self.awaiting_release
         if packet_id in waiting:
             return False
+        if isinstance(waiting, frozenset):
+            waiting = self.awaiting_release = set()
         waiting.add(packet_id)
         if self.persistent:
             self.store.save_release(self, packet_id)
@@ -195,9 +219,10 @@ class Session:
 
     def release(self, packet_id: int) -> bool:
         """PUBREL: the id is free again. False if it was not held."""
-        if packet_id not in self.awaiting_release:
+        waiting = self.awaiting_release
+        if packet_id not in waiting or isinstance(waiting, frozenset):
             return False
-        self.awaiting_release.discard(packet_id)
+        waiting.discard(packet_id)
         if self.persistent:
             self.store.delete_release(self, packet_id)
         return True
@@ -219,10 +244,23 @@ class Session:
             self.next_packet_id = packet_id % 65535 + 1
         else:
             delivery.queued_at = now
-            if not self.queue and self.backlog is not None:
-                self.backlog[self] = None
-            self.queue.append(delivery)
-            self.queued_bytes += record.message.size
+            self.append_queued(delivery)
+
+    def restore_releases(self, packet_ids: list[int]) -> None:
+        """Put back the inbound QoS 2 ids the store kept (awaiting PUBREL)."""
+        if packet_ids:
+            self.awaiting_release = set(packet_ids)
+
+    def append_queued(self, delivery: Delivery) -> None:
+        """Put ``delivery`` at the end of the queue, as it is (no limit checked, nothing
+        stored): for messages coming back from the store or from another node."""
+        queue = self.queue
+        if queue is _NO_QUEUE:
+            queue = self.queue = deque()
+        if not queue and self.backlog is not None:
+            self.backlog[self] = None
+        queue.append(delivery)
+        self.queued_bytes += delivery.message.size
 
     def deliver(
         self,
@@ -317,10 +355,7 @@ class Session:
             self._count_drop("queue full", now)
             return
         delivery.queued_at = now
-        if not self.queue and self.backlog is not None:
-            self.backlog[self] = None
-        self.queue.append(delivery)
-        self.queued_bytes += size
+        self.append_queued(delivery)
         if self.persistent:
             self.seq += 1
             delivery.seq = self.seq

@@ -130,15 +130,21 @@ def on_subscribe(conn: Connection, packet: pk.Subscribe) -> None:
     suback = pk.Suback(packet.packet_id, codes)
     conn.send(_encode_explained(conn, suback, [r.topic_filter for r in packet.subscriptions]))
     now = broker.clock()
+    retained = broker.router.retained
     for sub, existed in new_subs:
         # Retained messages after the SUBACK, per Retain Handling; never on a shared
-        # subscription (MQTT-3.3.1-9, -10, -11; 4.8.2).
+        # subscription (MQTT-3.3.1-9, -10, -11; 4.8.2). A filter without wildcards has one
+        # topic: nothing to go through when it has no retained message (most subscriptions).
         if sub.share_group is None and (
             sub.retain_handling == 0 or (sub.retain_handling == 1 and not existed)
         ):
+            topic_filter = sub.filter
+            if "+" not in topic_filter and "#" not in topic_filter:
+                if retained.get(topic_filter) is None:
+                    continue
             if conn.retained is None:
                 conn.retained = deque()
-            conn.retained.append((sub, broker.router.retained.match(sub.filter, now)))
+            conn.retained.append((sub, retained.match(topic_filter, now)))
     if conn.retained:
         send_retained(conn)
 
@@ -178,6 +184,8 @@ def send_retained(conn: Connection) -> None:
         conn.pause_input()
         if not conn.paused:
             broker.defer(conn)
+    else:
+        conn.retained = None  # an empty deque still takes 760 bytes
 
 
 def on_unsubscribe(conn: Connection, packet: pk.Unsubscribe) -> None:

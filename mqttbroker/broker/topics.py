@@ -171,12 +171,15 @@ class SharedGroup:
 
 
 class _Node:
+    """One level of the trie. Its tables are created on first use: most nodes are leaves with
+    subscriptions and no groups, or inner levels with children only."""
+
     __slots__ = ("children", "subs", "groups")
 
     def __init__(self) -> None:
-        self.children: dict[str, _Node] = {}
-        self.subs: dict[str, Subscription] = {}
-        self.groups: dict[str, SharedGroup] = {}
+        self.children: dict[str, _Node] | None = None
+        self.subs: dict[str, Subscription] | None = None
+        self.groups: dict[str, SharedGroup] | None = None
 
 
 # One topic's match: per session the matching non-shared subscriptions, and the shared groups.
@@ -198,18 +201,27 @@ class SubscriptionTrie:
         """Insert or replace; returns True if it replaced an existing subscription."""
         node = self._root
         for level in sub.filter.split("/"):
-            child = node.children.get(level)
+            children = node.children
+            if children is None:
+                children = node.children = {}
+            child = children.get(level)
             if child is None:
-                child = node.children[level] = _Node()
+                child = children[level] = _Node()
             node = child
         client_id = sub.session.client_id
         if sub.share_group is None:
-            existed = client_id in node.subs
-            node.subs[client_id] = sub
+            subs = node.subs
+            if subs is None:
+                subs = node.subs = {}
+            existed = client_id in subs
+            subs[client_id] = sub
         else:
-            group = node.groups.get(sub.share_group)
+            groups = node.groups
+            if groups is None:
+                groups = node.groups = {}
+            group = groups.get(sub.share_group)
             if group is None:
-                group = node.groups[sub.share_group] = SharedGroup(sub.share_group)
+                group = groups[sub.share_group] = SharedGroup(sub.share_group)
             existed = False
             for index, member in enumerate(group.members):
                 if member.session.client_id == client_id:
@@ -227,7 +239,7 @@ class SubscriptionTrie:
         node = self._root
         levels = sub.filter.split("/")
         for level in levels:
-            child = node.children.get(level)
+            child = node.children.get(level) if node.children else None
             if child is None:
                 return False
             path.append(child)
@@ -235,8 +247,11 @@ class SubscriptionTrie:
         client_id = sub.session.client_id
         removed = False
         if sub.share_group is None:
-            removed = node.subs.pop(client_id, None) is not None
-        else:
+            if node.subs:
+                removed = node.subs.pop(client_id, None) is not None
+                if not node.subs:
+                    node.subs = None
+        elif node.groups:
             group = node.groups.get(sub.share_group)
             if group is not None:
                 before = len(group.members)
@@ -245,6 +260,8 @@ class SubscriptionTrie:
                 group.sticky = {p: m for p, m in group.sticky.items() if m in group.members}
                 if not group.members:
                     del node.groups[sub.share_group]
+                    if not node.groups:
+                        node.groups = None
         if removed:
             self.count -= 1
         # Prune empty nodes bottom-up so the trie does not grow with churn.
@@ -252,7 +269,11 @@ class SubscriptionTrie:
             child = path[depth]
             if child.subs or child.groups or child.children:
                 break
-            del path[depth - 1].children[levels[depth - 1]]
+            parent = path[depth - 1]
+            assert parent.children is not None  # it holds ``child``
+            del parent.children[levels[depth - 1]]
+            if not parent.children:
+                parent.children = None
         return removed
 
     def shared_group(self, topic_filter: str) -> SharedGroup | None:
@@ -262,11 +283,11 @@ class SubscriptionTrie:
             return None
         node = self._root
         for level in shared[1].split("/"):
-            child = node.children.get(level)
+            child = node.children.get(level) if node.children else None
             if child is None:
                 return None
             node = child
-        return node.groups.get(shared[0])
+        return node.groups.get(shared[0]) if node.groups else None
 
     def match(self, topic: str) -> Match:
         """Every subscription whose filter matches ``topic``, grouped per session."""
@@ -297,18 +318,20 @@ class SubscriptionTrie:
         else:
             for node in nodes:
                 found.append(node)
-                hash_node = node.children.get("#")  # "a/#" matches "a"
-                if hash_node is not None:
-                    found.append(hash_node)
+                if node.children:
+                    hash_node = node.children.get("#")  # "a/#" matches "a"
+                    if hash_node is not None:
+                        found.append(hash_node)
         per_session: dict[str, list[Subscription]] = {}
         groups: list[SharedGroup] = []
         for node in found:
-            for client_id, sub in node.subs.items():
-                entry = per_session.get(client_id)
-                if entry is None:
-                    per_session[client_id] = [sub]
-                else:
-                    entry.append(sub)
+            if node.subs:
+                for client_id, sub in node.subs.items():
+                    entry = per_session.get(client_id)
+                    if entry is None:
+                        per_session[client_id] = [sub]
+                    else:
+                        entry.append(sub)
             if node.groups:
                 groups.extend(node.groups.values())
         return [(subs[0].session, tuple(subs)) for subs in per_session.values()], groups
@@ -317,7 +340,10 @@ class SubscriptionTrie:
         stack = [self._root]
         while stack:
             node = stack.pop()
-            yield from node.subs.values()
-            for group in node.groups.values():
-                yield from group.members
-            stack.extend(node.children.values())
+            if node.subs:
+                yield from node.subs.values()
+            if node.groups:
+                for group in node.groups.values():
+                    yield from group.members
+            if node.children:
+                stack.extend(node.children.values())

@@ -215,12 +215,9 @@ def restore(
                 delivery.packet_id = packet_id
                 session.inflight[packet_id] = delivery
             else:
-                session.queue.append(delivery)
-                session.queued_bytes += delivery.message.size
+                session.append_queued(delivery)
             if persistent:
                 store.save_delivery(session, delivery)
-        if session.queue:
-            broker.backlog[session] = None
         for packet_id in state["releases"]:
             session.await_release(packet_id)
         session.next_packet_id = int(state["next_packet_id"])

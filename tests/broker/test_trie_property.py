@@ -165,7 +165,7 @@ def test_trie_prunes_to_empty(subs: dict[tuple[str, str], Subscription]) -> None
         assert trie.remove(sub) is True
     assert trie.count == 0
     assert list(trie) == []
-    assert trie._root.children == {}
+    assert not trie._root.children
 
 
 @settings(max_examples=40, deadline=None)

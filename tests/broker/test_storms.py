@@ -1,0 +1,219 @@
+"""Connection and subscription storms: what an idle connection keeps, the log under thousands
+of connections, and what a new subscription forgets of the match cache."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import tracemalloc
+from collections.abc import Callable
+
+import pytest
+from support.harness import FakeClock, Harness, Prop, pk
+
+from mqttbroker.broker.core import Broker
+from mqttbroker.broker.options import BrokerOptions
+from mqttbroker.broker.topics import Subscription, SubscriptionTrie
+from mqttbroker.protocol import grammar
+from mqttbroker.protocol.packets import MQTT_5
+
+# What one idle connection (clean session, no subscription) may keep in the sans-I/O broker:
+# its Connection and Session with what they hold, its entries in the broker's tables. An empty
+# deque alone takes 760 bytes, a set 216: what most sessions never use is created on first use.
+IDLE_CONNECTION_BYTES = 1200
+# What the trie keeps for one subscription to a topic of its own, two levels below a shared one.
+TRIE_BYTES_PER_TOPIC = 750
+
+
+class _Link:
+    """A transport that keeps nothing of what is written to it."""
+
+    def write(self, data: bytes) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def buffered(self) -> int:
+        return 0
+
+    def abort(self) -> None:
+        pass
+
+
+def test_an_idle_connection_keeps_little_memory() -> None:
+    broker = Broker(BrokerOptions(max_connections_per_address=0), clock=FakeClock())
+    count = 500
+    link = _Link()
+    connects = [
+        grammar.encode(pk.Connect(client_id=f"idle-{i:04d}", protocol_level=MQTT_5), MQTT_5)
+        for i in range(count)
+    ]
+    peers = [f"127.0.0.1:{40000 + i}" for i in range(count)]
+    for data in connects[:20]:  # the broker's own tables get going first
+        broker.connect(link, "127.0.0.1:1").data_received(data)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for peer, data in zip(peers[20:], connects[20:], strict=True):
+            broker.connect(link, peer).data_received(data)
+        broker.flush()
+        gc.collect()
+        per_connection = (tracemalloc.get_traced_memory()[0] - before) / (count - 20)
+    finally:
+        tracemalloc.stop()
+    assert len(broker.connections) == count
+    assert per_connection < IDLE_CONNECTION_BYTES, per_connection
+
+
+def test_idle_sessions_share_their_empty_tables(make_harness: Callable[..., Harness]) -> None:
+    """Until a session subscribes, queues or holds a QoS 2 id, it has no table of its own for
+    them; the first one it fills is its own, and the others stay empty."""
+    h = make_harness()
+    one, two = h.connect("one").session, h.connect("two").session
+    assert one.subscriptions is two.subscriptions
+    assert one.queue is two.queue
+    assert one.awaiting_release is two.awaiting_release
+    h.clients[0].subscribe("mine")
+    assert list(one.subscriptions) == ["mine"] and not two.subscriptions
+    h.clients[0].unsubscribe("mine")
+    assert not one.subscriptions
+
+
+def test_sessions_queue_and_hold_ids_after_starting_without(
+    make_harness: Callable[..., Harness],
+) -> None:
+    """The queue and the QoS 2 ids a session creates on first use work as before: two idle
+    sessions share nothing that one of them fills."""
+    h = make_harness()
+    sub = h.connect("sub", clean_start=False, properties={Prop.SESSION_EXPIRY_INTERVAL: 60})
+    sub.subscribe("q/t", qos=1)
+    other = h.connect("other")
+    sub.send(pk.Disconnect())
+    pub = h.connect("pub")
+    pub.publish("q/t", b"1", qos=1)
+    pub.publish("q/t", b"2", qos=2)
+    pub.receive()
+    assert len(h.broker.sessions["sub"].queue) == 2
+    assert len(other.session.queue) == 0 and len(pub.session.queue) == 0
+    assert set(pub.session.awaiting_release) == {2}
+    assert not other.session.awaiting_release
+    pub.send(pk.Pubrel(2))
+    assert pub.one(pk.Pubcomp).packet_id == 2
+    sub = h.connect("sub", clean_start=False, expect_present=True)
+    assert [p.payload for p in sub.publishes()] == [b"1", b"2"]
+
+
+def test_connection_log_interval_counts_instead_of_a_line_each(
+    make_harness: Callable[..., Harness], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="mqttbroker")
+    h = make_harness(connection_log_interval=10.0)
+    h.tick()
+    clients = [h.connect(f"storm-{i}") for i in range(5)]
+    clients[0].send(pk.Disconnect())
+    clients[1].conn.connection_lost()
+    assert not [r for r in caplog.records if "storm-" in r.getMessage()]
+    h.tick(5)
+    assert not [r for r in caplog.records if "clients connected" in r.getMessage()]
+    h.tick(5)
+    lines = [r.getMessage() for r in caplog.records if "clients connected" in r.getMessage()]
+    assert lines == ["in the last 10s: 5 clients connected, 1 disconnected, 1 connections lost"]
+    h.tick(10)  # nothing happened since: no line
+    assert len([r for r in caplog.records if "clients connected" in r.getMessage()]) == 1
+
+
+def test_without_connection_log_interval_each_connection_is_logged(
+    make_harness: Callable[..., Harness], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="mqttbroker")
+    h = make_harness()
+    h.connect("one").send(pk.Disconnect())
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("client one connected from") for m in messages)
+    assert "client one disconnected (reason 0x00)" in messages
+
+
+def test_a_subscription_without_wildcards_keeps_the_other_cached_matches(
+    make_harness: Callable[..., Harness],
+) -> None:
+    h = make_harness()
+    watcher = h.connect("watcher")
+    watcher.subscribe("busy/#")
+    pub = h.connect("pub")
+    pub.publish("busy/a", b"1")
+    cache = h.broker.router._cache
+    cached = set(cache)
+    assert cached
+    for i in range(3):  # a storm of own-topic subscribers
+        h.connect(f"own-{i}").subscribe(f"own/{i}")
+    assert set(cache) >= cached
+    pub.publish("busy/a", b"2")
+    assert [p.payload for p in watcher.publishes()] == [b"1", b"2"]
+
+
+@pytest.mark.parametrize("topic_filter", ["t/x", "$share/g/t/x", "t/+", "#"])
+def test_a_new_subscription_changes_the_cached_match_of_its_topic(
+    make_harness: Callable[..., Harness], topic_filter: str
+) -> None:
+    h = make_harness()
+    pub = h.connect("pub")
+    other = h.connect("other")
+    other.subscribe("t/x")
+    pub.publish("t/x", b"before")  # cached: one subscriber
+    late = h.connect("late")
+    late.subscribe(topic_filter)
+    pub.publish("t/x", b"after")
+    assert [p.payload for p in late.publishes()] == [b"after"]
+    assert [p.payload for p in other.publishes()] == [b"before", b"after"]
+    late.unsubscribe(topic_filter)
+    pub.publish("t/x", b"gone")
+    assert late.receive() == []
+
+
+def test_a_subscription_keeps_no_retained_backlog_once_sent(
+    make_harness: Callable[..., Harness],
+) -> None:
+    h = make_harness()
+    pub = h.connect("pub")
+    pub.publish("kept/a", b"r1", retain=True)
+    pub.publish("kept/b", b"r2", retain=True)
+    sub = h.connect("sub")
+    assert sub.subscribe("nothing/here")[1:] == []
+    assert sub.conn.retained is None
+    received = sub.subscribe("kept/a")[1:]
+    assert [(p.topic, p.payload, p.retain) for p in received] == [("kept/a", b"r1", True)]
+    received = sub.subscribe("kept/+")[1:]
+    assert sorted(p.payload for p in received) == [b"r1", b"r2"]
+    assert sub.conn.retained is None
+
+
+def test_the_trie_keeps_little_per_subscription(make_harness: Callable[..., Harness]) -> None:
+    """A node creates its tables (children, subscriptions, shared groups) on first use: a
+    device's own topic costs its two levels' nodes and what they hold, not three tables each."""
+    h = make_harness()
+    session = h.connect("owner").session
+    subs = [Subscription(session, f"dev/{i:04d}/state") for i in range(500)]
+    trie = SubscriptionTrie()
+    trie.add(Subscription(session, "dev/warm/state"))
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for sub in subs:
+            trie.add(sub)
+        per_subscription = (tracemalloc.get_traced_memory()[0] - before) / len(subs)
+    finally:
+        tracemalloc.stop()
+    assert per_subscription < TRIE_BYTES_PER_TOPIC, per_subscription
+    assert [s.topic_filter for s in trie.match("dev/0007/state")[0][0][1]] == ["dev/0007/state"]
+    for sub in subs:
+        assert trie.remove(sub)
+    assert trie.count == 1 and [s.topic_filter for s in trie] == ["dev/warm/state"]
