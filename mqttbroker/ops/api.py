@@ -331,8 +331,9 @@ class Api:
             }
 
         def subs(node: Any) -> itertools.chain[Subscription]:
-            groups = (group.members for group in node.groups.values())
-            return itertools.chain(node.subs.values(), itertools.chain.from_iterable(groups))
+            groups = (group.members for group in (node.groups or {}).values())
+            own = (node.subs or {}).values()
+            return itertools.chain(own, itertools.chain.from_iterable(groups))
 
         root = self.broker.router.trie.root
         found = scan_tree(root, levels, _cursor(request), subs, _everything, _limit(request))
@@ -358,7 +359,7 @@ class Api:
             }
 
         def groups(node: Any) -> Any:
-            return node.groups.values()
+            return (node.groups or {}).values()
 
         root = self.broker.router.trie.root
         found = scan_tree(root, levels, _cursor(request), groups, _everything, _limit(request))
