@@ -142,9 +142,24 @@ class SQLiteStore(Store):
         directory = self.path.parent
         if directory.exists() and not directory.is_dir():
             raise StoreError(f"{self.path}: {directory} is not a directory")
+        # SQLite deletes the write-ahead log when it closes a connection to a main file it
+        # finds damaged: the log (the last commits of a killed broker) is kept under a second
+        # name until the file has opened, and put back for the move aside (or the refusal).
+        wal = Path(f"{self.path}-wal")
+        kept = Path(f"{self.path}-wal.kept")
+        try:
+            if kept.exists() and not wal.exists():  # a start that stopped in between
+                os.replace(kept, wal)
+            kept.unlink(missing_ok=True)
+            if wal.exists():
+                os.link(wal, kept)
+        except OSError as exc:
+            log.debug("store %s: cannot keep a link to the log: %s", self.path, describe(exc))
         try:
             directory.mkdir(parents=True, exist_ok=True)
-            return await self._connect()
+            db = await self._connect()
+            kept.unlink(missing_ok=True)
+            return db
         except Damaged as exc:
             damage = str(exc)
         except (sqlite3.Error, OSError) as exc:
@@ -154,6 +169,12 @@ class SQLiteStore(Store):
             raise StoreError(
                 f"{self.path}: cannot open the database: {describe(exc)}{hint}"
             ) from None
+        finally:
+            if kept.exists():
+                if wal.exists():
+                    kept.unlink()
+                else:
+                    os.replace(kept, wal)
         if self.on_corrupt == "refuse":
             raise StoreError(
                 f"{self.path}: the database is damaged ({damage}). Move it aside (or restore a "
