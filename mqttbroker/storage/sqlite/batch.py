@@ -9,8 +9,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import aiosqlite
-
 from ...broker.message import Message
 from ...protocol.fastpath import encode_properties
 from .. import describe
@@ -63,18 +61,18 @@ class Batch:
         )
 
 
-async def apply(
-    db: aiosqlite.Connection, b: Batch, wall: Callable[[float | None], float | None], path: Path
-) -> None:
-    """Write one batch in one transaction (rolled back if any of it fails)."""
-    await db.execute("BEGIN")
-    try:
-        if b.wiped:
-            rows = [(client_id,) for client_id in b.wiped]
-            for table in PER_CLIENT:
-                await db.executemany(f"DELETE FROM {table} WHERE client_id = ?", rows)
-        if b.messages:
-            await db.executemany(
+Statements = list[tuple[str, list[tuple[Any, ...]]]]
+
+
+def statements(b: Batch, wall: Callable[[float | None], float | None]) -> Statements:
+    """The batch as SQL and its rows, in the order they must run (built on the event loop)."""
+    todo: Statements = []
+    if b.wiped:
+        rows = [(client_id,) for client_id in b.wiped]
+        todo += [(f"DELETE FROM {table} WHERE client_id = ?", rows) for table in PER_CLIENT]
+    if b.messages:
+        todo.append(
+            (
                 "INSERT OR REPLACE INTO messages VALUES (?, ?, ?, ?, ?, ?, ?)",
                 [
                     (
@@ -89,41 +87,35 @@ async def apply(
                     for mid, m in b.messages.items()
                 ],
             )
-        if b.sessions:
-            await db.executemany(
-                "INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?)", list(b.sessions.values())
-            )
-        await _upsert(db, "subscriptions", "client_id = ? AND topic_filter = ?", b.subs, 7)
-        await _upsert(db, "deliveries", "client_id = ? AND seq = ?", b.deliveries, 9)
-        if b.releases:
-            await db.executemany(
+        )
+    if b.sessions:
+        todo.append(
+            ("INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?)", list(b.sessions.values()))
+        )
+    _upsert(todo, "subscriptions", "client_id = ? AND topic_filter = ?", b.subs, 7)
+    _upsert(todo, "deliveries", "client_id = ? AND seq = ?", b.deliveries, 9)
+    if b.releases:
+        todo.append(
+            (
                 "INSERT OR REPLACE INTO releases VALUES (?, ?)",
                 [k for k, keep in b.releases.items() if keep],
             )
-            await db.executemany(
+        )
+        todo.append(
+            (
                 "DELETE FROM releases WHERE client_id = ? AND packet_id = ?",
                 [k for k, keep in b.releases.items() if not keep],
             )
-        await _upsert(db, "retained", "topic = ?", b.retained, 5)
-        await _upsert(db, "wills", "client_id = ?", b.wills, 8)
-        if b.dead_messages:
-            await db.executemany(
-                "DELETE FROM messages WHERE id = ?", [(mid,) for mid in b.dead_messages]
-            )
-        await db.execute("COMMIT")
-    except BaseException:
-        # SQLite may have rolled the transaction back itself (disk full, I/O error): a
-        # ROLLBACK then fails and must not hide the error that caused it.
-        if db.in_transaction:
-            try:
-                await db.execute("ROLLBACK")
-            except sqlite3.Error as exc:
-                log.debug("store %s: rollback failed: %s", path, describe(exc))
-        raise
+        )
+    _upsert(todo, "retained", "topic = ?", b.retained, 5)
+    _upsert(todo, "wills", "client_id = ?", b.wills, 8)
+    if b.dead_messages:
+        todo.append(("DELETE FROM messages WHERE id = ?", [(mid,) for mid in b.dead_messages]))
+    return todo
 
 
-async def _upsert(
-    db: aiosqlite.Connection,
+def _upsert(
+    todo: Statements,
     table: str,
     where: str,
     rows: dict[Any, tuple[Any, ...] | None],
@@ -135,6 +127,32 @@ async def _upsert(
     gone = [key if isinstance(key, tuple) else (key,) for key, row in rows.items() if row is None]
     if put:
         marks = ", ".join("?" * width)
-        await db.executemany(f"INSERT OR REPLACE INTO {table} VALUES ({marks})", put)
+        todo.append((f"INSERT OR REPLACE INTO {table} VALUES ({marks})", put))
     if gone:
-        await db.executemany(f"DELETE FROM {table} WHERE {where}", gone)
+        todo.append((f"DELETE FROM {table} WHERE {where}", gone))
+
+
+def write(db: sqlite3.Connection, todo: Statements, path: Path, checkpoint: bool) -> None:
+    """Run ``todo`` in one transaction (rolled back if any of it fails), in the database's
+    thread: one call per commit, however many statements (SQLite keeps them prepared).
+    ``checkpoint``: first copy what the log holds beyond the last checkpoint into the database
+    (a few pages: see SQLiteStore._checkpoint_loop), so that this commit restarts the log."""
+    if checkpoint:
+        try:
+            db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        except sqlite3.Error as exc:
+            log.debug("store %s: checkpoint failed: %s", path, describe(exc))
+    db.execute("BEGIN")
+    try:
+        for sql, rows in todo:
+            db.executemany(sql, rows)
+        db.execute("COMMIT")
+    except BaseException:
+        # SQLite may have rolled the transaction back itself (disk full, I/O error): a
+        # ROLLBACK then fails and must not hide the error that caused it.
+        if db.in_transaction:
+            try:
+                db.execute("ROLLBACK")
+            except sqlite3.Error as exc:
+                log.debug("store %s: rollback failed: %s", path, describe(exc))
+        raise

@@ -33,7 +33,7 @@ from ...broker.topics import Subscription
 from ...protocol.fastpath import encode_properties
 from ...protocol.packets import MQTT_5, Will
 from .. import StoreError, describe
-from .batch import Batch, apply
+from .batch import Batch, statements, write
 from .restore import Reader
 from .schema import DAMAGE_CODES, SYNC_LEVELS, Damaged, denied, prepare
 
@@ -67,6 +67,12 @@ class CommitTimes:
 class SQLiteStore(Store):
     RETRY_FIRST = 0.25  # seconds before the first retry of a failed commit; doubled each time
     RETRY_MAX = 5.0  # up to this
+    # After a commit, the next one waits up to this long (and no longer than the last commit
+    # took) for as many changes as the last one carried: the publishers it acknowledged send
+    # their next messages, which then share one commit instead of trickling into two.
+    GATHER_MAX = 0.002
+    # Seconds between two WAL checkpoints while commits go on (see _checkpoint_loop).
+    CHECKPOINT_INTERVAL = 0.5
 
     def __init__(
         self,
@@ -89,11 +95,17 @@ class SQLiteStore(Store):
         self._db: aiosqlite.Connection | None = None
         self._batch = Batch()
         self._wake = asyncio.Event()
+        self._due = 0  # the writer wakes once ``writes`` reaches this (see GATHER_MAX)
+        self._gather: asyncio.TimerHandle | None = None
+        self._committed = asyncio.Event()  # a commit happened since the last checkpoint
+        self._checkpointer: asyncio.Task[None] | None = None  # see _checkpoint_loop
+        self._tail = False  # the writer checkpoints the log's tail before its next commit
         self._writer: asyncio.Task[None] | None = None
         self._closing = False
         self._stopped = asyncio.Event()  # set by close(): a retry waits no longer
         self._failing_since: float | None = None  # when commits began to fail (None: they work)
         self._next_message_id = 1
+        self._batch_start = 0  # ``writes`` when the current batch began
         self._clock: Callable[[], float] = time.monotonic
 
     @property
@@ -235,17 +247,20 @@ class SQLiteStore(Store):
             ) from None
         self._next_message_id = reader.next_message_id
         self._writer = asyncio.create_task(self._write_loop())
+        self._checkpointer = asyncio.create_task(self._checkpoint_loop())
         return restored
 
     # -- recording changes (called by the broker, synchronously) ----------------------------
 
     def _changed(self) -> None:
         self.writes += 1
-        self._wake.set()
+        if self.writes >= self._due:
+            self._wake.set()
 
     def after_commit(self, callback: Callable[[], None]) -> None:
         self._batch.waiters.append(callback)
-        self._wake.set()
+        if self.writes >= self._due:
+            self._wake.set()
 
     def save_session(self, session: Session) -> None:
         session.stored = True
@@ -378,22 +393,38 @@ class SQLiteStore(Store):
     # -- writing ----------------------------------------------------------------------------
 
     async def _write_loop(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             await self._wake.wait()
             self._wake.clear()
+            self._due = 0
+            if self._gather is not None:
+                self._gather.cancel()
+                self._gather = None
             if self.commit_interval and not self._closing:
                 await asyncio.sleep(self.commit_interval)
-            await self._commit_pending()
+            started = loop.time()
+            carried = await self._commit_pending()
             if self._closing:
                 return
+            if carried > 1 and not self.commit_interval:
+                # Gather: wake once as many changes as this commit carried are in, or soon.
+                self._due = self.writes + carried
+                if self.writes < self._due:
+                    self._wake.clear()
+                    wait = min(self.GATHER_MAX, loop.time() - started)
+                    self._gather = loop.call_later(wait, self._wake.set)
 
-    async def _commit_pending(self) -> None:
-        """Commit the current batch, then release what waited for it. While the disk refuses
-        (full, read-only, I/O error) the batch is retried with backoff and its waiters (held
-        acknowledgements) stay held; one ERROR when that starts, one WARNING when it ends.
-        Closing, a batch that still fails is given up, its waiters never called."""
+    async def _commit_pending(self) -> int:
+        """Commit the current batch, then release what waited for it; returns the number of
+        changes it carried. While the disk refuses (full, read-only, I/O error) the batch is
+        retried with backoff and its waiters (held acknowledgements) stay held; one ERROR when
+        that starts, one WARNING when it ends. Closing, a batch that still fails is given up,
+        its waiters never called."""
         batch = self._batch
         self._batch = Batch()
+        carried = self.writes - self._batch_start
+        self._batch_start = self.writes
         delay = self.RETRY_FIRST
         while not batch.empty():
             try:
@@ -408,7 +439,7 @@ class SQLiteStore(Store):
                         self.path,
                         describe(exc),
                     )
-                    return
+                    return carried
                 if self._failing_since is None:
                     self._failing_since = time.monotonic()
                     log.error(
@@ -426,6 +457,7 @@ class SQLiteStore(Store):
                 delay = min(delay * 2, self.RETRY_MAX)
             else:
                 self.commits += 1
+                self._committed.set()
                 if self._failing_since is not None:
                     log.warning(
                         "store %s: commits succeed again, after %.1f s",
@@ -439,18 +471,58 @@ class SQLiteStore(Store):
                 callback()
             except Exception:
                 log.exception("error in a post-commit callback")
+        return carried
 
     async def _apply(self, batch: Batch) -> None:
-        """Write one batch (the commit the retries above repeat)."""
+        """Write one batch (the commit the retries above repeat): one call into the database's
+        thread, not one per statement."""
         db = self._db
         assert db is not None
-        await apply(db, batch, self._wall, self.path)
+        tail, self._tail = self._tail, False
+        # aiosqlite runs one function in its thread with _execute (its own methods use it; it
+        # has no public form): the whole transaction in one call, not one per statement.
+        todo = statements(batch, self._wall)
+        await db._execute(write, db._conn, todo, self.path, tail)  # type: ignore[no-untyped-call]
+
+    async def _checkpoint_loop(self) -> None:
+        """WAL checkpoints off the commit path. The writer does not checkpoint by itself
+        (``wal_autocheckpoint`` 0: the commit that crossed the threshold used to wait for the
+        whole copy into the database file and its fsync). A connection of our own copies the
+        log into the database while commits go on, at most every CHECKPOINT_INTERVAL; then
+        the writer, before its next commit, copies the few pages committed meanwhile, so that
+        this commit starts the log over from its beginning and the log's size stays bounded."""
+        try:
+            db = await aiosqlite.connect(self.path, isolation_level=None)
+        except (sqlite3.Error, OSError) as exc:
+            log.warning("store %s: no checkpoint connection (%s)", self.path, describe(exc))
+            return
+        try:
+            await db.execute(f"PRAGMA synchronous={SYNC_LEVELS[self.sync]}")
+            while not self._closing:
+                await self._committed.wait()
+                self._committed.clear()
+                if self._closing:
+                    break
+                try:
+                    await db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                except sqlite3.Error as exc:
+                    log.debug("store %s: checkpoint failed: %s", self.path, describe(exc))
+                else:
+                    self._tail = True
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopped.wait(), self.CHECKPOINT_INTERVAL)
+        finally:
+            await db.close()
 
     async def close(self) -> None:
         """Write what is pending (one more attempt if commits are failing) and close. Safe to
         call after a failed ``load``, and more than once."""
         self._closing = True
         self._stopped.set()
+        if self._checkpointer is not None:
+            self._committed.set()
+            await self._checkpointer
+            self._checkpointer = None
         if self._writer is not None:
             self._wake.set()
             await self._writer
