@@ -109,8 +109,6 @@ def restore(broker: Broker, client_id: str, data: bytes) -> Session:
                 decode(bytes.fromhex(packet), now), qos, retain, tuple(sub_ids), share
             )
             delivery.released = released
-            session.seq += 1
-            delivery.seq = session.seq
             if packet_id is not None:
                 delivery.packet_id = packet_id
                 session.inflight[packet_id] = delivery

@@ -105,6 +105,7 @@ class SQLiteStore(Store):
         self._stopped = asyncio.Event()  # set by close(): a retry waits no longer
         self._failing_since: float | None = None  # when commits began to fail (None: they work)
         self._next_message_id = 1
+        self._refs: dict[int, int] = {}  # stored message id -> deliveries that refer to it
         self._batch_start = 0  # ``writes`` when the current batch began
         self._clock: Callable[[], float] = time.monotonic
 
@@ -246,6 +247,7 @@ class SQLiteStore(Store):
                 "start with an empty store."
             ) from None
         self._next_message_id = reader.next_message_id
+        self._refs = reader.refs
         self._writer = asyncio.create_task(self._write_loop())
         self._checkpointer = asyncio.create_task(self._checkpoint_loop())
         return restored
@@ -262,8 +264,13 @@ class SQLiteStore(Store):
         if self.writes >= self._due:
             self._wake.set()
 
+    # The handles (see broker/store.py): a message's ``stored`` is its row id in ``messages``,
+    # a delivery's its ``seq`` in ``deliveries``, a session's the next such ``seq`` (1 once
+    # saved). How many deliveries refer to each stored message: ``_refs``.
+
     def save_session(self, session: Session) -> None:
-        session.stored = True
+        if not session.stored:
+            session.stored = 1
         self._batch.sessions[session.client_id] = (
             session.client_id,
             session.expiry_interval,
@@ -275,7 +282,7 @@ class SQLiteStore(Store):
     def delete_session(self, session: Session) -> None:
         if not session.stored:
             return  # never written: a clean session costs the store nothing
-        session.stored = False
+        session.stored = 0
         client_id = session.client_id
         for delivery in list(session.inflight.values()) + list(session.queue):
             if delivery.stored:
@@ -309,19 +316,23 @@ class SQLiteStore(Store):
     def save_delivery(self, session: Session, delivery: Delivery) -> None:
         batch = self._batch
         msg = delivery.message
-        key = (session.client_id, delivery.seq)
-        if not delivery.stored:
-            delivery.stored = True
-            if msg.store_id is None:
-                msg.store_id = self._next_message_id
+        seq = delivery.stored
+        if not seq:
+            seq = delivery.stored = max(session.stored, 1)
+            session.stored = seq + 1
+            mid = msg.stored
+            if not mid:
+                mid = msg.stored = self._next_message_id
                 self._next_message_id += 1
-                batch.messages[msg.store_id] = msg
-            msg.store_refs += 1
-            batch.new_deliveries.add(key)
-        batch.deliveries[key] = (
+                batch.messages[mid] = msg
+                self._refs[mid] = 1
+            else:
+                self._refs[mid] += 1
+            batch.new_deliveries.add((session.client_id, seq))
+        batch.deliveries[(session.client_id, seq)] = (
             session.client_id,
-            delivery.seq,
-            msg.store_id,
+            seq,
+            msg.stored,
             delivery.qos,
             int(delivery.retain),
             ",".join(map(str, delivery.sub_ids)),
@@ -334,20 +345,25 @@ class SQLiteStore(Store):
     def delete_delivery(self, session: Session, delivery: Delivery) -> None:
         if not delivery.stored:
             return
-        delivery.stored = False
         batch = self._batch
-        key = (session.client_id, delivery.seq)
+        key = (session.client_id, delivery.stored)
+        delivery.stored = 0
         if key in batch.new_deliveries:  # never reached the disk
             batch.new_deliveries.discard(key)
             del batch.deliveries[key]
         else:
             batch.deliveries[key] = None
         msg = delivery.message
-        msg.store_refs -= 1
-        if msg.store_refs <= 0 and msg.store_id is not None:
-            if batch.messages.pop(msg.store_id, None) is None:
-                batch.dead_messages.add(msg.store_id)
-            msg.store_id = None
+        mid = msg.stored
+        refs = self._refs
+        left = refs[mid] - 1
+        if left:
+            refs[mid] = left
+        else:
+            del refs[mid]
+            if batch.messages.pop(mid, None) is None:
+                batch.dead_messages.add(mid)
+            msg.stored = 0
         self._changed()
 
     def save_release(self, session: Session, packet_id: int) -> None:
