@@ -172,3 +172,34 @@ async def test_puback_before_a_disconnect_in_the_same_read_waits_for_the_commit(
     node.b.flush()
     assert rows(db_path, "SELECT count(*) FROM deliveries") == [(1,)]
     assert audit.violations == []
+
+
+@async_test
+async def test_acks_out_of_order_delete_exactly_the_acknowledged_rows(
+    db_path: Path, fake_time: FakeTime
+):
+    """Acknowledged deliveries are deleted a range of sequence numbers at a time: acks with
+    gaps, in any order, delete those rows and messages and no neighbour; a restart resends
+    exactly the rest."""
+    node = await Node(db_path, fake_time).start()
+    await offline_subscriber(node, "sub", "gap/#")
+    pub = await node.connect("pub")
+    for i in range(8):
+        await pub.publish_acked("gap/x", b"m%d" % i, 1)
+    sub = node.client()
+    resent = await sub.connect("sub", clean_start=False, expiry=300)
+    assert [p.payload for p in resent] == [b"m%d" % i for i in range(8)]
+    kept = {2, 5, 6}
+    await sub.ack_all([p for i, p in enumerate(resent) if i not in kept][::-1])
+    assert rows(db_path, "SELECT seq FROM deliveries ORDER BY seq") == [(3,), (6,), (7,)]
+    assert rows(db_path, "SELECT payload FROM messages ORDER BY id") == [
+        (b"m2",),
+        (b"m5",),
+        (b"m6",),
+    ]
+    await node.close()
+
+    fake_time.reboot()
+    node2 = await Node(db_path, fake_time).start()
+    again = await node2.client().connect("sub", clean_start=False, expiry=300)
+    assert [p.payload for p in again] == [b"m2", b"m5", b"m6"]

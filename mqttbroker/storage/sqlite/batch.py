@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +93,7 @@ def statements(b: Batch, wall: Callable[[float | None], float | None]) -> Statem
             ("INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?)", list(b.sessions.values()))
         )
     _upsert(todo, "subscriptions", "client_id = ? AND topic_filter = ?", b.subs, 7)
-    _upsert(todo, "deliveries", "client_id = ? AND seq = ?", b.deliveries, 9)
+    _upsert(todo, "deliveries", "client_id = ? AND seq BETWEEN ? AND ?", b.deliveries, 9, True)
     if b.releases:
         todo.append(
             (
@@ -110,8 +110,21 @@ def statements(b: Batch, wall: Callable[[float | None], float | None]) -> Statem
     _upsert(todo, "retained", "topic = ?", b.retained, 5)
     _upsert(todo, "wills", "client_id = ?", b.wills, 8)
     if b.dead_messages:
-        todo.append(("DELETE FROM messages WHERE id = ?", [(mid,) for mid in b.dead_messages]))
+        runs = [(first, last) for _, first, last in _runs((0, mid) for mid in b.dead_messages)]
+        todo.append(("DELETE FROM messages WHERE id BETWEEN ? AND ?", runs))
     return todo
+
+
+def _runs(keys: Iterable[tuple[Any, int]]) -> list[tuple[Any, int, int]]:
+    """Keys (owner, number) as runs of consecutive numbers per owner, (owner, first, last):
+    what is acknowledged in order is deleted a range at a time."""
+    runs: list[tuple[Any, int, int]] = []
+    for owner, number in sorted(keys):
+        if runs and runs[-1][2] == number - 1 and runs[-1][0] == owner:
+            runs[-1] = (owner, runs[-1][1], number)
+        else:
+            runs.append((owner, number, number))
+    return runs
 
 
 def _upsert(
@@ -120,11 +133,20 @@ def _upsert(
     where: str,
     rows: dict[Any, tuple[Any, ...] | None],
     width: int,
+    ranges: bool = False,
 ) -> None:
+    """Rows to put and keys to delete (None); ``ranges``: keys (owner, number), deleted as
+    ``_runs`` (``where`` then ends in BETWEEN)."""
     if not rows:
         return
     put = [row for row in rows.values() if row is not None]
-    gone = [key if isinstance(key, tuple) else (key,) for key, row in rows.items() if row is None]
+    gone: list[tuple[Any, ...]]
+    if ranges:
+        gone = list(_runs(key for key, row in rows.items() if row is None))
+    else:
+        gone = [
+            key if isinstance(key, tuple) else (key,) for key, row in rows.items() if row is None
+        ]
     if put:
         marks = ", ".join("?" * width)
         todo.append((f"INSERT OR REPLACE INTO {table} VALUES ({marks})", put))
