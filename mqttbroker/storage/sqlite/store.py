@@ -3,8 +3,13 @@
 Changes the broker reports are coalesced in memory per row (a QoS 1 message queued and
 acknowledged within one batch never touches the disk) and written in one transaction per batch.
 A batch starts as soon as the previous one is committed, so under load each fsync carries many
-messages; idle, a change is written at once. Connections hold their acknowledgements until the
-batch with their changes has committed (see broker/store.py).
+messages; idle, a change is written at once. After a commit of n changes the next waits briefly
+(GATHER_MAX) for n more: the publishers just acknowledged send again, into one commit. Each
+commit is one call into the database's thread (``batch.write``). Connections hold their
+acknowledgements until the batch with their changes has committed (see broker/store.py).
+
+WAL checkpoints never run inside a commit (see ``_checkpoint_loop``): what a commit waits for is
+its own pages and, as ``sync`` says, one fsync of the log.
 
 Payloads routed to many sessions are stored once (``messages``) and referenced (``deliveries``).
 Times are stored as wall-clock seconds, so deadlines survive a restart. The schema and its
