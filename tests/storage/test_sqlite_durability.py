@@ -9,11 +9,15 @@ for QoS 2, the packet id awaiting PUBREL) is not committed yet.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from pathlib import Path
 
+import pytest
 from support.harness import decode_raw, split_raw
 from support.sqlite_harness import FakeTime, Node, async_test, pk, rows
+
+from mqttbroker.storage.sqlite import SQLiteStore
 
 
 class AckAudit:
@@ -203,3 +207,28 @@ async def test_acks_out_of_order_delete_exactly_the_acknowledged_rows(
     node2 = await Node(db_path, fake_time).start()
     again = await node2.client().connect("sub", clean_start=False, expiry=300)
     assert [p.payload for p in again] == [b"m2", b"m5", b"m6"]
+
+
+@async_test
+async def test_checkpoints_run_beside_the_commits_and_keep_the_log_bounded(
+    db_path: Path, fake_time: FakeTime, monkeypatch: pytest.MonkeyPatch
+):
+    """The writer's connection never checkpoints inside a commit (that made the commit that
+    crossed 1,000 pages wait for the whole copy and an fsync of the database file): the
+    store's own connection checkpoints beside the commits, and the log still starts over
+    while messages stream in, so its size stays bounded."""
+    monkeypatch.setattr(SQLiteStore, "CHECKPOINT_INTERVAL", 0.01)
+    node = await Node(db_path, fake_time, store_options={"sync": "off"}).start()
+    db = node.s._db
+    assert db is not None
+    async with db.execute("PRAGMA wal_autocheckpoint") as cursor:
+        assert await cursor.fetchone() == (0,)
+    await offline_subscriber(node, "sub", "big/#")
+    pub = await node.connect("pub")
+    payload = os.urandom(16_000)
+    largest = 0
+    for _ in range(500):  # 8 MB through the log
+        await pub.publish_acked("big/x", payload, 1)
+        largest = max(largest, Path(f"{db_path}-wal").stat().st_size)
+    assert largest < 3_000_000
+    assert rows(db_path, "SELECT count(*) FROM deliveries") == [(500,)]
