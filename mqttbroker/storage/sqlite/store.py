@@ -3,9 +3,9 @@
 Changes the broker reports are coalesced in memory per row (a QoS 1 message queued and
 acknowledged within one batch never touches the disk) and written in one transaction per batch.
 A batch starts as soon as the previous one is committed, so under load each fsync carries many
-messages; idle, a change is written at once. After a commit of n changes the next waits briefly
-(GATHER_MAX) for n more: the publishers just acknowledged send again, into one commit. Each
-commit is one call into the database's thread (``batch.write``). Connections hold their
+messages; idle, a change is written at once: while one commit runs, the next batch fills (the
+publishers it will acknowledge wait, the others go on). Each commit is one call into the
+database's thread (``batch.write``). Connections hold their
 acknowledgements until the batch with their changes has committed (see broker/store.py).
 
 WAL checkpoints never run inside a commit (see ``_checkpoint_loop``): what a commit waits for is
@@ -72,10 +72,6 @@ class CommitTimes:
 class SQLiteStore(Store):
     RETRY_FIRST = 0.25  # seconds before the first retry of a failed commit; doubled each time
     RETRY_MAX = 5.0  # up to this
-    # After a commit, the next one waits up to this long (and no longer than the last commit
-    # took) for as many changes as the last one carried: the publishers it acknowledged send
-    # their next messages, which then share one commit instead of trickling into two.
-    GATHER_MAX = 0.002
     # Seconds between two WAL checkpoints while commits go on (see _checkpoint_loop).
     CHECKPOINT_INTERVAL = 0.5
 
@@ -100,8 +96,6 @@ class SQLiteStore(Store):
         self._db: aiosqlite.Connection | None = None
         self._batch = Batch()
         self._wake = asyncio.Event()
-        self._due = 0  # the writer wakes once ``writes`` reaches this (see GATHER_MAX)
-        self._gather: asyncio.TimerHandle | None = None
         self._committed = asyncio.Event()  # a commit happened since the last checkpoint
         self._checkpointer: asyncio.Task[None] | None = None  # see _checkpoint_loop
         self._tail = False  # the writer checkpoints the log's tail before its next commit
@@ -111,7 +105,6 @@ class SQLiteStore(Store):
         self._failing_since: float | None = None  # when commits began to fail (None: they work)
         self._next_message_id = 1
         self._refs: dict[int, int] = {}  # stored message id -> deliveries that refer to it
-        self._batch_start = 0  # ``writes`` when the current batch began
         self._clock: Callable[[], float] = time.monotonic
 
     @property
@@ -261,13 +254,11 @@ class SQLiteStore(Store):
 
     def _changed(self) -> None:
         self.writes += 1
-        if self.writes >= self._due:
-            self._wake.set()
+        self._wake.set()
 
     def after_commit(self, callback: Callable[[], None]) -> None:
         self._batch.waiters.append(callback)
-        if self.writes >= self._due:
-            self._wake.set()
+        self._wake.set()
 
     # The handles (see broker/store.py): a message's ``stored`` is its row id in ``messages``,
     # a delivery's its ``seq`` in ``deliveries``, a session's the next such ``seq`` (1 once
@@ -414,38 +405,22 @@ class SQLiteStore(Store):
     # -- writing ----------------------------------------------------------------------------
 
     async def _write_loop(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             await self._wake.wait()
             self._wake.clear()
-            self._due = 0
-            if self._gather is not None:
-                self._gather.cancel()
-                self._gather = None
             if self.commit_interval and not self._closing:
                 await asyncio.sleep(self.commit_interval)
-            started = loop.time()
-            carried = await self._commit_pending()
+            await self._commit_pending()
             if self._closing:
                 return
-            if carried > 1 and not self.commit_interval:
-                # Gather: wake once as many changes as this commit carried are in, or soon.
-                self._due = self.writes + carried
-                if self.writes < self._due:
-                    self._wake.clear()
-                    wait = min(self.GATHER_MAX, loop.time() - started)
-                    self._gather = loop.call_later(wait, self._wake.set)
 
-    async def _commit_pending(self) -> int:
-        """Commit the current batch, then release what waited for it; returns the number of
-        changes it carried. While the disk refuses (full, read-only, I/O error) the batch is
-        retried with backoff and its waiters (held acknowledgements) stay held; one ERROR when
-        that starts, one WARNING when it ends. Closing, a batch that still fails is given up,
-        its waiters never called."""
+    async def _commit_pending(self) -> None:
+        """Commit the current batch, then release what waited for it. While the disk refuses
+        (full, read-only, I/O error) the batch is retried with backoff and its waiters (held
+        acknowledgements) stay held; one ERROR when that starts, one WARNING when it ends.
+        Closing, a batch that still fails is given up, its waiters never called."""
         batch = self._batch
         self._batch = Batch()
-        carried = self.writes - self._batch_start
-        self._batch_start = self.writes
         delay = self.RETRY_FIRST
         while not batch.empty():
             try:
@@ -460,7 +435,7 @@ class SQLiteStore(Store):
                         self.path,
                         describe(exc),
                     )
-                    return carried
+                    return
                 if self._failing_since is None:
                     self._failing_since = time.monotonic()
                     log.error(
@@ -492,7 +467,6 @@ class SQLiteStore(Store):
                 callback()
             except Exception:
                 log.exception("error in a post-commit callback")
-        return carried
 
     async def _apply(self, batch: Batch) -> None:
         """Write one batch (the commit the retries above repeat): one call into the database's
