@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 from collections.abc import Callable, Iterable
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -71,27 +72,25 @@ def statements(b: Batch, wall: Callable[[float | None], float | None]) -> Statem
         rows = [(client_id,) for client_id in b.wiped]
         todo += [(f"DELETE FROM {table} WHERE client_id = ?", rows) for table in PER_CLIENT]
     if b.messages:
-        todo.append(
-            (
-                "INSERT OR REPLACE INTO messages VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [
-                    (
-                        mid,
-                        m.topic,
-                        m.payload,
-                        m.qos,
-                        int(m.retain),
-                        encode_properties(m.properties),
-                        wall(m.expires_at),
-                    )
-                    for mid, m in b.messages.items()
-                ],
-            )
+        _insert(
+            todo,
+            "messages",
+            7,
+            [
+                (
+                    mid,
+                    m.topic,
+                    m.payload,
+                    m.qos,
+                    int(m.retain),
+                    encode_properties(m.properties),
+                    wall(m.expires_at),
+                )
+                for mid, m in b.messages.items()
+            ],
         )
     if b.sessions:
-        todo.append(
-            ("INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?)", list(b.sessions.values()))
-        )
+        _insert(todo, "sessions", 4, list(b.sessions.values()))
     _upsert(todo, "subscriptions", "client_id = ? AND topic_filter = ?", b.subs, 7)
     _upsert(todo, "deliveries", "client_id = ? AND seq BETWEEN ? AND ?", b.deliveries, 9, True)
     if b.releases:
@@ -127,6 +126,23 @@ def _runs(keys: Iterable[tuple[Any, int]]) -> list[tuple[Any, int, int]]:
     return runs
 
 
+# Rows per INSERT statement: each statement is one step, and the database's thread gives up and
+# takes back the GIL (which the event loop holds meanwhile) once per step, not once per row.
+# 64 rows of 9 columns stay within SQLite's oldest default limit of 999 parameters.
+ROWS_PER_INSERT = 64
+
+
+def _insert(todo: Statements, table: str, width: int, rows: list[tuple[Any, ...]]) -> None:
+    """INSERT OR REPLACE ``rows`` into ``table``, ROWS_PER_INSERT to a statement."""
+    one = "(" + ", ".join("?" * width) + ")"
+    for start in range(0, len(rows), ROWS_PER_INSERT):
+        part = rows[start : start + ROWS_PER_INSERT]
+        values = ", ".join([one] * len(part))
+        todo.append(
+            (f"INSERT OR REPLACE INTO {table} VALUES {values}", [tuple(chain.from_iterable(part))])
+        )
+
+
 def _upsert(
     todo: Statements,
     table: str,
@@ -148,8 +164,7 @@ def _upsert(
             key if isinstance(key, tuple) else (key,) for key, row in rows.items() if row is None
         ]
     if put:
-        marks = ", ".join("?" * width)
-        todo.append((f"INSERT OR REPLACE INTO {table} VALUES ({marks})", put))
+        _insert(todo, table, width, put)
     if gone:
         todo.append((f"DELETE FROM {table} WHERE {where}", gone))
 
