@@ -9,10 +9,14 @@ for QoS 2, the packet id awaiting PUBREL) is not committed yet.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import sqlite3
 import time
 from pathlib import Path
+from typing import Any
 
+import aiosqlite
 import pytest
 from support.harness import decode_raw, split_raw
 from support.sqlite_harness import FakeTime, Node, async_test, pk, rows
@@ -209,6 +213,20 @@ async def test_acks_out_of_order_delete_exactly_the_acknowledged_rows(
     assert [p.payload for p in again] == [b"m2", b"m5", b"m6"]
 
 
+async def stream_through_the_log(node: Node, db_path: Path) -> int:
+    """500 messages of 16 KB (8 MB) into an offline session, one commit each; the largest
+    the log grew meanwhile."""
+    await offline_subscriber(node, "sub", "big/#")
+    pub = await node.connect("pub")
+    payload = os.urandom(16_000)
+    largest = 0
+    for _ in range(500):
+        await pub.publish_acked("big/x", payload, 1)
+        largest = max(largest, Path(f"{db_path}-wal").stat().st_size)
+    assert rows(db_path, "SELECT count(*) FROM deliveries") == [(500,)]
+    return largest
+
+
 @async_test
 async def test_checkpoints_run_beside_the_commits_and_keep_the_log_bounded(
     db_path: Path, fake_time: FakeTime, monkeypatch: pytest.MonkeyPatch
@@ -223,12 +241,28 @@ async def test_checkpoints_run_beside_the_commits_and_keep_the_log_bounded(
     assert db is not None
     async with db.execute("PRAGMA wal_autocheckpoint") as cursor:
         assert await cursor.fetchone() == (0,)
-    await offline_subscriber(node, "sub", "big/#")
-    pub = await node.connect("pub")
-    payload = os.urandom(16_000)
-    largest = 0
-    for _ in range(500):  # 8 MB through the log
-        await pub.publish_acked("big/x", payload, 1)
-        largest = max(largest, Path(f"{db_path}-wal").stat().st_size)
-    assert largest < 3_000_000
-    assert rows(db_path, "SELECT count(*) FROM deliveries") == [(500,)]
+    assert await stream_through_the_log(node, db_path) < 3_000_000
+
+
+@async_test
+async def test_without_a_checkpoint_connection_the_writer_checkpoints(
+    db_path: Path, fake_time: FakeTime, monkeypatch: pytest.MonkeyPatch, caplog
+):
+    """The second connection cannot be opened: one WARNING, and the writer checkpoints between
+    its commits itself, so the log is still bounded."""
+    monkeypatch.setattr(SQLiteStore, "CHECKPOINT_INTERVAL", 0.01)
+    connect = aiosqlite.connect
+    opened: list[str] = []
+
+    def only_once(*args: Any, **kwargs: Any) -> Any:
+        opened.append("connect")
+        if len(opened) > 1:
+            raise sqlite3.OperationalError("unable to open database file")
+        return connect(*args, **kwargs)
+
+    monkeypatch.setattr(aiosqlite, "connect", only_once)
+    with caplog.at_level(logging.WARNING, logger="mqttbroker.storage"):
+        node = await Node(db_path, fake_time, store_options={"sync": "off"}).start()
+        assert await stream_through_the_log(node, db_path) < 3_000_000
+    assert len(opened) == 2
+    assert "no connection for checkpoints (unable to open database file)" in caplog.text

@@ -5,8 +5,8 @@ acknowledged within one batch never touches the disk) and written in one transac
 A batch starts as soon as the previous one is committed, so under load each fsync carries many
 messages; idle, a change is written at once: while one commit runs, the next batch fills (the
 publishers it will acknowledge wait, the others go on). Each commit is one call into the
-database's thread (``batch.write``). Connections hold their
-acknowledgements until the batch with their changes has committed (see broker/store.py).
+database's thread (``batch.write``). Connections hold their acknowledgements until the batch
+with their changes has committed (see broker/store.py).
 
 WAL checkpoints never run inside a commit (see ``_checkpoint_loop``): what a commit waits for is
 its own pages and, as ``sync`` says, one fsync of the log.
@@ -486,28 +486,37 @@ class SQLiteStore(Store):
         log into the database while commits go on, at most every CHECKPOINT_INTERVAL; then
         the writer, before its next commit, copies the few pages committed meanwhile, so that
         this commit starts the log over from its beginning and the log's size stays bounded."""
+        db: aiosqlite.Connection | None = None
         try:
             db = await aiosqlite.connect(self.path, isolation_level=None)
-        except (sqlite3.Error, OSError) as exc:
-            log.warning("store %s: no checkpoint connection (%s)", self.path, describe(exc))
-            return
-        try:
             await db.execute(f"PRAGMA synchronous={SYNC_LEVELS[self.sync]}")
+        except (sqlite3.Error, OSError) as exc:
+            log.warning(
+                "store %s: no connection for checkpoints (%s); the writer checkpoints between "
+                "commits instead",
+                self.path,
+                describe(exc),
+            )
+            if db is not None:
+                await db.close()
+                db = None
+        try:
             while not self._closing:
                 await self._committed.wait()
                 self._committed.clear()
                 if self._closing:
                     break
-                try:
-                    await db.execute("PRAGMA wal_checkpoint(PASSIVE)")
-                except sqlite3.Error as exc:
-                    log.debug("store %s: checkpoint failed: %s", self.path, describe(exc))
-                else:
-                    self._tail = True
+                if db is not None:
+                    try:
+                        await db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                    except sqlite3.Error as exc:
+                        log.debug("store %s: checkpoint failed: %s", self.path, describe(exc))
+                self._tail = True
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stopped.wait(), self.CHECKPOINT_INTERVAL)
         finally:
-            await db.close()
+            if db is not None:
+                await db.close()
 
     async def close(self) -> None:
         """Write what is pending (one more attempt if commits are failing) and close. Safe to
