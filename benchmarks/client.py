@@ -376,15 +376,21 @@ class Client(asyncio.Protocol):
         every group is found, group 0 is a 4-byte frame, hence group 1 starts a frame, and so
         on: the chunk is exactly those frames. Anything else (a failed ack, an identifier
         outside the window, another packet: a KeyError) is walked by :meth:`_pub_ack_walk`;
-        so are the bytes after the last whole group (an incomplete frame, or a short one)."""
+        so are the bytes after the last whole group (an incomplete frame, or a short one).
+        PUBACKs with reason code 0 (5 bytes, as Mosquitto sends them) are first turned into
+        the same 4-byte keys by :func:`wire.puback_keys`."""
         if self.rest:
             data = self.rest + data
             self.rest = b""
         size = len(data)
-        whole = size & -4
-        if whole:
+        found = wire.puback_keys(data) if size > 4 and data[1] == 3 else None
+        if found is not None:
+            head, whole = found
+        else:
+            whole = size & -4
             head = data if whole == size else data[:whole]
-            n = whole >> 2
+        if whole:
+            n = len(head) >> 2
             stopping = self.stopping
             table = self._replies_stopping if stopping else self._replies
             try:
@@ -507,7 +513,7 @@ async def close_clients(clients: Sequence[Client], timeout: float = 3.0) -> None
 class RawClient:
     """A connected, set-up MQTT connection on a plain non-blocking socket, read by sweeps."""
 
-    __slots__ = ("sock", "rest", "count", "eof", "others", "frame")
+    __slots__ = ("sock", "rest", "count", "eof", "others", "frame", "receive_max")
 
     def __init__(self, sock: socket.socket, rest: bytes, frame_len: int) -> None:
         self.sock = sock
@@ -515,6 +521,7 @@ class RawClient:
         self.count = 0
         self.eof = False
         self.others: list[tuple[int, bytes]] = []
+        self.receive_max = 65535  # from CONNACK (open_blocking)
         second = frame_len - 2 if 0 < frame_len - 2 < 128 else -1
         self.frame = (frame_len, 0x30, second)
 
@@ -546,13 +553,14 @@ _CONNECTING, _AWAIT_CONNACK, _AWAIT_SUBACK = range(3)
 
 
 class _Opening:
-    __slots__ = ("sock", "index", "phase", "buf")
+    __slots__ = ("sock", "index", "phase", "buf", "receive_max")
 
     def __init__(self, sock: socket.socket, index: int) -> None:
         self.sock = sock
         self.index = index
         self.phase = _CONNECTING
         self.buf = b""
+        self.receive_max = 65535
 
 
 def open_many(
@@ -627,9 +635,10 @@ def open_many(
                 first, body, end = frame
                 kind = first >> 4
                 if phase == _AWAIT_CONNACK and kind == CONNACK:
-                    code, _ = wire.connack_result(buf[body:end], version)
+                    code, props = wire.connack_result(buf[body:end], version)
                     if code != 0:
                         fail(f"CONNACK refused {client_ids[index]}: reason 0x{code:02X}")
+                    state.receive_max = props.get(wire.PROP_RECEIVE_MAXIMUM, 65535)
                     wanted = filters(index) if filters else ()
                     if wanted:
                         sock.send(wire.subscribe(1, list(wanted), version))
@@ -644,7 +653,9 @@ def open_many(
                     fail(f"{client_ids[index]}: unexpected packet 0x{first:02X} during setup")
                 ep.unregister(fd)
                 del pending[fd]
-                done.append(RawClient(sock, buf[end:], frame_len))
+                opened = RawClient(sock, buf[end:], frame_len)
+                opened.receive_max = state.receive_max
+                done.append(opened)
     finally:
         ep.close()
     return done
@@ -724,7 +735,7 @@ def open_blocking(
         _nodelay(sock)
         sock.sendall(wire.connect(client_id, version))
         body, buf = _expect_blocking(sock, CONNACK, b"", deadline, others)
-        code, _ = wire.connack_result(body, version)
+        code, props = wire.connack_result(body, version)
         if code != 0:
             raise BrokerRefused(f"CONNACK refused {client_id}: reason 0x{code:02X}")
         if filters:
@@ -739,6 +750,7 @@ def open_blocking(
         raise
     client = RawClient(sock, buf, 0)
     client.others = others
+    client.receive_max = props.get(wire.PROP_RECEIVE_MAXIMUM, 65535)
     return client
 
 

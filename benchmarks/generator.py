@@ -39,6 +39,7 @@ async def _main(spec: dict[str, Any]) -> dict[str, Any]:
         run_id=str(spec.get("run_id", "0")),
         sizes=_sizes(spec.get("sizes")),
         sub_port=spec.get("sub_port"),
+        c_publisher=spec.get("c_publisher"),
     )
     return await run(scenario, ctx)
 

@@ -79,3 +79,22 @@ def raise_fd_limit(want: int = 1 << 20) -> int:
         except (ValueError, OSError):
             pass
     return soft
+
+
+def filesystem(path: str) -> str | None:
+    """The type of the filesystem ``path`` is on (``ext4``, ``tmpfs``...), from /proc/mounts."""
+    real = os.path.realpath(path)
+    best, kind = "", None
+    try:
+        with open("/proc/mounts") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) < 3:
+                    continue
+                mount = parts[1].replace("\\040", " ")
+                inside = real == mount or real.startswith(mount.rstrip("/") + "/")
+                if inside and len(mount) >= len(best):
+                    best, kind = mount, parts[2]
+    except OSError:
+        return None
+    return kind

@@ -12,16 +12,18 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from . import brokers as br
-from . import procfs
+from . import ceiling, procfs, windowed
 from .scenarios import SCENARIOS, Scenario, Sizes, pick, resume_limit, titled
 from .wire import MQTT_5, MQTT_311
 
@@ -63,7 +65,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--connections", type=int, help="idle connections, scenario 6 (default 5000)")
     p.add_argument("--topics", type=int, help="own-topic subscribers, scenario 7 (default 10000)")
     p.add_argument("--subscribers", type=int, help="fan-out subscribers, scenario 2 (default 100)")
+    p.add_argument("--devices", type=int, help="paced devices, scenario 9 (default 1000)")
     p.add_argument("--no-pin", action="store_true", help="do not pin with taskset")
+    p.add_argument(
+        "--python-publishers",
+        action="store_true",
+        help="scenario 8: the Python publishers even when the C one can be built",
+    )
     p.add_argument(
         "--scrape-metrics",
         action="store_true",
@@ -89,7 +97,9 @@ def fmt(value: Any) -> str:
             return f"{value:.0f}"
         if abs(value) >= 10:
             return f"{value:.1f}"
-        return f"{value:.2f}" if value else "0"
+        if abs(value) < 0.1:
+            return f"{value:.3g}" if value else "0"  # 0.0523 s/10k msgs, not 0.05
+        return f"{value:.2f}"
     return str(value)
 
 
@@ -122,12 +132,14 @@ def _table(records: list[dict[str, Any]], names: list[str], keys: list[str], siz
         scenario = SCENARIOS[key]
         mine = [r for r in records if r["scenario"] == key]
         metric_rows: list[tuple[str, str, bool]] = [
-            (m.key, m.label + ("" if m.higher_is_better else " *"), True) for m in scenario.metrics
+            (m.key, m.label + ("" if m.higher_is_better else " *"), m.ratio)
+            for m in scenario.metrics
         ]
-        metric_rows += [
-            ("gen_cpu_pct", "gen CPU %", False),
-            ("broker_cpu_pct", "broker CPU %", False),
-        ]
+        if scenario.cpu_rows:
+            metric_rows += [
+                ("gen_cpu_pct", "gen CPU %", False),
+                ("broker_cpu_pct", "broker CPU %", False),
+            ]
         first = True
         for mkey, label, ratio in metric_rows:
             medians = {}
@@ -219,14 +231,15 @@ def run_one(
         "broker_pid": broker.pid,
         "run_id": f"{suite[-6:]}{scenario.key}{tag}{run}",
         "sizes": asdict(sizes),
+        "c_publisher": args.c_publisher,
     }
     cmd = br.pinned(
         br.GENERATOR_CORE, [sys.executable, "-m", "benchmarks.generator", json.dumps(spec)], pin
     )
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(br.REPO), env.get("PYTHONPATH")) if p)
-    many = sizes.idle_connections + sizes.spray_topics if scenario.many_fds else 0
-    timeout = args.warmup + args.duration + 60 + many / 100
+    many = sizes.idle_connections + sizes.spray_topics + sizes.devices if scenario.many_fds else 0
+    timeout = scenario.phases * (args.warmup + args.duration) + 60 + many / 100
     if scenario.own_brokers:  # scenario 8 waits for the resumed subscriber too
         timeout += resume_limit(args.warmup, args.duration) + 10
     record: dict[str, Any] = {
@@ -315,7 +328,11 @@ def run_fresh(
             "error": f"{name} did not start: {exc}",
         }
     try:
+        fsync = {}
+        if name == "ours-full" and handle.workdir:  # its disk, before its run (see ceiling.py)
+            fsync = ceiling.probe(handle.workdir)
         record = run_one(scenario, handle, run, args, sizes, pin, suite)
+        record.update(fsync)
         if record.get("broker_crashed"):
             print(f"  !! {name} crashed; log tail:\n{record['broker_log_tail']}", file=sys.stderr)
         elif record.get("error"):
@@ -337,6 +354,8 @@ def summary_line(record: dict[str, Any]) -> str:
     text += ", ".join(parts)
     if "resumed" in metrics:
         text += f"; resumed {fmt(metrics['resumed'])} of {fmt(metrics.get('accepted'))} accepted"
+    if "fsync_ms" in record:
+        text += f"; fsync {record['fsync_ms']:.3f} ms"
     if metrics.get("lost"):  # scenario 5: messages not back within 1 s
         text += f"  [lost: {metrics['lost']}]"
     if (record.get("stall_max_s") or 0) >= 0.25:
@@ -386,6 +405,8 @@ def main(argv: list[str] | None = None) -> int:
         sizes.spray_topics = args.topics
     if args.subscribers:
         sizes.fanout_subscribers = args.subscribers
+    if args.devices:
+        sizes.devices = args.devices
     version = MQTT_5 if args.mqtt == "5" else MQTT_311
     pin = br.pinning_available() and not args.no_pin
     br.SCRAPE_METRICS = args.scrape_metrics
@@ -398,6 +419,14 @@ def main(argv: list[str] | None = None) -> int:
     own = [s for s in scenarios if s.own_brokers]
     handles: list[br.BrokerHandle] = []
     records: list[dict[str, Any]] = []
+    build_dir = tempfile.mkdtemp(prefix="bench-publisher-") if own else None
+    args.c_publisher, publishers = None, ""
+    if build_dir and args.python_publishers:
+        publishers = (
+            "Python publishers (benchmarks/windowed.py), one process each: --python-publishers"
+        )
+    elif build_dir:
+        args.c_publisher, publishers = windowed.build_c(build_dir)
     try:
         try:
             if args.broker:
@@ -452,6 +481,9 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 + " (see benchmarks/README.md)"
             )
+            print(f"  scenario 8 generator: {publishers}")
+            if "ours-full" in own_names:
+                print(f"  scenario 8: {ceiling.DEFINITION}")
         print(
             f"  {len(scenarios)} scenario(s) x {args.runs} run(s): warm-up {args.warmup:g} s, "
             f"measuring {args.duration:g} s; JSON lines -> {out}"
@@ -506,11 +538,15 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for h in handles:
             h.stop()
+        if build_dir:
+            shutil.rmtree(build_dir, ignore_errors=True)
 
     print()
     print(table(records, sizes))
     print("  * lower is better; ratios are ours/peer of the medians; CPU % is of one core.")
     for line in floor_lines(records):
+        print(line)
+    for line in ceiling.lines(records, sizes.persist_publishers):
         print(line)
     print(f"  results: {out}")
     bad = [(r, p) for r in records for p in problems(r)]

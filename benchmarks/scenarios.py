@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import procfs, wire
+from . import devices, procfs, windowed, wire
 from .client import (
     Client,
     LatencyProbe,
@@ -43,6 +43,9 @@ class Sizes:
     connect_concurrency: int = 64
     persist_publishers: int = 4
     session_expiry: int = 3600
+    devices: int = 1000
+    device_rate_q1: float = 50.0  # messages/s per device, QoS 1
+    device_rate_q0: float = 100.0  # messages/s per device, QoS 0
 
     @classmethod
     def smoke(cls) -> Sizes:
@@ -51,6 +54,7 @@ class Sizes:
             idle_connections=50,
             spray_topics=200,
             spray_wildcards=3,
+            devices=20,
         )
 
 
@@ -67,10 +71,14 @@ class Ctx:
     # A cluster (benchmarks/cluster.py): the subscribers of scenarios 1 to 4 connect to this
     # node's port instead, so every message crosses nodes. None: all on ``port``.
     sub_port: int | None = None
+    # Scenario 8: the C publisher built by the runner (benchmarks/c/windowed_pub.c); None: the
+    # Python publishers (benchmarks/windowed.py).
+    c_publisher: str | None = None
     clients: list[Client] = field(default_factory=list)
     raw: list[RawClient] = field(default_factory=list)
     retired: list[Client] = field(default_factory=list)  # closed by the scenario itself
     lost_before_retiring: int = 0
+    unexpected: dict[str, int] = field(default_factory=dict)  # seen by other processes
 
     def cid(self, name: str) -> str:
         return f"bm{self.run_id}-{name}"
@@ -199,6 +207,7 @@ def window(
         "broker_cpu_pct": None,
     }
     if s0[2] is not None and s1[2] is not None:
+        out["broker_cpu_s"] = s1[2] - s0[2]
         out["broker_cpu_pct"] = round(100 * (s1[2] - s0[2]) / elapsed, 1)
     return out
 
@@ -243,12 +252,59 @@ async def _qos0_flow(
     return w
 
 
+def _fanin_topics(n: int) -> list[str]:
+    if n > 10:  # keep every topic the same length, so every frame is the same size
+        return [f"bench/{i:03d}/data" for i in range(n)]
+    return [f"bench/{i}/data" for i in range(n)]
+
+
 async def fan_in(ctx: Ctx) -> dict[str, Any]:
     n = ctx.sizes.fanin_publishers
-    topics = [f"bench/{i}/data" for i in range(n)]
-    if n > 10:  # keep every topic the same length, so every frame is the same size
-        topics = [f"bench/{i:03d}/data" for i in range(n)]
-    return await _qos0_flow(ctx, n, 1, "bench/+/data", topics)
+    return await _qos0_flow(ctx, n, 1, "bench/+/data", _fanin_topics(n))
+
+
+async def fan_in_per_write(ctx: Ctx) -> dict[str, Any]:
+    """Scenario 1's shape, but every PUBLISH is its own write and its own TCP segment
+    (devices.OnePerWrite): the broker reads one message per segment instead of ~750 per block."""
+    n = ctx.sizes.fanin_publishers
+    topics = _fanin_topics(n)
+    frame = ctx.publish_len(topics[0])
+    sub = await ctx.client("sub")
+    await sub.subscribe([("bench/+/data", 0)])
+    sub.start_counting(frame)
+    conns = ctx.open_many([f"pub{i}" for i in range(n)])  # TCP_NODELAY
+    packets = [wire.publish(t, wire.payload(i), 0, 0, ctx.version) for i, t in enumerate(topics)]
+    pubs = devices.OnePerWrite(conns, packets)
+    stop = asyncio.Event()
+    task = asyncio.get_running_loop().create_task(pubs.run(stop))
+    try:
+        w = await ctx.measure(
+            lambda: {
+                "received": sub.count,
+                "sent": pubs.sent,
+                "segments": pubs.segments() or 0,
+                "attempts": pubs.attempts,
+                "held": pubs.held,
+            },
+            progress=lambda: sub.count,
+        )
+    finally:
+        stop.set()
+        await task
+    ctx.lost_before_retiring += sum(1 for c in conns if c.eof)  # the broker closed a publisher
+    d = w["delta"]
+    w["metrics"] = {
+        "msgs_per_s": rate(d["received"], w["elapsed"]),
+        "sent_per_s": rate(d["sent"], w["elapsed"]),
+        # data segments the publishers' sockets sent per message: 1.0 when none was merged
+        "segs_per_msg": round(d["segments"] / d["sent"], 3)
+        if d["sent"] and d["segments"]
+        else None,
+        # attempts that found the previous message still queued (the broker was behind)
+        "held_pct": round(100 * d["held"] / d["attempts"], 1) if d["attempts"] else None,
+    }
+    w["delivered"] = sub.count
+    return w
 
 
 async def one_to_one(ctx: Ctx) -> dict[str, Any]:
@@ -462,14 +518,10 @@ def resume_limit(warmup: float, duration: float) -> float:
     return 30.0 + 3 * (warmup + duration)
 
 
-async def _until(done: Callable[[], bool], limit: float, step: float = 0.01) -> bool:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + limit
-    while not done():
-        if loop.time() >= end:
-            return False
-        await asyncio.sleep(step)
-    return True
+def _window_rate(pub: dict[str, Any], key: str) -> float:
+    """A publisher process's rate of ``key`` over its own measuring window."""
+    (t0, _, c0), (t1, _, c1) = pub["marks"]
+    return (c1[key] - c0[key]) / (t1 - t0) if t1 > t0 else 0.0
 
 
 async def persistent(ctx: Ctx) -> dict[str, Any]:
@@ -486,27 +538,44 @@ async def persistent(ctx: Ctx) -> dict[str, Any]:
     await sub.subscribe([(topic, 1)])
     await ctx.retire([sub])
 
-    pubs = [await ctx.client(f"pub{i}") for i in range(ctx.sizes.persist_publishers)]
-    for pub in pubs:
-        pub.start_windowed(topic, 1, ctx.sizes.window, wire.payload())
-    w = await ctx.measure(
-        lambda: {
-            "acked": sum(p.acked for p in pubs),
-            "failed": sum(p.failed_acks for p in pubs),
-            "sent": sum(p.sent for p in pubs),
-        },
-        progress=lambda: sum(p.acked for p in pubs),
+    # The publishers: one process each (the C program, or benchmarks/windowed.py), so the
+    # generator's side keeps up with a broker acknowledging from memory.
+    specs = [
+        {
+            "host": ctx.host,
+            "port": ctx.port,
+            "version": ctx.version,
+            "client_id": ctx.cid(f"pub{i}"),
+            "topic": topic,
+            "window": ctx.sizes.window,
+        }
+        for i in range(ctx.sizes.persist_publishers)
+    ]
+    pubs, s0, s1 = await windowed.run_publishers(
+        specs, ctx.warmup, ctx.duration, ACK_SETTLE_LIMIT, ctx.snapshot, ctx.c_publisher
     )
-    for pub in pubs:  # no new PUBLISH from here; the ones in flight get their acks
-        pub.stopping = True
-    settled = await _until(
-        lambda: sum(p.acked for p in pubs) >= sum(p.sent for p in pubs), ACK_SETTLE_LIMIT
+    w = window(
+        {k: sum(p["marks"][0][2][k] for p in pubs) for k in ("acked", "failed", "sent")},
+        {k: sum(p["marks"][1][2][k] for p in pubs) for k in ("acked", "failed", "sent")},
+        s0,
+        s1,
     )
-    sent = sum(p.sent for p in pubs)
-    failed = sum(p.failed_acks for p in pubs)
-    accepted = sum(p.acked for p in pubs) - failed
+    worker_cpu = sum(p["marks"][1][1] - p["marks"][0][1] for p in pubs)
+    w["gen_cpu_pct"] = round(w["gen_cpu_pct"] + 100 * worker_cpu / w["elapsed"], 1)
+    w["gen_processes"] = len(pubs)
+    w["gen_publishers"] = "c" if ctx.c_publisher else "python"
+    settled = all(p["settled"] for p in pubs)
+    sent = sum(p["sent"] for p in pubs)
+    failed = sum(p["failed"] for p in pubs)
+    accepted = sum(p["acked"] for p in pubs) - failed
     rss_queued = procfs.rss_kb(ctx.broker_pid)
-    await ctx.retire(pubs)
+    ctx.lost_before_retiring += sum(1 for p in pubs if p["lost"])
+    for p in pubs:
+        for key, n in p["others"].items():
+            ctx.unexpected[key] = ctx.unexpected.get(key, 0) + n
+    hist = windowed.merge_histograms([p["latency_hist_us"] for p in pubs])
+    worst = [p["latency_max_ms"] for p in pubs if p["latency_max_ms"] is not None]
+    p99 = windowed.hist_percentile(hist, 0.99)
 
     # The subscriber comes back: every accepted message must reach it.
     loop = asyncio.get_running_loop()
@@ -515,7 +584,7 @@ async def persistent(ctx: Ctx) -> dict[str, Any]:
     back.end_session = True  # leave nothing behind on an external broker (MQTT 5)
     back.start_acking()
     limit = resume_limit(ctx.warmup, ctx.duration)
-    last, last_at, why = back.count, t0, "time limit"
+    last, last_at, why = 0, t0, "time limit"
     while (now := loop.time()) - t0 < limit:
         if back.count >= accepted > 0 or back.lost.done():
             why = "all" if back.count >= accepted else "connection lost"
@@ -531,10 +600,18 @@ async def persistent(ctx: Ctx) -> dict[str, Any]:
     resumed = back.count
     resume_s = max(last_at - t0, 1e-9)
 
-    elapsed = w["elapsed"]
+    accepted_rate = sum(_window_rate(p, "acked") - _window_rate(p, "failed") for p in pubs)
+    reads = sum(_window_rate(p, "reads") for p in pubs)
     w["metrics"] = {
-        "msgs_per_s": rate(w["delta"]["acked"] - w["delta"]["failed"], elapsed),
-        "sent_per_s": rate(w["delta"]["sent"], elapsed),
+        # each publisher's own window (they start and end within a few ms of the broker's)
+        "msgs_per_s": round(accepted_rate, 1),
+        "sent_per_s": round(sum(_window_rate(p, "sent") for p in pubs), 1),
+        # PUBACKs per read at the publishers: the fewer, the more system calls per message
+        "acks_per_read": round(sum(_window_rate(p, "acked") for p in pubs) / reads, 2)
+        if reads
+        else None,
+        "ack_p99_ms": round(p99 / 1000, 2) if p99 is not None else None,
+        "ack_max_ms": max(worst) if worst else None,
         "resume_msgs_per_s": rate(resumed, resume_s),
         "resume_s": round(resume_s, 3),
         "accepted": accepted,
@@ -543,7 +620,7 @@ async def persistent(ctx: Ctx) -> dict[str, Any]:
     }
     w["delivered"] = resumed
     w["failed_acks"] = failed
-    w["window"] = min([ctx.sizes.window] + [p.receive_max for p in pubs])
+    w["window"] = min([ctx.sizes.window] + [p["window"] for p in pubs])
     w["resume"] = why
     w["session_present_on_resume"] = back.session_present
     w["granted_session_expiry"] = granted
@@ -565,6 +642,93 @@ async def persistent(ctx: Ctx) -> dict[str, Any]:
     return w
 
 
+# -- 9: many devices, each publishing a few messages per second ---------------------------------
+
+
+async def many_devices(ctx: Ctx) -> dict[str, Any]:
+    """``devices`` publishers, each on its own connection and topic ``dev/<i>/q1`` or
+    ``dev/<i>/q0``, paced (devices.pace): first QoS 1 at ``device_rate_q1`` messages/s each into
+    a wildcard subscriber at QoS 1, then QoS 0 at ``device_rate_q0`` each into another. Each
+    phase has its warm-up and window; the figures are the delivered rate and the broker's CPU
+    seconds per 10,000 delivered messages."""
+    n = ctx.sizes.devices
+    width = max(4, len(str(n - 1)))
+    sub1 = await ctx.client("sub1")
+    await sub1.subscribe([("dev/+/q1", 1)])
+    sub1.start_acking()
+    sub0 = await ctx.client("sub0")
+    await sub0.subscribe([("dev/+/q0", 0)])
+    sub0.start_counting(ctx.publish_len(f"dev/{0:0{width}d}/q0"))
+    conns = ctx.open_many([f"dev{i}" for i in range(n)])
+    limit = min([devices.RING] + [c.receive_max for c in conns])
+    metrics: dict[str, Any] = {}
+    gen_cpu, broker_cpu, failed = [], [], 0
+    phases = (("q1", 1, ctx.sizes.device_rate_q1, sub1), ("q0", 0, ctx.sizes.device_rate_q0, sub0))
+    for name, qos, per_device, sub in phases:
+        devs = [
+            devices.Device(
+                conn,
+                devices.device_packets(f"dev/{i:0{width}d}/{name}", qos, ctx.version, limit),
+                limit if qos else 0,
+            )
+            for i, conn in enumerate(conns)
+        ]
+
+        def received(sub: Client = sub) -> float:
+            return sub.count
+
+        def sweep(devs: list[devices.Device] = devs) -> None:
+            for device in devs:
+                device.sweep()
+
+        def read(devs: list[devices.Device] = devs, sub: Client = sub) -> dict[str, float]:
+            return {
+                "received": sub.count,
+                "sent": sum(d.sent for d in devs),
+                "held": sum(d.held for d in devs),
+            }
+
+        stop = asyncio.Event()
+        task = asyncio.get_running_loop().create_task(
+            devices.pace(devs, per_device, stop, bool(qos))
+        )
+        try:
+            w = await ctx.measure(read, before_read=sweep if qos else None, progress=received)
+        finally:
+            stop.set()
+            pacer = await task
+        if qos:  # the last acks come back before the next phase
+            await asyncio.sleep(0.3)
+            sweep()
+            failed += sum(d.failed for d in devs)
+        d = w["delta"]
+        cpu_s = w.get("broker_cpu_s")
+        metrics[f"{name}_msgs_per_s"] = rate(d["received"], w["elapsed"])
+        metrics[f"{name}_offered_per_s"] = round(n * per_device, 1)
+        metrics[f"{name}_sent_per_s"] = rate(d["sent"], w["elapsed"])
+        metrics[f"{name}_cpu_per_10k"] = (
+            round(cpu_s / d["received"] * 10_000, 4)
+            if cpu_s is not None and d["received"]
+            else None
+        )
+        metrics[f"{name}_gen_cpu_pct"] = w["gen_cpu_pct"]
+        metrics[f"{name}_broker_cpu_pct"] = w["broker_cpu_pct"]
+        metrics[f"{name}_held"] = int(d["held"])  # turns skipped: socket full or ring in flight
+        metrics[f"{name}_missed"] = pacer.missed  # turns skipped: the generator was late
+        gen_cpu.append(w["gen_cpu_pct"])
+        broker_cpu.append(w["broker_cpu_pct"])
+    ctx.lost_before_retiring += sum(1 for c in conns if c.eof)  # the broker closed a device
+    out: dict[str, Any] = {
+        "metrics": metrics,
+        "delivered": sub1.count + sub0.count,
+        "gen_cpu_pct": max(gen_cpu),  # the busier phase: near 100, the generator was the limit
+        "broker_cpu_pct": max((c for c in broker_cpu if c is not None), default=None),
+    }
+    if failed:
+        out["failed_acks"] = failed
+    return out
+
+
 # -- the registry -------------------------------------------------------------------------------
 
 
@@ -573,6 +737,7 @@ class Metric:
     key: str
     label: str
     higher_is_better: bool = True
+    ratio: bool = True  # ours/peer in the table (not for CPU % and the like)
 
 
 @dataclass(frozen=True)
@@ -587,6 +752,8 @@ class Scenario:
     # Configurations of our broker (brokers.TUNED_VARIANTS), or the floor (brokers.FLOOR),
     # measured here beside the others.
     variants: tuple[str, ...] = ()
+    phases: int = 1  # warm-up + measuring windows per run
+    cpu_rows: bool = True  # the table's gen CPU % and broker CPU % rows (else in ``metrics``)
 
 
 MSGS = Metric("msgs_per_s", "msg/s")
@@ -595,6 +762,12 @@ SCENARIOS: dict[str, Scenario] = {
     for s in (
         Scenario("1", "fan-in QoS0 8->1", fan_in, (MSGS,)),
         Scenario("1b", "1->1 QoS0", one_to_one, (MSGS,)),
+        Scenario(
+            "1w",
+            "fan-in QoS0 8->1, one msg per write",
+            fan_in_per_write,
+            (MSGS, Metric("segs_per_msg", "segments/msg", ratio=False)),
+        ),
         Scenario(
             "2",
             "fan-out QoS0 1->100",
@@ -641,8 +814,31 @@ SCENARIOS: dict[str, Scenario] = {
             "8",
             "QoS1 4->offline session, 32 in flight",
             persistent,
-            (MSGS, Metric("resume_msgs_per_s", "resume msg/s")),
+            (
+                MSGS,
+                Metric("ack_p99_ms", "PUBACK p99 ms", False),
+                Metric("ack_max_ms", "PUBACK max ms", False),
+                Metric("resume_msgs_per_s", "resume msg/s"),
+            ),
             own_brokers=True,
+        ),
+        Scenario(
+            "9",
+            "1000 devices, QoS1 @50/s + QoS0 @100/s each",
+            many_devices,
+            (
+                Metric("q1_msgs_per_s", "QoS1 msg/s"),
+                Metric("q1_cpu_per_10k", "QoS1 CPU s/10k msgs", False),
+                Metric("q1_broker_cpu_pct", "QoS1 broker CPU %", ratio=False),
+                Metric("q1_gen_cpu_pct", "QoS1 gen CPU %", ratio=False),
+                Metric("q0_msgs_per_s", "QoS0 msg/s"),
+                Metric("q0_cpu_per_10k", "QoS0 CPU s/10k msgs", False),
+                Metric("q0_broker_cpu_pct", "QoS0 broker CPU %", ratio=False),
+                Metric("q0_gen_cpu_pct", "QoS0 gen CPU %", ratio=False),
+            ),
+            many_fds=True,
+            phases=2,
+            cpu_rows=False,
         ),
     )
 }
@@ -651,7 +847,7 @@ SCENARIOS: dict[str, Scenario] = {
 def titled(scenario: Scenario, sizes: Sizes) -> str:
     """The scenario's title with the sizes actually used."""
     title = scenario.title
-    if scenario.key == "1":
+    if scenario.key in ("1", "1w"):
         title = title.replace("8->", f"{sizes.fanin_publishers}->")
     elif scenario.key == "2":
         title = title.replace("->100", f"->{sizes.fanout_subscribers}")
@@ -669,6 +865,11 @@ def titled(scenario: Scenario, sizes: Sizes) -> str:
         title = title.replace("4->", f"{sizes.persist_publishers}->").replace(
             "32 in", f"{sizes.window} in"
         )
+    elif scenario.key == "9":
+        title = (
+            f"{sizes.devices} devices, QoS1 @{sizes.device_rate_q1:g}/s"
+            f" + QoS0 @{sizes.device_rate_q0:g}/s each"
+        )
     return title
 
 
@@ -677,7 +878,7 @@ async def run(scenario: Scenario, ctx: Ctx) -> dict[str, Any]:
     try:
         result = await scenario.run(ctx)
         lost = sum(1 for c in ctx.clients if c.lost.done()) + ctx.lost_before_retiring
-        unexpected: dict[str, int] = {}
+        unexpected: dict[str, int] = dict(ctx.unexpected)
         for client in ctx.clients + ctx.retired:
             for first, _ in client.others:
                 key = f"0x{first:02X}"

@@ -217,3 +217,77 @@ def suback_codes(body: bytes, version: int) -> list[int]:
         length, pos = header
         pos += length
     return list(body[pos:])
+
+
+_ACK_KEY = b"\x40\x02\x00\x00"  # a PUBACK without reason code: the identifier is filled in
+SHORT_RUN = 4  # up to this many 5-byte PUBACKs, puback_keys checks them one by one
+
+
+def puback_keys(data: bytes) -> tuple[bytes | bytearray, int] | None:
+    """A chunk of successful PUBACKs as 4-byte frames ``40 02 hi lo``, one per PUBACK, and how
+    many bytes of ``data`` they cover (an incomplete frame after them is left out); None when
+    the chunk does not start with such a run.
+
+    Brokers send a successful PUBACK either without reason code (4 bytes, as this broker does)
+    or with reason code 0x00 (5 bytes, as Mosquitto does); either way the answer is 4 bytes per
+    PUBACK, to be read as native uint32s (``memoryview(keys).cast("I")``) and looked up in a
+    table: a 4-byte chunk is returned as is, unchecked (an unknown key is the caller's sign that
+    it was something else), a 5-byte one only when every frame's header and reason code (below
+    0x80) check out, with strided slices at C speed."""
+    size = len(data)
+    if size < 4 or data[0] != 0x40:
+        return None
+    if data[1] == 2:
+        whole = size & -4
+        return (data if whole == size else data[:whole]), whole
+    if data[1] != 3:
+        return None
+    k = size // 5
+    if not k:
+        return None
+    whole = k * 5
+    if k == 1:  # the most common chunk from Mosquitto, which writes its PUBACKs one by one
+        return (b"\x40\x02" + data[2:4], 5) if data[4] < 0x80 else None
+    if k <= SHORT_RUN:  # a few: a short loop costs less than the strided checks
+        keys = bytearray()
+        for p in range(0, whole, 5):
+            if data[p] != 0x40 or data[p + 1] != 3 or data[p + 4] >= 0x80:
+                return None
+            keys += data[p : p + 4]
+        keys[1::4] = b"\x02" * k
+        return keys, whole
+    if (
+        data[0:whole:5].count(0x40) != k
+        or data[1:whole:5].count(3) != k
+        or max(data[4:whole:5]) >= 0x80
+    ):
+        return None
+    keys = bytearray(_ACK_KEY) * k
+    keys[2::4] = data[2:whole:5]
+    keys[3::4] = data[3:whole:5]
+    return keys, whole
+
+
+def count_pubacks(data: bytes, others: list[tuple[int, bytes]]) -> tuple[int, int, int]:
+    """Count the PUBACKs in ``data``: (acks, of which failed (reason code >= 0x80), position of
+    the first byte not consumed). A run of successful ones is counted at C speed (see
+    :func:`puback_keys`); anything else is walked frame by frame, other packets going to
+    ``others`` as (first byte, body)."""
+    acks = failed = pos = 0
+    found = puback_keys(data)
+    if found is not None:
+        keys, whole = found
+        k = len(keys) >> 2
+        if keys[0::4].count(0x40) == k and keys[1::4].count(2) == k:
+            acks, pos = k, whole
+    end = len(data)
+    while (frame := next_frame(data, pos)) is not None:
+        first, body, stop = frame
+        if first >> 4 == PUBACK:
+            acks += 1
+            if stop - body > 2 and data[body + 2] >= 0x80:
+                failed += 1
+        else:
+            others.append((first, data[body:stop]))
+        pos = stop
+    return acks, failed, min(pos, end)

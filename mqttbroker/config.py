@@ -138,6 +138,10 @@ class ClusterConfig:
     # without stopping keeps its node_id this long.
     node_ttl: float = 10.0
     connect_timeout: float = 5.0  # seconds to reach Redis
+    # Seconds a node may be gone (its lease expired, or stopped) before the other nodes adopt
+    # its persistent sessions and the messages left for it; 0: only when one of its clients
+    # connects to another node.
+    adopt_after: float = 60.0
 
 
 @dataclass(slots=True)
@@ -418,6 +422,8 @@ def _check_cluster(cluster: ClusterConfig, where: str) -> None:
         raise ConfigError(f"{where}.node_ttl: must be at least 1 (second)")
     if not cluster.connect_timeout > 0:
         raise ConfigError(f"{where}.connect_timeout: must be positive")
+    if not cluster.adopt_after >= 0:
+        raise ConfigError(f"{where}.adopt_after: must be 0 (off) or more (seconds)")
 
 
 def _check_admin(config: Config, source: str) -> None:

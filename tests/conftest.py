@@ -1,12 +1,13 @@
-"""Shared fixtures: the broker as a real subprocess.
+"""Shared fixtures: the broker as a real subprocess, and paho clients of it.
 
 ``broker`` (one per test session), ``fresh_broker`` (one per test, for tests that stop it or
-depend on timing of their own) and ``start_broker`` (a factory, for several per test) run ``python -m mqttbroker --port 0`` with a temporary data
-directory. The port comes from the ``listening on HOST:PORT (MQTT over TCP)`` line the broker logs,
-so there is no port race. A thread keeps draining the broker's output, so its pipe never fills,
-and keeps every line for assertions (``log_text()``, ``wait_for_log()``): see
-``support/launcher.py``, which the persistence tests use too.
+depend on timing of their own) and ``start_broker`` (a factory, for several per test) run
+``python -m mqttbroker --port 0`` with a temporary data directory. The port comes from the
+``listening on HOST:PORT (MQTT over TCP)`` line the broker logs, so there is no port race. A
+thread keeps draining the broker's output, so its pipe never fills, and keeps every line for
+assertions (``log_text()``, ``wait_for_log()``): see ``support/launcher.py``.
 ``start_program`` runs another program (an example, say) the same way, until its ready line.
+``paho`` makes paho clients (``support.clients.PahoClient``) that are closed after the test.
 
 A test marked ``needs_mosquitto``, ``needs_haproxy``, ``needs_node``, ``needs_openssl`` or
 ``needs_chromium`` is skipped when that program is missing, and fails instead under ``CI=true``;
@@ -16,13 +17,14 @@ a CI run that skipped any test, for whatever reason, fails (``external_tools.py`
 from __future__ import annotations
 
 import itertools
-import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from external_tools import TOOLS, in_ci, require
-from support.launcher import BrokerProcess
+from support.clients import MQTT_5, PahoClient
+from support.launcher import BrokerProcess, ProgramProcess
 
 
 @pytest.fixture(scope="session")
@@ -56,7 +58,6 @@ def start_broker(tmp_path: Path) -> Iterator[Callable[..., BrokerProcess]]:
     ) -> BrokerProcess:
         if data_dir is None:
             data_dir = tmp_path / f"data{next(counter)}"
-        data_dir.mkdir(parents=True, exist_ok=True)
         process = BrokerProcess(data_dir, log_level, extra_args)
         process.cwd = cwd or data_dir
         process.preexec_fn = preexec_fn
@@ -78,16 +79,6 @@ def fresh_broker(start_broker: Callable[..., BrokerProcess]) -> BrokerProcess:
     return start_broker()
 
 
-class ProgramProcess(BrokerProcess):
-    """Another program, run and watched as the broker is: ``args`` its command line, ``ready``
-    the line it logs (on stderr) once it is ready, with host and port in its first two groups."""
-
-    def __init__(self, workdir: Path, args: list[str], ready: str) -> None:
-        super().__init__(workdir)
-        self.args = args
-        self.ready = re.compile(ready)
-
-
 @pytest.fixture
 def start_program(tmp_path: Path) -> Iterator[Callable[..., ProgramProcess]]:
     """``start_program(args, ready)``: start ``args`` in the test's tmp_path and wait for its
@@ -104,6 +95,35 @@ def start_program(tmp_path: Path) -> Iterator[Callable[..., ProgramProcess]]:
     finally:
         for process in reversed(started):
             process.stop()
+
+
+@pytest.fixture
+def paho() -> Iterator[Callable[..., PahoClient]]:
+    """``paho(server, version=5, user=None, password=None, connect=True, **PahoClient options)``:
+    a paho client of ``server`` (anything with ``host`` and ``port``), logging in as ``user``
+    if given, connected (CONNACK received) unless ``connect=False``; all are closed after the
+    test."""
+    made: list[PahoClient] = []
+
+    def make(
+        server: Any,
+        version: int = MQTT_5,
+        user: str | None = None,
+        password: bytes | str | None = None,
+        connect: bool = True,
+        **options: Any,
+    ) -> PahoClient:
+        client = PahoClient(server.host, server.port, version, **options)
+        if user is not None:
+            client.client.username_pw_set(user, password)
+        made.append(client)
+        if connect:
+            client.connect()
+        return client
+
+    yield make
+    for client in made:
+        client.close()
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -60,8 +60,29 @@ def test_benchmark_smoke(tmp_path: Path) -> None:
     # Scenario 8 runs on a fresh broker per storage variant, and the resumed subscriber gets
     # every message the broker accepted into its offline session.
     persistent = {r["broker"]: r for r in records if r["scenario"] == "8"}
+    from benchmarks.windowed import compiler
+
+    publishers = "c" if compiler() else "python"
+    header = "C publishers (" if publishers == "c" else "Python publishers ("
+    assert f"scenario 8 generator: {header}" in proc.stdout, report
     assert set(persistent) == {"ours-memory", "ours-normal", "ours-full"}, report
     for record in persistent.values():
         metrics = record["metrics"]
         assert metrics["accepted"] > 0 and metrics["resumed"] >= metrics["accepted"], report
+        # its publishers run in processes of their own and time every PUBACK: the C program
+        # wherever a C compiler is (tests/test_benchmark_c_publisher.py), and the header says so
+        assert record["gen_processes"] == 4, report
+        assert record["gen_publishers"] == publishers, report
+        assert 0 < metrics["ack_p99_ms"] <= metrics["ack_max_ms"], report
+    # ours-full measured its disk's fsync time, and the ceiling is printed under the table
+    assert persistent["ours-full"]["fsync_ms"] > 0, report
+    assert "fsync-bound ceiling 4 x 32" in proc.stdout, report
+    # Scenario 9: both phases delivered, with the broker's CPU per 10,000 messages.
+    devices = next(r for r in records if r["scenario"] == "9")["metrics"]
+    for phase in ("q1", "q0"):
+        assert devices[f"{phase}_msgs_per_s"] > 0, report
+        assert devices[f"{phase}_cpu_per_10k"] is not None, report  # 0 when under one tick
+    # Scenario 1w: one data segment per message (no two merged by the kernel).
+    per_write = next(r for r in records if r["scenario"] == "1w")["metrics"]
+    assert per_write["segs_per_msg"] is None or 0.95 <= per_write["segs_per_msg"] <= 1.05, report
     assert "ours" in proc.stdout and "msg/s" in proc.stdout  # the table was printed

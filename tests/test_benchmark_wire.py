@@ -285,6 +285,25 @@ def test_pub_qos1_fast_path(monkeypatch: pytest.MonkeyPatch, per: int) -> None:
     assert fast.acked == 320 and fast.sent == 32 + 320 and fast.rest == b""
 
 
+@pytest.mark.parametrize("per", [1, 3, 32])
+def test_pub_qos1_fast_path_with_mosquitto_s_5_byte_pubacks(
+    monkeypatch: pytest.MonkeyPatch, per: int
+) -> None:
+    calls = walk_calls(monkeypatch, "_pub_ack_walk")
+    fast = new_client()
+    fast.start_windowed("bench/q1/00", 1, 32, wire.payload())
+    packets = dict(fast._packets)
+    initial = list(writes(fast))
+    pids = [i % 32 + 1 for i in range(96)]
+    frames = [ack(0x40, pid, 0x00) for pid in pids]  # reason code 0 written out
+    feed([b"".join(frames[i : i + per]) for i in range(0, len(frames), per)], fast)
+    assert calls == []
+    assert b"".join(writes(fast)[len(initial) :]) == b"".join(
+        packets[pid.to_bytes(2, "big")] for pid in pids
+    )
+    assert fast.acked == 96 and fast.sent == 32 + 96 and fast.rest == b""
+
+
 def test_pub_qos2_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = walk_calls(monkeypatch, "_pub_ack_walk")
     fast, slow = publishers(2)

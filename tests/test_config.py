@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.launcher import run_broker
 
 from mqttbroker.config import Config, ConfigError, load
 
@@ -90,12 +91,7 @@ def test_values_are_applied(tmp_path: Path) -> None:
 def test_cli_reports_config_errors_and_exits_2(tmp_path: Path) -> None:
     path = tmp_path / "bad.toml"
     path.write_text("[broker]\nmaximum_qos = 3\n")
-    result = subprocess.run(
-        [sys.executable, "-m", "mqttbroker", "--config", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    result = run_broker("--config", str(path))
     assert result.returncode == 2
     assert f"{path}: broker.maximum_qos must be 0, 1 or 2" in result.stderr
     assert "Traceback" not in result.stderr

@@ -3,12 +3,11 @@ over (file and line), errors, and ``mqttbroker convert-config``."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
 import pytest
+from support.launcher import run_broker
 
 from mqttbroker.config import ConfigError, from_table
 from mqttbroker.mosquitto_conf import bridges_supported, convert, load
@@ -193,13 +192,7 @@ def test_invalid_value_for_this_broker_names_the_file(tmp_path: Path) -> None:
 
 def test_convert_config_command(tmp_path: Path) -> None:
     path = write(tmp_path, FULL.replace("acl_file acl.conf\n", ""))
-    done = subprocess.run(
-        [sys.executable, "-m", "mqttbroker", "convert-config", str(path)],
-        capture_output=True,
-        text=True,
-        env={"PYTHONPATH": str(ROOT)},
-        check=False,
-    )
+    done = run_broker("convert-config", str(path))
     assert done.returncode == 0, done.stderr
     parsed = tomllib.loads(done.stdout)
     assert parsed["listener"][1]["tls_min_version"] == "1.3"
@@ -211,12 +204,6 @@ def test_convert_config_command(tmp_path: Path) -> None:
 
 
 def test_convert_config_error_exit_status(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "mqttbroker", "convert-config", str(tmp_path / "none.conf")],
-        capture_output=True,
-        text=True,
-        env={"PYTHONPATH": str(ROOT)},
-        check=False,
-    )
+    done = run_broker("convert-config", str(tmp_path / "none.conf"))
     assert done.returncode == 2
     assert "none.conf: cannot read" in done.stderr

@@ -120,6 +120,9 @@ class Connection:
         "work_pass",
         "input_paused",
         "publishes_sent",
+        "publishes_received",
+        "bytes_received",
+        "bytes_sent",
         "retained",
         "_overflowed",
     )
@@ -184,6 +187,9 @@ class Connection:
         self.work_pass = -1  # the pass ``work`` counts
         self.input_paused = False  # reading paused until the broker resumes our input
         self.publishes_sent = 0  # PUBLISH packets queued for the client ($SYS: delivered)
+        self.publishes_received = 0  # PUBLISH packets from the client
+        self.bytes_received = 0  # MQTT bytes read from the client, counted per read
+        self.bytes_sent = 0  # MQTT bytes written to the client, counted per write
         # Retained messages still to send for new subscriptions, sent a share per loop pass
         # while the output drains (see subscribe.send_retained).
         self.retained: deque[tuple[Subscription, Iterator[Message]]] | None = None
@@ -204,6 +210,7 @@ class Connection:
         loop (and everyone's output) for seconds."""
         if self.state == CLOSED:
             return  # MQTT-3.1.4-6: nothing after a refused CONNECT is processed
+        self.bytes_received += len(data)
         if self.checking:  # a password check is under way: keep the bytes for later
             self._pending.append(data)
             self._pending_len += len(data)
@@ -509,6 +516,7 @@ class Connection:
         else:
             del out[:count]
         self._out_base += count
+        self.bytes_sent += len(data)
         self.link.write(data)
         if self.paused:
             bound = self.broker.options.max_output_buffer
@@ -550,6 +558,8 @@ class Connection:
                 code,
             )
         if self.state in (AWAIT_CONNECT, AUTHENTICATING):
+            refusals = self.broker.refusals
+            refusals[code] = refusals.get(code, 0) + 1
             connect.refuse(self, code, exc.message)
             self.close(publish_will=False)
         else:

@@ -60,9 +60,10 @@ class Broker:
         self.store = store or Store()
         self.authenticator: Authenticator = authenticator or AllowAll()
         self.authorizer = authorizer  # None: everyone may publish and subscribe anywhere
-        self.received = 0  # PUBLISHes accepted from clients
+        self.received_by_qos = [0, 0, 0]  # PUBLISHes accepted from clients, per QoS
         self.denied = 0  # PUBLISHes refused by the authorizer
         self.refused = 0  # connections refused by the connection limits
+        self.refusals: dict[int, int] = {}  # CONNECTs refused, per reason code (Connection.fail)
         self.connects = 0  # CONNECT packets received
         self.delivered_closed = 0  # PUBLISH packets sent on connections now closed
         self.dropped_ended = 0  # messages dropped by sessions that have ended
@@ -79,6 +80,9 @@ class Broker:
             fastpath.encode_connack(pk.Connack(True, 0, self.connack_properties), MQTT_5),
         )
         self.sessions: dict[str, Session] = {}
+        # The sessions with queued messages (each session keeps its entry; see Session.backlog):
+        # what the admin API sorts by oldest queued message, without a walk over all sessions.
+        self.backlog: dict[Session, None] = {}
         self.persistent_sessions = 0  # sessions of non-zero expiry (max_sessions)
         self._user_sessions: dict[str, int] = {}  # user name -> its persistent sessions
         self.connections: set[Connection] = set()
@@ -95,6 +99,12 @@ class Broker:
         # Told of client.connected (before the CONNACK: the connection sets the session's user
         # name right after), client.disconnected and session.expired (webhooks use these).
         self.observers: list[Callable[[str, Session], None]] = []
+
+    @property
+    def received(self) -> int:
+        """PUBLISHes accepted from clients (and from the integrations), all QoS together."""
+        by_qos = self.received_by_qos
+        return by_qos[0] + by_qos[1] + by_qos[2]
 
     def _connack_properties(self) -> dict[int, Any]:
         """What every MQTT 5 CONNACK tells the client about this broker (section 3.2.2.3);
@@ -257,7 +267,9 @@ class Broker:
             session = None
         present = session is not None
         if session is None:
-            session = self.sessions[client_id] = Session(client_id, self.options, self.store)
+            session = self.sessions[client_id] = Session(
+                client_id, self.options, self.store, self.backlog
+            )
             session.username = username
         else:
             if session.will is not None:
@@ -341,7 +353,7 @@ class Broker:
         for message in restored.retained:
             self.router.retained.store(message, save=False)
         for record in restored.sessions:
-            session = Session(record.client_id, self.options, self.store)
+            session = Session(record.client_id, self.options, self.store, self.backlog)
             session.stored = record.stored
             session.username = record.username
             session.expiry_interval = record.expiry_interval
@@ -449,6 +461,7 @@ class Broker:
         session.subscription_bytes = 0
         self._hand_over_shared(session, now)
         session.queue.clear()
+        self.backlog.pop(session, None)
         session.inflight.clear()
         if session.will is not None:
             will = session.will

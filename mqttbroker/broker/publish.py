@@ -31,6 +31,7 @@ def publish_fast(conn: Connection, first: int, data: bytes, body: int, stop: int
     """A PUBLISH from the client. Without properties (the common case) it is sliced, no
     packet object made (fastpath.scan_publish); one with properties is decoded in full and
     goes through :func:`on_publish`."""
+    conn.publishes_received += 1
     topic_end, start, packet_id = fastpath.scan_publish(first, data, body, stop, conn.version)
     if start < 0:
         on_publish(conn, fastpath.decode_publish(first & 0x0F, data, body, stop, conn.version))
@@ -136,7 +137,7 @@ def route(
     session = conn.session
     assert session is not None
     now = broker.clock()
-    broker.received += 1
+    broker.received_by_qos[qos] += 1
     if opts.max_publish_rate:
         tokens = min(
             float(opts.max_publish_burst),

@@ -29,6 +29,12 @@ class RetainedStore:
         self.count = 0  # retained messages, those of $SYS topics left out
         self._store = store or Store()
 
+    @property
+    def root(self) -> _Node:
+        """The top node (``children`` by level, ``message``), for readers that walk the tree
+        themselves: the admin API pages through it."""
+        return self._root
+
     def store(self, message: Message, save: bool = True) -> None:
         """Keep ``message`` as its topic's retained message, or clear the topic if the payload is
         empty (MQTT-3.3.1-5, -6, -7). ``save`` False: restored from the store, which has it."""

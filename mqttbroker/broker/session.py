@@ -106,9 +106,16 @@ class Session:
         "counted",
         "subscription_bytes",
         "sink",
+        "backlog",
     )
 
-    def __init__(self, client_id: str, options: BrokerOptions, store: Store | None = None) -> None:
+    def __init__(
+        self,
+        client_id: str,
+        options: BrokerOptions,
+        store: Store | None = None,
+        backlog: dict[Session, None] | None = None,
+    ) -> None:
         self.client_id = client_id
         self.options = options
         self.store = store or _MEMORY
@@ -135,6 +142,10 @@ class Session:
         # An integration (bridge, webhook) that takes this session's queue instead of a network
         # connection (see sink.py); such a session never has a connection.
         self.sink: Sink | None = None
+        # The broker's index of the sessions with queued messages (Broker.backlog): joined
+        # when the queue becomes non-empty, left when drain() empties it (readers drop the
+        # sessions whose queue emptied otherwise).
+        self.backlog = backlog
 
     @property
     def persistent(self) -> bool:
@@ -204,6 +215,8 @@ class Session:
             self.next_packet_id = packet_id % 65535 + 1
         else:
             delivery.queued_at = now
+            if not self.queue and self.backlog is not None:
+                self.backlog[self] = None
             self.queue.append(delivery)
             self.queued_bytes += record.message.size
 
@@ -297,6 +310,8 @@ class Session:
             self._count_drop("queue full", now)
             return
         delivery.queued_at = now
+        if not self.queue and self.backlog is not None:
+            self.backlog[self] = None
         self.queue.append(delivery)
         self.queued_bytes += size
         if self.persistent:
@@ -383,6 +398,8 @@ class Session:
                 )
                 if delivery.stored:
                     self.store.delete_delivery(self, delivery)
+        if not queue and self.backlog is not None:
+            self.backlog.pop(self, None)
 
     def resend(self, now: float) -> None:
         """On resuming a session: every unacknowledged PUBLISH again with DUP set, and every

@@ -55,7 +55,9 @@ class Outbox:
         self.broker = broker
         session = broker.sessions.get(client_id)
         if session is None:  # new; else restored from the store with its queue
-            session = broker.sessions[client_id] = Session(client_id, broker.options, broker.store)
+            session = broker.sessions[client_id] = Session(
+                client_id, broker.options, broker.store, broker.backlog
+            )
         session.options = dataclasses.replace(
             broker.options,
             queue_qos0=True,
@@ -159,7 +161,7 @@ class Outbox:
             broker.denied += 1
             return ReasonCode.QUOTA_EXCEEDED
         now = broker.clock()
-        broker.received += 1
+        broker.received_by_qos[qos] += 1
         message = Message.received(
             topic, encode_topic(topic), payload, qos, retain, properties, now
         )

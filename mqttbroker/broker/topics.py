@@ -188,6 +188,12 @@ class SubscriptionTrie:
         self._root = _Node()
         self.count = 0
 
+    @property
+    def root(self) -> _Node:
+        """The top node (``children`` by level, ``subs`` by client id, ``groups`` by name),
+        for readers that walk the trie themselves: the admin API pages through it."""
+        return self._root
+
     def add(self, sub: Subscription) -> bool:
         """Insert or replace; returns True if it replaced an existing subscription."""
         node = self._root

@@ -5,8 +5,10 @@
   lease, its route entries, forwarding through Redis pub/sub (QoS 0) and a Redis Stream per node
   (QoS 1/2), retained messages shared.
 - ``store.py``: ``ClusterStore``, the node's store wrapped so that a message forwarded to other
-  nodes counts as a write: its acknowledgement waits until Redis has it.
-- ``handover.py``: a session moving to the node its client connected to.
+  nodes counts as a write (its acknowledgement waits until Redis has it), and every change to a
+  persistent session goes to Redis too.
+- ``handover.py``: a session moving to the node its client connected to; its form in Redis.
+- ``outbox.py``: messages for other nodes kept in the node's own storage while Redis is down.
 - ``workers.py``: ``--workers N``, processes of one machine sharing its ports, each a node.
 
 Nothing here is imported unless ``[cluster] redis`` is set; a single node never loads Redis.

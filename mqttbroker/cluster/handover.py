@@ -9,19 +9,54 @@ builds it again and then lets the client's CONNECT go on, which resumes it (Sess
 The form is JSON: the session's owner, expiry, subscriptions with their options, its queued and
 in-flight QoS 1/2 messages (each an MQTT 5 PUBLISH, hex) with their packet ids and QoS 2 state,
 and the QoS 2 packet ids it has not released.
+
+A persistent session is also kept in Redis while it lives (``session:<client id>``, a hash
+written by store.py, one field per part, so that a change is one field written): ``s`` its
+owner and expiry, ``f:<filter>`` a subscription, ``d:<seq>`` a queued or in-flight message (its
+state in JSON, a newline, the MQTT 5 PUBLISH), ``r:<packet id>`` an unreleased QoS 2 id, ``w``
+its will (armed while its client is connected, or waiting out its delay: wall-clock time).
+:func:`from_hash` turns that hash into the form above, so that a node adopting the sessions
+of a node that is gone builds them as it builds a session handed over.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from typing import TYPE_CHECKING, Any
 
-from ..broker.session import Delivery, Session
+from ..broker.session import NEVER, Delivery, Session
 from ..broker.topics import Subscription
 from ..protocol.errors import MQTTError
+from ..protocol.fastpath import decode_properties, encode_properties
+from ..protocol.packets import MQTT_5, Will
+from ..protocol.properties import WILL
+from ..protocol.properties import PropertyId as Prop
 
 if TYPE_CHECKING:
     from ..broker.core import Broker
+
+
+def _delivery_state(delivery: Delivery) -> list[Any]:
+    return [
+        delivery.qos,
+        delivery.retain,
+        list(delivery.sub_ids),
+        delivery.packet_id,
+        delivery.released,
+        delivery.share,
+    ]
+
+
+def _subscription_state(sub: Subscription) -> list[Any]:
+    return [
+        sub.topic_filter,
+        sub.qos,
+        sub.no_local,
+        sub.retain_as_published,
+        sub.retain_handling,
+        sub.identifier,
+    ]
 
 
 def serialise(session: Session, now: float) -> bytes:
@@ -31,37 +66,96 @@ def serialise(session: Session, now: float) -> bytes:
     for delivery in [*session.inflight.values(), *session.queue]:
         if delivery.message.expired(now):
             continue
-        deliveries.append(
-            [
-                encode(delivery.message, now).hex(),
-                delivery.qos,
-                delivery.retain,
-                list(delivery.sub_ids),
-                delivery.packet_id,
-                delivery.released,
-                delivery.share,
-            ]
-        )
+        deliveries.append([encode(delivery.message, now).hex(), *_delivery_state(delivery)])
     return json.dumps(
         {
             "username": session.username,
             "expiry": session.expiry_interval,
-            "subscriptions": [
-                [
-                    s.topic_filter,
-                    s.qos,
-                    s.no_local,
-                    s.retain_as_published,
-                    s.retain_handling,
-                    s.identifier,
-                ]
-                for s in session.subscriptions.values()
-            ],
+            "subscriptions": [_subscription_state(s) for s in session.subscriptions.values()],
             "deliveries": deliveries,
             "releases": sorted(session.awaiting_release),
             "next_packet_id": session.next_packet_id,
         }
     ).encode()
+
+
+# -- the session's hash in Redis ------------------------------------------------------------
+
+
+def session_value(session: Session) -> bytes:
+    return json.dumps([session.username, session.expiry_interval]).encode()
+
+
+def subscription_value(sub: Subscription) -> bytes:
+    return json.dumps(_subscription_state(sub)).encode()
+
+
+def delivery_value(delivery: Delivery, now: float) -> bytes:
+    from .node import encode
+
+    state = json.dumps(_delivery_state(delivery)).encode()
+    return state + b"\n" + encode(delivery.message, now)
+
+
+def will_value(state: tuple[Will, float | None, int], now: float) -> bytes:
+    """A will as ``save_will`` gave it (``due`` on the broker's clock, None while its client
+    is connected) with the protocol version of its connection."""
+    will, due, version = state
+    wall_due = None if due is None else time.time() + (due - now)
+    props = encode_properties(will.properties).hex()
+    return json.dumps(
+        [will.topic, will.payload.hex(), will.qos, will.retain, props, version, wall_due]
+    ).encode()
+
+
+def _restore_will(session: Session, state: list[Any], now: float) -> Will:
+    """The will of a session whose client's connection is gone: due when its delay runs out
+    (counted from now when its client was connected)."""
+    topic, payload, qos, retain, props, version, wall_due = state
+    raw = bytes.fromhex(props)
+    properties = decode_properties(raw, 0, len(raw), WILL)[0] if raw != b"\x00" else {}
+    session.will = will = Will(topic, bytes.fromhex(payload), qos, retain, properties)
+    if wall_due is not None:
+        session.will_due = now + max(0.0, wall_due - time.time())
+    else:
+        delay = properties.get(Prop.WILL_DELAY_INTERVAL, 0)
+        session.will_due = now + (delay if version == MQTT_5 else 0)
+    return will
+
+
+def from_hash(client_id: str, fields: dict[bytes, bytes]) -> dict[str, Any]:
+    """The handover form of a session kept in Redis (see above); MQTTError if it is not
+    readable."""
+    try:
+        username, expiry = json.loads(fields[b"s"])
+        subscriptions = []
+        deliveries: list[tuple[int, list[Any]]] = []
+        releases = []
+        next_packet_id = 1
+        will = json.loads(fields[b"w"]) if b"w" in fields else None
+        for name, value in fields.items():
+            kind, _, key = name.partition(b":")
+            if kind == b"f":
+                subscriptions.append(json.loads(value))
+            elif kind == b"d":
+                state, _, packet = value.partition(b"\n")
+                delivery = [packet.hex(), *json.loads(state)]
+                deliveries.append((int(key), delivery))
+                if delivery[4] is not None:
+                    next_packet_id = max(next_packet_id, delivery[4] % 65535 + 1)
+            elif kind == b"r":
+                releases.append(int(key))
+    except (KeyError, ValueError, TypeError) as exc:
+        raise MQTTError(f"session of {client_id} in Redis not readable: {exc}") from None
+    return {
+        "username": username,
+        "expiry": expiry,
+        "subscriptions": subscriptions,
+        "deliveries": [d for _, d in sorted(deliveries, key=lambda item: item[0])],
+        "releases": releases,
+        "next_packet_id": next_packet_id,
+        "will": will,
+    }
 
 
 def forget(broker: Broker, session: Session) -> None:
@@ -73,22 +167,28 @@ def forget(broker: Broker, session: Session) -> None:
     broker.end_session(session, broker.clock())
 
 
-def restore(broker: Broker, client_id: str, data: bytes) -> Session:
-    """Build the session sent by another node into ``broker`` (replacing a stale local one),
-    recorded in the store when it is persistent; MQTTError if ``data`` does not make sense."""
+def restore(
+    broker: Broker, client_id: str, data: bytes | dict[str, Any], away: bool = False
+) -> Session:
+    """Build the session sent by another node (or read from Redis: ``data`` a dict) into
+    ``broker`` (replacing a stale local one), recorded in the store when it is persistent;
+    MQTTError if ``data`` does not make sense. ``away``: its client is not connecting now (an
+    adopted session), so its expiry runs from now."""
     from .node import decode
 
     try:
-        state: dict[str, Any] = json.loads(data)
+        state: dict[str, Any] = json.loads(data) if isinstance(data, bytes) else data
         now = broker.clock()
         stale = broker.sessions.get(client_id)
         if stale is not None:
             forget(broker, stale)
         store = broker.store
-        session = Session(client_id, broker.options, store)
+        session = Session(client_id, broker.options, store, broker.backlog)
         session.username = state["username"]
         session.expiry_interval = int(state["expiry"])
         persistent = session.persistent
+        if away and session.expiry_interval != NEVER:
+            session.expires_at = now + session.expiry_interval
         broker.sessions[client_id] = session
         if persistent:
             store.save_session(session)
@@ -117,9 +217,15 @@ def restore(broker: Broker, client_id: str, data: bytes) -> Session:
                 session.queued_bytes += delivery.message.size
             if persistent:
                 store.save_delivery(session, delivery)
+        if session.queue:
+            broker.backlog[session] = None
         for packet_id in state["releases"]:
             session.await_release(packet_id)
         session.next_packet_id = int(state["next_packet_id"])
+        if state.get("will") is not None:  # (adopted: its client's connection is gone)
+            will = _restore_will(session, state["will"], now)
+            if persistent:
+                store.save_will(session, will, session.will_due)
     except (ValueError, KeyError, TypeError) as exc:
         raise MQTTError(f"session of {client_id} from another node not readable: {exc}") from None
     return session

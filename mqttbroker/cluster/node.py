@@ -12,6 +12,12 @@ Redis keys (``mqttbroker:`` prefix):
 - ``retained``: a hash of every retained message (topic -> MQTT 5 PUBLISH).
 - ``client:<client id>``: the node that owns the client id (set when its CONNECT is accepted,
   removed when its session ends there); ``handover:<token>``: a session on its way (handover.py).
+- ``session:<client id>``: a persistent session as its node last committed it (a hash, see
+  handover.py; written by store.py); ``owned:<id>``: the client ids of node ``<id>``'s persistent
+  sessions. A node that is gone (its lease expired) is adopted by the first other node one of
+  its clients connects to, or once it has been gone ``adopt_after`` seconds (``_sweep``): that
+  node takes its sessions from there and the messages left in its stream, and removes its
+  routes and stream (``_adopt``).
 
 Channels: ``routes`` (``+<id>\\0<filter>`` and ``-<id>\\0<filter>``: a node's first subscription
 to a filter and the end of its last), ``pub:<id>`` (QoS 0 messages for node ``<id>``),
@@ -31,8 +37,10 @@ import asyncio
 import json
 import logging
 import secrets
+import sqlite3
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -46,9 +54,10 @@ from ..protocol.errors import MQTTError
 from ..protocol.packets import MQTT_5
 from ..protocol.reasons import ReasonCode
 from ..server import StartError
-from .handover import forget, restore, serialise
+from .handover import forget, from_hash, restore, serialise
+from .outbox import Outbox
 from .routes import RouteTable
-from .store import ClusterStore
+from .store import ClusterStore, SessionChanges
 
 if TYPE_CHECKING:
     from ..broker.core import Broker
@@ -77,6 +86,15 @@ _XADD, _PUB, _ROUTE, _RETAIN, _XACK, _REPLY, _RELEASE = range(7)
 _RELEASE_SCRIPT = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
+"""
+
+# A session of the node ARGV[1] (gone) taken by ARGV[2]: its hash, or nothing if another node
+# owns the client id now (ARGV[3] "1": the client id ARGV[2] is claiming for a CONNECT).
+_TAKE_SCRIPT = """
+local owner = redis.call('GET', KEYS[1])
+if owner ~= ARGV[1] and (ARGV[3] ~= '1' or owner ~= ARGV[2]) then return false end
+redis.call('SET', KEYS[1], ARGV[2])
+return redis.call('HGETALL', KEYS[2])
 """
 
 _RENEW = """
@@ -141,7 +159,15 @@ def encode(message: Message, now: float) -> bytes:
 
 
 class ClusterNode(Backplane):
-    def __init__(self, config: ClusterConfig, broker: Broker, store: ClusterStore) -> None:
+    def __init__(
+        self,
+        config: ClusterConfig,
+        broker: Broker,
+        store: ClusterStore,
+        data_dir: Path | None = None,
+    ) -> None:
+        """``data_dir``: where messages for other nodes wait while Redis is unreachable (None:
+        in memory)."""
         self.config = config
         self.node_id = config.node_id
         self.url = redacted(config.redis)
@@ -149,9 +175,14 @@ class ClusterNode(Backplane):
         self.router = broker.router
         self.store = store
         store.redis_pending = self._unconfirmed_forwards
+        store.changed = self._session_changed
+        self.outbox = Outbox(data_dir)
         # (typed Any: redis-py's types do not know that responses are bytes here)
+        # (a reply is read for longer than a hand-over waits: redis-py's default, 5 s, is not)
         self.redis: Any = aioredis.Redis.from_url(
-            config.redis, socket_connect_timeout=config.connect_timeout
+            config.redis,
+            socket_connect_timeout=config.connect_timeout,
+            socket_timeout=2 * HANDOVER_SECONDS,
         )
         self.routes = RouteTable(broker.options.match_cache_size)
         self.token = secrets.token_hex(16)
@@ -159,10 +190,14 @@ class ClusterNode(Backplane):
         self._routes_key = f"{PREFIX}routes:{self.node_id}"
         self._stream_key = self.stream_key(self.node_id)
         self._control = f"{PREFIX}ctl:{self.node_id}"
-        self._claims: set[asyncio.Task[None]] = set()
+        self._claims: set[asyncio.Task[None]] = set()  # claims and adoptions under way
         self._turns: dict[str, int] = {}  # shared subscription -> messages it got from here
         self._ops: list[tuple[int, str, Any]] = []
         self._unconfirmed = 0  # forwards queued or sent, not yet confirmed by Redis
+        self._counted = 0  # ... of them, those not yet taken by the writer
+        self._retry: list[tuple[int, str, Any]] = []  # writes to send once Redis is back
+        self._adopting = asyncio.Lock()
+        self._missing: dict[str, float] = {}  # other node -> when it was first seen gone
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._pubsub: Any = None
@@ -171,12 +206,30 @@ class ClusterNode(Backplane):
         self._qos0_waiting = 0  # QoS 0 copies queued for the next write
         self._dropping = False  # dropping QoS 0 copies (logged once until they flow again)
 
+    def unready(self) -> str | None:
+        """For /readyz: why this node does not serve as part of the cluster now."""
+        if self._down:
+            return f"cluster: Redis at {self.url} unreachable (local traffic only)"
+        return None
+
     @staticmethod
     def stream_key(node_id: str) -> str:
         return f"{PREFIX}stream:{node_id}"
 
     def _unconfirmed_forwards(self) -> bool:
         return self._unconfirmed > 0
+
+    def _hold(self, count: int) -> None:
+        """``count`` writes for Redis that hold the acknowledgements of the input that caused
+        them until Redis (or, while it is unreachable, the outbox) has them."""
+        self._unconfirmed += count
+        self._counted += count
+        self.store.forwards += 1
+
+    def _session_changed(self) -> None:
+        if not self._down:  # (while it is down, the node's own store is what counts)
+            self._hold(1)
+        self._wake.set()
 
     # -- start and stop ---------------------------------------------------------------------
 
@@ -230,6 +283,9 @@ class ClusterNode(Backplane):
             )
             await self._owned_sessions()
             await self._resync()
+            await self.outbox.load()
+            if await self._send_outbox():
+                log.warning("cluster: messages kept while Redis was unreachable sent")
         except RedisError as exc:
             raise StartError(f"cluster.redis: Redis at {self.url} failed: {exc}") from None
         for work in (self._write_loop, self._listen, self._read_stream, self._renew):
@@ -242,9 +298,10 @@ class ClusterNode(Backplane):
         )
 
     async def _owned_sessions(self, chunk: int = 1000) -> None:
-        """The sessions this node's store put back that another node took over while this one
-        was down are not this node's any more: forgotten here (their wills and expiry happen
-        there, once). Those no node owns become this node's."""
+        """The sessions this node's store put back (or kept while Redis was unreachable) that
+        another node took over meanwhile are not this node's any more: forgotten here (their
+        wills and expiry happen there, once; a client still connected here is disconnected,
+        0x8E). Those no node owns become this node's, and are written to Redis whole."""
         broker = self.broker
         sessions = list(broker.sessions.values())
         moved = 0
@@ -255,8 +312,12 @@ class ClusterNode(Backplane):
                 pipe.set(f"{PREFIX}client:{session.client_id}", self.node_id, nx=True, get=True)
             for session, owner in zip(part, await pipe.execute(), strict=True):
                 if owner is not None and owner.decode() != self.node_id:
-                    forget(broker, session)
+                    left = self._disconnect(session)
+                    if left is not None:
+                        forget(broker, left)
                     moved += 1
+                elif session.sink is None:
+                    self.store.rewrite_all(session)  # Redis may not have it (all) any more
         if moved:
             log.info("cluster: %d stored sessions were taken over by other nodes meanwhile", moved)
 
@@ -285,7 +346,9 @@ class ClusterNode(Backplane):
             writer = self._tasks[0]
             self._wake.set()
             deadline = asyncio.get_running_loop().time() + timeout
-            while (self._ops or self.store.redis_waiters) and not writer.done():
+            while (
+                self._ops or self.store.redis_waiters or self.store.changes
+            ) and not writer.done():
                 if asyncio.get_running_loop().time() > deadline:
                     log.warning("cluster: %d writes to Redis not sent at stop", len(self._ops))
                     break
@@ -301,6 +364,7 @@ class ClusterNode(Backplane):
                 await self._leave()
         except (RedisError, OSError, TimeoutError):
             pass
+        self.outbox.close()
 
     async def _leave(self) -> None:
         """The lease given back (so that this node_id may start again at once), connections
@@ -361,21 +425,20 @@ class ClusterNode(Backplane):
             data = header + "\x1f".join(chosen.get(node, ())).encode() + b"\0" + packet
             self._queue(_XADD if qos else _PUB, node, data)
         if qos:
-            self._unconfirmed += len(targets)
-            self.store.forwards += 1  # the publisher's acknowledgement waits for Redis
+            self._hold(len(targets))  # the publisher's acknowledgement waits for Redis
         return len(targets), groups
 
     def route_added(self, topic_filter: str) -> None:
         """A write like a forward: the SUBACK waits until Redis has told the other nodes, so
         a message published anywhere after it reaches the new subscriber."""
         self._queue(_ROUTE, topic_filter, None)
-        self._unconfirmed += 1
-        self.store.forwards += 1
+        if not self._down:  # (while it is, the routes are written again when it is back)
+            self._hold(1)
 
     def route_removed(self, topic_filter: str) -> None:
         self._queue(_ROUTE, topic_filter, None)
-        self._unconfirmed += 1
-        self.store.forwards += 1
+        if not self._down:
+            self._hold(1)
 
     def claim(self, client_id: str, clean_start: bool, done: Callable[[], None]) -> None:
         task = asyncio.ensure_future(self._claim(client_id, clean_start, done))
@@ -384,9 +447,12 @@ class ClusterNode(Backplane):
 
     async def _claim(self, client_id: str, clean_start: bool, done: Callable[[], None]) -> None:
         """Own ``client_id``; if another live node owned it, it hands the session over (or
-        drops it, on Clean Start) and closes the client's connection there (0x8E)."""
+        drops it, on Clean Start) and closes the client's connection there (0x8E). If the node
+        that owned it is gone, this node adopts that node's sessions first (this one among
+        them)."""
         key = f"{PREFIX}client:{client_id}"
         try:
+            await self._owner_settled(key)
             previous = await self.redis.set(key, self.node_id, get=True)
             old = previous.decode() if previous is not None else self.node_id
             if old != self.node_id and await self.redis.exists(f"{PREFIX}node:{old}"):
@@ -394,7 +460,10 @@ class ClusterNode(Backplane):
                 request = json.dumps({"client": client_id, "reply": reply, "clean": clean_start})
                 if await self.redis.publish(f"{PREFIX}ctl:{old}", request):
                     answer = await self.redis.blpop([reply], timeout=HANDOVER_SECONDS)
-                    if answer is None:
+                    if answer is None and not await self.redis.exists(f"{PREFIX}node:{old}"):
+                        # It stopped answering and its lease ran out meanwhile: it is gone.
+                        await self._adopt(old, client_id)
+                    elif answer is None:
                         log.warning(
                             "cluster: client %s: node %r did not hand its session over within "
                             "%g s; a new session starts here",
@@ -403,7 +472,7 @@ class ClusterNode(Backplane):
                             HANDOVER_SECONDS,
                         )
                     elif answer[1]:
-                        restore(self.broker, client_id, answer[1])
+                        self._restore(client_id, answer[1])
                         log.info(
                             "cluster: client %s: session taken over from node %r", client_id, old
                         )
@@ -418,6 +487,171 @@ class ClusterNode(Backplane):
         # The session's routes (if it came from another node) are in Redis before the CONNACK.
         self.store.after_commit(done)
 
+    async def _owner_settled(self, key: str) -> None:
+        """Wait until the owner of the client id ``key`` is this node, none, or a node that can
+        hand its session over: a node gone is adopted here; a node whose lease is held but who
+        does not listen (being adopted, or starting) is given up to HANDOVER_SECONDS."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + HANDOVER_SECONDS
+        adopted: set[str] = set()
+        while True:
+            found = await self.redis.get(key)
+            owner = None if found is None else found.decode()
+            if owner is None or owner == self.node_id or owner in adopted:
+                return
+            if not await self.redis.exists(f"{PREFIX}node:{owner}"):
+                adopted.add(owner)
+                await self._adopt(owner)
+                continue
+            listening = await self.redis.pubsub_numsub(f"{PREFIX}ctl:{owner}")
+            if listening[0][1] or loop.time() > deadline:
+                return
+            await asyncio.sleep(0.1)
+
+    def _restore(self, client_id: str, data: bytes | dict[str, Any], away: bool = False) -> None:
+        """A session from another node or from Redis, built here and written afresh there."""
+        session = restore(self.broker, client_id, data, away)
+        if session.persistent:
+            self.store.rewrite_all(session)
+
+    async def _adopt(self, node: str, claiming: str = "", chunk: int = 200) -> None:
+        """``node`` is gone (its lease expired): its persistent sessions become this node's,
+        built from Redis; the messages left in its stream are routed here (they may come
+        twice: at least once); then its routes and stream go. ``claiming``: a client id this
+        node took already for a CONNECT (its session is adopted all the same)."""
+        async with self._adopting:
+            lease = f"{PREFIX}node:{node}"
+            ttl_ms = int(self.config.node_ttl * 1000)
+            if not await self.redis.sismember(PREFIX + "nodes", node):
+                return  # adopted already
+            if not await self.redis.set(lease, self.token, nx=True, px=ttl_ms):
+                return  # alive again, or adopted by another node now
+            log.warning("cluster: node %r is gone: adopting its sessions and messages", node)
+            owned = [c.decode() for c in await self.redis.smembers(f"{PREFIX}owned:{node}")]
+            taken = 0
+            for start in range(0, len(owned), chunk):
+                part = owned[start : start + chunk]
+                pipe = self.redis.pipeline(transaction=False)
+                for client_id in part:
+                    pipe.eval(
+                        _TAKE_SCRIPT,
+                        2,
+                        f"{PREFIX}client:{client_id}",
+                        f"{PREFIX}session:{client_id}",
+                        node,
+                        self.node_id,
+                        "1" if client_id == claiming else "",
+                    )
+                for client_id, found in zip(part, await pipe.execute(), strict=True):
+                    if not found:
+                        continue
+                    fields = dict(zip(found[::2], found[1::2], strict=True))
+                    try:
+                        self._restore(client_id, from_hash(client_id, fields), away=True)
+                        taken += 1
+                    except MQTTError as exc:
+                        log.warning("cluster: %s; not adopted", exc)
+            await self._committed()  # the sessions' routes announced before the stream is read
+            stream = self.stream_key(node)
+            routed = await self._drain(stream)
+            filters = [f.decode() for f in await self.redis.hkeys(f"{PREFIX}routes:{node}")]
+            pipe = self.redis.pipeline(transaction=False)
+            for topic_filter in filters:
+                pipe.publish(ROUTES, f"-{node}\0{topic_filter}")
+            pipe.delete(f"{PREFIX}routes:{node}")
+            pipe.srem(PREFIX + "nodes", node)
+            await pipe.execute()
+            self.routes.replace(node, set())
+            # A node that had not heard of the routes above yet may still have written to
+            # the stream: read it once more after a moment, then it goes.
+            await asyncio.sleep(RETRY_SECONDS)
+            routed += await self._drain(stream)
+            await self._committed()
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.delete(stream, f"{PREFIX}owned:{node}")
+            pipe.eval(_RELEASE_SCRIPT, 1, lease, self.token)
+            await pipe.execute()
+            log.warning(
+                "cluster: node %r adopted: %d sessions, %d stream entries routed here",
+                node,
+                taken,
+                routed,
+            )
+
+    async def _sweep(self) -> None:
+        """Adopt the nodes gone for ``adopt_after`` seconds (as seen from here)."""
+        others = [n.decode() for n in await self.redis.smembers(PREFIX + "nodes")]
+        others = [n for n in others if n != self.node_id]
+        pipe = self.redis.pipeline(transaction=False)
+        for node in others:
+            pipe.exists(f"{PREFIX}node:{node}")
+        alive = await pipe.execute() if others else []
+        now = asyncio.get_running_loop().time()
+        missing = {}
+        for node, up in zip(others, alive, strict=True):
+            if not up:
+                missing[node] = self._missing.get(node, now)
+        self._missing = missing
+        for node, since in list(missing.items()):
+            if now - since >= self.config.adopt_after:
+                del missing[node]
+                task = asyncio.ensure_future(self._adopt_gone(node))  # (renewal goes on)
+                self._claims.add(task)
+                task.add_done_callback(self._claims.discard)
+
+    async def _adopt_gone(self, node: str) -> None:
+        try:
+            await self._adopt(node)
+        except (RedisError, OSError) as exc:
+            self._lost(exc)  # (the next sweep tries again)
+
+    async def _drain(self, stream: str) -> int:
+        """Route here the entries of another node's stream it has not acknowledged (pending,
+        then never read); this node's consumer acknowledges them once committed."""
+        entries: list[Any] = []
+        try:
+            cursor = "0-0"
+            while True:
+                found = await self.redis.xautoclaim(
+                    stream, GROUP, self.node_id, 0, cursor, count=READ_COUNT
+                )
+                cursor = found[0].decode() if isinstance(found[0], bytes) else found[0]
+                entries.extend(found[1])
+                if cursor == "0-0":
+                    break
+            while True:
+                read = await self.redis.xreadgroup(
+                    GROUP, self.node_id, {stream: ">"}, count=READ_COUNT
+                )
+                if not read or not read[0][1]:
+                    break
+                entries.extend(read[0][1])
+        except ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            return 0
+        ids = []
+        for entry_id, fields in entries:
+            ids.append(entry_id)
+            if fields:
+                self._arrived(fields[b"m"])
+        if ids:
+            await self._committed()
+            await self.redis.xack(stream, GROUP, *ids)
+        return len(ids)
+
+    async def _committed(self) -> None:
+        """Until what was changed so far is in Redis and in the node's store."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def committed() -> None:
+            if not done.done():
+                done.set_result(None)
+
+        self.store.after_commit(committed)
+        self._wake.set()
+        await done
+
     def _hand_over(self, data: bytes) -> None:
         """Another node took a client over: close its connection here (0x8E) and send its
         session there (nothing on Clean Start: it ends here)."""
@@ -430,11 +664,8 @@ class ClusterNode(Backplane):
         broker = self.broker
         answer = b""
         session = broker.sessions.get(client_id)
-        if session is not None and session.connection is not None:
-            session.connection.disconnect(
-                ReasonCode.SESSION_TAKEN_OVER, "another node took over the session"
-            )
-            session = broker.sessions.get(client_id)  # gone if its expiry was 0
+        if session is not None:
+            session = self._disconnect(session)
         if session is not None:
             now = broker.clock()
             if clean:
@@ -443,6 +674,17 @@ class ClusterNode(Backplane):
                 answer = serialise(session, now)
                 forget(broker, session)
         self._queue(_REPLY, reply, answer)
+
+    def _disconnect(self, session: Session) -> Session | None:
+        """Close the connection of ``session``'s client here, if any (0x8E: another node has
+        its session now); the session if it is still here (not if its expiry was 0)."""
+        if session.connection is None:
+            return session
+        session.connection.disconnect(
+            ReasonCode.SESSION_TAKEN_OVER, "another node took over the session"
+        )
+        found = self.broker.sessions.get(session.client_id)
+        return found if found is session else None
 
     def session_ended(self, client_id: str) -> None:
         self._queue(_RELEASE, client_id, None)
@@ -460,29 +702,37 @@ class ClusterNode(Backplane):
             if not self._down:
                 await self._wake.wait()
             self._wake.clear()
-            while self._ops or store.redis_waiters:
+            if self._down:
+                await self._back()
+            while self._ops or store.redis_waiters or (store.changes and not self._down):
                 ops, self._ops = self._ops, []
+                changes = store.take_changes()
+                counted, self._counted = self._counted, 0
                 self._qos0_waiting = 0
                 self._dropping = False
                 waiters, store.redis_waiters = store.redis_waiters, []
-                forwards = sum(1 for op in ops if op[0] in (_XADD, _ROUTE))
-                while True:
+                sent = False
+                if not self._down:
                     try:
-                        await self._send(ops)
-                        break
+                        await self._send(ops, changes)
+                        sent = True
                     except (RedisError, OSError) as exc:
                         self._lost(exc)
-                        ops = [op for op in ops if op[0] != _PUB]  # QoS 0: at most once
-                        await asyncio.sleep(RETRY_SECONDS)
-                self._unconfirmed -= forwards
+                if not sent and not await self._keep(ops, changes):
+                    # (the outbox is full: this batch waits for Redis, acknowledgements too)
+                    self._ops[:0] = [op for op in ops if op[0] == _XADD]
+                    self._counted += counted
+                    store.redis_waiters[:0] = waiters
+                    break
+                self._unconfirmed -= counted
                 store.redis_done(waiters)
             if self._down:
-                await self._back()
-                if self._down:
-                    await asyncio.sleep(RETRY_SECONDS)
+                await asyncio.sleep(RETRY_SECONDS)
 
-    async def _send(self, ops: list[tuple[int, str, Any]]) -> None:
-        if not ops:
+    async def _send(
+        self, ops: list[tuple[int, str, Any]], changes: dict[str, SessionChanges]
+    ) -> None:
+        if not ops and not changes:
             return
         pipe = self.redis.pipeline(transaction=False)
         me = self.node_id
@@ -491,6 +741,8 @@ class ClusterNode(Backplane):
         routed: set[str] = set()
         streams: dict[str, list[bytes]] = {}  # node -> its QoS 1/2 frames in this batch
         channels: dict[str, list[bytes]] = {}  # node -> its QoS 0 frames
+        # Session changes first: a session handed over (_REPLY) is in Redis as it left here.
+        ClusterStore.write_changes(pipe, changes, me, PREFIX, self.broker.clock())
         for kind, name, data in ops:
             if kind == _XADD:
                 streams.setdefault(name, []).append(data)
@@ -537,26 +789,78 @@ class ClusterNode(Backplane):
             self._down = True
             self._wake.set()  # the writer resynchronises once Redis answers
             log.warning(
-                "cluster: Redis at %s unreachable (%s): local traffic goes on, messages for "
-                "other nodes wait (QoS 0 ones are dropped) until it is back",
+                "cluster: Redis at %s unreachable (%s): local traffic goes on, QoS 1/2 messages "
+                "for other nodes are kept in this node's store (QoS 0 ones are dropped) until "
+                "it is back",
                 self.url,
                 exc,
             )
 
+    async def _keep(
+        self, ops: list[tuple[int, str, Any]], changes: dict[str, SessionChanges]
+    ) -> bool:
+        """A batch Redis did not take: its QoS 1/2 messages go to the outbox (False if it has
+        no room), the session changes and acknowledgements wait for Redis; route changes and
+        retained messages are written again when it is back, QoS 0 messages dropped."""
+        self.store.put_back(changes)
+        self._retry.extend(op for op in ops if op[0] in (_XACK, _RELEASE))
+        frames = [(name, data) for kind, name, data in ops if kind == _XADD]
+        if not frames:
+            return True
+        if not self.outbox.has_room(sum(len(data) for _, data in frames)):
+            return False
+        try:
+            await self.outbox.add(frames)
+        except (sqlite3.Error, OSError) as exc:
+            log.error(
+                "cluster: messages for other nodes not kept (%s): held until Redis is back", exc
+            )
+            return False
+        return True
+
+    async def _send_outbox(self) -> int:
+        """Send what the outbox kept while Redis was unreachable, oldest first."""
+        sent = 0
+        maxlen = self.config.stream_max_length
+        while True:
+            rows = await self.outbox.oldest(READ_COUNT)
+            if not rows:
+                return sent
+            streams: dict[str, list[bytes]] = {}
+            for _, node, data in rows:
+                streams.setdefault(node, []).append(data)
+            pipe = self.redis.pipeline(transaction=False)
+            for node, frames in streams.items():
+                for entry in pack(frames):
+                    pipe.xadd(self.stream_key(node), {"m": entry}, maxlen=maxlen, approximate=True)
+            await pipe.execute()
+            await self.outbox.remove(rows[-1][0])
+            sent += len(rows)
+
     async def _back(self) -> None:
         """Redis answers again: put this node's entries back (a restarted Redis may have lost
-        them) and read the others' again."""
+        them), read the others' again, send what waited in the outbox."""
         try:
             await self.redis.set(
                 self._lease_key, self.token, nx=True, px=int(self.config.node_ttl * 1000)
             )
             await self._prepare()
             await self._resync()
-        except (RedisError, OSError) as exc:
+            await self._owned_sessions()
+            sent = await self._send_outbox()
+            if self._retry:
+                await self._send(self._retry, {})
+                self._retry = []
+        except (RedisError, OSError, sqlite3.Error) as exc:
             log.debug("cluster: resync failed: %s", exc)
             return
         self._down = False
-        log.warning("cluster: Redis at %s reachable again; routes resynchronised", self.url)
+        log.warning(
+            "cluster: Redis at %s reachable again; routes resynchronised, %d messages sent from "
+            "this node's store",
+            self.url,
+            sent,
+        )
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -678,9 +982,19 @@ class ClusterNode(Backplane):
             await asyncio.sleep(self.config.node_ttl / 3)
             try:
                 kept = await self.redis.eval(_RENEW, 1, self._lease_key, self.token, ttl_ms)
+                if self.config.adopt_after and not self._down:
+                    await self._sweep()
             except (RedisError, OSError) as exc:
                 self._lost(exc)
                 continue
+            if kept == 2 and not self._down:
+                # The lease had run out (this node did not reach Redis for node_ttl): another
+                # node may have adopted it meanwhile. Resynchronise as after Redis was down.
+                log.warning(
+                    "cluster: the lease of node %r had expired: resynchronising", self.node_id
+                )
+                self._down = True
+                self._wake.set()
             if not kept:
                 log.error(
                     "cluster.node_id: the lease of node %r is held by another process; two "

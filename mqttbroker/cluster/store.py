@@ -1,17 +1,25 @@
-"""The store of a cluster node: the node's own store, plus the messages it forwarded.
+"""The store of a cluster node: the node's own store, plus what Redis must have.
 
 A connection holds its output (acknowledgements among it) while the store has writes its input
 caused that are not durable yet (``Store.writes``, ``Store.after_commit``). Forwarding a QoS 1/2
 message to another node's stream is such a write: the acknowledgement to its publisher waits
 until Redis has added it to the stream, and until the node's own store has committed.
+
+So is every change to a persistent session: besides the node's own store, it goes to the
+session's hash in Redis (``session:<client id>``, see handover.py), so that another node can
+adopt the session when this one is lost. Changes wait here (``changes``, the newest per field)
+until the node's writer sends them with its next batch; while Redis is unreachable they wait
+on, and acknowledgements wait for the node's own store only.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..broker.store import Restored, Store
+from ..protocol.packets import MQTT_5
+from .handover import delivery_value, session_value, subscription_value, will_value
 
 if TYPE_CHECKING:
     from ..broker.message import Message
@@ -20,14 +28,135 @@ if TYPE_CHECKING:
     from ..protocol.packets import Will
 
 
+# What ``SessionChanges.wipe`` asks for before the fields are written.
+KEEP, END, REWRITE = range(3)
+
+_END_SCRIPT = """
+local owner = redis.call('GET', KEYS[1])
+if not owner or owner == ARGV[1] then return redis.call('DEL', KEYS[2]) end
+return 0
+"""
+
+
+class SessionChanges:
+    """One session's changes not yet in Redis: ``wipe`` (END: the session ended here, its hash
+    goes unless another node owns the client id now; REWRITE: this node rebuilt it, its hash is
+    written afresh), then ``fields`` (name -> the object whose state it holds; None: removed)."""
+
+    __slots__ = ("session", "wipe", "fields", "fresh", "meta")
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.wipe = KEEP
+        self.meta = False  # the "s" field (owner, expiry) to write
+        self.fields: dict[str, Any] = {}
+        # Messages first stored since the last write: removed again before it, Redis never
+        # hears of them (a message delivered and acknowledged between two writes).
+        self.fresh: set[str] = set()
+
+
 class ClusterStore(Store):
     def __init__(self, inner: Store) -> None:
         self.inner = inner
-        self.forwards = 0  # QoS 1/2 messages and route changes handed to Redis so far
+        self.forwards = 0  # QoS 1/2 messages, route and session changes handed to Redis
         # Set by the node: whether Redis has forwards not yet confirmed, and where callbacks
         # wait for them (in order).
         self.redis_pending: Callable[[], bool] = lambda: False
         self.redis_waiters: list[Callable[[], None]] = []
+        # Set by the node: how it learns of a change below (it counts it as a forward while
+        # Redis is reachable).
+        self.changed: Callable[[], None] = lambda: None
+        self.changes: dict[str, SessionChanges] = {}  # client id -> changes not yet in Redis
+
+    def _change(self, session: Session) -> SessionChanges:
+        change = self.changes.get(session.client_id)
+        if change is None or change.session is not session:
+            # (another session of that id had changes waiting: this one replaces it)
+            replaced = change is not None
+            change = self.changes[session.client_id] = SessionChanges(session)
+            if replaced:
+                change.wipe = REWRITE
+        self.changed()
+        return change
+
+    def rewrite_all(self, session: Session) -> None:
+        """Write ``session`` to Redis whole (at start, and when Redis is back: it may have lost
+        it)."""
+        change = self._change(session)
+        change.wipe = REWRITE
+        fields = change.fields
+        fields.clear()
+        change.fresh.clear()
+        for sub in session.subscriptions.values():
+            fields["f:" + sub.topic_filter] = sub
+        for delivery in [*session.inflight.values(), *session.queue]:
+            if delivery.stored:
+                fields[f"d:{delivery.stored}"] = delivery
+        for packet_id in session.awaiting_release:
+            fields[f"r:{packet_id}"] = True
+        conn = session.connection
+        if session.will is not None:
+            fields["w"] = (session.will, session.will_due, MQTT_5)
+        elif conn is not None and conn.will is not None:
+            fields["w"] = (conn.will, None, conn.version)
+
+    def put_back(self, changes: dict[str, SessionChanges]) -> None:
+        """Changes that did not reach Redis: before those that came since."""
+        for client_id, old in changes.items():
+            new = self.changes.get(client_id)
+            if new is None:
+                self.changes[client_id] = old
+            elif new.session is old.session and new.wipe == KEEP:
+                new.wipe = old.wipe
+                new.meta = new.meta or old.meta
+                new.fields = {**old.fields, **new.fields}
+                new.fresh |= old.fresh
+
+    def take_changes(self) -> dict[str, SessionChanges]:
+        changes, self.changes = self.changes, {}
+        return changes
+
+    @staticmethod
+    def write_changes(
+        pipe: Any, changes: dict[str, SessionChanges], node_id: str, prefix: str, now: float
+    ) -> None:
+        """Add ``changes`` to the Redis pipeline ``pipe``."""
+        owned = f"{prefix}owned:{node_id}"
+        for client_id, change in changes.items():
+            key = f"{prefix}session:{client_id}"
+            if change.wipe == END:
+                pipe.eval(_END_SCRIPT, 2, f"{prefix}client:{client_id}", key, node_id)
+                pipe.srem(owned, client_id)
+            elif change.wipe == REWRITE:
+                pipe.delete(key)
+            session = change.session
+            if change.meta or change.wipe == REWRITE:
+                pipe.hset(key, "s", session_value(session))
+                pipe.sadd(owned, client_id)
+            if not change.fields:
+                continue
+            mapping: dict[str, bytes] = {}
+            removed: list[str] = []
+            for name, thing in change.fields.items():
+                if thing is None:
+                    removed.append(name)
+                elif name[0] == "d":
+                    mapping[name] = delivery_value(thing, now)
+                elif name[0] == "f":
+                    mapping[name] = subscription_value(thing)
+                elif name == "w":
+                    mapping[name] = will_value(thing, now)
+                else:
+                    mapping[name] = b"1"
+            if removed:
+                pipe.hdel(key, *removed)
+            if mapping:
+                pipe.hset(key, mapping=mapping)
+
+    @property
+    def failing(self) -> bool:
+        """Whether the node's store cannot commit (for /readyz)."""
+        return bool(getattr(self.inner, "failing", False))
 
     @property
     def writes(self) -> int:
@@ -58,27 +187,67 @@ class ClusterStore(Store):
 
     def save_session(self, session: Session) -> None:
         self.inner.save_session(session)
+        if session.sink is None:  # (an integration's session is this node's own)
+            if not session.stored:  # (the memory store does not mark it: Redis has it now)
+                session.stored = 1
+            self._change(session).meta = True
 
     def delete_session(self, session: Session) -> None:
+        stored = session.stored
         self.inner.delete_session(session)
+        session.stored = 0
+        for delivery in [*session.inflight.values(), *session.queue]:
+            delivery.stored = 0
+        if stored and session.sink is None:
+            change = self._change(session)
+            change.wipe = END
+            change.meta = False
+            change.fields.clear()
+            change.fresh.clear()
 
     def save_subscription(self, session: Session, sub: Subscription) -> None:
         self.inner.save_subscription(session, sub)
+        if session.sink is None:
+            self._change(session).fields["f:" + sub.topic_filter] = sub
 
     def delete_subscription(self, session: Session, topic_filter: str) -> None:
         self.inner.delete_subscription(session, topic_filter)
+        if session.sink is None:
+            self._change(session).fields["f:" + topic_filter] = None
 
     def save_delivery(self, session: Session, delivery: Delivery) -> None:
-        self.inner.save_delivery(session, delivery)
+        new = not delivery.stored
+        self.inner.save_delivery(session, delivery)  # (every store gives it its key)
+        if session.sink is None:
+            change = self._change(session)
+            name = f"d:{delivery.stored}"
+            change.fields[name] = delivery
+            if new:
+                change.fresh.add(name)
 
     def delete_delivery(self, session: Session, delivery: Delivery) -> None:
+        if not delivery.stored:
+            return
+        name = f"d:{delivery.stored}"
         self.inner.delete_delivery(session, delivery)
+        delivery.stored = 0
+        if session.sink is None:
+            change = self._change(session)
+            if name in change.fresh:
+                change.fresh.discard(name)
+                del change.fields[name]
+            else:
+                change.fields[name] = None
 
     def save_release(self, session: Session, packet_id: int) -> None:
         self.inner.save_release(session, packet_id)
+        if session.sink is None:
+            self._change(session).fields[f"r:{packet_id}"] = True
 
     def delete_release(self, session: Session, packet_id: int) -> None:
         self.inner.delete_release(session, packet_id)
+        if session.sink is None:
+            self._change(session).fields[f"r:{packet_id}"] = None
 
     def save_retained(self, message: Message) -> None:
         self.inner.save_retained(message)
@@ -88,6 +257,12 @@ class ClusterStore(Store):
 
     def save_will(self, session: Session, will: Will, due: float | None) -> None:
         self.inner.save_will(session, will, due)
+        if session.sink is None:
+            conn = session.connection
+            version = conn.version if conn is not None else MQTT_5
+            self._change(session).fields["w"] = (will, due, version)
 
     def delete_will(self, session: Session) -> None:
         self.inner.delete_will(session)
+        if session.sink is None:
+            self._change(session).fields["w"] = None

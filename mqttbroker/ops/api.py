@@ -1,20 +1,21 @@
 """The JSON API under ``/api/v1`` (described by ``openapi.json`` beside this file).
 
-Every listing is paged (``limit`` at most MAX_LIMIT, ``offset``) and stops walking once its page
-is full, so no request holds the event loop for a walk over everything beyond its page (the
-sessions sorted by oldest queued age aside: that sort is one walk, as the survey's). Inputs are
-checked and refused with a 4xx JSON body ``{"error": ..., "status": ...}``.
+Every listing is paged: ``limit`` (at most MAX_LIMIT) items, and ``next_cursor`` to ask for the
+next page with (``cursor``). A request examines at most ``paging.SCAN_LIMIT`` entries, so that
+none holds the event loop for a walk over everything, however sparse its filter: a page may
+then have fewer items than asked, and a cursor to go on. The sessions sorted by oldest queued
+age are those of ``Broker.backlog`` (the sessions with queued messages), never all of them.
+Inputs are checked and refused with a 4xx JSON body ``{"error": ..., "status": ...}``.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import heapq
 import itertools
 import json
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -25,11 +26,13 @@ from ..broker.core import Broker
 from ..broker.message import Message
 from ..broker.session import Session
 from ..broker.state import CONNECTED
-from ..broker.topics import matches, valid_topic_filter, valid_topic_name
+from ..broker.topics import SharedGroup, Subscription, valid_topic_filter, valid_topic_name
 from ..protocol.packets import MQTT_5
 from ..protocol.properties import PropertyId as Prop
 from ..protocol.reasons import ReasonCode
 from .alerts import Survey, oldest_queued_age
+from .metrics import refusals
+from .paging import format_cursor, parse_cursor, scan, scan_tree
 from .sys_tree import delivered
 
 MAX_LIMIT = 1000
@@ -71,25 +74,44 @@ def _int(request: web.Request, name: str, default: int, low: int, high: int) -> 
     return value
 
 
-def _page(request: web.Request, items: Iterable[T], render: Callable[[T], Any]) -> Any:
-    """One page of ``items`` (walked no further than the page needs)."""
-    limit = _int(request, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
-    offset = _int(request, "offset", 0, 0, 10**9)
-    chunk = list(itertools.islice(items, offset, offset + limit + 1))
-    more = len(chunk) > limit
-    return {
-        "items": [render(item) for item in chunk[:limit]],
-        "offset": offset,
-        "limit": limit,
-        "next_offset": offset + limit if more else None,
-    }
+def _limit(request: web.Request) -> int:
+    return _int(request, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
 
 
-def _filter_param(request: web.Request, default: str | None = None) -> str | None:
-    value = request.query.get("filter", default)
-    if value is not None and not valid_topic_filter(value):
+def _cursor(request: web.Request, parts: int | None = None) -> list[int]:
+    """The ``cursor`` of a previous page's ``next_cursor`` ([]: the first page); ``parts``: the
+    number of integers this listing's cursors have, when fixed."""
+    text = request.query.get("cursor")
+    if text is None:
+        return []
+    try:
+        cursor = parse_cursor(text)
+    except ValueError:
+        cursor = []
+    if not cursor or (parts is not None and len(cursor) != parts):
+        raise ApiError(400, f"cursor: not a cursor of this listing: {text[:80]!r}")
+    return cursor
+
+
+def _page(
+    request: web.Request, found: tuple[list[T], list[int] | None], render: Callable[[T], Any]
+) -> web.Response:
+    items, cursor = found
+    return web.json_response(
+        {
+            "items": [render(item) for item in items],
+            "limit": _limit(request),
+            "next_cursor": format_cursor(cursor),
+        }
+    )
+
+
+def _levels(request: web.Request) -> list[str]:
+    """The levels of the ``filter`` parameter (``#`` when absent)."""
+    value = request.query.get("filter", "#")
+    if not valid_topic_filter(value):
         raise ApiError(400, f"filter: not a valid topic filter: {value[:80]!r}")
-    return value
+    return value.split("/")
 
 
 def _protocol(conn: Connection) -> str:
@@ -171,7 +193,10 @@ class Api:
             "user": conn.username,
             "keep_alive": conn.keep_alive,
             "connected_since": self._wall(conn.opened_at),
+            "messages_received": conn.publishes_received,
             "messages_sent": conn.publishes_sent,
+            "bytes_received": conn.bytes_received,
+            "bytes_sent": conn.bytes_sent,
             "subscriptions": sorted(session.subscriptions) if session is not None else [],
         }
         if session is not None:
@@ -215,10 +240,14 @@ class Api:
                 "stuck_sessions": sorted(figures.stuck),
                 "alert_threshold": self.survey.threshold,
                 "messages_received": broker.received,
+                "messages_received_by_qos": {
+                    str(qos): count for qos, count in enumerate(broker.received_by_qos)
+                },
                 "messages_delivered": delivered(broker),
                 "messages_dropped": figures.dropped + broker.denied,
                 "bytes_received": broker.bytes_received,
                 "bytes_sent": broker.bytes_sent,
+                "connections_refused": refusals(broker),
                 "store_commits": times.count if times is not None else 0,
                 "store_commit_seconds": round(times.total, 6) if times is not None else 0.0,
                 "websocket_listeners": self.websockets,
@@ -231,17 +260,17 @@ class Api:
         user = request.query.get("user")
         address = request.query.get("address", "")
 
-        def wanted() -> Iterator[Connection]:
-            for conn in self.broker.connections:
-                if conn.state != CONNECTED or not conn.client_id.startswith(prefix):
-                    continue
-                if user is not None and conn.username != user:
-                    continue
-                if address and not conn.peer.startswith(address):
-                    continue
-                yield conn
+        def wanted(conn: Connection) -> bool:
+            return (
+                conn.state == CONNECTED
+                and conn.client_id.startswith(prefix)
+                and (user is None or conn.username == user)
+                and conn.peer.startswith(address)
+            )
 
-        return web.json_response(_page(request, wanted(), self._render_client))
+        start = _cursor(request, 1)
+        found = scan(self.broker.connections, wanted, start[0] if start else 0, _limit(request))
+        return _page(request, found, self._render_client)
 
     async def client(self, request: web.Request) -> web.Response:
         return web.json_response(self._render_client(self._connected(request)))
@@ -256,17 +285,21 @@ class Api:
         sort = request.query.get("sort", "")
         if sort not in ("", "oldest_queued_age"):
             raise ApiError(400, 'sort: expected "oldest_queued_age" or nothing')
-        sessions: Iterable[Session] = (
-            s for s in self.broker.sessions.values() if s.client_id.startswith(prefix)
-        )
-        if sort:
-            limit = _int(request, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
-            offset = _int(request, "offset", 0, 0, 10**9)
-            now = self.broker.clock()
-            sessions = heapq.nlargest(
-                offset + limit + 1, sessions, key=lambda s: oldest_queued_age(s, now)
-            )
-        return web.json_response(_page(request, sessions, self._render_session))
+        start = _cursor(request, 1)
+        first = start[0] if start else 0
+        limit = _int(request, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
+        if not sort:
+
+            def wanted(session: Session) -> bool:
+                return session.client_id.startswith(prefix)
+
+            found = scan(self.broker.sessions.values(), wanted, first, limit)
+            return _page(request, found, self._render_session)
+        waiting = [s for s in backlogged(self.broker) if s.client_id.startswith(prefix)]
+        waiting.sort(key=lambda s: s.queue[0].queued_at)  # the oldest first
+        end = first + limit
+        more = [end] if end < len(waiting) else None
+        return _page(request, (waiting[first:end], more), self._render_session)
 
     async def session(self, request: web.Request) -> web.Response:
         return web.json_response(self._render_session(self._session_of(request)))
@@ -284,10 +317,9 @@ class Api:
         return web.json_response({"client_id": session.client_id, "deleted": True})
 
     async def subscriptions(self, request: web.Request) -> web.Response:
-        topic_filter = _filter_param(request, "#")
-        assert topic_filter is not None
+        levels = _levels(request)
 
-        def render(sub: Any) -> dict[str, Any]:
+        def render(sub: Subscription) -> dict[str, Any]:
             return {
                 "client_id": sub.session.client_id,
                 "filter": sub.topic_filter,
@@ -298,40 +330,42 @@ class Api:
                 "identifier": sub.identifier or None,
             }
 
-        subs = (s for s in self.broker.router.trie if matches(topic_filter, s.filter))
-        return web.json_response(_page(request, subs, render))
+        def subs(node: Any) -> itertools.chain[Subscription]:
+            groups = (group.members for group in node.groups.values())
+            return itertools.chain(node.subs.values(), itertools.chain.from_iterable(groups))
+
+        root = self.broker.router.trie.root
+        found = scan_tree(root, levels, _cursor(request), subs, _everything, _limit(request))
+        return _page(request, found, render)
 
     async def shared(self, request: web.Request) -> web.Response:
+        levels = _levels(request)
         now = self.broker.clock()
-        groups: dict[str, list[dict[str, Any]]] = {}
-        count = 0
-        limit = _int(request, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
-        for sub in self.broker.router.trie:
-            if sub.share_group is None:
-                continue
-            members = groups.get(sub.topic_filter)
-            if members is None:
-                if count == limit:
-                    continue
-                count += 1
-                members = groups[sub.topic_filter] = []
-            session = sub.session
-            members.append(
-                {
-                    "client_id": session.client_id,
-                    "online": session.connection is not None,
-                    **self._backlog(session, now),
-                }
-            )
-        items = [
-            {"filter": name, "group": name.split("/", 2)[1], "members": members}
-            for name, members in groups.items()
-        ]
-        return web.json_response({"items": items, "limit": limit})
+
+        def render(group: SharedGroup) -> dict[str, Any]:
+            members = group.members
+            return {
+                "filter": members[0].topic_filter if members else group.name,
+                "group": group.name,
+                "members": [
+                    {
+                        "client_id": sub.session.client_id,
+                        "online": sub.session.connection is not None,
+                        **self._backlog(sub.session, now),
+                    }
+                    for sub in members
+                ],
+            }
+
+        def groups(node: Any) -> Any:
+            return node.groups.values()
+
+        root = self.broker.router.trie.root
+        found = scan_tree(root, levels, _cursor(request), groups, _everything, _limit(request))
+        return _page(request, found, render)
 
     async def retained(self, request: web.Request) -> web.Response:
-        topic_filter = _filter_param(request, "#")
-        assert topic_filter is not None
+        levels = _levels(request)
         now = self.broker.clock()
 
         def render(message: Message) -> dict[str, Any]:
@@ -350,8 +384,15 @@ class Api:
                 "expires_in": message.remaining_expiry(now),
             }
 
-        messages = self.broker.router.retained.match(topic_filter, now)
-        return web.json_response(_page(request, messages, render))
+        def message(node: Any) -> tuple[Message, ...]:
+            return () if node.message is None else (node.message,)
+
+        def live(message: Message) -> bool:
+            return not message.expired(now)
+
+        root = self.broker.router.retained.root
+        found = scan_tree(root, levels, _cursor(request), message, live, _limit(request))
+        return _page(request, found, render)
 
     async def delete_retained(self, request: web.Request) -> web.Response:
         topic = request.query.get("topic", "")
@@ -398,6 +439,24 @@ class Api:
         match = broker.router.lookup(topic)
         sessions = 0 if match is None else broker.router.publish(message, match, None, now)
         return web.json_response({"topic": topic, "sessions": sessions})
+
+
+def _everything(item: object) -> bool:
+    return True
+
+
+def backlogged(broker: Broker) -> list[Session]:
+    """The sessions with queued messages: ``Broker.backlog``, without the entries of sessions
+    whose queue emptied otherwise than by draining, or that ended (dropped from it here)."""
+    backlog = broker.backlog
+    sessions = broker.sessions
+    waiting = []
+    for session in list(backlog):
+        if session.queue and sessions.get(session.client_id) is session:
+            waiting.append(session)
+        else:
+            del backlog[session]
+    return waiting
 
 
 async def json_body(request: web.Request) -> dict[str, Any]:

@@ -22,10 +22,29 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
 from ..broker.core import Broker
+from ..protocol.reasons import CONNACK_CODES, ReasonCode
 from .alerts import Survey
 from .sys_tree import delivered
 
-__all__ = ["CONTENT_TYPE_LATEST", "BrokerCollector", "Metrics"]
+__all__ = ["CONTENT_TYPE_LATEST", "REFUSAL_REASONS", "BrokerCollector", "Metrics", "refusals"]
+
+# The ``reason`` label of a refused CONNECT: its CONNACK reason code's name in the spec, in
+# lower case (0x86 "bad_user_name_or_password", 0x87 "not_authorized", 0x8A "banned"...); a
+# 3.1.1 client is counted under the same reason, whatever return code (if any) it was sent.
+REFUSAL_REASONS = {code: ReasonCode(code).name.lower() for code in sorted(CONNACK_CODES) if code}
+CONNECTION_LIMIT = "connection_limit"  # closed at once: max_connections or per address
+OTHER = "other"  # a refusal without a CONNACK reason code of its own (none so far)
+
+
+def refusals(broker: Broker) -> dict[str, int]:
+    """Refused connections by reason label, every label present (0 when none)."""
+    counts = dict.fromkeys(REFUSAL_REASONS.values(), 0)
+    counts[CONNECTION_LIMIT] = broker.refused
+    counts[OTHER] = 0
+    for code, count in broker.refusals.items():
+        reason = REFUSAL_REASONS.get(code, OTHER)
+        counts[reason] = counts.get(reason, 0) + count
+    return counts
 
 
 class BrokerCollector(Collector):
@@ -45,7 +64,14 @@ class BrokerCollector(Collector):
         def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
             return GaugeMetricFamily(f"mqttbroker_{name}", doc, value=value)
 
-        yield counter("messages_received", "PUBLISH packets accepted from clients", broker.received)
+        received = CounterMetricFamily(
+            "mqttbroker_messages_received",
+            "PUBLISH packets accepted from clients, by QoS",
+            labels=["qos"],
+        )
+        for qos, count in enumerate(broker.received_by_qos):
+            received.add_metric([str(qos)], count)
+        yield received
         yield counter(
             "messages_delivered",
             "PUBLISH packets sent to subscribers (resends included)",
@@ -60,10 +86,11 @@ class BrokerCollector(Collector):
         yield dropped
         refused = CounterMetricFamily(
             "mqttbroker_connections_refused",
-            "Network connections refused before CONNECT, by reason",
+            "Connections refused: by the connection limits, or their CONNECT, by reason",
             labels=["reason"],
         )
-        refused.add_metric(["connection_limit"], broker.refused)
+        for reason, count in refusals(broker).items():
+            refused.add_metric([reason], count)
         yield refused
         yield counter("connects", "CONNECT packets received", broker.connects)
         yield counter("bytes_received", "MQTT bytes read from clients", broker.bytes_received)

@@ -61,7 +61,13 @@ class Server:
         if cluster_store is not None:
             from ..cluster.node import ClusterNode
 
-            self.cluster = ClusterNode(config.cluster, self.broker, cluster_store)
+            durable = config.storage.backend != "memory"
+            self.cluster = ClusterNode(
+                config.cluster,
+                self.broker,
+                cluster_store,
+                config.store_path.parent if durable else None,
+            )
         self.sys_tree = SysTree(self.broker, config.broker.sys_interval)
         self.survey = Survey(self.broker, config.alerts.oldest_queued_age, config.listeners)
         self.admin: AdminServer | None = None
@@ -154,6 +160,8 @@ class Server:
             return "not every listener is bound yet"
         if getattr(self.store, "failing", False):
             return "the store cannot commit (see the log)"
+        if self.cluster is not None:
+            return self.cluster.unready()
         return None
 
     async def _tick(self) -> None:

@@ -3,21 +3,15 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import redis
 from external_tools import program
+from support.launcher import free_port, stop_process
 
 START_TIMEOUT = 10.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class RedisServer:
@@ -69,7 +63,6 @@ class RedisServer:
         return redis.Redis(host="127.0.0.1", port=self.port)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(10)
+        if self.proc is not None:
+            stop_process(self.proc)
         self.proc = None

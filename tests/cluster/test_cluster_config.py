@@ -29,6 +29,7 @@ def config(tmp_path: Path, text: str) -> Path:
             r"c.toml: cluster.stream_max_length: must be at least 100",
         ),
         ('[cluster]\nredis = "redis://h/0"\nnode_ttl = 0.5', r"c.toml: cluster.node_ttl"),
+        ('[cluster]\nredis = "redis://h/0"\nadopt_after = -1', r"c.toml: cluster.adopt_after"),
         ("[cluster]\nredis = 6379", r"c.toml: cluster.redis: expected a string"),
         ("[cluster]\nnodes = 2", r"c.toml: cluster.nodes: unknown key"),
         ("workers = 2", r"c.toml: workers: more than 1 needs \[cluster\] redis"),

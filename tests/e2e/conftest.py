@@ -4,7 +4,7 @@ prefix of the test's own (the session broker is shared, retained messages includ
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -14,24 +14,16 @@ ClientFactory = Callable[..., PahoClient]
 
 
 @pytest.fixture
-def make_client(broker: Server) -> Iterator[ClientFactory]:
-    """``make_client(version=5, connect=True, server=broker, **PahoClient options)``: a paho client,
-    connected (CONNACK received) unless ``connect=False``; all are closed after the test."""
-    made: list[PahoClient] = []
+def make_client(broker: Server, paho: ClientFactory) -> ClientFactory:
+    """``make_client(version=5, connect=True, server=broker, **PahoClient options)``: the
+    ``paho`` fixture's client, of the session broker unless ``server`` is given."""
 
     def make(
         version: int = MQTT_5, connect: bool = True, server: Server | None = None, **kw: Any
     ) -> PahoClient:
-        target = server if server is not None else broker
-        client = PahoClient(target.host, target.port, version, **kw)
-        made.append(client)
-        if connect:
-            client.connect()
-        return client
+        return paho(broker if server is None else server, version, connect=connect, **kw)
 
-    yield make
-    for client in made:
-        client.close()
+    return make
 
 
 @pytest.fixture

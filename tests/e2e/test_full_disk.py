@@ -9,8 +9,6 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
 from support.clients import MQTT_5, PahoClient, unique
 
 LAUNCHER = (str(Path(__file__).with_name("full_disk_broker.py")),)
@@ -21,8 +19,6 @@ def test_full_disk_holds_the_ack_serves_qos0_and_loses_nothing(
 ) -> None:
     data = tmp_path / "data"
     broker = start_broker(data, launcher=LAUNCHER)
-    expiry = Properties(PacketTypes.CONNECT)
-    expiry.SessionExpiryInterval = 300
     keeper_id = unique("keeper")
     clients: list[PahoClient] = []
 
@@ -33,7 +29,7 @@ def test_full_disk_holds_the_ack_serves_qos0_and_loses_nothing(
         return made
 
     try:
-        keeper = client(client_id=keeper_id, clean=False, connect_properties=expiry)
+        keeper = client(client_id=keeper_id, clean=False, expiry=300)
         keeper.subscribe("disk/#", 1)
         keeper.close()  # away: what it subscribed to must be stored for it
         watcher = client()
@@ -63,7 +59,7 @@ def test_full_disk_holds_the_ack_serves_qos0_and_loses_nothing(
         log = broker.log_since(mark)
         assert len([x for x in log.splitlines() if " ERROR " in x]) == 1, log
 
-        back = client(client_id=keeper_id, clean=False, connect_properties=expiry)
+        back = client(client_id=keeper_id, clean=False, expiry=300)
         assert [m.payload for m in back.wait_messages(1)] == [payload]
     finally:
         for made in clients:

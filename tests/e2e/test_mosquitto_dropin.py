@@ -7,16 +7,15 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from external_tools import find
+from support.launcher import BrokerProcess, mosquitto_binary, stop_process, wait_port
 
 from conformance.mqtt import MQTT_5, PUBLISH, SUBACK, Client, connect, subscribe
-from tests.conftest import BrokerProcess
-from tests.external_tools import find
 
 pytestmark = pytest.mark.needs_mosquitto
 
@@ -114,27 +113,15 @@ def scenario(port: int) -> dict[str, tuple[int, list[str]]]:
 
 @contextmanager
 def mosquitto(conf: Path) -> Iterator[int]:
-    binary = find("mosquitto")
-    if binary is None:
-        pytest.skip("the mosquitto broker is not installed")
     proc = subprocess.Popen(
-        [binary, "-c", str(conf)], cwd=conf.parent, stderr=subprocess.PIPE, text=True
+        [mosquitto_binary(), "-c", str(conf)], cwd=conf.parent, stderr=subprocess.PIPE, text=True
     )
     port = _port_of(conf)
     try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert proc.poll() is None, proc.communicate()[1]
-                assert time.monotonic() < deadline, "mosquitto did not start"
-                time.sleep(0.05)
+        wait_port(port, proc)
         yield port
     finally:
-        proc.terminate()
-        proc.wait(10)
+        stop_process(proc)
 
 
 @contextmanager

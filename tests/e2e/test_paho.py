@@ -5,8 +5,6 @@ from __future__ import annotations
 import time
 
 import pytest
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
 from support.clients import (
     DISCONNECT,
     MQTT_5,
@@ -316,14 +314,10 @@ def test_session_takeover_disconnects_the_first_connection(make_client, topic, v
     the first is disconnected (MQTT 5: DISCONNECT 0x8E Session taken over), the second keeps the
     session's subscriptions and works."""
     client_id = unique("takeover")
-    props = None
-    if version == MQTT_5:
-        props = Properties(PacketTypes.CONNECT)
-        props.SessionExpiryInterval = 60
-    first = make_client(version, client_id=client_id, clean=False, connect_properties=props)
+    first = make_client(version, client_id=client_id, clean=False, expiry=60)
     assert first.subscribe(topic, 1) == [1]
-    second = make_client(version, client_id=client_id, clean=False, connect_properties=props)
-    assert second.connack is not None and second.connack[1] is True  # session present
+    second = make_client(version, client_id=client_id, clean=False, expiry=60)
+    assert second.session_present
     gone = first.wait_disconnected()
     if version == MQTT_5:
         assert gone.from_server, gone

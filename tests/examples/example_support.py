@@ -1,42 +1,16 @@
-"""What the tests of examples/ share: where the examples are, how to start one (as a user
-would, ``python examples/NAME.py ...``), the paho client of the end-to-end tests, and the
-Mosquitto and paho collectors of the integration tests."""
+"""What the tests of examples/ share: where the examples are and how to start one (as a user
+would, ``python examples/NAME.py ...``). Clients, Mosquitto and the rest come from
+tests/support."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from support.clients import PahoClient, unique
+from support.launcher import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent.parent
 EXAMPLES = ROOT / "examples"
-path = str(ROOT / "tests" / "integrations")
-if path not in sys.path:
-    sys.path.insert(0, path)
-
-from integration_support import (  # noqa: E402
-    Collector,
-    Mosquitto,
-    publish_all,
-    publisher,
-    wait_for,
-)
-
-__all__ = [
-    "EXAMPLES",
-    "Collector",
-    "Mosquitto",
-    "PahoClient",
-    "example",
-    "publish_all",
-    "publisher",
-    "simulator",
-    "unique",
-    "wait_for",
-]
 
 
 def example(start_program: Callable[..., Any], script: str, *args: str, ready: str) -> Any:

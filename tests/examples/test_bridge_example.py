@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from example_support import EXAMPLES, Collector, Mosquitto, publish_all, publisher
+from example_support import EXAMPLES
+from support.clients import Collector
+from support.launcher import Mosquitto
 
 from mqttbroker.config import load
 
@@ -30,8 +32,7 @@ def remote(tmp_path: Path) -> Iterator[Mosquitto]:
 
 
 def seen(collector: Collector) -> list[tuple[str, bytes]]:
-    with collector.lock:
-        return [(m.topic, bytes(m.payload)) for m in collector.messages]
+    return [(m.topic, m.payload) for m in collector.received()]
 
 
 def wait_seen(collector: Collector, topic: str, payload: bytes) -> None:
@@ -49,7 +50,10 @@ def test_read_by_the_broker_as_its_comments_say() -> None:
 
 @pytest.mark.needs_mosquitto
 def test_each_configured_direction_and_no_other(
-    tmp_path: Path, start_broker: Callable[..., Any], remote: Mosquitto
+    tmp_path: Path,
+    start_broker: Callable[..., Any],
+    remote: Mosquitto,
+    paho: Callable[..., Any],
 ) -> None:
     text = (EXAMPLES / "bridge-to-mosquitto.toml").read_text()
     assert text.count(ADDRESS) == 1, "the example's remote address is not where the test expects"
@@ -64,30 +68,27 @@ def test_each_configured_direction_and_no_other(
         stack.callback(far.close)
         near = Collector(ours.port, TOPICS)  # on our broker
         stack.callback(near.close)
-        local, cloud = publisher(ours.port), publisher(remote.port)
-        for client in (local, cloud):
-            stack.callback(client.loop_stop)
-            stack.callback(client.disconnect)
+        local, cloud = paho(ours), paho(remote)
 
         # out: local sensors/... -> site-a/sensors/...; both: chat/... as it is
-        publish_all(local, "sensors/t1/temperature", [b"21.5"])
-        publish_all(local, "commands/t1", [b"local command"])  # an "in" rule: stays here
-        publish_all(local, "chat/room", [b"from the site"])
+        local.publish("sensors/t1/temperature", b"21.5", 1)
+        local.publish("commands/t1", b"local command", 1)  # an "in" rule: stays here
+        local.publish("chat/room", b"from the site", 1)
         wait_seen(far, "site-a/sensors/t1/temperature", b"21.5")
         wait_seen(far, "chat/room", b"from the site")
 
         # in: Mosquitto's site-a/commands/... -> commands/...; both: chat/... as it is
-        publish_all(cloud, "site-a/commands/t1/reboot", [b"reboot"])
-        publish_all(cloud, "site-a/sensors/t2", [b"remote reading"])  # an "out" rule: stays there
-        publish_all(cloud, "chat/room", [b"from the cloud"])
+        cloud.publish("site-a/commands/t1/reboot", b"reboot", 1)
+        cloud.publish("site-a/sensors/t2", b"remote reading", 1)  # an "out" rule: stays there
+        cloud.publish("chat/room", b"from the cloud", 1)
         wait_seen(near, "commands/t1/reboot", b"reboot")
         wait_seen(near, "chat/room", b"from the cloud")
 
         # Markers after everything: what was published before them (and any echo) would have
         # arrived first, in order over each connection.
-        publish_all(local, "chat/end", [b"end out"])
+        local.publish("chat/end", b"end out", 1)
         wait_seen(far, "chat/end", b"end out")
-        publish_all(cloud, "chat/end", [b"end in"])
+        cloud.publish("chat/end", b"end in", 1)
         wait_seen(near, "chat/end", b"end in")
 
     assert sorted(seen(far)) == sorted(

@@ -9,7 +9,8 @@ import signal
 from collections.abc import Callable
 from typing import Any
 
-from example_support import PahoClient, simulator, unique
+from example_support import simulator
+from support.clients import PahoClient, unique
 
 
 def latest(watcher: PahoClient, topic: str) -> Any:

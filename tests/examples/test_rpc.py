@@ -14,9 +14,10 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from example_support import EXAMPLES, PahoClient, example, unique
+from example_support import EXAMPLES, example
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from support.clients import PahoClient, unique
 
 
 def load_rpc() -> ModuleType:

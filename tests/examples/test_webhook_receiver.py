@@ -23,7 +23,8 @@ from typing import Any
 
 import aiohttp
 import pytest
-from example_support import EXAMPLES, Collector, example, publish_all, publisher, wait_for
+from example_support import EXAMPLES, example
+from support.clients import Collector, wait_for
 
 SECRET = b"correct horse battery staple"
 
@@ -150,8 +151,7 @@ def test_without_a_secret_it_does_not_start(tmp_path: Path) -> None:
 
 
 def last_figure(collector: Collector, figure: str) -> int:
-    with collector.lock:
-        values = [int(m.payload) for m in collector.messages if m.topic.endswith("/" + figure)]
+    values = [int(m.payload) for m in collector.received() if m.topic.endswith("/" + figure)]
     return values[-1] if values else 0
 
 
@@ -162,6 +162,7 @@ def test_the_broker_webhooks_end_to_end(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     secret_from: str,
+    paho: Callable[..., Any],
 ) -> None:
     """Our broker's [[webhook]] deliveries (json and raw) of a paho client's messages and events,
     to the receiver started as examples/README.md says: each verified and handled once, also
@@ -212,12 +213,12 @@ format = "raw"
     broker = start_broker(extra_args=("--config", str(config)))
     handled = r"handled '(receiver-\d+-[0-9a-f]+)': "
 
-    client = publisher(broker.port)
+    client = paho(broker)
     watch: Collector | None = None
     try:
-        publish_all(client, "sensors/t1", [b"21.5"])
-        publish_all(client, "raw/t1", [b"\xff\x00raw"])
-        name = client._client_id.decode()
+        client.publish("sensors/t1", b"21.5", 1)
+        client.publish("raw/t1", b"\xff\x00raw", 1)
+        name = client.client_id
         for line in (
             handled + re.escape(f"client.connected, client {name!r}"),
             handled + re.escape("message.publish on 'sensors/t1', 4 bytes, qos 1: b'21.5'"),
@@ -232,7 +233,7 @@ format = "raw"
         assert receiver.wait_for_log(handled + "client.connected, client 'watch'", 20)
         receiver.send_signal(signal.SIGSTOP)
         try:
-            publish_all(client, "sensors/t2", [b"22.0"])
+            client.publish("sensors/t2", b"22.0", 1)
             wait_for(lambda: last_figure(watch, "failures") >= 2, "two attempts timed out")
         finally:
             receiver.send_signal(signal.SIGCONT)
@@ -240,8 +241,7 @@ format = "raw"
         assert again, receiver.log_text()
         wait_for(lambda: last_figure(watch, "delivered") == 4, "4 deliveries acknowledged")
     finally:
-        client.disconnect()
-        client.loop_stop()
+        client.close()
         if watch is not None:
             watch.close()
 

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from example_support import EXAMPLES, example, unique
+from example_support import EXAMPLES, example
+from support.clients import unique
 
 JOBS = 200
 

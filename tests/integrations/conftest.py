@@ -1,5 +1,5 @@
 """Fixtures of the integration tests: Mosquitto brokers and paho collectors stopped after the
-test (see integration_support.py)."""
+test (both from tests/support)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from integration_support import Collector, Mosquitto, in_python_path
-
-in_python_path()
+from support.clients import Collector
+from support.launcher import Mosquitto
 
 
 @pytest.fixture

@@ -7,19 +7,15 @@ from __future__ import annotations
 import signal
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
-from integration_support import (
-    Collector,
-    Mosquitto,
-    free_port,
-    publish_all,
-    publisher,
-    wait_for,
-    write_config,
-)
+from integration_support import write_config
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from support.certs import make_certificates
+from support.clients import Collector, wait_for
+from support.launcher import Mosquitto, free_port
 
 pytestmark = pytest.mark.needs_mosquitto
 
@@ -60,6 +56,7 @@ def test_both_directions_with_properties(
     mosquitto: Callable[..., Mosquitto],
     collect: Callable[..., Collector],
     protocol: str,
+    paho: Callable[..., Any],
 ) -> None:
     remote = mosquitto()
     head = "[broker]\nsys_interval = 0.2\n\n"
@@ -77,7 +74,7 @@ def test_both_directions_with_properties(
     props.ResponseTopic = "reply/here"
     props.CorrelationData = b"\x01\x02"
     props.MessageExpiryInterval = 300
-    local = publisher(ours.port)  # type: ignore[attr-defined]
+    local = paho(ours)
     info = local.publish("up/temp", b"21.5", 1, properties=props)
     info.wait_for_publish(10)
     far.wait_count(1)
@@ -90,7 +87,7 @@ def test_both_directions_with_properties(
         assert got.properties.CorrelationData == b"\x01\x02"
         assert 0 < got.properties.MessageExpiryInterval <= 300
 
-    cloud = publisher(remote.port)
+    cloud = paho(remote)
     cloud_props = Properties(PacketTypes.PUBLISH)
     cloud_props.UserProperty = [("from", "cloud")]
     cloud.publish("down/cmd", b"on", 1, properties=cloud_props).wait_for_publish(10)
@@ -110,9 +107,8 @@ def test_both_directions_with_properties(
     status = collect(ours.port, ["$SYS/broker/bridges/m/#"], qos=0)  # type: ignore[attr-defined]
 
     def figure(name: str) -> bytes | None:
-        with status.lock:
-            found = [m for m in status.messages if m.topic == f"$SYS/broker/bridges/m/{name}"]
-        return bytes(found[-1].payload) if found else None
+        found = [m for m in status.received() if m.topic == f"$SYS/broker/bridges/m/{name}"]
+        return found[-1].payload if found else None
 
     wait_for(lambda: figure("forwarded_out") == b"2", "$SYS forwarded_out 2")
     assert figure("connected") == b"1"
@@ -120,8 +116,7 @@ def test_both_directions_with_properties(
     assert figure("remote") == f"127.0.0.1:{remote.port}".encode()
     assert figure("queued") == b"0"
     for client in (local, cloud):
-        client.disconnect()
-        client.loop_stop()
+        client.close()
 
 
 def test_remote_restarted_while_1000_qos1_messages_flow(
@@ -129,22 +124,22 @@ def test_remote_restarted_while_1000_qos1_messages_flow(
     start_broker: Callable[..., object],
     mosquitto: Callable[..., Mosquitto],
     collect: Callable[..., Collector],
+    paho: Callable[..., Any],
 ) -> None:
     remote = mosquitto(persistence=True)
     args = write_config(tmp_path / "b.toml", bridge_toml("m", remote.port, "5", RULES))
     ours = start_broker(extra_args=args)
     assert ours.wait_for_log(CONNECTED.format(name="m"), 20)  # type: ignore[attr-defined]
     far = collect(remote.port, ["site-a/#"], persistent=True, client_id="far-collector")
-    local = publisher(ours.port)  # type: ignore[attr-defined]
+    local = paho(ours)
     payloads = [b"m%04d" % n for n in range(1000)]
-    publish_all(local, "up/flow", payloads[:300])
+    local.publish_all(("up/flow", p, 1, False) for p in payloads[:300])
     far.wait_count(1)
     remote.restart()  # SIGTERM: Mosquitto saves its sessions, then starts on the same port
-    publish_all(local, "up/flow", payloads[300:])
+    local.publish_all(("up/flow", p, 1, False) for p in payloads[300:])
     far.wait_count(1000, b"m", timeout=60)
     assert set(far.payloads(b"m")) == set(payloads)
-    local.disconnect()
-    local.loop_stop()
+    local.close()
 
 
 def test_our_broker_killed_with_outbound_messages_queued(
@@ -152,15 +147,16 @@ def test_our_broker_killed_with_outbound_messages_queued(
     start_broker: Callable[..., object],
     mosquitto: Callable[..., Mosquitto],
     collect: Callable[..., Collector],
+    paho: Callable[..., Any],
 ) -> None:
     remote = mosquitto(start=False)  # down: everything published waits in our store
     args = write_config(tmp_path / "b.toml", bridge_toml("m", remote.port, "5", RULES))
     data = tmp_path / "ours"
     ours = start_broker(data_dir=data, extra_args=args)
-    local = publisher(ours.port)  # type: ignore[attr-defined]
+    local = paho(ours)
     payloads = [b"k%03d" % n for n in range(200)]
-    publish_all(local, "up/queued", payloads)  # acknowledged: committed
-    local.loop_stop()
+    local.publish_all(("up/queued", p, 1, False) for p in payloads)  # acknowledged: committed
+    local.client.loop_stop()
     ours.send_signal(signal.SIGKILL)  # type: ignore[attr-defined]
     ours.wait_exit()  # type: ignore[attr-defined]
     remote.start()
@@ -172,7 +168,10 @@ def test_our_broker_killed_with_outbound_messages_queued(
 
 
 def test_two_of_our_brokers_bridged_both_ways_no_loops(
-    tmp_path: Path, start_broker: Callable[..., object], collect: Callable[..., Collector]
+    tmp_path: Path,
+    start_broker: Callable[..., object],
+    collect: Callable[..., Collector],
+    paho: Callable[..., Any],
 ) -> None:
     """One bridge with direction "both": each message once on each side. Then a chain of
     bridges through several brokers: the marks against loops do not stop a message that has
@@ -184,8 +183,8 @@ def test_two_of_our_brokers_bridged_both_ways_no_loops(
     assert b1.wait_for_log(SUBSCRIBED.format(name="to-b2"), 20)  # type: ignore[attr-defined]
     on1 = collect(b1.port, ["chat/#"])  # type: ignore[attr-defined]
     on2 = collect(b2.port, ["chat/#"])  # type: ignore[attr-defined]
-    p1 = publisher(b1.port)  # type: ignore[attr-defined]
-    p2 = publisher(b2.port)  # type: ignore[attr-defined]
+    p1 = paho(b1)
+    p2 = paho(b2)
     p1.publish("chat/a", b"from-1", 1).wait_for_publish(10)
     p2.publish("chat/b", b"from-2", 1).wait_for_publish(10)
     for side in (on1, on2):
@@ -214,7 +213,7 @@ def test_two_of_our_brokers_bridged_both_ways_no_loops(
     for proc, name in ((b3, "b3-to-b2"), (b4, "to-b3")):
         assert proc.wait_for_log(SUBSCRIBED.format(name=name), 20)  # type: ignore[attr-defined]
     on4 = collect(b4.port, ["chat/#"])  # type: ignore[attr-defined]
-    p4 = publisher(b4.port)  # type: ignore[attr-defined]
+    p4 = paho(b4)
     p4.publish("chat/c", b"from-4", 1).wait_for_publish(10)
     on1.wait_count(1, b"from-4")
     on4.wait_count(1, b"from-4")
@@ -225,12 +224,14 @@ def test_two_of_our_brokers_bridged_both_ways_no_loops(
     for side in (on1, on2, on4):
         assert side.payloads(b"from-4") == [b"from-4"], side.payloads()
     for client in (p1, p2, p4):
-        client.disconnect()
-        client.loop_stop()
+        client.close()
 
 
 def test_mutual_bridges_do_not_loop(
-    tmp_path: Path, start_broker: Callable[..., object], collect: Callable[..., Collector]
+    tmp_path: Path,
+    start_broker: Callable[..., object],
+    collect: Callable[..., Collector],
+    paho: Callable[..., Any],
 ) -> None:
     """Each of two brokers has a bridge to the other, both ways on the same topics: two paths,
     so a message may reach the far side twice, but it never circulates."""
@@ -248,7 +249,7 @@ def test_mutual_bridges_do_not_loop(
         assert proc.wait_for_log(SUBSCRIBED.format(name=f"to-{peer}"), 20)  # type: ignore[attr-defined]
     on_a = collect(a.port, ["loop/#"])  # type: ignore[attr-defined]
     on_b = collect(b.port, ["loop/#"])  # type: ignore[attr-defined]
-    pa = publisher(a.port)  # type: ignore[attr-defined]
+    pa = paho(a)
     for n in range(5):
         pa.publish("loop/x", b"once-%d" % n, 1).wait_for_publish(10)
     on_b.wait_count(5, b"once")
@@ -260,8 +261,7 @@ def test_mutual_bridges_do_not_loop(
     for n in range(5):
         assert on_a.payloads(b"once-%d" % n) == [b"once-%d" % n], on_a.payloads()
         assert 1 <= len(on_b.payloads(b"once-%d" % n)) <= 2, on_b.payloads()
-    pa.disconnect()
-    pa.loop_stop()
+    pa.close()
 
 
 def test_tls_to_a_mosquitto_tls_listener(
@@ -269,9 +269,8 @@ def test_tls_to_a_mosquitto_tls_listener(
     start_broker: Callable[..., object],
     mosquitto: Callable[..., Mosquitto],
     collect: Callable[..., Collector],
+    paho: Callable[..., Any],
 ) -> None:
-    from transport_support import make_certificates
-
     certs = make_certificates(tmp_path / "certs")
     tls_port = free_port()
     remote = mosquitto(
@@ -299,13 +298,12 @@ def test_tls_to_a_mosquitto_tls_listener(
     failed = ours.wait_for_log(r"bridge untrusted: cannot connect: .*(certificate|CERTIFICATE)", 20)  # type: ignore[attr-defined]
     assert failed, ours.log_text()  # type: ignore[attr-defined]
     far = collect(remote.port, ["site-a/#", "site-b/#"])
-    local = publisher(ours.port)  # type: ignore[attr-defined]
+    local = paho(ours)
     local.publish("up/secret", b"over-tls", 1).wait_for_publish(10)
     far.wait_count(1)
     assert far.messages[0].topic == "site-a/up/secret"
     wait_for(lambda: far.payloads() == [b"over-tls"], "the message over TLS")
-    local.disconnect()
-    local.loop_stop()
+    local.close()
 
 
 def test_remote_keeps_the_bridge_session_across_our_outage(
@@ -313,6 +311,7 @@ def test_remote_keeps_the_bridge_session_across_our_outage(
     start_broker: Callable[..., object],
     mosquitto: Callable[..., Mosquitto],
     collect: Callable[..., Collector],
+    paho: Callable[..., Any],
 ) -> None:
     """MQTT 5, Clean Start 0 and a Session Expiry Interval: while our broker is down the remote
     keeps the bridge's subscription and queues for it; it all comes in after our restart."""
@@ -324,16 +323,15 @@ def test_remote_keeps_the_bridge_session_across_our_outage(
     near = collect(first.port, ["cloud/#"], persistent=True, client_id="near")  # type: ignore[attr-defined]
     near.close()
     first.stop()  # type: ignore[attr-defined]
-    cloud = publisher(remote.port)
+    cloud = paho(remote)
     payloads = [b"while-away-%02d" % n for n in range(50)]
-    publish_all(cloud, "down/cmd", payloads)
+    cloud.publish_all(("down/cmd", p, 1, False) for p in payloads)
     second = start_broker(data_dir=data, extra_args=args)
     assert second.wait_for_log("remote session resumed", 20)  # type: ignore[attr-defined]
     back = collect(second.port, ["cloud/#"], persistent=True, client_id="near")  # type: ignore[attr-defined]
     back.wait_count(50, b"while-away")
     assert sorted(back.payloads(b"while-away")) == payloads
-    cloud.disconnect()
-    cloud.loop_stop()
+    cloud.close()
 
 
 def test_mqtt311_remote_echo_is_dropped(
@@ -341,6 +339,7 @@ def test_mqtt311_remote_echo_is_dropped(
     start_broker: Callable[..., object],
     mosquitto: Callable[..., Mosquitto],
     collect: Callable[..., Collector],
+    paho: Callable[..., Any],
 ) -> None:
     """MQTT 3.1.1 has no No Local: with direction "both" the remote sends the bridge its own
     messages back, and the bridge recognises and drops them (one copy here, one there)."""
@@ -351,15 +350,14 @@ def test_mqtt311_remote_echo_is_dropped(
     assert ours.wait_for_log(SUBSCRIBED.format(name="m"), 20)  # type: ignore[attr-defined]
     near = collect(ours.port, ["both/#"])  # type: ignore[attr-defined]
     far = collect(remote.port, ["both/#"])
-    local = publisher(ours.port)  # type: ignore[attr-defined]
-    cloud = publisher(remote.port)
-    publish_all(local, "both/a", [b"here-1", b"here-2"])
-    publish_all(cloud, "both/b", [b"there-1"])
-    publish_all(local, "both/z", [b"marker"])
+    local = paho(ours)
+    cloud = paho(remote)
+    local.publish_all(("both/a", p, 1, False) for p in [b"here-1", b"here-2"])
+    cloud.publish("both/b", b"there-1", 1)
+    local.publish("both/z", b"marker", 1)
     near.wait_count(1, b"marker")
     far.wait_count(1, b"marker")
     assert sorted(near.payloads()) == [b"here-1", b"here-2", b"marker", b"there-1"]
     assert sorted(far.payloads()) == [b"here-1", b"here-2", b"marker", b"there-1"]
     for client in (local, cloud):
-        client.disconnect()
-        client.loop_stop()
+        client.close()

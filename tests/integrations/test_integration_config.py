@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support.launcher import run_broker
 
 from mqttbroker.config import ConfigError, load
 
@@ -120,13 +119,6 @@ def test_an_empty_user_name_means_none(tmp_path: Path, line: str, username: str 
 
 def test_the_broker_exits_2_and_names_the_key(tmp_path: Path) -> None:
     path = write(tmp_path, WEBHOOK.format(url="/relative", extra=""))
-    run = subprocess.run(
-        [sys.executable, "-m", "mqttbroker", "--config", str(path), "--memory"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=tmp_path,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-    )
+    run = run_broker("--config", str(path), "--memory", cwd=tmp_path)
     assert run.returncode == 2, run
     assert f"{path}: webhook[0].url: expected an http:// or https:// URL" in run.stderr

@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from integration_support import Collector, publish_all, publisher, wait_for, write_config
+from integration_support import write_config
+from support.clients import Collector, wait_for
 
 SECRET = b"s3cret-for-tests"
 
@@ -120,6 +121,7 @@ def test_retries_429_retry_after_signatures_and_dead_letters(
     secret_file: Path,
     start_broker: Callable[..., Any],
     collect: Callable[..., Collector],
+    paho: Callable[..., Any],
 ) -> None:
     def answer(path: str, body: bytes, count: int) -> tuple[int, dict[str, str]]:
         if path == "hook":  # 500 for a while, then 429 with Retry-After, then 200
@@ -163,11 +165,11 @@ dead_letter_topic = "webhooks/dead/strict"
 """
         broker = start_broker(extra_args=write_config(tmp_path / "w.toml", config))
         dead = collect(broker.port, ["webhooks/dead/#"])
-        client = publisher(broker.port)
+        client = paho(broker)
         payloads = [b"reading-%02d" % n for n in range(20)] + [b"\xff\xfe binary"]
-        publish_all(client, "data/t", payloads)
+        client.publish_all(("data/t", p, 1, False) for p in payloads)
         jobs = [b"good-1", b"bad-1", b"good-2", b"reject-1", b"bad-2", b"good-3"]
-        publish_all(client, "jobs/run", jobs)
+        client.publish_all(("jobs/run", p, 1, False) for p in jobs)
 
         wait_for(lambda: len({r.delivery_id for r in endpoint.ok("hook")}) == 21, "21 deliveries")
         delivered = {}
@@ -187,7 +189,7 @@ dead_letter_topic = "webhooks/dead/strict"
             # every attempt of one delivery carries the same id and the same message
             assert delivered.setdefault(request.delivery_id, body) == body
             assert envelope["topic"] == "data/t" and envelope["qos"] == 1
-            assert envelope["client_id"] == client._client_id.decode()
+            assert envelope["client_id"] == client.client_id
         assert sorted(delivered.values()) == sorted(payloads)
         # 429 with Retry-After: 1 was honoured: the next attempt of that delivery waited
         attempts = endpoint.all("hook")
@@ -219,22 +221,23 @@ dead_letter_topic = "webhooks/dead/strict"
         status = collect(broker.port, ["$SYS/broker/webhooks/#"], qos=0)
 
         def figure(name: str) -> bytes | None:
-            with status.lock:
-                found = [m for m in status.messages if m.topic == f"$SYS/broker/webhooks/{name}"]
-            return bytes(found[-1].payload) if found else None
+            found = [m for m in status.received() if m.topic == f"$SYS/broker/webhooks/{name}"]
+            return found[-1].payload if found else None
 
         wait_for(lambda: figure("strict/dead_letters") == b"3", "$SYS dead_letters 3")
         wait_for(lambda: figure("main/delivered") == b"21", "$SYS delivered 21")
         assert int(figure("main/failures") or 0) >= 11
         assert figure("main/queued") == b"0"
-        client.disconnect()
-        client.loop_stop()
+        client.close()
     finally:
         endpoint.close()
 
 
 def test_a_broker_restart_loses_no_pending_delivery(
-    tmp_path: Path, secret_file: Path, start_broker: Callable[..., Any]
+    tmp_path: Path,
+    secret_file: Path,
+    start_broker: Callable[..., Any],
+    paho: Callable[..., Any],
 ) -> None:
     up = threading.Event()
 
@@ -260,10 +263,10 @@ max_attempts = 1000
         os.environ["MQTTBROKER_TEST_WEBHOOK_SECRET"] = SECRET.decode()
         try:
             first = start_broker(data_dir=data, extra_args=args)
-            client = publisher(first.port)
+            client = paho(first)
             payloads = [b"p-%02d" % n for n in range(30)]
-            publish_all(client, "data/x", payloads)
-            client.loop_stop()
+            client.publish_all(("data/x", p, 1, False) for p in payloads)
+            client.client.loop_stop()
             wait_for(lambda: len(endpoint.all("hook")) >= 3, "attempts while the endpoint fails")
             first.send_signal(signal.SIGKILL)
             first.wait_exit()
@@ -287,7 +290,10 @@ max_attempts = 1000
 
 
 def test_events_and_raw_format(
-    tmp_path: Path, start_broker: Callable[..., Any], collect: Callable[..., Collector]
+    tmp_path: Path,
+    start_broker: Callable[..., Any],
+    collect: Callable[..., Collector],
+    paho: Callable[..., Any],
 ) -> None:
     endpoint = Endpoint(lambda path, body, count: (200, {}))
     try:
@@ -312,14 +318,13 @@ topics = ["raw/#"]
 format = "raw"
 """
         broker = start_broker(extra_args=write_config(tmp_path / "w.toml", config))
-        client = publisher(broker.port)
-        publish_all(client, "raw/bytes", [b"\x00\x01binary"])
-        client.disconnect()
-        client.loop_stop()
+        client = paho(broker)
+        client.publish("raw/bytes", b"\x00\x01binary", 1)
+        client.close()
         wait_for(lambda: len(endpoint.ok("events")) == 2, "connected and disconnected")
         wait_for(lambda: len(endpoint.ok("raw")) == 1, "the raw delivery")
         events = [r.envelope() for r in endpoint.ok("events")]
-        name = client._client_id.decode()
+        name = client.client_id
         assert [(e["event"], e["client_id"]) for e in events] == [
             ("client.connected", name),
             ("client.disconnected", name),
@@ -329,15 +334,14 @@ format = "raw"
         # an offline session with room for 2 messages gets 5: 3 dropped, told as events
         away = collect(broker.port, ["drop/#"], persistent=True, client_id="away")
         away.close()
-        again = publisher(broker.port)
-        publish_all(again, "drop/x", [b"%d" % n for n in range(5)])
+        again = paho(broker)
+        again.publish_all(("drop/x", p, 1, False) for p in [b"%d" % n for n in range(5)])
         wait_for(lambda: sum(r.envelope()["dropped"] for r in endpoint.ok("drops")) >= 3, "3 drops")
         drops = [r.envelope() for r in endpoint.ok("drops")]
         assert {d["client_id"] for d in drops} == {"away"}
         assert sum(d["dropped"] for d in drops) == 3
         assert drops[0]["event"] == "message.dropped"
-        again.disconnect()
-        again.loop_stop()
+        again.close()
         raw = endpoint.ok("raw")[0]
         assert raw.body == b"\x00\x01binary"
         assert raw.headers["X-Mqttbroker-Topic"] == "raw/bytes"
@@ -348,7 +352,10 @@ format = "raw"
 
 
 def test_a_hung_endpoint_slows_nobody_else(
-    tmp_path: Path, start_broker: Callable[..., Any], collect: Callable[..., Collector]
+    tmp_path: Path,
+    start_broker: Callable[..., Any],
+    collect: Callable[..., Collector],
+    paho: Callable[..., Any],
 ) -> None:
     """An endpoint that never answers: publishers are acknowledged and subscribers served as
     usual, while the webhook's deliveries wait in its own queue."""
@@ -367,9 +374,9 @@ timeout = 60.0
 """
         broker = start_broker(extra_args=write_config(tmp_path / "w.toml", config))
         subscriber = collect(broker.port, ["data/#"])
-        client = publisher(broker.port)
+        client = paho(broker)
         payloads = [b"v-%03d" % n for n in range(200)]
-        publish_all(client, "data/x", payloads)  # every PUBACK came
+        client.publish_all(("data/x", p, 1, False) for p in payloads)  # every PUBACK came
         subscriber.wait_count(200, b"v-")
         assert endpoint.ok("hook") == []
         status = collect(broker.port, ["$SYS/broker/webhooks/stuck/queued"], qos=0)
@@ -377,7 +384,6 @@ timeout = 60.0
             lambda: bool(status.payloads()) and int(status.payloads()[-1]) >= 196,
             "the webhook's own queue holding the rest",
         )
-        client.disconnect()
-        client.loop_stop()
+        client.close()
     finally:
         endpoint.close()

@@ -1,23 +1,15 @@
 """Fixtures of the admin-server tests: a broker with its admin server on a port of the test's
-own, and a small HTTP client. The test certificates (tests/transports) are shared, so that
-folder goes on sys.path (the rest comes from tests/support)."""
+own, and a small HTTP client."""
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-HERE = Path(__file__).resolve().parent
-for folder in (HERE.parent / "transports",):
-    if str(folder) not in sys.path:
-        sys.path.append(str(folder))
-
-from ops_support import Admin, start_admin  # noqa: E402
-from support.clients import PahoClient  # noqa: E402
+from ops_support import Admin, start_admin
+from support.clients import PahoClient
 
 
 @pytest.fixture
@@ -32,19 +24,13 @@ def admin_broker(start_broker: Callable[..., Any], tmp_path: Path) -> Callable[.
 
 
 @pytest.fixture
-def paho() -> Iterator[Callable[..., PahoClient]]:
-    """``paho(admin, client_id=None, **kw)``: a connected paho client, closed after the test."""
-    made: list[PahoClient] = []
+def paho(paho: Callable[..., PahoClient]) -> Callable[..., PahoClient]:
+    """``paho(admin, client_id=None, **kw)``: tests/conftest.py's paho client, of the admin
+    server's broker."""
 
     def make(
         admin: Admin, client_id: str | None = None, connect: bool = True, **kw: Any
     ) -> PahoClient:
-        client = PahoClient(admin.broker.host, admin.broker.port, client_id=client_id, **kw)
-        made.append(client)
-        if connect:
-            client.connect()
-        return client
+        return paho(admin.broker, client_id=client_id, connect=connect, **kw)
 
-    yield make
-    for client in made:
-        client.close()
+    return make

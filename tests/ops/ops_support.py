@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import json
 import re
-import socket
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -16,17 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+from support.launcher import ROOT, free_port
 
-ROOT = Path(__file__).resolve().parents[2]
 OPENAPI = json.loads((ROOT / "mqttbroker" / "ops" / "openapi.json").read_text())
 ADMIN_LINE = re.compile(r"admin server on (https?)://(\S+):(\d+)/")
 TIMEOUT = 10.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

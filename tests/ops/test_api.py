@@ -60,8 +60,15 @@ def test_clients_list_a_connected_paho_client(
     one = admin.ok("GET", f"/api/v1/clients/{old.client_id}")
     assert one["protocol"] == "MQTT 3.1.1"
     # paging: one per page, and the pages cover both without repeating
-    first = admin.ok("GET", "/api/v1/clients?limit=1")
-    assert len(first["items"]) == 1 and first["next_offset"] == 1
+    seen: list[str] = []
+    page = admin.ok("GET", "/api/v1/clients?limit=1")
+    while True:
+        assert len(page["items"]) <= 1
+        seen += [item["client_id"] for item in page["items"]]
+        if page["next_cursor"] is None:
+            break
+        page = admin.ok("GET", f"/api/v1/clients?limit=1&cursor={page['next_cursor']}")
+    assert sorted(seen) == sorted({client.client_id, old.client_id})
 
 
 def test_kick_sends_administrative_action(admin_broker: Callable[..., Admin], paho: Paho) -> None:
@@ -196,7 +203,9 @@ def test_publish_reaches_subscribers(admin_broker: Callable[..., Admin], paho: P
         ("GET", "/api/v1/subscriptions?filter=a/%23/b", None, None, {}, 400, "filter"),
         ("GET", "/api/v1/retained?filter=a%2B", None, None, {}, 400, "filter"),
         ("GET", "/api/v1/clients?limit=100000", None, None, {}, 400, "limit"),
-        ("GET", "/api/v1/sessions?offset=-1", None, None, {}, 400, "offset"),
+        ("GET", "/api/v1/sessions?cursor=-1", None, None, {}, 400, "cursor"),
+        ("GET", "/api/v1/subscriptions?cursor=1..2", None, None, {}, 400, "cursor"),
+        ("GET", "/api/v1/clients?cursor=1.2", None, None, {}, 400, "cursor"),
         ("GET", "/api/v1/sessions?limit=ten", None, None, {}, 400, "limit"),
         ("GET", "/api/v1/sessions?sort=name", None, None, {}, 400, "sort"),
         ("GET", "/api/v1/clients/nobody-here", None, None, {}, 404, "nobody-here"),

@@ -4,34 +4,23 @@ state-changing calls need the token or the CSRF header; no CORS unless configure
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from ops_support import ROOT, Admin, basic, check
+from ops_support import Admin, basic, check
+from support.launcher import run_broker
 
 from mqttbroker.security.passwords import make_entry_line
 
 TOKEN = "s3cret-token-for-tests"
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "mqttbroker", *args],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        cwd=ROOT,
-    )
-
-
 def test_non_loopback_without_login_is_refused_at_start(tmp_path: Path) -> None:
     config = tmp_path / "open.toml"
     config.write_text('[admin]\nhost = "0.0.0.0"\n')
     for args in (("check-config", str(config)), ("--config", str(config), "--memory")):
-        result = run_cli(*args)
+        result = run_broker(*args)
         assert result.returncode == 2, result
         assert f"{config}: admin.host: '0.0.0.0' is not a loopback address" in result.stderr
         assert "token_file" in result.stderr
@@ -40,7 +29,7 @@ def test_non_loopback_without_login_is_refused_at_start(tmp_path: Path) -> None:
 def test_a_token_variable_that_is_not_set_stops_the_start(tmp_path: Path) -> None:
     config = tmp_path / "env.toml"
     config.write_text('[admin]\nhost = "0.0.0.0"\ntoken_env = "MQTTBROKER_TEST_UNSET_TOKEN"\n')
-    result = run_cli("--config", str(config), "--memory", "--port", "0")
+    result = run_broker("--config", str(config), "--memory", "--port", "0")
     assert result.returncode == 2
     assert "admin.token_env: the environment variable MQTTBROKER_TEST_UNSET_TOKEN is not set" in (
         result.stderr

@@ -6,23 +6,17 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ops_support import ROOT
 from support.clients import RawClient, connect_packet
+from support.launcher import run_broker
 
 
 def check_config(path: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "mqttbroker", "check-config", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        cwd=ROOT,
-    )
+    return run_broker("check-config", str(path))
 
 
 def test_check_config_accepts_the_shipped_example() -> None:

@@ -135,6 +135,9 @@ def test_dashboard_pages_in_chromium(
         row = f'#clients-table tr[data-client-id="{watcher.client_id}"]'
         page.wait_for_selector(row, timeout=WAIT_MS)
         assert "MQTT 5" in page.inner_text(row)
+        # bytes in (CONNECT, SUBSCRIBE) and out (CONNACK, SUBACK, the messages it gets)
+        assert int(page.inner_text(f"{row} td.bytes-in")) > 0
+        assert int(page.inner_text(f"{row} td.bytes-out")) > 0
         ui.shot("clients")
         page.click(f"{row} button")
         gone = watcher.wait_disconnected()

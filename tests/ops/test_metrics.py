@@ -8,13 +8,26 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 from external_tools import program
 from ops_support import ROOT, Admin
 from prometheus_client.parser import text_string_to_metric_families
-from support.clients import TIMEOUT, unique
+from support.clients import (
+    MQTT_311,
+    TIMEOUT,
+    RawClient,
+    binary,
+    connect_packet,
+    parse_connack,
+    unique,
+    utf8,
+)
+
+from mqttbroker.ops.metrics import REFUSAL_REASONS
+from mqttbroker.security.passwords import make_entry_line
 
 Paho = Callable[..., Any]
 
@@ -47,7 +60,7 @@ def test_metrics_follow_the_traffic(admin_broker: Callable[..., Admin], paho: Pa
         memory=False,
     )
     before = scrape(admin)
-    assert before[("mqttbroker_messages_received_total", ())] == 0
+    assert before[("mqttbroker_messages_received_total", (("qos", "1"),))] == 0
     assert before[("mqttbroker_connections", (("listener", "listener[1]"),))] == 0
     topic = unique("metrics")
     sub = paho(admin)
@@ -74,7 +87,8 @@ def test_metrics_follow_the_traffic(admin_broker: Callable[..., Admin], paho: Pa
     subprocess.run([*pub[:5], "-t", retained, "-r", "-m", "r"], check=True, timeout=TIMEOUT)
     online = ("mqttbroker_sessions", (("state", "online"),))
     after = scrape_when(admin, lambda samples: samples[online] == 1)
-    assert after[("mqttbroker_messages_received_total", ())] == 4
+    assert after[("mqttbroker_messages_received_total", (("qos", "1"),))] == 3
+    assert after[("mqttbroker_messages_received_total", (("qos", "0"),))] == 1
     assert after[("mqttbroker_messages_delivered_total", ())] >= 3
     assert after[("mqttbroker_bytes_received_total", ())] > 300
     assert after[("mqttbroker_bytes_sent_total", ())] > 300
@@ -142,3 +156,104 @@ def test_the_benchmark_option_scrapes_our_broker(monkeypatch: pytest.MonkeyPatch
     finally:
         handle.stop()
     assert handle.scraper is None
+
+
+def test_received_messages_are_counted_per_qos(
+    admin_broker: Callable[..., Admin], paho: Paho
+) -> None:
+    admin = admin_broker()
+    topic = unique("qos")
+    publisher = paho(admin)
+    for qos, count in ((0, 3), (1, 2), (2, 1)):
+        for _ in range(count):
+            publisher.publish(topic, b"m", qos=qos)  # acknowledged (QoS 0: synced)
+
+    def received(qos: int) -> tuple[str, tuple[tuple[str, str], ...]]:
+        return ("mqttbroker_messages_received_total", (("qos", str(qos)),))
+
+    samples = scrape(admin)
+    assert [samples[received(qos)] for qos in (0, 1, 2)] == [3, 2, 1]
+    overview = admin.ok("GET", "/api/v1/overview")
+    assert overview["messages_received"] == 6
+    assert overview["messages_received_by_qos"] == {"0": 3, "1": 2, "2": 1}
+
+
+def refused_connect(admin: Admin, packet: bytes, version: int = 5) -> int:
+    """Send one CONNECT on a new connection: the refusal's reason code (the broker closes)."""
+    with RawClient(admin.broker.host, admin.broker.port) as raw:
+        raw.send(packet)
+        answer = raw.read_until_closed()
+    return parse_connack(answer, version)[1] if answer else -1
+
+
+def test_refused_connections_are_counted_by_reason(
+    admin_broker: Callable[..., Admin], paho: Paho, tmp_path: Path
+) -> None:
+    passwords = tmp_path / "passwd"
+    passwords.write_text(make_entry_line("dev", b"dev-pw", 1000) + "\n")
+    admin = admin_broker(
+        f"[security]\npassword_file = {str(passwords)!r}\nallow_anonymous = true\n"
+    )
+    before = scrape(admin)
+    reasons = {
+        labels[0][1]: value
+        for (name, labels), value in before.items()
+        if name == "mqttbroker_connections_refused_total"
+    }
+    # Every label is there from the start, at 0: one per CONNACK refusal code, and the limits.
+    assert set(reasons) == {*REFUSAL_REASONS.values(), "connection_limit", "other"}
+    assert set(reasons.values()) == {0}
+    wrong = paho(admin, connect=False)
+    wrong.client.username_pw_set("dev", "wrong-pw")
+    assert wrong.connect(expect_success=False) == 0x86
+    reserved = connect_packet("$bridge/mine")
+    assert refused_connect(admin, reserved) == 0x85
+    # MQTT 3.1.1: an empty client id with a persistent session (return code 2, same reason)
+    assert refused_connect(admin, connect_packet("", MQTT_311, clean=False), MQTT_311) == 2
+    unknown_method = connect_packet(unique("m"), properties=b"\x15" + utf8("NOPE"))
+    assert refused_connect(admin, unknown_method) == 0x8C
+    data_alone = connect_packet(unique("d"), properties=b"\x16" + binary(b"x"))
+    assert refused_connect(admin, data_alone) == 0x82
+    assert refused_connect(admin, connect_packet("big" * 8000)) == 0x95
+    label = "mqttbroker_connections_refused_total"
+    expected = {
+        "bad_user_name_or_password": 1,
+        "client_identifier_not_valid": 2,
+        "bad_authentication_method": 1,
+        "protocol_error": 1,
+        "packet_too_large": 1,
+        "not_authorized": 0,
+        "connection_limit": 0,
+    }
+    samples = scrape_when(admin, lambda s: s[(label, (("reason", "packet_too_large"),))] == 1)
+    assert {r: samples[(label, (("reason", r),))] for r in expected} == expected
+    overview = admin.ok("GET", "/api/v1/overview")
+    assert {r: overview["connections_refused"][r] for r in expected} == expected
+
+
+def test_clients_show_messages_and_bytes_in_and_out(
+    admin_broker: Callable[..., Admin], paho: Paho
+) -> None:
+    admin = admin_broker()
+    topic = unique("io")
+    receiver = paho(admin, client_id=unique("receiver"))
+    receiver.subscribe(topic, qos=1)
+    sender = paho(admin, client_id=unique("sender"))
+    for qos in (0, 1, 2):
+        sender.publish(topic, b"p" * 1000, qos=qos)
+    receiver.wait_messages(3)
+
+    def client(client_id: str) -> dict[str, Any]:
+        return admin.ok("GET", f"/api/v1/clients/{client_id}")  # type: ignore[no-any-return]
+
+    sent = client(sender.client_id)
+    assert sent["messages_received"] == 3 and sent["messages_sent"] == 0
+    # 3 PUBLISHes of 1000 bytes of payload, CONNECT, PUBREL and PINGREQ besides
+    assert 3000 < sent["bytes_received"] < 3400
+    assert 0 < sent["bytes_sent"] < 200  # CONNACK, PUBACK, PUBREC, PUBCOMP, PINGRESP
+    got = client(receiver.client_id)
+    assert got["messages_received"] == 0 and got["messages_sent"] == 3
+    assert 3000 < got["bytes_sent"] < 3400
+    assert 0 < got["bytes_received"] < 200
+    listed = admin.ok("GET", f"/api/v1/clients?client_id={sender.client_id}")["items"]
+    assert listed == [sent] or listed[0]["bytes_received"] >= sent["bytes_received"]

@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ops_support import ADMIN_LINE, ROOT, TIMEOUT, free_port
-from transport_support import client_context, make_certificates
+from ops_support import ADMIN_LINE, TIMEOUT, free_port
+from support.certs import client_context, make_certificates
+from support.launcher import run_broker
 
 from mqttbroker.config import Config
 from mqttbroker.server.app import Server
@@ -43,13 +42,7 @@ def test_a_bad_admin_certificate_is_a_configuration_error(tmp_path: Path) -> Non
     certs = make_certificates(tmp_path / "certs")
     config = tmp_path / "bad.toml"
     config.write_text(f"[admin]\ntls_cert_file = {str(certs.garbage)!r}\n")
-    result = subprocess.run(
-        [sys.executable, "-m", "mqttbroker", "check-config", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        cwd=ROOT,
-    )
+    result = run_broker("check-config", str(config))
     assert result.returncode == 2
     assert f"{config}: admin.tls_cert_file" in result.stderr, result.stderr
 

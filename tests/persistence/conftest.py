@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from persistence_support import Paho
+from support.clients import PahoClient
 from support.launcher import BrokerProcess
 
 
@@ -36,9 +36,9 @@ def brokers(data_dir: Path) -> Iterator[Callable[..., BrokerProcess]]:
 
 
 @pytest.fixture
-def clients() -> Iterator[list[Paho]]:
+def clients() -> Iterator[list[PahoClient]]:
     """Paho clients to stop after the test (append them)."""
-    made: list[Paho] = []
+    made: list[PahoClient] = []
     yield made
     for client in made:
-        client.abandon()
+        client.close()

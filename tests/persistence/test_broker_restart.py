@@ -19,50 +19,61 @@ from pathlib import Path
 
 import pytest
 from external_tools import program
-from persistence_support import (
-    MQTT_5,
-    MQTT_311,
-    TIMEOUT,
-    Got,
-    Paho,
-    raw_connect,
-)
+from support.clients import MQTT_5, MQTT_311, PahoClient, RawClient, Received, parse_connack
 from support.launcher import BrokerProcess
 
+from mqttbroker.protocol import grammar
 from mqttbroker.protocol import packets as pk
 from mqttbroker.protocol.properties import PropertyId as Prop
 
 N = 200
+TIMEOUT = 15.0  # failure guard for anything that should happen promptly
 Brokers = Callable[..., BrokerProcess]
 
 
 def persistent(
-    clients: list[Paho], broker: BrokerProcess, client_id: str, version: int, expiry: int = 300
-) -> Paho:
+    clients: list[PahoClient],
+    broker: BrokerProcess,
+    client_id: str,
+    version: int,
+    expiry: int = 300,
+) -> PahoClient:
     """A client that resumes its session: MQTT 5 Clean Start 0 with a Session Expiry Interval, or
     MQTT 3.1.1 Clean Session 0."""
-    if version == MQTT_5:
-        client = Paho(broker, client_id, MQTT_5, clean=False, expiry=expiry)
-    else:
-        client = Paho(broker, client_id, MQTT_311, clean=False)
+    client = PahoClient(broker.host, broker.port, version, client_id, clean=False, expiry=expiry)
     clients.append(client)
     return client
 
 
+def resumed(client: PahoClient) -> bool:
+    """Connect; whether the broker resumed the session (Session Present)."""
+    client.connect()
+    return client.session_present
+
+
+def publish_matched(client: PahoClient, messages: list[tuple[str, bytes, int, bool]]) -> None:
+    """Publish and wait for every PUBACK/PUBCOMP; all report success (MQTT 5: not "no
+    matching subscribers")."""
+    codes = client.publish_all(messages)
+    assert set(codes) <= {0}, f"acknowledgements with reason codes {set(codes)}"
+
+
 def plain(
-    clients: list[Paho], broker: BrokerProcess, client_id: str, version: int = MQTT_5
-) -> Paho:
-    client = Paho(broker, client_id, version, clean=True)
+    clients: list[PahoClient], broker: BrokerProcess, client_id: str, version: int = MQTT_5
+) -> PahoClient:
+    client = PahoClient(broker.host, broker.port, version, client_id)
     clients.append(client)
     client.connect()
     return client
 
 
-def until_marker(client: Paho, publisher: Paho, topic: str, count: int) -> list[Got]:
+def until_marker(
+    client: PahoClient, publisher: PahoClient, topic: str, count: int
+) -> list[Received]:
     """Wait for ``count`` messages, then publish a marker on ``topic`` and wait for it; everything
     received before the marker."""
     client.wait_messages(count, timeout=4 * TIMEOUT)
-    publisher.publish_all([(topic, b"marker", 1, False)])
+    publish_matched(publisher, [(topic, b"marker", 1, False)])
     got = client.wait_messages(count + 1)
     index = next(i for i, m in enumerate(got) if m.payload == b"marker")
     return got[:index]
@@ -70,29 +81,29 @@ def until_marker(client: Paho, publisher: Paho, topic: str, count: int) -> list[
 
 @pytest.mark.parametrize("version", [MQTT_5, MQTT_311], ids=["mqtt5", "mqtt311"])
 def test_sigkill_loses_no_acknowledged_qos1_or_qos2_message(
-    brokers: Brokers, clients: list[Paho], version: int
+    brokers: Brokers, clients: list[PahoClient], version: int
 ):
     first = brokers()
     sub = persistent(clients, first, f"crash-sub-{version}", version)
-    assert not sub.connect()
-    sub.subscribe("crash/q1", 1)
-    sub.subscribe("crash/q2", 2)
+    assert not resumed(sub)
+    assert sub.subscribe("crash/q1", 1) == [1]
+    assert sub.subscribe("crash/q2", 2) == [2]
     sub.disconnect()
 
     pub = plain(clients, first, f"crash-pub-{version}", version)
     q1 = [b"q1-%03d" % i for i in range(N)]
     q2 = [b"q2-%03d" % i for i in range(N)]
-    pub.publish_all(
-        [("crash/q1", p, 1, False) for p in q1] + [("crash/q2", p, 2, False) for p in q2]
+    publish_matched(
+        pub, [("crash/q1", p, 1, False) for p in q1] + [("crash/q2", p, 2, False) for p in q2]
     )  # every PUBACK and PUBCOMP received
     assert first.kill() == -9
-    pub.abandon()
+    pub.close()
 
     second = brokers()
     restored = second.wait_for_log(r"restored (\d+) sessions, (\d+) queued", timeout=0)
     assert restored is not None and restored.groups() == ("1", str(2 * N)), second.log_text()
     sub = persistent(clients, second, f"crash-sub-{version}", version)
-    assert sub.connect(), "the session was not resumed (Session Present 0)"
+    assert resumed(sub), "the session was not resumed (Session Present 0)"
     pub = plain(clients, second, f"crash-pub2-{version}", version)
     got = until_marker(sub, pub, "crash/q1", 2 * N)
     assert [m.payload for m in got if m.topic == "crash/q1"] == q1
@@ -104,7 +115,7 @@ def test_sigkill_loses_no_acknowledged_qos1_or_qos2_message(
 
 
 def test_sigkill_while_publishing_loses_no_acknowledged_message(
-    brokers: Brokers, clients: list[Paho], tmp_path: Path
+    brokers: Brokers, clients: list[PahoClient], tmp_path: Path
 ):
     """The broker is killed in the middle of a stream of QoS 1 messages (from the publisher's
     network thread, the moment it has counted 1500 PUBACKs): every message the publisher got a
@@ -114,10 +125,10 @@ def test_sigkill_while_publishing_loses_no_acknowledged_message(
     first = brokers("--config", str(config))
     sub = persistent(clients, first, "midstream-sub", MQTT_5)
     sub.connect()
-    sub.subscribe("mid/#", 1)
+    assert sub.subscribe("mid/#", 1) == [1]
     sub.disconnect()
 
-    pub = Paho(first, "midstream-pub", MQTT_5)
+    pub = PahoClient(first.host, first.port, MQTT_5, "midstream-pub")
     clients.append(pub)
     pub.client.max_inflight_messages_set(100)
     pub.connect()
@@ -137,19 +148,16 @@ def test_sigkill_while_publishing_loses_no_acknowledged_message(
         info = pub.client.publish("mid/x", payload, 1)
         payload_of[info.mid] = payload
     assert first.wait_exit() == -9
-    pub.abandon()
+    pub.close()
     assert len(acked) >= 1500
 
     second = brokers("--config", str(config))
     sub = persistent(clients, second, "midstream-sub", MQTT_5)
-    assert sub.connect()
+    assert resumed(sub)
     marker = plain(clients, second, "midstream-marker")
-    marker.publish_all([("mid/x", b"marker", 1, False)])
-    with sub.cond:
-        assert sub.cond.wait_for(
-            lambda: any(m.payload == b"marker" for m in sub.messages), 4 * TIMEOUT
-        )
-        received = [m.payload for m in sub.messages]
+    publish_matched(marker, [("mid/x", b"marker", 1, False)])
+    sub.wait_payload(b"marker", 4 * TIMEOUT)
+    received = [m.payload for m in sub.received()]
     missing = sorted(set(acked) - set(received))
     assert missing == [], f"{len(missing)} acknowledged messages lost, first {missing[:3]}"
     body = [p for p in received if p != b"marker"]
@@ -157,7 +165,9 @@ def test_sigkill_while_publishing_loses_no_acknowledged_message(
     assert len(body) == len(set(body)), "duplicates"
 
 
-def test_sigkill_keeps_retained_messages_and_their_removal(brokers: Brokers, clients: list[Paho]):
+def test_sigkill_keeps_retained_messages_and_their_removal(
+    brokers: Brokers, clients: list[PahoClient]
+):
     first = brokers()
     pub = plain(clients, first, "ret-pub")
     pub.publish_all(
@@ -167,15 +177,14 @@ def test_sigkill_keeps_retained_messages_and_their_removal(brokers: Brokers, cli
             ("ret/replaced", b"old", 2, True),
             ("ret/replaced", b"new", 2, True),
             ("ret/cleared", b"", 1, True),
-        ],
-        matched=False,
+        ]
     )
     assert first.kill() == -9
-    pub.abandon()
+    pub.close()
 
     second = brokers()
     observer = plain(clients, second, "ret-observer")
-    observer.subscribe("ret/#", 1)
+    assert observer.subscribe("ret/#", 1) == [1]
     pub = plain(clients, second, "ret-pub2")
     got = until_marker(observer, pub, "ret/marker", 2)
     assert sorted((m.topic, m.payload, m.retain) for m in got) == [
@@ -190,15 +199,13 @@ def drop_with_delayed_will(broker: BrokerProcess, client_id: str, topic: str, de
     will = pk.Will(topic, b"%s went away" % client_id.encode(), 1, False)
     will.properties[Prop.WILL_DELAY_INTERVAL] = delay
     mark = broker.log_mark()
-    sock = raw_connect(
-        broker,
-        pk.Connect(
-            client_id=client_id,
-            keep_alive=0,
-            will=will,
-            properties={Prop.SESSION_EXPIRY_INTERVAL: 300},
-        ),
+    connect = pk.Connect(
+        client_id=client_id, keep_alive=0, will=will, properties={Prop.SESSION_EXPIRY_INTERVAL: 300}
     )
+    raw = RawClient(broker.host, broker.port)
+    raw.send(grammar.encode(connect, MQTT_5))
+    assert parse_connack(raw.read_packet(), MQTT_5)[1] == 0
+    sock = raw.sock
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
     sock.close()  # no DISCONNECT: the will waits out its delay
     dropped_at = time.time()
@@ -207,59 +214,59 @@ def drop_with_delayed_will(broker: BrokerProcess, client_id: str, topic: str, de
 
 
 def test_pending_delayed_will_published_after_the_delay_across_sigkill(
-    brokers: Brokers, clients: list[Paho]
+    brokers: Brokers, clients: list[PahoClient]
 ):
     delay = 3
     first = brokers()
     observer = persistent(clients, first, "will-observer", MQTT_5)
     observer.connect()
-    observer.subscribe("will/dev", 1)
+    assert observer.subscribe("will/dev", 1) == [1]
     observer.disconnect()
 
     dropped_at = drop_with_delayed_will(first, "will-dev", "will/dev", delay)
     # The observer's CONNACK is held until its session is committed, in a batch no earlier than
     # the one holding the pending will: once it arrives, the will is on disk.
     observer = persistent(clients, first, "will-observer", MQTT_5)
-    assert observer.connect()
+    assert resumed(observer)
     assert first.kill() == -9
     assert time.time() - dropped_at < delay, "too slow: the delay ran out before the kill"
     assert observer.messages == []
-    observer.abandon()
+    observer.close()
 
     second = brokers()
     observer = persistent(clients, second, "will-observer", MQTT_5)
-    assert observer.connect()
+    assert resumed(observer)
     got = observer.wait_messages(1, timeout=delay + TIMEOUT)
     assert [(m.topic, m.payload) for m in got] == [("will/dev", b"will-dev went away")]
     assert got[0].at >= dropped_at + delay - 0.5, "the will was published before its delay"
 
 
 def test_sigterm_restart_keeps_sessions_queues_retained_and_pending_wills(
-    brokers: Brokers, clients: list[Paho]
+    brokers: Brokers, clients: list[PahoClient]
 ):
     delay = 2
     first = brokers()
     sub = persistent(clients, first, "term-sub", MQTT_5)
     sub.connect()
-    sub.subscribe("term/#", 2)
+    assert sub.subscribe("term/#", 2) == [2]
     sub.disconnect()
     watcher = persistent(clients, first, "term-watcher", MQTT_5)
     watcher.connect()
-    watcher.subscribe("lastwill/#", 1)
+    assert watcher.subscribe("lastwill/#", 1) == [1]
     watcher.disconnect()
     dropped_at = drop_with_delayed_will(first, "term-dev", "lastwill/term-dev", delay)
     pub = plain(clients, first, "term-pub")
     sent = [(f"term/{i % 3}", b"term-%02d" % i, 1 + i % 2, i == 5) for i in range(30)]
-    pub.publish_all(sent)  # acknowledged: committed, and so is the pending will before them
+    publish_matched(pub, sent)  # acknowledged: committed, and so is the pending will before them
     mark = first.log_mark()
     assert first.terminate() == 0
     assert first.wait_for_log("stopped", since=mark, timeout=0) is not None
     assert time.time() - dropped_at < delay, "too slow: the will delay ran out before the stop"
-    pub.abandon()
+    pub.close()
 
     second = brokers()
     sub = persistent(clients, second, "term-sub", MQTT_5)
-    assert sub.connect()
+    assert resumed(sub)
     pub = plain(clients, second, "term-pub2")
     got = until_marker(sub, pub, "term/0", len(sent))
     # in order per QoS (paho hands a QoS 2 message over at PUBREL, so the two interleave)
@@ -269,12 +276,12 @@ def test_sigterm_restart_keeps_sessions_queues_retained_and_pending_wills(
         ]
     assert len(got) == len(sent)
     observer = plain(clients, second, "term-observer")
-    observer.subscribe("term/#", 0)
+    assert observer.subscribe("term/#", 0) == [0]
     retained = until_marker(observer, pub, "term/x", 1)
     assert [(m.topic, m.payload, m.retain) for m in retained] == [("term/2", b"term-05", True)]
 
     watcher = persistent(clients, second, "term-watcher", MQTT_5)
-    assert watcher.connect()
+    assert resumed(watcher)
     wills = watcher.wait_messages(1, timeout=delay + TIMEOUT)
     assert [(m.topic, m.payload) for m in wills] == [("lastwill/term-dev", b"term-dev went away")]
     assert wills[0].at >= dropped_at + delay - 0.5, "the will was published before its delay"
@@ -282,33 +289,33 @@ def test_sigterm_restart_keeps_sessions_queues_retained_and_pending_wills(
 
 
 def test_session_whose_expiry_passed_before_the_restart_is_gone(
-    brokers: Brokers, clients: list[Paho]
+    brokers: Brokers, clients: list[PahoClient]
 ):
     first = brokers()
     short = persistent(clients, first, "short-lived", MQTT_5, expiry=1)
     short.connect()
-    short.subscribe("exp/#", 1)
+    assert short.subscribe("exp/#", 1) == [1]
     short.disconnect()
     gone_at = time.time()
     long = persistent(clients, first, "long-lived", MQTT_5, expiry=300)
     long.connect()
-    long.subscribe("exp/#", 1)
+    assert long.subscribe("exp/#", 1) == [1]
     long.disconnect()
     pub = plain(clients, first, "exp-pub")
-    pub.publish_all([("exp/a", b"queued", 1, False)])
+    publish_matched(pub, [("exp/a", b"queued", 1, False)])
     assert first.terminate() == 0
-    pub.abandon()
+    pub.close()
     # the restart must come after the 1 s expiry: nothing to wait on but the time itself
     time.sleep(max(0.0, gone_at + 1.2 - time.time()))
 
     second = brokers()
     short = persistent(clients, second, "short-lived", MQTT_5, expiry=1)
-    assert not short.connect(), "an expired session was resumed"
+    assert not resumed(short), "an expired session was resumed"
     long = persistent(clients, second, "long-lived", MQTT_5, expiry=300)
-    assert long.connect()
+    assert resumed(long)
     assert [m.payload for m in long.wait_messages(1)] == [b"queued"]
     short_pub = plain(clients, second, "exp-pub2")
-    short_pub.publish_all([("exp/b", b"after", 1, False)])
+    publish_matched(short_pub, [("exp/b", b"after", 1, False)])
     assert [m.payload for m in long.wait_messages(2)] == [b"queued", b"after"]
     assert short.messages == []  # no old subscription came back with the new session
 
@@ -393,7 +400,7 @@ def test_mosquitto_sub_resumes_its_session_across_restart_and_sigkill(brokers: B
 
 
 def test_damaged_database_is_moved_aside_and_the_broker_starts(
-    brokers: Brokers, clients: list[Paho], data_dir: Path
+    brokers: Brokers, clients: list[PahoClient], data_dir: Path
 ):
     db = data_dir / "mqttbroker.db"
     garbage = b"this is not an sqlite database " * 500
@@ -409,10 +416,10 @@ def test_damaged_database_is_moved_aside_and_the_broker_starts(
     assert moved.read_bytes() == garbage
     # it serves, with an empty store that works
     sub = persistent(clients, broker, "after-damage", MQTT_5)
-    assert not sub.connect()
-    sub.subscribe("d/#", 1)
+    assert not resumed(sub)
+    assert sub.subscribe("d/#", 1) == [1]
     pub = plain(clients, broker, "after-damage-pub")
-    pub.publish_all([("d/x", b"fine", 1, False)])
+    publish_matched(pub, [("d/x", b"fine", 1, False)])
     assert [m.payload for m in sub.wait_messages(1)] == [b"fine"]
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from support.clients import vbi
+from support.clients import binary, vbi
 from support.codec import decode_hot, decode_packet, encode_hot, encode_packet
 
 from mqttbroker.protocol import fastpath, grammar
@@ -34,9 +34,7 @@ PAD_AFTER = b"\x00\xff\x80\x01"
 
 def s(raw: bytes | str) -> bytes:
     """A UTF-8 Encoded String / Binary Data field: 2-byte big-endian length, then the bytes."""
-    if isinstance(raw, str):
-        raw = raw.encode()
-    return len(raw).to_bytes(2, "big") + raw
+    return binary(raw.encode() if isinstance(raw, str) else raw)
 
 
 def props(raw: bytes) -> bytes:

@@ -15,7 +15,17 @@ import hashlib
 import hmac
 import os
 
-from support.clients import MQTT_5, binary, packet, parse_properties, utf8, vbi
+from support.clients import (
+    MQTT_5,
+    binary,
+    connect_packet,
+    decode_vbi,
+    packet,
+    parse_properties,
+    prop,
+    utf8,
+    vbi,
+)
 
 HASHES = {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}
 
@@ -88,10 +98,6 @@ def mosquitto_sha512_line(username: str, password: bytes) -> str:
 # -- raw packets ------------------------------------------------------------------------------
 
 
-def _property(ident: int, value: bytes) -> bytes:
-    return vbi(ident) + value
-
-
 def connect_bytes(
     client_id: str,
     version: int = MQTT_5,
@@ -106,47 +112,34 @@ def connect_bytes(
     keep_alive: int = 60,
 ) -> bytes:
     """A CONNECT (clean start) with the optional parts the tests need."""
-    flags = 0x02
-    if username is not None:
-        flags |= 0x80
-    if password is not None:
-        flags |= 0x40
-    if will_topic is not None:
-        flags |= 0x04 | (will_qos << 3)
-    body = utf8("MQTT") + bytes((version, flags)) + keep_alive.to_bytes(2, "big")
-    if version == MQTT_5:
-        props = b""
-        if auth_method is not None:
-            props += _property(0x15, utf8(auth_method))
-        if auth_data is not None:
-            props += _property(0x16, binary(auth_data))
-        body += vbi(len(props)) + props
-    body += utf8(client_id)
-    if will_topic is not None:
-        if version == MQTT_5:
-            body += b"\x00"  # no will properties
-        body += utf8(will_topic) + binary(will_payload)
-    if username is not None:
-        body += utf8(username)
-    if password is not None:
-        body += binary(password)
-    return packet(0x10, body)
+    props = b""
+    if auth_method is not None:
+        props += prop(0x15, utf8(auth_method))
+    if auth_data is not None:
+        props += prop(0x16, binary(auth_data))
+    return connect_packet(
+        client_id,
+        version,
+        keep_alive,
+        properties=props,
+        will=None if will_topic is None else (will_topic, will_payload),
+        will_qos=will_qos,
+        username=username,
+        password=password,
+    )
 
 
 def auth_bytes(reason_code: int, method: str, data: bytes | None) -> bytes:
-    props = _property(0x15, utf8(method))
+    props = prop(0x15, utf8(method))
     if data is not None:
-        props += _property(0x16, binary(data))
+        props += prop(0x16, binary(data))
     return packet(0xF0, bytes((reason_code,)) + vbi(len(props)) + props)
 
 
 def parse_reason_and_properties(data: bytes, first: int) -> tuple[int, dict[str, object]]:
     """An MQTT 5 AUTH (``first`` 0xF0) or CONNACK (0x20): its reason code and properties."""
     assert data[0] == first, f"expected packet 0x{first:02X}, got {data.hex(' ')}"
-    pos = 1
-    while data[pos] & 0x80:
-        pos += 1
-    pos += 1
+    _, pos = decode_vbi(data, 1)  # the Remaining Length
     if first == 0x20:
         pos += 1  # acknowledge flags
     code = data[pos]

@@ -11,19 +11,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
 from security_support import ITERATIONS
 from support.clients import (
     MQTT_5,
     TIMEOUT,
     PahoClient,
     RawClient,
-    binary,
-    packet,
+    connect_packet,
     parse_connack,
-    utf8,
-    vbi,
+    prop,
 )
 
 from mqttbroker.security.passwords import make_entry_line
@@ -105,13 +101,7 @@ def paho_client(
 ) -> PahoClient:
     """A paho client of ``user`` on a persistent session (MQTT 5: Session Expiry Interval
     ``expiry``; 3.1.1: clean session 0), not yet connected."""
-    props = None
-    if version == MQTT_5:
-        props = Properties(PacketTypes.CONNECT)
-        props.SessionExpiryInterval = expiry
-    client = PahoClient(
-        server.host, server.port, version, client_id, clean=clean, connect_properties=props
-    )
+    client = PahoClient(server.host, server.port, version, client_id, clean=clean, expiry=expiry)
     if user is not None:
         client.client.username_pw_set(user, PASSWORDS[user])
     return client
@@ -126,17 +116,15 @@ def connect_bytes(
 ) -> bytes:
     """CONNECT of ``user`` (password from PASSWORDS) on client id ``client_id``; without
     ``clean``, a persistent session (MQTT 5: Session Expiry Interval ``expiry``)."""
-    flags = 0x02 if clean else 0x00
-    if user is not None:
-        flags |= 0xC0
-    body = utf8("MQTT") + bytes((version, flags)) + (60).to_bytes(2, "big")
-    if version == MQTT_5:
-        props = bytes((0x11,)) + expiry.to_bytes(4, "big") if expiry else b""
-        body += vbi(len(props)) + props
-    body += utf8(client_id)
-    if user is not None:
-        body += utf8(user) + binary(PASSWORDS[user])
-    return packet(0x10, body)
+    props = prop(0x11, expiry.to_bytes(4, "big")) if expiry else b""
+    return connect_packet(
+        client_id,
+        version,
+        clean=clean,
+        properties=props,
+        username=user,
+        password=None if user is None else PASSWORDS[user],
+    )
 
 
 def connack(

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from security_support import ITERATIONS, mosquitto_pbkdf2_line, mosquitto_sha512_line
+from support.launcher import run_broker
 
 from mqttbroker.security.passwords import PasswordFile
 
@@ -25,20 +26,10 @@ def passwd(
     *args: str, password: str | None = None, stdin: str | None = None
 ) -> subprocess.CompletedProcess[str]:
     """Run ``python -m mqttbroker passwd ARGS`` (fast iterations unless given)."""
-    command = [sys.executable, "-m", "mqttbroker", "passwd", *args]
     if password is not None:
-        command[4:4] = ["--password-stdin", "--iterations", str(ITERATIONS)]
+        args = ("--password-stdin", "--iterations", str(ITERATIONS), *args)
         stdin = password + "\n"
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run(
-        command,
-        input=stdin if stdin is not None else "",
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        env=env,
-        cwd=str(ROOT),
-    )
+    return run_broker("passwd", *args, input=stdin or "", timeout=TIMEOUT)
 
 
 def verify(path: Path, user: str, password: bytes) -> bool:

@@ -5,11 +5,8 @@ reloads (good and bad files) under live connections."""
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +20,7 @@ from security_support import (
     parse_reason_and_properties,
 )
 from support.clients import MQTT_5, MQTT_311, TIMEOUT, PahoClient, RawClient, parse_connack, unique
+from support.launcher import run_broker
 
 from mqttbroker.security.passwords import make_entry_line
 
@@ -93,31 +91,6 @@ def secure_broker(setup: Setup, start_broker: Callable[..., Any]) -> Callable[[b
         return setup.broker
 
     return start
-
-
-@pytest.fixture
-def paho() -> Iterator[Callable[..., PahoClient]]:
-    """``paho(server, version, user, password, connect=True)``: a paho client; closed after."""
-    made: list[PahoClient] = []
-
-    def make(
-        server: Any,
-        version: int = MQTT_5,
-        user: str | None = None,
-        password: bytes | None = None,
-        connect: bool = True,
-    ) -> PahoClient:
-        client = PahoClient(server.host, server.port, version)
-        if user is not None:
-            client.client.username_pw_set(user, password)
-        made.append(client)
-        if connect:
-            client.connect()
-        return client
-
-    yield make
-    for client in made:
-        client.close()
 
 
 def raw_connack(server: Any, version: int, **connect: Any) -> int:
@@ -370,14 +343,7 @@ def test_bad_files_at_startup_stop_the_broker(
             path.write_text(password_file)
         config += f"password_file = {str(path)!r}\n"
     (tmp_path / "broker.toml").write_text(config)
-    done = subprocess.run(
-        [sys.executable, "-m", "mqttbroker", "--config", str(tmp_path / "broker.toml"), "--memory"],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        cwd=str(tmp_path),
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
-    )
+    done = run_broker("--config", str(tmp_path / "broker.toml"), "--memory", cwd=tmp_path)
     assert done.returncode == 2, done
     assert "configuration error" in done.stderr
     assert message in done.stderr

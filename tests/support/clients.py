@@ -1,8 +1,9 @@
-"""Clients of a real broker, shared by the end-to-end, security, hostile and example tests.
+"""Clients of a real broker, shared by every test folder that runs one.
 
-- ``PahoClient``: a paho-mqtt client on its own network thread whose ``connect``, ``subscribe``
-  and ``publish`` wait for the broker's acknowledgement (with a timeout), and which collects the
-  messages and disconnections it receives; ``wait_messages(n)`` waits on a condition, not a sleep.
+- ``PahoClient``: a paho-mqtt client (over TCP, TLS, WebSocket or WebSocket over TLS) on its own
+  network thread whose ``connect``, ``subscribe`` and ``publish`` wait for the broker's
+  acknowledgement (with a timeout), and which collects the messages and disconnections it
+  receives; ``wait_messages(n)`` waits on a condition, not a sleep.
 - ``RawClient``: a TCP socket that sends exact bytes and reads exact bytes (or the close) with a
   timeout, plus builders for the packets the tests send and a parser for the properties the
   broker sends back.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import itertools
 import select
 import socket
+import ssl
 import threading
 import time
 import uuid
@@ -27,6 +29,9 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
+
+from mqttbroker.protocol import fastpath
+from mqttbroker.protocol.fastpath import encode_vbi as vbi
 
 TIMEOUT = 10.0  # failure guard for anything that should happen promptly
 
@@ -63,6 +68,7 @@ class Received:
     retain: bool
     dup: bool
     properties: Properties | None
+    at: float = field(default_factory=time.time)  # when it arrived (wall clock)
 
     def prop(self, name: str, default: Any = None) -> Any:
         if self.properties is None:
@@ -95,7 +101,21 @@ class PahoClient:
         clean: bool = True,
         keepalive: int = 60,
         connect_properties: Properties | None = None,
+        *,
+        expiry: int | None = None,
+        transport: str = "tcp",
+        path: str = "/mqtt",
+        tls: ssl.SSLContext | None = None,
+        bind_address: str = "",
+        reconnect: bool = False,
     ) -> None:
+        """``expiry``: the Session Expiry Interval its CONNECT asks for (MQTT 5);
+        ``transport``: "tcp" or "websockets" (on ``path``); ``tls``: the client's context for
+        TLS; ``bind_address``: the local address to connect from; ``reconnect``: connect again
+        (within half a second) whenever the connection is lost."""
+        if expiry is not None and version == MQTT_5:
+            connect_properties = connect_properties or Properties(PacketTypes.CONNECT)
+            connect_properties.SessionExpiryInterval = expiry
         self.host = host
         self.port = port
         self.version = version
@@ -109,8 +129,16 @@ class PahoClient:
             client_id=self.client_id,
             protocol=protocol,
             clean_session=None if version == MQTT_5 else clean,
-            reconnect_on_failure=False,  # a disconnected client stays disconnected
+            reconnect_on_failure=reconnect,  # else a disconnected client stays disconnected
+            transport=transport,  # type: ignore[arg-type]
         )
+        if reconnect:
+            self.client.reconnect_delay_set(0.05, 0.5)
+        if transport == "websockets":
+            self.client.ws_set_options(path=path)
+        if tls is not None:
+            self.client.tls_set_context(tls)
+        self.bind_address = bind_address
         self._cond = threading.Condition()
         self.messages: list[Received] = []
         self.disconnects: list[Disconnected] = []
@@ -224,6 +252,11 @@ class PahoClient:
         with self._cond:
             return self.acked[info.mid]
 
+    @property
+    def session_present(self) -> bool:
+        """The Session Present flag of the CONNACK (False before it)."""
+        return self.connack is not None and self.connack[1]
+
     def wait_disconnected(self, timeout: float = TIMEOUT) -> Disconnected:
         self.wait_until(lambda: bool(self.disconnects), timeout, "a disconnection")
         with self._cond:
@@ -242,7 +275,7 @@ class PahoClient:
             kwargs["clean_start"] = self.clean
             if self.connect_properties is not None:
                 kwargs["properties"] = self.connect_properties
-        self.client.connect(self.host, self.port, **kwargs)
+        self.client.connect(self.host, self.port, bind_address=self.bind_address, **kwargs)
         self.client.loop_start()
         self._started = True
         self.wait_until(
@@ -310,6 +343,22 @@ class PahoClient:
                 self.sync(timeout)
         return info
 
+    def publish_all(
+        self, messages: Iterable[tuple[str, bytes, int, bool]], timeout: float = 4 * TIMEOUT
+    ) -> list[int]:
+        """Publish every (topic, payload, qos, retain) without waiting in between, then wait for
+        all their acknowledgements (QoS 1 and 2); their reason codes."""
+        infos = [self.publish(t, p, q, r, wait=False) for t, p, q, r in messages]
+        self.wait_until(
+            lambda: all(i.mid in self.acked for i in infos) or bool(self.disconnects),
+            timeout,
+            f"the acknowledgements of {len(infos)} messages",
+        )
+        with self._cond:
+            missing = [i.mid for i in infos if i.mid not in self.acked]
+            assert not missing, f"{self}: disconnected before {missing} were acknowledged"
+            return [self.acked[i.mid] for i in infos]
+
     def sync(self, timeout: float = TIMEOUT) -> None:
         """Wait until the broker has handled everything this client sent so far: it answers
         packets of one connection in order, so the UNSUBACK to an UNSUBSCRIBE sent now (of a
@@ -328,6 +377,62 @@ class PahoClient:
         if self._started:
             self.client.loop_stop()
             self._started = False
+
+
+class Collector(PahoClient):
+    """A paho client of a broker on 127.0.0.1 that subscribes to ``topics`` on every
+    (re)connection and keeps what it receives, across restarts of that broker; with
+    ``persistent``, on a session that outlives its connections."""
+
+    def __init__(
+        self,
+        port: int,
+        topics: list[str],
+        qos: int = 1,
+        version: int = MQTT_5,
+        persistent: bool = False,
+        client_id: str | None = None,
+    ) -> None:
+        super().__init__(
+            "127.0.0.1",
+            port,
+            version,
+            client_id or unique("collector"),
+            clean=not persistent,
+            expiry=3600 if persistent else None,
+            reconnect=True,
+        )
+        self.topics = topics
+        self.qos = qos
+        self.connect()
+        self.wait_until(lambda: bool(self._waits.subacks), TIMEOUT, "the first SUBACK")
+
+    def _on_connect(self, client: Any, userdata: Any, flags: Any, rc: ReasonCode, props: Any):
+        super()._on_connect(client, userdata, flags, rc, props)
+        client.subscribe([(topic, self.qos) for topic in self.topics])
+
+    def payloads(self, prefix: bytes = b"") -> list[bytes]:
+        """The payloads received so far that start with ``prefix``."""
+        with self._cond:
+            return [m.payload for m in self.messages if m.payload.startswith(prefix)]
+
+    def wait_count(self, count: int, prefix: bytes = b"", timeout: float = 2 * TIMEOUT) -> None:
+        """Wait until ``count`` payloads starting with ``prefix`` arrived."""
+        self.wait_until(
+            lambda: len(self.payloads(prefix)) >= count,
+            timeout,
+            f"{count} messages starting {prefix!r}",
+        )
+
+
+def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 2 * TIMEOUT) -> None:
+    """Poll ``predicate`` (for what no client callback announces: a web hook's endpoint, a
+    figure in $SYS) until it holds; fails after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)
 
 
 def publish_properties(**values: Any) -> Properties:
@@ -361,19 +466,6 @@ def assert_broker_healthy(server: Server, version: int = MQTT_5, since: int = 0)
 # Raw bytes
 
 
-def vbi(value: int) -> bytes:
-    """Variable Byte Integer (section 1.5.5)."""
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
 def utf8(text: str) -> bytes:
     data = text.encode()
     return len(data).to_bytes(2, "big") + data
@@ -388,6 +480,11 @@ def packet(first: int, body: bytes) -> bytes:
     return bytes((first,)) + vbi(len(body)) + body
 
 
+def prop(ident: int, value: bytes) -> bytes:
+    """One property: its identifier and its encoded value."""
+    return vbi(ident) + value
+
+
 def connect_packet(
     client_id: str,
     version: int = MQTT_5,
@@ -397,16 +494,36 @@ def connect_packet(
     level: int | None = None,
     name: str = "MQTT",
     properties: bytes = b"",
+    *,
+    will: tuple[str, bytes] | None = None,
+    will_qos: int = 0,
+    username: str | None = None,
+    password: bytes | None = None,
 ) -> bytes:
-    """CONNECT with no will, user name or password. ``flags``/``level``/``name`` override the
-    Connect Flags byte, the protocol level and the protocol name."""
+    """CONNECT, with a will ``(topic, message)`` (no will properties), a user name and a
+    password where given. ``flags``/``level``/``name`` override the Connect Flags byte, the
+    protocol level and the protocol name."""
     if flags is None:
         flags = 0x02 if clean else 0x00
+        if will is not None:
+            flags |= 0x04 | will_qos << 3
+        if username is not None:
+            flags |= 0x80
+        if password is not None:
+            flags |= 0x40
     level = version if level is None else level
     body = utf8(name) + bytes((level, flags)) + keep_alive.to_bytes(2, "big")
     if version == MQTT_5:
         body += vbi(len(properties)) + properties
     body += utf8(client_id)
+    if will is not None:
+        if version == MQTT_5:
+            body += b"\x00"
+        body += utf8(will[0]) + binary(will[1])
+    if username is not None:
+        body += utf8(username)
+    if password is not None:
+        body += binary(password)
     return packet(0x10, body)
 
 
@@ -438,21 +555,19 @@ def subscribe_packet(
     return packet(0x82, body)
 
 
-PINGREQ = b"\xc0\x00"
-PINGRESP = b"\xd0\x00"
+def packet_type(data: bytes) -> int:
+    """The type of a whole packet (the high nibble of its first byte)."""
+    return data[0] >> 4
+
+
+PINGREQ, PINGRESP = fastpath.PINGREQ, fastpath.PINGRESP
+CONNACK_OK = b"\x20\x02\x00\x00"  # 3.1.1: accepted, no session present
 DISCONNECT = b"\xe0\x00"  # 3.1.1, and MQTT 5 with reason 0x00 and no properties left out
 
 
 def decode_vbi(data: bytes, pos: int) -> tuple[int, int]:
-    value = 0
-    for index in range(4):
-        assert pos < len(data), f"truncated Variable Byte Integer in {data.hex(' ')}"
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << (7 * index)
-        if not byte & 0x80:
-            return value, pos
-    raise AssertionError(f"Variable Byte Integer longer than 4 bytes in {data.hex(' ')}")
+    """The Variable Byte Integer at ``pos`` in ``data``: (value, position after it)."""
+    return fastpath.decode_vbi(data, pos, len(data))
 
 
 # Property identifier -> (name, type) for every MQTT 5 property (section 2.2.2.2).

@@ -26,6 +26,7 @@ __all__ = [
     "FakeClock",
     "FakeLink",
     "Harness",
+    "LinkClient",
     "Client",
     "split_packets",
     "split_raw",
@@ -94,23 +95,6 @@ class FakeLink:
         return b"".join(self.writes)
 
 
-def subscribe_packet(
-    packet_id: int,
-    topic_filter: str,
-    qos: int,
-    no_local: bool,
-    retain_as_published: bool,
-    retain_handling: int,
-    sub_id: int | None,
-) -> pk.Subscribe:
-    """A SUBSCRIBE to one filter (with a Subscription Identifier unless ``sub_id`` is None)."""
-    props = {Prop.SUBSCRIPTION_IDENTIFIER: sub_id} if sub_id is not None else {}
-    request = pk.SubscriptionRequest(
-        topic_filter, qos, no_local, retain_as_published, retain_handling
-    )
-    return pk.Subscribe(packet_id, [request], props)
-
-
 def split_raw(data: bytes) -> list[bytes]:
     """Cut a written byte stream into whole packets (fixed header included)."""
     raw: list[bytes] = []
@@ -138,29 +122,18 @@ def split_packets(data: bytes, version: int) -> list[Any]:
     return [decode_raw(raw, version) for raw in split_raw(data)]
 
 
-class Client:
-    """One fake network connection to the broker, speaking MQTT at ``version``."""
+class LinkClient:
+    """A fake network connection to ``broker`` speaking MQTT at ``version``: packets go in
+    encoded with the grammar, and what the broker wrote on ``link`` comes out decoded. The
+    clients of this harness and of the SQLite harness build on it."""
 
-    def __init__(
-        self,
-        harness: Harness,
-        version: int = MQTT_5,
-        peer: str = "peer",
-        policy: ListenerPolicy = OPEN,
-        certificate_user: str | None = None,
-    ) -> None:
-        self.h = harness
+    def __init__(self, broker: Broker, version: int, link: FakeLink, peer: str, **connect: Any):
         self.version = version
-        self.link = FakeLink()
-        self.conn: Connection = harness.broker.connect(
-            self.link, peer, policy=policy, certificate_user=certificate_user
-        )
+        self.link = link
+        self.conn: Connection = broker.connect(link, peer, **connect)
         self.connack: pk.Connack | None = None
         self._read = 0
         self._next_id = 1
-        self._connack_seen = False
-
-    # -- sending ------------------------------------------------------------------------
 
     def send_raw(self, data: bytes) -> None:
         self.conn.data_received(data)
@@ -185,6 +158,7 @@ class Client:
         packet_id: int | None = None,
         properties: dict[int, Any] | None = None,
     ) -> int | None:
+        """Send a PUBLISH (a QoS 1 or 2 one with the next packet id unless given); its id."""
         if qos and packet_id is None:
             packet_id = self.next_id()
         self.send(
@@ -194,23 +168,64 @@ class Client:
         )
         return packet_id
 
-    def subscribe(
+    def send_subscribe(
         self,
         topic_filter: str,
-        qos: int = 0,
+        qos: int,
         *,
         no_local: bool = False,
         retain_as_published: bool = False,
         retain_handling: int = 0,
         sub_id: int | None = None,
-    ) -> list[Any]:
-        """SUBSCRIBE to one filter; returns everything received afterwards (SUBACK first)."""
+    ) -> int:
+        """Send a SUBSCRIBE to one filter (with a Subscription Identifier unless ``sub_id`` is
+        None); its packet id."""
         packet_id = self.next_id()
-        self.send(
-            subscribe_packet(
-                packet_id, topic_filter, qos, no_local, retain_as_published, retain_handling, sub_id
-            )
+        props = {Prop.SUBSCRIPTION_IDENTIFIER: sub_id} if sub_id is not None else {}
+        request = pk.SubscriptionRequest(
+            topic_filter, qos, no_local, retain_as_published, retain_handling
         )
+        self.send(pk.Subscribe(packet_id, [request], props))
+        return packet_id
+
+    def unread(self, limit: int | None = None) -> list[Any]:
+        """Decode what the link got since the last call (at most ``limit`` packets; the rest
+        stay for the next call), without flushing the broker."""
+        raw = split_raw(self.link.data[self._read :])
+        if limit is not None:
+            raw = raw[:limit]
+        self._read += sum(len(r) for r in raw)
+        return [decode_raw(r, self.version) for r in raw]
+
+
+class Client(LinkClient):
+    """One fake network connection to the harness's broker."""
+
+    def __init__(
+        self,
+        harness: Harness,
+        version: int = MQTT_5,
+        peer: str = "peer",
+        policy: ListenerPolicy = OPEN,
+        certificate_user: str | None = None,
+    ) -> None:
+        super().__init__(
+            harness.broker,
+            version,
+            FakeLink(),
+            peer,
+            policy=policy,
+            certificate_user=certificate_user,
+        )
+        self.h = harness
+        self._connack_seen = False
+
+    # -- sending ------------------------------------------------------------------------
+
+    def subscribe(self, topic_filter: str, qos: int = 0, **options: Any) -> list[Any]:
+        """SUBSCRIBE to one filter (``options``: those of ``send_subscribe``); returns
+        everything received afterwards (SUBACK first)."""
+        packet_id = self.send_subscribe(topic_filter, qos, **options)
         received = self.receive()
         assert received, "no SUBACK"
         suback = received[0]
@@ -251,11 +266,7 @@ class Client:
         """Flush the broker and decode whatever this client was sent since the last call (at
         most ``limit`` packets; the rest stay for the next call)."""
         self.h.broker.flush()
-        raw = split_raw(self.link.data[self._read :])
-        if limit is not None:
-            raw = raw[:limit]
-        self._read += sum(len(r) for r in raw)
-        packets = [decode_raw(r, self.version) for r in raw]
+        packets = self.unread(limit)
         self._check(packets)
         return packets
 

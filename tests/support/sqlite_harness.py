@@ -28,12 +28,11 @@ from typing import Any, TypeVar
 from mqttbroker.broker.core import Broker
 from mqttbroker.broker.options import BrokerOptions
 from mqttbroker.broker.session import Session
-from mqttbroker.protocol import grammar
 from mqttbroker.protocol import packets as pk
 from mqttbroker.protocol.packets import MQTT_5
 from mqttbroker.protocol.properties import PropertyId as Prop
 from mqttbroker.storage.sqlite import SQLiteStore
-from support.harness import FakeLink, decode_raw, split_raw, subscribe_packet
+from support.harness import FakeLink, LinkClient, decode_raw, split_raw
 
 __all__ = [
     "FakeTime",
@@ -190,25 +189,14 @@ class Node:
         await self.s.close()
 
 
-class Client:
+class Client(LinkClient):
+    """A fake network connection to a node's broker; ``on_write`` sees each write."""
+
     def __init__(
         self, node: Node, version: int = MQTT_5, on_write: Callable[[bytes], None] | None = None
     ) -> None:
+        super().__init__(node.b, version, FakeLink(on_write), "test")
         self.node = node
-        self.version = version
-        self.link = FakeLink(on_write)
-        self.conn = node.b.connect(self.link, "test")
-        self._read = 0
-        self._next_id = 1
-        self.connack: pk.Connack | None = None
-
-    def next_id(self) -> int:
-        packet_id = self._next_id
-        self._next_id = packet_id % 65535 + 1
-        return packet_id
-
-    def send(self, *packets: Any) -> None:
-        self.conn.data_received(b"".join(grammar.encode(p, self.version) for p in packets))
 
     def written(self) -> list[Any]:
         """Everything written to the link so far (without flushing or waiting)."""
@@ -218,9 +206,7 @@ class Client:
         """Wait for the commit, flush, and decode what arrived since the last call."""
         await self.node.committed()
         self.node.b.flush()
-        raw = split_raw(self.link.data[self._read :])
-        self._read += sum(len(r) for r in raw)
-        return [decode_raw(r, self.version) for r in raw]
+        return self.unread()
 
     async def connect(
         self,
@@ -252,49 +238,15 @@ class Client:
         assert self.connack.reason_code == 0, self.connack
         return received[1:]
 
-    async def subscribe(
-        self,
-        topic_filter: str,
-        qos: int = 1,
-        *,
-        no_local: bool = False,
-        retain_as_published: bool = False,
-        retain_handling: int = 0,
-        sub_id: int | None = None,
-    ) -> list[Any]:
-        """SUBSCRIBE; returns what arrived (SUBACK first, then any retained messages)."""
-        packet_id = self.next_id()
-        self.send(
-            subscribe_packet(
-                packet_id, topic_filter, qos, no_local, retain_as_published, retain_handling, sub_id
-            )
-        )
+    async def subscribe(self, topic_filter: str, qos: int = 1, **options: Any) -> list[Any]:
+        """SUBSCRIBE (``options``: those of ``send_subscribe``); returns what arrived (SUBACK
+        first, then any retained messages)."""
+        packet_id = self.send_subscribe(topic_filter, qos, **options)
         received = await self.receive()
         assert received and isinstance(received[0], pk.Suback), received
         assert received[0].packet_id == packet_id
         assert all(code < 0x80 for code in received[0].reason_codes), received[0]
         return received
-
-    def publish(
-        self,
-        topic: str,
-        payload: bytes,
-        qos: int = 1,
-        *,
-        retain: bool = False,
-        packet_id: int | None = None,
-        dup: bool = False,
-        properties: dict[int, Any] | None = None,
-    ) -> int | None:
-        """Send a PUBLISH (the acknowledgement is read with ``receive``); its packet id."""
-        if qos and packet_id is None:
-            packet_id = self.next_id()
-        self.send(
-            pk.Publish(
-                topic, payload, qos, retain, dup, packet_id if qos else None, properties or {}
-            )
-        )
-        return packet_id
 
     async def publish_acked(self, topic: str, payload: bytes, qos: int = 1, **kw: Any) -> None:
         """PUBLISH and complete the flow (PUBACK, or PUBREC/PUBREL/PUBCOMP)."""

@@ -10,15 +10,9 @@ from pathlib import Path
 
 import pytest
 from external_tools import program
-from transport_support import (
-    CUSTOM_PATH,
-    TLS12_CIPHER,
-    BrokerRun,
-    Certificates,
-    Listeners,
-    make_certificates,
-    toml_listener,
-)
+from support.certs import Certificates, make_certificates
+from support.launcher import BrokerProcess
+from transport_support import CUSTOM_PATH, TLS12_CIPHER, Listeners, toml_listener
 
 NODE_DIR = Path(__file__).resolve().parent / "node"
 
@@ -51,7 +45,7 @@ def listeners(tmp_path_factory: pytest.TempPathFactory, certs: Certificates) -> 
     ]
     config = workdir / "transports.toml"
     config.write_text("\n".join(tables) + '\n[storage]\nbackend = "memory"\n')
-    broker = BrokerRun(workdir, "--config", str(config)).start(len(tables))
+    broker = BrokerProcess(workdir, config=config, listeners=len(tables)).start()
     try:
         a = broker.addresses
         yield Listeners(broker, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7])

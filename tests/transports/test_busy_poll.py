@@ -9,7 +9,14 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from transport_support import CONNACK_OK, connect_packet, publish_packet, subscribe_packet, unique
+from support.clients import (
+    CONNACK_OK,
+    MQTT_311,
+    connect_packet,
+    publish_packet,
+    subscribe_packet,
+    unique,
+)
 
 from mqttbroker.config import Config, ListenerConfig
 from mqttbroker.server.app import Server
@@ -34,7 +41,7 @@ class StillClock:
 
 async def _client(port: int, name: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(connect_packet(unique(name)))
+    writer.write(connect_packet(unique(name), MQTT_311))
     assert await asyncio.wait_for(reader.readexactly(4), GUARD) == CONNACK_OK
     return reader, writer
 
@@ -49,7 +56,7 @@ def _config(tmp_path: Path, busy_poll_us: int) -> Config:
 
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 def test_output_keeps_the_loop_polling_for_the_window(tmp_path: Path, loop: str) -> None:
-    message = publish_packet("bp/t", b"payload")
+    message = publish_packet("bp/t", b"payload", version=MQTT_311)
 
     async def scenario() -> None:
         server = Server(_config(tmp_path, WINDOW_US))
@@ -63,7 +70,7 @@ def test_output_keeps_the_loop_polling_for_the_window(tmp_path: Path, loop: str)
             sub_reader, sub = await _client(server.addresses[0][1], "bp-sub")
             _, pub = await _client(server.addresses[0][1], "bp-pub")
             writers += [sub, pub]
-            sub.write(subscribe_packet(1, "bp/t"))
+            sub.write(subscribe_packet(1, [("bp/t", 0)], MQTT_311))
             assert await asyncio.wait_for(sub_reader.readexactly(5), GUARD) == SUBACK
 
             pub.write(message)

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from transport_support import ROOT, BrokerRun, Certificates, Paho, client_context
+from support.certs import Certificates, client_context
+from support.clients import PahoClient
+from support.launcher import ROOT, BrokerProcess
 
 from mqttbroker.security.passwords import make_entry_line
 
@@ -41,24 +43,24 @@ def test_loopback_listener_is_anonymous_and_the_exposed_one_is_not(
         text = replace_once(text, old, new)
     config = tmp_path / "exposed.toml"
     config.write_text(text)
-    broker = BrokerRun(tmp_path, "--config", str(config)).start(3)
+    broker = BrokerProcess(tmp_path, config=config, listeners=3).start()
     try:
         local, devices, _browsers = broker.addresses
         assert local.host == "127.0.0.1" and devices.host == "0.0.0.0"
-        anonymous_local = Paho()
+        anonymous_local = PahoClient("127.0.0.1", local.port)
         try:
-            assert anonymous_local.connect("127.0.0.1", local.port) == 0
+            anonymous_local.connect()
         finally:
             anonymous_local.close()
-        anonymous_device = Paho(tls=client_context(certs))
+        anonymous_device = PahoClient("localhost", devices.port, tls=client_context(certs))
         try:
-            assert anonymous_device.connect("localhost", devices.port) == NOT_AUTHORIZED
+            assert anonymous_device.connect(expect_success=False) == NOT_AUTHORIZED
         finally:
             anonymous_device.close()
-        device = Paho(tls=client_context(certs))
+        device = PahoClient("localhost", devices.port, tls=client_context(certs))
         device.client.username_pw_set("sensor", "correct horse")
         try:
-            assert device.connect("localhost", devices.port) == 0
+            device.connect()
         finally:
             device.close()
     finally:

@@ -10,22 +10,15 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from external_tools import program
-from transport_support import (
-    TIMEOUT,
-    BrokerRun,
-    Certificates,
-    Paho,
-    connect_packet,
-    terminate,
-    toml_listener,
-    unique,
-)
+from support.certs import Certificates
+from support.clients import MQTT_311, TIMEOUT, PahoClient, connect_packet, unique
+from support.launcher import BrokerProcess, free_port, stop_process, wait_port
+from transport_support import toml_listener
 
 pytestmark = [pytest.mark.needs_haproxy, pytest.mark.needs_mosquitto]
 
@@ -59,25 +52,8 @@ backend broker_tls
 """
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_open(port: int) -> None:
-    deadline = time.monotonic() + TIMEOUT
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), 0.5):
-                return
-        except OSError:
-            assert time.monotonic() < deadline, f"nothing listens on {port}"
-            time.sleep(0.05)
-
-
 @pytest.fixture
-def broker(tmp_path: Path, certs: Certificates) -> Iterator[BrokerRun]:
+def broker(tmp_path: Path, certs: Certificates) -> Iterator[BrokerProcess]:
     config = tmp_path / "proxied.toml"
     plain = toml_listener(
         host="127.0.0.1", port=0, proxy_protocol="127.0.0.1", allow_anonymous=True
@@ -94,7 +70,7 @@ def broker(tmp_path: Path, certs: Certificates) -> Iterator[BrokerRun]:
         tls_certificate_username="cn",
     )
     config.write_text(plain + "\n" + mtls + '\n[storage]\nbackend = "memory"\n')
-    run = BrokerRun(tmp_path, "--config", str(config), "--log-level", "info").start(2)
+    run = BrokerProcess(tmp_path, config=config, listeners=2).start()
     try:
         yield run
     finally:
@@ -102,7 +78,7 @@ def broker(tmp_path: Path, certs: Certificates) -> Iterator[BrokerRun]:
 
 
 @pytest.fixture
-def haproxy(tmp_path: Path, broker: BrokerRun) -> Iterator[tuple[int, int, int]]:
+def haproxy(tmp_path: Path, broker: BrokerProcess) -> Iterator[tuple[int, int, int]]:
     binary = program("haproxy")
     v2, v1, tls = free_port(), free_port(), free_port()
     config = tmp_path / "haproxy.cfg"
@@ -118,10 +94,10 @@ def haproxy(tmp_path: Path, broker: BrokerRun) -> Iterator[tuple[int, int, int]]
     )
     try:
         for port in (v2, v1, tls):
-            wait_open(port)
+            wait_port(port, proc)
         yield v2, v1, tls
     finally:
-        terminate(proc)
+        stop_process(proc)
         if proc.stderr is not None:
             proc.stderr.close()
 
@@ -129,10 +105,10 @@ def haproxy(tmp_path: Path, broker: BrokerRun) -> Iterator[tuple[int, int, int]]
 def publish_through(port: int, pub: list[str], topic: str, payload: bytes) -> None:
     """paho subscribes through HAProxy's version 2 frontend ``port`` from 127.0.0.3, then
     mosquitto_pub (arguments ``pub``) publishes ``payload`` to ``topic``; it must arrive."""
-    sub = Paho()
+    sub = PahoClient("127.0.0.1", port, bind_address="127.0.0.3")
     try:
-        assert sub.connect("127.0.0.1", port, bind_address="127.0.0.3") == 0
-        assert sub.subscribe("proxied/#", qos=1) == 1
+        sub.connect()
+        assert sub.subscribe("proxied/#", 1) == [1]
         published = subprocess.run(
             [
                 program("mosquitto_pub"),
@@ -157,15 +133,19 @@ def publish_through(port: int, pub: list[str], topic: str, payload: bytes) -> No
 
 
 def test_clients_through_haproxy_are_named_by_its_header(
-    broker: BrokerRun, haproxy: tuple[int, int, int], certs: Certificates
+    broker: BrokerProcess, haproxy: tuple[int, int, int], certs: Certificates
 ) -> None:
     v2, v1, tls = haproxy
     mark = broker.log_mark()
     plain = ["-h", "127.0.0.1", "-p", str(v1), "-V", "mqttv311"]
     publish_through(v2, plain, "proxied/haproxy", b"through HAProxy")
     via = r" \(via 127\.0\.0\.1:\d+\)"
-    assert broker.wait_for_log(r"connected from 127\.0\.0\.3:\d+" + via + r" \(MQTT 5\.0", mark)
-    assert broker.wait_for_log(r"connected from 127\.0\.0\.1:\d+" + via + r" \(MQTT 3\.1\.1", mark)
+    assert broker.wait_for_log(
+        r"connected from 127\.0\.0\.3:\d+" + via + r" \(MQTT 5\.0", since=mark
+    )
+    assert broker.wait_for_log(
+        r"connected from 127\.0\.0\.1:\d+" + via + r" \(MQTT 3\.1\.1", since=mark
+    )
 
     # TLS passed through: the broker checks the client certificate, whose CN names the user.
     secure = ["-h", "localhost", "-p", str(tls), "-V", "mqttv5", "--cafile", str(certs.ca)]
@@ -182,11 +162,11 @@ def test_clients_through_haproxy_are_named_by_its_header(
     # Straight to the broker, past HAProxy: no header, so the connection is closed unanswered.
     with socket.create_connection(("127.0.0.1", broker.addresses[0].port), TIMEOUT) as direct:
         direct.settimeout(TIMEOUT)
-        direct.sendall(connect_packet(unique("direct")))
+        direct.sendall(connect_packet(unique("direct"), MQTT_311))
         try:
             answer = direct.recv(16)
         except ConnectionResetError:  # closed with the CONNECT unread: a reset
             answer = b""
         assert answer == b""
-    assert broker.wait_for_log(r"closed: no PROXY protocol header", mark)
+    assert broker.wait_for_log(r"closed: no PROXY protocol header", since=mark)
     broker.assert_clean_log()

@@ -14,7 +14,8 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import WSMsgType
-from transport_support import CONNACK_OK, Certificates, client_context, connect_packet, unique
+from support.certs import Certificates, client_context
+from support.clients import CONNACK_OK, MQTT_311, connect_packet, unique
 
 from mqttbroker.config import Config, ListenerConfig
 from mqttbroker.server.app import Server
@@ -207,7 +208,7 @@ async def _connect_tcp(port: int, context: ssl.SSLContext | None, client_id: str
     reader, writer = await asyncio.open_connection(
         "127.0.0.1", port, ssl=context, server_hostname="localhost" if context else None
     )
-    writer.write(connect_packet(client_id))
+    writer.write(connect_packet(client_id, MQTT_311))
     assert await asyncio.wait_for(reader.readexactly(4), GUARD) == CONNACK_OK
     return writer
 
@@ -253,7 +254,7 @@ def test_certificate_user_on_tls_and_websocket_links(
                 f"wss://localhost:{ports[3]}/mqtt", protocols=("mqtt",), ssl=with_cert
             )
             ids["wss-cn"] = unique("wss")
-            await ws.send_bytes(connect_packet(ids["wss-cn"]))
+            await ws.send_bytes(connect_packet(ids["wss-cn"], MQTT_311))
             answer = await asyncio.wait_for(ws.receive(), GUARD)
             assert answer.type is WSMsgType.BINARY and answer.data == CONNACK_OK
             by_id = {conn.client_id: conn for conn in server.broker.connections}

@@ -7,7 +7,10 @@ from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives import serialization
-from transport_support import BrokerRun, Certificates, Paho, run_cli, toml_listener
+from support.certs import Certificates
+from support.clients import PahoClient
+from support.launcher import BrokerProcess, run_broker
+from transport_support import toml_listener
 
 from mqttbroker.config import ConfigError, ListenerConfig, load
 
@@ -126,7 +129,9 @@ def test_broken_tls_material_is_a_configuration_error(
         table["tls_ciphers"] = "NO-SUCH-CIPHER"
     path = tmp_path / "broken.toml"
     path.write_text(toml_listener(**table))  # type: ignore[arg-type]
-    result = run_cli(tmp_path, "--config", str(path), "--memory")
+    result = run_broker(
+        "--config", str(path), "--memory", "--data-dir", str(tmp_path), cwd=tmp_path
+    )
     assert result.returncode == 2, result.stderr
     expected = expected.format(garbage=certs.garbage, key=table["tls_key_file"])
     assert f"{path}: {expected}" in result.stderr, result.stderr
@@ -135,7 +140,9 @@ def test_broken_tls_material_is_a_configuration_error(
 def test_cli_missing_certificate_exits_2(tmp_path: Path) -> None:
     path = tmp_path / "missing.toml"
     path.write_text(toml_listener(port=0, tls_cert_file=str(tmp_path / "gone.pem")))
-    result = run_cli(tmp_path, "--config", str(path), "--memory")
+    result = run_broker(
+        "--config", str(path), "--memory", "--data-dir", str(tmp_path), cwd=tmp_path
+    )
     assert result.returncode == 2
     assert f"{path}: listener[0].tls_cert_file: file not found: {tmp_path / 'gone.pem'}" in (
         result.stderr
@@ -159,17 +166,20 @@ def test_ws_port_option_and_log_lines(tmp_path: Path, certs: Certificates) -> No
             tls_key_file=str(certs.server_key),
         )
     )
-    broker = BrokerRun(
-        tmp_path / "data", "--config", str(path), "--port", "0", "--ws-port", "0", "--memory"
-    ).start(3)
+    broker = BrokerProcess(
+        tmp_path / "data",
+        config=path,
+        listeners=3,
+        extra_args=("--port", "0", "--ws-port", "0", "--memory"),
+    ).start()
     try:
         kinds = [a.kind for a in broker.addresses]
         assert kinds == ["MQTT over TLS", "MQTT over WebSocket+TLS", "MQTT over WebSocket"]
         assert all(a.host == "127.0.0.1" and a.port for a in broker.addresses)
         ws = broker.addresses[2]
-        client = Paho(transport="websockets")
+        client = PahoClient(ws.host, ws.port, transport="websockets")
         try:
-            assert client.connect(ws.host, ws.port) == 0
+            client.connect()
         finally:
             client.close()
     finally:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from transport_support import connect_packet
+from support.clients import connect_packet
 
 from mqttbroker.broker.policy import ListenerPolicy
 from mqttbroker.config import Config, ListenerConfig

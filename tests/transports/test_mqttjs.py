@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 from external_tools import program
-from transport_support import Certificates, Listeners, Paho, unique
+from support.certs import Certificates
+from support.clients import PahoClient, unique
+from transport_support import Listeners
 
 
 @pytest.mark.needs_node
@@ -30,10 +32,10 @@ def test_mqttjs_round_trip(
     url = f"{scheme}://{host}:{address.port}/mqtt"
     topic = f"mqttjs/{unique()}"
     node = program("node")
-    watcher = Paho()
+    watcher = PahoClient(listeners.tcp.host, listeners.tcp.port)
     try:
-        assert watcher.connect(listeners.tcp.host, listeners.tcp.port) == 0
-        assert watcher.subscribe(topic, 1) == 1
+        watcher.connect()
+        assert watcher.subscribe(topic, 1) == [1]
         args = [node, "roundtrip.js", url, topic, str(version)]
         if secure:
             args.append(str(certs.ca))

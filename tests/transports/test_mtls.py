@@ -11,17 +11,9 @@ import subprocess
 import paho.mqtt.client as mqtt
 import pytest
 from external_tools import program
-from transport_support import (
-    CONNACK_OK,
-    TIMEOUT,
-    Certificates,
-    Listeners,
-    Paho,
-    RawWebSocket,
-    client_context,
-    connect_packet,
-    unique,
-)
+from support.certs import Certificates, client_context
+from support.clients import CONNACK_OK, MQTT_311, TIMEOUT, PahoClient, connect_packet, unique
+from transport_support import Listeners, RawWebSocket
 
 
 @pytest.mark.parametrize("version", [mqtt.MQTTv5, mqtt.MQTTv311], ids=["v5", "v311"])
@@ -29,10 +21,12 @@ def test_paho_with_a_client_certificate_is_accepted(
     listeners: Listeners, certs: Certificates, version: int
 ) -> None:
     topic = f"mtls/{unique()}"
-    client = Paho(version, tls=client_context(certs, with_cert=True))
+    client = PahoClient(
+        listeners.mtls.host, listeners.mtls.port, version, tls=client_context(certs, with_cert=True)
+    )
     try:
-        assert client.connect(listeners.mtls.host, listeners.mtls.port) == 0
-        assert client.subscribe(topic, 1) == 1
+        client.connect()
+        assert client.subscribe(topic, 1) == [1]
         client.publish(topic, b"with a certificate", 1)
         [message] = client.wait_messages(1)
         assert message.payload == b"with a certificate"
@@ -48,7 +42,7 @@ def _mqtt_connect_answer(port: int, context: ssl.SSLContext) -> bytes | Exceptio
     sock = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT)
     try:
         tls = context.wrap_socket(sock, server_hostname="localhost")
-        tls.sendall(connect_packet(unique("mtls")))
+        tls.sendall(connect_packet(unique("mtls"), MQTT_311))
         data = tls.recv(4)
         return data
     except (ssl.SSLError, ConnectionError, OSError) as exc:
@@ -76,10 +70,10 @@ def test_mosquitto_pub_with_and_without_a_client_certificate(
 ) -> None:
     tool = program("mosquitto_pub")
     topic = f"mtls/{unique()}"
-    subscriber = Paho()
+    subscriber = PahoClient(listeners.tcp.host, listeners.tcp.port)
     try:
-        assert subscriber.connect(listeners.tcp.host, listeners.tcp.port) == 0
-        assert subscriber.subscribe(topic, 1) == 1
+        subscriber.connect()
+        assert subscriber.subscribe(topic, 1) == [1]
         common = [
             tool,
             "-h",
@@ -127,7 +121,7 @@ def test_websocket_tls_with_and_without_a_client_certificate(
     address = listeners.wss_mtls
     ws = RawWebSocket(address.host, address.port, tls=client_context(certs, with_cert=True))
     try:
-        ws.send_binary(connect_packet(unique("wss-mtls")))
+        ws.send_binary(connect_packet(unique("wss-mtls"), MQTT_311))
         assert ws.read_packet() == CONNACK_OK
     finally:
         ws.close()

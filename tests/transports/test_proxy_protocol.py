@@ -25,9 +25,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import paho.mqtt.client as mqtt
 import pytest
-from transport_support import CONNACK_OK, Certificates, client_context, connect_packet, unique
+from support.certs import Certificates, client_context
+from support.clients import CONNACK_OK, MQTT_311, PahoClient, connect_packet, unique
 
 from mqttbroker.config import Config, ConfigError, ListenerConfig, load, trusted_networks
 from mqttbroker.server.app import Server
@@ -183,7 +183,7 @@ def test_the_header_names_the_client_and_nothing_else_gets_through(
             async def keep(name: str, port: int, header: bytes, split: bool = False) -> None:
                 reader, writer = await asyncio.open_connection("127.0.0.1", port)
                 held.append(writer)
-                data = header + connect_packet(unique(name))
+                data = header + connect_packet(unique(name), MQTT_311)
                 for piece in [data[i : i + 1] for i in range(len(data))] if split else [data]:
                     writer.write(piece)
                     await writer.drain()
@@ -205,9 +205,11 @@ def test_the_header_names_the_client_and_nothing_else_gets_through(
             _, probe = await asyncio.open_connection("127.0.0.1", behind)
             probe.close()
             await probe.wait_closed()
-            seen["untrusted"] = await _exchange(elsewhere, [V1 + connect_packet(unique("u"))])
+            seen["untrusted"] = await _exchange(
+                elsewhere, [V1 + connect_packet(unique("u"), MQTT_311)]
+            )
             seen["anonymous"] = await _exchange(
-                guarded, [v2(source="192.0.2.3") + connect_packet(unique("a"))]
+                guarded, [v2(source="192.0.2.3") + connect_packet(unique("a"), MQTT_311)]
             )
             # The first clients were not harmed by any of that.
             seen["still"] = sorted(conn.peer for conn in server.broker.connections)
@@ -283,33 +285,21 @@ def test_paho_through_a_balancer(tmp_path: Path) -> None:
 
         balancer = await asyncio.start_server(balance, "127.0.0.1", 0)
         front = balancer.sockets[0].getsockname()[1]
-        received: list[Any] = []
-        got = asyncio.Event()
         loop = asyncio.get_running_loop()
-        sub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, unique("sub"), protocol=mqtt.MQTTv5)
-        pub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, unique("pub"), protocol=mqtt.MQTTv5)
-        subscribed = asyncio.Event()
-        sub.on_subscribe = lambda *a: loop.call_soon_threadsafe(subscribed.set)
-
-        def on_message(client: Any, userdata: Any, message: mqtt.MQTTMessage) -> None:
-            received.append((message.topic, message.payload))
-            loop.call_soon_threadsafe(got.set)
-
-        sub.on_message = on_message
-        try:
-            await loop.run_in_executor(None, sub.connect, "127.0.0.1", front)
-            sub.loop_start()
-            sub.subscribe("proxied/#", qos=1)
-            await asyncio.wait_for(subscribed.wait(), GUARD)
-            await loop.run_in_executor(None, pub.connect, "127.0.0.1", front)
-            pub.loop_start()
-            pub.publish("proxied/hello", b"through the balancer", qos=1)
-            await asyncio.wait_for(got.wait(), GUARD)
+        sub, pub = PahoClient("127.0.0.1", front), PahoClient("127.0.0.1", front)
+        try:  # the clients wait for the broker's answers: in threads, off the broker's loop
+            await loop.run_in_executor(None, sub.connect)
+            await loop.run_in_executor(None, sub.subscribe, "proxied/#", 1)
+            await loop.run_in_executor(None, pub.connect)
+            await loop.run_in_executor(
+                None, pub.publish, "proxied/hello", b"through the balancer", 1
+            )
+            got = await loop.run_in_executor(None, sub.wait_messages, 1)
+            received = [(m.topic, m.payload) for m in got]
             peers = sorted(conn.peer for conn in server.broker.connections)
         finally:
             for client in (sub, pub):
-                client.disconnect()
-                client.loop_stop()
+                await loop.run_in_executor(None, client.close)
             balancer.close()
             await server.stop()
         return received, peers
@@ -392,7 +382,7 @@ def test_mutual_tls_after_the_header(tmp_path: Path, certs: Certificates) -> Non
                 pass
             sock.sendall(header + outgoing.read())  # one write: header, then ClientHello
             pump(tls.do_handshake)
-            tls.write(connect_packet(unique("mtls")))
+            tls.write(connect_packet(unique("mtls"), MQTT_311))
             return bytes(pump(lambda: tls.read(4)))
         except (ssl.SSLError, OSError) as exc:
             return exc

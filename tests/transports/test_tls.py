@@ -10,17 +10,9 @@ import subprocess
 import paho.mqtt.client as mqtt
 import pytest
 from external_tools import program
-from transport_support import (
-    CONNACK_OK,
-    TIMEOUT,
-    TLS12_CIPHER,
-    Certificates,
-    Listeners,
-    Paho,
-    client_context,
-    connect_packet,
-    unique,
-)
+from support.certs import Certificates, client_context
+from support.clients import CONNACK_OK, MQTT_311, TIMEOUT, PahoClient, connect_packet, unique
+from transport_support import TLS12_CIPHER, Listeners
 
 VERSIONS = [pytest.param(mqtt.MQTTv5, id="v5"), pytest.param(mqtt.MQTTv311, id="v311")]
 
@@ -28,10 +20,10 @@ VERSIONS = [pytest.param(mqtt.MQTTv5, id="v5"), pytest.param(mqtt.MQTTv311, id="
 @pytest.mark.parametrize("version", VERSIONS)
 def test_paho_over_tls(listeners: Listeners, certs: Certificates, version: int) -> None:
     topic = f"tls/{unique()}"
-    client = Paho(version, tls=client_context(certs))
+    client = PahoClient(listeners.tls.host, listeners.tls.port, version, tls=client_context(certs))
     try:
-        assert client.connect(listeners.tls.host, listeners.tls.port) == 0
-        assert client.subscribe(topic, 1) == 1
+        client.connect()
+        assert client.subscribe(topic, 1) == [1]
         client.publish(topic, b"over tls", 1)
         [message] = client.wait_messages(1)
         assert (message.topic, message.payload, message.qos) == (topic, b"over tls", 1)
@@ -41,12 +33,12 @@ def test_paho_over_tls(listeners: Listeners, certs: Certificates, version: int) 
 
 def test_tls_and_plain_tcp_share_one_broker(listeners: Listeners, certs: Certificates) -> None:
     topic = f"tls/{unique()}"
-    plain = Paho()
-    secure = Paho(tls=client_context(certs))
+    plain = PahoClient(listeners.tcp.host, listeners.tcp.port)
+    secure = PahoClient(listeners.tls13.host, listeners.tls13.port, tls=client_context(certs))
     try:
-        assert plain.connect(listeners.tcp.host, listeners.tcp.port) == 0
-        assert plain.subscribe(topic, 1) == 1
-        assert secure.connect(listeners.tls13.host, listeners.tls13.port) == 0
+        plain.connect()
+        assert plain.subscribe(topic, 1) == [1]
+        secure.connect()
         secure.publish(topic, b"from tls 1.3", 1)
         [message] = plain.wait_messages(1)
         assert message.payload == b"from tls 1.3"
@@ -156,7 +148,7 @@ def test_tls_1_2_client_gets_the_configured_cipher(
         assert tls.version() == "TLSv1.2"
         cipher = tls.cipher()
         assert cipher is not None and cipher[0] == TLS12_CIPHER
-        tls.sendall(connect_packet(unique("raw")))
+        tls.sendall(connect_packet(unique("raw"), MQTT_311))
         assert tls.recv(4) == CONNACK_OK
 
 
@@ -184,7 +176,7 @@ def test_minimum_version_1_3_refuses_a_tls_1_2_client(
 def test_plain_mqtt_to_a_tls_listener_gets_no_connack(listeners: Listeners) -> None:
     """A client speaking MQTT in the clear to a TLS port is not served."""
     with socket.create_connection(("127.0.0.1", listeners.tls.port), timeout=TIMEOUT) as sock:
-        sock.sendall(connect_packet(unique("clear")))
+        sock.sendall(connect_packet(unique("clear"), MQTT_311))
         try:
             data = sock.recv(64)
         except ConnectionError:

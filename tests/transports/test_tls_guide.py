@@ -11,7 +11,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from transport_support import ROOT, TIMEOUT, BrokerRun, Paho, toml_listener
+from support.clients import TIMEOUT, PahoClient
+from support.launcher import ROOT, BrokerProcess
+from transport_support import toml_listener
 
 GUIDE = ROOT / "config" / "README.md"
 MARKER = "<!-- tests/transports/test_tls_guide.py runs the block below as it is -->"
@@ -51,14 +53,14 @@ def test_certificates_made_as_the_guide_says(tmp_path: Path) -> None:
         )
         + '\n[storage]\nbackend = "memory"\n'
     )
-    broker = BrokerRun(tmp_path, "--config", str(config), "--log-level", "debug").start(1)
+    broker = BrokerProcess(tmp_path, "debug", config=config).start()
     try:
         [address] = broker.addresses
         context = ssl.create_default_context(cafile=str(certs / "ca.pem"))  # checks the name
         context.load_cert_chain(str(certs / "sensor-17.pem"), str(certs / "sensor-17.key"))
-        device = Paho(tls=context)
+        device = PahoClient("localhost", address.port, tls=context)
         try:
-            assert device.connect("localhost", address.port) == 0
+            device.connect()
         finally:
             device.close()
         assert broker.wait_for_log(r"client certificate user 'sensor-17'", timeout=TIMEOUT)

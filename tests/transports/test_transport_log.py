@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import re
 
-import paho.mqtt.client as mqtt
 import pytest
-from transport_support import Certificates, Listeners, Paho, client_context, unique
+from support.certs import Certificates, client_context
+from support.clients import PahoClient, unique
+from transport_support import Listeners
 
 
 @pytest.mark.parametrize(
@@ -29,12 +30,14 @@ def test_connected_line_names_transport_and_user(
         tls = client_context(certs, with_cert=name == "mtls")
     client_id = unique(f"log-{name}")
     mark = listeners.broker.log_mark()
-    client = Paho(mqtt.MQTTv5, transport, tls=tls, client_id=client_id)
+    client = PahoClient(
+        address.host, address.port, client_id=client_id, transport=transport, tls=tls
+    )
     try:
-        assert client.connect(address.host, address.port) == 0
+        client.connect()
     finally:
         client.close()
     pattern = (
         rf"client {re.escape(client_id)} connected from \S+ \(MQTT 5\.0 over {kind}, user {user},"
     )
-    assert listeners.broker.wait_for_log(pattern, mark), listeners.broker.log_text()[-2000:]
+    assert listeners.broker.wait_for_log(pattern, since=mark), listeners.broker.log_text()[-2000:]

@@ -9,20 +9,10 @@ from pathlib import Path
 
 import paho.mqtt.client as mqtt
 import pytest
-from transport_support import (
-    CONNACK_OK,
-    CUSTOM_PATH,
-    TIMEOUT,
-    BrokerRun,
-    Certificates,
-    Listeners,
-    Paho,
-    RawWebSocket,
-    client_context,
-    connect_packet,
-    toml_listener,
-    unique,
-)
+from support.certs import Certificates, client_context
+from support.clients import CONNACK_OK, MQTT_311, TIMEOUT, PahoClient, connect_packet, unique
+from support.launcher import BrokerProcess
+from transport_support import CUSTOM_PATH, Listeners, RawWebSocket, toml_listener
 
 from conformance.websocket import HandshakeRefused
 
@@ -36,10 +26,11 @@ def test_paho_over_websocket(
 ) -> None:
     address = listeners.wss if secure else listeners.ws
     topic = f"ws/{unique()}"
-    client = Paho(version, "websockets", tls=client_context(certs) if secure else None)
+    tls = client_context(certs) if secure else None
+    client = PahoClient(address.host, address.port, version, transport="websockets", tls=tls)
     try:
-        assert client.connect(address.host, address.port) == 0
-        assert client.subscribe(topic, 1) == 1
+        client.connect()
+        assert client.subscribe(topic, 1) == [1]
         client.publish(topic, b"over websocket", 1)
         [message] = client.wait_messages(1)
         assert (message.topic, message.payload, message.qos) == (topic, b"over websocket", 1)
@@ -51,13 +42,13 @@ def test_large_messages_both_ways_and_across_transports(listeners: Listeners) ->
     """A 600 kB payload (more than one frame's worth of output) from WebSocket to TCP and back."""
     topic = f"ws/{unique()}"
     big = bytes(range(256)) * 2400
-    web = Paho(transport="websockets")
-    tcp = Paho()
+    web = PahoClient(listeners.ws.host, listeners.ws.port, transport="websockets")
+    tcp = PahoClient(listeners.tcp.host, listeners.tcp.port)
     try:
-        assert web.connect(listeners.ws.host, listeners.ws.port) == 0
-        assert tcp.connect(listeners.tcp.host, listeners.tcp.port) == 0
-        assert web.subscribe(f"{topic}/to-ws", 1) == 1
-        assert tcp.subscribe(f"{topic}/to-tcp", 1) == 1
+        web.connect()
+        tcp.connect()
+        assert web.subscribe(f"{topic}/to-ws", 1) == [1]
+        assert tcp.subscribe(f"{topic}/to-tcp", 1) == [1]
         web.publish(f"{topic}/to-tcp", big, 1)
         tcp.publish(f"{topic}/to-ws", big[::-1], 1)
         [to_tcp] = tcp.wait_messages(1)
@@ -71,9 +62,9 @@ def test_large_messages_both_ways_and_across_transports(listeners: Listeners) ->
 
 def test_configured_path(listeners: Listeners) -> None:
     address = listeners.ws_custom
-    client = Paho(transport="websockets", path=CUSTOM_PATH)
+    client = PahoClient(address.host, address.port, transport="websockets", path=CUSTOM_PATH)
     try:
-        assert client.connect(address.host, address.port) == 0
+        client.connect()
     finally:
         client.close()
     with pytest.raises(HandshakeRefused) as refused:
@@ -85,7 +76,7 @@ def test_subprotocol_mqtt_is_selected_and_returned(listeners: Listeners) -> None
     ws = RawWebSocket(listeners.ws.host, listeners.ws.port, protocols=("mqtt",))
     try:
         assert ws.headers["sec-websocket-protocol"] == "mqtt"
-        ws.send_binary(connect_packet(unique("sub-proto")))
+        ws.send_binary(connect_packet(unique("sub-proto"), MQTT_311))
         assert ws.read_packet() == CONNACK_OK
     finally:
         ws.close()
@@ -137,7 +128,7 @@ def test_connections_that_do_not_upgrade_in_time_are_closed(tmp_path: Path) -> N
         toml_listener(host="127.0.0.1", port=0, protocol="ws")
         + '\n[broker]\nconnect_timeout = 1.0\n[storage]\nbackend = "memory"\n'
     )
-    broker = BrokerRun(tmp_path, "--config", str(config)).start(1)
+    broker = BrokerProcess(tmp_path, config=config).start()
     try:
         host, port = broker.addresses[0].host, broker.addresses[0].port
         silent = socket.create_connection((host, port), timeout=TIMEOUT)
@@ -146,7 +137,7 @@ def test_connections_that_do_not_upgrade_in_time_are_closed(tmp_path: Path) -> N
         refused = socket.create_connection((host, port), timeout=TIMEOUT)
         refused.sendall(b"GET /mqtt HTTP/1.1\r\nHost: x\r\n\r\n")  # keep-alive, 400
         ws = RawWebSocket(host, port, protocols=("mqtt",))
-        ws.send_binary(connect_packet(unique("in-time")))
+        ws.send_binary(connect_packet(unique("in-time"), MQTT_311))
         assert ws.read_packet() == CONNACK_OK
         for sock in (silent, partial, refused):
             with sock:

@@ -7,22 +7,19 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from transport_support import (
+from support.clients import (
     CONNACK_OK,
-    OP_BINARY,
-    OP_CONTINUATION,
-    OP_TEXT,
+    MQTT_311,
     PINGREQ,
     PINGRESP,
-    Listeners,
-    Paho,
-    RawWebSocket,
+    PahoClient,
     connect_packet,
     packet_type,
     publish_packet,
     subscribe_packet,
     unique,
 )
+from transport_support import OP_BINARY, OP_CONTINUATION, OP_TEXT, Listeners, RawWebSocket
 
 SUBACK, PUBLISH = 9, 3
 
@@ -35,7 +32,7 @@ def ws(listeners: Listeners) -> Iterator[RawWebSocket]:
 
 
 def test_connect_split_over_three_messages(ws: RawWebSocket) -> None:
-    packet = connect_packet(unique("split"))
+    packet = connect_packet(unique("split"), MQTT_311)
     ws.send_binary(packet[:1])
     ws.send_binary(packet[1:7])
     ws.send_binary(packet[7:])
@@ -43,7 +40,7 @@ def test_connect_split_over_three_messages(ws: RawWebSocket) -> None:
 
 
 def test_connect_split_over_the_fragments_of_one_message(ws: RawWebSocket) -> None:
-    packet = connect_packet(unique("fragments"))
+    packet = connect_packet(unique("fragments"), MQTT_311)
     ws.send_frame(OP_BINARY, packet[:3], fin=False)
     ws.send_frame(OP_CONTINUATION, packet[3:9], fin=False)
     ws.send_frame(OP_CONTINUATION, packet[9:], fin=True)
@@ -54,9 +51,13 @@ def test_several_packets_in_one_frame(ws: RawWebSocket) -> None:
     """SUBSCRIBE, a PUBLISH to the same topic and PINGREQ in one frame: SUBACK, the PUBLISH and
     PINGRESP come back, in that order."""
     topic = f"frames/{unique()}"
-    ws.send_binary(connect_packet(unique("several")))
+    ws.send_binary(connect_packet(unique("several"), MQTT_311))
     assert ws.read_packet() == CONNACK_OK
-    ws.send_binary(subscribe_packet(1, topic) + publish_packet(topic, b"one frame") + PINGREQ)
+    ws.send_binary(
+        subscribe_packet(1, [(topic, 0)], MQTT_311)
+        + publish_packet(topic, b"one frame", version=MQTT_311)
+        + PINGREQ
+    )
     suback, publish, pingresp = ws.read_packet(), ws.read_packet(), ws.read_packet()
     assert packet_type(suback) == SUBACK and suback[-1] == 0
     assert packet_type(publish) == PUBLISH and publish.endswith(b"one frame")
@@ -66,7 +67,11 @@ def test_several_packets_in_one_frame(ws: RawWebSocket) -> None:
 def test_frames_that_cut_packets_anywhere(ws: RawWebSocket) -> None:
     """A frame that ends inside CONNECT and carries the start of SUBSCRIBE, then the rest."""
     topic = f"frames/{unique()}"
-    stream = connect_packet(unique("cut")) + subscribe_packet(7, topic) + PINGREQ
+    stream = (
+        connect_packet(unique("cut"), MQTT_311)
+        + subscribe_packet(7, [(topic, 0)], MQTT_311)
+        + PINGREQ
+    )
     cuts = [0, 5, 20, len(stream) - 3, len(stream)]
     for start, end in zip(cuts, cuts[1:], strict=False):
         ws.send_binary(stream[start:end])
@@ -81,12 +86,12 @@ def test_text_frame_closes_the_connection(listeners: Listeners, ws: RawWebSocket
     DISCONNECT from the client: its will is published."""
     broker = listeners.broker
     will_topic = f"frames/{unique()}/will"
-    watcher = Paho()
+    watcher = PahoClient(listeners.tcp.host, listeners.tcp.port)
     try:
-        assert watcher.connect(listeners.tcp.host, listeners.tcp.port) == 0
-        assert watcher.subscribe(will_topic, 0) == 0
+        watcher.connect()
+        assert watcher.subscribe(will_topic, 0) == [0]
         mark = broker.log_mark()
-        ws.send_binary(connect_packet(unique("text"), will=(will_topic, b"gone")))
+        ws.send_binary(connect_packet(unique("text"), MQTT_311, will=(will_topic, b"gone")))
         assert ws.read_packet() == CONNACK_OK
         ws.send_frame(OP_TEXT, b"\x10\x00")
         assert ws.wait_closed() == 1003
@@ -98,7 +103,9 @@ def test_text_frame_closes_the_connection(listeners: Listeners, ws: RawWebSocket
 
 
 def test_text_frame_before_connect_closes_too(ws: RawWebSocket) -> None:
-    ws.send_frame(OP_TEXT, connect_packet(unique("text-first")).decode("latin-1").encode())
+    ws.send_frame(
+        OP_TEXT, connect_packet(unique("text-first"), MQTT_311).decode("latin-1").encode()
+    )
     assert ws.wait_closed() == 1003
 
 
@@ -109,10 +116,10 @@ def test_broker_still_serves_after_frame_errors(listeners: Listeners) -> None:
         assert bad.wait_closed() == 1003
         bad.close()
     topic = f"frames/{unique()}"
-    client = Paho(transport="websockets")
+    client = PahoClient(listeners.ws.host, listeners.ws.port, transport="websockets")
     try:
-        assert client.connect(listeners.ws.host, listeners.ws.port) == 0
-        assert client.subscribe(topic, 0) == 0
+        client.connect()
+        assert client.subscribe(topic, 0) == [0]
         client.publish(topic, b"still here", 1)
         [message] = client.wait_messages(1)
         assert message.payload == b"still here"

@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import WSMsgType
-from transport_support import CONNACK_OK, connect_packet, unique
+from support.clients import CONNACK_OK, MQTT_311, connect_packet, unique
 
 from mqttbroker.config import Config, ListenerConfig, trusted_networks
 from mqttbroker.server.app import Server
@@ -69,7 +69,7 @@ async def _mqtt_over_ws(
         protocols=("mqtt",),
         headers={"X-Forwarded-For": forwarded},
     )
-    await ws.send_bytes(connect_packet(unique("proxied")))
+    await ws.send_bytes(connect_packet(unique("proxied"), MQTT_311))
     answer = await asyncio.wait_for(ws.receive(), GUARD)
     if answer.type is WSMsgType.BINARY:
         return ws, answer.data

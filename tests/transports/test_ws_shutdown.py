@@ -7,16 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from transport_support import (
-    BrokerRun,
-    Certificates,
-    RawWebSocket,
-    client_context,
-    connect_packet,
-    packet_type,
-    toml_listener,
-    unique,
-)
+from support.certs import Certificates, client_context
+from support.clients import connect_packet, packet_type, unique
+from support.launcher import BrokerProcess
+from transport_support import RawWebSocket, toml_listener
 
 CONNACK, DISCONNECT = 2, 14
 
@@ -33,7 +27,8 @@ def test_sigterm_with_websocket_clients(tmp_path: Path, certs: Certificates) -> 
             tls_key_file=str(certs.server_key),
         )
     )
-    broker = BrokerRun(tmp_path / "data", "--config", str(config), "--memory").start(3)
+    broker = BrokerProcess(tmp_path / "data", config=config, listeners=3, extra_args=("--memory",))
+    broker.start()
     _tcp, ws_address, wss_address = broker.addresses
     clients: list[RawWebSocket] = []
     try:

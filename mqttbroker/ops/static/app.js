@@ -134,15 +134,22 @@ async function showClients() {
     if (c.stuck) tr.className = "stuck";
     tr.dataset.clientId = c.client_id;
     cell(tr, c.client_id); cell(tr, c.protocol); cell(tr, c.address); cell(tr, c.user);
-    cell(tr, c.listener); cell(tr, when(c.connected_since)); cell(tr, c.messages_sent);
+    cell(tr, c.listener); cell(tr, when(c.connected_since));
+    cell(tr, c.messages_received); cell(tr, c.messages_sent);
+    cell(tr, c.bytes_received, "bytes-in"); cell(tr, c.bytes_sent, "bytes-out");
     cell(tr, c.inflight); cell(tr, c.queued); cell(tr, age(c.oldest_queued_age));
     button(tr, "Kick", () => api("/api/v1/clients/" + encodeURIComponent(c.client_id) + "/kick", { method: "POST" }));
   });
 }
 
 async function showSessions() {
-  const page = await api("/api/v1/sessions?limit=200&sort=oldest_queued_age");
-  fill("sessions-table", page.items, (tr, s) => {
+  // The sessions with a backlog, the oldest first, then the others.
+  const [waiting, all] = await Promise.all([
+    api("/api/v1/sessions?limit=200&sort=oldest_queued_age"), api("/api/v1/sessions?limit=200"),
+  ]);
+  const listed = new Set(waiting.items.map((s) => s.client_id));
+  const rest = all.items.filter((s) => !listed.has(s.client_id));
+  fill("sessions-table", waiting.items.concat(rest).slice(0, 200), (tr, s) => {
     if (s.stuck) tr.className = "stuck";
     tr.dataset.clientId = s.client_id;
     cell(tr, s.client_id); cell(tr, s.online ? "online" : "offline"); cell(tr, when(s.expires_at));
@@ -155,7 +162,7 @@ async function showSessions() {
 async function showSubscriptions() {
   const filter = encodeURIComponent($("sub-filter").value || "#");
   const [subs, shared] = await Promise.all([
-    api("/api/v1/subscriptions?limit=500&filter=" + filter), api("/api/v1/shared"),
+    api("/api/v1/subscriptions?limit=500&filter=" + filter), api("/api/v1/shared?limit=500&filter=" + filter),
   ]);
   fill("subs-table", subs.items, (tr, s) => {
     cell(tr, s.client_id); cell(tr, s.filter); cell(tr, s.qos); cell(tr, s.share_group);

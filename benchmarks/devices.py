@@ -1,0 +1,250 @@
+"""Paced publishers on plain sockets: scenario 9's thousand devices and scenario 1w's
+one-message-per-write fan-in.
+
+Scenario 9's devices each send ``rate`` messages per second on a connection of their own. The
+generator does not keep a timer per device: a :class:`Pacer` splits them into groups, one
+group due every ~2 ms (so each device's messages stay 1/rate apart), and one coroutine sends
+each group as it falls due, one pre-encoded PUBLISH per device (:meth:`Device.send`). A QoS 1
+device's PUBACKs are not read one event at a time either: every 100 ms a sweep reads what has
+arrived on all of them (:meth:`Device.sweep`), and a device with a full ring of packet
+identifiers in flight (the broker is not acknowledging) skips its turn, which is counted.
+
+Scenario 1w's publishers write one PUBLISH per ``send`` with TCP_NODELAY, and only when the
+previous one has left the socket (:func:`unsent_bytes` is 0): a message written while another
+is still queued would be merged with it into one segment. The kernel's own count of data
+segments sent (:func:`data_segments_out`, from TCP_INFO) shows the result: one per message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import socket
+import struct
+import time
+from collections.abc import Sequence
+
+from . import wire
+from .client import RawClient
+
+STEP = 0.002  # seconds between two groups of paced devices
+CATCH_UP = 0.1  # seconds: a pacer later than this skips the rounds it missed
+SWEEP_EVERY = 0.1  # seconds between two reads of every QoS 1 device's PUBACKs
+RING = 64  # pre-encoded QoS 1 PUBLISHes (packet identifiers) per device
+SIOCOUTQNSD = 0x894B  # linux/sockios.h: bytes in the send queue not yet sent
+_TCP_INFO_DATA_SEGS_OUT = 156  # struct tcp_info: tcpi_data_segs_out (Linux 4.6+)
+
+
+class Pacer:
+    """When each group of ``n`` devices sending ``rate`` messages/s each is due.
+
+    Device ``i`` is in group ``i % groups``; group ``k % groups`` is due at
+    ``start + k * gap``, ``gap = 1 / (rate * groups)``, so every device is due once per
+    ``1 / rate`` seconds and the groups are spread evenly over that interval. A caller late by
+    up to ``catch_up`` seconds (or one interval, if longer) gets the groups it missed at once;
+    later than that, the missed ones are not sent in a burst but counted in ``missed``
+    (messages), and the schedule moves on."""
+
+    def __init__(
+        self,
+        n: int,
+        rate: float,
+        start: float = 0.0,
+        step: float = STEP,
+        catch_up: float = CATCH_UP,
+    ) -> None:
+        interval = 1.0 / rate
+        self.groups = max(1, min(n, round(interval / step)))
+        self.gap = interval / self.groups
+        self.members = [range(g, n, self.groups) for g in range(self.groups)]
+        self.window = max(self.groups, round(catch_up / self.gap))  # groups it may catch up
+        self.start = start
+        self.next = 0  # the sequence number of the next group to send
+        self.missed = 0
+
+    def due(self, k: int | None = None) -> float:
+        return self.start + (self.next if k is None else k) * self.gap
+
+    def ready(self, now: float) -> list[range]:
+        """The groups due by ``now``, in order (device indices, one range per group)."""
+        out = []
+        late = int((now - self.due()) / self.gap) + 1 - self.window
+        if late > 0:  # too far behind: skip to the last catch_up seconds
+            for k in range(self.next, self.next + late):
+                self.missed += len(self.members[k % self.groups])
+            self.next += late
+        while self.due() <= now:
+            out.append(self.members[self.next % self.groups])
+            self.next += 1
+        return out
+
+
+class Device:
+    """One paced publisher on a :class:`RawClient`'s non-blocking socket."""
+
+    __slots__ = ("conn", "packets", "i", "sent", "acked", "failed", "pending", "held", "limit")
+
+    def __init__(self, conn: RawClient, packets: Sequence[bytes], limit: int) -> None:
+        self.conn = conn
+        self.packets = packets  # QoS 0: one; QoS 1: one per packet identifier of the ring
+        self.i = 0
+        self.sent = 0
+        self.acked = 0
+        self.failed = 0
+        self.pending = b""  # the rest of a PUBLISH the socket took only in part
+        self.held = 0  # turns skipped: the socket was full, or the ring was in flight
+        self.limit = limit  # most PUBLISHes unacknowledged (0: QoS 0)
+
+    def send(self) -> None:
+        if self.pending and not self.flush():
+            self.held += 1
+            return
+        if self.limit and self.sent - self.acked >= self.limit:
+            self.held += 1
+            return
+        packet = self.packets[self.i]
+        try:
+            n = self.conn.sock.send(packet)
+        except (BlockingIOError, InterruptedError):
+            self.held += 1
+            return
+        except OSError:
+            self.conn.eof = True
+            return
+        if n < len(packet):
+            self.pending = packet[n:]
+        self.sent += 1
+        self.i += 1
+        if self.i == len(self.packets):
+            self.i = 0
+
+    def flush(self) -> bool:
+        """Send the rest of a partly written PUBLISH; True when nothing is left."""
+        try:
+            n = self.conn.sock.send(self.pending)
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            self.conn.eof = True
+            return False
+        self.pending = self.pending[n:]
+        return not self.pending
+
+    def sweep(self) -> None:
+        """Read and count the PUBACKs that have arrived (QoS 1)."""
+        conn = self.conn
+        if conn.eof:
+            return
+        data = conn.rest
+        while True:
+            try:
+                chunk = conn.sock.recv(1 << 16)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                conn.eof = True
+                break
+            if not chunk:
+                conn.eof = True
+                break
+            data += chunk
+        if data:
+            acks, failed, pos = wire.count_pubacks(data, conn.others)
+            self.acked += acks
+            self.failed += failed
+            conn.rest = data[pos:]
+
+
+def device_packets(topic: str, qos: int, version: int, ring: int = RING) -> list[bytes]:
+    if not qos:
+        return [wire.publish(topic, wire.payload(), 0, 0, version)]
+    return [wire.publish(topic, wire.payload(), qos, pid, version) for pid in range(1, ring + 1)]
+
+
+async def pace(devices: Sequence[Device], rate: float, stop: asyncio.Event, acks: bool) -> Pacer:
+    """Send from ``devices`` at ``rate`` messages/s each until ``stop``; with ``acks``, sweep
+    their PUBACKs every SWEEP_EVERY seconds. Returns the pacer (``missed``)."""
+    clock = time.monotonic
+    pacer = Pacer(len(devices), rate, clock())
+    next_sweep = pacer.start + SWEEP_EVERY
+    while not stop.is_set():
+        now = clock()
+        for group in pacer.ready(now):
+            for i in group:
+                devices[i].send()
+        if acks and now >= next_sweep:
+            for device in devices:
+                device.sweep()
+            next_sweep = now + SWEEP_EVERY
+        await asyncio.sleep(max(0.0, pacer.due() - clock()))
+    for device in devices:  # no half PUBLISH left before the next phase or DISCONNECT
+        if device.pending:
+            device.flush()
+    return pacer
+
+
+# -- one PUBLISH per segment --------------------------------------------------------------------
+
+
+def unsent_bytes(sock: socket.socket) -> int:
+    """Bytes written to ``sock`` that the kernel has not sent yet."""
+    raw = fcntl.ioctl(sock.fileno(), SIOCOUTQNSD, b"\0\0\0\0")
+    return int(struct.unpack("i", raw)[0])
+
+
+def data_segments_out(sock: socket.socket) -> int | None:
+    """Segments carrying data that ``sock`` has sent (None where TCP_INFO lacks the count)."""
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+    except OSError:
+        return None
+    if len(info) < _TCP_INFO_DATA_SEGS_OUT + 4:
+        return None
+    return int(struct.unpack_from("I", info, _TCP_INFO_DATA_SEGS_OUT)[0])
+
+
+class OnePerWrite:
+    """Publishers each writing one pre-encoded PUBLISH per ``send``, never while the previous
+    one is still in the socket's queue (where it would share a segment with the next)."""
+
+    def __init__(self, conns: Sequence[RawClient], packets: Sequence[bytes]) -> None:
+        self.conns = conns
+        self.packets = packets
+        self.sent = 0
+        self.attempts = 0
+        self.held = 0  # attempts skipped: the previous message had not left yet
+
+    def round(self) -> None:
+        """One attempt per publisher."""
+        for conn, packet in zip(self.conns, self.packets, strict=True):
+            if conn.eof:
+                continue
+            self.attempts += 1
+            sock = conn.sock
+            if unsent_bytes(sock):
+                self.held += 1
+                continue
+            try:
+                n = sock.send(packet)
+            except (BlockingIOError, InterruptedError):
+                self.held += 1
+                continue
+            except OSError:
+                conn.eof = True
+                continue
+            if n < len(packet):  # a partial write: the rest goes out before anything else
+                conn.sock.setblocking(True)
+                try:
+                    sock.sendall(packet[n:])
+                finally:
+                    sock.setblocking(False)
+            self.sent += 1
+
+    def segments(self) -> int | None:
+        counts = [data_segments_out(c.sock) for c in self.conns]
+        return None if any(c is None for c in counts) else sum(c for c in counts if c)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            self.round()
+            await asyncio.sleep(0)  # the subscriber's reads
