@@ -360,6 +360,7 @@ class Broker:
             self.router.retained.store(message, save=False)
         for record in restored.sessions:
             session = Session(record.client_id, self.options, self.store, self.backlog)
+            session.stored = record.stored
             session.username = record.username
             session.expiry_interval = record.expiry_interval
             if record.expires_at is not None:

@@ -29,8 +29,7 @@ class Message:
         "topic_bytes",
         "_props5",
         "_q0",
-        "store_id",
-        "store_refs",
+        "stored",
         "origin_id",
         "origin_user",
     )
@@ -58,8 +57,7 @@ class Message:
         self.topic_bytes = topic_bytes if topic_bytes is not None else encode_topic(topic)
         self._props5: bytes | None = None
         self._q0: dict[int, bytes] = {}
-        self.store_id: int | None = None  # row in the durable store, while referenced
-        self.store_refs = 0
+        self.stored = 0  # the store's handle (0: none); only the store reads it (broker/store.py)
         # The client id and user name of its publisher, recorded by Router.publish only while
         # an integration needs them (a webhook names the publisher); None otherwise, for the
         # broker's own messages, and for messages restored from the store.

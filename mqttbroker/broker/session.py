@@ -47,7 +47,6 @@ class Delivery:
         "retain",
         "sub_ids",
         "released",
-        "seq",
         "packet_id",
         "stored",
         "held",
@@ -68,9 +67,10 @@ class Delivery:
         self.retain = retain
         self.sub_ids = sub_ids
         self.released = False  # QoS 2: PUBREC received and PUBREL sent; awaiting PUBCOMP
-        self.seq = 0  # order within the session, for the store
         self.packet_id: int | None = None  # set while in flight
-        self.stored = False  # the store has a record of it
+        # The store's key for it (0: none), unique within the session and, in a durable store,
+        # the same after a restart; only the store sets it (broker/store.py).
+        self.stored = 0
         self.held = False  # in flight, but its resend waits for room in the receive window
         # The shared subscription it came through ("$share/<group>/<filter>"), if any: when the
         # session ends first, the message goes to another member of that group as it is then.
@@ -109,7 +109,6 @@ class Session:
         "_drop_why",
         "drop_log_next",
         "store",
-        "seq",
         "held",
         "stored",
         "username",
@@ -129,9 +128,8 @@ class Session:
         self.client_id = client_id
         self.options = options
         self.store = store or _MEMORY
-        self.seq = 0
         self.held = 0  # in-flight deliveries whose resend is held (see resend)
-        self.stored = False  # the durable store has a record of this session
+        self.stored = 0  # the store's handle (0: it has no record); only the store reads it
         self.username: str | None = None  # its owner: the user that created it
         self.counted = False  # counted against max_sessions (see Broker.attach)
         self.subscription_bytes = 0  # the filter_size of its subscriptions, summed
@@ -233,10 +231,8 @@ class Session:
         """Put back a message the store kept for this session (records come in their order):
         in flight under its packet id, or queued (its age there counts from ``now``)."""
         delivery = Delivery(record.message, record.qos, record.retain, record.sub_ids, record.share)
-        delivery.seq = record.seq
-        delivery.stored = True
+        delivery.stored = record.stored
         delivery.released = record.released
-        self.seq = max(self.seq, record.seq)
         packet_id = record.packet_id
         if packet_id is not None:
             delivery.packet_id = packet_id
@@ -303,9 +299,6 @@ class Session:
             delivery.packet_id = packet_id
             self.inflight[packet_id] = delivery
             if self.persistent:
-                if not delivery.stored:
-                    self.seq += 1
-                    delivery.seq = self.seq
                 self.store.save_delivery(self, delivery)
         elif delivery.stored:
             # too large for this client: dropped as though delivered (MQTT-3.1.2-25)
@@ -357,8 +350,6 @@ class Session:
         delivery.queued_at = now
         self.append_queued(delivery)
         if self.persistent:
-            self.seq += 1
-            delivery.seq = self.seq
             self.store.save_delivery(self, delivery)
 
     def _count_drop(self, why: str, now: float) -> None:

@@ -11,6 +11,12 @@ At start the store hands back what it kept as plain records (:class:`Restored`),
 broker builds its sessions from them (:meth:`Broker.restore <mqttbroker.broker.core.Broker.restore>`):
 the store never fills a session itself.
 
+A session, a delivery and a message each carry one integer for the store, ``stored`` (0: the
+store has no record of it). Only the store gives it a meaning (a durable store: the row's key,
+or the next key of the session's deliveries); the broker copies it from the records at restore
+and reads nothing from it but "is there a record" (then a delete is due). A delivery's is unique
+within its session in every store, and the same after a restart in a durable one.
+
 This base class is the memory-only store (``--memory``): it records nothing and every commit has
 already happened. ``mqttbroker.storage.sqlite.SQLiteStore`` is the durable one.
 """
@@ -43,7 +49,7 @@ class DeliveryRecord:
     """A QoS 1/2 message queued for a session (``packet_id`` None) or in flight to it.
     ``message`` is shared by every record of one stored message."""
 
-    seq: int  # order within the session
+    stored: int  # the store's key (Delivery.stored); the records come in their order
     message: Message
     qos: int
     retain: bool
@@ -62,6 +68,7 @@ class SessionRecord:
     expiry_interval: int
     expires_at: float | None
     username: str | None
+    stored: int = 0  # the store's handle (Session.stored)
     subscriptions: list[SubscriptionRecord] = field(default_factory=list)
     deliveries: list[DeliveryRecord] = field(default_factory=list)  # in their order
     releases: list[int] = field(default_factory=list)  # inbound QoS 2 ids awaiting PUBREL
@@ -105,7 +112,9 @@ class Store:
 
     def save_delivery(self, session: Session, delivery: Delivery) -> None:
         """A QoS 1/2 message queued for, or in flight to, a persistent session (new or changed:
-        packet id assigned, PUBREL sent)."""
+        packet id assigned, PUBREL sent). A new one gets its key (``delivery.stored``)."""
+        if not delivery.stored:
+            delivery.stored = session.stored = session.stored + 1
 
     def delete_delivery(self, session: Session, delivery: Delivery) -> None: ...
 

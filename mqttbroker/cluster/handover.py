@@ -209,8 +209,6 @@ def restore(
                 decode(bytes.fromhex(packet), now), qos, retain, tuple(sub_ids), share
             )
             delivery.released = released
-            session.seq += 1
-            delivery.seq = session.seq
             if packet_id is not None:
                 delivery.packet_id = packet_id
                 session.inflight[packet_id] = delivery

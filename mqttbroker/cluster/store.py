@@ -91,7 +91,7 @@ class ClusterStore(Store):
             fields["f:" + sub.topic_filter] = sub
         for delivery in [*session.inflight.values(), *session.queue]:
             if delivery.stored:
-                fields[f"d:{delivery.seq}"] = delivery
+                fields[f"d:{delivery.stored}"] = delivery
         for packet_id in session.awaiting_release:
             fields[f"r:{packet_id}"] = True
         conn = session.connection
@@ -188,15 +188,16 @@ class ClusterStore(Store):
     def save_session(self, session: Session) -> None:
         self.inner.save_session(session)
         if session.sink is None:  # (an integration's session is this node's own)
-            session.stored = True
+            if not session.stored:  # (the memory store does not mark it: Redis has it now)
+                session.stored = 1
             self._change(session).meta = True
 
     def delete_session(self, session: Session) -> None:
         stored = session.stored
         self.inner.delete_session(session)
-        session.stored = False
+        session.stored = 0
         for delivery in [*session.inflight.values(), *session.queue]:
-            delivery.stored = False
+            delivery.stored = 0
         if stored and session.sink is None:
             change = self._change(session)
             change.wipe = END
@@ -216,11 +217,10 @@ class ClusterStore(Store):
 
     def save_delivery(self, session: Session, delivery: Delivery) -> None:
         new = not delivery.stored
-        self.inner.save_delivery(session, delivery)
-        delivery.stored = True  # (the memory store does not mark it: Redis has it now)
+        self.inner.save_delivery(session, delivery)  # (every store gives it its key)
         if session.sink is None:
             change = self._change(session)
-            name = f"d:{delivery.seq}"
+            name = f"d:{delivery.stored}"
             change.fields[name] = delivery
             if new:
                 change.fresh.add(name)
@@ -228,11 +228,11 @@ class ClusterStore(Store):
     def delete_delivery(self, session: Session, delivery: Delivery) -> None:
         if not delivery.stored:
             return
+        name = f"d:{delivery.stored}"
         self.inner.delete_delivery(session, delivery)
-        delivery.stored = False
+        delivery.stored = 0
         if session.sink is None:
             change = self._change(session)
-            name = f"d:{delivery.seq}"
             if name in change.fresh:
                 change.fresh.discard(name)
                 del change.fields[name]

@@ -221,10 +221,10 @@ class Webhook(Sink):
         assert self._http is not None
         self._started[packet_id] = time.time()
         message = delivery.message
-        # The same id on every attempt and after a restart: the delivery's sequence number in
-        # the session (kept in the store) and a digest of the message.
+        # The same id on every attempt and after a restart: the store's key for the delivery
+        # (unique in the session, kept in the store) and a digest of the message.
         digest = hashlib.sha256(message.topic_bytes + message.payload).hexdigest()[:12]
-        delivery_id = f"{self.name}-{delivery.seq}-{digest}"
+        delivery_id = f"{self.name}-{delivery.stored}-{digest}"
         attempt = 0
         ok = False
         while True:

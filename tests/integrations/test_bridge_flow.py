@@ -34,12 +34,12 @@ class DeferredStore(Store):
             callback()
 
     def save_delivery(self, session, delivery) -> None:  # type: ignore[no-untyped-def]
-        delivery.stored = True
-        self.deliveries.add((session.client_id, delivery.seq))
+        super().save_delivery(session, delivery)
+        self.deliveries.add((session.client_id, delivery.stored))
 
     def delete_delivery(self, session, delivery) -> None:  # type: ignore[no-untyped-def]
-        delivery.stored = False
-        self.deliveries.discard((session.client_id, delivery.seq))
+        self.deliveries.discard((session.client_id, delivery.stored))
+        delivery.stored = 0
 
 
 class FakeWriter:

@@ -102,6 +102,46 @@ async def test_damaged_main_file_with_a_write_ahead_log_loses_nothing_silently(
 
 
 @async_test
+async def test_damaged_main_file_keeps_a_log_without_its_first_page(
+    db_path: Path, fake_time: FakeTime
+):
+    """The last commits are only in the -wal (everything before was checkpointed into the main
+    file, page 1 too), and the main file is then damaged: SQLite deletes such a log when the
+    connection that found the damage closes. The broker keeps it and moves it aside with the
+    main file, byte for byte."""
+    node = await Node(db_path, fake_time).start()
+    client = await node.connect("keep", expiry=300)
+    await client.subscribe("k/#", 1)
+    await client.disconnect()
+    rows(db_path, "PRAGMA wal_checkpoint(TRUNCATE)")  # all of it in the main file, log empty
+    publisher = await node.connect("pub")
+    await publisher.publish_acked("k/last", b"acknowledged", 1)
+    crashed = snapshot(db_path)
+    wal_bytes = Path(f"{crashed}-wal").read_bytes()
+    assert wal_bytes
+    crashed.write_bytes(GARBAGE)
+
+    node2 = await Node(crashed, fake_time).start()
+    assert node2.b.sessions == {}
+    moved = [p for p in damaged_files(crashed) if p.name.endswith("-wal")]
+    assert [p.read_bytes() for p in moved] == [wal_bytes]
+    assert not Path(f"{crashed}-wal.kept").exists()
+
+
+@async_test
+async def test_refuse_keeps_the_log_beside_the_damaged_file(db_path: Path, fake_time: FakeTime):
+    """``on_corrupt = "refuse"``: the file and its log stay where they are, for the operator."""
+    db_path.parent.mkdir(parents=True)
+    db_path.write_bytes(GARBAGE)
+    log_bytes = b"\x37\x7f\x06\x82" + bytes(28)  # a log header (no valid frame)
+    Path(f"{db_path}-wal").write_bytes(log_bytes)
+    with pytest.raises(StoreError):
+        await Node(db_path, fake_time, store_options={"on_corrupt": "refuse"}).start()
+    assert Path(f"{db_path}-wal").read_bytes() == log_bytes
+    assert not Path(f"{db_path}-wal.kept").exists()
+
+
+@async_test
 async def test_refuse_raises_store_error_naming_the_file_and_what_to_do(
     db_path: Path, fake_time: FakeTime
 ):

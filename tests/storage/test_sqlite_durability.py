@@ -9,11 +9,19 @@ for QoS 2, the packet id awaiting PUBREL) is not committed yet.
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
+import sqlite3
 import time
 from pathlib import Path
+from typing import Any
 
+import aiosqlite
+import pytest
 from support.harness import decode_raw, split_raw
 from support.sqlite_harness import FakeTime, Node, async_test, pk, rows
+
+from mqttbroker.storage.sqlite import SQLiteStore
 
 
 class AckAudit:
@@ -172,3 +180,89 @@ async def test_puback_before_a_disconnect_in_the_same_read_waits_for_the_commit(
     node.b.flush()
     assert rows(db_path, "SELECT count(*) FROM deliveries") == [(1,)]
     assert audit.violations == []
+
+
+@async_test
+async def test_acks_out_of_order_delete_exactly_the_acknowledged_rows(
+    db_path: Path, fake_time: FakeTime
+):
+    """Acknowledged deliveries are deleted a range of sequence numbers at a time: acks with
+    gaps, in any order, delete those rows and messages and no neighbour; a restart resends
+    exactly the rest."""
+    node = await Node(db_path, fake_time).start()
+    await offline_subscriber(node, "sub", "gap/#")
+    pub = await node.connect("pub")
+    for i in range(8):
+        await pub.publish_acked("gap/x", b"m%d" % i, 1)
+    sub = node.client()
+    resent = await sub.connect("sub", clean_start=False, expiry=300)
+    assert [p.payload for p in resent] == [b"m%d" % i for i in range(8)]
+    kept = {2, 5, 6}
+    await sub.ack_all([p for i, p in enumerate(resent) if i not in kept][::-1])
+    assert rows(db_path, "SELECT seq FROM deliveries ORDER BY seq") == [(3,), (6,), (7,)]
+    assert rows(db_path, "SELECT payload FROM messages ORDER BY id") == [
+        (b"m2",),
+        (b"m5",),
+        (b"m6",),
+    ]
+    await node.close()
+
+    fake_time.reboot()
+    node2 = await Node(db_path, fake_time).start()
+    again = await node2.client().connect("sub", clean_start=False, expiry=300)
+    assert [p.payload for p in again] == [b"m2", b"m5", b"m6"]
+
+
+async def stream_through_the_log(node: Node, db_path: Path) -> int:
+    """500 messages of 16 KB (8 MB) into an offline session, one commit each; the largest
+    the log grew meanwhile."""
+    await offline_subscriber(node, "sub", "big/#")
+    pub = await node.connect("pub")
+    payload = os.urandom(16_000)
+    largest = 0
+    for _ in range(500):
+        await pub.publish_acked("big/x", payload, 1)
+        largest = max(largest, Path(f"{db_path}-wal").stat().st_size)
+    assert rows(db_path, "SELECT count(*) FROM deliveries") == [(500,)]
+    return largest
+
+
+@async_test
+async def test_checkpoints_run_beside_the_commits_and_keep_the_log_bounded(
+    db_path: Path, fake_time: FakeTime, monkeypatch: pytest.MonkeyPatch
+):
+    """The writer's connection never checkpoints inside a commit (that made the commit that
+    crossed 1,000 pages wait for the whole copy and an fsync of the database file): the
+    store's own connection checkpoints beside the commits, and the log still starts over
+    while messages stream in, so its size stays bounded."""
+    monkeypatch.setattr(SQLiteStore, "CHECKPOINT_INTERVAL", 0.01)
+    node = await Node(db_path, fake_time, store_options={"sync": "off"}).start()
+    db = node.s._db
+    assert db is not None
+    async with db.execute("PRAGMA wal_autocheckpoint") as cursor:
+        assert await cursor.fetchone() == (0,)
+    assert await stream_through_the_log(node, db_path) < 3_000_000
+
+
+@async_test
+async def test_without_a_checkpoint_connection_the_writer_checkpoints(
+    db_path: Path, fake_time: FakeTime, monkeypatch: pytest.MonkeyPatch, caplog
+):
+    """The second connection cannot be opened: one WARNING, and the writer checkpoints between
+    its commits itself, so the log is still bounded."""
+    monkeypatch.setattr(SQLiteStore, "CHECKPOINT_INTERVAL", 0.01)
+    connect = aiosqlite.connect
+    opened: list[str] = []
+
+    def only_once(*args: Any, **kwargs: Any) -> Any:
+        opened.append("connect")
+        if len(opened) > 1:
+            raise sqlite3.OperationalError("unable to open database file")
+        return connect(*args, **kwargs)
+
+    monkeypatch.setattr(aiosqlite, "connect", only_once)
+    with caplog.at_level(logging.WARNING, logger="mqttbroker.storage"):
+        node = await Node(db_path, fake_time, store_options={"sync": "off"}).start()
+        assert await stream_through_the_log(node, db_path) < 3_000_000
+    assert len(opened) == 2
+    assert "no connection for checkpoints (unable to open database file)" in caplog.text

@@ -35,6 +35,7 @@ class Reader:
         self.path = path
         self.table = ""
         self.next_message_id = 1
+        self.refs: dict[int, int] = {}  # message id -> deliveries read that refer to it
 
     async def _rows(self, sql: str) -> list[Any]:
         async with self.db.execute(sql) as cur:
@@ -57,7 +58,7 @@ class Reader:
                 _properties(props, PacketType.PUBLISH),
                 self.local(expires_at),
             )
-            msg.store_id = mid
+            msg.stored = mid
             messages[mid] = msg
             self.next_message_id = max(self.next_message_id, mid + 1)
         sessions: dict[str, SessionRecord] = {}
@@ -65,7 +66,9 @@ class Reader:
         for client_id, expiry, expires_at, username in await self._rows(
             "SELECT client_id, expiry_interval, expires_at, username FROM sessions"
         ):
-            sessions[client_id] = SessionRecord(client_id, expiry, self.local(expires_at), username)
+            sessions[client_id] = SessionRecord(
+                client_id, expiry, self.local(expires_at), username, stored=1
+            )
         self.table = "table subscriptions"
         for client_id, topic_filter, qos, no_local, rap, rh, ident in await self._rows(
             "SELECT client_id, topic_filter, qos, no_local, retain_as_published, "
@@ -93,7 +96,8 @@ class Reader:
                     seq, stored, qos, bool(retain), ids, packet_id, bool(released), share
                 )
             )
-            stored.store_refs += 1
+            owner.stored = seq + 1  # rows come in seq order: the next seq of the session
+            self.refs[mid] = self.refs.get(mid, 0) + 1
             queued += 1
         self.table = "table releases"
         for client_id, packet_id in await self._rows("SELECT client_id, packet_id FROM releases"):

@@ -14,6 +14,7 @@ from .. import StoreError
 log = logging.getLogger("mqttbroker.storage")
 
 SYNC_LEVELS = {"off": 0, "normal": 1, "full": 2}
+JOURNAL_SIZE_LIMIT = 64 * 1024 * 1024  # bytes of write-ahead log kept once it starts over
 
 # Each entry upgrades the schema by one version; the database records the version it has.
 MIGRATIONS: list[str] = [
@@ -108,6 +109,10 @@ async def prepare(db: aiosqlite.Connection, path: Path, sync: str) -> None:
     and upgrade its schema to the current version, one migration per transaction."""
     await db.execute("PRAGMA journal_mode=WAL")
     await db.execute(f"PRAGMA synchronous={SYNC_LEVELS[sync]}")
+    # Checkpoints are the store's own, off the commit path (SQLiteStore._checkpoint_loop);
+    # a log that grew under a burst is cut back to this size once it starts over.
+    await db.execute("PRAGMA wal_autocheckpoint=0")
+    await db.execute(f"PRAGMA journal_size_limit={JOURNAL_SIZE_LIMIT}")
     async with db.execute("PRAGMA quick_check") as cur:
         row = await cur.fetchone()
     if row is None or row[0] != "ok":

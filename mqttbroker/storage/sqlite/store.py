@@ -3,8 +3,13 @@
 Changes the broker reports are coalesced in memory per row (a QoS 1 message queued and
 acknowledged within one batch never touches the disk) and written in one transaction per batch.
 A batch starts as soon as the previous one is committed, so under load each fsync carries many
-messages; idle, a change is written at once. Connections hold their acknowledgements until the
-batch with their changes has committed (see broker/store.py).
+messages; idle, a change is written at once: while one commit runs, the next batch fills (the
+publishers it will acknowledge wait, the others go on). Each commit is one call into the
+database's thread (``batch.write``). Connections hold their acknowledgements until the batch
+with their changes has committed (see broker/store.py).
+
+WAL checkpoints never run inside a commit (see ``_checkpoint_loop``): what a commit waits for is
+its own pages and, as ``sync`` says, one fsync of the log.
 
 Payloads routed to many sessions are stored once (``messages``) and referenced (``deliveries``).
 Times are stored as wall-clock seconds, so deadlines survive a restart. The schema and its
@@ -33,7 +38,7 @@ from ...broker.topics import Subscription
 from ...protocol.fastpath import encode_properties
 from ...protocol.packets import MQTT_5, Will
 from .. import StoreError, describe
-from .batch import Batch, apply
+from .batch import Batch, statements, write
 from .restore import Reader
 from .schema import DAMAGE_CODES, SYNC_LEVELS, Damaged, denied, prepare
 
@@ -67,6 +72,8 @@ class CommitTimes:
 class SQLiteStore(Store):
     RETRY_FIRST = 0.25  # seconds before the first retry of a failed commit; doubled each time
     RETRY_MAX = 5.0  # up to this
+    # Seconds between two WAL checkpoints while commits go on (see _checkpoint_loop).
+    CHECKPOINT_INTERVAL = 0.5
 
     def __init__(
         self,
@@ -89,11 +96,15 @@ class SQLiteStore(Store):
         self._db: aiosqlite.Connection | None = None
         self._batch = Batch()
         self._wake = asyncio.Event()
+        self._committed = asyncio.Event()  # a commit happened since the last checkpoint
+        self._checkpointer: asyncio.Task[None] | None = None  # see _checkpoint_loop
+        self._tail = False  # the writer checkpoints the log's tail before its next commit
         self._writer: asyncio.Task[None] | None = None
         self._closing = False
         self._stopped = asyncio.Event()  # set by close(): a retry waits no longer
         self._failing_since: float | None = None  # when commits began to fail (None: they work)
         self._next_message_id = 1
+        self._refs: dict[int, int] = {}  # stored message id -> deliveries that refer to it
         self._clock: Callable[[], float] = time.monotonic
 
     @property
@@ -142,9 +153,24 @@ class SQLiteStore(Store):
         directory = self.path.parent
         if directory.exists() and not directory.is_dir():
             raise StoreError(f"{self.path}: {directory} is not a directory")
+        # SQLite deletes the write-ahead log when it closes a connection to a main file it
+        # finds damaged: the log (the last commits of a killed broker) is kept under a second
+        # name until the file has opened, and put back for the move aside (or the refusal).
+        wal = Path(f"{self.path}-wal")
+        kept = Path(f"{self.path}-wal.kept")
+        try:
+            if kept.exists() and not wal.exists():  # a start that stopped in between
+                os.replace(kept, wal)
+            kept.unlink(missing_ok=True)
+            if wal.exists():
+                os.link(wal, kept)
+        except OSError as exc:
+            log.debug("store %s: cannot keep a link to the log: %s", self.path, describe(exc))
         try:
             directory.mkdir(parents=True, exist_ok=True)
-            return await self._connect()
+            db = await self._connect()
+            kept.unlink(missing_ok=True)
+            return db
         except Damaged as exc:
             damage = str(exc)
         except (sqlite3.Error, OSError) as exc:
@@ -154,6 +180,12 @@ class SQLiteStore(Store):
             raise StoreError(
                 f"{self.path}: cannot open the database: {describe(exc)}{hint}"
             ) from None
+        finally:
+            if kept.exists():
+                if wal.exists():
+                    kept.unlink()
+                else:
+                    os.replace(kept, wal)
         if self.on_corrupt == "refuse":
             raise StoreError(
                 f"{self.path}: the database is damaged ({damage}). Move it aside (or restore a "
@@ -213,7 +245,9 @@ class SQLiteStore(Store):
                 "start with an empty store."
             ) from None
         self._next_message_id = reader.next_message_id
+        self._refs = reader.refs
         self._writer = asyncio.create_task(self._write_loop())
+        self._checkpointer = asyncio.create_task(self._checkpoint_loop())
         return restored
 
     # -- recording changes (called by the broker, synchronously) ----------------------------
@@ -226,8 +260,13 @@ class SQLiteStore(Store):
         self._batch.waiters.append(callback)
         self._wake.set()
 
+    # The handles (see broker/store.py): a message's ``stored`` is its row id in ``messages``,
+    # a delivery's its ``seq`` in ``deliveries``, a session's the next such ``seq`` (1 once
+    # saved). How many deliveries refer to each stored message: ``_refs``.
+
     def save_session(self, session: Session) -> None:
-        session.stored = True
+        if not session.stored:
+            session.stored = 1
         self._batch.sessions[session.client_id] = (
             session.client_id,
             session.expiry_interval,
@@ -239,7 +278,7 @@ class SQLiteStore(Store):
     def delete_session(self, session: Session) -> None:
         if not session.stored:
             return  # never written: a clean session costs the store nothing
-        session.stored = False
+        session.stored = 0
         client_id = session.client_id
         for delivery in list(session.inflight.values()) + list(session.queue):
             if delivery.stored:
@@ -273,19 +312,23 @@ class SQLiteStore(Store):
     def save_delivery(self, session: Session, delivery: Delivery) -> None:
         batch = self._batch
         msg = delivery.message
-        key = (session.client_id, delivery.seq)
-        if not delivery.stored:
-            delivery.stored = True
-            if msg.store_id is None:
-                msg.store_id = self._next_message_id
+        seq = delivery.stored
+        if not seq:
+            seq = delivery.stored = max(session.stored, 1)
+            session.stored = seq + 1
+            mid = msg.stored
+            if not mid:
+                mid = msg.stored = self._next_message_id
                 self._next_message_id += 1
-                batch.messages[msg.store_id] = msg
-            msg.store_refs += 1
-            batch.new_deliveries.add(key)
-        batch.deliveries[key] = (
+                batch.messages[mid] = msg
+                self._refs[mid] = 1
+            else:
+                self._refs[mid] += 1
+            batch.new_deliveries.add((session.client_id, seq))
+        batch.deliveries[(session.client_id, seq)] = (
             session.client_id,
-            delivery.seq,
-            msg.store_id,
+            seq,
+            msg.stored,
             delivery.qos,
             int(delivery.retain),
             ",".join(map(str, delivery.sub_ids)),
@@ -298,20 +341,25 @@ class SQLiteStore(Store):
     def delete_delivery(self, session: Session, delivery: Delivery) -> None:
         if not delivery.stored:
             return
-        delivery.stored = False
         batch = self._batch
-        key = (session.client_id, delivery.seq)
+        key = (session.client_id, delivery.stored)
+        delivery.stored = 0
         if key in batch.new_deliveries:  # never reached the disk
             batch.new_deliveries.discard(key)
             del batch.deliveries[key]
         else:
             batch.deliveries[key] = None
         msg = delivery.message
-        msg.store_refs -= 1
-        if msg.store_refs <= 0 and msg.store_id is not None:
-            if batch.messages.pop(msg.store_id, None) is None:
-                batch.dead_messages.add(msg.store_id)
-            msg.store_id = None
+        mid = msg.stored
+        refs = self._refs
+        left = refs[mid] - 1
+        if left:
+            refs[mid] = left
+        else:
+            del refs[mid]
+            if batch.messages.pop(mid, None) is None:
+                batch.dead_messages.add(mid)
+            msg.stored = 0
         self._changed()
 
     def save_release(self, session: Session, packet_id: int) -> None:
@@ -405,6 +453,7 @@ class SQLiteStore(Store):
                 delay = min(delay * 2, self.RETRY_MAX)
             else:
                 self.commits += 1
+                self._committed.set()
                 if self._failing_since is not None:
                     log.warning(
                         "store %s: commits succeed again, after %.1f s",
@@ -420,16 +469,64 @@ class SQLiteStore(Store):
                 log.exception("error in a post-commit callback")
 
     async def _apply(self, batch: Batch) -> None:
-        """Write one batch (the commit the retries above repeat)."""
+        """Write one batch (the commit the retries above repeat): one call into the database's
+        thread, not one per statement."""
         db = self._db
         assert db is not None
-        await apply(db, batch, self._wall, self.path)
+        tail, self._tail = self._tail, False
+        # aiosqlite runs one function in its thread with _execute (its own methods use it; it
+        # has no public form): the whole transaction in one call, not one per statement.
+        todo = statements(batch, self._wall)
+        await db._execute(write, db._conn, todo, self.path, tail)  # type: ignore[no-untyped-call]
+
+    async def _checkpoint_loop(self) -> None:
+        """WAL checkpoints off the commit path. The writer does not checkpoint by itself
+        (``wal_autocheckpoint`` 0: the commit that crossed the threshold used to wait for the
+        whole copy into the database file and its fsync). A connection of our own copies the
+        log into the database while commits go on, at most every CHECKPOINT_INTERVAL; then
+        the writer, before its next commit, copies the few pages committed meanwhile, so that
+        this commit starts the log over from its beginning and the log's size stays bounded."""
+        db: aiosqlite.Connection | None = None
+        try:
+            db = await aiosqlite.connect(self.path, isolation_level=None)
+            await db.execute(f"PRAGMA synchronous={SYNC_LEVELS[self.sync]}")
+        except (sqlite3.Error, OSError) as exc:
+            log.warning(
+                "store %s: no connection for checkpoints (%s); the writer checkpoints between "
+                "commits instead",
+                self.path,
+                describe(exc),
+            )
+            if db is not None:
+                await db.close()
+                db = None
+        try:
+            while not self._closing:
+                await self._committed.wait()
+                self._committed.clear()
+                if self._closing:
+                    break
+                if db is not None:
+                    try:
+                        await db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                    except sqlite3.Error as exc:
+                        log.debug("store %s: checkpoint failed: %s", self.path, describe(exc))
+                self._tail = True
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopped.wait(), self.CHECKPOINT_INTERVAL)
+        finally:
+            if db is not None:
+                await db.close()
 
     async def close(self) -> None:
         """Write what is pending (one more attempt if commits are failing) and close. Safe to
         call after a failed ``load``, and more than once."""
         self._closing = True
         self._stopped.set()
+        if self._checkpointer is not None:
+            self._committed.set()
+            await self._checkpointer
+            self._checkpointer = None
         if self._writer is not None:
             self._wake.set()
             await self._writer
