@@ -5,10 +5,14 @@ small backlog can be hours old. Each queued Delivery records when it joined its 
 (``Delivery.queued_at``) and the queue is in order, so a session's oldest age is
 ``now - queue[0].queued_at``.
 
-:class:`Survey` walks the sessions and connections once (at most once a second, however often
-``/metrics`` is scraped or the dashboard polls) and keeps the totals: sessions online and
-offline, queued and in-flight messages, connections per listener, the oldest queued age over all
-sessions, and which sessions are stuck. The walk also drives the alarms
+:class:`Survey` keeps the totals (at most one survey a second, however often ``/metrics`` is
+scraped or the dashboard polls). The queued messages, the oldest queued age and the stuck
+sessions come from the broker's backlog index (``Broker.backlog``: only the sessions that have
+a queue), so they are current at every survey. Sessions online and offline, in-flight and
+dropped messages and connections per listener need every session and connection: they are
+counted in slices of at most ``CENSUS_SLICE`` per survey over a snapshot of the sessions and
+connections, and the figures of the last complete pass are reported, so no survey stalls the
+broker however many sessions it keeps. The survey also drives the alarms
 (``[alerts] oldest_queued_age``, seconds; 0: off): a session whose oldest queued message is older
 is logged once when it becomes stuck and once when it recovers, counted, and published as a
 ``$SYS/broker/alerts/stuck/<client id>`` event (JSON, not retained).
@@ -21,6 +25,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ..broker.connection import Connection
 from ..broker.core import Broker
 from ..broker.message import Message
 from ..broker.session import Session
@@ -30,12 +35,24 @@ log = logging.getLogger("mqttbroker.alerts")
 
 ALERT_PREFIX = "$SYS/broker/alerts/stuck/"
 SURVEY_INTERVAL = 1.0  # seconds a survey's figures are reused
+CENSUS_SLICE = 20_000  # sessions and connections counted per survey, at most
 
 
 def oldest_queued_age(session: Session, now: float) -> float:
     """Seconds the session's oldest queued message has waited (0: nothing queued)."""
     queue = session.queue
     return now - queue[0].queued_at if queue else 0.0
+
+
+@dataclass(slots=True)
+class Census:
+    """The counts that need every session and connection, as of the last complete pass."""
+
+    sessions_online: int = 0
+    sessions_offline: int = 0
+    inflight: int = 0
+    dropped: int = 0
+    connections: dict[str, int] = field(default_factory=dict)  # listener name -> connected
 
 
 @dataclass(slots=True)
@@ -65,6 +82,11 @@ class Survey:
         self.listeners = list(listeners)
         self.figures = Figures()
         self.alerts = 0  # sessions that became stuck, since the start
+        self.census = Census()  # the last complete pass
+        self._partial = Census()  # the pass under way, over the snapshots below
+        self._sessions: list[Session] = []
+        self._connections: list[Connection] = []
+        self.counted = 0  # sessions and connections counted by the last survey
 
     def listener_name(self, listener: object) -> str:
         """The label of the listener a connection came through (its ``link.listener``)."""
@@ -75,6 +97,42 @@ class Survey:
 
     def listener_names(self) -> list[str]:
         return [listener_label(index) for index in range(len(self.listeners))]
+
+    def _count(self, budget: int) -> Census:
+        """Count up to ``budget`` more sessions and connections of the pass under way (a new
+        pass starts from snapshots of both when the last one is complete); the census of the
+        last complete pass."""
+        broker = self.broker
+        partial = self._partial
+        if not self._sessions and not self._connections:
+            self._sessions = list(broker.sessions.values())
+            self._connections = list(broker.connections)
+            partial.dropped = broker.dropped_ended
+        sessions = self._sessions
+        take = min(budget, len(sessions))
+        for session in sessions[len(sessions) - take :]:
+            if session.connection is None:
+                partial.sessions_offline += 1
+            else:
+                partial.sessions_online += 1
+            partial.inflight += len(session.inflight)
+            partial.dropped += session.dropped
+        del sessions[len(sessions) - take :]
+        connections = self._connections
+        rest = min(budget - take, len(connections))
+        counts = partial.connections
+        for conn in connections[len(connections) - rest :]:
+            if conn.state == CONNECTED:
+                name = self.listener_name(getattr(conn.link, "listener", None))
+                counts[name] = counts.get(name, 0) + 1
+        del connections[len(connections) - rest :]
+        self.counted = take + rest
+        if not sessions and not connections:  # the pass is complete
+            # Dropped is a total that never goes down, though sessions end during a pass.
+            partial.dropped = max(partial.dropped, self.census.dropped)
+            self.census = partial
+            self._partial = Census()
+        return self.census
 
     def current(self) -> Figures:
         """The figures, walked again if the last walk is older than SURVEY_INTERVAL."""
@@ -90,17 +148,18 @@ class Survey:
 
     def _walk(self, now: float) -> None:
         broker = self.broker
-        figures = Figures(at=now)
+        census = self._count(CENSUS_SLICE)
+        figures = Figures(
+            at=now,
+            sessions_online=census.sessions_online,
+            sessions_offline=census.sessions_offline,
+            inflight=census.inflight,
+            dropped=census.dropped,
+            connections=census.connections,
+        )
         threshold = self.threshold
         stuck = figures.stuck
-        dropped = broker.dropped_ended
-        for session in broker.sessions.values():
-            if session.connection is None:
-                figures.sessions_offline += 1
-            else:
-                figures.sessions_online += 1
-            figures.inflight += len(session.inflight)
-            dropped += session.dropped
+        for session in broker.backlog:
             queue = session.queue
             if queue:
                 figures.queued += len(queue)
@@ -109,12 +168,6 @@ class Survey:
                     figures.oldest_age = age
                 if threshold and age > threshold:
                     stuck[session.client_id] = age
-        figures.dropped = dropped
-        connections = figures.connections
-        for conn in broker.connections:
-            if conn.state == CONNECTED:
-                name = self.listener_name(getattr(conn.link, "listener", None))
-                connections[name] = connections.get(name, 0) + 1
         previous = self.figures.stuck
         self.figures = figures
         for client_id, age in stuck.items():

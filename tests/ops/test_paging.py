@@ -19,7 +19,7 @@ from mqttbroker.broker.core import Broker
 from mqttbroker.broker.message import Message
 from mqttbroker.broker.session import Session
 from mqttbroker.broker.topics import Subscription, matches
-from mqttbroker.ops import paging
+from mqttbroker.ops import alerts, paging
 from mqttbroker.ops.alerts import Survey
 from mqttbroker.ops.api import Api
 
@@ -193,3 +193,29 @@ def test_shared_groups_page_by_filter(fleet: tuple[Broker, Api, Clock]) -> None:
     assert [(g["filter"], g["group"]) for g in groups] == [("$share/workers/cmd/all", "workers")]
     members = {m["client_id"] for m in groups[0]["members"]}
     assert members == {"device-0", "device-10", "device-20"}
+
+
+def test_the_survey_counts_in_bounded_slices_and_sees_stuck_sessions_at_once(
+    fleet: tuple[Broker, Api, Clock], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The once-a-second survey behind /metrics and the alarms counts at most CENSUS_SLICE
+    sessions per survey (the totals of the last complete pass are reported), while the queued
+    figures and the stuck alarms come from the backlog index at every survey."""
+    broker, _, clock = fleet
+    monkeypatch.setattr(alerts, "CENSUS_SLICE", 1000)
+    survey = Survey(broker, 60)
+    topic = f"dev/{RARE[1]}/alarm"
+    match = broker.router.lookup(topic)
+    assert match is not None
+    broker.router.publish(Message(topic, b"hot", 1, False), match, None, clock.now)
+    clock.now += 61.0
+    passes = []
+    for n in range(DEVICES // 1000):
+        figures = survey.current()
+        assert survey.counted <= 1000
+        assert figures.stuck == {f"device-{RARE[1]}": 61.0 + n}  # from the first survey on
+        assert figures.queued == 1
+        passes.append(figures.sessions_offline)
+        clock.now += 1.0
+    assert passes == [0] * (DEVICES // 1000 - 1) + [DEVICES]  # the last survey completes it
+    assert survey.alerts == 1
