@@ -132,3 +132,20 @@ def test_cleared_retained_topic_leaves_no_empty_levels(h: Harness) -> None:
     assert list(retained._root.children["a"].children) == ["d"]
     client.publish("a/d", b"", retain=True)
     assert retained._root.children == {} and len(retained) == 0
+
+
+def test_one_message_encoded_for_each_version_and_retain_flag(h: Harness) -> None:
+    """A QoS 0 message's encodings are cached per shape: the MQTT 5 live copy (retain 0) and
+    the MQTT 3.1 retained copy (retain 1) of one message are different bytes, each right for
+    its client."""
+    live = h.connect("live")
+    live.subscribe("t", 0)
+    h.connect("pub").publish("t", b"m", 0, retain=True)
+    (copy5,) = live.publishes()
+    assert (copy5.payload, copy5.retain) == (b"m", False)
+    old = h.client(version=3)
+    old.send(pk.Connect(client_id="old", protocol_name="MQIsdp", protocol_level=3))
+    assert old.one(pk.Connack).reason_code == 0
+    received = old.subscribe("t", 0)
+    (copy31,) = received[1:]
+    assert (copy31.topic, copy31.payload, copy31.retain) == ("t", b"m", True)
