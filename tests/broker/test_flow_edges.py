@@ -5,6 +5,7 @@ the client's Maximum Packet Size."""
 
 from __future__ import annotations
 
+import pytest
 from support.harness import Client, Harness, Prop, pk, split_packets
 
 
@@ -122,13 +123,41 @@ def test_aliased_topic_then_too_large_is_dropped_as_delivered(h: Harness) -> Non
 
 def test_evicted_alias_kept_when_the_new_topic_does_not_fit(h: Harness) -> None:
     """A new topic that would take over the only alias but is too large to send leaves the
-    client's alias map as it was: the old topic is still sent by alias alone."""
+    client's alias map as it was (the old topic is still sent by alias alone), and, dropped as
+    delivered, keeps no place in the receive window."""
     sub = window(h, maximum_packet_size=200, topic_alias_maximum=1)
+    sub.subscribe("big/#", 1)
     pub = h.connect("pub")
-    pub.publish("t", b"a", 0)
-    assert [(p.topic, p.properties[Prop.TOPIC_ALIAS]) for p in raw_publishes(sub)] == [("t", 1)]
-    sub.subscribe("big/#", 0)
-    pub.publish("big/" + "x" * 300, b"b", 0)
-    pub.publish("t", b"c", 0)
+    pub.publish("t", b"a", 1)
+    (first,) = raw_publishes(sub)
+    assert (first.topic, first.properties[Prop.TOPIC_ALIAS]) == ("t", 1)
+    sub.puback(first.packet_id)
+    pub.publish("big/" + "x" * 300, b"b", 1)
+    pub.publish("t", b"c", 1)
     (again,) = raw_publishes(sub)
     assert (again.topic, again.payload, again.properties[Prop.TOPIC_ALIAS]) == ("", b"c", 1)
+
+
+def test_new_topic_too_large_with_an_alias_free(h: Harness) -> None:
+    """Aliases to spare, but the new topic's PUBLISH exceeds the Maximum Packet Size: dropped as
+    delivered, no alias taken; the next topic gets the first alias."""
+    sub = window(h, maximum_packet_size=200, topic_alias_maximum=2)
+    sub.subscribe("big/#", 1)
+    pub = h.connect("pub")
+    pub.publish("big/" + "x" * 300, b"b", 1)
+    pub.publish("t", b"c", 1)
+    (sent,) = raw_publishes(sub)
+    assert (sent.topic, sent.payload, sent.properties[Prop.TOPIC_ALIAS]) == ("t", b"c", 1)
+
+
+@pytest.mark.parametrize("sub_qos", [0, 2])
+def test_qos2_publish_forwarded_with_its_expiry(h: Harness, sub_qos: int) -> None:
+    """[MQTT-3.3.2-6] A QoS 2 PUBLISH with a Message Expiry Interval reaches subscribers with
+    the interval less the time it waited (none here; QoS 0 subscribers too)."""
+    sub = h.connect("sub")
+    sub.subscribe("t", sub_qos)
+    pub = h.connect("pub")
+    pub.publish("t", b"m", 2, properties={Prop.MESSAGE_EXPIRY_INTERVAL: 30})
+    assert pub.one(pk.Pubrec).reason_code == 0
+    (message,) = sub.publishes()
+    assert (message.qos, message.properties[Prop.MESSAGE_EXPIRY_INTERVAL]) == (sub_qos, 30)
