@@ -240,3 +240,57 @@ def test_retained(hs: tuple[Harness, MirrorStore]) -> None:
     h.clock.advance(6)
     client.subscribe("r/#")  # the expired one is found and removed
     assert store.retained == {"r/2": b"b"}
+
+
+def test_restore_writes_back_only_the_sessions(hs: tuple[Harness, MirrorStore]) -> None:
+    """Restoring from records: each session is saved again (its expiry deadline starts now),
+    nothing else is written back (the store has it), and the restored session goes on telling
+    the same store of its changes."""
+    from mqttbroker.broker.store import Restored, SessionRecord, SubscriptionRecord
+
+    h, store = hs
+    record = SessionRecord(
+        "s", 100, None, "alice", [SubscriptionRecord("t", 1, False, False, 0, None)]
+    )
+    h.broker.restore(Restored([record], [Message("r", b"kept", 0, retain=True)]))
+    h.broker.restored()
+    assert store.sessions == {"s": (100, h.clock() + 100)}
+    assert store.retained == {} and store.subscriptions == {}
+    assert h.broker.sessions["s"].username == "alice"
+    h.connect("pub").publish("t", b"queued", 1)
+    assert store.payloads("s") == [(b"queued", None, False)]
+
+
+def test_recheck_drops_stored_messages(hs: tuple[Harness, MirrorStore]) -> None:
+    """Messages queued for a persistent session that the rules no longer let it read leave the
+    store with it."""
+
+    class Rules:
+        generation = 0
+        denied = "nothing/"
+
+        def can_publish(self, client_id: str, username: str | None, topic: str) -> bool:
+            return True
+
+        def can_subscribe(self, client_id: str, username: str | None, topic_filter: str) -> bool:
+            return True
+
+        def can_read(self, client_id: str, username: str | None, topic: str) -> bool:
+            return not topic.startswith(self.denied)
+
+        def needs_read_check(self, client_id: str, username: str | None, topic_filter: str) -> bool:
+            return False
+
+    h, store = hs
+    rules = Rules()
+    h.broker.authorizer = rules
+    sub = h.connect("s", properties=PERSISTENT)
+    sub.subscribe("#", 1)
+    sub.lose()
+    pub = h.connect("pub")
+    pub.publish("secret/1", b"1", 1)
+    pub.publish("open/2", b"2", 1)
+    rules.denied = "secret/"
+    rules.generation += 1
+    h.broker.recheck_subscriptions()
+    assert store.payloads("s") == [(b"2", None, False)]
