@@ -1,0 +1,78 @@
+"""The reason each Malformed Packet is refused with, as the fast path gives it (the client reads
+it in the DISCONNECT's Reason String, the operator in the log): one case per check."""
+
+from __future__ import annotations
+
+import pytest
+
+from mqttbroker.protocol import fastpath
+from mqttbroker.protocol.errors import MalformedPacket
+
+
+def s(raw: bytes) -> bytes:
+    return len(raw).to_bytes(2, "big") + raw
+
+
+MQTT = s(b"MQTT")
+CASES = [
+    (0x30, s(b"t") + b"\x80", "truncated Variable Byte Integer"),
+    (0x30, s(b"t") + b"\x80\x00", "Variable Byte Integer is not minimally encoded"),
+    (0x30, s(b"t") + b"\xff\xff\xff\xff\x01", "Variable Byte Integer is longer than 4 bytes"),
+    (0x82, b"\x00\x01\x00\x00", "truncated string length"),
+    (0x82, b"\x00\x01\x00\x00\x05ab", "string runs past the end of the packet"),
+    (0x82, b"\x00\x01\x00" + s(b"a\x00") + b"\x00", "string contains U+0000"),
+    (0x82, b"\x00", "truncated packet identifier"),
+    (0x82, b"\x00\x01\x00" + s(b"a"), "topic filter without subscription options"),
+    (
+        0x80,
+        b"\x00\x01\x00" + s(b"a") + b"\x00",
+        "reserved fixed-header flags of packet type 8 are wrong",
+    ),
+    (0x82, b"\x00\x01\x05\x0b", "properties run past the end of the packet"),
+    (0x36, s(b"t") + b"\x00\x01\x00", "PUBLISH with QoS 3"),
+    (0x38, s(b"t") + b"\x00", "QoS 0 PUBLISH with DUP set"),
+    (0x32, s(b"t") + b"\x00", "truncated packet identifier"),
+    (0x30, s(b"t"), "missing property length"),
+    (0x40, b"\x00", "acknowledgement shorter than 2 bytes"),
+    (0x40, b"\x00\x01\x00\x05", "property length does not match the packet's length"),
+    (0xC0, b"\x00", "PINGREQ/PINGRESP with flags or a body"),
+    (0x00, b"", "reserved packet type 0"),
+    (0x11, b"", "reserved fixed-header flags of packet type 1 are wrong"),
+    (0x10, MQTT, "truncated CONNECT variable header"),
+    (0x10, MQTT + b"\x05\x03\x00\x3c\x00" + s(b"c"), "CONNECT reserved flag is not 0"),
+    (0x10, MQTT + b"\x05\x08\x00\x3c\x00" + s(b"c"), "Will QoS/Retain set without the Will Flag"),
+    (0x10, MQTT + b"\x05\x1c\x00\x3c\x00" + s(b"c") + b"\x00" + s(b"w") + s(b"x"), "Will QoS 3"),
+    (
+        0x10,
+        MQTT + b"\x05\x00\x00\x3c\x00" + s(b"c") + b"x",
+        "bytes after the end of the CONNECT payload",
+    ),
+]
+
+
+@pytest.mark.parametrize(("first", "body", "reason"), CASES, ids=[c[2] for c in CASES])
+def test_malformed_reason(first: int, body: bytes, reason: str) -> None:
+    with pytest.raises(MalformedPacket) as error:
+        fastpath.decode_packet(first, body, 0, len(body), 5)
+    assert error.value.message == reason
+    assert error.value.reason_code == 0x81
+
+
+def test_password_without_user_name_in_311() -> None:
+    body = MQTT + b"\x04\x40\x00\x3c" + s(b"c") + s(b"p")
+    with pytest.raises(MalformedPacket, match=r"^password without user name \(MQTT 3.1.1\)$"):
+        fastpath.decode_packet(0x10, body, 0, len(body), 4)
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (b"\x00", "truncated PUBLISH"),
+        (b"\x00\x05ab", "topic runs past the end of the PUBLISH"),
+        (s(b"t"), "PUBLISH without a property length"),
+    ],
+)
+def test_scan_publish_reason(body: bytes, reason: str) -> None:
+    with pytest.raises(MalformedPacket) as error:
+        fastpath.scan_publish(0x30, body, 0, len(body), 5)
+    assert error.value.message == reason
