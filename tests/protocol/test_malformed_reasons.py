@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from mqttbroker.protocol import fastpath
-from mqttbroker.protocol.errors import MalformedPacket
+from mqttbroker.protocol import packets as pk
+from mqttbroker.protocol.errors import MalformedPacket, ProtocolError
 
 
 def s(raw: bytes) -> bytes:
@@ -76,3 +77,40 @@ def test_scan_publish_reason(body: bytes, reason: str) -> None:
     with pytest.raises(MalformedPacket) as error:
         fastpath.scan_publish(0x30, body, 0, len(body), 5)
     assert error.value.message == reason
+
+
+def test_acknowledgement_longer_than_2_bytes_in_311() -> None:
+    with pytest.raises(MalformedPacket) as error:
+        fastpath.decode_packet(0x40, b"\x00\x01\x00", 0, 3, 4)
+    assert error.value.message == "acknowledgement longer than 2 bytes"
+
+
+@pytest.mark.parametrize(
+    ("options", "version", "error", "reason"),
+    [
+        (0xC0, 5, MalformedPacket, "reserved subscription option bits are not 0"),
+        (0x04, 4, MalformedPacket, "reserved subscription option bits are not 0"),
+        (0x30, 5, ProtocolError, "Retain Handling 3"),
+        (0x03, 5, ProtocolError, "subscription Maximum QoS 3"),
+        (0x03, 4, MalformedPacket, "subscription QoS 3"),
+    ],
+)
+def test_subscription_options_reason(
+    options: int, version: int, error: type[Exception], reason: str
+) -> None:
+    body = b"\x00\x01" + (b"\x00" if version == 5 else b"") + s(b"a") + bytes([options])
+    with pytest.raises(error) as raised:
+        fastpath.decode_packet(0x82, body, 0, len(body), version)
+    assert type(raised.value) is error and raised.value.message == reason  # type: ignore[attr-defined]
+
+
+def test_encoder_refusals() -> None:
+    """The encoders refuse what no packet can carry, saying what."""
+    with pytest.raises(ValueError, match="^topic longer than 65535 bytes$"):
+        fastpath.encode_publish(pk.Publish("t" * 65536, b""), 5)
+    with pytest.raises(ValueError, match="^string longer than 65535 bytes$"):
+        fastpath.encode_properties({0x1F: "x" * 65536})  # a Reason String
+    with pytest.raises(
+        ValueError, match="^a QoS 1 or 2 PUBLISH needs a non-zero packet identifier$"
+    ):
+        fastpath.encode_publish(pk.Publish("t", b"", 1), 5)
