@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from mqttbroker.protocol import fastpath
+from mqttbroker.protocol import fastpath, grammar
 from mqttbroker.protocol import packets as pk
 from mqttbroker.protocol.errors import MalformedPacket, ProtocolError
 
@@ -114,3 +114,41 @@ def test_encoder_refusals() -> None:
         ValueError, match="^a QoS 1 or 2 PUBLISH needs a non-zero packet identifier$"
     ):
         fastpath.encode_publish(pk.Publish("t", b"", 1), 5)
+
+
+@pytest.mark.parametrize(
+    ("packet_type", "flags", "body", "error", "reason"),
+    [
+        (
+            1,
+            0,
+            MQTT + b"\x05\x01\x00\x3c\x00" + s(b"c"),
+            MalformedPacket,
+            "CONNECT reserved flag is not 0",
+        ),
+        (3, 2, s(b"t") + b"\x00\x00\x00", ProtocolError, "PUBLISH with packet identifier 0"),
+        (
+            8,
+            2,
+            b"\x00\x00\x00" + s(b"a") + b"\x00",
+            ProtocolError,
+            "SUBSCRIBE with packet identifier 0",
+        ),
+        (10, 2, b"\x00\x00\x00" + s(b"a"), ProtocolError, "UNSUBSCRIBE with packet identifier 0"),
+        (0, 0, b"", MalformedPacket, "reserved packet type 0"),
+    ],
+)
+def test_grammar_reason(
+    packet_type: int, flags: int, body: bytes, error: type[Exception], reason: str
+) -> None:
+    """The grammar (the reference decoder, and the one for the packets the fast path leaves to
+    it) gives the same reasons."""
+    with pytest.raises(error) as raised:
+        grammar.decode(packet_type, flags, body, 5)
+    assert type(raised.value) is error and raised.value.message == reason  # type: ignore[attr-defined]
+
+
+def test_fast_path_decodes_a_valid_connect() -> None:
+    body = MQTT + b"\x05\x02\x00\x3c\x00" + s(b"c")
+    packet = fastpath.decode_packet(0x10, body, 0, len(body), 5)
+    assert isinstance(packet, pk.Connect) and packet.client_id == "c" and packet.clean_start
