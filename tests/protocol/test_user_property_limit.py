@@ -66,3 +66,13 @@ def test_repeated_property_past_the_cap_is_a_protocol_error() -> None:
     props = b"\x01\x00" * (4 + len(SPEC) + 1)  # Payload Format Indicator, over and over
     for result in decoders(publish_body(props)):
         assert isinstance(result, ProtocolError), result
+
+
+def test_exactly_the_cap_decodes() -> None:
+    """The cap counts every property: as many as it allows (the User Properties of the limit and
+    the rest repeated Subscription Identifiers, which may repeat in a PUBLISH) still decode."""
+    from mqttbroker.protocol.properties import properties_cap
+
+    props = users(4) + b"\x0b\x01" * (properties_cap() - 4)
+    for result in decoders(publish_body(props)):
+        assert not isinstance(result, Exception), result
