@@ -76,3 +76,13 @@ def test_exactly_the_cap_decodes() -> None:
     props = users(4) + b"\x0b\x01" * (properties_cap() - 4)
     for result in decoders(publish_body(props)):
         assert not isinstance(result, Exception), result
+
+
+def test_reading_stops_past_the_cap() -> None:
+    """Past the cap the decoders stop reading (a flood of properties costs nothing more): what
+    follows, here a repeated Payload Format Indicator, is not looked at."""
+    from mqttbroker.protocol.properties import properties_cap
+
+    props = users(4) + b"\x0b\x01" * (properties_cap() - 3) + b"\x01\x00\x01\x00"
+    for result in decoders(publish_body(props)):
+        assert isinstance(result, LimitExceeded), result
