@@ -152,3 +152,45 @@ def test_fast_path_decodes_a_valid_connect() -> None:
     body = MQTT + b"\x05\x02\x00\x3c\x00" + s(b"c")
     packet = fastpath.decode_packet(0x10, body, 0, len(body), 5)
     assert isinstance(packet, pk.Connect) and packet.client_id == "c" and packet.clean_start
+
+
+@pytest.mark.parametrize(
+    ("first", "body", "error", "reason"),
+    [
+        (
+            0x10,
+            MQTT + b"\x05\x40\x00\x3c\x00" + s(b"c") + b"\x00\x09ab",
+            MalformedPacket,
+            "binary data runs past the end of the packet",
+        ),
+        (0x30, s(b"t") + b"\x02\x23\x00", MalformedPacket, "truncated property"),
+        (0x30, s(b"t") + b"\x03\x02\x00\x00", MalformedPacket, "truncated property"),
+        (
+            0x30,
+            s(b"t") + b"\x05\x11\x00\x00\x00\x01",
+            ProtocolError,
+            "property SESSION_EXPIRY_INTERVAL is not allowed in this packet",
+        ),
+    ],
+    ids=["binary", "two-byte property", "four-byte property", "property not allowed"],
+)
+def test_more_reasons(first: int, body: bytes, error: type[Exception], reason: str) -> None:
+    with pytest.raises(error) as raised:
+        fastpath.decode_packet(first, body, 0, len(body), 5)
+    assert type(raised.value) is error and raised.value.message == reason  # type: ignore[attr-defined]
+
+
+def test_remaining_length_not_minimal() -> None:
+    with pytest.raises(MalformedPacket, match="^Remaining Length is not minimally encoded$"):
+        fastpath.read_fixed_header(b"\x30\x80\x00", 0, 3)
+
+
+def test_grammar_publish_qos3_and_encoder_refusals() -> None:
+    with pytest.raises(MalformedPacket, match="^PUBLISH with QoS 3$"):
+        grammar.decode(3, 6, s(b"t") + b"\x00\x01\x00", 5)
+    with pytest.raises(
+        ValueError, match="^a QoS 1 or 2 PUBLISH needs a non-zero packet identifier$"
+    ):
+        grammar.encode(pk.Publish("t", b"", 1), 5)
+    with pytest.raises(ValueError, match="^AUTH does not exist before MQTT 5$"):
+        grammar.encode(pk.Auth(0), 4)

@@ -86,3 +86,10 @@ def test_reading_stops_past_the_cap() -> None:
     props = users(4) + b"\x0b\x01" * (properties_cap() - 3) + b"\x01\x00\x01\x00"
     for result in decoders(publish_body(props)):
         assert isinstance(result, LimitExceeded), result
+
+
+def test_no_limit() -> None:
+    """max_user_properties 0: no limit, and no cap on reading."""
+    limit_user_properties(0)
+    for result in decoders(publish_body(users(200))):
+        assert not isinstance(result, Exception), result
