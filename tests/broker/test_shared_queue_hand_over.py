@@ -33,3 +33,20 @@ def test_empty_topic_without_alias_says_why(h: Harness) -> None:
     assert disconnect.properties[Prop.REASON_STRING] == (
         "PUBLISH with an empty topic and no topic alias"
     )
+
+
+def test_share_queued_behind_a_full_window_is_handed_over(h: Harness) -> None:
+    """The same for a member still connected whose receive window is full: what waits in its
+    queue goes to another member when its session ends."""
+    busy = h.connect("busy", properties={Prop.RECEIVE_MAXIMUM: 1})
+    busy.subscribe("$share/g/job", 1)
+    idle = h.connect("idle")
+    idle.subscribe("$share/g/job", 1)
+    pub = h.connect("pub")
+    for i in range(6):
+        pub.publish("job", f"m{i}".encode(), 1)
+    mine = [p.payload for p in idle.publishes()]
+    assert len(busy.publishes()) == 1 and len(busy.session.queue) == 2
+    busy.lose()  # clean session: ends now
+    handed = [p.payload for p in idle.publishes()]
+    assert sorted(mine + handed) == [f"m{i}".encode() for i in range(6)]

@@ -294,3 +294,19 @@ def test_recheck_drops_stored_messages(hs: tuple[Harness, MirrorStore]) -> None:
     rules.generation += 1
     h.broker.recheck_subscriptions()
     assert store.payloads("s") == [(b"2", None, False)]
+
+
+def test_queued_qos0_leaves_the_store_when_sent(make_harness: Any) -> None:
+    """queue_qos0: a QoS 0 message queued for an offline persistent session is stored, and
+    leaves the store once sent (no acknowledgement to wait for)."""
+    h: Harness = make_harness(queue_qos0=True)
+    store = MirrorStore()
+    h.broker = Broker(h.options, clock=h.clock, store=store)
+    sub = h.connect("s", properties=PERSISTENT)
+    sub.subscribe("t", 0)
+    sub.lose()
+    h.connect("pub").publish("t", b"zero", 0)
+    assert store.payloads("s") == [(b"zero", None, False)]
+    sub = h.connect("s", clean_start=False, properties=PERSISTENT, expect_present=True)
+    assert [p.payload for p in sub.publishes()] == [b"zero"]
+    assert store.payloads("s") == []
