@@ -31,7 +31,7 @@ def test_violation_after_connack_is_logged(h: Harness, lines: Any) -> None:
     client = h.connect("c")
     client.send_raw(b"\x32\x04\x00\x01t\x00")  # QoS 1 PUBLISH without a packet identifier
     assert client.one(pk.Disconnect).reason_code >= 0x80
-    assert "client c: truncated packet identifier; closing (reason 0x81)" in lines()
+    assert "client c: truncated PUBLISH; closing (reason 0x81)" in lines()
 
 
 def test_giving_up_authentication_is_logged(h: Harness, lines: Any) -> None:
