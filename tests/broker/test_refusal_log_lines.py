@@ -42,3 +42,13 @@ def test_giving_up_authentication_is_logged(h: Harness, lines: Any) -> None:
     client.disconnect()
     assert client.closed
     assert "client toy from 10.0.0.9:1234 gave up authenticating" in lines()
+
+
+def test_refusal_code_logged_in_upper_case_hex(make_harness: Any, lines: Any) -> None:
+    h: Harness = make_harness(maximum_qos=1)
+    client = h.client(peer="10.0.0.9:1234")
+    client.send(pk.Connect(client_id="c", will=pk.Will("w", b"x", qos=2)))
+    assert client.one(pk.Connack).reason_code == 0x9B
+    assert (
+        "client c from 10.0.0.9:1234 (user None): will QoS above the maximum; refused (reason 0x9B)"
+    ) in lines()

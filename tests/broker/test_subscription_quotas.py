@@ -86,18 +86,22 @@ def test_denied_subscription_logged_once_per_packet(
 
 def test_overlapping_subscriptions_forward_the_expiry(h: Harness) -> None:
     """[MQTT-3.3.4-2] [MQTT-3.3.2-6] One copy for two matching subscriptions, with the Message
-    Expiry Interval less the time it waited."""
-    sub = h.connect("sub", properties={Prop.SESSION_EXPIRY_INTERVAL: 60})
-    sub.subscribe("t/+", 1)
-    sub.subscribe("t/#", 1)
-    sub.lose()
+    Expiry Interval less the time it waited: sent at once to a connected client, and queued for
+    one that is away."""
+    props = {Prop.SESSION_EXPIRY_INTERVAL: 60}
+    here = h.connect("here")
+    away = h.connect("away", properties=props)
+    for client in (here, away):
+        client.subscribe("t/+", 1)
+        client.subscribe("t/#", 1)
+    away.lose()
     h.connect("pub").publish("t/x", b"m", 1, properties={Prop.MESSAGE_EXPIRY_INTERVAL: 30})
+    (now,) = here.publishes()
+    assert now.properties[Prop.MESSAGE_EXPIRY_INTERVAL] == 30
     h.clock.advance(10)
-    sub = h.connect(
-        "sub", clean_start=False, properties={Prop.SESSION_EXPIRY_INTERVAL: 60}, expect_present=True
-    )
-    (message,) = sub.publishes()
-    assert message.properties[Prop.MESSAGE_EXPIRY_INTERVAL] == 20
+    away = h.connect("away", clean_start=False, properties=props, expect_present=True)
+    (later,) = away.publishes()
+    assert later.properties[Prop.MESSAGE_EXPIRY_INTERVAL] == 20
 
 
 def test_topic_with_u0000_says_why(h: Harness) -> None:

@@ -66,16 +66,17 @@ def test_password_without_user_name_in_311() -> None:
 
 
 @pytest.mark.parametrize(
-    ("body", "reason"),
+    ("first", "body", "reason"),
     [
-        (b"\x00", "truncated PUBLISH"),
-        (b"\x00\x05ab", "topic runs past the end of the PUBLISH"),
-        (s(b"t"), "PUBLISH without a property length"),
+        (0x30, b"\x00", "truncated PUBLISH"),
+        (0x30, b"\x00\x05ab", "topic runs past the end of the PUBLISH"),
+        (0x30, s(b"t"), "PUBLISH without a property length"),
+        (0x38, s(b"t") + b"\x00", "QoS 0 PUBLISH with DUP set"),
     ],
 )
-def test_scan_publish_reason(body: bytes, reason: str) -> None:
+def test_scan_publish_reason(first: int, body: bytes, reason: str) -> None:
     with pytest.raises(MalformedPacket) as error:
-        fastpath.scan_publish(0x30, body, 0, len(body), 5)
+        fastpath.scan_publish(first, body, 0, len(body), 5)
     assert error.value.message == reason
 
 

@@ -86,6 +86,7 @@ def test_reading_stops_past_the_cap() -> None:
     props = users(4) + b"\x0b\x01" * (properties_cap() - 3) + b"\x01\x00\x01\x00"
     for result in decoders(publish_body(props)):
         assert isinstance(result, LimitExceeded), result
+        assert result.message == "more than 4 User Properties"
 
 
 def test_no_limit() -> None:
