@@ -3,7 +3,7 @@ that it runs in under an hour on two cores; see conformance/README.md ("Tests pr
 
     python -m conformance.mutation sample [--fraction 0.2] [--seed 15] > sample.txt
     mutmut run $(cat sample.txt)
-    python -m conformance.mutation report
+    python -m conformance.mutation report [--only sample.txt]
     python -m conformance.mutation survivors [MODULE]
 
 ``sample`` reads ``mutmut results --all true`` (after ``mutmut run`` has generated the mutants and
@@ -77,11 +77,14 @@ def sample(fraction: float, seed: int) -> list[str]:
     return chosen
 
 
-def report() -> None:
+def report(only: set[str] | None = None) -> None:
+    """The score per module; ``only``: of these mutants alone (a sample's names)."""
     listed = equivalent()
     counts: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     stale = []
     for name, status in _results():
+        if only is not None and name not in only:
+            continue
         if name in listed and status in ("survived", "no tests"):
             status = "equivalent"
         elif name in listed and status != "not checked":
@@ -129,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("sample", help="print a per-module random share of unchecked mutants")
     s.add_argument("--fraction", type=float, default=0.2)
     s.add_argument("--seed", type=int, default=15)
-    sub.add_parser("report", help="the score per module")
+    r = sub.add_parser("report", help="the score per module")
+    r.add_argument("--only", metavar="FILE", help="of the mutants named in FILE (e.g. a sample)")
     v = sub.add_parser("survivors", help="surviving mutants not listed as equivalent")
     v.add_argument("module", nargs="?", default="", help="e.g. mqttbroker.broker.session")
     args = parser.parse_args(argv)
@@ -138,7 +142,11 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "survivors":
         print("\n".join(survivors(args.module)))
     else:
-        report()
+        only = None
+        if args.only:
+            with open(args.only, encoding="utf-8") as fh:
+                only = set(fh.read().split())
+        report(only)
     return 0
 
 
