@@ -203,3 +203,4 @@ def test_recheck_does_not_send_what_it_is_about_to_drop(h: Harness) -> None:
     rules.generation += 1
     h.broker.recheck_subscriptions()
     assert [p.payload for p in sub.publishes()] == [b"3"]
+    assert sub.session.dropped == 2  # one in flight, one queued

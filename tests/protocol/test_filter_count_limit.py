@@ -54,3 +54,12 @@ def test_unsubscribe_properties_are_skipped_before_counting() -> None:
     body = b"\xff\x00\x07" + bytes([len(props)]) + props + field("a") + b"\x00"
     packet = fastpath.decode_packet(UNSUBSCRIBE, body, 1, len(body) - 1, MQTT_5, 1)
     assert isinstance(packet, pk.Unsubscribe) and packet.topic_filters == ["a"]
+
+
+def test_unsubscribe_properties_skipped_then_filters_counted() -> None:
+    """Past the property block, every filter counts: three with a limit of two is refused."""
+    props = b"\x26" + field("k") + field("v")
+    body = b"\xff\x00\x07" + bytes([len(props)]) + props
+    body += field("a") + field("b") + field("c") + b"\x00"
+    with pytest.raises(LimitExceeded):
+        fastpath.decode_packet(UNSUBSCRIBE, body, 1, len(body) - 1, MQTT_5, 2)
