@@ -195,3 +195,10 @@ def test_grammar_publish_qos3_and_encoder_refusals() -> None:
         grammar.encode(pk.Publish("t", b"", 1), 5)
     with pytest.raises(ValueError, match="^AUTH does not exist before MQTT 5$"):
         grammar.encode(pk.Auth(0), 4)
+
+
+def test_protocol_errors_of_the_fast_path() -> None:
+    with pytest.raises(ProtocolError, match="^PUBLISH with packet identifier 0$"):
+        fastpath.scan_publish(0x32, s(b"t") + b"\x00\x00", 0, 5, 5)
+    with pytest.raises(ProtocolError, match="^SUBSCRIBE with no topic filter$"):
+        fastpath.decode_packet(0x82, b"\x00\x01\x00", 0, 3, 5)
