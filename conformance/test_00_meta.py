@@ -51,3 +51,18 @@ def test_every_statement_tested_or_explained(version):
     named = set(_named(STATEMENT_311, "MQTT-") if version == "3.1.1" else _named())
     assert not (named & untested), f"both tested and untested: {sorted(named & untested)}"
     assert not (scope - named - untested), f"unaccounted for: {sorted(scope - named - untested)}"
+
+
+def test_equivalent_mutants_list_is_well_formed(tmp_path):
+    """conformance/mutants-equivalent.txt: each entry a mutant of protocol/ or broker/ with a
+    reason (see conformance/mutation.py); a line without one is an error."""
+    from .mutation import equivalent, module
+
+    listed = equivalent()
+    for name, reason in listed.items():
+        assert module(name).startswith(("mqttbroker.protocol", "mqttbroker.broker")), name
+        assert "__mutmut_" in name and len(reason) > 10, (name, reason)
+    bad = tmp_path / "equivalent.txt"
+    bad.write_text("mqttbroker.broker.x.x_f__mutmut_1\n")
+    with pytest.raises(ValueError, match="expected 'NAME # reason'"):
+        equivalent(bad)

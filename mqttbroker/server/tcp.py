@@ -10,6 +10,7 @@ policy when the connection is made.
 from __future__ import annotations
 
 import asyncio
+import asyncio.sslproto
 import logging
 from typing import cast
 
@@ -31,7 +32,8 @@ CLOSE_GRACE = 10.0
 # refusing CONNACK) it shuts down its sending side and reads and discards what the client still
 # sends, until the client closes, LINGER_SECONDS pass or LINGER_BYTES arrive, and only then
 # closes. Closing at once would answer the client's next segment with a reset: its next write
-# fails, or its stack discards the DISCONNECT it has not read yet, and the reason is lost.
+# fails, or its stack discards the DISCONNECT it has not read yet, and the reason is lost. Over
+# TLS the sending side's shutdown is the close_notify (see close()).
 LINGER_SECONDS = 2.0
 LINGER_BYTES = 1_048_576
 
@@ -108,28 +110,45 @@ class MQTTProtocol(asyncio.Protocol):
             self.transport.write(data)
 
     def close(self) -> None:
-        """Close after the broker's last packet, lingering (see LINGER_SECONDS) where the
-        transport can shut down its sending side alone (plain TCP; not TLS)."""
+        """Close after the broker's last packet, lingering (see LINGER_SECONDS): the sending side
+        is shut down after what is buffered (TCP: a FIN; TLS: a close_notify), what the client
+        still sends is read and discarded, and the socket closes when the client closes, or
+        after LINGER_SECONDS or LINGER_BYTES."""
         transport = self.transport
         if transport is None or transport.is_closing() or self.lingering >= 0:
             return
-        if transport.get_write_buffer_size():
+        loop = asyncio.get_running_loop()
+        buffered = transport.get_write_buffer_size()
+        if buffered:
             # A client that does not read would keep the socket, and what waits for it, for
             # ever: it has CLOSE_GRACE seconds to take it.
-            asyncio.get_running_loop().call_later(CLOSE_GRACE, transport.abort)
-        if not transport.can_write_eof():
-            transport.close()
-            return
+            loop.call_later(CLOSE_GRACE, transport.abort)
         self.lingering = 0
         self.conn = None  # closed: what the client still sends is discarded
-        transport.write_eof()  # after what is buffered: the client reads it all, then EOF
         transport.resume_reading()
-        asyncio.get_running_loop().call_later(LINGER_SECONDS, transport.close)
+        if transport.can_write_eof():
+            transport.write_eof()  # after what is buffered: the client reads it all, then EOF
+            loop.call_later(LINGER_SECONDS, transport.close)
+        else:
+            # TLS: close() sends the close_notify after what is buffered, then waits for the
+            # client's close_notify or EOF (for the loop's SSL shutdown timeout, 30 s: cut short
+            # here). uvloop discards what the client still sends meanwhile; asyncio's own TLS
+            # resets the connection instead, so there the lingering comes first.
+            asyncio_tls = isinstance(transport, asyncio.sslproto._SSLProtocolTransport)
+            delay = LINGER_SECONDS if asyncio_tls else 0.0
+            loop.call_later(delay, transport.close)
+            if not buffered:
+                loop.call_later(delay + LINGER_SECONDS, transport.abort)
 
     def _discard(self, count: int) -> None:
         self.lingering += count
-        if self.lingering > LINGER_BYTES and self.transport is not None:
-            self.transport.close()
+        transport = self.transport
+        if self.lingering > LINGER_BYTES and transport is not None:
+            # TLS is closing already: abort it; TCP's close() still sends what is buffered
+            if transport.is_closing():
+                transport.abort()
+            else:
+                transport.close()
 
     def abort(self) -> None:
         if self.transport is not None:

@@ -1,0 +1,154 @@
+"""The hooks a cluster's backplane gets from one node (broker/backplane.py), with a recording
+backplane: a filter's first subscription and its last, every routed message with the node's
+shared groups (the backplane decides which deliver here), the client id claimed before CONNACK,
+and a session's end."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from support.harness import Harness, pk
+
+from mqttbroker.broker.backplane import Backplane
+from mqttbroker.broker.message import Message
+from mqttbroker.broker.session import Session
+from mqttbroker.broker.topics import SharedGroup
+
+
+class Recorder(Backplane):
+    def __init__(self, remote_nodes: int = 0, keep_groups: bool = True) -> None:
+        self.events: list[tuple[Any, ...]] = []
+        self.remote_nodes = remote_nodes
+        self.keep_groups = keep_groups
+        self.claims: list[Callable[[], None]] = []
+
+    def publish(
+        self, message: Message, groups: list[SharedGroup], publisher: Session | None
+    ) -> tuple[int, list[SharedGroup]]:
+        who = publisher.client_id if publisher is not None else None
+        self.events.append(("publish", message.topic, who, len(groups)))
+        return self.remote_nodes, groups if self.keep_groups else []
+
+    def route_added(self, topic_filter: str) -> None:
+        self.events.append(("added", topic_filter))
+
+    def route_removed(self, topic_filter: str) -> None:
+        self.events.append(("removed", topic_filter))
+
+    def claim(self, client_id: str, clean_start: bool, done: Callable[[], None]) -> None:
+        self.events.append(("claim", client_id, clean_start))
+        self.claims.append(done)
+
+    def session_ended(self, client_id: str) -> None:
+        self.events.append(("ended", client_id))
+
+
+def joined(h: Harness, client_id: str, backplane: Recorder, **props: Any) -> Any:
+    """A client connected through the backplane's claim."""
+    client = h.client()
+    client.send(pk.Connect(client_id=client_id, properties=props))
+    assert client.receive() == []  # the CONNECT waits for the claim
+    backplane.claims.pop()()
+    connack = client.one(pk.Connack)
+    assert connack.reason_code == 0
+    client.connack = connack
+    return client
+
+
+@pytest.fixture
+def hb(h: Harness) -> tuple[Harness, Recorder]:
+    backplane = Recorder()
+    h.broker.router.backplane = backplane
+    return h, backplane
+
+
+def test_routes_counted_per_filter(hb: tuple[Harness, Recorder]) -> None:
+    h, bp = hb
+    a = joined(h, "a", bp)
+    b = joined(h, "b", bp)
+    bp.events.clear()
+    a.subscribe("t/#")
+    b.subscribe("t/#")
+    a.subscribe("t/#", 1)  # replaced: no new route
+    assert bp.events == [("added", "t/#")]
+    a.unsubscribe("t/#")
+    assert bp.events == [("added", "t/#")]  # b still has it
+    b.unsubscribe("t/#")
+    assert bp.events == [("added", "t/#"), ("removed", "t/#")]
+    b.subscribe("t/#")
+    assert bp.events[-1] == ("added", "t/#")
+
+
+def test_claim_then_session_end(hb: tuple[Harness, Recorder]) -> None:
+    h, bp = hb
+    client = joined(h, "c", bp)
+    assert bp.events == [("claim", "c", True)]
+    client.lose()
+    assert bp.events[-1] == ("ended", "c")
+
+
+def test_pipelined_packets_wait_for_the_claim(hb: tuple[Harness, Recorder]) -> None:
+    h, bp = hb
+    client = h.client()
+    client.send(pk.Connect(client_id="c"), pk.Subscribe(1, [pk.SubscriptionRequest("a")]))
+    assert client.receive() == []
+    bp.claims.pop()()
+    assert [type(p) for p in client.receive()] == [pk.Connack, pk.Suback]
+
+
+def test_publish_counts_other_nodes(hb: tuple[Harness, Recorder]) -> None:
+    """The backplane hears of every routed message with its publisher; the nodes it went to
+    count as subscribers (no 0x10 on the PUBACK)."""
+    h, bp = hb
+    bp.remote_nodes = 1
+    pub = joined(h, "pub", bp)
+    pub.publish("t", b"x", 1)
+    assert pub.one(pk.Puback).reason_code == 0
+    assert ("publish", "t", "pub", 0) in bp.events
+    bp.remote_nodes = 0
+    pub.publish("t", b"x", 1)
+    assert pub.one(pk.Puback).reason_code == 0x10
+
+
+def test_router_count_adds_local_deliveries(hb: tuple[Harness, Recorder]) -> None:
+    h, bp = hb
+    bp.remote_nodes = 2
+    for name in ("a", "b"):
+        joined(h, name, bp).subscribe("t")
+    c = joined(h, "c", bp)
+    c.subscribe("+")
+    c.subscribe("t")  # two subscriptions of one client: one copy
+    router = h.broker.router
+    match = router.lookup("t")
+    assert match is not None
+    # 2 nodes, a, b and c once
+    assert router.publish(Message("t", b"x"), match, None, h.clock()) == 5
+
+
+def test_shared_groups_deliver_here_only_when_the_backplane_says(
+    hb: tuple[Harness, Recorder],
+) -> None:
+    h, bp = hb
+    member = joined(h, "m", bp)
+    member.subscribe("$share/g/t")
+    pub = joined(h, "pub", bp)
+    bp.keep_groups = False  # another node's turn
+    pub.publish("t", b"elsewhere")
+    assert member.receive() == []
+    bp.keep_groups = True
+    pub.publish("t", b"here")
+    assert [p.payload for p in member.publishes()] == [b"here"]
+    assert ("publish", "t", "pub", 1) in bp.events
+
+
+def test_will_routed_through_the_backplane(hb: tuple[Harness, Recorder]) -> None:
+    h, bp = hb
+    client = h.client()
+    will = pk.Will("will/c", b"gone")
+    client.send(pk.Connect(client_id="c", will=will))
+    bp.claims.pop()()
+    client.receive()
+    client.lose()
+    assert ("publish", "will/c", "c", 0) in bp.events

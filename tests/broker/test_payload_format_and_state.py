@@ -1,0 +1,151 @@
+"""Payload Format Indicator 1 with a payload that is not UTF-8, answered per QoS and for a
+will; acknowledgements for packet ids the broker does not know; the will published after its
+delay with its Message Expiry Interval; the QoS state a persistent session keeps."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from support.harness import Harness, Prop, pk
+
+NOT_UTF8 = b"\xff\xfe"
+PFI = {Prop.PAYLOAD_FORMAT_INDICATOR: 1}
+PERSISTENT = {Prop.SESSION_EXPIRY_INTERVAL: 100}
+
+
+def test_qos0_publish_not_utf8_disconnects(h: Harness) -> None:
+    """[MQTT-3.3.2-4] A QoS 0 PUBLISH cannot be answered: DISCONNECT 0x99 saying why."""
+    client = h.connect("c")
+    client.publish("t", NOT_UTF8, 0, properties=PFI)
+    disconnect = client.one(pk.Disconnect)
+    assert disconnect.reason_code == 0x99
+    assert disconnect.properties[Prop.REASON_STRING] == (
+        "payload is not UTF-8 although its Payload Format Indicator says so"
+    )
+
+
+@pytest.mark.parametrize("qos", [1, 2])
+def test_qos1_2_publish_not_utf8_refused_in_the_ack(h: Harness, qos: int) -> None:
+    """The PUBACK/PUBREC says 0x99 with a Reason String; the connection stays, nothing is
+    forwarded."""
+    watcher = h.connect("w")
+    watcher.subscribe("t", 2)
+    client = h.connect("c")
+    client.publish("t", NOT_UTF8, qos, properties=PFI)
+    ack = client.one(pk.Puback if qos == 1 else pk.Pubrec)
+    assert ack.reason_code == 0x99
+    assert ack.properties[Prop.REASON_STRING] == (
+        "payload is not UTF-8 as its Payload Format Indicator says"
+    )
+    assert not client.closed and watcher.receive() == []
+
+
+def test_will_not_utf8_refused_at_connect(h: Harness) -> None:
+    client = h.client()
+    will = pk.Will("will/t", NOT_UTF8, properties=dict(PFI))
+    client.send(pk.Connect(client_id="c", will=will))
+    connack = client.one(pk.Connack)
+    assert connack.reason_code == 0x99
+    assert connack.properties[Prop.REASON_STRING] == (
+        "payload is not UTF-8 although its Payload Format Indicator says so"
+    )
+
+
+def test_pubrec_for_an_unknown_id(h: Harness) -> None:
+    """A PUBREC with a success code for no QoS 2 message in flight gets PUBREL 0x92; one with
+    an error code (0x80 included) is not answered."""
+    client = h.connect("c")
+    client.pubrec(77, 0x80)
+    assert client.receive() == []
+    client.pubrec(77, 0x00)
+    pubrel = client.one(pk.Pubrel)
+    assert (pubrel.packet_id, pubrel.reason_code) == (77, 0x92)
+    assert not client.closed
+
+
+def test_delayed_will_carries_its_expiry(h: Harness) -> None:
+    """[MQTT-3.1.3-9] [MQTT-3.3.2-6] A will published after its delay carries its Message Expiry
+    Interval, counted from its publication."""
+    watcher = h.connect("w")
+    watcher.subscribe("will/#", 1)
+    will = pk.Will(
+        "will/c",
+        b"gone",
+        1,
+        properties={Prop.WILL_DELAY_INTERVAL: 5, Prop.MESSAGE_EXPIRY_INTERVAL: 60},
+    )
+    h.connect("c", will=will, properties=PERSISTENT).lose()
+    h.tick(5)
+    (message,) = watcher.publishes()
+    assert message.properties[Prop.MESSAGE_EXPIRY_INTERVAL] == 60
+
+
+def test_session_expiry_is_logged(h: Harness, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="mqttbroker.broker")
+    h.connect("s", properties={Prop.SESSION_EXPIRY_INTERVAL: 5}).lose()
+    h.tick(5)
+    assert "session s expired" in [r.getMessage() for r in caplog.records]
+
+
+def test_persistent_inbound_qos2_is_released_once(h: Harness) -> None:
+    """[MQTT-4.3.3-10] A persistent session's unreleased inbound QoS 2 id outlives the
+    connection: the PUBLISH resent after a reconnect is not delivered twice."""
+    watcher = h.connect("w")
+    watcher.subscribe("t", 2)
+    client = h.connect("c", properties=PERSISTENT)
+    client.publish("t", b"once", 2, packet_id=3)
+    assert client.one(pk.Pubrec).reason_code == 0
+    assert [p.payload for p in watcher.publishes()] == [b"once"]
+    client.lose()
+    client = h.connect("c", clean_start=False, properties=PERSISTENT, expect_present=True)
+    client.publish("t", b"once", 2, packet_id=3, dup=True)
+    assert client.one(pk.Pubrec).reason_code == 0
+    assert watcher.receive() == []
+    client.pubrel(3)
+    assert client.one(pk.Pubcomp).reason_code == 0
+
+
+def test_persistent_queue_expires_while_offline(h: Harness) -> None:
+    """[MQTT-3.3.2-5] A message queued for an offline persistent session whose expiry passes
+    is not delivered when the client returns; the one after it is."""
+    client = h.connect("s", properties=PERSISTENT)
+    client.subscribe("t", 1)
+    client.lose()
+    pub = h.connect("pub")
+    pub.publish("t", b"stale", 1, properties={Prop.MESSAGE_EXPIRY_INTERVAL: 5})
+    pub.publish("t", b"fresh", 1)
+    h.tick(6)
+    client = h.connect("s", clean_start=False, properties=PERSISTENT, expect_present=True)
+    assert [p.payload for p in client.publishes()] == [b"fresh"]
+
+
+def test_cleared_retained_topic_leaves_no_empty_levels(h: Harness) -> None:
+    """Clearing a retained message removes the levels of its topic that hold nothing else,
+    so that retained topics come and go without the tree growing."""
+    client = h.connect("c")
+    client.publish("a/b/c", b"x", retain=True)
+    client.publish("a/d", b"y", retain=True)
+    retained = h.broker.router.retained
+    client.publish("a/b/c", b"", retain=True)
+    assert list(retained._root.children) == ["a"]
+    assert list(retained._root.children["a"].children) == ["d"]
+    client.publish("a/d", b"", retain=True)
+    assert retained._root.children == {} and len(retained) == 0
+
+
+def test_one_message_encoded_for_each_version_and_retain_flag(h: Harness) -> None:
+    """A QoS 0 message's encodings are cached per shape: the MQTT 5 live copy (retain 0) and
+    the MQTT 3.1 retained copy (retain 1) of one message are different bytes, each right for
+    its client."""
+    live = h.connect("live")
+    live.subscribe("t", 0)
+    h.connect("pub").publish("t", b"m", 0, retain=True)
+    (copy5,) = live.publishes()
+    assert (copy5.payload, copy5.retain) == (b"m", False)
+    old = h.client(version=3)
+    old.send(pk.Connect(client_id="old", protocol_name="MQIsdp", protocol_level=3))
+    assert old.one(pk.Connack).reason_code == 0
+    received = old.subscribe("t", 0)
+    (copy31,) = received[1:]
+    assert (copy31.topic, copy31.payload, copy31.retain) == ("t", b"m", True)
