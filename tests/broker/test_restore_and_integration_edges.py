@@ -35,6 +35,7 @@ def test_restored_in_flight_delivery_keeps_ids_and_packet_id(make_harness: Any) 
         100,
         None,
         None,
+        1,  # the store's handle: its deliveries are numbered from it
         [SubscriptionRecord("t", 2, False, False, 0, 7)],
         [DeliveryRecord(1, Message("t", b"m", 2), 2, False, (7,), 4, False, None)],
     )
@@ -58,6 +59,7 @@ def test_restored_queued_share_is_handed_over(make_harness: Any) -> None:
         5,
         None,
         None,
+        1,  # the store's handle: its deliveries are numbered from it
         [SubscriptionRecord("$share/g/job", 1, False, False, 0, None)],
         [DeliveryRecord(1, Message("job", b"kept", 1), 1, False, (), None, False, "$share/g/job")],
     )
@@ -118,6 +120,7 @@ def test_pubrec_of_restored_qos2_alone(make_harness: Any) -> None:
         100,
         None,
         None,
+        1,  # the store's handle: its deliveries are numbered from it
         [],
         [DeliveryRecord(1, Message("t", b"m", 2), 2, False, (), 9, False, None)],
     )

@@ -59,9 +59,9 @@ class MirrorStore(Store):
 
     def save_delivery(self, session: Session, delivery: Delivery) -> None:
         self._write()
-        assert delivery.seq > 0
-        delivery.stored = True
-        self.deliveries[(session.client_id, delivery.seq)] = (
+        super().save_delivery(session, delivery)  # numbers a new one (delivery.stored)
+        assert delivery.stored > 0
+        self.deliveries[(session.client_id, delivery.stored)] = (
             delivery.message.payload,
             delivery.qos,
             delivery.packet_id,
@@ -70,7 +70,7 @@ class MirrorStore(Store):
 
     def delete_delivery(self, session: Session, delivery: Delivery) -> None:
         self._write()
-        del self.deliveries[(session.client_id, delivery.seq)]
+        del self.deliveries[(session.client_id, delivery.stored)]
 
     def save_release(self, session: Session, packet_id: int) -> None:
         self._write()
@@ -250,7 +250,7 @@ def test_restore_writes_back_only_the_sessions(hs: tuple[Harness, MirrorStore]) 
 
     h, store = hs
     record = SessionRecord(
-        "s", 100, None, "alice", [SubscriptionRecord("t", 1, False, False, 0, None)]
+        "s", 100, None, "alice", 1, [SubscriptionRecord("t", 1, False, False, 0, None)]
     )
     h.broker.restore(Restored([record], [Message("r", b"kept", 0, retain=True)]))
     h.broker.restored()
