@@ -7,7 +7,9 @@ import os
 import socket
 
 import pytest
-from transport_support import Certificates, Listeners, client_context, unique
+from support.certs import Certificates, client_context
+from support.clients import unique
+from transport_support import Listeners
 
 from conformance.mqtt import CONNACK, PUBREC, PUBREL, Client, P, ack, connect, publish
 
