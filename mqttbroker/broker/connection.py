@@ -8,7 +8,8 @@ the client and its acknowledgements). The states and their transitions are in ``
 Sans-I/O. The transport edge calls :meth:`Connection.data_received` with whatever bytes arrived
 and :meth:`Connection.connection_lost` when the socket closes; the connection writes through a
 :class:`Link` (``write``, ``close``). Output is not written per packet: it is appended to a
-per-connection buffer and the broker flushes every buffer once per event-loop pass.
+per-connection buffer and the broker flushes every buffer once per event-loop pass (the output
+of a pass's first read goes out at once while the loop is not under load: Broker.handle_read).
 """
 
 from __future__ import annotations

@@ -93,14 +93,17 @@ class Broker:
         self._user_sessions: dict[str, int] = {}  # user name -> its persistent sessions
         self.connections: set[Connection] = set()
         self.router = Router(self.options, self.store)
-        # Called when the first connection of a loop pass has output; the edge schedules
-        # flush() for the end of the pass. None: the caller flushes (tests do).
+        # Called when the first connection of a loop pass has output (or deferred input); the
+        # edge schedules flush() for the end of the pass. None: the caller flushes (tests do).
         self.wake: Callable[[], None] | None = None
         # Runs a blocking function (a password check) elsewhere and calls back on the event
         # loop with its result; set by the edge. None: run it here (tests do).
         self.offload: Callable[[Callable[[], int], Callable[[int], None]], None] | None = None
         self._dirty: list[Connection] = []
         self._deferred: list[Connection] = []  # input left for the next pass
+        self._flush_due = False  # the pass has output or deferred input: flush() will run
+        self._crowded = False  # a read came after the pass's first output (see handle_read)
+        self._busy = False  # the last pass that flushed was crowded
         self.passes = 0  # flushes so far: one per event-loop pass with output
         # Told of client.connected (before the CONNACK: the connection sets the session's user
         # name right after), client.disconnected and session.expired (webhooks use these).
@@ -180,30 +183,58 @@ class Broker:
             )
         conn.close(publish_will=False)
 
+    def handle_read(self, conn: Connection, data: bytes) -> None:
+        """A read from ``conn``'s transport. While the loop is not under load, the output of
+        the pass's first read that has any (the PUBLISH it forwards, its acknowledgement) is
+        written at once, not at the end of the pass: the loop would otherwise poll its sockets
+        once more before writing it, and a forwarded message would wait for that. Later reads
+        of the pass leave their output for the flush at its end, and so does every read once a
+        pass has had more than one (under load): one write per connection per pass then, as
+        when nothing is written early."""
+        if self._flush_due:  # an earlier read of this pass had output
+            self._crowded = True
+            conn.data_received(data)
+        else:
+            conn.data_received(data)
+            if not self._busy:
+                self._write_output()
+
     def mark_dirty(self, conn: Connection) -> None:
-        if not self._dirty and self.wake is not None:
-            self.wake()
+        if not self._flush_due:
+            self._schedule_flush()
         self._dirty.append(conn)
 
     def defer(self, conn: Connection) -> None:
         """``conn`` has input left over after its budget: resume it after the next flush."""
-        if not self._dirty and not self._deferred and self.wake is not None:
-            self.wake()
+        if not self._flush_due:
+            self._schedule_flush()
         self._deferred.append(conn)
+
+    def _schedule_flush(self) -> None:
+        self._flush_due = True
+        if self.wake is not None:
+            self.wake()
 
     def flush(self) -> None:
         """Write each connection's buffered output in one call, then go on with deferred input
         (whose output is flushed on the next pass)."""
         self.passes += 1
-        dirty = self._dirty
-        self._dirty = []
-        for conn in dirty:
-            conn.flush()
+        self._flush_due = False
+        self._busy = self._crowded
+        self._crowded = False
+        self._write_output()
         if self._deferred:
             deferred = self._deferred
             self._deferred = []
             for conn in deferred:
                 conn.resume_input()
+
+    def _write_output(self) -> None:
+        dirty = self._dirty
+        if dirty:
+            self._dirty = []
+            for conn in dirty:
+                conn.flush()
 
     # -- sessions ---------------------------------------------------------------------------
 

@@ -83,8 +83,9 @@ class MQTTProtocol(asyncio.Protocol):
         if conn is None:
             self._discard(len(data))
             return
-        self.broker.bytes_received += len(data)
-        conn.data_received(data)
+        broker = self.broker
+        broker.bytes_received += len(data)
+        broker.handle_read(conn, data)
 
     def eof_received(self) -> bool:
         return False  # close our side too

@@ -1,0 +1,134 @@
+"""When the TCP link writes what a read produced: at once while the loop is not under load (the
+pass's first read with output), at the end of the pass otherwise, one write per connection per
+pass. The loop is played by hand: ``broker.flush()`` is the end of a pass, as the event loop runs
+it once per pass that ``broker.wake`` asked for."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from support.harness import FakeClock, split_packets
+
+from mqttbroker.broker.core import Broker
+from mqttbroker.broker.options import BrokerOptions
+from mqttbroker.protocol import grammar
+from mqttbroker.protocol import packets as pk
+from mqttbroker.protocol.packets import MQTT_5
+from mqttbroker.server.tcp import MQTTProtocol
+
+
+class _Transport:
+    """What MQTTProtocol uses of an asyncio transport; records every write."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.writes: list[bytes] = []
+
+    def set_write_buffer_limits(self, high: int) -> None:
+        pass
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.1", self.port) if name == "peername" else default
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(bytes(data))
+
+    def is_closing(self) -> bool:
+        return False
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+class _Loop:
+    """A broker on MQTTProtocols, and the passes of an event loop played by hand."""
+
+    def __init__(self) -> None:
+        self.broker = Broker(BrokerOptions(), clock=FakeClock())
+        self.wakes = 0
+        self.broker.wake = self._wake
+        self.clients: dict[str, tuple[MQTTProtocol, _Transport]] = {}
+
+    def _wake(self) -> None:
+        self.wakes += 1
+
+    def end_pass(self) -> None:
+        self.broker.flush()
+
+    def connect(self, client_id: str) -> _Transport:
+        protocol = MQTTProtocol(self.broker)
+        transport = _Transport(40000 + len(self.clients))
+        protocol.connection_made(transport)  # type: ignore[arg-type]
+        self.clients[client_id] = (protocol, transport)
+        self.read(client_id, pk.Connect(client_id=client_id, protocol_level=MQTT_5))
+        self.end_pass()
+        return transport
+
+    def read(self, client_id: str, packet: Any) -> None:
+        self.clients[client_id][0].data_received(grammar.encode(packet, MQTT_5))
+
+    def publish(self, client_id: str, payload: bytes) -> None:
+        self.read(client_id, pk.Publish("t", payload, 0, False, False, None, {}))
+
+
+def _payloads(data: bytes) -> list[bytes]:
+    return [p.payload for p in split_packets(data, MQTT_5)]
+
+
+def test_first_output_of_an_idle_pass_is_written_before_the_pass_ends() -> None:
+    loop = _Loop()
+    sub = loop.connect("sub")
+    loop.connect("a")
+    loop.connect("b")
+    loop.read("sub", pk.Subscribe(1, [pk.SubscriptionRequest("t", 0, False, False, 0)], {}))
+    loop.end_pass()
+    assert [type(p) for p in split_packets(b"".join(sub.writes), MQTT_5)] == [
+        pk.Connack,
+        pk.Suback,
+    ]
+    seen = len(sub.writes)
+
+    def new_writes() -> list[list[bytes]]:
+        nonlocal seen
+        fresh = [_payloads(w) for w in sub.writes[seen:]]
+        seen = len(sub.writes)
+        return fresh
+
+    # An idle loop: the forwarded message is written by the read itself.
+    wakes = loop.wakes
+    loop.publish("a", b"1")
+    assert new_writes() == [[b"1"]]
+    assert loop.wakes == wakes + 1  # the end-of-pass flush is still asked for, once
+    loop.end_pass()
+    assert new_writes() == []
+
+    # Load arrives: the pass's first read writes at once, the second waits for the flush.
+    loop.publish("a", b"2")
+    loop.publish("b", b"3")
+    assert new_writes() == [[b"2"]]
+    loop.end_pass()
+    assert new_writes() == [[b"3"]]
+
+    # Under load (the last pass had two reads): one write per pass, at its end.
+    loop.publish("a", b"4")
+    loop.publish("b", b"5")
+    loop.publish("a", b"6")
+    assert new_writes() == []
+    loop.end_pass()
+    assert new_writes() == [[b"4", b"5", b"6"]]
+
+    # The first pass with one read after the load still coalesces; the next one is idle again.
+    loop.publish("a", b"7")
+    assert new_writes() == []
+    loop.end_pass()
+    assert new_writes() == [[b"7"]]
+    loop.publish("b", b"8")
+    assert new_writes() == [[b"8"]]
+    loop.end_pass()
+    assert new_writes() == []
