@@ -134,7 +134,5 @@ def test_hot_packet_round_trip_through_fast_path_only(data: st.DataObject, versi
     assert header is not None
     length, start = header
     assert start + length == len(encoded)
-    decoded = decode_hot(
-        encoded[0] >> 4, encoded[0] & 15, encoded, start, len(encoded), version
-    )
+    decoded = decode_hot(encoded[0] >> 4, encoded[0] & 15, encoded, start, len(encoded), version)
     assert decoded == packet
