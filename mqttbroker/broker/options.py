@@ -123,8 +123,6 @@ class BrokerOptions:
             raise ValueError("max_keepalive must be between 0 and 65535")
         if self.connect_timeout <= 0:
             raise ValueError("connect_timeout must be positive")
-        if self.connection_log_interval < 0:
-            raise ValueError("connection_log_interval must not be negative")
         if not 0 <= self.max_session_expiry <= 0xFFFFFFFF:
             raise ValueError("max_session_expiry must be between 0 and 4294967295")
         if self.max_queued_messages < 0 or self.max_queued_bytes < 0:
@@ -151,13 +149,12 @@ class BrokerOptions:
             "match_cache_bytes",
             "max_user_properties",
             "max_output_buffer",
+            "max_publish_rate",
+            "sys_interval",
+            "connection_log_interval",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative")
-        if self.max_publish_rate < 0:
-            raise ValueError("max_publish_rate must not be negative")
-        if self.sys_interval < 0:
-            raise ValueError("sys_interval must not be negative")
         if self.input_budget < 1:
             raise ValueError("input_budget must be at least 1")
         if not 0 < self.max_connect_size <= 268_435_460:
