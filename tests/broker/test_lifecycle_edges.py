@@ -9,7 +9,7 @@ import logging
 from typing import Any
 
 import pytest
-from support.harness import Harness, Prop, pk
+from support.harness import AllowAll, Harness, Prop, pk
 
 PERSISTENT = {Prop.SESSION_EXPIRY_INTERVAL: 100}
 
@@ -59,21 +59,10 @@ def test_will_checked_by_the_authorizer(h: Harness, caplog: pytest.LogCaptureFix
     caplog.set_level(logging.INFO, logger="mqttbroker.broker")
     asked: list[tuple[str, str | None, str]] = []
 
-    class Rules:
-        generation = 0
-
+    class Rules(AllowAll):
         def can_publish(self, client_id: str, username: str | None, topic: str) -> bool:
             asked.append((client_id, username, topic))
             return topic != "will/denied"
-
-        def can_subscribe(self, client_id: str, username: str | None, topic_filter: str) -> bool:
-            return True
-
-        def can_read(self, client_id: str, username: str | None, topic: str) -> bool:
-            return True
-
-        def needs_read_check(self, client_id: str, username: str | None, topic_filter: str) -> bool:
-            return False
 
     h.broker.authorizer = Rules()
     w = watcher(h)
@@ -174,21 +163,11 @@ def test_recheck_does_not_send_what_it_is_about_to_drop(h: Harness) -> None:
     unreadable but one: dropping the one in flight must not send a queued unreadable one on
     its way out; the readable one goes."""
 
-    class Rules:
-        generation = 0
+    class Rules(AllowAll):
         denied = "nothing/"
-
-        def can_publish(self, client_id: str, username: str | None, topic: str) -> bool:
-            return True
-
-        def can_subscribe(self, client_id: str, username: str | None, topic_filter: str) -> bool:
-            return True
 
         def can_read(self, client_id: str, username: str | None, topic: str) -> bool:
             return not topic.startswith(self.denied)
-
-        def needs_read_check(self, client_id: str, username: str | None, topic_filter: str) -> bool:
-            return False
 
     rules = Rules()
     h.broker.authorizer = rules

@@ -8,7 +8,7 @@ import logging
 from typing import Any
 
 import pytest
-from support.harness import Harness, Prop, pk
+from support.harness import AllowAll, Harness, Prop, pk
 
 from mqttbroker.broker.core import Broker
 
@@ -82,19 +82,8 @@ def test_fresh_broker_counters(h: Harness) -> None:
 def test_denied_publish_log_names_the_user(h: Harness, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="mqttbroker.connection")
 
-    class Rules:
-        generation = 0
-
+    class Rules(AllowAll):
         def can_publish(self, client_id: str, username: str | None, topic: str) -> bool:
-            return False
-
-        def can_subscribe(self, client_id: str, username: str | None, topic_filter: str) -> bool:
-            return True
-
-        def can_read(self, client_id: str, username: str | None, topic: str) -> bool:
-            return True
-
-        def needs_read_check(self, client_id: str, username: str | None, topic_filter: str) -> bool:
             return False
 
     h.broker.authorizer = Rules()

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from support.harness import Harness, Prop, pk
+from support.harness import AllowAll, Harness, Prop, pk
 
 from mqttbroker.broker.core import Broker
 from mqttbroker.broker.message import Message
@@ -265,21 +265,11 @@ def test_recheck_drops_stored_messages(hs: tuple[Harness, MirrorStore]) -> None:
     """Messages queued for a persistent session that the rules no longer let it read leave the
     store with it."""
 
-    class Rules:
-        generation = 0
+    class Rules(AllowAll):
         denied = "nothing/"
-
-        def can_publish(self, client_id: str, username: str | None, topic: str) -> bool:
-            return True
-
-        def can_subscribe(self, client_id: str, username: str | None, topic_filter: str) -> bool:
-            return True
 
         def can_read(self, client_id: str, username: str | None, topic: str) -> bool:
             return not topic.startswith(self.denied)
-
-        def needs_read_check(self, client_id: str, username: str | None, topic_filter: str) -> bool:
-            return False
 
     h, store = hs
     rules = Rules()

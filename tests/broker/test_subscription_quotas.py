@@ -8,7 +8,7 @@ import logging
 from typing import Any
 
 import pytest
-from support.harness import Harness, Prop, pk
+from support.harness import AllowAll, Harness, Prop, pk
 
 from mqttbroker.broker.session import filter_size
 
@@ -56,20 +56,9 @@ def test_denied_subscription_logged_once_per_packet(
 ) -> None:
     caplog.set_level(logging.INFO, logger="mqttbroker.connection")
 
-    class Rules:
-        generation = 0
-
+    class Rules(AllowAll):
         def can_subscribe(self, client_id: str, username: str | None, topic_filter: str) -> bool:
             return not topic_filter.startswith("secret")
-
-        def can_read(self, client_id: str, username: str | None, topic: str) -> bool:
-            return True
-
-        def can_publish(self, client_id: str, username: str | None, topic: str) -> bool:
-            return True
-
-        def needs_read_check(self, client_id: str, username: str | None, topic_filter: str) -> bool:
-            return False
 
     h.broker.authorizer = Rules()
     client = h.connect("c")

@@ -10,7 +10,16 @@ import logging
 from typing import Any
 
 import pytest
-from support.harness import METHOD, Harness, Offload, Prop, ToyAuthenticator, ToyExchange, pk
+from support.harness import (
+    METHOD,
+    AllowAll,
+    Harness,
+    Offload,
+    Prop,
+    ToyAuthenticator,
+    ToyExchange,
+    pk,
+)
 
 from mqttbroker.broker.sink import Outbox, Sink
 
@@ -127,21 +136,11 @@ def test_integration_message_with_expiry(h: Harness) -> None:
 def test_removed_subscription_is_logged(h: Harness, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="mqttbroker.broker")
 
-    class Rules:
-        generation = 0
+    class Rules(AllowAll):
         allowed = True
-
-        def can_publish(self, client_id: str, username: str | None, topic: str) -> bool:
-            return True
 
         def can_subscribe(self, client_id: str, username: str | None, topic_filter: str) -> bool:
             return self.allowed
-
-        def can_read(self, client_id: str, username: str | None, topic: str) -> bool:
-            return True
-
-        def needs_read_check(self, client_id: str, username: str | None, topic_filter: str) -> bool:
-            return False
 
     rules = Rules()
     h.broker.authorizer = rules

@@ -443,3 +443,22 @@ class Offload:
         jobs, self.pending = self.pending, []
         for work, done in jobs:
             done(work())
+
+
+class AllowAll:
+    """An authorizer (Broker.authorizer) for tests that allows everything and needs no read
+    check; a test overrides the one rule it is about."""
+
+    generation = 0
+
+    def can_publish(self, client_id: str, username: str | None, topic: str) -> bool:
+        return True
+
+    def can_subscribe(self, client_id: str, username: str | None, topic_filter: str) -> bool:
+        return True
+
+    def can_read(self, client_id: str, username: str | None, topic: str) -> bool:
+        return True
+
+    def needs_read_check(self, client_id: str, username: str | None, topic_filter: str) -> bool:
+        return False
