@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from support.harness import MQTT_5, Harness, pk
+from support.harness import MQTT_5, AllowAll, Harness, pk
 
 from mqttbroker.broker.sink import Outbox, Sink, retire
 from mqttbroker.protocol import grammar
@@ -99,17 +99,11 @@ def test_publisher_recorded_only_when_asked(h: Harness) -> None:
     ]
 
 
-class NothingReadable:
+class NothingReadable(AllowAll):
     generation = 1
-
-    def can_publish(self, client_id: str, username: str | None, topic: str) -> bool:
-        return True
 
     def can_subscribe(self, client_id: str, username: str | None, topic_filter: str) -> bool:
         return False
-
-    def can_read(self, client_id: str, username: str | None, topic: str) -> bool:
-        return True
 
 
 def test_rules_reload_leaves_integration_subscriptions(h: Harness) -> None:

@@ -9,7 +9,7 @@ import logging
 from typing import Any
 
 import pytest
-from support.harness import Harness, Prop, pk
+from support.harness import AllowAll, Harness, Prop, pk
 
 from mqttbroker.broker.core import Broker
 from mqttbroker.broker.session import NEVER
@@ -17,19 +17,10 @@ from mqttbroker.broker.session import NEVER
 MQTT_3_1_1 = 4
 
 
-class DenyAll:
-    generation = 0
-
-    def can_publish(self, client_id: str, username: str | None, topic: str) -> bool:
-        return True
+class DenyAll(AllowAll):
+    """Refuses every subscription."""
 
     def can_subscribe(self, client_id: str, username: str | None, topic_filter: str) -> bool:
-        return False
-
-    def can_read(self, client_id: str, username: str | None, topic: str) -> bool:
-        return True
-
-    def needs_read_check(self, client_id: str, username: str | None, topic_filter: str) -> bool:
         return False
 
 
