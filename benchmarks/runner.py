@@ -304,6 +304,21 @@ def settle(handles: list[br.BrokerHandle], pin: bool) -> list[str]:
     return restarted
 
 
+def ready(
+    handles: list[br.BrokerHandle], i: int, scenario: Scenario, pin: bool
+) -> br.BrokerHandle:
+    """The broker to measure next, ``handles[i]``: a managed one that is down is started
+    again, and so is every managed one before each run of a ``fresh`` scenario."""
+    handle = handles[i]
+    if handle.managed and not handle.alive():
+        print(f"  {handle.name} is down: restarting it", file=sys.stderr)
+    elif not (handle.managed and scenario.fresh):
+        return handle
+    handle.stop()
+    handles[i] = handle = br.restart(handle, pin)
+    return handle
+
+
 def run_fresh(
     scenario: Scenario,
     name: str,
@@ -514,11 +529,7 @@ def main(argv: list[str] | None = None) -> int:
                         if br.is_variant(handle.name) and handle.name not in scenario.variants:
                             continue  # measured in other scenarios only
                         restarted = settle(handles, pin)
-                        handle = handles[i]
-                        if handle.managed and not handle.alive():
-                            print(f"  {handle.name} is down: restarting it", file=sys.stderr)
-                            handle.stop()
-                            handles[i] = handle = br.restart(handle, pin)
+                        handle = ready(handles, i, scenario, pin)
                         record = run_one(scenario, handle, run, args, sizes, pin, suite)
                         if record.get("broker_crashed"):
                             handle.crashes += 1

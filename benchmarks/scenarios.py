@@ -749,6 +749,10 @@ class Scenario:
     many_fds: bool = False
     # Measured on brokers of its own, started fresh for each run (see runner.own_brokers).
     own_brokers: bool = False
+    # Each run on a freshly started broker of the shared kind (scenario 6: a broker's memory
+    # after earlier runs holds freed blocks the next run's connections reuse, so only a fresh
+    # one's growth is the cost of the connections).
+    fresh: bool = False
     # Configurations of our broker (brokers.TUNED_VARIANTS), or the floor (brokers.FLOOR),
     # measured here beside the others.
     variants: tuple[str, ...] = ()
@@ -798,6 +802,7 @@ SCENARIOS: dict[str, Scenario] = {
                 Metric("rss_kb_per_conn", "RSS KiB/conn", False),
             ),
             many_fds=True,
+            fresh=True,
         ),
         Scenario(
             "7",

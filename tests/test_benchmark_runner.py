@@ -16,6 +16,7 @@ if str(REPO) not in sys.path:
 
 from benchmarks import brokers as br  # noqa: E402
 from benchmarks import runner  # noqa: E402
+from benchmarks.scenarios import SCENARIOS  # noqa: E402
 
 
 class StubHandle(br.BrokerHandle):
@@ -78,3 +79,32 @@ def test_a_neighbour_that_does_not_start_again_does_not_end_the_benchmark(
     assert runner.settle(handles, pin=False) == ["amqtt"]
     assert handles[1] is stalled and stalled.stopped  # left down for the "is down" path
     assert "amqtt did not start again: no port after 20 s" in capsys.readouterr().err
+
+
+def test_a_fresh_scenario_gets_a_newly_started_broker_for_each_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    started: list[str] = []
+
+    def restart(handle: br.BrokerHandle, pin: bool) -> br.BrokerHandle:
+        started.append(handle.name)
+        return StubHandle(handle.name)
+
+    monkeypatch.setattr(br, "restart", restart)
+    idle = SCENARIOS["6"]
+    shared = SCENARIOS["1"]
+    assert idle.fresh and not shared.fresh
+    ours, external = StubHandle("ours"), StubHandle("external", managed=False)
+    handles: list[br.BrokerHandle] = [ours, external]
+
+    assert runner.ready(handles, 0, shared, pin=False) is ours and not started
+    first = runner.ready(handles, 0, idle, pin=False)
+    assert first is not ours and ours.stopped and handles[0] is first
+    second = runner.ready(handles, 0, idle, pin=False)
+    assert second is not first and handles[0] is second and started == ["ours", "ours"]
+    # an external broker is measured as it is
+    assert runner.ready(handles, 1, idle, pin=False) is external and not external.stopped
+    # a managed broker that is down is started again whatever the scenario
+    down = StubHandle("mosquitto", alive=False)
+    handles.append(down)
+    assert runner.ready(handles, 2, shared, pin=False) is not down and down.stopped
