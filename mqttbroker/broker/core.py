@@ -60,7 +60,11 @@ class Broker:
         self.store = store or Store()
         self.authenticator: Authenticator = authenticator or AllowAll()
         self.authorizer = authorizer  # None: everyone may publish and subscribe anywhere
-        self.received_by_qos = [0, 0, 0]  # PUBLISHes accepted from clients, per QoS
+        # PUBLISHes accepted from clients, per QoS: three native ints (a list's items would be
+        # boxed again at every increment, on the hot path)
+        self.received_q0 = 0
+        self.received_q1 = 0
+        self.received_q2 = 0
         self.denied = 0  # PUBLISHes refused by the authorizer
         self.refused = 0  # connections refused by the connection limits
         self.refusals: dict[int, int] = {}  # CONNECTs refused, per reason code (Connection.fail)
@@ -112,8 +116,21 @@ class Broker:
     @property
     def received(self) -> int:
         """PUBLISHes accepted from clients (and from the integrations), all QoS together."""
-        by_qos = self.received_by_qos
-        return by_qos[0] + by_qos[1] + by_qos[2]
+        return self.received_q0 + self.received_q1 + self.received_q2
+
+    @property
+    def received_by_qos(self) -> list[int]:
+        """PUBLISHes accepted, per QoS (index 0, 1, 2)."""
+        return [self.received_q0, self.received_q1, self.received_q2]
+
+    def count_received(self, qos: int) -> None:
+        """One more PUBLISH accepted at ``qos``."""
+        if qos == 0:
+            self.received_q0 += 1
+        elif qos == 1:
+            self.received_q1 += 1
+        else:
+            self.received_q2 += 1
 
     def _connack_properties(self) -> dict[int, Any]:
         """What every MQTT 5 CONNACK tells the client about this broker (section 3.2.2.3);

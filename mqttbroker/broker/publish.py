@@ -140,7 +140,7 @@ def route(
     session = conn.session
     assert session is not None
     now = broker.clock()
-    broker.received_by_qos[qos] += 1
+    broker.count_received(qos)
     if opts.max_publish_rate:
         tokens = min(
             float(opts.max_publish_burst),

@@ -161,7 +161,7 @@ class Outbox:
             broker.denied += 1
             return ReasonCode.QUOTA_EXCEEDED
         now = broker.clock()
-        broker.received_by_qos[qos] += 1
+        broker.count_received(qos)
         message = Message.received(
             topic, encode_topic(topic), payload, qos, retain, properties, now
         )
