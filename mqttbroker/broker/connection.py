@@ -165,8 +165,10 @@ class Connection:
         self._need = 0  # bytes the incomplete packet needs in all, when known
         self.out: list[bytes] = []
         # Output held for the store (see hold_output): absolute output positions that wait for
-        # a commit each, the number of chunks flushed so far, and how far output may go.
-        self._marks: list[int] = []  # few at a time: a list is smaller than a deque
+        # a commit each (few at a time: a list is smaller than a deque; made when first
+        # needed, as most connections never change the store), the number of chunks flushed
+        # so far, and how far output may go.
+        self._marks: list[int] | None = None
         self._out_base = 0
         self._free_upto = 0
         self._writes_seen = 0  # the store's write count when our current input began
@@ -500,14 +502,18 @@ class Connection:
         """Our input changed the store: what we have buffered so far (acknowledgements among
         it) waits until the store's current batch is committed, so that "acknowledged" means
         "on disk". Later output waits behind it, in order."""
-        self._marks.append(self._out_base + len(self.out))
+        marks = self._marks
+        if marks is None:
+            marks = self._marks = []
+        marks.append(self._out_base + len(self.out))
         self.broker.store.after_commit(self._release_output)
 
     def _release_output(self) -> None:
-        if not self._marks:  # the connection was closed and flushed meanwhile
+        marks = self._marks
+        if not marks:  # the connection was closed and flushed meanwhile
             return
         # Batches commit in order, so the oldest mark is the one committed now.
-        self._free_upto = self._marks.pop(0)
+        self._free_upto = marks.pop(0)
         if self.out:
             self.broker.mark_dirty(self)
 
@@ -615,7 +621,7 @@ class Connection:
         self.broker.connection_closed(self, publish_will)
 
     def _close_link(self) -> None:
-        self._marks.clear()
+        self._marks = None
         self.flush()
         self.link.close()
 
