@@ -8,13 +8,13 @@ from typing import TYPE_CHECKING, Any
 
 from ..protocol import fastpath, grammar
 from ..protocol import packets as pk
+from ..protocol import properties as prop
 from ..protocol.errors import MQTTError, ProtocolError
 from ..protocol.packets import MQTT_5
-from ..protocol.properties import PropertyId as Prop
 from ..protocol.reasons import CONNACK_CODES, ReasonCode, v311_connack_code
 from . import publish
 from .auth import CONTINUE, SUCCESS
-from .state import AUTHENTICATING, CONNECTED, Event
+from .state import ACCEPT, AUTHENTICATE, AUTHENTICATING, CONNECTED
 from .topics import valid_topic_name
 
 if TYPE_CHECKING:
@@ -44,8 +44,8 @@ def on_connect(conn: Connection, packet: pk.Connect) -> None:
     conn.version = version = packet.protocol_level
     v5 = version == MQTT_5
     props = packet.properties
-    conn.max_send_size = props.get(Prop.MAXIMUM_PACKET_SIZE, 268_435_460)
-    conn.problem_info = props.get(Prop.REQUEST_PROBLEM_INFORMATION, 1) == 1
+    conn.max_send_size = props.get(prop.MAXIMUM_PACKET_SIZE, 268_435_460)
+    conn.problem_info = props.get(prop.REQUEST_PROBLEM_INFORMATION, 1) == 1
     if not packet.client_id:
         if not v5 and not packet.clean_start:
             raise MQTTError(
@@ -67,13 +67,13 @@ def on_connect(conn: Connection, packet: pk.Connect) -> None:
             raise MQTTError(
                 "retained will not supported", ReasonCode.RETAIN_NOT_SUPPORTED
             )  # MQTT-3.2.2-13
-        if will.properties.get(Prop.PAYLOAD_FORMAT_INDICATOR) == 1:
+        if will.properties.get(prop.PAYLOAD_FORMAT_INDICATOR) == 1:
             publish.check_utf8_payload(will.payload)
     if opts.server_reference:
         moved = ReasonCode.SERVER_MOVED if opts.server_moved else ReasonCode.USE_ANOTHER_SERVER
         raise MQTTError("redirected to " + opts.server_reference, moved)
-    method = props.get(Prop.AUTHENTICATION_METHOD)
-    if Prop.AUTHENTICATION_DATA in props and method is None:
+    method = props.get(prop.AUTHENTICATION_METHOD)
+    if prop.AUTHENTICATION_DATA in props and method is None:
         raise ProtocolError("Authentication Data without an Authentication Method")
     certificate_user = conn.certificate_user
     if certificate_user is not None:
@@ -91,7 +91,7 @@ def on_connect(conn: Connection, packet: pk.Connect) -> None:
         elif broker.offload is not None:
             # Hashing a password takes milliseconds: off the event loop, while this
             # connection waits (state AUTHENTICATING, input held) for the answer.
-            conn.to(Event.AUTHENTICATE)
+            conn.to(AUTHENTICATE)
             conn.checking = True
             conn.held_connect = packet
             authenticator = broker.authenticator
@@ -123,17 +123,17 @@ def on_connect(conn: Connection, packet: pk.Connect) -> None:
     conn.auth = exchange
     conn.auth_method = method
     conn.held_connect = packet
-    conn.to(Event.AUTHENTICATE)
-    auth_step(conn, props.get(Prop.AUTHENTICATION_DATA))
+    conn.to(AUTHENTICATE)
+    auth_step(conn, props.get(prop.AUTHENTICATION_DATA))
 
 
 def auth_step(conn: Connection, data: bytes | None) -> None:
     """Run one step of the enhanced-authentication exchange (section 4.12)."""
     assert conn.auth is not None
     outcome = conn.auth.step(data)
-    auth_props: dict[int, Any] = {Prop.AUTHENTICATION_METHOD: conn.auth_method}
+    auth_props: dict[int, Any] = {prop.AUTHENTICATION_METHOD: conn.auth_method}
     if outcome.data is not None:
-        auth_props[Prop.AUTHENTICATION_DATA] = outcome.data
+        auth_props[prop.AUTHENTICATION_DATA] = outcome.data
     if outcome.status == CONTINUE:  # MQTT-4.12.0-2, -5
         conn.send(grammar.encode(pk.Auth(ReasonCode.CONTINUE_AUTHENTICATION, auth_props)))
         return
@@ -155,7 +155,7 @@ def auth_step(conn: Connection, data: bytes | None) -> None:
 
 
 def on_auth(conn: Connection, packet: pk.Auth) -> None:
-    method = packet.properties.get(Prop.AUTHENTICATION_METHOD)
+    method = packet.properties.get(prop.AUTHENTICATION_METHOD)
     if conn.auth_method is None:
         raise ProtocolError("AUTH without an Authentication Method in CONNECT")  # 4.12.0-7
     if method != conn.auth_method:
@@ -170,7 +170,7 @@ def on_auth(conn: Connection, packet: pk.Auth) -> None:
         conn.auth = exchange
     elif code != ReasonCode.CONTINUE_AUTHENTICATION or conn.auth is None:
         raise ProtocolError(f"unexpected AUTH reason code 0x{code:02X}")
-    auth_step(conn, packet.properties.get(Prop.AUTHENTICATION_DATA))
+    auth_step(conn, packet.properties.get(prop.AUTHENTICATION_DATA))
 
 
 def accept(conn: Connection, packet: pk.Connect, auth_props: dict[int, Any] | None) -> None:
@@ -181,7 +181,7 @@ def accept(conn: Connection, packet: pk.Connect, auth_props: dict[int, Any] | No
         # A cluster node first takes the client id over: its session may be on another
         # node, which hands it over. The CONNECT waits (input held) until then.
         conn.claimed = conn.checking = True
-        conn.to(Event.AUTHENTICATE)
+        conn.to(AUTHENTICATE)
         backplane.claim(
             packet.client_id,
             packet.clean_start,
@@ -193,15 +193,15 @@ def accept(conn: Connection, packet: pk.Connect, auth_props: dict[int, Any] | No
     v5 = version == MQTT_5
     props = packet.properties
     client_id = packet.client_id
-    conn.send_quota = min(props.get(Prop.RECEIVE_MAXIMUM, 65535), opts.max_inflight)
-    conn.alias_maximum = props.get(Prop.TOPIC_ALIAS_MAXIMUM, 0) if v5 else 0
+    conn.send_quota = min(props.get(prop.RECEIVE_MAXIMUM, 65535), opts.max_inflight)
+    conn.alias_maximum = props.get(prop.TOPIC_ALIAS_MAXIMUM, 0) if v5 else 0
     keep_alive = packet.keep_alive
     server_keep_alive = None
     if opts.max_keepalive and (keep_alive == 0 or keep_alive > opts.max_keepalive):
         keep_alive = server_keep_alive = opts.max_keepalive
     conn.keep_alive = keep_alive
     if v5:
-        requested = props.get(Prop.SESSION_EXPIRY_INTERVAL, 0)
+        requested = props.get(prop.SESSION_EXPIRY_INTERVAL, 0)
     else:
         requested = 0 if packet.clean_start else 0xFFFFFFFF
     expiry = min(requested, opts.max_session_expiry)
@@ -210,17 +210,17 @@ def accept(conn: Connection, packet: pk.Connect, auth_props: dict[int, Any] | No
     session, present = broker.attach(conn, client_id, packet.clean_start, expiry, packet.username)
     conn.username = packet.username
     conn.session = session
-    conn.to(Event.ACCEPT)
+    conn.to(ACCEPT)
     if v5:
         extra: dict[int, Any] = {}
         if conn.assigned_id:
-            extra[Prop.ASSIGNED_CLIENT_IDENTIFIER] = client_id  # MQTT-3.2.2-16
+            extra[prop.ASSIGNED_CLIENT_IDENTIFIER] = client_id  # MQTT-3.2.2-16
         if server_keep_alive is not None:
-            extra[Prop.SERVER_KEEP_ALIVE] = server_keep_alive
+            extra[prop.SERVER_KEEP_ALIVE] = server_keep_alive
         if expiry != requested:
-            extra[Prop.SESSION_EXPIRY_INTERVAL] = expiry
-        if opts.response_information and props.get(Prop.REQUEST_RESPONSE_INFORMATION):
-            extra[Prop.RESPONSE_INFORMATION] = opts.response_information.replace(
+            extra[prop.SESSION_EXPIRY_INTERVAL] = expiry
+        if opts.response_information and props.get(prop.REQUEST_RESPONSE_INFORMATION):
+            extra[prop.RESPONSE_INFORMATION] = opts.response_information.replace(
                 "%c", client_id
             )  # absent unless requested: MQTT-3.1.2-28
         if auth_props:
@@ -257,7 +257,7 @@ def on_disconnect(conn: Connection, packet: pk.Disconnect) -> None:
         return
     session = conn.session
     assert session is not None
-    expiry = packet.properties.get(Prop.SESSION_EXPIRY_INTERVAL)
+    expiry = packet.properties.get(prop.SESSION_EXPIRY_INTERVAL)
     if expiry is not None:
         if conn.connect_expiry == 0 and expiry != 0:
             raise ProtocolError("Session Expiry Interval set on DISCONNECT after CONNECT had 0")
@@ -285,9 +285,9 @@ def refuse(conn: Connection, code: int, reason: str) -> None:
     if conn.version == MQTT_5:
         if code not in CONNACK_CODES:
             return
-        props: dict[int, Any] = {Prop.REASON_STRING: reason} if reason else {}
+        props: dict[int, Any] = {prop.REASON_STRING: reason} if reason else {}
         if code in (ReasonCode.USE_ANOTHER_SERVER, ReasonCode.SERVER_MOVED):
-            props[Prop.SERVER_REFERENCE] = conn.broker.options.server_reference
+            props[prop.SERVER_REFERENCE] = conn.broker.options.server_reference
         data = fastpath.encode_connack(pk.Connack(False, code, props), MQTT_5)
         if len(data) > conn.max_send_size:
             data = fastpath.encode_connack(pk.Connack(False, code), MQTT_5)

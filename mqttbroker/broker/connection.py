@@ -21,15 +21,23 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..protocol import fastpath, grammar
 from ..protocol import packets as pk
+from ..protocol import properties as prop
 from ..protocol.errors import MQTTError, PacketTooLarge, ProtocolError
-from ..protocol.packets import MQTT_5, PacketType
-from ..protocol.properties import PropertyId as Prop
+from ..protocol.packets import MQTT_5
 from ..protocol.reasons import DISCONNECT_CODES, ReasonCode
 from . import connect, deliver, publish, subscribe
 from .auth import AuthExchange
 from .message import Message
 from .policy import OPEN, ListenerPolicy
-from .state import AUTHENTICATING, AWAIT_CONNECT, CLOSED, CONNECTED, RECEIVES, Event, next_state
+from .state import (
+    AUTHENTICATING,
+    AWAIT_CONNECT,
+    CLOSE,
+    CLOSED,
+    CONNECTED,
+    RECEIVES,
+    next_state,
+)
 from .topics import Subscription
 
 if TYPE_CHECKING:
@@ -43,11 +51,6 @@ log = logging.getLogger("mqttbroker.connection")
 ALLOWED_CACHE_TOPICS = 1024
 ALLOWED_CACHE_CHARS = 65_536
 
-_PUBLISH = PacketType.PUBLISH
-_PUBACK = PacketType.PUBACK
-_PUBREL = PacketType.PUBREL
-_PUBCOMP = PacketType.PUBCOMP
-_CONNECT = PacketType.CONNECT
 # Login refusals the authenticator logs itself, rate-limited (a flood of them is an attack).
 _LOGGED_BY_AUTHENTICATOR = (ReasonCode.CONNECTION_RATE_EXCEEDED, ReasonCode.SERVER_BUSY)
 
@@ -251,7 +254,7 @@ class Connection:
             while pos < end:
                 if self.work >= budget:
                     break
-                if self.state == AWAIT_CONNECT and data[pos] >> 4 != _CONNECT:
+                if self.state == AWAIT_CONNECT and data[pos] >> 4 != pk.CONNECT:
                     # MQTT-3.1.0-1: not MQTT, or not a CONNECT. There is nothing to acknowledge
                     # and no protocol version to answer in: close at once.
                     log.warning(
@@ -393,12 +396,12 @@ class Connection:
         ptype = first >> 4
         state = self.state
         if state == CONNECTED:  # the hot packets first, each straight to its fast decoder
-            if ptype == _PUBLISH:
+            if ptype == pk.PUBLISH:
                 publish.publish_fast(self, first, data, body, stop)
                 return
-            if _PUBACK <= ptype <= _PUBCOMP:
+            if pk.PUBACK <= ptype <= pk.PUBCOMP:
                 ack = fastpath.decode_ack(ptype, first & 0x0F, data, body, stop, self.version)
-                if ptype == _PUBREL:
+                if ptype == pk.PUBREL:
                     publish.on_pubrel(self, ack)
                 else:
                     deliver.on_ack(self, ptype, ack)
@@ -406,7 +409,7 @@ class Connection:
         if ptype not in RECEIVES[state]:
             if state == AUTHENTICATING:  # only AUTH or DISCONNECT until CONNACK (3.1.2-30)
                 raise ProtocolError(f"packet type {ptype} during authentication")
-            if ptype == _CONNECT:
+            if ptype == pk.CONNECT:
                 raise ProtocolError("second CONNECT on one connection")  # MQTT-3.1.0-2
             raise ProtocolError(f"a client may not send packet type {ptype}")
         if state == AWAIT_CONNECT:
@@ -492,7 +495,7 @@ class Connection:
         """An acknowledgement (PUBACK, PUBREC, PUBREL, PUBCOMP) with a Reason String, unless the
         client asked for none (MQTT-3.1.2-29) or it would exceed the client's Maximum Packet
         Size (MQTT-3.4.2-2, -3.5.2-2, -3.6.2-2, -3.7.2-2)."""
-        props: dict[int, Any] | None = {Prop.REASON_STRING: reason} if self.problem_info else None
+        props: dict[int, Any] | None = {prop.REASON_STRING: reason} if self.problem_info else None
         data = fastpath.encode_ack(ptype, packet_id, code, props, self.version)
         if len(data) > self.max_send_size:
             data = fastpath.encode_ack(ptype, packet_id, code, None, self.version)
@@ -596,7 +599,7 @@ class Connection:
                 )
             props: dict[int, Any] = {}
             if reason:
-                props[Prop.REASON_STRING] = reason
+                props[prop.REASON_STRING] = reason
             data = grammar.encode(pk.Disconnect(reason_code, props), MQTT_5)
             if len(data) > self.max_send_size:  # MQTT-3.14.2-3
                 data = grammar.encode(pk.Disconnect(reason_code), MQTT_5)
@@ -608,7 +611,7 @@ class Connection:
         that waits for the store (acknowledgements) goes out once committed, then the close."""
         if self.state == CLOSED:
             return
-        self.to(Event.CLOSE)
+        self.to(CLOSE)
         store = self.broker.store
         if store.writes != self._writes_seen:
             # This input changed the store and then closed us (DISCONNECT, or an error, in
@@ -637,7 +640,7 @@ class Connection:
                     self.broker.unlogged_lost += 1
                 else:
                     log.info("client %s: connection lost", self.client_id)
-            self.to(Event.CLOSE)
+            self.to(CLOSE)
             self.broker.connection_closed(self, True)
 
     # -- flow control from the transport ----------------------------------------------------

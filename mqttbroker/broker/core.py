@@ -17,9 +17,9 @@ from typing import Any
 
 from ..protocol import fastpath
 from ..protocol import packets as pk
+from ..protocol import properties as prop
 from ..protocol.errors import MQTTError
 from ..protocol.packets import MQTT_5, Will
-from ..protocol.properties import PropertyId as Prop
 from ..protocol.properties import limit_user_properties
 from ..protocol.reasons import ReasonCode
 from .auth import AllowAll, Authenticator, Authorizer
@@ -36,7 +36,7 @@ from .topics import SharedGroup, Subscription
 
 log = logging.getLogger("mqttbroker.broker")
 
-_WILL_NOT_FORWARDED = (Prop.WILL_DELAY_INTERVAL, Prop.MESSAGE_EXPIRY_INTERVAL)
+_WILL_NOT_FORWARDED = (prop.WILL_DELAY_INTERVAL, prop.MESSAGE_EXPIRY_INTERVAL)
 
 
 def _user(username: str | None) -> str:
@@ -138,20 +138,20 @@ class Broker:
         opts = self.options
         props: dict[int, Any] = {}
         if opts.receive_maximum != 65535:
-            props[Prop.RECEIVE_MAXIMUM] = opts.receive_maximum
+            props[prop.RECEIVE_MAXIMUM] = opts.receive_maximum
         if opts.maximum_qos < 2:
-            props[Prop.MAXIMUM_QOS] = opts.maximum_qos  # MQTT-3.2.2-9
+            props[prop.MAXIMUM_QOS] = opts.maximum_qos  # MQTT-3.2.2-9
         if not opts.retain_available:
-            props[Prop.RETAIN_AVAILABLE] = 0
-        props[Prop.MAXIMUM_PACKET_SIZE] = opts.max_packet_size
+            props[prop.RETAIN_AVAILABLE] = 0
+        props[prop.MAXIMUM_PACKET_SIZE] = opts.max_packet_size
         if opts.topic_alias_maximum:
-            props[Prop.TOPIC_ALIAS_MAXIMUM] = opts.topic_alias_maximum
+            props[prop.TOPIC_ALIAS_MAXIMUM] = opts.topic_alias_maximum
         if not opts.wildcard_subscriptions:
-            props[Prop.WILDCARD_SUBSCRIPTION_AVAILABLE] = 0
+            props[prop.WILDCARD_SUBSCRIPTION_AVAILABLE] = 0
         if not opts.subscription_identifiers:
-            props[Prop.SUBSCRIPTION_IDENTIFIER_AVAILABLE] = 0
+            props[prop.SUBSCRIPTION_IDENTIFIER_AVAILABLE] = 0
         if not opts.shared_subscriptions:
-            props[Prop.SHARED_SUBSCRIPTION_AVAILABLE] = 0
+            props[prop.SHARED_SUBSCRIPTION_AVAILABLE] = 0
         return props
 
     # -- connections and output -------------------------------------------------------------
@@ -436,7 +436,7 @@ class Broker:
                 if record.will_due is not None:
                     session.will_due = record.will_due
                 else:  # connected when the broker stopped: the connection is gone now
-                    delay = will.properties.get(Prop.WILL_DELAY_INTERVAL, 0)
+                    delay = will.properties.get(prop.WILL_DELAY_INTERVAL, 0)
                     session.will_due = now + (delay if record.will_version == MQTT_5 else 0)
             self.sessions[record.client_id] = session
             self.store.save_session(session)  # records the expiry deadline now running
@@ -478,7 +478,7 @@ class Broker:
         persistent = session.persistent
         if will is not None and publish_will:
             delay = (
-                will.properties.get(Prop.WILL_DELAY_INTERVAL, 0) if conn.version == MQTT_5 else 0
+                will.properties.get(prop.WILL_DELAY_INTERVAL, 0) if conn.version == MQTT_5 else 0
             )
             if delay and persistent:
                 session.will = will  # MQTT-3.1.2-8: after the delay, or when the session ends
@@ -558,7 +558,7 @@ class Broker:
         props = will.properties
         expires_at = interval = None
         if props:
-            interval = props.get(Prop.MESSAGE_EXPIRY_INTERVAL)
+            interval = props.get(prop.MESSAGE_EXPIRY_INTERVAL)
             if interval is not None:
                 expires_at = now + interval
             props = {k: v for k, v in props.items() if k not in _WILL_NOT_FORWARDED}

@@ -10,17 +10,13 @@ from typing import TYPE_CHECKING
 
 from ..protocol import fastpath
 from ..protocol import packets as pk
-from ..protocol.packets import MQTT_5, PacketType
+from ..protocol.packets import MQTT_5
 from ..protocol.reasons import ReasonCode
 from .message import Message
 from .state import CLOSED
 
 if TYPE_CHECKING:
     from .connection import Connection
-
-_PUBACK = PacketType.PUBACK
-_PUBREC = PacketType.PUBREC
-_PUBREL = PacketType.PUBREL
 
 
 def send_publish(
@@ -92,7 +88,7 @@ def send_aliased(
 
 
 def send_pubrel(conn: Connection, packet_id: int) -> None:
-    conn.send(fastpath.encode_ack(_PUBREL, packet_id, 0, None, conn.version))
+    conn.send(fastpath.encode_ack(pk.PUBREL, packet_id, 0, None, conn.version))
 
 
 def on_ack(conn: Connection, ptype: int, ack: pk.Ack) -> None:
@@ -102,14 +98,14 @@ def on_ack(conn: Connection, ptype: int, ack: pk.Ack) -> None:
     assert session is not None
     packet_id = ack.packet_id
     now = conn.broker.clock()
-    if ptype == _PUBACK:
+    if ptype == pk.PUBACK:
         session.acknowledge(packet_id, now)
-    elif ptype == _PUBREC:
+    elif ptype == pk.PUBREC:
         delivery = session.inflight.get(packet_id)
         if delivery is None or delivery.qos != 2:
             if conn.version == MQTT_5 and ack.reason_code < 0x80:
                 conn.send_explained(
-                    _PUBREL,
+                    pk.PUBREL,
                     packet_id,
                     ReasonCode.PACKET_IDENTIFIER_NOT_FOUND,
                     f"PUBREC for packet identifier {packet_id}: no QoS 2 message in flight",

@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..protocol import fastpath
 from ..protocol import packets as pk
+from ..protocol import properties as prop
 from ..protocol.errors import MQTTError, ProtocolError
-from ..protocol.packets import MQTT_5, PacketType
-from ..protocol.properties import PropertyId as Prop
+from ..protocol.packets import MQTT_5
 from ..protocol.reasons import ReasonCode
 from .message import Message
 from .topics import valid_topic_name
@@ -21,10 +21,6 @@ if TYPE_CHECKING:
     from .connection import Connection
 
 log = logging.getLogger("mqttbroker.connection")
-
-_PUBACK = PacketType.PUBACK
-_PUBREC = PacketType.PUBREC
-_PUBCOMP = PacketType.PUBCOMP
 
 
 def publish_fast(conn: Connection, first: int, data: bytes, body: int, stop: int) -> None:
@@ -49,7 +45,7 @@ def on_publish(conn: Connection, packet: pk.Publish) -> None:
     qos = packet.qos
     topic = packet.topic
     props = packet.properties
-    alias = props.get(Prop.TOPIC_ALIAS)
+    alias = props.get(prop.TOPIC_ALIAS)
     if alias is not None:
         if not 0 < alias <= opts.topic_alias_maximum:
             raise MQTTError(
@@ -65,11 +61,11 @@ def on_publish(conn: Connection, packet: pk.Publish) -> None:
             if known is None:
                 raise ProtocolError(f"topic alias {alias} has no mapping")
             topic = known
-    if Prop.SUBSCRIPTION_IDENTIFIER in props:
+    if prop.SUBSCRIPTION_IDENTIFIER in props:
         raise ProtocolError("PUBLISH from a client with a Subscription Identifier")  # 3.3.4-6
-    if Prop.RESPONSE_TOPIC in props and not valid_topic_name(props[Prop.RESPONSE_TOPIC]):
+    if prop.RESPONSE_TOPIC in props and not valid_topic_name(props[prop.RESPONSE_TOPIC]):
         raise ProtocolError("Response Topic is not a valid topic name")  # MQTT-3.3.2-14
-    if props.get(Prop.PAYLOAD_FORMAT_INDICATOR) == 1:
+    if props.get(prop.PAYLOAD_FORMAT_INDICATOR) == 1:
         try:
             check_utf8_payload(packet.payload)
         except MQTTError:
@@ -181,7 +177,7 @@ def route(
             conn.work += router.publish(message, match, session, now)
             session.await_release(packet_id)
         # else a resend before PUBREL: acknowledged again, not delivered twice (4.3.3-10)
-        conn.send(fastpath.encode_ack(_PUBREC, packet_id, 0, None, conn.version))
+        conn.send(fastpath.encode_ack(pk.PUBREC, packet_id, 0, None, conn.version))
         return
     message = Message.received(topic, raw_topic, payload, qos, retain, props, now)
     if raw is not None:
@@ -190,14 +186,14 @@ def route(
     conn.work += count
     if qos:
         code = ReasonCode.NO_MATCHING_SUBSCRIBERS if not count and conn.version == MQTT_5 else 0
-        conn.send(fastpath.encode_ack(_PUBACK, packet_id, code, None, conn.version))
+        conn.send(fastpath.encode_ack(pk.PUBACK, packet_id, code, None, conn.version))
 
 
 def refuse(conn: Connection, qos: int, packet_id: int, code: int, reason: str) -> None:
     """PUBACK/PUBREC with a failure code: the message is acknowledged, not delivered
     (MQTT-4.4.0-2). A Reason String says why, unless the client asked for none
     (MQTT-3.1.2-29) or it would not fit the client's Maximum Packet Size (MQTT-3.4.2-2)."""
-    conn.send_explained(_PUBACK if qos == 1 else _PUBREC, packet_id, code, reason)
+    conn.send_explained(pk.PUBACK if qos == 1 else pk.PUBREC, packet_id, code, reason)
 
 
 def on_pubrel(conn: Connection, packet: pk.Ack) -> None:
@@ -207,10 +203,10 @@ def on_pubrel(conn: Connection, packet: pk.Ack) -> None:
     assert session is not None
     packet_id = packet.packet_id
     if session.release(packet_id) or conn.version != MQTT_5:
-        conn.send(fastpath.encode_ack(_PUBCOMP, packet_id, 0, None, conn.version))
+        conn.send(fastpath.encode_ack(pk.PUBCOMP, packet_id, 0, None, conn.version))
     else:
         conn.send_explained(
-            _PUBCOMP,
+            pk.PUBCOMP,
             packet_id,
             ReasonCode.PACKET_IDENTIFIER_NOT_FOUND,
             f"PUBREL for packet identifier {packet_id}: no QoS 2 message awaits it",

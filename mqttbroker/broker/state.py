@@ -30,10 +30,16 @@ class State(IntEnum):
     CLOSED = CLOSED
 
 
+# The events, plain ints as well (the enum below names them):
+AUTHENTICATE: Final = 0  # CONNECT acceptable so far; its credentials (or its claim) are checked
+ACCEPT: Final = 1  # the client is who it says: session attached, CONNACK sent
+CLOSE: Final = 2  # DISCONNECT, an error, a refusal, the transport lost, or the server's decision
+
+
 class Event(IntEnum):
-    AUTHENTICATE = 0  # CONNECT acceptable so far; its credentials (or its claim) are checked
-    ACCEPT = 1  # the client is who it says: session attached, CONNACK sent
-    CLOSE = 2  # DISCONNECT, an error, a refusal, the transport lost, or the server's decision
+    AUTHENTICATE = AUTHENTICATE
+    ACCEPT = ACCEPT
+    CLOSE = CLOSE
 
 
 TRANSITIONS: Final[dict[int, dict[int, int]]] = {

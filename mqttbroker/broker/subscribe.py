@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 
 from ..protocol import fastpath
 from ..protocol import packets as pk
+from ..protocol import properties as prop
 from ..protocol.errors import MQTTError, ProtocolError
 from ..protocol.packets import MQTT_5
-from ..protocol.properties import PropertyId as Prop
 from ..protocol.reasons import ReasonCode
 from .topics import Subscription, parse_shared, valid_topic_filter
 
@@ -43,7 +43,7 @@ def on_subscribe(conn: Connection, packet: pk.Subscribe) -> None:
     session = conn.session
     assert session is not None
     v5 = conn.version == MQTT_5
-    identifier = packet.properties.get(Prop.SUBSCRIPTION_IDENTIFIER)
+    identifier = packet.properties.get(prop.SUBSCRIPTION_IDENTIFIER)
     if identifier is not None and not opts.subscription_identifiers:
         raise MQTTError(
             "subscription identifiers are not supported",
@@ -218,7 +218,7 @@ def _encode_explained(conn: Connection, ack: pk.Suback | pk.Unsuback, filters: l
             for topic_filter, code in zip(filters, codes, strict=True)
             if code in _REFUSAL
         ]
-        ack.properties[Prop.REASON_STRING] = "; ".join(refused)[:_REASON_MAX]
+        ack.properties[prop.REASON_STRING] = "; ".join(refused)[:_REASON_MAX]
         data = fastpath.encode_suback(ack, MQTT_5)
         if len(data) <= conn.max_send_size:
             return data

@@ -231,7 +231,7 @@ def decode_publish(flags: int, data: bytes, pos: int, end: int, version: int) ->
         if p >= end:
             raise MalformedPacket("missing property length")
         if data[p]:
-            props, p = decode_properties(data, p, end, PacketType.PUBLISH)
+            props, p = decode_properties(data, p, end, pk.PUBLISH)
         else:
             props = {}
             p += 1
@@ -326,10 +326,10 @@ def encode_publish(packet: pk.Publish, version: int) -> bytes:
 # PUBACK, PUBREC, PUBREL, PUBCOMP
 
 _ACK_FLAGS: dict[int, int] = {
-    PacketType.PUBACK: 0,
-    PacketType.PUBREC: 0,
-    PacketType.PUBREL: 2,
-    PacketType.PUBCOMP: 0,
+    pk.PUBACK: 0,
+    pk.PUBREC: 0,
+    pk.PUBREL: 2,
+    pk.PUBCOMP: 0,
 }
 
 
@@ -414,7 +414,7 @@ def decode_connect(flags: int, data: bytes, pos: int, end: int) -> pk.Connect:
     p += 4
     props: dict[int, Any] = {}
     if level == MQTT_5:
-        props, p = decode_properties(data, p, end, PacketType.CONNECT)
+        props, p = decode_properties(data, p, end, pk.CONNECT)
     client_id, p = _utf8(data, p, end)
     will_flag = connect_flags & 0x04
     will_qos = (connect_flags >> 3) & 3
@@ -487,7 +487,7 @@ def decode_subscribe(
     p = pos + 2
     props: dict[int, Any] = {}
     if version == MQTT_5:
-        props, p = decode_properties(data, p, end, PacketType.SUBSCRIBE)
+        props, p = decode_properties(data, p, end, pk.SUBSCRIBE)
     entries: list[tuple[str, int]] = []
     limit = max_filters or -1
     while p < end:
@@ -546,19 +546,19 @@ def decode_packet(
     :func:`scan_publish` instead, without a packet object.)"""
     ptype = first >> 4
     flags = first & 0x0F
-    if ptype == PacketType.PUBLISH:
+    if ptype == pk.PUBLISH:
         return decode_publish(flags, data, pos, end, version)
-    if PacketType.PUBACK <= ptype <= PacketType.PUBCOMP:
+    if pk.PUBACK <= ptype <= pk.PUBCOMP:
         return decode_ack(ptype, flags, data, pos, end, version)
-    if ptype == PacketType.PINGREQ or ptype == PacketType.PINGRESP:
+    if ptype == pk.PINGREQ or ptype == pk.PINGRESP:
         if flags or end != pos:
             raise MalformedPacket("PINGREQ/PINGRESP with flags or a body")
-        return pk.Pingreq() if ptype == PacketType.PINGREQ else pk.Pingresp()
-    if ptype == PacketType.CONNECT:
+        return pk.Pingreq() if ptype == pk.PINGREQ else pk.Pingresp()
+    if ptype == pk.CONNECT:
         return decode_connect(flags, data, pos, end)
-    if ptype == PacketType.SUBSCRIBE:
+    if ptype == pk.SUBSCRIBE:
         return decode_subscribe(flags, data, pos, end, version, max_filters)
-    if ptype == PacketType.UNSUBSCRIBE and max_filters:
+    if ptype == pk.UNSUBSCRIBE and max_filters:
         check_unsubscribe_count(data, pos, end, version, max_filters)
     if ptype == 0:
         raise MalformedPacket("reserved packet type 0")

@@ -6,25 +6,44 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
+
+# The packet types as plain ints (``Final``: compiled code reads them as literals, where a
+# member of an IntEnum is an attribute lookup through the enum's metaclass each time); the
+# enum below gives them names.
+CONNECT: Final = 1
+CONNACK: Final = 2
+PUBLISH: Final = 3
+PUBACK: Final = 4
+PUBREC: Final = 5
+PUBREL: Final = 6
+PUBCOMP: Final = 7
+SUBSCRIBE: Final = 8
+SUBACK: Final = 9
+UNSUBSCRIBE: Final = 10
+UNSUBACK: Final = 11
+PINGREQ: Final = 12
+PINGRESP: Final = 13
+DISCONNECT: Final = 14
+AUTH: Final = 15
 
 
 class PacketType(IntEnum):
-    CONNECT = 1
-    CONNACK = 2
-    PUBLISH = 3
-    PUBACK = 4
-    PUBREC = 5
-    PUBREL = 6
-    PUBCOMP = 7
-    SUBSCRIBE = 8
-    SUBACK = 9
-    UNSUBSCRIBE = 10
-    UNSUBACK = 11
-    PINGREQ = 12
-    PINGRESP = 13
-    DISCONNECT = 14
-    AUTH = 15
+    CONNECT = CONNECT
+    CONNACK = CONNACK
+    PUBLISH = PUBLISH
+    PUBACK = PUBACK
+    PUBREC = PUBREC
+    PUBREL = PUBREL
+    PUBCOMP = PUBCOMP
+    SUBSCRIBE = SUBSCRIBE
+    SUBACK = SUBACK
+    UNSUBSCRIBE = UNSUBSCRIBE
+    UNSUBACK = UNSUBACK
+    PINGREQ = PINGREQ
+    PINGRESP = PINGRESP
+    DISCONNECT = DISCONNECT
+    AUTH = AUTH
 
 
 # Protocol levels (CONNECT byte 7).
