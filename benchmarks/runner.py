@@ -304,9 +304,7 @@ def settle(handles: list[br.BrokerHandle], pin: bool) -> list[str]:
     return restarted
 
 
-def ready(
-    handles: list[br.BrokerHandle], i: int, scenario: Scenario, pin: bool
-) -> br.BrokerHandle:
+def ready(handles: list[br.BrokerHandle], i: int, scenario: Scenario, pin: bool) -> br.BrokerHandle:
     """The broker to measure next, ``handles[i]``: a managed one that is down is started
     again, and so is every managed one before each run of a ``fresh`` scenario."""
     handle = handles[i]

@@ -43,16 +43,21 @@ class StubHandle(br.BrokerHandle):
         self.stopped = True
 
 
-def test_every_busy_broker_is_restarted_and_the_others_left_alone(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    fresh: list[str] = []
+@pytest.fixture
+def restarts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """br.restart replaced by a stub: the names of the brokers started again, in order."""
+    started: list[str] = []
 
     def restart(handle: br.BrokerHandle, pin: bool) -> br.BrokerHandle:
-        fresh.append(handle.name)
+        started.append(handle.name)
         return StubHandle(handle.name)
 
     monkeypatch.setattr(br, "restart", restart)
+    return started
+
+
+def test_every_busy_broker_is_restarted_and_the_others_left_alone(restarts: list[str]) -> None:
+    fresh = restarts
     quiet = StubHandle("ours")
     stalled = StubHandle("amqtt", idle=False)
     down = StubHandle("mosquitto", alive=False)  # the "is down" path's business
@@ -81,16 +86,8 @@ def test_a_neighbour_that_does_not_start_again_does_not_end_the_benchmark(
     assert "amqtt did not start again: no port after 20 s" in capsys.readouterr().err
 
 
-def test_a_fresh_scenario_gets_a_newly_started_broker_for_each_run(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    started: list[str] = []
-
-    def restart(handle: br.BrokerHandle, pin: bool) -> br.BrokerHandle:
-        started.append(handle.name)
-        return StubHandle(handle.name)
-
-    monkeypatch.setattr(br, "restart", restart)
+def test_a_fresh_scenario_gets_a_newly_started_broker_for_each_run(restarts: list[str]) -> None:
+    started = restarts
     idle = SCENARIOS["6"]
     shared = SCENARIOS["1"]
     assert idle.fresh and not shared.fresh
