@@ -33,6 +33,7 @@ from types import ModuleType
 
 MODULES = (
     "mqttbroker.protocol.fastpath",
+    "mqttbroker.broker.options",
     "mqttbroker.broker.message",
     "mqttbroker.broker.topics",
     "mqttbroker.broker.router",

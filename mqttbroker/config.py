@@ -232,7 +232,10 @@ def _fill(target: Any, table: dict[str, Any], prefix: str, source: str) -> None:
         if key not in types:
             known = ", ".join(sorted(types))
             raise ConfigError(f"{where}: unknown key (known keys: {known})")
-        expected = py_types.get(str(types[key]), object)
+        # an annotation's text, or (the compiled BrokerOptions) the type itself
+        declared = types[key]
+        name = declared if isinstance(declared, str) else getattr(declared, "__name__", None)
+        expected = py_types.get(name or str(declared), object)
         setattr(target, key, _typed(value, expected, where))
 
 
