@@ -2,25 +2,16 @@
 
 from __future__ import annotations
 
-from support.harness import Harness
+from support.harness import AllowAll, Harness
 
 
-class Rules:
+class Rules(AllowAll):
     def __init__(self) -> None:
         self.generation = 0
         self.readable = {"a/#", "b/#"}
 
-    def can_publish(self, client_id: str, username: str | None, topic: str) -> bool:
-        return True
-
     def can_subscribe(self, client_id: str, username: str | None, topic_filter: str) -> bool:
         return topic_filter in self.readable
-
-    def can_read(self, client_id: str, username: str | None, topic: str) -> bool:
-        return True
-
-    def needs_read_check(self, client_id: str, username: str | None, topic_filter: str) -> bool:
-        return False
 
 
 def test_revoked_subscription_stops_the_flow(h: Harness) -> None:

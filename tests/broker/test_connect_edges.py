@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from support.harness import Harness, Prop, pk, split_packets
+from support.harness import AllowAll, Harness, Prop, pk, split_packets
 
 from mqttbroker.broker.core import Broker
 from mqttbroker.broker.message import Message
@@ -132,22 +132,11 @@ def test_internal_error_is_contained(h: Harness, caplog: pytest.LogCaptureFixtur
     the traceback is logged; the others go on."""
     caplog.set_level(logging.ERROR, logger="mqttbroker.connection")
 
-    class Broken:
-        generation = 0
-
+    class Broken(AllowAll):
         def can_publish(self, client_id: str, username: str | None, topic: str) -> bool:
             if topic == "boom":
                 raise RuntimeError("a bug")
             return True
-
-        def can_subscribe(self, client_id: str, username: str | None, topic_filter: str) -> bool:
-            return True
-
-        def can_read(self, client_id: str, username: str | None, topic: str) -> bool:
-            return True
-
-        def needs_read_check(self, client_id: str, username: str | None, topic_filter: str) -> bool:
-            return False
 
     h.broker.authorizer = Broken()
     other = h.connect("other")

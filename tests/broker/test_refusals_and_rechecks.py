@@ -8,7 +8,7 @@ import logging
 from collections.abc import Callable
 
 import pytest
-from support.harness import Harness, Prop, pk
+from support.harness import AllowAll, Harness, Prop, pk
 
 from mqttbroker.broker.sink import Outbox, Sink, retire
 from mqttbroker.protocol.reasons import ReasonCode
@@ -21,7 +21,7 @@ class Recorder(Sink):
         pass
 
 
-class Rules:
+class Rules(AllowAll):
     """An authorizer: ``users`` may publish and read everything but ``secret/#``."""
 
     generation = 0
@@ -40,9 +40,6 @@ class Rules:
     def can_read(self, client_id: str, username: str | None, topic: str) -> bool:
         self.calls.append((client_id, username, topic))
         return not topic.startswith(self.denied)
-
-    def needs_read_check(self, client_id: str, username: str | None, topic_filter: str) -> bool:
-        return False
 
 
 def counts_logged(caplog: pytest.LogCaptureFixture, marker: str) -> list[int]:
