@@ -4,33 +4,20 @@ session's CONNACK goes out at once."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import pytest
-from support.harness import Harness, Offload, Prop, ToyAuthenticator, pk, split_packets
+from support.harness import (
+    GatedStore,
+    Harness,
+    Offload,
+    Prop,
+    ToyAuthenticator,
+    pk,
+    split_packets,
+)
 
 from mqttbroker.broker.core import Broker
-from mqttbroker.broker.session import Session
-from mqttbroker.broker.store import Store
-
-
-class GatedStore(Store):
-    """Counts session writes; commits only when the test says so."""
-
-    def __init__(self) -> None:
-        self.waiting: list[Callable[[], None]] = []
-
-    def save_session(self, session: Session) -> None:
-        self.writes += 1
-
-    def after_commit(self, callback: Callable[[], None]) -> None:
-        self.waiting.append(callback)
-
-    def commit(self) -> None:
-        waiting, self.waiting = self.waiting, []
-        for callback in waiting:
-            callback()
 
 
 @pytest.mark.parametrize(("expiry", "waits"), [(0, False), (60, True)])

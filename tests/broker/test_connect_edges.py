@@ -6,16 +6,13 @@ client, and acknowledgements released commit by commit."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
 import pytest
-from support.harness import AllowAll, Harness, Prop, pk, split_packets
+from support.harness import AllowAll, GatedStore, Harness, Prop, pk, split_packets
 
 from mqttbroker.broker.core import Broker
-from mqttbroker.broker.message import Message
 from mqttbroker.broker.policy import ListenerPolicy
-from mqttbroker.broker.store import Store
 
 
 def refused(h: Harness, packet: pk.Connect) -> pk.Connack:
@@ -155,27 +152,11 @@ def test_internal_error_is_contained(h: Harness, caplog: pytest.LogCaptureFixtur
     assert [p.payload for p in other.publishes()] == [b"fine"]
 
 
-class OneByOne(Store):
-    """Counts retained writes; commits one batch at a time, when the test says so."""
-
-    def __init__(self) -> None:
-        self.waiting: list[Callable[[], None]] = []
-
-    def save_retained(self, message: Message) -> None:
-        self.writes += 1
-
-    def after_commit(self, callback: Callable[[], None]) -> None:
-        self.waiting.append(callback)
-
-    def commit_one(self) -> None:
-        self.waiting.pop(0)()
-
-
 def test_acks_released_one_commit_at_a_time(make_harness: Any) -> None:
     """Two stored PUBLISHes read apart wait for two commits: the first commit releases the
     first PUBACK and keeps the second, which the next commit releases."""
     h: Harness = make_harness()
-    store = OneByOne()
+    store = GatedStore()
     h.broker = Broker(h.options, clock=h.clock, store=store)
     client = h.connect("c")
     client.publish("r/1", b"x", 1, retain=True)

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from support.harness import Client, Harness, Prop, pk, split_packets
-
-from mqttbroker.broker.store import Store
+from support.harness import Client, GatedStore, Harness, Prop, pk, split_packets
 
 
 def resume(h: Harness, props: dict[int, int] | None = None) -> Client:
@@ -76,25 +74,6 @@ def test_acknowledging_a_held_message_does_not_open_the_window(h: Harness) -> No
     assert narrow.receive() == []
     narrow.puback(1)
     assert summary(narrow.receive()) == [("Publish", 3, True)]
-
-
-class GatedStore(Store):
-    """Counts writes; commits only when the test says so."""
-
-    def __init__(self) -> None:
-        self.writes = 0
-        self.waiting: list[Any] = []
-
-    def save_retained(self, message: Any) -> None:
-        self.writes += 1
-
-    def after_commit(self, callback: Any) -> None:
-        self.waiting.append(callback)
-
-    def commit(self) -> None:
-        waiting, self.waiting = self.waiting, []
-        for callback in waiting:
-            callback()
 
 
 def test_ack_waits_for_the_commit_when_the_same_read_disconnects() -> None:

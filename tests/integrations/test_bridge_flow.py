@@ -4,9 +4,8 @@ only after the local store committed it; an outbound one stays stored until the 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from support.codec import decode_hot, encode_hot
+from support.harness import GatedStore
 
 from mqttbroker.broker.core import Broker
 from mqttbroker.broker.message import Message
@@ -18,20 +17,12 @@ from mqttbroker.protocol import packets as pk
 from mqttbroker.protocol.packets import PacketType
 
 
-class DeferredStore(Store):
-    """Records changes; commits only when told."""
+class DeferredStore(GatedStore):
+    """Records the deliveries it holds; commits only when told."""
 
     def __init__(self) -> None:
-        self.waiting: list[Callable[[], None]] = []
+        super().__init__()
         self.deliveries: set[tuple[str, int]] = set()
-
-    def after_commit(self, callback: Callable[[], None]) -> None:
-        self.waiting.append(callback)
-
-    def commit(self) -> None:
-        waiting, self.waiting = self.waiting, []
-        for callback in waiting:
-            callback()
 
     def save_delivery(self, session, delivery) -> None:  # type: ignore[no-untyped-def]
         super().save_delivery(session, delivery)

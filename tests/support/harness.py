@@ -13,9 +13,11 @@ from typing import Any
 from mqttbroker.broker.auth import CONTINUE, FAIL, SUCCESS, AuthOutcome
 from mqttbroker.broker.connection import Connection
 from mqttbroker.broker.core import Broker
+from mqttbroker.broker.message import Message
 from mqttbroker.broker.options import BrokerOptions
 from mqttbroker.broker.policy import OPEN, ListenerPolicy
 from mqttbroker.broker.session import Session
+from mqttbroker.broker.store import Store
 from mqttbroker.protocol import fastpath, grammar
 from mqttbroker.protocol import packets as pk
 from mqttbroker.protocol.packets import MQTT_5
@@ -23,6 +25,7 @@ from mqttbroker.protocol.properties import PropertyId as Prop
 from support.codec import decode_packet
 
 __all__ = [
+    "GatedStore",
     "FakeClock",
     "FakeLink",
     "Harness",
@@ -462,3 +465,30 @@ class AllowAll:
 
     def needs_read_check(self, client_id: str, username: str | None, topic_filter: str) -> bool:
         return False
+
+
+class GatedStore(Store):
+    """An in-memory store whose commits happen when the test says: what waits for a commit
+    (``after_commit``) runs at ``commit()`` (all of it) or ``commit_one()`` (the oldest batch).
+    Session and retained writes count as store writes, so the broker holds the acks behind
+    them."""
+
+    def __init__(self) -> None:
+        self.waiting: list[Callable[[], None]] = []
+
+    def save_session(self, session: Session) -> None:
+        self.writes += 1
+
+    def save_retained(self, message: Message) -> None:
+        self.writes += 1
+
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        self.waiting.append(callback)
+
+    def commit(self) -> None:
+        waiting, self.waiting = self.waiting, []
+        for callback in waiting:
+            callback()
+
+    def commit_one(self) -> None:
+        self.waiting.pop(0)()
