@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+from collections import deque
+from itertools import islice
 from pathlib import Path
 
 FILE_NAME = "cluster-outbox.sqlite3"
@@ -27,7 +29,7 @@ class Outbox:
     def __init__(self, data_dir: Path | None) -> None:
         self.path = None if data_dir is None else data_dir / FILE_NAME
         self._db: sqlite3.Connection | None = None
-        self._memory: list[tuple[int, str, bytes]] = []
+        self._memory: deque[tuple[int, str, bytes]] = deque()
         self._memory_bytes = 0
         self._next = 1
         self.count = 0  # messages kept
@@ -76,7 +78,7 @@ class Outbox:
     async def oldest(self, limit: int) -> list[tuple[int, str, bytes]]:
         """Up to ``limit`` kept messages, oldest first: (id, node, framed message)."""
         if self.path is None:
-            return self._memory[:limit]
+            return list(islice(self._memory, limit))
         if not self.count:
             return []
 
@@ -91,10 +93,10 @@ class Outbox:
     async def remove(self, last_id: int) -> None:
         """The messages up to ``last_id`` are in Redis."""
         if self.path is None:
-            taken = [row for row in self._memory if row[0] <= last_id]
-            self._memory = self._memory[len(taken) :]
-            self._memory_bytes -= sum(len(row[2]) for row in taken)
-            self.count -= len(taken)
+            memory = self._memory  # oldest first: what is in Redis leaves from the front
+            while memory and memory[0][0] <= last_id:
+                self._memory_bytes -= len(memory.popleft()[2])
+                self.count -= 1
             return
 
         def delete() -> int:
