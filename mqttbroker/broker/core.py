@@ -208,13 +208,12 @@ class Broker:
         of the pass leave their output for the flush at its end, and so does every read once a
         pass has had more than one (under load): one write per connection per pass then, as
         when nothing is written early."""
-        if self._flush_due:  # an earlier read of this pass had output
+        crowded = self._flush_due  # an earlier read of this pass had output
+        conn.data_received(data)
+        if crowded:
             self._crowded = True
-            conn.data_received(data)
-        else:
-            conn.data_received(data)
-            if not self._busy:
-                self._write_output()
+        elif not self._busy:
+            self._write_output()
 
     def mark_dirty(self, conn: Connection) -> None:
         if not self._flush_due:
