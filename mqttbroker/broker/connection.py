@@ -217,9 +217,11 @@ class Connection:
         pass): past it, the rest waits, reading from this client pauses, and the broker resumes
         it after the pass's output is flushed. A publisher whose messages fan out widely cannot hold the event
         loop (and everyone's output) for seconds."""
+        size = len(data)
+        self.bytes_received += size  # this client's, and (the only place) the broker's
+        self.broker.bytes_received += size
         if self.state == CLOSED:
             return  # MQTT-3.1.4-6: nothing after a refused CONNECT is processed
-        self.bytes_received += len(data)
         pending = self._pending
         if self.checking:  # a password check is under way: keep the bytes for later
             if pending is None:
@@ -536,7 +538,9 @@ class Connection:
         else:
             del out[:count]
         self._out_base += count
-        self.bytes_sent += len(data)
+        size = len(data)
+        self.bytes_sent += size  # this client's, and (the only place) the broker's
+        self.broker.bytes_sent += size
         self.link.write(data)
         if self.paused:
             bound = self.broker.options.max_output_buffer

@@ -78,7 +78,7 @@ class Broker:
         self.unlogged_lost = 0
         self._connection_log_due = 0.0
         # Bytes read from and written to clients (MQTT bytes: inside TLS and WebSocket frames),
-        # counted by the transports per read and per write.
+        # counted by the connections per read and per write (Connection.data_received, flush).
         self.bytes_received = 0
         self.bytes_sent = 0
         self._per_address: dict[str, int] = {}  # open connections per source address

@@ -83,9 +83,7 @@ class MQTTProtocol(asyncio.Protocol):
         if conn is None:
             self._discard(len(data))
             return
-        broker = self.broker
-        broker.bytes_received += len(data)
-        broker.handle_read(conn, data)
+        self.broker.handle_read(conn, data)
 
     def eof_received(self) -> bool:
         return False  # close our side too
@@ -107,7 +105,6 @@ class MQTTProtocol(asyncio.Protocol):
     # Link
     def write(self, data: bytes) -> None:
         if self.transport is not None:
-            self.broker.bytes_sent += len(data)
             self.transport.write(data)
 
     def close(self) -> None:

@@ -112,8 +112,6 @@ class WebSocketLink:
     def write(self, data: bytes) -> None:
         if self._closing or not data:
             return
-        if self.broker is not None:
-            self.broker.bytes_sent += len(data)
         self._out.append(data)
         self._buffered += len(data)
         self._wake.set()
@@ -159,7 +157,6 @@ class WebSocketLink:
                 msg = await ws.receive()
                 kind = msg.type
                 if kind is WSMsgType.BINARY:
-                    broker.bytes_received += len(msg.data)
                     conn.data_received(msg.data)
                 elif kind is WSMsgType.TEXT:
                     log.warning(

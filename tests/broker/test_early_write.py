@@ -37,3 +37,17 @@ def test_first_read_of_an_idle_pass_is_written_at_once_later_ones_at_the_flush(
     assert written() == [b"3"]
     read(h, a, b"4")  # a pass of one read is not crowded: the next one is idle again
     assert written() == [b"4"]
+
+
+def test_the_broker_counts_each_byte_read_and_written_once(h: Harness) -> None:
+    """The broker's byte totals are the sums of its connections' counts, which are what the
+    links carried (the transports do not count again)."""
+    sub = h.connect("sub")
+    sub.subscribe("t")
+    pub = h.connect("pub")
+    read(h, pub, b"x" * 100)
+    h.broker.flush()
+    clients = [sub, pub]
+    assert h.broker.bytes_sent == sum(len(c.link.data) for c in clients)
+    assert h.broker.bytes_sent == sum(c.conn.bytes_sent for c in clients) > 100
+    assert h.broker.bytes_received == sum(c.conn.bytes_received for c in clients) > 100
