@@ -525,10 +525,9 @@ class RawClient:
         second = frame_len - 2 if 0 < frame_len - 2 < 128 else -1
         self.frame = (frame_len, 0x30, second)
 
-    def sweep(self) -> None:
-        """Read whatever has arrived and count the PUBLISH frames in it."""
-        if self.eof:
-            return
+    def read_available(self) -> bytes:
+        """What was left over plus all that has arrived (the socket does not block); sets
+        ``eof`` when the broker closed the connection or it failed."""
         sock = self.sock
         data = self.rest
         while True:
@@ -543,6 +542,13 @@ class RawClient:
                 self.eof = True
                 break
             data += chunk
+        return data
+
+    def sweep(self) -> None:
+        """Read whatever has arrived and count the PUBLISH frames in it."""
+        if self.eof:
+            return
+        data = self.read_available()
         if data:
             n, pos = wire.count_publishes(data, *self.frame, self.others)
             self.count += n

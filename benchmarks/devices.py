@@ -135,19 +135,7 @@ class Device:
         conn = self.conn
         if conn.eof:
             return
-        data = conn.rest
-        while True:
-            try:
-                chunk = conn.sock.recv(1 << 16)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError:
-                conn.eof = True
-                break
-            if not chunk:
-                conn.eof = True
-                break
-            data += chunk
+        data = conn.read_available()
         if data:
             acks, failed, pos = wire.count_pubacks(data, conn.others)
             self.acked += acks
