@@ -6,11 +6,12 @@ files, when a C compiler is there: the compiled broker runs the same code, about
 form is loaded:
 
 * the compiled one when it is built and was built from the source files now on disk: every
-  file of ``protocol/`` and ``broker/``, since mypyc also builds in the types of the modules the
-  compiled ones import (their SHA-256 digests, sizes and modification times are recorded in
-  ``compiled.sha256`` once the build has succeeded). Checking costs a ``stat`` per file: a
-  file is read and hashed only when its size or modification time differs from the record
-  (touched, copied without its times, or edited), so an unchanged install pays no hashing;
+  file of ``protocol/``, ``broker/`` and ``storage/``, since mypyc also builds in the types of
+  the modules the compiled ones import (their SHA-256 digests, sizes and modification times are
+  recorded in ``compiled.sha256`` once the build has succeeded). Checking costs a ``stat`` per
+  file: a file is read and hashed only when its size or modification time differs from the
+  record (touched, copied without its times, or edited), so an unchanged install pays no
+  hashing;
 * the pure-Python one when nothing was compiled, when ``MQTTBROKER_PURE`` is set to a non-empty
   value other than ``0``, or when a source file changed since the build (an edited checkout must
   never run stale machine code: reinstall to compile again). A meta-path finder then loads these
@@ -44,6 +45,7 @@ MODULES = (
     "mqttbroker.broker.subscribe",
     "mqttbroker.broker.deliver",
     "mqttbroker.broker.core",
+    "mqttbroker.storage.sqlite.batch",
 )
 SHARED_LIBRARY = "mqttbroker.native__mypyc"  # the C code of all of them; the modules are shims
 DIGESTS = "compiled.sha256"  # written by setup.py next to this file
@@ -61,10 +63,12 @@ def source_path(module: str) -> Path:
 
 def sources() -> list[Path]:
     """What the compiled code was built from: the compiled modules, and the modules beside them
-    whose types mypyc built in (options, packets, store...): every file of protocol/ and
-    broker/."""
+    whose types mypyc built in (options, packets, store...): every file of protocol/, broker/,
+    storage/ and storage/sqlite/."""
     return sorted(
-        path for folder in ("protocol", "broker") for path in (_PACKAGE_DIR / folder).glob("*.py")
+        path
+        for folder in ("protocol", "broker", "storage", "storage/sqlite")
+        for path in (_PACKAGE_DIR / folder).glob("*.py")
     )
 
 

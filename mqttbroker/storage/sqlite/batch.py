@@ -1,8 +1,11 @@
-"""The write batcher's data: the changes recorded since the last commit, newest value per row,
-and the one transaction that writes them."""
+"""The durable store's record keeping, compiled with the hot path (see mqttbroker/compiled.py):
+the changes recorded since the last commit, newest value per row (:class:`Batch`), the calls
+that record the changes made for every message (:class:`Recorder`), and the one transaction
+that writes a batch (:func:`statements`, :func:`write`)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sqlite3
 from collections.abc import Callable, Iterable
@@ -10,7 +13,11 @@ from itertools import chain
 from pathlib import Path
 from typing import Any
 
+from mypy_extensions import mypyc_attr
+
 from ...broker.message import Message
+from ...broker.session import Delivery, Session
+from ...broker.topics import Subscription
 from ...protocol.fastpath import encode_properties
 from .. import describe
 from .schema import PER_CLIENT
@@ -26,7 +33,7 @@ class Batch:
         "sessions",
         "subs",
         "deliveries",
-        "new_deliveries",
+        "first_new",
         "releases",
         "retained",
         "wills",
@@ -40,7 +47,10 @@ class Batch:
         self.sessions: dict[str, tuple[Any, ...]] = {}
         self.subs: dict[tuple[str, str], tuple[Any, ...] | None] = {}
         self.deliveries: dict[tuple[str, int], tuple[Any, ...] | None] = {}
-        self.new_deliveries: set[tuple[str, int]] = set()
+        # Client id -> the first delivery key given out in this batch: the keys of a session
+        # only grow (until it is deleted: then its rows are wiped first), so a delivery with
+        # this key or a later one has never reached the disk.
+        self.first_new: dict[str, int] = {}
         self.releases: dict[tuple[str, int], bool] = {}
         self.retained: dict[str, tuple[Any, ...] | None] = {}
         self.wills: dict[str, tuple[Any, ...] | None] = {}
@@ -62,11 +72,126 @@ class Batch:
         )
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
+class Recorder:
+    """The calls of the Store interface (broker/store.py) made for every message, recorded in
+    the current batch: the SQLite store (store.py) is a Recorder; these run compiled.
+
+    The handles: a message's ``stored`` is its row id in ``messages``, a delivery's its ``seq``
+    in ``deliveries``, a session's the next such ``seq`` (1 once saved). How many deliveries
+    refer to each stored message: ``_refs``."""
+
+    def __init__(self) -> None:
+        self.writes = 0  # changes recorded (Store.writes)
+        self._batch = Batch()
+        self._wake = asyncio.Event()  # the writer's: something was recorded
+        self._woken = False  # _wake is set (cleared with it by the writer): set() is a call
+        self._next_message_id = 1
+        self._refs: dict[int, int] = {}  # stored message id -> deliveries that refer to it
+
+    def _changed(self) -> None:
+        self.writes += 1
+        if not self._woken:
+            self._woken = True
+            self._wake.set()
+
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        self._batch.waiters.append(callback)
+        if not self._woken:
+            self._woken = True
+            self._wake.set()
+
+    def save_subscription(self, session: Session, sub: Subscription) -> None:
+        self._batch.subs[(session.client_id, sub.topic_filter)] = (
+            session.client_id,
+            sub.topic_filter,
+            sub.qos,
+            int(sub.no_local),
+            int(sub.retain_as_published),
+            sub.retain_handling,
+            sub.identifier,
+        )
+        self._changed()
+
+    def delete_subscription(self, session: Session, topic_filter: str) -> None:
+        self._batch.subs[(session.client_id, topic_filter)] = None
+        self._changed()
+
+    def save_delivery(self, session: Session, delivery: Delivery) -> None:
+        batch = self._batch
+        msg = delivery.message
+        client_id = session.client_id
+        seq = delivery.stored
+        if not seq:
+            seq = session.stored or 1
+            delivery.stored = seq
+            session.stored = seq + 1
+            if client_id not in batch.first_new:
+                batch.first_new[client_id] = seq
+            mid = msg.stored
+            if not mid:
+                mid = self._next_message_id
+                msg.stored = mid
+                self._next_message_id = mid + 1
+                batch.messages[mid] = msg
+                self._refs[mid] = 1
+            else:
+                self._refs[mid] += 1
+        sub_ids = delivery.sub_ids
+        batch.deliveries[(client_id, seq)] = (
+            client_id,
+            seq,
+            msg.stored,
+            delivery.qos,
+            1 if delivery.retain else 0,
+            ",".join([str(i) for i in sub_ids]) if sub_ids else "",
+            delivery.packet_id or 0,  # NULL (DELIVERY_ROW)
+            1 if delivery.released else 0,
+            delivery.share or "",  # NULL
+        )
+        self._changed()
+
+    def delete_delivery(self, session: Session, delivery: Delivery) -> None:
+        seq = delivery.stored
+        if not seq:
+            return
+        batch = self._batch
+        client_id = session.client_id
+        key = (client_id, seq)
+        delivery.stored = 0
+        first = batch.first_new.get(client_id)
+        if first is not None and seq >= first:  # never reached the disk
+            batch.deliveries.pop(key, None)
+        else:
+            batch.deliveries[key] = None
+        msg = delivery.message
+        mid = msg.stored
+        refs = self._refs
+        left = refs[mid] - 1
+        if left:
+            refs[mid] = left
+        else:
+            del refs[mid]
+            if batch.messages.pop(mid, None) is None:
+                batch.dead_messages.add(mid)
+            msg.stored = 0
+        self._changed()
+
+    def save_release(self, session: Session, packet_id: int) -> None:
+        self._batch.releases[(session.client_id, packet_id)] = True
+        self._changed()
+
+    def delete_release(self, session: Session, packet_id: int) -> None:
+        self._batch.releases[(session.client_id, packet_id)] = False
+        self._changed()
+
+
 Statements = list[tuple[str, list[tuple[Any, ...]]]]
 
 
-def statements(b: Batch, wall: Callable[[float | None], float | None]) -> Statements:
-    """The batch as SQL and its rows, in the order they must run (built on the event loop)."""
+def statements(b: Batch, shift: float) -> Statements:
+    """The batch as SQL and its rows, in the order they must run (built on the event loop);
+    ``shift``: wall clock minus broker clock, for the times stored."""
     todo: Statements = []
     if b.wiped:
         rows = [(client_id,) for client_id in b.wiped]
@@ -75,24 +200,31 @@ def statements(b: Batch, wall: Callable[[float | None], float | None]) -> Statem
         _insert(
             todo,
             "messages",
-            7,
+            MESSAGE_ROW,
             [
                 (
                     mid,
                     m.topic,
-                    m.payload,
+                    bytearray(m.payload),  # see MESSAGE_ROW
                     m.qos,
-                    int(m.retain),
-                    encode_properties(m.properties),
-                    wall(m.expires_at),
+                    1 if m.retain else 0,
+                    bytearray(encode_properties(m.properties)) if m.properties else NO_PROPERTIES,
+                    0.0 if m.expires_at is None else m.expires_at + shift,
                 )
                 for mid, m in b.messages.items()
             ],
         )
     if b.sessions:
-        _insert(todo, "sessions", 4, list(b.sessions.values()))
-    _upsert(todo, "subscriptions", "client_id = ? AND topic_filter = ?", b.subs, 7)
-    _upsert(todo, "deliveries", "client_id = ? AND seq BETWEEN ? AND ?", b.deliveries, 9, True)
+        _insert(todo, "sessions", _row(4), list(b.sessions.values()))
+    _upsert(todo, "subscriptions", "client_id = ? AND topic_filter = ?", b.subs, _row(7))
+    _upsert(
+        todo,
+        "deliveries",
+        "client_id = ? AND seq BETWEEN ? AND ?",
+        b.deliveries,
+        DELIVERY_ROW,
+        True,
+    )
     if b.releases:
         todo.append(
             (
@@ -106,8 +238,8 @@ def statements(b: Batch, wall: Callable[[float | None], float | None]) -> Statem
                 [k for k, keep in b.releases.items() if not keep],
             )
         )
-    _upsert(todo, "retained", "topic = ?", b.retained, 5)
-    _upsert(todo, "wills", "client_id = ?", b.wills, 8)
+    _upsert(todo, "retained", "topic = ?", b.retained, _row(5))
+    _upsert(todo, "wills", "client_id = ?", b.wills, _row(8))
     if b.dead_messages:
         runs = [(first, last) for _, first, last in _runs((0, mid) for mid in b.dead_messages)]
         todo.append(("DELETE FROM messages WHERE id BETWEEN ? AND ?", runs))
@@ -128,19 +260,44 @@ def _runs(keys: Iterable[tuple[Any, int]]) -> list[tuple[Any, int, int]]:
 
 # Rows per INSERT statement: each statement is one step, and the database's thread gives up and
 # takes back the GIL (which the event loop holds meanwhile) once per step, not once per row.
-# 64 rows of 9 columns stay within SQLite's oldest default limit of 999 parameters.
+# 64 rows of 9 columns stay within SQLite's oldest default limit of 999 parameters. Fewer rows
+# go in statements of 32, 16, ... 1 rows: a handful of distinct statements per table, all of
+# which stay in the connection's cache of prepared statements.
 ROWS_PER_INSERT = 64
 
+# The VALUES of one row, per table with rows written per message. The sqlite3 module binds
+# None and bytes only after looking for an adapter (registered with sqlite3.register_adapter),
+# a lookup that fails and costs more than the row's other columns together: a column that is
+# mostly NULL is bound as 0 (or "") and turned into NULL by SQLite, and BLOBs are bound as
+# bytearrays, which need no adapter (the copy costs less than the lookup).
+NO_PROPERTIES = bytearray(encode_properties({}))  # never changed
+MESSAGE_ROW = "(?, ?, ?, ?, ?, ?, NULLIF(?, 0.0))"  # expires_at: 0.0 = NULL (no expiry)
+DELIVERY_ROW = "(?, ?, ?, ?, ?, ?, NULLIF(?, 0), ?, NULLIF(?, ''))"  # packet_id 0, share ""
 
-def _insert(todo: Statements, table: str, width: int, rows: list[tuple[Any, ...]]) -> None:
-    """INSERT OR REPLACE ``rows`` into ``table``, ROWS_PER_INSERT to a statement."""
-    one = "(" + ", ".join("?" * width) + ")"
-    for start in range(0, len(rows), ROWS_PER_INSERT):
-        part = rows[start : start + ROWS_PER_INSERT]
-        values = ", ".join([one] * len(part))
-        todo.append(
-            (f"INSERT OR REPLACE INTO {table} VALUES {values}", [tuple(chain.from_iterable(part))])
-        )
+
+def _row(width: int) -> str:
+    return "(" + ", ".join("?" * width) + ")"
+
+
+def _insert(todo: Statements, table: str, row: str, rows: list[tuple[Any, ...]]) -> None:
+    """INSERT OR REPLACE ``rows`` into ``table`` (``row``: one row's VALUES), ROWS_PER_INSERT
+    to a statement, then the rest in statements of powers of two rows."""
+    start, left = 0, len(rows)
+    size = ROWS_PER_INSERT
+    while left:
+        if left >= size:
+            part = rows[start : start + size]
+            values = ", ".join([row] * size)
+            todo.append(
+                (
+                    f"INSERT OR REPLACE INTO {table} VALUES {values}",
+                    [tuple(chain.from_iterable(part))],
+                )
+            )
+            start += size
+            left -= size
+        else:
+            size //= 2
 
 
 def _upsert(
@@ -148,10 +305,10 @@ def _upsert(
     table: str,
     where: str,
     rows: dict[Any, tuple[Any, ...] | None],
-    width: int,
+    row: str,
     ranges: bool = False,
 ) -> None:
-    """Rows to put and keys to delete (None); ``ranges``: keys (owner, number), deleted as
+    """Rows to put (``row``: one row's VALUES) and keys to delete (None); ``ranges``: keys (owner, number), deleted as
     ``_runs`` (``where`` then ends in BETWEEN)."""
     if not rows:
         return
@@ -164,7 +321,7 @@ def _upsert(
             key if isinstance(key, tuple) else (key,) for key, row in rows.items() if row is None
         ]
     if put:
-        _insert(todo, table, width, put)
+        _insert(todo, table, row, put)
     if gone:
         todo.append((f"DELETE FROM {table} WHERE {where}", gone))
 

@@ -13,8 +13,8 @@ its own pages and, as ``sync`` says, one fsync of the log.
 
 Payloads routed to many sessions are stored once (``messages``) and referenced (``deliveries``).
 Times are stored as wall-clock seconds, so deadlines survive a restart. The schema and its
-migrations are in ``schema.py``, a batch and its transaction in ``batch.py``, reading the file
-back at start in ``restore.py``.
+migrations are in ``schema.py``; the record keeping (compiled with the hot path), a batch and
+its transaction in ``batch.py``; reading the file back at start in ``restore.py``.
 """
 
 from __future__ import annotations
@@ -32,13 +32,12 @@ from time import perf_counter  # the commit timer (``time`` is the wall clock, f
 import aiosqlite
 
 from ...broker.message import Message
-from ...broker.session import Delivery, Session
+from ...broker.session import Session
 from ...broker.store import Restored, Store
-from ...broker.topics import Subscription
 from ...protocol.fastpath import encode_properties
 from ...protocol.packets import MQTT_5, Will
 from .. import StoreError, describe
-from .batch import Batch, statements, write
+from .batch import Batch, Recorder, statements, write
 from .restore import Reader
 from .schema import DAMAGE_CODES, SYNC_LEVELS, Damaged, denied, prepare
 
@@ -69,7 +68,7 @@ class CommitTimes:
         self.count += 1
 
 
-class SQLiteStore(Store):
+class SQLiteStore(Recorder, Store):
     RETRY_FIRST = 0.25  # seconds before the first retry of a failed commit; doubled each time
     RETRY_MAX = 5.0  # up to this
     # Seconds between two WAL checkpoints while commits go on (see _checkpoint_loop).
@@ -86,16 +85,14 @@ class SQLiteStore(Store):
             raise ValueError(f"sync must be one of {', '.join(SYNC_LEVELS)}")
         if on_corrupt not in ("move", "refuse"):
             raise ValueError("on_corrupt must be 'move' or 'refuse'")
+        Recorder.__init__(self)
         self.path = Path(os.path.abspath(path))
         self.sync = sync
         self.on_corrupt = on_corrupt
         self.commit_interval = commit_interval
-        self.writes = 0
         self.commits = 0
         self.commit_times = CommitTimes()  # seconds per commit, for /metrics
         self._db: aiosqlite.Connection | None = None
-        self._batch = Batch()
-        self._wake = asyncio.Event()
         self._committed = asyncio.Event()  # a commit happened since the last checkpoint
         self._checkpointer: asyncio.Task[None] | None = None  # see _checkpoint_loop
         self._tail = False  # the writer checkpoints the log's tail before its next commit
@@ -103,8 +100,6 @@ class SQLiteStore(Store):
         self._closing = False
         self._stopped = asyncio.Event()  # set by close(): a retry waits no longer
         self._failing_since: float | None = None  # when commits began to fail (None: they work)
-        self._next_message_id = 1
-        self._refs: dict[int, int] = {}  # stored message id -> deliveries that refer to it
         self._clock: Callable[[], float] = time.monotonic
 
     @property
@@ -252,17 +247,8 @@ class SQLiteStore(Store):
 
     # -- recording changes (called by the broker, synchronously) ----------------------------
 
-    def _changed(self) -> None:
-        self.writes += 1
-        self._wake.set()
-
-    def after_commit(self, callback: Callable[[], None]) -> None:
-        self._batch.waiters.append(callback)
-        self._wake.set()
-
-    # The handles (see broker/store.py): a message's ``stored`` is its row id in ``messages``,
-    # a delivery's its ``seq`` in ``deliveries``, a session's the next such ``seq`` (1 once
-    # saved). How many deliveries refer to each stored message: ``_refs``.
+    # What every message may change is recorded by the compiled Recorder (batch.py); the rest
+    # here. The handles are described there.
 
     def save_session(self, session: Session) -> None:
         if not session.stored:
@@ -285,89 +271,13 @@ class SQLiteStore(Store):
                 self.delete_delivery(session, delivery)
         batch = self._batch
         batch.wiped.append(client_id)
+        batch.first_new[client_id] = 1  # its rows are wiped first: every key is new again
         batch.sessions.pop(client_id, None)
         batch.wills.pop(client_id, None)
         for sub_key in [k for k in batch.subs if k[0] == client_id]:
             del batch.subs[sub_key]
         for release_key in [k for k in batch.releases if k[0] == client_id]:
             del batch.releases[release_key]
-        self._changed()
-
-    def save_subscription(self, session: Session, sub: Subscription) -> None:
-        self._batch.subs[(session.client_id, sub.topic_filter)] = (
-            session.client_id,
-            sub.topic_filter,
-            sub.qos,
-            int(sub.no_local),
-            int(sub.retain_as_published),
-            sub.retain_handling,
-            sub.identifier,
-        )
-        self._changed()
-
-    def delete_subscription(self, session: Session, topic_filter: str) -> None:
-        self._batch.subs[(session.client_id, topic_filter)] = None
-        self._changed()
-
-    def save_delivery(self, session: Session, delivery: Delivery) -> None:
-        batch = self._batch
-        msg = delivery.message
-        seq = delivery.stored
-        if not seq:
-            seq = delivery.stored = max(session.stored, 1)
-            session.stored = seq + 1
-            mid = msg.stored
-            if not mid:
-                mid = msg.stored = self._next_message_id
-                self._next_message_id += 1
-                batch.messages[mid] = msg
-                self._refs[mid] = 1
-            else:
-                self._refs[mid] += 1
-            batch.new_deliveries.add((session.client_id, seq))
-        batch.deliveries[(session.client_id, seq)] = (
-            session.client_id,
-            seq,
-            msg.stored,
-            delivery.qos,
-            int(delivery.retain),
-            ",".join(map(str, delivery.sub_ids)),
-            delivery.packet_id,
-            int(delivery.released),
-            delivery.share,
-        )
-        self._changed()
-
-    def delete_delivery(self, session: Session, delivery: Delivery) -> None:
-        if not delivery.stored:
-            return
-        batch = self._batch
-        key = (session.client_id, delivery.stored)
-        delivery.stored = 0
-        if key in batch.new_deliveries:  # never reached the disk
-            batch.new_deliveries.discard(key)
-            del batch.deliveries[key]
-        else:
-            batch.deliveries[key] = None
-        msg = delivery.message
-        mid = msg.stored
-        refs = self._refs
-        left = refs[mid] - 1
-        if left:
-            refs[mid] = left
-        else:
-            del refs[mid]
-            if batch.messages.pop(mid, None) is None:
-                batch.dead_messages.add(mid)
-            msg.stored = 0
-        self._changed()
-
-    def save_release(self, session: Session, packet_id: int) -> None:
-        self._batch.releases[(session.client_id, packet_id)] = True
-        self._changed()
-
-    def delete_release(self, session: Session, packet_id: int) -> None:
-        self._batch.releases[(session.client_id, packet_id)] = False
         self._changed()
 
     def save_retained(self, message: Message) -> None:
@@ -408,6 +318,7 @@ class SQLiteStore(Store):
         while True:
             await self._wake.wait()
             self._wake.clear()
+            self._woken = False
             if self.commit_interval and not self._closing:
                 await asyncio.sleep(self.commit_interval)
             await self._commit_pending()
@@ -476,7 +387,7 @@ class SQLiteStore(Store):
         tail, self._tail = self._tail, False
         # aiosqlite runs one function in its thread with _execute (its own methods use it; it
         # has no public form): the whole transaction in one call, not one per statement.
-        todo = statements(batch, self._wall)
+        todo = statements(batch, time.time() - self._clock())
         await db._execute(write, db._conn, todo, self.path, tail)  # type: ignore[no-untyped-call]
 
     async def _checkpoint_loop(self) -> None:

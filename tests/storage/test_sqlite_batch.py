@@ -1,0 +1,83 @@
+"""The SQLite store's record keeping (storage/sqlite/batch.py): what one commit writes.
+
+A delivery saved and deleted before its batch is committed (a QoS 1 message queued for a
+persistent session and acknowledged at once) must cost the disk nothing; one that reached the
+disk in an earlier batch must be deleted from it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from pathlib import Path
+
+from mqttbroker.broker.message import Message
+from mqttbroker.broker.options import BrokerOptions
+from mqttbroker.broker.session import Delivery, Session
+from mqttbroker.storage.sqlite import SQLiteStore
+from mqttbroker.storage.sqlite.batch import Batch, statements
+
+
+def _delivery(payload: bytes) -> Delivery:
+    return Delivery(Message("t", payload, 1), 1, False, ())
+
+
+def _committed(store: SQLiteStore) -> Batch:
+    """The batch as the writer takes it for a commit; the next one starts empty."""
+    batch = store._batch
+    store._batch = Batch()
+    return batch
+
+
+def _sql(batch: Batch) -> list[str]:
+    return [sql.split(" VALUES")[0] for sql, _ in statements(batch, 0.0)]
+
+
+def test_a_delivery_deleted_before_its_commit_never_reaches_the_disk(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "x.db")
+    session = Session("c", BrokerOptions(), store)
+    store.save_session(session)
+    old = _delivery(b"old")
+    store.save_delivery(session, old)
+    old_key = old.stored
+    assert "INSERT OR REPLACE INTO deliveries" in _sql(_committed(store))
+
+    new = _delivery(b"new")
+    store.save_delivery(session, new)
+    store.delete_delivery(session, new)
+    batch = store._batch
+    assert batch.deliveries == {} and batch.messages == {} and not batch.dead_messages
+    assert _sql(batch) == []
+
+    store.delete_delivery(session, old)
+    assert batch.deliveries == {("c", old_key): None}
+    assert batch.dead_messages == {1}
+    assert _sql(batch) == [
+        "DELETE FROM deliveries WHERE client_id = ? AND seq BETWEEN ? AND ?",
+        "DELETE FROM messages WHERE id BETWEEN ? AND ?",
+    ]
+
+
+def test_after_a_session_is_deleted_its_new_deliveries_are_new(tmp_path: Path) -> None:
+    """Deleting a session wipes its rows first and starts its keys over: a delivery of the next
+    session with that client id, deleted in the same batch, is not written either."""
+    store = SQLiteStore(tmp_path / "x.db")
+    session = Session("c", BrokerOptions(), store)
+    store.save_session(session)
+    session.queue = deque()
+    for payload in (b"kept", b"later"):  # the second's key is given out in the next batch
+        delivery = _delivery(payload)
+        session.queue.append(delivery)
+        store.save_delivery(session, delivery)
+        if payload == b"kept":
+            _committed(store)
+    store.delete_session(session)
+
+    again = Session("c", BrokerOptions(), store)
+    store.save_session(again)
+    fresh = _delivery(b"fresh")
+    store.save_delivery(again, fresh)
+    assert fresh.stored == 1
+    store.delete_delivery(again, fresh)
+    batch = store._batch
+    assert ("c", 1) not in batch.deliveries
+    assert "INSERT OR REPLACE INTO deliveries" not in _sql(batch)
