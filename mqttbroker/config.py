@@ -187,7 +187,7 @@ class Config:
     # Allocations between two young-generation runs of Python's cycle collector (its default is
     # 700). Thousands of long-lived connection objects make each run costly: at 700 it took
     # about a fifth of the broker's CPU while 10,000 clients connected. 0 leaves Python's setting.
-    gc_threshold: int = 100_000
+    gc_threshold: int = 10_000
     # Microseconds the event loop keeps polling, instead of sleeping, after a pass that sent
     # something (server/polling.py): lower latency for a core spinning meanwhile. 0: off.
     busy_poll_us: int = 0
