@@ -154,8 +154,7 @@ class Session:
         # connection (see sink.py); such a session never has a connection.
         self.sink: Sink | None = None
         # The broker's index of the sessions with queued messages (Broker.backlog): joined
-        # when the queue becomes non-empty, left when drain() empties it (readers drop the
-        # sessions whose queue emptied otherwise).
+        # when the queue becomes non-empty, left by whatever empties it (queue_emptied).
         self.backlog = backlog
 
     @property
@@ -404,9 +403,16 @@ class Session:
             count += 1
         if count:
             self.queue = kept
+            self.queue_emptied()
             self.dropped += count
             self._refill(now)
         return count
+
+    def queue_emptied(self) -> None:
+        """Leave the broker's backlog index if the queue is now empty; called by everything
+        that takes messages out of it, so that every session in the index has queued messages."""
+        if not self.queue and self.backlog is not None:
+            self.backlog.pop(self, None)
 
     def drain(self, now: float) -> None:
         """Send queued messages while the client's receive window allows (MQTT-3.3.4-9)."""
@@ -433,8 +439,7 @@ class Session:
                 )
                 if delivery.stored:
                     self.store.delete_delivery(self, delivery)
-        if not queue and self.backlog is not None:
-            self.backlog.pop(self, None)
+        self.queue_emptied()
 
     def resend(self, now: float) -> None:
         """On resuming a session: every unacknowledged PUBLISH again with DUP set, and every

@@ -99,6 +99,8 @@ class Outbox:
         store = self.broker.store
         while queue:
             delivery = queue.popleft()
+            if not queue:
+                session.queue_emptied()
             session.queued_bytes -= delivery.message.size
             if delivery.message.expired(now):
                 store.delete_delivery(session, delivery)

@@ -295,7 +295,7 @@ class Api:
 
             found = scan(self.broker.sessions.values(), wanted, first, limit)
             return _page(request, found, self._render_session)
-        waiting = [s for s in backlogged(self.broker) if s.client_id.startswith(prefix)]
+        waiting = [s for s in self.broker.backlog if s.client_id.startswith(prefix)]
         waiting.sort(key=lambda s: s.queue[0].queued_at)  # the oldest first
         end = first + limit
         more = [end] if end < len(waiting) else None
@@ -444,20 +444,6 @@ class Api:
 
 def _everything(item: object) -> bool:
     return True
-
-
-def backlogged(broker: Broker) -> list[Session]:
-    """The sessions with queued messages: ``Broker.backlog``, without the entries of sessions
-    whose queue emptied otherwise than by draining, or that ended (dropped from it here)."""
-    backlog = broker.backlog
-    sessions = broker.sessions
-    waiting = []
-    for session in list(backlog):
-        if session.queue and sessions.get(session.client_id) is session:
-            waiting.append(session)
-        else:
-            del backlog[session]
-    return waiting
 
 
 async def json_body(request: web.Request) -> dict[str, Any]:

@@ -47,6 +47,7 @@ def test_outbox_queues_wakes_and_keeps_until_done(h: Harness) -> None:
     publisher.receive()
     assert sink.wakes == 2
     assert outbox.pending == 2
+    assert outbox.session in h.broker.backlog
     first = outbox.take()
     assert first is not None
     packet_id, delivery = first
@@ -55,6 +56,7 @@ def test_outbox_queues_wakes_and_keeps_until_done(h: Harness) -> None:
     second = outbox.take()
     assert second is not None and second[1].message.payload == b"one"
     assert outbox.take() is None
+    assert outbox.session not in h.broker.backlog  # its queue is empty
     assert outbox.pending == 2  # in flight until done
     assert outbox.done(packet_id)
     assert not outbox.done(packet_id)

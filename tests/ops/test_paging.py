@@ -169,8 +169,8 @@ def test_sessions_sorted_by_oldest_queued_age_come_from_the_backlog(
         clock.now += 1.0
     ended = broker.sessions[f"device-{waiting[2]}"]
     broker.end_session(ended, clock.now)
-    drained = broker.sessions[f"device-{waiting[3]}"]
-    drained.queue.clear()  # emptied otherwise than by draining: dropped from the index
+    revoked = broker.sessions[f"device-{waiting[3]}"]
+    assert revoked.drop_unreadable(lambda topic: False, clock.now) == 1  # leaves the index
     broker.sessions = Unwalkable(broker.sessions)
     page = call(api, "sessions", "/api/v1/sessions?sort=oldest_queued_age&limit=2")
     ids = [item["client_id"] for item in page["items"]]
