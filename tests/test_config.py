@@ -121,11 +121,11 @@ def _gc_after(code: str) -> list[str]:
 
 
 def test_gc_threshold_is_applied() -> None:
-    """gc_threshold sets the collector's first threshold (the middle generation every tenth of
+    """gc_threshold sets the collector's first threshold (the middle generation every fifth of
     those, a full collection at most every thousandth) and 0 leaves Python's own; either way
     the objects that exist at start are frozen out of later collections."""
     default = _gc_after("pass")[0]
     tune = "from mqttbroker.server.app import _tune_gc; _tune_gc"
     assert _gc_after(f"{tune}(0)") == [default, "True"]
     tuned = _gc_after(f"{tune}(1234)")
-    assert tuned == ["(1234, 10, 100)", "True"]
+    assert tuned == ["(1234, 5, 200)", "True"]
