@@ -57,14 +57,13 @@ class Census:
 
 @dataclass(slots=True)
 class Figures:
+    """One survey: the census of the last complete pass, and what the backlog index gives at
+    once (queued messages, the oldest queued age, the stuck sessions)."""
+
     at: float = float("-inf")
-    sessions_online: int = 0
-    sessions_offline: int = 0
+    census: Census = field(default_factory=Census)
     queued: int = 0
-    inflight: int = 0
-    dropped: int = 0
     oldest_age: float = 0.0
-    connections: dict[str, int] = field(default_factory=dict)  # listener name -> connected
     stuck: dict[str, float] = field(default_factory=dict)  # client id -> oldest queued age
 
 
@@ -148,26 +147,17 @@ class Survey:
 
     def _walk(self, now: float) -> None:
         broker = self.broker
-        census = self._count(CENSUS_SLICE)
-        figures = Figures(
-            at=now,
-            sessions_online=census.sessions_online,
-            sessions_offline=census.sessions_offline,
-            inflight=census.inflight,
-            dropped=census.dropped,
-            connections=census.connections,
-        )
+        figures = Figures(at=now, census=self._count(CENSUS_SLICE))
         threshold = self.threshold
         stuck = figures.stuck
-        for session in broker.backlog:
+        for session in broker.backlog:  # every one has queued messages
             queue = session.queue
-            if queue:
-                figures.queued += len(queue)
-                age = now - queue[0].queued_at
-                if age > figures.oldest_age:
-                    figures.oldest_age = age
-                if threshold and age > threshold:
-                    stuck[session.client_id] = age
+            figures.queued += len(queue)
+            age = now - queue[0].queued_at
+            if age > figures.oldest_age:
+                figures.oldest_age = age
+            if threshold and age > threshold:
+                stuck[session.client_id] = age
         previous = self.figures.stuck
         self.figures = figures
         for client_id, age in stuck.items():

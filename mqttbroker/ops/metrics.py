@@ -81,7 +81,7 @@ class BrokerCollector(Collector):
             "mqttbroker_messages_dropped", "Messages not delivered, by reason", labels=["reason"]
         )
         # "queue": a session's queue was full, or a QoS 0 message found its client not reading.
-        dropped.add_metric(["queue"], figures.dropped)
+        dropped.add_metric(["queue"], figures.census.dropped)
         dropped.add_metric(["not_authorized"], broker.denied)
         yield dropped
         refused = CounterMetricFamily(
@@ -99,17 +99,19 @@ class BrokerCollector(Collector):
             "mqttbroker_connections", "Connected clients, by listener", labels=["listener"]
         )
         for name in self.listeners:
-            connections.add_metric([name], figures.connections.get(name, 0))
+            connections.add_metric([name], figures.census.connections.get(name, 0))
         yield connections
         sessions = GaugeMetricFamily("mqttbroker_sessions", "Sessions, by state", labels=["state"])
-        sessions.add_metric(["online"], figures.sessions_online)
-        sessions.add_metric(["offline"], figures.sessions_offline)
+        sessions.add_metric(["online"], figures.census.sessions_online)
+        sessions.add_metric(["offline"], figures.census.sessions_offline)
         yield sessions
         yield gauge("subscriptions", "Subscriptions (shared members included)", router.trie.count)
         yield gauge("retained_messages", "Retained messages ($SYS aside)", len(router.retained))
         yield gauge("queued_messages", "Messages waiting in session queues", figures.queued)
         yield gauge(
-            "inflight_messages", "QoS 1/2 messages sent and not yet acknowledged", figures.inflight
+            "inflight_messages",
+            "QoS 1/2 messages sent and not yet acknowledged",
+            figures.census.inflight,
         )
         yield gauge(
             "oldest_queued_message_age_seconds",

@@ -215,7 +215,7 @@ def test_the_survey_counts_in_bounded_slices_and_sees_stuck_sessions_at_once(
         assert survey.counted <= 1000
         assert figures.stuck == {f"device-{RARE[1]}": 61.0 + n}  # from the first survey on
         assert figures.queued == 1
-        passes.append(figures.sessions_offline)
+        passes.append(figures.census.sessions_offline)
         clock.now += 1.0
     assert passes == [0] * (DEVICES // 1000 - 1) + [DEVICES]  # the last survey completes it
     assert survey.alerts == 1
