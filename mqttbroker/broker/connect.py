@@ -18,6 +18,7 @@ from .state import ACCEPT, AUTHENTICATE, AUTHENTICATING, CONNECTED
 from .topics import valid_topic_name
 
 if TYPE_CHECKING:
+    from .backplane import Backplane
     from .connection import Connection
 
 log = logging.getLogger("mqttbroker.connection")
@@ -91,17 +92,7 @@ def on_connect(conn: Connection, packet: pk.Connect) -> None:
         elif broker.offload is not None:
             # Hashing a password takes milliseconds: off the event loop, while this
             # connection waits (state AUTHENTICATING, input held) for the answer.
-            conn.to(AUTHENTICATE)
-            conn.checking = True
-            conn.held_connect = packet
-            authenticator = broker.authenticator
-            address = conn.address
-            broker.offload(
-                lambda: authenticator.check_password(
-                    packet.client_id, packet.username, packet.password, anonymous, address
-                ),
-                conn.password_checked,
-            )
+            _check_password_offloaded(conn, packet, anonymous)
             return
         else:
             code = broker.authenticator.check_password(
@@ -173,6 +164,41 @@ def on_auth(conn: Connection, packet: pk.Auth) -> None:
     auth_step(conn, packet.properties.get(prop.AUTHENTICATION_DATA))
 
 
+def _check_password_offloaded(conn: Connection, packet: pk.Connect, anonymous: bool | None) -> None:
+    """Hash the password off the event loop (see on_connect). A function of its own: a closure
+    in on_connect would make every CONNECT allocate its variables' environment."""
+    broker = conn.broker
+    assert broker.offload is not None
+    conn.to(AUTHENTICATE)
+    conn.checking = True
+    conn.held_connect = packet
+    authenticator = broker.authenticator
+    address = conn.address
+    broker.offload(
+        lambda: authenticator.check_password(
+            packet.client_id, packet.username, packet.password, anonymous, address
+        ),
+        conn.password_checked,
+    )
+
+
+def _claim(
+    conn: Connection,
+    packet: pk.Connect,
+    auth_props: dict[int, Any] | None,
+    backplane: Backplane,
+) -> None:
+    """A cluster node first takes the client id over (see accept); not a closure in accept,
+    for the same reason."""
+    conn.claimed = conn.checking = True
+    conn.to(AUTHENTICATE)
+    backplane.claim(
+        packet.client_id,
+        packet.clean_start,
+        lambda: conn.claim_done(packet, auth_props),
+    )
+
+
 def accept(conn: Connection, packet: pk.Connect, auth_props: dict[int, Any] | None) -> None:
     """The client is who it says: take over or create its session and send CONNACK."""
     broker = conn.broker
@@ -180,13 +206,7 @@ def accept(conn: Connection, packet: pk.Connect, auth_props: dict[int, Any] | No
     if backplane is not None and not conn.claimed:
         # A cluster node first takes the client id over: its session may be on another
         # node, which hands it over. The CONNECT waits (input held) until then.
-        conn.claimed = conn.checking = True
-        conn.to(AUTHENTICATE)
-        backplane.claim(
-            packet.client_id,
-            packet.clean_start,
-            lambda: conn.claim_done(packet, auth_props),
-        )
+        _claim(conn, packet, auth_props, backplane)
         return
     opts = broker.options
     version = conn.version
