@@ -7,14 +7,17 @@ disk in an earlier batch must be deleted from it.
 
 from __future__ import annotations
 
+import sqlite3
 from collections import deque
 from pathlib import Path
 
 from mqttbroker.broker.message import Message
 from mqttbroker.broker.options import BrokerOptions
 from mqttbroker.broker.session import Delivery, Session
+from mqttbroker.broker.topics import Subscription
 from mqttbroker.storage.sqlite import SQLiteStore
-from mqttbroker.storage.sqlite.batch import Batch, statements
+from mqttbroker.storage.sqlite.batch import Batch, statements, write
+from mqttbroker.storage.sqlite.schema import MIGRATIONS
 
 
 def _delivery(payload: bytes) -> Delivery:
@@ -81,3 +84,46 @@ def test_after_a_session_is_deleted_its_new_deliveries_are_new(tmp_path: Path) -
     batch = store._batch
     assert ("c", 1) not in batch.deliveries
     assert "INSERT OR REPLACE INTO deliveries" not in _sql(batch)
+
+
+def test_rows_are_written_with_their_nulls_and_blobs(tmp_path: Path) -> None:
+    """Columns bound as 0 or "" (to spare the sqlite3 module its adapter lookup) are stored as
+    NULL; payloads and properties as BLOBs; the values that are there, as they are."""
+    path = tmp_path / "x.db"
+    db = sqlite3.connect(path, isolation_level=None)
+    for migration in MIGRATIONS:
+        db.executescript(f"BEGIN; {migration} COMMIT;")
+    store = SQLiteStore(path)
+    session = Session("c", BrokerOptions(), store)
+    store.save_session(session)
+    plain = Delivery(Message("t/plain", b"", 1), 1, False, ())
+    store.save_delivery(session, plain)
+    rich = Delivery(
+        Message("t/rich", b"\x00\xff", 2, True, {0x03: "text/plain"}, 90.0),
+        2,
+        True,
+        (7, 9),
+        "$share/g/t/#",
+    )
+    rich.packet_id = 5
+    rich.released = True
+    store.save_delivery(session, rich)
+    store.save_subscription(session, Subscription(session, "t/#", 1))
+    store.save_subscription(session, Subscription(session, "u/#", 2, identifier=7))
+    write(db, statements(_committed(store), 10.0), path, False)
+
+    deliveries = db.execute(
+        "SELECT seq, qos, retain, sub_ids, packet_id, released, share FROM deliveries ORDER BY seq"
+    ).fetchall()
+    assert deliveries == [(1, 1, 0, "", None, 0, None), (2, 2, 1, "7,9", 5, 1, "$share/g/t/#")]
+    messages = db.execute(
+        "SELECT topic, typeof(payload), payload, qos, retain, typeof(properties), expires_at "
+        "FROM messages ORDER BY id"
+    ).fetchall()
+    assert messages[0] == ("t/plain", "blob", b"", 1, 0, "blob", None)
+    assert messages[1][:5] == ("t/rich", "blob", b"\x00\xff", 2, 1)
+    assert messages[1][5:] == ("blob", 100.0)
+    subscriptions = db.execute(
+        "SELECT topic_filter, identifier FROM subscriptions ORDER BY topic_filter"
+    ).fetchall()
+    assert subscriptions == [("t/#", None), ("u/#", 7)]

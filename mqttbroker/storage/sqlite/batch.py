@@ -109,7 +109,7 @@ class Recorder:
             int(sub.no_local),
             int(sub.retain_as_published),
             sub.retain_handling,
-            sub.identifier,
+            sub.identifier or 0,  # NULL (SUBSCRIPTION_ROW): identifiers start at 1
         )
         self._changed()
 
@@ -216,7 +216,7 @@ def statements(b: Batch, shift: float) -> Statements:
         )
     if b.sessions:
         _insert(todo, "sessions", _row(4), list(b.sessions.values()))
-    _upsert(todo, "subscriptions", "client_id = ? AND topic_filter = ?", b.subs, _row(7))
+    _upsert(todo, "subscriptions", "client_id = ? AND topic_filter = ?", b.subs, SUBSCRIPTION_ROW)
     _upsert(
         todo,
         "deliveries",
@@ -265,14 +265,15 @@ def _runs(keys: Iterable[tuple[Any, int]]) -> list[tuple[Any, int, int]]:
 # which stay in the connection's cache of prepared statements.
 ROWS_PER_INSERT = 64
 
-# The VALUES of one row, per table with rows written per message. The sqlite3 module binds
-# None and bytes only after looking for an adapter (registered with sqlite3.register_adapter),
-# a lookup that fails and costs more than the row's other columns together: a column that is
+# The VALUES of one row, per table with rows written per message or subscription. The sqlite3
+# module binds None and bytes only after looking for an adapter (sqlite3.register_adapter), a
+# lookup that fails and costs more than the row's other columns together: a column that is
 # mostly NULL is bound as 0 (or "") and turned into NULL by SQLite, and BLOBs are bound as
 # bytearrays, which need no adapter (the copy costs less than the lookup).
 NO_PROPERTIES = bytearray(encode_properties({}))  # never changed
 MESSAGE_ROW = "(?, ?, ?, ?, ?, ?, NULLIF(?, 0.0))"  # expires_at: 0.0 = NULL (no expiry)
 DELIVERY_ROW = "(?, ?, ?, ?, ?, ?, NULLIF(?, 0), ?, NULLIF(?, ''))"  # packet_id 0, share ""
+SUBSCRIPTION_ROW = "(?, ?, ?, ?, ?, ?, NULLIF(?, 0))"  # identifier 0
 
 
 def _row(width: int) -> str:
