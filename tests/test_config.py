@@ -128,4 +128,6 @@ def test_gc_threshold_is_applied() -> None:
     tune = "from mqttbroker.server.app import _tune_gc; _tune_gc"
     assert _gc_after(f"{tune}(0)") == [default, "True"]
     tuned = _gc_after(f"{tune}(1234)")
-    assert tuned == ["(1234, 5, 200)", "True"]
+    assert tuned[0].startswith("(1234, ") and tuned[1] == "True"
+    if sys.version_info < (3, 14):  # the three generations of the classic collector
+        assert tuned[0] == "(1234, 5, 200)"

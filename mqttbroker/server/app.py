@@ -13,6 +13,7 @@ import asyncio
 import gc
 import logging
 import signal
+import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
@@ -165,13 +166,18 @@ class Server:
         return None
 
     async def _tick(self) -> None:
+        """Keep-alive, expiry, delayed wills, $SYS, the survey: an error in one pass is logged
+        and the next pass runs all the same (none may stop the others for good)."""
         while True:
             await asyncio.sleep(TICK_SECONDS)
-            self.broker.tick()
-            self.sys_tree.tick()
-            self.survey.tick()
-            if self.admin is not None:
-                self.admin.tick()
+            try:
+                self.broker.tick()
+                self.sys_tree.tick()
+                self.survey.tick()
+                if self.admin is not None:
+                    self.admin.tick()
+            except Exception:
+                log.exception("error in the broker's periodic pass")
 
     def _offloader(
         self, loop: asyncio.AbstractEventLoop
@@ -282,7 +288,10 @@ def _tune_gc(threshold: int) -> None:
     never stops the broker for long), a full collection at most every thousandth. And keep what
     exists when the broker starts (modules, configuration) out of its full collections for good."""
     if threshold:
-        gc.set_threshold(threshold, 5, 200)
+        if sys.version_info < (3, 14):
+            gc.set_threshold(threshold, 5, 200)
+        else:  # an incremental collector may give the other two values other meanings
+            gc.set_threshold(threshold)
     gc.collect()
     gc.freeze()
 
