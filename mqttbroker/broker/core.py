@@ -90,9 +90,9 @@ class Broker:
             fastpath.encode_connack(pk.Connack(True, 0, self.connack_properties), MQTT_5),
         )
         self.sessions: dict[str, Session] = {}
-        # The sessions with queued messages, exactly (each session keeps its entry; see
-        # Session.backlog): what the admin API sorts by oldest queued message and the alerts
-        # survey, without a walk over all sessions.
+        # The sessions with queued messages, exactly (kept by Session: see Session.backlog):
+        # what the admin API sorts by oldest queued message and the alerts survey, without a
+        # walk over all sessions.
         self.backlog: dict[Session, None] = {}
         self.persistent_sessions = 0  # sessions of non-zero expiry (max_sessions)
         self._user_sessions: dict[str, int] = {}  # user name -> its persistent sessions
