@@ -14,7 +14,7 @@ from . import packets as pk
 from .errors import LimitExceeded, MalformedPacket, ProtocolError
 from .packets import MQTT_5, PacketType
 from .properties import SPEC, WILL, PropertyType, collect, pairs, properties_cap, too_many
-from .reasons import ACK_REASON_CODES, ReasonCode
+from .reasons import ACK_REASON_CODES, AUTH_CODES, DISCONNECT_CODES, ReasonCode
 from .rules import check_protocol, subscription_request
 
 MAX_VBI = 268_435_455
@@ -358,6 +358,34 @@ def decode_ack(
     return pk.ACK_CLASSES[packet_type](packet_id, code, props)
 
 
+def decode_reason_only(
+    packet_type: int, flags: int, data: bytes, pos: int, end: int, version: int
+) -> pk.Disconnect | pk.Auth:
+    """DISCONNECT or AUTH: a reason code (omitted when 0x00 and no properties follow), then
+    properties (omitted when none); in MQTT 3.1.1 a DISCONNECT is empty and AUTH does not
+    exist. The same result and errors as grammar.decode."""
+    if flags:
+        raise MalformedPacket(f"reserved fixed-header flags of packet type {packet_type} are wrong")
+    disconnect = packet_type == pk.DISCONNECT
+    if version != MQTT_5:
+        if not disconnect:
+            raise MalformedPacket("AUTH does not exist before MQTT 5")
+        if end != pos:
+            raise MalformedPacket("DISCONNECT with a body in MQTT 3.1.1")
+        return pk.Disconnect()
+    code = data[pos] if end > pos else 0
+    if code not in (DISCONNECT_CODES if disconnect else AUTH_CODES):
+        name = "DISCONNECT" if disconnect else "AUTH"
+        raise MalformedPacket(f"0x{code:02X} is not a {name} reason code")
+    props: dict[int, Any] = {}
+    if end - pos > 1:
+        length, p = decode_vbi(data, pos + 1, end)
+        if p + length != end:
+            raise MalformedPacket("property length does not match the packet's length")
+        props = decode_properties(data, pos + 1, end, packet_type)[0]
+    return pk.Disconnect(code, props) if disconnect else pk.Auth(code, props)
+
+
 def encode_ack(
     packet_type: int,
     packet_id: int,
@@ -540,7 +568,8 @@ def decode_packet(
 ) -> pk.Packet:
     """Decode the packet whose fixed header's first byte is ``first`` and whose body is
     ``data[pos:end]``, for a connection at ``version``: the hot packets (PUBLISH, the acks,
-    PING, CONNECT, SUBSCRIBE) by the hand-written code above, every other one by the grammar.
+    PING, CONNECT, SUBSCRIBE, DISCONNECT, AUTH) by the hand-written code above, every other
+    one by the grammar.
     A SUBSCRIBE or UNSUBSCRIBE of more than ``max_filters`` filters (0: no limit) is refused
     whole (LimitExceeded, 0x97). (The broker slices a PUBLISH without properties with
     :func:`scan_publish` instead, without a packet object.)"""
@@ -558,6 +587,8 @@ def decode_packet(
         return decode_connect(flags, data, pos, end)
     if ptype == pk.SUBSCRIBE:
         return decode_subscribe(flags, data, pos, end, version, max_filters)
+    if ptype == pk.DISCONNECT or ptype == pk.AUTH:
+        return decode_reason_only(ptype, flags, data, pos, end, version)
     if ptype == pk.UNSUBSCRIBE and max_filters:
         check_unsubscribe_count(data, pos, end, version, max_filters)
     if ptype == 0:

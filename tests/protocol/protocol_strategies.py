@@ -357,7 +357,15 @@ def any_packet(version: int) -> st.SearchStrategy[pk.Packet]:
 
 
 def hot_packet(version: int) -> st.SearchStrategy[pk.Packet]:
-    """A packet of the fast path: PUBLISH, the four acks, PINGREQ, PINGRESP."""
-    return st.one_of(
-        publishes(version), acks(version), st.just(pk.Pingreq()), st.just(pk.Pingresp())
-    )
+    """A packet of the fast path: PUBLISH, the four acks, PINGREQ, PINGRESP, DISCONNECT and
+    (MQTT 5) AUTH."""
+    options = [
+        publishes(version),
+        acks(version),
+        st.just(pk.Pingreq()),
+        st.just(pk.Pingresp()),
+        disconnects(version),
+    ]
+    if version == MQTT_5:
+        options.append(auths())
+    return st.one_of(options)

@@ -1,8 +1,9 @@
 """The hand-written fast path (fastpath.py) agrees with the construct grammar (grammar.py) on the
 hot packets, in both directions:
 
-* for valid PUBLISH and PUBACK/PUBREC/PUBREL/PUBCOMP at both levels, the two encoders give the
-  same bytes, and each decoder reads the other's bytes back to the same packet;
+* for valid PUBLISH, PUBACK/PUBREC/PUBREL/PUBCOMP, DISCONNECT and AUTH at both levels, the two
+  encoders give the same bytes (DISCONNECT and AUTH have one encoder, the grammar's), and each
+  decoder reads the other's bytes back to the same packet;
 * for arbitrary and mutated bytes, the two decoders either both succeed with equal packets or both
   raise an MQTTError. Where they raise different error classes (e.g. MalformedPacket from one,
   ProtocolError from the other, because they check rules in a different order) the test still
@@ -17,7 +18,7 @@ from typing import Any
 
 from hypothesis import event, example, given, note, settings
 from hypothesis import strategies as st
-from protocol_strategies import ACK_CLASSES, acks, hot_packet, publishes
+from protocol_strategies import ACK_CLASSES, acks, auths, disconnects, hot_packet, publishes
 from support.codec import decode_hot, encode_hot
 
 from mqttbroker.protocol import fastpath, grammar
@@ -27,7 +28,7 @@ from mqttbroker.protocol.packets import MQTT_3_1_1, MQTT_5, PacketType
 
 V4, V5 = MQTT_3_1_1, MQTT_5
 versions = st.sampled_from([V4, V5])
-HOT_TYPES = [3, 4, 5, 6, 7, 12, 13]
+HOT_TYPES = [3, 4, 5, 6, 7, 12, 13, 14, 15]
 
 
 def body_of(data: bytes) -> tuple[int, int, int]:
@@ -89,6 +90,15 @@ def test_pings_agree() -> None:
     for version in (V4, V5):
         for packet in (pk.Pingreq(), pk.Pingresp()):
             check_agree(packet, version)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.data(), versions)
+def test_disconnect_and_auth_agree(data: st.DataObject, version: int) -> None:
+    """DISCONNECT (empty in 3.1.1; in MQTT 5 any reason code, with or without properties) and
+    AUTH (MQTT 5 only)."""
+    options = [disconnects(version)] + ([auths()] if version == V5 else [])
+    check_agree(data.draw(st.one_of(options)), version)
 
 
 # ---------------------------------------------------------------------------------------------

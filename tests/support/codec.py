@@ -18,6 +18,8 @@ HOT = frozenset(
         pk.PacketType.PUBCOMP,
         pk.PacketType.PINGREQ,
         pk.PacketType.PINGRESP,
+        pk.PacketType.DISCONNECT,
+        pk.PacketType.AUTH,
     }
 )
 
@@ -30,7 +32,8 @@ def decode_packet(first_byte: int, body: bytes, version: int) -> pk.Packet:
 def decode_hot(
     packet_type: int, flags: int, data: bytes, pos: int, end: int, version: int
 ) -> pk.Packet:
-    """Decode a hot packet (PUBLISH, the four acks, PINGREQ, PINGRESP) with the fast path."""
+    """Decode a hot packet (PUBLISH, the four acks, PINGREQ, PINGRESP, DISCONNECT, AUTH) with
+    the fast path."""
     if packet_type not in HOT:
         raise ValueError(f"packet type {packet_type} has no fast path")
     return fastpath.decode_packet(packet_type << 4 | flags, data, pos, end, version)
@@ -48,6 +51,8 @@ def encode_hot(packet: pk.Packet, version: int) -> bytes:
         return fastpath.PINGREQ
     if isinstance(packet, pk.Pingresp):
         return fastpath.PINGRESP
+    if isinstance(packet, (pk.Disconnect, pk.Auth)):
+        return grammar.encode(packet, version)  # the broker encodes them with the grammar
     raise ValueError(f"{type(packet).__name__} has no fast path")
 
 
