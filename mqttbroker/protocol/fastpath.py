@@ -483,24 +483,6 @@ def decode_connect(flags: int, data: bytes, pos: int, end: int) -> pk.Connect:
     )
 
 
-def check_unsubscribe_count(data: bytes, pos: int, end: int, version: int, limit: int) -> None:
-    """Refuse an UNSUBSCRIBE body with more than ``limit`` topic filters (LimitExceeded, 0x97)
-    by a walk over their lengths, before the general decoder takes seconds over a megabyte of
-    them. Anything malformed is left for the decoder to refuse."""
-    p = pos + 2
-    if version == MQTT_5 and p < end:
-        length, p = decode_vbi(data, p, end)
-        p += length
-    count = 0
-    while p + 2 <= end:
-        count += 1
-        if count > limit:
-            raise LimitExceeded(
-                f"UNSUBSCRIBE with more than {limit} topic filters", ReasonCode.QUOTA_EXCEEDED
-            )
-        p += 2 + ((data[p] << 8) | data[p + 1])
-
-
 def decode_subscribe(
     flags: int, data: bytes, pos: int, end: int, version: int, max_filters: int = 0
 ) -> pk.Subscribe:
@@ -537,6 +519,38 @@ def decode_subscribe(
     return pk.Subscribe(packet_id, requests, props)
 
 
+def decode_unsubscribe(
+    flags: int, data: bytes, pos: int, end: int, version: int, max_filters: int = 0
+) -> pk.Unsubscribe:
+    """Decode an UNSUBSCRIBE body; the same result and errors as grammar.decode. More than
+    ``max_filters`` topic filters (0: no limit) is refused whole, as soon as the next one
+    starts: LimitExceeded with 0x97, Quota exceeded."""
+    if flags != 2:
+        raise MalformedPacket("reserved fixed-header flags of packet type 10 are wrong")
+    if pos + 2 > end:
+        raise MalformedPacket("truncated packet identifier")
+    packet_id = (data[pos] << 8) | data[pos + 1]
+    p = pos + 2
+    props: dict[int, Any] = {}
+    if version == MQTT_5:
+        props, p = decode_properties(data, p, end, pk.UNSUBSCRIBE)
+    filters: list[str] = []
+    limit = max_filters or -1
+    while p < end:
+        if len(filters) == limit:
+            raise LimitExceeded(
+                f"UNSUBSCRIBE with more than {max_filters} topic filters",
+                ReasonCode.QUOTA_EXCEEDED,
+            )
+        topic_filter, p = _utf8(data, p, end)
+        filters.append(topic_filter)
+    if packet_id == 0:
+        raise ProtocolError("UNSUBSCRIBE with packet identifier 0")
+    if not filters:
+        raise ProtocolError("UNSUBSCRIBE with no topic filter")
+    return pk.Unsubscribe(packet_id, filters, props)
+
+
 def _with_header(first: int, body: bytes) -> bytes:
     return bytes((first,)) + encode_vbi(len(body)) + body
 
@@ -567,9 +581,9 @@ def decode_packet(
     first: int, data: bytes, pos: int, end: int, version: int, max_filters: int = 0
 ) -> pk.Packet:
     """Decode the packet whose fixed header's first byte is ``first`` and whose body is
-    ``data[pos:end]``, for a connection at ``version``: the hot packets (PUBLISH, the acks,
-    PING, CONNECT, SUBSCRIBE, DISCONNECT, AUTH) by the hand-written code above, every other
-    one by the grammar.
+    ``data[pos:end]``, for a connection at ``version``: every packet a client sends by the
+    hand-written code above (the grammar decodes only what a server sends: CONNACK, SUBACK,
+    UNSUBACK).
     A SUBSCRIBE or UNSUBSCRIBE of more than ``max_filters`` filters (0: no limit) is refused
     whole (LimitExceeded, 0x97). (The broker slices a PUBLISH without properties with
     :func:`scan_publish` instead, without a packet object.)"""
@@ -589,8 +603,8 @@ def decode_packet(
         return decode_subscribe(flags, data, pos, end, version, max_filters)
     if ptype == pk.DISCONNECT or ptype == pk.AUTH:
         return decode_reason_only(ptype, flags, data, pos, end, version)
-    if ptype == pk.UNSUBSCRIBE and max_filters:
-        check_unsubscribe_count(data, pos, end, version, max_filters)
+    if ptype == pk.UNSUBSCRIBE:
+        return decode_unsubscribe(flags, data, pos, end, version, max_filters)
     if ptype == 0:
         raise MalformedPacket("reserved packet type 0")
     return grammar.decode(ptype, flags, data[pos:end], version)

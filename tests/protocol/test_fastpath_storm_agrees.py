@@ -1,5 +1,5 @@
-"""The hand-written CONNECT and SUBSCRIBE decoders and CONNACK/SUBACK/UNSUBACK encoders in
-fastpath.py (used when thousands of clients connect and subscribe at once) agree with the
+"""The hand-written CONNECT, SUBSCRIBE and UNSUBSCRIBE decoders and CONNACK/SUBACK/UNSUBACK
+encoders in fastpath.py (used when thousands of clients connect and subscribe at once) agree with the
 construct grammar: same packets from the same bytes, same bytes from the same packets, and on
 arbitrary or mutated bytes both decoders succeed alike or both raise an MQTTError."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from protocol_strategies import connacks, connects, subacks, subscribes, unsubacks
+from protocol_strategies import connacks, connects, subacks, subscribes, unsubacks, unsubscribes
 from support.codec import decode_packet, encode_packet
 
 from mqttbroker.protocol import fastpath, grammar
@@ -47,6 +47,16 @@ def test_subscribe_decoders_agree(data: st.DataObject, version: int) -> None:
 
 
 @settings(max_examples=300, deadline=None)
+@given(st.data(), versions)
+def test_unsubscribe_decoders_agree(data: st.DataObject, version: int) -> None:
+    packet = data.draw(unsubscribes(version))
+    raw = grammar.encode(packet, version)
+    first, start = split(raw)
+    assert fastpath.decode_unsubscribe(first & 15, raw, start, len(raw), version) == packet
+    assert decode_packet(first, raw[start:], version) == packet
+
+
+@settings(max_examples=300, deadline=None)
 @given(st.data(), versions, st.sampled_from(["connack", "suback", "unsuback"]))
 def test_ack_encoders_agree(data: st.DataObject, version: int, kind: str) -> None:
     strategy = {"connack": connacks, "suback": subacks, "unsuback": unsubacks}[kind]
@@ -67,11 +77,12 @@ def outcome(decode: object) -> object:
 
 
 @settings(max_examples=400, deadline=None)
-@given(st.data(), versions, st.sampled_from([1, 8]))
+@given(st.data(), versions, st.sampled_from([1, 8, 10]))
 def test_decoders_agree_on_damaged_bytes(data: st.DataObject, version: int, ptype: int) -> None:
     """Valid packets with bytes flipped, cut or appended, and plain random bodies."""
     if data.draw(st.booleans()):
-        packet = data.draw(connects(version) if ptype == 1 else subscribes(version))
+        strategy = {1: connects, 8: subscribes, 10: unsubscribes}[ptype]
+        packet = data.draw(strategy(version))
         raw = bytearray(grammar.encode(packet, version))
         _, start = split(bytes(raw))
         body = raw[start:]
@@ -83,10 +94,12 @@ def test_decoders_agree_on_damaged_bytes(data: st.DataObject, version: int, ptyp
         body = bytes(body)
     else:
         body = data.draw(st.binary(max_size=48))
-    flags = 2 if ptype == 8 else 0
+    flags = 0 if ptype == 1 else 2
     slow = outcome(lambda: grammar.decode(ptype, flags, body, version))
     if ptype == 1:
         fast = outcome(lambda: fastpath.decode_connect(flags, body, 0, len(body)))
-    else:
+    elif ptype == 8:
         fast = outcome(lambda: fastpath.decode_subscribe(flags, body, 0, len(body), version))
+    else:
+        fast = outcome(lambda: fastpath.decode_unsubscribe(flags, body, 0, len(body), version))
     assert fast == slow
