@@ -483,38 +483,53 @@ def decode_connect(flags: int, data: bytes, pos: int, end: int) -> pk.Connect:
     )
 
 
-def decode_subscribe(
-    flags: int, data: bytes, pos: int, end: int, version: int, max_filters: int = 0
-) -> pk.Subscribe:
-    """Decode a SUBSCRIBE body; the same result and errors as grammar.decode. More than
-    ``max_filters`` topic filters (0: no limit) is refused whole, as soon as the next one
-    starts: LimitExceeded with 0x97, Quota exceeded."""
+def _decode_filters(
+    packet_type: int, flags: int, data: bytes, pos: int, end: int, version: int, max_filters: int
+) -> tuple[int, list[tuple[str, int]], dict[int, Any]]:
+    """The packet identifier, the (topic filter, options byte) pairs and the properties of a
+    SUBSCRIBE or an UNSUBSCRIBE (whose filters have no options byte: 0); the same errors as
+    grammar.decode. More than ``max_filters`` topic filters (0: no limit) is refused whole, as
+    soon as the next one starts: LimitExceeded with 0x97, Quota exceeded."""
+    name = "SUBSCRIBE" if packet_type == pk.SUBSCRIBE else "UNSUBSCRIBE"
     if flags != 2:
-        raise MalformedPacket("reserved fixed-header flags of packet type 8 are wrong")
+        raise MalformedPacket(f"reserved fixed-header flags of packet type {packet_type} are wrong")
     if pos + 2 > end:
         raise MalformedPacket("truncated packet identifier")
     packet_id = (data[pos] << 8) | data[pos + 1]
     p = pos + 2
     props: dict[int, Any] = {}
     if version == MQTT_5:
-        props, p = decode_properties(data, p, end, pk.SUBSCRIBE)
+        props, p = decode_properties(data, p, end, packet_type)
+    with_options = packet_type == pk.SUBSCRIBE
     entries: list[tuple[str, int]] = []
     limit = max_filters or -1
     while p < end:
         if len(entries) == limit:
             raise LimitExceeded(
-                f"SUBSCRIBE with more than {max_filters} topic filters",
-                ReasonCode.QUOTA_EXCEEDED,
+                f"{name} with more than {max_filters} topic filters", ReasonCode.QUOTA_EXCEEDED
             )
         topic_filter, p = _utf8(data, p, end)
-        if p >= end:
-            raise MalformedPacket("topic filter without subscription options")
-        entries.append((topic_filter, data[p]))
-        p += 1
+        options = 0
+        if with_options:
+            if p >= end:
+                raise MalformedPacket("topic filter without subscription options")
+            options = data[p]
+            p += 1
+        entries.append((topic_filter, options))
     if packet_id == 0:
-        raise ProtocolError("SUBSCRIBE with packet identifier 0")
+        raise ProtocolError(f"{name} with packet identifier 0")
     if not entries:
-        raise ProtocolError("SUBSCRIBE with no topic filter")  # MQTT-3.8.3-2
+        raise ProtocolError(f"{name} with no topic filter")  # MQTT-3.8.3-2, MQTT-3.10.3-2
+    return packet_id, entries, props
+
+
+def decode_subscribe(
+    flags: int, data: bytes, pos: int, end: int, version: int, max_filters: int = 0
+) -> pk.Subscribe:
+    """Decode a SUBSCRIBE body (see _decode_filters)."""
+    packet_id, entries, props = _decode_filters(
+        pk.SUBSCRIBE, flags, data, pos, end, version, max_filters
+    )
     requests = [subscription_request(f, options, version) for f, options in entries]
     return pk.Subscribe(packet_id, requests, props)
 
@@ -522,33 +537,11 @@ def decode_subscribe(
 def decode_unsubscribe(
     flags: int, data: bytes, pos: int, end: int, version: int, max_filters: int = 0
 ) -> pk.Unsubscribe:
-    """Decode an UNSUBSCRIBE body; the same result and errors as grammar.decode. More than
-    ``max_filters`` topic filters (0: no limit) is refused whole, as soon as the next one
-    starts: LimitExceeded with 0x97, Quota exceeded."""
-    if flags != 2:
-        raise MalformedPacket("reserved fixed-header flags of packet type 10 are wrong")
-    if pos + 2 > end:
-        raise MalformedPacket("truncated packet identifier")
-    packet_id = (data[pos] << 8) | data[pos + 1]
-    p = pos + 2
-    props: dict[int, Any] = {}
-    if version == MQTT_5:
-        props, p = decode_properties(data, p, end, pk.UNSUBSCRIBE)
-    filters: list[str] = []
-    limit = max_filters or -1
-    while p < end:
-        if len(filters) == limit:
-            raise LimitExceeded(
-                f"UNSUBSCRIBE with more than {max_filters} topic filters",
-                ReasonCode.QUOTA_EXCEEDED,
-            )
-        topic_filter, p = _utf8(data, p, end)
-        filters.append(topic_filter)
-    if packet_id == 0:
-        raise ProtocolError("UNSUBSCRIBE with packet identifier 0")
-    if not filters:
-        raise ProtocolError("UNSUBSCRIBE with no topic filter")
-    return pk.Unsubscribe(packet_id, filters, props)
+    """Decode an UNSUBSCRIBE body (see _decode_filters)."""
+    packet_id, entries, props = _decode_filters(
+        pk.UNSUBSCRIBE, flags, data, pos, end, version, max_filters
+    )
+    return pk.Unsubscribe(packet_id, [f for f, _ in entries], props)
 
 
 def _with_header(first: int, body: bytes) -> bytes:

@@ -338,22 +338,15 @@ def auths(draw: st.DrawFn) -> pk.Auth:
 
 def any_packet(version: int) -> st.SearchStrategy[pk.Packet]:
     """Any packet that exists at ``version`` (AUTH only in MQTT 5)."""
-    options: list[st.SearchStrategy[Any]] = [
+    return st.one_of(
+        hot_packet(version),
         connects(version),
         connacks(version),
-        publishes(version),
-        acks(version),
         subscribes(version),
         subacks(version),
         unsubscribes(version),
         unsubacks(version),
-        st.just(pk.Pingreq()),
-        st.just(pk.Pingresp()),
-        disconnects(version),
-    ]
-    if version == MQTT_5:
-        options.append(auths())
-    return st.one_of(options)
+    )
 
 
 def hot_packet(version: int) -> st.SearchStrategy[pk.Packet]:

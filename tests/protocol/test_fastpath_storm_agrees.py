@@ -37,22 +37,18 @@ def test_connect_decoders_agree(data: st.DataObject, version: int) -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.data(), versions)
-def test_subscribe_decoders_agree(data: st.DataObject, version: int) -> None:
-    packet = data.draw(subscribes(version))
+@given(st.data(), versions, st.sampled_from(["subscribe", "unsubscribe"]))
+def test_subscribe_and_unsubscribe_decoders_agree(
+    data: st.DataObject, version: int, kind: str
+) -> None:
+    strategy, decode = {
+        "subscribe": (subscribes, fastpath.decode_subscribe),
+        "unsubscribe": (unsubscribes, fastpath.decode_unsubscribe),
+    }[kind]
+    packet = data.draw(strategy(version))
     raw = grammar.encode(packet, version)
     first, start = split(raw)
-    assert fastpath.decode_subscribe(first & 15, raw, start, len(raw), version) == packet
-    assert decode_packet(first, raw[start:], version) == packet
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.data(), versions)
-def test_unsubscribe_decoders_agree(data: st.DataObject, version: int) -> None:
-    packet = data.draw(unsubscribes(version))
-    raw = grammar.encode(packet, version)
-    first, start = split(raw)
-    assert fastpath.decode_unsubscribe(first & 15, raw, start, len(raw), version) == packet
+    assert decode(first & 15, raw, start, len(raw), version) == packet
     assert decode_packet(first, raw[start:], version) == packet
 
 
