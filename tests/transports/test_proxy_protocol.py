@@ -351,9 +351,12 @@ def test_mutual_tls_after_the_header(tmp_path: Path, certs: Certificates) -> Non
     )
     config.storage.backend = "memory"
 
-    def through_balancer(port: int, header: bytes, with_cert: bool) -> bytes | Exception:
+    def through_balancer(
+        port: int, header: bytes, with_cert: bool, held: list[socket.socket] | None = None
+    ) -> bytes | Exception:
         """The header and the ClientHello in one segment, as a balancer relaying a client's
-        first bytes sends them: the broker must read the header and not a byte more."""
+        first bytes sends them: the broker must read the header and not a byte more.
+        ``held``: the socket is left open there (the connection is still the broker's)."""
         tls = client_context(certs, with_cert=with_cert).wrap_bio(
             incoming := ssl.MemoryBIO(), outgoing := ssl.MemoryBIO(), server_hostname="localhost"
         )
@@ -387,20 +390,26 @@ def test_mutual_tls_after_the_header(tmp_path: Path, certs: Certificates) -> Non
         except (ssl.SSLError, OSError) as exc:
             return exc
         finally:
-            sock.close()
+            if held is None:
+                sock.close()
+            else:
+                held.append(sock)
 
     async def scenario() -> tuple[Any, Any, list[tuple[str, str | None]]]:
         server = Server(config)
         await server.start()
         port = server.listeners[0].addresses[0][1]
         loop = asyncio.get_running_loop()
+        held: list[socket.socket] = []  # open until its connection has been looked at
         try:
             accepted = await loop.run_in_executor(
-                None, through_balancer, port, v2(source="203.0.113.7", port=4711), True
+                None, through_balancer, port, v2(source="203.0.113.7", port=4711), True, held
             )
             users = [(c.peer, c.username) for c in server.broker.connections]
             refused = await loop.run_in_executor(None, through_balancer, port, V1, False)
         finally:
+            for sock in held:
+                sock.close()
             await server.stop()
         return accepted, refused, users
 
