@@ -89,17 +89,18 @@ class Recorder:
         self._next_message_id = 1
         self._refs: dict[int, int] = {}  # stored message id -> deliveries that refer to it
 
-    def _changed(self) -> None:
-        self.writes += 1
+    def _wake_writer(self) -> None:
         if not self._woken:
             self._woken = True
             self._wake.set()
 
+    def _changed(self) -> None:
+        self.writes += 1
+        self._wake_writer()
+
     def after_commit(self, callback: Callable[[], None]) -> None:
         self._batch.waiters.append(callback)
-        if not self._woken:
-            self._woken = True
-            self._wake.set()
+        self._wake_writer()
 
     def save_subscription(self, session: Session, sub: Subscription) -> None:
         self._batch.subs[(session.client_id, sub.topic_filter)] = (
