@@ -284,7 +284,7 @@ def run(config: Config, stop_requested: Sequence[int] = ()) -> int:
 def _tune_gc(threshold: int) -> None:
     """Pace the cycle collector (``gc_threshold``): the youngest generation every ``threshold``
     net allocations, the middle one every fifth of those (it walks what survived them: at the
-    default, at most about 50,000 objects, some 3 ms, so that a growing queue of stored messages
+    default, at most about 50,000 objects, some 4 ms, so that a growing queue of stored messages
     never stops the broker for long), a full collection at most every thousandth. And keep what
     exists when the broker starts (modules, configuration) out of its full collections for good."""
     if threshold:
