@@ -33,6 +33,9 @@ from pathlib import Path
 from types import ModuleType
 
 MODULES = (
+    "mqttbroker.protocol.packets",
+    "mqttbroker.protocol.rules",
+    "mqttbroker.protocol.properties",
     "mqttbroker.protocol.fastpath",
     "mqttbroker.broker.options",
     "mqttbroker.broker.message",

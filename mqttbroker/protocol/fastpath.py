@@ -130,6 +130,8 @@ def decode_properties(
 ) -> tuple[dict[int, Any], int]:
     """Decode a Property Length and the properties after it; returns (properties, position after)."""
     length, pos = decode_vbi(data, pos, end)
+    if not length:  # most packets: nothing to collect or check
+        return {}, pos
     stop = pos + length
     if stop > end:
         raise MalformedPacket("properties run past the end of the packet")

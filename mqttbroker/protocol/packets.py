@@ -4,9 +4,9 @@ lacks (properties, most reason codes) are simply left at their defaults."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any, ClassVar, Final
+from typing import Any, Final
 
 # The packet types as plain ints (``Final``: compiled code reads them as literals, where a
 # member of an IntEnum is an attribute lookup through the enum's metaclass each time); the
@@ -52,148 +52,319 @@ MQTT_3_1_1 = 4
 MQTT_5 = 5
 
 
-def _props() -> dict[int, Any]:
-    return {}
+# Every packet class is a dataclass (``__eq__`` and ``__repr__``) with an ``__init__`` of its own:
+# compiled, this module then builds packets in C, where the ``__init__`` that ``dataclasses``
+# generates would run as interpreted code for every packet decoded. A properties argument of
+# None stands for a new empty dict.
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Will:
     topic: str
-    payload: bytes = b""
-    qos: int = 0
-    retain: bool = False
-    properties: dict[int, Any] = field(default_factory=_props)
+    payload: bytes
+    qos: int
+    retain: bool
+    properties: dict[int, Any]
+
+    def __init__(
+        self,
+        topic: str,
+        payload: bytes = b"",
+        qos: int = 0,
+        retain: bool = False,
+        properties: dict[int, Any] | None = None,
+    ) -> None:
+        self.topic = topic
+        self.payload = payload
+        self.qos = qos
+        self.retain = retain
+        self.properties = {} if properties is None else properties
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Connect:
-    packet_type: ClassVar[int] = PacketType.CONNECT
-    client_id: str = ""
-    protocol_level: int = MQTT_5
-    protocol_name: str = "MQTT"
-    clean_start: bool = True
-    keep_alive: int = 60
-    username: str | None = None
-    password: bytes | None = None
-    will: Will | None = None
-    properties: dict[int, Any] = field(default_factory=_props)
+    client_id: str
+    protocol_level: int
+    protocol_name: str
+    clean_start: bool
+    keep_alive: int
+    username: str | None
+    password: bytes | None
+    will: Will | None
+    properties: dict[int, Any]
+
+    def __init__(
+        self,
+        client_id: str = "",
+        protocol_level: int = MQTT_5,
+        protocol_name: str = "MQTT",
+        clean_start: bool = True,
+        keep_alive: int = 60,
+        username: str | None = None,
+        password: bytes | None = None,
+        will: Will | None = None,
+        properties: dict[int, Any] | None = None,
+    ) -> None:
+        self.client_id = client_id
+        self.protocol_level = protocol_level
+        self.protocol_name = protocol_name
+        self.clean_start = clean_start
+        self.keep_alive = keep_alive
+        self.username = username
+        self.password = password
+        self.will = will
+        self.properties = {} if properties is None else properties
+
+    @property
+    def packet_type(self) -> int:
+        return CONNECT
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Connack:
-    packet_type: ClassVar[int] = PacketType.CONNACK
-    session_present: bool = False
-    reason_code: int = 0
-    properties: dict[int, Any] = field(default_factory=_props)
+    session_present: bool
+    reason_code: int
+    properties: dict[int, Any]
+
+    def __init__(
+        self,
+        session_present: bool = False,
+        reason_code: int = 0,
+        properties: dict[int, Any] | None = None,
+    ) -> None:
+        self.session_present = session_present
+        self.reason_code = reason_code
+        self.properties = {} if properties is None else properties
+
+    @property
+    def packet_type(self) -> int:
+        return CONNACK
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Publish:
-    packet_type: ClassVar[int] = PacketType.PUBLISH
-    topic: str = ""
-    payload: bytes = b""
-    qos: int = 0
-    retain: bool = False
-    dup: bool = False
-    packet_id: int | None = None
-    properties: dict[int, Any] = field(default_factory=_props)
+    topic: str
+    payload: bytes
+    qos: int
+    retain: bool
+    dup: bool
+    packet_id: int | None
+    properties: dict[int, Any]
+
+    def __init__(
+        self,
+        topic: str = "",
+        payload: bytes = b"",
+        qos: int = 0,
+        retain: bool = False,
+        dup: bool = False,
+        packet_id: int | None = None,
+        properties: dict[int, Any] | None = None,
+    ) -> None:
+        self.topic = topic
+        self.payload = payload
+        self.qos = qos
+        self.retain = retain
+        self.dup = dup
+        self.packet_id = packet_id
+        self.properties = {} if properties is None else properties
+
+    @property
+    def packet_type(self) -> int:
+        return PUBLISH
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Ack:
     """PUBACK, PUBREC, PUBREL and PUBCOMP share one shape (sections 3.4 to 3.7)."""
 
-    packet_type: ClassVar[int] = 0  # set by each subclass
     packet_id: int
-    reason_code: int = 0
-    properties: dict[int, Any] = field(default_factory=_props)
+    reason_code: int
+    properties: dict[int, Any]
+
+    def __init__(
+        self, packet_id: int, reason_code: int = 0, properties: dict[int, Any] | None = None
+    ) -> None:
+        self.packet_id = packet_id
+        self.reason_code = reason_code
+        self.properties = {} if properties is None else properties
+
+    @property
+    def packet_type(self) -> int:
+        return 0  # each subclass names its own
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Puback(Ack):
-    packet_type: ClassVar[int] = PacketType.PUBACK
+    @property
+    def packet_type(self) -> int:
+        return PUBACK
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Pubrec(Ack):
-    packet_type: ClassVar[int] = PacketType.PUBREC
+    @property
+    def packet_type(self) -> int:
+        return PUBREC
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Pubrel(Ack):
-    packet_type: ClassVar[int] = PacketType.PUBREL
+    @property
+    def packet_type(self) -> int:
+        return PUBREL
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Pubcomp(Ack):
-    packet_type: ClassVar[int] = PacketType.PUBCOMP
+    @property
+    def packet_type(self) -> int:
+        return PUBCOMP
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class SubscriptionRequest:
     """One Topic Filter and its Subscription Options (section 3.8.3.1)."""
 
     topic_filter: str
-    qos: int = 0
-    no_local: bool = False
-    retain_as_published: bool = False
-    retain_handling: int = 0
+    qos: int
+    no_local: bool
+    retain_as_published: bool
+    retain_handling: int
+
+    def __init__(
+        self,
+        topic_filter: str,
+        qos: int = 0,
+        no_local: bool = False,
+        retain_as_published: bool = False,
+        retain_handling: int = 0,
+    ) -> None:
+        self.topic_filter = topic_filter
+        self.qos = qos
+        self.no_local = no_local
+        self.retain_as_published = retain_as_published
+        self.retain_handling = retain_handling
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Subscribe:
-    packet_type: ClassVar[int] = PacketType.SUBSCRIBE
     packet_id: int
     subscriptions: list[SubscriptionRequest]
-    properties: dict[int, Any] = field(default_factory=_props)
+    properties: dict[int, Any]
+
+    def __init__(
+        self,
+        packet_id: int,
+        subscriptions: list[SubscriptionRequest],
+        properties: dict[int, Any] | None = None,
+    ) -> None:
+        self.packet_id = packet_id
+        self.subscriptions = subscriptions
+        self.properties = {} if properties is None else properties
+
+    @property
+    def packet_type(self) -> int:
+        return SUBSCRIBE
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Suback:
-    packet_type: ClassVar[int] = PacketType.SUBACK
     packet_id: int
     reason_codes: list[int]
-    properties: dict[int, Any] = field(default_factory=_props)
+    properties: dict[int, Any]
+
+    def __init__(
+        self, packet_id: int, reason_codes: list[int], properties: dict[int, Any] | None = None
+    ) -> None:
+        self.packet_id = packet_id
+        self.reason_codes = reason_codes
+        self.properties = {} if properties is None else properties
+
+    @property
+    def packet_type(self) -> int:
+        return SUBACK
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Unsubscribe:
-    packet_type: ClassVar[int] = PacketType.UNSUBSCRIBE
     packet_id: int
     topic_filters: list[str]
-    properties: dict[int, Any] = field(default_factory=_props)
+    properties: dict[int, Any]
+
+    def __init__(
+        self, packet_id: int, topic_filters: list[str], properties: dict[int, Any] | None = None
+    ) -> None:
+        self.packet_id = packet_id
+        self.topic_filters = topic_filters
+        self.properties = {} if properties is None else properties
+
+    @property
+    def packet_type(self) -> int:
+        return UNSUBSCRIBE
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Unsuback:
-    packet_type: ClassVar[int] = PacketType.UNSUBACK
     packet_id: int
-    reason_codes: list[int] = field(default_factory=list)
-    properties: dict[int, Any] = field(default_factory=_props)
+    reason_codes: list[int]
+    properties: dict[int, Any]
+
+    def __init__(
+        self,
+        packet_id: int,
+        reason_codes: list[int] | None = None,
+        properties: dict[int, Any] | None = None,
+    ) -> None:
+        self.packet_id = packet_id
+        self.reason_codes = [] if reason_codes is None else reason_codes
+        self.properties = {} if properties is None else properties
+
+    @property
+    def packet_type(self) -> int:
+        return UNSUBACK
 
 
 @dataclass(slots=True)
 class Pingreq:
-    packet_type: ClassVar[int] = PacketType.PINGREQ
+    @property
+    def packet_type(self) -> int:
+        return PINGREQ
 
 
 @dataclass(slots=True)
 class Pingresp:
-    packet_type: ClassVar[int] = PacketType.PINGRESP
+    @property
+    def packet_type(self) -> int:
+        return PINGRESP
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Disconnect:
-    packet_type: ClassVar[int] = PacketType.DISCONNECT
-    reason_code: int = 0
-    properties: dict[int, Any] = field(default_factory=_props)
+    reason_code: int
+    properties: dict[int, Any]
+
+    def __init__(self, reason_code: int = 0, properties: dict[int, Any] | None = None) -> None:
+        self.reason_code = reason_code
+        self.properties = {} if properties is None else properties
+
+    @property
+    def packet_type(self) -> int:
+        return DISCONNECT
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Auth:
-    packet_type: ClassVar[int] = PacketType.AUTH
-    reason_code: int = 0
-    properties: dict[int, Any] = field(default_factory=_props)
+    reason_code: int
+    properties: dict[int, Any]
+
+    def __init__(self, reason_code: int = 0, properties: dict[int, Any] | None = None) -> None:
+        self.reason_code = reason_code
+        self.properties = {} if properties is None else properties
+
+    @property
+    def packet_type(self) -> int:
+        return AUTH
 
 
 # PUBACK, PUBREC, PUBREL and PUBCOMP by packet type.

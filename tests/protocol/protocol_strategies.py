@@ -223,7 +223,7 @@ def acks(draw: st.DrawFn, version: int, cls: type[pk.Ack] | None = None) -> pk.A
     if version != MQTT_5:
         return cls(packet_id)
     code = draw(st.sampled_from(sorted(_ACK_CODES[cls])))
-    return cls(packet_id, code, draw(properties(cls.packet_type)))
+    return cls(packet_id, code, draw(properties(cls(packet_id).packet_type)))
 
 
 @st.composite
