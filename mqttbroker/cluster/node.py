@@ -97,6 +97,15 @@ redis.call('SET', KEYS[1], ARGV[2])
 return redis.call('HGETALL', KEYS[2])
 """
 
+# The client id KEYS[1] claimed by the node ARGV[1] in one round trip when no node or this
+# one owns it (a CONNECT's usual case); else its owner, left as it is (see Node._claim).
+_CLAIM_SCRIPT = """
+local owner = redis.call('GET', KEYS[1])
+if owner and owner ~= ARGV[1] then return owner end
+redis.call('SET', KEYS[1], ARGV[1])
+return false
+"""
+
 _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -452,8 +461,10 @@ class ClusterNode(Backplane):
         them)."""
         key = f"{PREFIX}client:{client_id}"
         try:
-            await self._owner_settled(key)
-            previous = await self.redis.set(key, self.node_id, get=True)
+            previous = await self.redis.eval(_CLAIM_SCRIPT, 1, key, self.node_id)
+            if previous is not None:  # another node's: settled first (adopted if gone)
+                await self._owner_settled(key)
+                previous = await self.redis.set(key, self.node_id, get=True)
             old = previous.decode() if previous is not None else self.node_id
             if old != self.node_id and await self.redis.exists(f"{PREFIX}node:{old}"):
                 reply = f"{PREFIX}handover:{secrets.token_hex(8)}"

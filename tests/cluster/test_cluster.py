@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -265,6 +266,40 @@ def persistent(node, client_id: str, clean: bool = True) -> PahoClient:
     c.connect_properties = props
     c.connect()
     return c
+
+
+def test_a_connect_claims_a_free_client_id_in_one_round_trip(start_node, redis_server) -> None:
+    """The commands the node sends Redis about a client id nobody owns: one script, which reads
+    and sets the owner (not a GET, then a SET)."""
+    node = start_node("a")
+    client_id = unique("claim")
+    key = f"mqttbroker:client:{client_id}"
+    seen: list[dict] = []
+    watching = threading.Event()
+
+    def watch() -> None:
+        r = redis_server.client()
+        with r.monitor() as monitor:
+            watching.set()
+            for command in monitor.listen():
+                if command["command"] == "ECHO end-of-test":
+                    return
+                seen.append(command)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    assert watching.wait(10)
+    time.sleep(0.2)  # MONITOR is on once Redis has answered it
+    c = client(node, client_id=client_id)
+    stopper = redis_server.client()
+    stopper.echo("end-of-test")
+    watcher.join(10)
+    stopper.close()
+    c.close()
+    sent = [x["command"] for x in seen if key in x["command"] and x["client_type"] != "lua"]
+    assert len(sent) == 1 and sent[0].startswith("EVAL"), sent
+    in_script = [x["command"] for x in seen if key in x["command"] and x["client_type"] == "lua"]
+    assert in_script == [f"GET {key}", f"SET {key} a"], in_script
 
 
 def test_a_client_taking_over_on_another_node_moves_its_session(start_node) -> None:
