@@ -10,11 +10,11 @@ from typing import Any
 
 from ..protocol.fastpath import encode_properties, encode_publish_raw, encode_topic
 from ..protocol.packets import MQTT_5
-from ..protocol.properties import PropertyId
+from ..protocol.properties import MESSAGE_EXPIRY_INTERVAL as _EXPIRY
+from ..protocol.properties import SUBSCRIPTION_IDENTIFIER as _SUB_ID
+from ..protocol.properties import TOPIC_ALIAS as _TOPIC_ALIAS
 
-_EXPIRY = PropertyId.MESSAGE_EXPIRY_INTERVAL
-_SUB_ID = PropertyId.SUBSCRIPTION_IDENTIFIER
-_NOT_FORWARDED = (PropertyId.TOPIC_ALIAS, PropertyId.SUBSCRIPTION_IDENTIFIER, _EXPIRY)
+_NOT_FORWARDED = (_TOPIC_ALIAS, _SUB_ID, _EXPIRY)
 
 
 class Message:
@@ -64,9 +64,8 @@ class Message:
         self.origin_id: str | None = None
         self.origin_user: str | None = None
 
-    @classmethod
+    @staticmethod
     def received(
-        cls,
         topic: str,
         topic_bytes: bytes,
         payload: bytes,
@@ -81,9 +80,10 @@ class Message:
             interval = props.get(_EXPIRY)
             if interval is not None:
                 expires_at = now + interval
-            if _EXPIRY in props or PropertyId.TOPIC_ALIAS in props or _SUB_ID in props:
+            if _EXPIRY in props or _TOPIC_ALIAS in props or _SUB_ID in props:
                 props = {k: v for k, v in props.items() if k not in _NOT_FORWARDED}
-        return cls(topic, payload, qos, retain, props, expires_at, topic_bytes, interval)
+        # Message(), not a classmethod's cls(): compiled, a direct call of the constructor
+        return Message(topic, payload, qos, retain, props, expires_at, topic_bytes, interval)
 
     def forward(self, version: int, packet: bytes) -> None:
         """``packet`` is this message's QoS 0 PUBLISH, without properties, as a client of
@@ -114,7 +114,7 @@ class Message:
         if sub_ids:
             props[_SUB_ID] = list(sub_ids)
         if alias:
-            props[PropertyId.TOPIC_ALIAS] = alias
+            props[_TOPIC_ALIAS] = alias
         return encode_properties(props)
 
     def encode(
