@@ -242,6 +242,7 @@ class Connection:
         end = len(data)
         pos = 0
         broker = self.broker
+        now = broker.clock()  # the time of this read, for every packet in it
         opts = broker.options
         # Packets up to ``small`` bytes need no look at the limits: the CONNECT limit (and the
         # one of AUTH before CONNACK) is checked only past it.
@@ -276,7 +277,7 @@ class Connection:
                 if stop > end:
                     self._need = stop - pos
                     break
-                self._dispatch(data[pos], data, body, stop)
+                self._dispatch(data[pos], data, body, stop, now)
                 self.work += 1
                 pos = stop
                 if self.state == CLOSED:
@@ -284,7 +285,7 @@ class Connection:
                 if self.checking:
                     break
             if pos:  # keep alive counts whole packets, not a trickle of bytes (MQTT-3.1.2-22)
-                self.last_received = self.broker.clock()
+                self.last_received = now
             if store.writes != writes:
                 self.hold_output()
         except MQTTError as exc:
@@ -389,7 +390,7 @@ class Connection:
                 f"packet of {size} bytes exceeds the maximum of {opts.max_packet_size}"
             )
 
-    def _dispatch(self, first: int, data: bytes, body: int, stop: int) -> None:
+    def _dispatch(self, first: int, data: bytes, body: int, stop: int, now: float) -> None:
         """Decode one packet and hand it to its handler. Once connected, PUBLISH and the acks
         (the hot path) go straight to their fast decoders, and a PUBLISH without properties is
         sliced without a packet object; every other packet goes through the protocol's one
@@ -399,14 +400,14 @@ class Connection:
         state = self.state
         if state == CONNECTED:  # the hot packets first, each straight to its fast decoder
             if ptype == pk.PUBLISH:
-                publish.publish_fast(self, first, data, body, stop)
+                publish.publish_fast(self, first, data, body, stop, now)
                 return
             if pk.PUBACK <= ptype <= pk.PUBCOMP:
                 ack = fastpath.decode_ack(ptype, first & 0x0F, data, body, stop, self.version)
                 if ptype == pk.PUBREL:
                     publish.on_pubrel(self, ack)
                 else:
-                    deliver.on_ack(self, ptype, ack)
+                    deliver.on_ack(self, ptype, ack, now)
                 return
         if ptype not in RECEIVES[state]:
             if state == AUTHENTICATING:  # only AUTH or DISCONNECT until CONNACK (3.1.2-30)

@@ -91,13 +91,13 @@ def send_pubrel(conn: Connection, packet_id: int) -> None:
     conn.send(fastpath.encode_ack(pk.PUBREL, packet_id, 0, None, conn.version))
 
 
-def on_ack(conn: Connection, ptype: int, ack: pk.Ack) -> None:
-    """PUBACK, PUBREC or PUBCOMP for a PUBLISH sent to the client: the outbound QoS 1/2 flows
-    (section 4.3); the session frees the packet id and refills the receive window."""
+def on_ack(conn: Connection, ptype: int, ack: pk.Ack, now: float) -> None:
+    """PUBACK, PUBREC or PUBCOMP for a PUBLISH sent to the client, read at ``now``: the
+    outbound QoS 1/2 flows (section 4.3); the session frees the packet id and refills the
+    receive window."""
     session = conn.session
     assert session is not None
     packet_id = ack.packet_id
-    now = conn.broker.clock()
     if ptype == pk.PUBACK:
         session.acknowledge(packet_id, now)
     elif ptype == pk.PUBREC:

@@ -23,23 +23,27 @@ if TYPE_CHECKING:
 log = logging.getLogger("mqttbroker.connection")
 
 
-def publish_fast(conn: Connection, first: int, data: bytes, body: int, stop: int) -> None:
-    """A PUBLISH from the client. Without properties (the common case) it is sliced, no
+def publish_fast(
+    conn: Connection, first: int, data: bytes, body: int, stop: int, now: float
+) -> None:
+    """A PUBLISH from the client, read at ``now``. Without properties (the common case) it is sliced, no
     packet object made (fastpath.scan_publish); one with properties is decoded in full and
     goes through :func:`on_publish`."""
     conn.publishes_received += 1
     topic_end, start, packet_id = fastpath.scan_publish(first, data, body, stop, conn.version)
     if start < 0:
-        on_publish(conn, fastpath.decode_publish(first & 0x0F, data, body, stop, conn.version))
+        packet = fastpath.decode_publish(first & 0x0F, data, body, stop, conn.version)
+        on_publish(conn, packet, now)
         return
     qos = (first >> 1) & 3
     raw = None
     if not qos:  # what a subscriber of the same version gets is this very packet
         raw = data[body - fastpath.fixed_header_size(stop - body) : stop]
-    route(conn, data[body:topic_end], None, data[start:stop], qos, bool(first & 1), packet_id, raw)
+    topic, payload = data[body:topic_end], data[start:stop]
+    route(conn, topic, None, payload, qos, bool(first & 1), packet_id, now, raw)
 
 
-def on_publish(conn: Connection, packet: pk.Publish) -> None:
+def on_publish(conn: Connection, packet: pk.Publish, now: float) -> None:
     """A PUBLISH with properties: topic aliases, property checks, then routing."""
     opts = conn.broker.options
     qos = packet.qos
@@ -87,6 +91,7 @@ def on_publish(conn: Connection, packet: pk.Publish) -> None:
         qos,
         packet.retain,
         packet.packet_id or 0,
+        now,
     )
 
 
@@ -98,10 +103,11 @@ def route(
     qos: int,
     retain: bool,
     packet_id: int,
+    now: float,
     raw: bytes | None = None,
 ) -> None:
-    """Route one received message and acknowledge it. ``raw_topic`` is the topic as on the
-    wire, with its 2-byte length; ``raw``, when given, the whole QoS 0 packet as received
+    """Route one received message and acknowledge it. ``now``: the time of the read that
+    brought it. ``raw_topic`` is the topic as on the wire, with its 2-byte length; ``raw``, when given, the whole QoS 0 packet as received
     (no properties), which subscribers of this client's version get unchanged."""
     broker = conn.broker
     opts = broker.options
@@ -135,7 +141,6 @@ def route(
         return
     session = conn.session
     assert session is not None
-    now = broker.clock()
     broker.count_received(qos)
     if opts.max_publish_rate:
         tokens = min(
