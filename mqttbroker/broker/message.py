@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from mypy_extensions import mypyc_attr
+
 from ..protocol.fastpath import encode_properties, encode_publish_raw, encode_topic
 from ..protocol.packets import MQTT_5
 from ..protocol.properties import MESSAGE_EXPIRY_INTERVAL as _EXPIRY
@@ -17,6 +19,10 @@ from ..protocol.properties import TOPIC_ALIAS as _TOPIC_ALIAS
 _NOT_FORWARDED = (_TOPIC_ALIAS, _SUB_ID, _EXPIRY)
 
 
+# Compiled, a message is not tracked by the cycle collector (it refers to no object that could
+# refer back to it: strings, bytes, numbers, and dicts of them) and the last one freed is
+# reused by the next: one is made and dropped for every PUBLISH received.
+@mypyc_attr(acyclic=True, free_list_len=1)
 class Message:
     __slots__ = (
         "topic",

@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
+from mypy_extensions import mypyc_attr
+
 from .deliver import send_publish, send_pubrel
 from .message import Message
 from .options import BrokerOptions
@@ -38,6 +40,9 @@ def filter_size(topic_filter: str) -> int:
     return len(topic_filter.encode("utf-8"))
 
 
+# Compiled, not tracked by the cycle collector: it refers to its message and to numbers and
+# strings only, none of which can refer back to it.
+@mypyc_attr(acyclic=True)
 class Delivery:
     """One message on its way to one session: queued, or in flight under a packet id."""
 
