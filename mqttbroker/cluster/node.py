@@ -463,7 +463,7 @@ class ClusterNode(Backplane):
         try:
             previous = await self.redis.eval(_CLAIM_SCRIPT, 1, key, self.node_id)
             if previous is not None:  # another node's: settled first (adopted if gone)
-                await self._owner_settled(key)
+                await self._owner_settled(key, previous)
                 previous = await self.redis.set(key, self.node_id, get=True)
             old = previous.decode() if previous is not None else self.node_id
             if old != self.node_id and await self.redis.exists(f"{PREFIX}node:{old}"):
@@ -498,26 +498,27 @@ class ClusterNode(Backplane):
         # The session's routes (if it came from another node) are in Redis before the CONNACK.
         self.store.after_commit(done)
 
-    async def _owner_settled(self, key: str) -> None:
-        """Wait until the owner of the client id ``key`` is this node, none, or a node that can
-        hand its session over: a node gone is adopted here; a node whose lease is held but who
-        does not listen (being adopted, or starting) is given up to HANDOVER_SECONDS."""
+    async def _owner_settled(self, key: str, found: bytes | None) -> None:
+        """Wait until the owner of the client id ``key`` (``found``: as just read) is this
+        node, none, or a node that can hand its session over: a node gone is adopted here; a
+        node whose lease is held but who does not listen (being adopted, or starting) is given
+        up to HANDOVER_SECONDS."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + HANDOVER_SECONDS
         adopted: set[str] = set()
         while True:
-            found = await self.redis.get(key)
             owner = None if found is None else found.decode()
             if owner is None or owner == self.node_id or owner in adopted:
                 return
             if not await self.redis.exists(f"{PREFIX}node:{owner}"):
                 adopted.add(owner)
                 await self._adopt(owner)
-                continue
-            listening = await self.redis.pubsub_numsub(f"{PREFIX}ctl:{owner}")
-            if listening[0][1] or loop.time() > deadline:
-                return
-            await asyncio.sleep(0.1)
+            else:
+                listening = await self.redis.pubsub_numsub(f"{PREFIX}ctl:{owner}")
+                if listening[0][1] or loop.time() > deadline:
+                    return
+                await asyncio.sleep(0.1)
+            found = await self.redis.get(key)
 
     def _restore(self, client_id: str, data: bytes | dict[str, Any], away: bool = False) -> None:
         """A session from another node or from Redis, built here and written afresh there."""

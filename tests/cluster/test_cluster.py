@@ -286,10 +286,9 @@ def test_a_connect_claims_a_free_client_id_in_one_round_trip(start_node, redis_s
                     return
                 seen.append(command)
 
-    watcher = threading.Thread(target=watch)
+    watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
-    assert watching.wait(10)
-    time.sleep(0.2)  # MONITOR is on once Redis has answered it
+    assert watching.wait(10)  # MONITOR is on: Redis has answered it
     c = client(node, client_id=client_id)
     stopper = redis_server.client()
     stopper.echo("end-of-test")
