@@ -6,7 +6,7 @@ files, when a C compiler is there: the compiled broker runs the same code, about
 form is loaded:
 
 * the compiled one when it is built and was built from the source files now on disk: every
-  file of ``protocol/``, ``broker/`` and ``storage/``, since mypyc also builds in the types of
+  file of ``protocol/``, ``broker/``, ``storage/`` and ``server/``, since mypyc also builds in the types of
   the modules the compiled ones import (their SHA-256 digests, sizes and modification times are
   recorded in ``compiled.sha256`` once the build has succeeded). Checking costs a ``stat`` per
   file: a file is read and hashed only when its size or modification time differs from the
@@ -49,6 +49,7 @@ MODULES = (
     "mqttbroker.broker.deliver",
     "mqttbroker.broker.core",
     "mqttbroker.storage.sqlite.batch",
+    "mqttbroker.server.tcp",
 )
 SHARED_LIBRARY = "mqttbroker.native__mypyc"  # the C code of all of them; the modules are shims
 DIGESTS = "compiled.sha256"  # written by setup.py next to this file
@@ -67,10 +68,10 @@ def source_path(module: str) -> Path:
 def sources() -> list[Path]:
     """What the compiled code was built from: the compiled modules, and the modules beside them
     whose types mypyc built in (options, packets, store...): every file of protocol/, broker/,
-    storage/ and storage/sqlite/."""
+    storage/, storage/sqlite/ and server/."""
     return sorted(
         path
-        for folder in ("protocol", "broker", "storage", "storage/sqlite")
+        for folder in ("protocol", "broker", "storage", "storage/sqlite", "server")
         for path in (_PACKAGE_DIR / folder).glob("*.py")
     )
 

@@ -21,7 +21,7 @@ import asyncio
 import logging
 import socket
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from ..broker.core import Broker
 from ..broker.policy import OPEN, ListenerPolicy
@@ -62,6 +62,16 @@ class Listener:
         if self.runner is not None:
             await self.runner.cleanup()  # waits for the handlers (bounded), then cancels them
         await self.server.wait_closed()
+
+
+def _protocol(
+    broker: Broker,
+    listener: ListenerConfig,
+    origin: tuple[str, str | None] | None,
+    policy: ListenerPolicy,
+) -> asyncio.BaseProtocol:
+    # MQTTProtocol has every method of asyncio.Protocol but, compiled, not that base class
+    return cast(asyncio.BaseProtocol, MQTTProtocol(broker, listener, origin, policy))
 
 
 async def start_listener(
@@ -113,7 +123,7 @@ async def _start_listener(
             loop,
             bind(listener.host, listener.port, reuse_port),
             trusted_networks(listener.proxy_protocol),
-            lambda name, address: MQTTProtocol(broker, listener, (name, address), policy),
+            lambda name, address: _protocol(broker, listener, (name, address), policy),
             context,
             broker.options.connect_timeout,
         )
@@ -128,7 +138,7 @@ async def _start_listener(
             )
         return result
     else:
-        factory = lambda: MQTTProtocol(broker, listener, None, policy)  # noqa: E731
+        factory = lambda: _protocol(broker, listener, None, policy)  # noqa: E731
     try:
         server = await loop.create_server(
             factory,

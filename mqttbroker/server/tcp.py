@@ -43,8 +43,10 @@ def peer_name(peer: object) -> str:
     return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
 
 
-class MQTTProtocol(asyncio.Protocol):
-    """``origin``: (name, address) of a client a PROXY protocol header named (proxy.py), which
+class MQTTProtocol:
+    """An asyncio protocol (it has every method of ``asyncio.Protocol``, and is compiled, so it
+    does not derive from that Python class: the event loop calls a read straight into C).
+    ``origin``: (name, address) of a client a PROXY protocol header named (proxy.py), which
     the log and the per-address limit then use instead of the socket's peer."""
 
     __slots__ = ("broker", "listener", "policy", "transport", "conn", "origin", "lingering")
