@@ -6,10 +6,10 @@ files, when a C compiler is there: the compiled broker runs the same code, about
 form is loaded:
 
 * the compiled one when it is built and was built from the source files now on disk: every
-  file of ``protocol/``, ``broker/``, ``storage/`` and ``server/``, since mypyc also builds in the types of
-  the modules the compiled ones import (their SHA-256 digests, sizes and modification times are
-  recorded in ``compiled.sha256`` once the build has succeeded). Checking costs a ``stat`` per
-  file: a file is read and hashed only when its size or modification time differs from the
+  file of ``protocol/``, ``broker/``, ``storage/`` and ``server/``, since mypyc also builds in
+  the types of the modules the compiled ones import (their SHA-256 digests, sizes and
+  modification times are recorded in ``compiled.sha256`` once the build has succeeded).
+  Checking costs a ``stat`` per file: a file is read and hashed only when its size or modification time differs from the
   record (touched, copied without its times, or edited), so an unchanged install pays no
   hashing;
 * the pure-Python one when nothing was compiled, when ``MQTTBROKER_PURE`` is set to a non-empty

@@ -26,9 +26,9 @@ log = logging.getLogger("mqttbroker.connection")
 def publish_fast(
     conn: Connection, first: int, data: bytes, body: int, stop: int, now: float
 ) -> None:
-    """A PUBLISH from the client, read at ``now``. Without properties (the common case) it is sliced, no
-    packet object made (fastpath.scan_publish); one with properties is decoded in full and
-    goes through :func:`on_publish`."""
+    """A PUBLISH from the client, read at ``now``. Without properties (the common case) it is
+    sliced, no packet object made (fastpath.scan_publish); one with properties is decoded in
+    full and goes through :func:`on_publish`."""
     conn.publishes_received += 1
     topic_end, start, packet_id = fastpath.scan_publish(first, data, body, stop, conn.version)
     if start < 0:
@@ -107,8 +107,9 @@ def route(
     raw: bytes | None = None,
 ) -> None:
     """Route one received message and acknowledge it. ``now``: the time of the read that
-    brought it. ``raw_topic`` is the topic as on the wire, with its 2-byte length; ``raw``, when given, the whole QoS 0 packet as received
-    (no properties), which subscribers of this client's version get unchanged."""
+    brought it. ``raw_topic`` is the topic as on the wire, with its 2-byte length; ``raw``,
+    when given, the whole QoS 0 packet as received (no properties), which subscribers of this
+    client's version get unchanged."""
     broker = conn.broker
     opts = broker.options
     if qos > opts.maximum_qos:

@@ -526,7 +526,7 @@ def encode(packet: pk.Packet, version: int = MQTT_5) -> bytes:
         body = _build(Unsuback, obj, version, flags, 0)
     elif isinstance(packet, (pk.Pingreq, pk.Pingresp)):
         body = b""
-    elif isinstance(packet, (pk.Disconnect, pk.Auth)):
+    elif isinstance(packet, pk.ReasonOnly):
         if ptype == T.AUTH and not v5:
             raise ValueError("AUTH does not exist before MQTT 5")
         length = 0

@@ -340,7 +340,9 @@ class Pingresp:
 
 
 @dataclass(slots=True, init=False)
-class Disconnect:
+class ReasonOnly:
+    """DISCONNECT and AUTH share one shape (sections 3.14 and 3.15)."""
+
     reason_code: int
     properties: dict[int, Any]
 
@@ -350,18 +352,18 @@ class Disconnect:
 
     @property
     def packet_type(self) -> int:
+        return 0  # each subclass names its own
+
+
+@dataclass(slots=True, init=False)
+class Disconnect(ReasonOnly):
+    @property
+    def packet_type(self) -> int:
         return DISCONNECT
 
 
 @dataclass(slots=True, init=False)
-class Auth:
-    reason_code: int
-    properties: dict[int, Any]
-
-    def __init__(self, reason_code: int = 0, properties: dict[int, Any] | None = None) -> None:
-        self.reason_code = reason_code
-        self.properties = {} if properties is None else properties
-
+class Auth(ReasonOnly):
     @property
     def packet_type(self) -> int:
         return AUTH

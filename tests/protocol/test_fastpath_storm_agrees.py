@@ -1,7 +1,7 @@
 """The hand-written CONNECT, SUBSCRIBE and UNSUBSCRIBE decoders and CONNACK/SUBACK/UNSUBACK
-encoders in fastpath.py (used when thousands of clients connect and subscribe at once) agree with the
-construct grammar: same packets from the same bytes, same bytes from the same packets, and on
-arbitrary or mutated bytes both decoders succeed alike or both raise an MQTTError."""
+encoders in fastpath.py (used when thousands of clients connect and subscribe at once) agree
+with the construct grammar: same packets from the same bytes, same bytes from the same packets,
+and on arbitrary or mutated bytes both decoders succeed alike or both raise an MQTTError."""
 
 from __future__ import annotations
 

@@ -44,6 +44,19 @@ REQUIRED: dict[type, dict[str, Any]] = {
 }
 
 
+# The classes with fields (PINGREQ and PINGRESP have none), and of those the ones with a
+# container among their defaults: what the two tests below can say something about.
+WITH_FIELDS = [cls for cls in CLASSES if dataclasses.fields(cls)]
+WITH_CONTAINERS = [
+    cls
+    for cls in WITH_FIELDS
+    if any(
+        isinstance(getattr(cls(**REQUIRED.get(cls, {})), f.name), (dict, list))
+        and f.name not in REQUIRED.get(cls, {})
+        for f in dataclasses.fields(cls)
+    )
+]
+
 # Fields whose default is None: a value of the type they hold otherwise.
 WHEN_NOT_NONE: dict[str, Any] = {
     "username": "user",
@@ -69,7 +82,7 @@ def _other_value(name: str, default: Any, index: int) -> Any:
     return made[type(default)]
 
 
-@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("cls", WITH_FIELDS, ids=lambda c: c.__name__)
 def test_every_field_is_taken_by_name_and_kept(cls: type) -> None:
     defaults = cls(**REQUIRED.get(cls, {}))
     fields = dataclasses.fields(cls)
@@ -83,7 +96,7 @@ def test_every_field_is_taken_by_name_and_kept(cls: type) -> None:
             assert getattr(packet, name) is value, name
 
 
-@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("cls", WITH_CONTAINERS, ids=lambda c: c.__name__)
 def test_defaults_give_each_packet_its_own_containers(cls: type) -> None:
     one, two = cls(**REQUIRED.get(cls, {})), cls(**REQUIRED.get(cls, {}))
     assert one == two
