@@ -38,7 +38,7 @@ import json
 import logging
 import secrets
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -113,6 +113,20 @@ end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 2 end
 return 0
 """
+
+
+async def kept_running(work: Callable[[], Awaitable[None]]) -> None:
+    """Run ``work``, a loop that ends only when cancelled, and start it again after an error
+    it did not expect: logged with its traceback, and the node goes on (a node whose writer
+    stopped would hold every acknowledgement, one whose reader stopped would miss every
+    message from the other nodes, and nothing would say why)."""
+    while True:
+        try:
+            await work()
+            return
+        except Exception:
+            log.exception("cluster: error in %s, started again", work.__name__.strip("_"))
+            await asyncio.sleep(RETRY_SECONDS)
 
 
 def redacted(url: str) -> str:
@@ -207,7 +221,9 @@ class ClusterNode(Backplane):
         self._retry: list[tuple[int, str, Any]] = []  # writes to send once Redis is back
         self._adopting = asyncio.Lock()
         self._missing: dict[str, float] = {}  # other node -> when it was first seen gone
-        self._wake = asyncio.Event()
+        self._wake = asyncio.Event()  # the writer has something to do
+        self._gone = asyncio.Event()  # Redis was lost (or the lease): resynchronise once back
+        self._keeping = asyncio.Lock()  # writes go to the outbox, or it is being sent
         self._tasks: list[asyncio.Task[None]] = []
         self._pubsub: Any = None
         self._down = False  # in an episode of Redis being unreachable
@@ -297,8 +313,14 @@ class ClusterNode(Backplane):
                 log.warning("cluster: messages kept while Redis was unreachable sent")
         except RedisError as exc:
             raise StartError(f"cluster.redis: Redis at {self.url} failed: {exc}") from None
-        for work in (self._write_loop, self._listen, self._read_stream, self._renew):
-            self._tasks.append(asyncio.create_task(work()))
+        for work in (
+            self._write_loop,
+            self._listen,
+            self._read_stream,
+            self._renew,
+            self._reconnect,
+        ):
+            self._tasks.append(asyncio.create_task(kept_running(work)))
         log.info(
             "cluster node %r on Redis %s: %d other nodes with routes",
             self.node_id,
@@ -711,11 +733,8 @@ class ClusterNode(Backplane):
     async def _write_loop(self) -> None:
         store = self.store
         while True:
-            if not self._down:
-                await self._wake.wait()
+            await self._wake.wait()
             self._wake.clear()
-            if self._down:
-                await self._back()
             while self._ops or store.redis_waiters or (store.changes and not self._down):
                 ops, self._ops = self._ops, []
                 changes = store.take_changes()
@@ -723,14 +742,13 @@ class ClusterNode(Backplane):
                 self._qos0_waiting = 0
                 self._dropping = False
                 waiters, store.redis_waiters = store.redis_waiters, []
-                sent = False
-                if not self._down:
-                    try:
-                        await self._send(ops, changes)
-                        sent = True
-                    except (RedisError, OSError) as exc:
-                        self._lost(exc)
-                if not sent and not await self._keep(ops, changes):
+                kept = await self._try_send(ops, changes)
+                if not kept:
+                    # (while Redis is unreachable, _back sends the outbox and says Redis is
+                    # back as one step: nothing kept here after it can wait there unseen)
+                    async with self._keeping:
+                        kept = await self._try_send(ops, changes) or await self._keep(ops, changes)
+                if not kept:
                     # (the outbox is full: this batch waits for Redis, acknowledgements too)
                     self._ops[:0] = [op for op in ops if op[0] == _XADD]
                     self._counted += counted
@@ -738,8 +756,19 @@ class ClusterNode(Backplane):
                     break
                 self._unconfirmed -= counted
                 store.redis_done(waiters)
-            if self._down:
-                await asyncio.sleep(RETRY_SECONDS)
+
+    async def _try_send(
+        self, ops: list[tuple[int, str, Any]], changes: dict[str, SessionChanges]
+    ) -> bool:
+        """Send a batch to Redis if it is reachable: False if it is not (or stopped being)."""
+        if self._down:
+            return False
+        try:
+            await self._send(ops, changes)
+        except (RedisError, OSError) as exc:
+            self._lost(exc)
+            return False
+        return True
 
     async def _send(
         self, ops: list[tuple[int, str, Any]], changes: dict[str, SessionChanges]
@@ -799,7 +828,7 @@ class ClusterNode(Backplane):
     def _lost(self, exc: BaseException) -> None:
         if not self._down:
             self._down = True
-            self._wake.set()  # the writer resynchronises once Redis answers
+            self._gone.set()  # _reconnect tries until Redis answers
             log.warning(
                 "cluster: Redis at %s unreachable (%s): local traffic goes on, QoS 1/2 messages "
                 "for other nodes are kept in this node's store (QoS 0 ones are dropped) until "
@@ -849,9 +878,19 @@ class ClusterNode(Backplane):
             await self.outbox.remove(rows[-1][0])
             sent += len(rows)
 
-    async def _back(self) -> None:
+    async def _reconnect(self) -> None:
+        """Once Redis is lost, try every RETRY_SECONDS until it answers again. The writer does
+        not wait for these tries: it keeps what it has in the outbox meanwhile."""
+        while True:
+            await self._gone.wait()
+            self._gone.clear()
+            while not await self._back():
+                await asyncio.sleep(RETRY_SECONDS)
+
+    async def _back(self) -> bool:
         """Redis answers again: put this node's entries back (a restarted Redis may have lost
-        them), read the others' again, send what waited in the outbox."""
+        them), read the others' again, send what waited in the outbox. False if Redis does not
+        answer yet."""
         try:
             await self.redis.set(
                 self._lease_key, self.token, nx=True, px=int(self.config.node_ttl * 1000)
@@ -859,20 +898,23 @@ class ClusterNode(Backplane):
             await self._prepare()
             await self._resync()
             await self._owned_sessions()
-            sent = await self._send_outbox()
-            if self._retry:
-                await self._send(self._retry, {})
-                self._retry = []
+            async with self._keeping:  # (the writer keeps nothing more in the outbox meanwhile)
+                sent = await self._send_outbox()
+                if self._retry:
+                    await self._send(self._retry, {})
+                    self._retry = []
+                self._down = False
         except (RedisError, OSError, sqlite3.Error) as exc:
             log.debug("cluster: resync failed: %s", exc)
-            return
-        self._down = False
+            return False
+        self._wake.set()  # the session changes that waited in the store go now
         log.warning(
             "cluster: Redis at %s reachable again; routes resynchronised, %d messages sent from "
             "this node's store",
             self.url,
             sent,
         )
+        return True
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -1006,7 +1048,7 @@ class ClusterNode(Backplane):
                     "cluster: the lease of node %r had expired: resynchronising", self.node_id
                 )
                 self._down = True
-                self._wake.set()
+                self._gone.set()
             if not kept:
                 log.error(
                     "cluster.node_id: the lease of node %r is held by another process; two "

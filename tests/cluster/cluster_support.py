@@ -49,15 +49,16 @@ class RedisServer:
         deadline = time.monotonic() + START_TIMEOUT
         while True:
             try:
-                client.ping()
-                break
+                # (a PONG while this process runs: not an answer from something else)
+                if client.ping() is True and self.proc.poll() is None:
+                    return self
             except redis.ConnectionError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise RuntimeError(f"redis-server did not start on port {self.port}") from None
-                time.sleep(0.05)
+                pass
             finally:
                 client.close()
-        return self
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise RuntimeError(f"redis-server did not start on port {self.port}")
+            time.sleep(0.05)
 
     def client(self) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=self.port)

@@ -3,7 +3,9 @@ retained messages shared, Redis restarted during traffic."""
 
 from __future__ import annotations
 
+import os
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -254,6 +256,60 @@ def test_redis_down_during_qos1_traffic_publishers_are_acknowledged_and_nothing_
             x.close()
     finally:
         server.stop()
+
+
+def established(pid: int, port: int) -> int:
+    """How many TCP connections the process ``pid`` has open to 127.0.0.1:``port``."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            link = os.readlink(fd)
+        except OSError:  # (closed meanwhile)
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    count = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        remote, state, inode = fields[2], fields[3], fields[9]
+        if int(remote.split(":")[1], 16) == port and state == "01" and inode in inodes:
+            count += 1
+    return count
+
+
+def test_publishers_are_acknowledged_while_a_try_to_reach_redis_hangs(
+    redis_server, start_broker
+) -> None:
+    """A Redis that accepts connections and never answers (a frozen host) holds the node's
+    tries to reach it again for the socket timeout: the node keeps acknowledging meanwhile."""
+    args = ("--cluster", redis_server.url, "--node-id")
+    a = start_broker(extra_args=(*args, "a", "--memory"), log_level="debug")
+    b = start_broker(extra_args=(*args, "b", "--memory"))
+    topic = unique("hang")
+    sub = client(b)
+    sub.subscribe(topic, qos=1)
+    pub = client(a)
+    until_routed(pub, sub, topic)
+    mark = a.log_mark()
+    redis_server.proc.kill()  # type: ignore[union-attr]
+    redis_server.proc.wait()  # type: ignore[union-attr]
+    assert a.wait_for_log("Redis at .* unreachable", since=mark) is not None
+    with socket.socket() as frozen:
+        frozen.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        frozen.bind(("127.0.0.1", redis_server.port))
+        frozen.listen(64)  # (the kernel completes the handshakes; nothing ever answers)
+        wait_for(lambda: established(a.proc.pid, redis_server.port) > 0, "a try that hangs")
+        hung = a.log_mark()
+        sent = [f"h{i}".encode() for i in range(10)]
+        for p in sent:  # one at a time: each waits for the one before
+            assert pub.wait_published(pub.publish(topic, p, qos=1, wait=False)) == 0
+        # (all acknowledged while that try still hung: it has not failed yet)
+        assert "resync failed" not in a.log_since(hung)
+        assert established(a.proc.pid, redis_server.port) > 0
+    redis_server.start()
+    wait_for(lambda: set(payloads(sub)) >= set(sent), "the messages kept while Redis hung", 30)
+    for x in (pub, sub):
+        x.close()
 
 
 # -- (4) client ownership and takeover ------------------------------------------------------
@@ -619,7 +675,7 @@ def test_readyz_reports_redis_unreachable_and_healthz_stays_ok(redis_server, sta
     assert f"Redis at {redis_server.url} unreachable" in body["reason"]
     assert get("/healthz")[0] == 200
     redis_server.start()
-    assert node.wait_for_log("reachable again", 20, since=mark) is not None
+    assert node.wait_for_log("reachable again", 20, since=mark) is not None, node.log_since(mark)
     assert get("/readyz") == (200, {"ready": True})
 
 
@@ -742,7 +798,7 @@ def test_a_redis_restarted_empty_gets_the_sessions_back_from_their_nodes(
     redis_server.proc.kill()  # type: ignore[union-attr]
     redis_server.proc.wait()  # type: ignore[union-attr]
     redis_server.start()  # no persistence: empty
-    assert b.wait_for_log("reachable again", 20, since=mark) is not None
+    assert b.wait_for_log("reachable again", 20, since=mark) is not None, b.log_since(mark)
     r = redis_server.client()
     try:
         wait_for(lambda: len(r.hkeys(f"mqttbroker:session:{client_id}")) > 30, "the hash back")
@@ -779,7 +835,7 @@ def test_messages_kept_while_redis_was_down_survive_their_node_and_go_on_restart
     a.wait_exit()
     mark = b.log_mark()
     redis_server.start()
-    assert b.wait_for_log("reachable again", 20, since=mark) is not None
+    assert b.wait_for_log("reachable again", 20, since=mark) is not None, b.log_since(mark)
     a2 = start_node("a", data_dir=a_data, memory=False)
     assert a2.wait_for_log("messages kept while Redis was unreachable sent") is not None
     wait_for(lambda: set(payloads(sub)) >= set(sent), "the messages a kept")
