@@ -35,6 +35,9 @@ class OptionalBuildExt(build_ext):
         package = ROOT / "mqttbroker" if self.inplace else Path(self.build_lib) / "mqttbroker"
         record = package / compiled.DIGESTS
         record.unlink(missing_ok=True)
+        for path in compiled.leftover_shims(package):
+            print(f"removing {path}: that module is no longer compiled", file=sys.stderr)
+            path.unlink()
         try:
             super().run()
         except Exception as exc:  # no compiler, missing headers...

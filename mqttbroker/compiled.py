@@ -38,6 +38,9 @@ MODULES = (
     "mqttbroker.protocol.properties",
     "mqttbroker.protocol.fastpath",
     "mqttbroker.broker.options",
+    "mqttbroker.broker.state",
+    "mqttbroker.broker.auth",
+    "mqttbroker.broker.retained",
     "mqttbroker.broker.message",
     "mqttbroker.broker.topics",
     "mqttbroker.broker.router",
@@ -73,6 +76,19 @@ def sources() -> list[Path]:
         path
         for folder in ("protocol", "broker", "storage", "storage/sqlite", "server")
         for path in (_PACKAGE_DIR / folder).glob("*.py")
+    )
+
+
+def leftover_shims(package: Path) -> list[Path]:
+    """Compiled shims under ``package`` (the ``mqttbroker`` folder) of modules no longer in
+    MODULES, left by a build of an earlier list: Python would load one before the .py beside
+    it, and fail, since the shared library no longer has its code. The build removes them."""
+    wanted = {*MODULES, SHARED_LIBRARY}
+    return sorted(
+        path
+        for path in package.rglob("*.so")
+        if ".".join(path.relative_to(package.parent).with_suffix("").with_suffix("").parts)
+        not in wanted
     )
 
 

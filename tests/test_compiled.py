@@ -150,3 +150,21 @@ def test_an_unchanged_build_is_recognised_without_hashing(tmp_path: Path) -> Non
     router.write_text(router.read_text() + "\n# edited\n")
     first, reason = run(probe.replace("sys.modules['hashlib'] = None; ", ""))
     assert first == "pure True" and "broker/router.py changed" in reason
+
+
+def test_a_shim_of_a_module_no_longer_compiled_is_found_for_removal(tmp_path: Path) -> None:
+    """A build leaves each compiled module's shim beside its .py; once a module leaves MODULES,
+    its shim would be imported first and fail (its code is no longer in the shared library):
+    the next build removes exactly those."""
+    package = tmp_path / "mqttbroker"
+    suffix = ".cpython-311-x86_64-linux-gnu.so"
+    kept = [
+        package / (compiled.SHARED_LIBRARY.split(".")[1] + suffix),
+        package.joinpath(*compiled.MODULES[0].split(".")[1:]).with_suffix(suffix),
+    ]
+    left = package / "broker" / ("no_longer_compiled" + suffix)
+    for path in [*kept, left]:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"")
+    (package / "broker" / "plain.py").write_text("")
+    assert compiled.leftover_shims(package) == [left]

@@ -100,7 +100,7 @@ class Broker:
         self.router = Router(self.options, self.store)
         # Called when the first connection of a loop pass has output (or deferred input); the
         # edge schedules flush() for the end of the pass. None: the caller flushes (tests do).
-        self.wake: Callable[[], None] | None = None
+        self.wake: Callable[[], object] | None = None
         # Runs a blocking function (a password check) elsewhere and calls back on the event
         # loop with its result; set by the edge. None: run it here (tests do).
         self.offload: Callable[[Callable[[], int], Callable[[int], None]], None] | None = None
@@ -508,7 +508,8 @@ class Broker:
         self._count(session, False)
         self.dropped_ended += session.dropped  # $SYS dropped never goes down
         session.dropped = 0
-        self.store.delete_session(session)
+        if session.stored:  # a session the store never recorded (clean) costs it nothing
+            self.store.delete_session(session)
         for sub in session.subscriptions.values():
             self.router.unsubscribe(sub)
         session.clear_subscriptions()

@@ -134,7 +134,7 @@ class Session:
         self.options = options
         self.store = store or _MEMORY
         self.held = 0  # in-flight deliveries whose resend is held (see resend)
-        self.stored = 0  # the store's handle (0: it has no record); only the store reads it
+        self.stored = 0  # the store's handle (0: it has no record); only the store sets it
         self.username: str | None = None  # its owner: the user that created it
         self.counted = False  # counted against max_sessions (see Broker.attach)
         self.subscription_bytes = 0  # the filter_size of its subscriptions, summed

@@ -101,10 +101,13 @@ class Store:
         """Call ``callback`` once every change recorded so far is durable."""
         callback()
 
-    def save_session(self, session: Session) -> None: ...
+    def save_session(self, session: Session) -> None:
+        """A session to keep (new, or its expiry changed). A store that records it marks it
+        with a handle (``session.stored`` not 0): only such a session is deleted later."""
 
     def delete_session(self, session: Session) -> None:
-        """The session ended: forget it with everything that belongs to it."""
+        """The session ended: forget it with everything that belongs to it. The broker calls
+        this only for a session the store recorded (``session.stored`` not 0)."""
 
     def save_subscription(self, session: Session, sub: Subscription) -> None: ...
 

@@ -16,6 +16,7 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import TYPE_CHECKING
 
 from .. import compiled
@@ -126,11 +127,7 @@ class Server:
             broker.wake = self.busy_poll.wake
             log.info("busy polling for %d microseconds after each pass that sends", window)
         else:
-
-            def wake() -> None:
-                loop.call_soon(broker.flush)
-
-            broker.wake = wake
+            broker.wake = partial(loop.call_soon, broker.flush)  # a C call, once per pass
         if self.security.authenticator is not None and self.config.security.password_file:
             broker.offload = self._offloader(loop)
         for index, config in enumerate(self.config.listeners):

@@ -21,6 +21,7 @@ import asyncio
 import logging
 import socket
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, cast
 
 from ..broker.core import Broker
@@ -138,7 +139,11 @@ async def _start_listener(
             )
         return result
     else:
-        factory = lambda: _protocol(broker, listener, None, policy)  # noqa: E731
+        # a partial, not a lambda: the loop calls it for each connection, straight into C
+        factory = cast(
+            Callable[[], asyncio.BaseProtocol],
+            partial(MQTTProtocol, broker, listener, None, policy),
+        )
     try:
         server = await loop.create_server(
             factory,

@@ -38,6 +38,7 @@ class MirrorStore(Store):
     def save_session(self, session: Session) -> None:
         self._write()
         self.sessions[session.client_id] = (session.expiry_interval, session.expires_at)
+        session.stored = 1  # recorded: the broker deletes it when it ends
 
     def delete_session(self, session: Session) -> None:
         self._write()
