@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import resource
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from support.launcher import run_broker
+from support.launcher import BrokerProcess, run_broker
 
 from mqttbroker.config import Config, ConfigError, load
 
@@ -39,6 +41,8 @@ def test_no_file_gives_defaults() -> None:
         ("gc_threshold = -1\n", "gc_threshold: must be between 0 and 2147483647"),
         ("gc_threshold = 3000000000\n", "gc_threshold: must be between 0 and 2147483647"),
         ("gc_threshold = '700'\n", "gc_threshold: expected an integer"),
+        ("fd_table = -1\n", "fd_table: must be between 0 (off) and 1,048,576"),
+        ("fd_table = 16384.0\n", "fd_table: expected an integer"),
         (
             "[[listener]]\nprotocol = 'ws'\nws_trusted_proxies = '10.0.0.0/8, 10.0.0.0/33'\n",
             "listener[0].ws_trusted_proxies: not an IP address or network: '10.0.0.0/33'",
@@ -131,3 +135,59 @@ def test_gc_threshold_is_applied() -> None:
     assert tuned[0].startswith("(1234, ") and tuned[1] == "True"
     if sys.version_info < (3, 14):  # the three generations of the classic collector
         assert tuned[0] == "(1234, 5, 200)"
+
+
+def _fd_table_size(pid: int | str = "self") -> int:
+    """The size of a process's file descriptor table (Linux: FDSize in /proc/<pid>/status)."""
+    return int(Path(f"/proc/{pid}/status").read_text().split("FDSize:")[1].split()[0])
+
+
+def _fd_table_after(count: int, soft_limit: int = 0) -> tuple[int, int]:
+    code = (
+        "import resource, sys; sys.path.insert(0, 'tests'); from test_config import _fd_table_size"
+        "\nfrom mqttbroker.server.app import _size_fd_table"
+        f"\nif {soft_limit}: resource.setrlimit(resource.RLIMIT_NOFILE, "
+        f"({soft_limit}, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))"
+        f"\nprint(_size_fd_table({count}), _fd_table_size())"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    ).stdout.split()
+    return int(out[0]), int(out[1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and RCU: Linux only")
+def test_fd_table_is_sized_at_start_up_to_the_open_file_limit() -> None:
+    """fd_table: the descriptor table holds that many descriptors at once (Linux rounds up to a
+    power of two), never more than the open-file limit allows; 0 leaves it to grow."""
+    untouched = _fd_table_after(0)
+    assert untouched[0] == 0 and untouched[1] < 1000
+    assert _fd_table_after(5000, soft_limit=min(6000, _hard_limit())) == (5000, 8192)
+    assert _fd_table_after(5000, soft_limit=1024) == (1024, 1024)
+
+
+def _hard_limit() -> int:
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    return hard if hard != resource.RLIM_INFINITY else 1 << 20
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc: Linux only")
+def test_the_broker_sizes_its_descriptor_table_before_clients_arrive(
+    start_broker: Callable[..., BrokerProcess], tmp_path: Path
+) -> None:
+    """A fresh broker's table already holds its clients' descriptors: at the default
+    (16,384), capped by an open-file limit of 4,096, it has 4,096 slots before any client
+    connects; with fd_table = 0 it starts at the kernel's small default."""
+    limit = min(4096, _hard_limit())
+
+    def lower_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, _hard_limit()))
+
+    default = start_broker(preexec_fn=lower_limit)
+    assert default.proc is not None
+    assert _fd_table_size(default.proc.pid) == limit
+    off = tmp_path / "off.toml"
+    off.write_text("fd_table = 0\n")
+    unsized = start_broker(preexec_fn=lower_limit, extra_args=("--config", str(off)))
+    assert unsized.proc is not None
+    assert _fd_table_size(unsized.proc.pid) < min(limit, 1024)
