@@ -186,6 +186,19 @@ def test_ceiling_lines_from_the_medians_of_the_runs() -> None:
     assert ceiling.lines([record("ours-full", 1000)], 4) == []  # no fsync measured
 
 
+def test_ceiling_with_the_store_work_from_ours_normal() -> None:
+    records = [
+        record("ours-memory", 256_000),
+        record("ours-normal", 64_000),
+        record("ours-full", 40_000, fsync_ms=2.0),
+    ]
+    text = "\n".join(ceiling.lines(records, 4))
+    # commit work with the store 128 / 64,000 = 2 ms: 128 / (2 + 2) ms = 32,000 msg/s
+    assert "commit work 2.000 ms = 4 x 32 / ours-normal's 64,000 msg/s" in text
+    assert "ceiling 32,000 msg/s, ours-full at 1.25x of it" in text
+    assert "ours-normal" not in "\n".join(ceiling.lines(records[::2], 4))
+
+
 def test_ceiling_without_ours_memory_counts_no_commit_work() -> None:
     text = "\n".join(ceiling.lines([record("ours-full", 32_000, fsync_ms=2.0)], 4))
     assert "0 (ours-memory not measured)" in text and "= 64,000 msg/s" in text
