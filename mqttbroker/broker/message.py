@@ -17,6 +17,9 @@ from ..protocol.properties import SUBSCRIPTION_IDENTIFIER as _SUB_ID
 from ..protocol.properties import TOPIC_ALIAS as _TOPIC_ALIAS
 
 _NOT_FORWARDED = (_TOPIC_ALIAS, _SUB_ID, _EXPIRY)
+# The properties of every message published without any: shared, so never changed (nothing
+# changes a message's properties; what a delivery adds goes into a copy).
+_NO_PROPERTIES: dict[int, Any] = {}
 
 
 # Compiled, a message is not tracked by the cycle collector (it refers to no object that could
@@ -34,7 +37,9 @@ class Message:
         "expiry_interval",
         "topic_bytes",
         "_props5",
-        "_q0",
+        "_q0_key",
+        "_q0_data",
+        "_q0_more",
         "stored",
         "origin_id",
         "origin_user",
@@ -57,12 +62,16 @@ class Message:
         self.retain = retain
         # Properties forwarded to subscribers (MQTT-3.3.2-4, -15..-20), without Topic Alias,
         # Subscription Identifier and Message Expiry Interval, which are set per delivery.
-        self.properties = properties if properties is not None else {}
+        self.properties = properties if properties is not None else _NO_PROPERTIES
         self.expires_at = expires_at
         self.expiry_interval = expiry_interval  # as published; the forwarded value never exceeds it
         self.topic_bytes = topic_bytes if topic_bytes is not None else encode_topic(topic)
         self._props5: bytes | None = None
-        self._q0: dict[int, bytes] = {}
+        # Its QoS 0 PUBLISH by version * 2 + RETAIN: the first one built (or forwarded) in a
+        # pair of fields, since most messages go out in one shape; any other in a dict.
+        self._q0_key = -1
+        self._q0_data = b""
+        self._q0_more: dict[int, bytes] | None = None
         self.stored = 0  # the store's handle (0: none); only the store reads it (broker/store.py)
         # The client id and user name of its publisher, recorded by Router.publish only while
         # an integration needs them (a webhook names the publisher); None otherwise, for the
@@ -94,7 +103,8 @@ class Message:
     def forward(self, version: int, packet: bytes) -> None:
         """``packet`` is this message's QoS 0 PUBLISH, without properties, as a client of
         ``version`` sent it: subscribers of that version get it as it is (same RETAIN flag)."""
-        self._q0[version * 2 + self.retain] = packet
+        self._q0_key = version * 2 + self.retain
+        self._q0_data = packet
 
     def expired(self, now: float) -> bool:
         return self.expires_at is not None and now >= self.expires_at
@@ -136,12 +146,22 @@ class Message:
         """The PUBLISH packet for one delivery."""
         if not qos and not sub_ids and self.expires_at is None:
             key = version * 2 + retain
-            data = self._q0.get(key)
-            if data is None:
-                props = self._properties_v5((), now) if version == MQTT_5 else None
-                data = self._q0[key] = encode_publish_raw(
-                    retain, self.topic_bytes, None, props, self.payload
-                )
+            if key == self._q0_key:
+                return self._q0_data
+            more = self._q0_more
+            if more is not None:
+                cached = more.get(key)
+                if cached is not None:
+                    return cached
+            props = self._properties_v5((), now) if version == MQTT_5 else None
+            data = encode_publish_raw(retain, self.topic_bytes, None, props, self.payload)
+            if self._q0_key < 0:
+                self._q0_key = key
+                self._q0_data = data
+            elif more is None:
+                self._q0_more = {key: data}
+            else:
+                more[key] = data
             return data
         props = self._properties_v5(sub_ids, now) if version == MQTT_5 else None
         flags = (dup << 3) | (qos << 1) | retain
