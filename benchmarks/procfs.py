@@ -27,6 +27,33 @@ def cpu_seconds(pid: int | None) -> float | None:
     return (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime (fields 14 and 15)
 
 
+def threads_cpu_ns(pid: int | None) -> int | None:
+    """CPU nanoseconds the threads of ``pid`` now alive have run (their first schedstat field):
+    exact where :func:`cpu_seconds` counts clock ticks (10 ms), for windows of a fraction of a
+    second; None without /proc/<pid>/task/*/schedstat."""
+    if pid is None:
+        return None
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    total = 0
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat", "rb") as f:
+                total += int(f.read().split()[0])
+        except (OSError, IndexError, ValueError):
+            continue  # a thread that ended meanwhile
+    return total or None
+
+
+def per_item_us(ns0: int | None, ns1: int | None, items: int) -> float | None:
+    """Microseconds of CPU per item between two :func:`threads_cpu_ns` readings."""
+    if ns0 is None or ns1 is None or items <= 0:
+        return None
+    return round((ns1 - ns0) / 1000 / items, 2)
+
+
 def rss_kb(pid: int | None) -> int | None:
     """VmRSS of ``pid`` in KiB."""
     if pid is None:

@@ -413,9 +413,9 @@ async def latency(ctx: Ctx) -> dict[str, Any]:
 async def idle_connections(ctx: Ctx) -> dict[str, Any]:
     n = ctx.sizes.idle_connections
     rss0 = procfs.rss_kb(ctx.broker_pid)
-    s0 = ctx.snapshot()
+    s0, ns0 = ctx.snapshot(), procfs.threads_cpu_ns(ctx.broker_pid)
     clients = ctx.open_many([f"idle{i}" for i in range(n)])
-    s1 = ctx.snapshot()
+    s1, ns1 = ctx.snapshot(), procfs.threads_cpu_ns(ctx.broker_pid)
     w = window({"connected": 0}, {"connected": len(clients)}, s0, s1)
     await asyncio.sleep(min(ctx.warmup, 1.0))  # let the broker settle before reading its RSS
     rss1 = procfs.rss_kb(ctx.broker_pid)
@@ -430,6 +430,7 @@ async def idle_connections(ctx: Ctx) -> dict[str, Any]:
     w["metrics"] = {
         "connect_s": connect_s,
         "conns_per_s": rate(n, w["elapsed"]),
+        "cpu_us_per_conn": procfs.per_item_us(ns0, ns1, len(clients)),
         "rss_kb_per_conn": per_conn,
         "rss_before_kb": rss0,
         "rss_after_kb": rss1,
@@ -447,7 +448,7 @@ async def topic_spray(ctx: Ctx) -> dict[str, Any]:
     width = max(5, len(str(n - 1)))
     topics = [f"spray/{i:0{width}d}" for i in range(n)]
     frame = ctx.publish_len(topics[0])
-    s0 = ctx.snapshot()
+    s0, ns0 = ctx.snapshot(), procfs.threads_cpu_ns(ctx.broker_pid)
     own = ctx.open_many([f"t{i}" for i in range(n)], lambda i: [(topics[i], 0)], frame)
     wild = []
     for i in range(ctx.sizes.spray_wildcards):
@@ -455,7 +456,7 @@ async def topic_spray(ctx: Ctx) -> dict[str, Any]:
         await sub.subscribe([("spray/+", 0)])
         sub.start_counting(frame)
         wild.append(sub)
-    s1 = ctx.snapshot()
+    s1, ns1 = ctx.snapshot(), procfs.threads_cpu_ns(ctx.broker_pid)
     setup = window({"subs": 0}, {"subs": len(own) + len(wild)}, s0, s1)
 
     # The 10,000 own-topic subscribers each get 1/10,000 of the traffic: reading each of them on
@@ -498,6 +499,7 @@ async def topic_spray(ctx: Ctx) -> dict[str, Any]:
         "deliveries_per_s": rate(w["delta"]["wild"] + w["delta"]["own"], w["elapsed"]),
         "own_topic_per_s": rate(w["delta"]["own"], w["elapsed"]),
         "setup_s": round(setup["elapsed"], 3),
+        "setup_cpu_us_per_client": procfs.per_item_us(ns0, ns1, len(own) + len(wild)),
         "setup_gen_cpu_pct": setup["gen_cpu_pct"],
         "setup_broker_cpu_pct": setup["broker_cpu_pct"],
     }
@@ -799,6 +801,7 @@ SCENARIOS: dict[str, Scenario] = {
             idle_connections,
             (
                 Metric("connect_s", "connect all, s", False),
+                Metric("cpu_us_per_conn", "broker CPU us/conn", False),
                 Metric("rss_kb_per_conn", "RSS KiB/conn", False),
             ),
             many_fds=True,
@@ -812,6 +815,7 @@ SCENARIOS: dict[str, Scenario] = {
                 MSGS,
                 Metric("deliveries_per_s", "deliveries/s"),
                 Metric("setup_s", "subscribe all, s", False),
+                Metric("setup_cpu_us_per_client", "broker CPU us/subscriber", False),
             ),
             many_fds=True,
         ),

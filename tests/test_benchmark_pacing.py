@@ -5,9 +5,12 @@ per TCP segment. No timed assertions."""
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -202,6 +205,36 @@ def test_ceiling_with_the_store_work_from_ours_normal() -> None:
 def test_ceiling_without_ours_memory_counts_no_commit_work() -> None:
     text = "\n".join(ceiling.lines([record("ours-full", 32_000, fsync_ms=2.0)], 4))
     assert "0 (ours-memory not measured)" in text and "= 64,000 msg/s" in text
+
+
+def test_threads_cpu_counts_the_work_of_every_thread() -> None:
+    """threads_cpu_ns sums the threads of a process, to the nanosecond: the CPU a thread other
+    than the caller spun shows in it whole (a tick-counted figure could miss up to 10 ms)."""
+    pid = os.getpid()
+    spun = threading.Event()
+    done = threading.Event()
+    spent: list[float] = []
+
+    def spin() -> None:
+        t0 = time.thread_time()
+        while time.thread_time() - t0 < 0.05:
+            pass
+        spent.append(time.thread_time() - t0)
+        spun.set()
+        done.wait()  # still alive when the second reading is taken
+
+    ns0 = procfs.threads_cpu_ns(pid)
+    worker = threading.Thread(target=spin)
+    worker.start()
+    assert spun.wait(10)
+    ns1 = procfs.threads_cpu_ns(pid)
+    done.set()
+    worker.join()
+    assert ns0 is not None and ns1 is not None
+    assert (ns1 - ns0) / 1e9 >= spent[0]
+    assert procfs.per_item_us(ns0, ns1, 1000) == round((ns1 - ns0) / 1000 / 1000, 2)
+    assert procfs.per_item_us(None, ns1, 1000) is None
+    assert procfs.threads_cpu_ns(None) is None
 
 
 def test_fsync_probe_measures_in_the_directory_and_leaves_nothing(tmp_path: Path) -> None:
