@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict, deque
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from ..protocol import fastpath, grammar
 from ..protocol import packets as pk
@@ -50,6 +50,12 @@ log = logging.getLogger("mqttbroker.connection")
 # characters in all.
 ALLOWED_CACHE_TOPICS = 1024
 ALLOWED_CACHE_CHARS = 65_536
+
+# The first byte of a PUBACK, a PUBCOMP and a PUBREL, with the fixed-header flags each must
+# have (0, 0 and 2: section 2.1.3).
+_PUBACK_BYTE: Final = pk.PUBACK << 4
+_PUBCOMP_BYTE: Final = pk.PUBCOMP << 4
+_PUBREL_BYTE: Final = pk.PUBREL << 4 | 2
 
 # Login refusals the authenticator logs itself, rate-limited (a flood of them is an attack).
 _LOGGED_BY_AUTHENTICATOR = (ReasonCode.CONNECTION_RATE_EXCEEDED, ReasonCode.SERVER_BUSY)
@@ -402,10 +408,26 @@ class Connection:
             if ptype == pk.PUBLISH:
                 publish.publish_fast(self, first, data, body, stop, now)
                 return
+            if stop - body == 2 and (
+                first == _PUBACK_BYTE or first == _PUBCOMP_BYTE or first == _PUBREL_BYTE
+            ):
+                # A PUBACK, PUBCOMP or PUBREL of success without properties, what nearly every
+                # one is: the packet id is all it says, so no packet object is made for it.
+                packet_id = (data[body] << 8) | data[body + 1]
+                if first == _PUBREL_BYTE:
+                    publish.on_pubrel(self, packet_id)
+                    return
+                session = self.session
+                assert session is not None
+                if first == _PUBACK_BYTE:
+                    session.acknowledge(packet_id, now)
+                else:
+                    session.completed(packet_id, now)
+                return
             if pk.PUBACK <= ptype <= pk.PUBCOMP:
                 ack = fastpath.decode_ack(ptype, first & 0x0F, data, body, stop, self.version)
                 if ptype == pk.PUBREL:
-                    publish.on_pubrel(self, ack)
+                    publish.on_pubrel(self, ack.packet_id)
                 else:
                     deliver.on_ack(self, ptype, ack, now)
                 return

@@ -202,12 +202,11 @@ def refuse(conn: Connection, qos: int, packet_id: int, code: int, reason: str) -
     conn.send_explained(pk.PUBACK if qos == 1 else pk.PUBREC, packet_id, code, reason)
 
 
-def on_pubrel(conn: Connection, packet: pk.Ack) -> None:
+def on_pubrel(conn: Connection, packet_id: int) -> None:
     """PUBREL: the client releases a QoS 2 packet id; PUBCOMP in any case, with 0x92 (MQTT 5)
     when the id was not held."""
     session = conn.session
     assert session is not None
-    packet_id = packet.packet_id
     if session.release(packet_id) or conn.version != MQTT_5:
         conn.send(fastpath.encode_ack(pk.PUBCOMP, packet_id, 0, None, conn.version))
     else:
