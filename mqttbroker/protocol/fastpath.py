@@ -38,6 +38,9 @@ def _encode_vbi(value: int) -> bytes:
 
 
 _VBI_TABLE = [_encode_vbi(n) for n in range(16384)]
+# The first byte of a PUBLISH by its flags (DUP, QoS, RETAIN): a table lookup, where building
+# a one-byte bytes object from a tuple costs a generic call of the bytes type.
+_PUBLISH_FIRST = [bytes((0x30 | flags,)) for flags in range(16)]
 
 
 def encode_vbi(value: int) -> bytes:
@@ -286,14 +289,14 @@ def encode_publish_raw(
     with its Property Length (None for MQTT 3.1.1). The router uses this to encode once."""
     if packet_id is None:
         remaining = len(topic) + len(payload) + (len(props) if props is not None else 0)
-        head = bytes((0x30 | flags,)) + encode_vbi(remaining)
+        head = _PUBLISH_FIRST[flags] + encode_vbi(remaining)
         if props is None:
             return head + topic + payload
         return b"".join((head, topic, props, payload))
     remaining = len(topic) + 2 + len(payload) + (len(props) if props is not None else 0)
     return b"".join(
         (
-            bytes((0x30 | flags,)),
+            _PUBLISH_FIRST[flags],
             encode_vbi(remaining),
             topic,
             packet_id.to_bytes(2, "big"),
@@ -396,10 +399,11 @@ def encode_ack(
     version: int = MQTT_5,
 ) -> bytes:
     first = (packet_type << 4) | _ACK_FLAGS[packet_type]
+    # int.to_bytes: a method call, where bytes() of a tuple is a generic call of the type
     if version != MQTT_5 or (not reason_code and not properties):
-        return bytes((first, 2, packet_id >> 8, packet_id & 0xFF))
+        return ((first << 24) | (2 << 16) | packet_id).to_bytes(4, "big")
     if not properties:
-        return bytes((first, 3, packet_id >> 8, packet_id & 0xFF, reason_code))
+        return ((first << 32) | (3 << 24) | (packet_id << 8) | reason_code).to_bytes(5, "big")
     props = encode_properties(properties)
     return (
         bytes((first,))
