@@ -51,11 +51,13 @@ log = logging.getLogger("mqttbroker.connection")
 ALLOWED_CACHE_TOPICS = 1024
 ALLOWED_CACHE_CHARS = 65_536
 
-# The first byte of a PUBACK, a PUBCOMP and a PUBREL, with the fixed-header flags each must
-# have (0, 0 and 2: section 2.1.3).
-_PUBACK_BYTE: Final = pk.PUBACK << 4
-_PUBCOMP_BYTE: Final = pk.PUBCOMP << 4
-_PUBREL_BYTE: Final = pk.PUBREL << 4 | 2
+# By first byte: 1 for PUBACK, PUBREC, PUBREL and PUBCOMP with the fixed-header flags each
+# must have (0, 0, 2, 0: section 2.1.3), whose two-byte form the connection reads without a
+# packet object.
+_PLAIN_ACK: Final = bytes(
+    1 if first in (pk.PUBACK << 4, pk.PUBREC << 4, pk.PUBREL << 4 | 2, pk.PUBCOMP << 4) else 0
+    for first in range(256)
+)
 
 # Login refusals the authenticator logs itself, rate-limited (a flood of them is an attack).
 _LOGGED_BY_AUTHENTICATOR = (ReasonCode.CONNECTION_RATE_EXCEEDED, ReasonCode.SERVER_BUSY)
@@ -408,28 +410,21 @@ class Connection:
             if ptype == pk.PUBLISH:
                 publish.publish_fast(self, first, data, body, stop, now)
                 return
-            if stop - body == 2 and (
-                first == _PUBACK_BYTE or first == _PUBCOMP_BYTE or first == _PUBREL_BYTE
-            ):
-                # A PUBACK, PUBCOMP or PUBREL of success without properties, what nearly every
-                # one is: the packet id is all it says, so no packet object is made for it.
+            if stop - body == 2 and _PLAIN_ACK[first]:
+                # An acknowledgement of success without properties, what nearly every one is:
+                # the packet id is all it says, so no packet object is made for it.
                 packet_id = (data[body] << 8) | data[body + 1]
-                if first == _PUBREL_BYTE:
+                if ptype == pk.PUBREL:
                     publish.on_pubrel(self, packet_id)
-                    return
-                session = self.session
-                assert session is not None
-                if first == _PUBACK_BYTE:
-                    session.acknowledge(packet_id, now)
                 else:
-                    session.completed(packet_id, now)
+                    deliver.on_ack(self, ptype, packet_id, 0, now)
                 return
             if pk.PUBACK <= ptype <= pk.PUBCOMP:
                 ack = fastpath.decode_ack(ptype, first & 0x0F, data, body, stop, self.version)
                 if ptype == pk.PUBREL:
                     publish.on_pubrel(self, ack.packet_id)
                 else:
-                    deliver.on_ack(self, ptype, ack, now)
+                    deliver.on_ack(self, ptype, ack.packet_id, ack.reason_code, now)
                 return
         if ptype not in RECEIVES[state]:
             if state == AUTHENTICATING:  # only AUTH or DISCONNECT until CONNACK (3.1.2-30)

@@ -91,26 +91,25 @@ def send_pubrel(conn: Connection, packet_id: int) -> None:
     conn.send(fastpath.encode_ack(pk.PUBREL, packet_id, 0, None, conn.version))
 
 
-def on_ack(conn: Connection, ptype: int, ack: pk.Ack, now: float) -> None:
-    """PUBACK, PUBREC or PUBCOMP for a PUBLISH sent to the client, read at ``now``: the
-    outbound QoS 1/2 flows (section 4.3); the session frees the packet id and refills the
-    receive window."""
+def on_ack(conn: Connection, ptype: int, packet_id: int, reason_code: int, now: float) -> None:
+    """PUBACK, PUBREC or PUBCOMP of ``packet_id`` for a PUBLISH sent to the client, read at
+    ``now``: the outbound QoS 1/2 flows (section 4.3); the session frees the packet id and
+    refills the receive window."""
     session = conn.session
     assert session is not None
-    packet_id = ack.packet_id
     if ptype == pk.PUBACK:
         session.acknowledge(packet_id, now)
     elif ptype == pk.PUBREC:
         delivery = session.inflight.get(packet_id)
         if delivery is None or delivery.qos != 2:
-            if conn.version == MQTT_5 and ack.reason_code < 0x80:
+            if conn.version == MQTT_5 and reason_code < 0x80:
                 conn.send_explained(
                     pk.PUBREL,
                     packet_id,
                     ReasonCode.PACKET_IDENTIFIER_NOT_FOUND,
                     f"PUBREC for packet identifier {packet_id}: no QoS 2 message in flight",
                 )
-        elif session.received(packet_id, ack.reason_code, now):
+        elif session.received(packet_id, reason_code, now):
             send_pubrel(conn, packet_id)  # MQTT-4.3.3-4
     else:
         session.completed(packet_id, now)

@@ -148,6 +148,7 @@ def test_subscription_identifier_from_client(h: Harness) -> None:
         pytest.param(b"\x60\x02\x00\x01", id="PUBREL-flags-0000"),  # MQTT-3.6.1-1
         pytest.param(b"\x42\x02\x00\x01", id="PUBACK-flags-0010"),  # MQTT-2.1.3-1
         pytest.param(b"\x71\x02\x00\x01", id="PUBCOMP-flags-0001"),  # MQTT-2.1.3-1
+        pytest.param(b"\x52\x02\x00\x01", id="PUBREC-flags-0010"),  # MQTT-2.1.3-1
         pytest.param(b"\x80\x06\x00\x01\x00\x00\x01t", id="SUBSCRIBE-flags-0000"),  # MQTT-3.8.1-1
         pytest.param(b"\xa0\x05\x00\x01\x00\x00\x01", id="UNSUBSCRIBE-flags-0000"),  # 3.10.1-1
         pytest.param(b"\xe1\x00", id="DISCONNECT-flags"),  # MQTT-3.14.1-1
