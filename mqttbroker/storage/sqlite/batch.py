@@ -79,7 +79,7 @@ class Recorder:
 
     The handles: a message's ``stored`` is its row id in ``messages``, a delivery's its ``seq``
     in ``deliveries``, a session's the next such ``seq`` (1 once saved). How many deliveries
-    refer to each stored message: ``_refs``."""
+    refer to a stored message: its ``store_refs``."""
 
     def __init__(self) -> None:
         self.writes = 0  # changes recorded (Store.writes)
@@ -87,7 +87,6 @@ class Recorder:
         self._wake = asyncio.Event()  # the writer's: something was recorded
         self._woken = False  # _wake is set (cleared with it by the writer): set() is a call
         self._next_message_id = 1
-        self._refs: dict[int, int] = {}  # stored message id -> deliveries that refer to it
 
     def _wake_writer(self) -> None:
         if not self._woken:
@@ -135,9 +134,9 @@ class Recorder:
                 msg.stored = mid
                 self._next_message_id = mid + 1
                 batch.messages[mid] = msg
-                self._refs[mid] = 1
+                msg.store_refs = 1
             else:
-                self._refs[mid] += 1
+                msg.store_refs += 1
         sub_ids = delivery.sub_ids
         batch.deliveries[(client_id, seq)] = (
             client_id,
@@ -167,12 +166,9 @@ class Recorder:
             batch.deliveries[key] = None
         msg = delivery.message
         mid = msg.stored
-        refs = self._refs
-        left = refs[mid] - 1
-        if left:
-            refs[mid] = left
-        else:
-            del refs[mid]
+        left = msg.store_refs - 1
+        msg.store_refs = left
+        if not left:
             if batch.messages.pop(mid, None) is None:
                 batch.dead_messages.add(mid)
             msg.stored = 0

@@ -35,7 +35,6 @@ class Reader:
         self.path = path
         self.table = ""
         self.next_message_id = 1
-        self.refs: dict[int, int] = {}  # message id -> deliveries read that refer to it
 
     async def _rows(self, sql: str) -> list[Any]:
         async with self.db.execute(sql) as cur:
@@ -97,7 +96,7 @@ class Reader:
                 )
             )
             owner.stored = seq + 1  # rows come in seq order: the next seq of the session
-            self.refs[mid] = self.refs.get(mid, 0) + 1
+            stored.store_refs += 1
             queued += 1
         self.table = "table releases"
         for client_id, packet_id in await self._rows("SELECT client_id, packet_id FROM releases"):

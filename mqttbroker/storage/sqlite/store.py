@@ -240,7 +240,6 @@ class SQLiteStore(Recorder, Store):
                 "start with an empty store."
             ) from None
         self._next_message_id = reader.next_message_id
-        self._refs = reader.refs
         self._writer = asyncio.create_task(self._write_loop())
         self._checkpointer = asyncio.create_task(self._checkpoint_loop())
         return restored
