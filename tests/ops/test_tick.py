@@ -4,6 +4,8 @@ error in one of its parts: it is logged, and the next pass runs."""
 from __future__ import annotations
 
 import asyncio
+import collections
+import gc
 import logging
 
 import pytest
@@ -48,3 +50,52 @@ def test_an_error_in_one_pass_does_not_stop_the_next(
     assert len(passes) >= 3
     errors = [r for r in caplog.records if r.getMessage() == "error in the broker's periodic pass"]
     assert len(errors) == 1 and errors[0].exc_info is not None
+
+
+@pytest.mark.parametrize("threshold", [10_000, 0])
+def test_the_pass_ages_young_objects_unless_the_collector_is_left_alone(
+    monkeypatch: pytest.MonkeyPatch, threshold: int
+) -> None:
+    """A container the collector does not yet count as old is walked whole at every collection:
+    a session's queue can grow to hundreds of thousands of deliveries before the count that
+    starts one is reached (what it holds is mostly not tracked). The periodic pass ages what
+    is young, so it is walked while small; with ``gc_threshold = 0`` the collector is left as
+    Python has it."""
+    monkeypatch.setattr(app, "TICK_SECONDS", 0.01)
+    young_objects: list[bool] = []
+
+    async def scenario() -> None:
+        config = Config()
+        config.storage.backend = "memory"
+        config.listeners[0].port = 0
+        config.admin.port = 0
+        config.gc_threshold = threshold
+        server = Server(config)
+        passes: list[int] = []
+        sys_tick = server.sys_tree.tick
+
+        def counted() -> None:
+            passes.append(1)
+            sys_tick()
+
+        monkeypatch.setattr(server.sys_tree, "tick", counted)
+        await server.start()
+        try:
+            queue: collections.deque[int] = collections.deque()  # young: made after the start
+            assert any(o is queue for o in gc.get_objects(0))
+            seen = len(passes)
+            for _ in range(1000):  # two passes after it was made (or give up after ~10 s)
+                if len(passes) >= seen + 2:
+                    break
+                await asyncio.sleep(0.01)
+            young_objects.append(any(o is queue for o in gc.get_objects(0)))
+        finally:
+            await server.stop()
+
+    saved = gc.get_threshold()
+    gc.set_threshold(10**9)  # no collection of the collector's own meanwhile
+    try:
+        asyncio.run(scenario())
+    finally:
+        gc.set_threshold(*saved)
+    assert young_objects == [threshold == 0]
