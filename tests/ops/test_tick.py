@@ -15,18 +15,24 @@ from mqttbroker.server import app
 from mqttbroker.server.app import Server
 
 
+def quick_server(monkeypatch: pytest.MonkeyPatch, gc_threshold: int = 10_000) -> Server:
+    """A broker on the memory store, free ports, its periodic pass every 10 ms."""
+    monkeypatch.setattr(app, "TICK_SECONDS", 0.01)
+    config = Config()
+    config.storage.backend = "memory"
+    config.listeners[0].port = 0
+    config.admin.port = 0
+    config.gc_threshold = gc_threshold
+    return Server(config)
+
+
 def test_an_error_in_one_pass_does_not_stop_the_next(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(app, "TICK_SECONDS", 0.01)
     passes: list[int] = []
 
     async def scenario() -> None:
-        config = Config()
-        config.storage.backend = "memory"
-        config.listeners[0].port = 0
-        config.admin.port = 0
-        server = Server(config)
+        server = quick_server(monkeypatch)
         sys_tick = server.sys_tree.tick
 
         def failing_once() -> None:
@@ -61,16 +67,10 @@ def test_the_pass_ages_young_objects_unless_the_collector_is_left_alone(
     starts one is reached (what it holds is mostly not tracked). The periodic pass ages what
     is young, so it is walked while small; with ``gc_threshold = 0`` the collector is left as
     Python has it."""
-    monkeypatch.setattr(app, "TICK_SECONDS", 0.01)
     young_objects: list[bool] = []
 
     async def scenario() -> None:
-        config = Config()
-        config.storage.backend = "memory"
-        config.listeners[0].port = 0
-        config.admin.port = 0
-        config.gc_threshold = threshold
-        server = Server(config)
+        server = quick_server(monkeypatch, threshold)
         passes: list[int] = []
         sys_tick = server.sys_tree.tick
 
