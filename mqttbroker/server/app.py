@@ -270,8 +270,8 @@ class Server:
             else:
                 # What starting built (the event loop's machinery, the listeners, what the
                 # store restored) is kept out of the cycle collector's walks too, as what was
-                # there before (_tune_gc): left young, it was all walked by the first
-                # collection under load, a stop of 7-9 ms, or longer after a large restore.
+                # there before (_tune_gc): left young, the first collection under load walked
+                # it all, besides what had grown meanwhile (see _tick).
                 gc.freeze()
                 await stopping
         finally:
