@@ -7,6 +7,8 @@ import asyncio
 import collections
 import gc
 import logging
+import os
+import signal
 
 import pytest
 
@@ -99,3 +101,33 @@ def test_the_pass_ages_young_objects_unless_the_collector_is_left_alone(
     finally:
         gc.set_threshold(*saved)
     assert young_objects == [threshold == 0]
+
+
+def test_what_starting_built_is_kept_out_of_the_collections(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Once the start succeeded, what it built (here: the listeners) joins what existed before
+    it out of the cycle collector's walks, rather than waiting young for the first collection
+    under load."""
+    walked: list[bool] = []
+
+    async def scenario() -> None:
+        server = quick_server(monkeypatch)
+        served = asyncio.create_task(server.run_until_signalled())
+        for _ in range(1000):  # until it serves (or give up after ~10 s)
+            if server.listeners and server.ready() is None:
+                break
+            await asyncio.sleep(0.01)
+        for _ in range(100):  # the freeze follows the start's task by a few loop passes
+            await asyncio.sleep(0.01)
+            if not any(o is server.listeners for o in gc.get_objects()):
+                break
+        walked.append(any(o is server.listeners for o in gc.get_objects()))
+        os.kill(os.getpid(), signal.SIGTERM)  # the broker's own handler: a clean stop
+        await served
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        gc.unfreeze()  # this test process's objects are the collector's again
+    assert walked == [False]
