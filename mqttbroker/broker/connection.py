@@ -99,8 +99,6 @@ class Connection:
         "opened_at",
         "send_quota",
         "max_send_size",
-        "problem_info",
-        "paused",
         "will",
         "connect_expiry",
         "aliases",
@@ -112,7 +110,6 @@ class Connection:
         "_out_base",
         "_free_upto",
         "_writes_seen",
-        "assigned_id",
         "alias_maximum",
         "out_aliases",
         "username",
@@ -125,17 +122,20 @@ class Connection:
         "auth",
         "auth_method",
         "held_connect",
-        "checking",
-        "claimed",
         "_denials",
         "work",
         "work_pass",
-        "input_paused",
         "publishes_sent",
         "publishes_received",
         "bytes_received",
         "bytes_sent",
         "retained",
+        "problem_info",
+        "paused",
+        "assigned_id",
+        "checking",
+        "claimed",
+        "input_paused",
         "_overflowed",
     )
 
@@ -164,8 +164,6 @@ class Connection:
         self.opened_at = now
         self.send_quota = 65535  # the client's Receive Maximum, capped by max_inflight
         self.max_send_size = 268_435_460  # the client's Maximum Packet Size
-        self.problem_info = True  # the client's Request Problem Information
-        self.paused = False  # the transport asked us to stop writing
         self.will: pk.Will | None = None
         self.connect_expiry = 0
         # What most connections never need is created on first use: the client's topic
@@ -174,7 +172,7 @@ class Connection:
         self._pending: list[bytes] | None = None  # bytes of an incomplete packet
         self._pending_len = 0
         self._need = 0  # bytes the incomplete packet needs in all, when known
-        self.out: list[bytes] = []
+        self.out: list[bytes] | None = None  # packets to write, from the first on until written
         # Output held for the store (see hold_output): absolute output positions that wait for
         # a commit each (few at a time: a list is smaller than a deque; made when first
         # needed, as most connections never change the store), the number of chunks flushed
@@ -183,7 +181,6 @@ class Connection:
         self._out_base = 0
         self._free_upto = 0
         self._writes_seen = 0  # the store's write count when our current input began
-        self.assigned_id = False  # the broker chose the client id
         self.alias_maximum = 0  # the client's Topic Alias Maximum
         self.out_aliases: OrderedDict[str, int] | None = None  # topic -> alias, LRU first
         self.username: str | None = None
@@ -197,12 +194,9 @@ class Connection:
         self.auth: AuthExchange | None = None  # an enhanced-authentication exchange under way
         self.auth_method: str | None = None
         self.held_connect: pk.Connect | None = None  # held while authenticating
-        self.checking = False  # a password check runs off the event loop
-        self.claimed = False  # in a cluster: the client id is this node's now
         self._denials = 0  # PUBLISHes and subscriptions the authorizer refused
         self.work = 0  # packets and deliveries caused by our input in this loop pass
         self.work_pass = -1  # the pass ``work`` counts
-        self.input_paused = False  # reading paused until the broker resumes our input
         self.publishes_sent = 0  # PUBLISH packets queued for the client ($SYS: delivered)
         self.publishes_received = 0  # PUBLISH packets from the client
         self.bytes_received = 0  # MQTT bytes read from the client, counted per read
@@ -210,6 +204,14 @@ class Connection:
         # Retained messages still to send for new subscriptions, sent a share per loop pass
         # while the output drains (see subscribe.send_retained).
         self.retained: deque[tuple[Subscription, Iterator[Message]]] | None = None
+        # The flags last and together: compiled, each takes one byte where they sit, and eight
+        # bytes apiece when scattered between the other fields.
+        self.problem_info = True  # the client's Request Problem Information
+        self.paused = False  # the transport asked us to stop writing
+        self.assigned_id = False  # the broker chose the client id
+        self.checking = False  # a password check runs off the event loop
+        self.claimed = False  # in a cluster: the client id is this node's now
+        self.input_paused = False  # reading paused until the broker resumes our input
         self._overflowed = False  # closed for output past max_output_buffer
 
     def __repr__(self) -> str:
@@ -507,9 +509,11 @@ class Connection:
         if self.state == CLOSED:
             return
         out = self.out
-        if not out:
+        if out is None:
+            self.out = [data]
             self.broker.mark_dirty(self)
-        out.append(data)
+        else:
+            out.append(data)
 
     def send_explained(self, ptype: int, packet_id: int, code: int, reason: str) -> None:
         """An acknowledgement (PUBACK, PUBREC, PUBREL, PUBCOMP) with a Reason String, unless the
@@ -528,7 +532,8 @@ class Connection:
         marks = self._marks
         if marks is None:
             marks = self._marks = []
-        marks.append(self._out_base + len(self.out))
+        out = self.out
+        marks.append(self._out_base + (len(out) if out is not None else 0))
         self.broker.store.after_commit(self._release_output)
 
     def _release_output(self) -> None:
@@ -552,7 +557,7 @@ class Connection:
                 return
         data = out[0] if count == 1 else b"".join(out[:count])
         if count == len(out):
-            out.clear()
+            self.out = None  # an idle connection keeps no list
         else:
             del out[:count]
         self._out_base += count
@@ -655,7 +660,7 @@ class Connection:
         it: either way nothing can be written any more. Output still waiting for a commit (the
         acks of a client that sent DISCONNECT and closed at once) is dropped here, so that the
         close deferred to that commit writes nothing to the dead transport."""
-        self.out.clear()
+        self.out = None
         if self.state != CLOSED:
             if self.state == CONNECTED:
                 if self.broker.options.connection_log_interval:

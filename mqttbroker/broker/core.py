@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -175,6 +176,9 @@ class Broker:
         opts = self.options
         if address is None:
             address = peer.rpartition(":")[0] or peer
+        # One string per address, however many of its clients are connected (it lives as long
+        # as they do): the address of an idle connection is not ~60 bytes of its own.
+        address = sys.intern(address)
         if opts.max_connections and len(self.connections) >= opts.max_connections:
             self._refuse(conn, f"max_connections ({opts.max_connections}) reached")
             return conn

@@ -38,9 +38,11 @@ def send_publish(
         return False
     if conn.state != CLOSED:
         out = conn.out
-        if not out:
+        if out is None:
+            conn.out = [data]
             conn.broker.mark_dirty(conn)
-        out.append(data)
+        else:
+            out.append(data)
         conn.publishes_sent += 1
     return True
 

@@ -92,6 +92,9 @@ _MEMORY = Store()
 _NO_QUEUE: deque[Delivery] = deque(maxlen=0)
 _NO_RELEASES: frozenset[int] = frozenset()
 _NO_SUBSCRIPTIONS: Mapping[str, Subscription] = MappingProxyType({})  # read-only
+# Shared by every session with nothing in flight, never written: Session.track gives a
+# session its own dict for its first delivery in flight (an idle client's is not 64 bytes).
+_NO_INFLIGHT: dict[int, Delivery] = {}
 
 
 class Session:
@@ -143,7 +146,8 @@ class Session:
         self.connection: Connection | None = None
         self.expiry_interval = 0
         self.expires_at: float | None = None  # set while the client is away
-        self.inflight: dict[int, Delivery] = {}  # insertion order is sending order
+        # Deliveries in flight by packet id (insertion order is sending order; see track).
+        self.inflight: dict[int, Delivery] = _NO_INFLIGHT
         self.queue: deque[Delivery] = _NO_QUEUE  # its own deque from the first queued message on
         self.queued_bytes = 0
         self.next_packet_id = 1
@@ -240,7 +244,7 @@ class Session:
         packet_id = record.packet_id
         if packet_id is not None:
             delivery.packet_id = packet_id
-            self.inflight[packet_id] = delivery
+            self.track(packet_id, delivery)
             self.next_packet_id = packet_id % 65535 + 1
         else:
             delivery.queued_at = now
@@ -250,6 +254,13 @@ class Session:
         """Put back the inbound QoS 2 ids the store kept (awaiting PUBREL)."""
         if packet_ids:
             self.awaiting_release = set(packet_ids)
+
+    def track(self, packet_id: int, delivery: Delivery) -> None:
+        """Put ``delivery`` in flight under ``packet_id``: the one way into ``inflight``."""
+        inflight = self.inflight
+        if inflight is _NO_INFLIGHT:
+            inflight = self.inflight = {}
+        inflight[packet_id] = delivery
 
     def append_queued(self, delivery: Delivery) -> None:
         """Put ``delivery`` at the end of the queue, as it is (no limit checked, nothing
@@ -301,7 +312,7 @@ class Session:
             now,
         ):
             delivery.packet_id = packet_id
-            self.inflight[packet_id] = delivery
+            self.track(packet_id, delivery)
             if self.persistent:
                 self.store.save_delivery(self, delivery)
         elif delivery.stored:

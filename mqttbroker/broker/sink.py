@@ -107,7 +107,7 @@ class Outbox:
                 continue
             packet_id = session._allocate_packet_id()
             delivery.packet_id = packet_id
-            session.inflight[packet_id] = delivery
+            session.track(packet_id, delivery)
             store.save_delivery(session, delivery)
             return packet_id, delivery
         return None

@@ -211,7 +211,7 @@ def restore(
             delivery.released = released
             if packet_id is not None:
                 delivery.packet_id = packet_id
-                session.inflight[packet_id] = delivery
+                session.track(packet_id, delivery)
             else:
                 session.append_queued(delivery)
             if persistent:
