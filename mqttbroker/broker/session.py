@@ -94,6 +94,7 @@ _NO_RELEASES: frozenset[int] = frozenset()
 _NO_SUBSCRIPTIONS: Mapping[str, Subscription] = MappingProxyType({})  # read-only
 # Shared by every session with nothing in flight, never written: Session.track gives a
 # session its own dict for its first delivery in flight (an idle client's is not 64 bytes).
+# So ``inflight`` may be another dict after anything that sends: read it, do not keep it.
 _NO_INFLIGHT: dict[int, Delivery] = {}
 
 
@@ -437,10 +438,10 @@ class Session:
         if conn is None:
             return
         quota = conn.send_quota
-        inflight = self.inflight
         while queue and not conn.paused:
             delivery = queue[0]
-            if delivery.qos and len(inflight) >= quota:
+            # (not a local: the first delivery in flight gives the session a dict of its own)
+            if delivery.qos and len(self.inflight) >= quota:
                 break
             queue.popleft()
             self.queued_bytes -= delivery.message.size

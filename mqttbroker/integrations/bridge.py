@@ -322,12 +322,13 @@ class Bridge(Sink):
 
     async def _pump_until_closed(self, writer: asyncio.StreamWriter) -> None:
         outbox = self.outbox
-        inflight = self.session.inflight
+        session = self.session
         while True:
             self._work.clear()
             sent = 0
             out: list[bytes] = []
-            while sent < BATCH and len(inflight) < self._send_quota:
+            # (session.inflight read each time: its first delivery gives it a dict of its own)
+            while sent < BATCH and len(session.inflight) < self._send_quota:
                 item = outbox.take()
                 if item is None:
                     break

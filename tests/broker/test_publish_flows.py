@@ -552,6 +552,27 @@ def test_resend_after_reconnect_respects_new_receive_maximum(h: Harness) -> None
     assert seen == [b"0", b"1", b"2", b"3", b"4"]
 
 
+def test_queue_sent_on_resume_respects_receive_maximum(h: Harness) -> None:
+    """[MQTT-3.3.4-9] Messages queued while the client was away, for a session that had nothing
+    in flight, go out on its return at most Receive Maximum at a time, then one per PUBACK."""
+    expiry = {Prop.SESSION_EXPIRY_INTERVAL: 300}
+    subscriber, publisher = pair(h, sub_qos=1, properties=expiry)
+    subscriber.send(pk.Disconnect())
+    for index in range(6):
+        publisher.publish("t", b"%d" % index, 1)
+    back = h.connect(
+        "sub",
+        clean_start=False,
+        properties={**expiry, Prop.RECEIVE_MAXIMUM: 2},
+        expect_present=True,
+    )
+    first = back.publishes()
+    assert [p.payload for p in first] == [b"0", b"1"]
+    assert len(back.session.inflight) == 2
+    back.puback(first[0].packet_id)
+    assert [p.payload for p in back.publishes()] == [b"2"]
+
+
 def test_inbound_receive_maximum_exceeded(make_harness: Callable[..., Harness]) -> None:
     """[MQTT-3.3.4-7] More unacknowledged QoS 2 PUBLISHes from a client than the server's Receive
     Maximum: DISCONNECT 0x93."""

@@ -4,6 +4,7 @@ broker killed with messages queued, no loops, TLS."""
 
 from __future__ import annotations
 
+import re
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -140,6 +141,36 @@ def test_remote_restarted_while_1000_qos1_messages_flow(
     # QoS 1 across a restart may bring duplicates: wait for every distinct payload.
     far.wait_until(lambda: set(far.payloads(b"m")) >= set(payloads), 60, "all 1000 messages")
     assert set(far.payloads(b"m")) == set(payloads)
+    local.close()
+
+
+def test_outbound_flow_keeps_within_the_remote_receive_maximum(
+    tmp_path: Path,
+    start_broker: Callable[..., object],
+    mosquitto: Callable[..., Mosquitto],
+    collect: Callable[..., Collector],
+    paho: Callable[..., Any],
+) -> None:
+    """[MQTT-3.3.4-9] The remote's CONNACK says Receive Maximum 2 (Mosquitto's
+    max_inflight_messages); the bridge keeps at most 2 QoS 2 messages unacknowledged there, so
+    Mosquitto, which disconnects a client past it (0x93), keeps the bridge's one connection while
+    300 messages queued at once all pass."""
+    remote = mosquitto(extra="max_inflight_messages 2\n")
+    rules = RULES.replace(
+        'filter = "up/#"\ndirection = "out"\nqos = 1', 'filter = "up/#"\ndirection = "out"\nqos = 2'
+    )
+    assert rules != RULES
+    args = write_config(tmp_path / "b.toml", bridge_toml("m", remote.port, "5", rules))
+    ours = start_broker(extra_args=args)
+    assert ours.wait_for_log(CONNECTED.format(name="m"), 20)  # type: ignore[attr-defined]
+    far = collect(remote.port, ["site-a/#"], qos=2)
+    local = paho(ours)
+    payloads = [b"w%04d" % n for n in range(300)]
+    local.publish_all(("up/window", p, 2, False) for p in payloads)
+    far.wait_until(lambda: len(far.payloads(b"w")) >= len(payloads), 30, "all 300 messages")
+    assert sorted(far.payloads(b"w")) == payloads
+    log = ours.log_text()  # type: ignore[attr-defined]
+    assert len(re.findall(CONNECTED.format(name="m"), log)) == 1, log
     local.close()
 
 
