@@ -16,6 +16,9 @@ from mqttbroker.protocol import grammar
 MQTT_3_1_1 = 4
 
 
+EXPIRY = {Prop.SESSION_EXPIRY_INTERVAL: 300}  # a session that outlives its connection
+
+
 def pair(h: Harness, sub_qos: int = 2, topic_filter: str = "t", **connect: object):  # type: ignore[no-untyped-def]
     """A subscriber on ``topic_filter`` and a publisher."""
     subscriber = h.connect("sub", **connect)  # type: ignore[arg-type]
@@ -311,8 +314,7 @@ def test_pubrel_resent_not_publish_after_reconnect(h: Harness) -> None:
 
 def test_no_resend_on_clean_start(h: Harness) -> None:
     """[MQTT-4.4.0-1] [MQTT-3.1.2-4] Reconnecting with Clean Start 1 resends nothing."""
-    expiry = {Prop.SESSION_EXPIRY_INTERVAL: 300}
-    subscriber, publisher = pair(h, sub_qos=1, properties=expiry)
+    subscriber, publisher = pair(h, sub_qos=1, properties=EXPIRY)
     publisher.publish("t", b"a", 1)
     assert len(subscriber.publishes()) == 1
     subscriber.lose()
@@ -516,25 +518,25 @@ def test_v311_subscriber_gets_v311_publish(h: Harness) -> None:
     assert [p.payload for p in new.publishes()] == [b"from 3.1.1"]
 
 
+def come_back(h: Harness, receive_maximum: int):  # type: ignore[no-untyped-def]
+    """The subscriber of ``pair`` back on its session, with a new Receive Maximum."""
+    properties = {**EXPIRY, Prop.RECEIVE_MAXIMUM: receive_maximum}
+    return h.connect("sub", clean_start=False, properties=properties, expect_present=True)
+
+
 def test_resend_after_reconnect_respects_new_receive_maximum(h: Harness) -> None:
     """[MQTT-3.3.4-9] [MQTT-4.4.0-1] [MQTT-4.9.0-2] Receive Maximum is set afresh by each CONNECT
     (section 4.9): resuming a session with more unacknowledged messages than the new Receive
     Maximum resends only that many; the others follow, with DUP 1 and their original ids, as
     PUBACKs free the window."""
-    expiry = {Prop.SESSION_EXPIRY_INTERVAL: 300}
-    subscriber, publisher = pair(h, sub_qos=1, properties=expiry)
+    subscriber, publisher = pair(h, sub_qos=1, properties=EXPIRY)
     for index in range(5):
         publisher.publish("t", b"%d" % index, 1)
     first = subscriber.publishes()
     ids = [p.packet_id for p in first]
     assert len(ids) == 5
     subscriber.lose()
-    again = h.connect(
-        "sub",
-        clean_start=False,
-        properties={**expiry, Prop.RECEIVE_MAXIMUM: 2},
-        expect_present=True,
-    )
+    again = come_back(h, receive_maximum=2)
     resent = again.publishes()
     assert [(p.packet_id, p.dup) for p in resent] == [(ids[0], True), (ids[1], True)]
     seen = [p.payload for p in resent]
@@ -555,17 +557,11 @@ def test_resend_after_reconnect_respects_new_receive_maximum(h: Harness) -> None
 def test_queue_sent_on_resume_respects_receive_maximum(h: Harness) -> None:
     """[MQTT-3.3.4-9] Messages queued while the client was away, for a session that had nothing
     in flight, go out on its return at most Receive Maximum at a time, then one per PUBACK."""
-    expiry = {Prop.SESSION_EXPIRY_INTERVAL: 300}
-    subscriber, publisher = pair(h, sub_qos=1, properties=expiry)
+    subscriber, publisher = pair(h, sub_qos=1, properties=EXPIRY)
     subscriber.send(pk.Disconnect())
     for index in range(6):
         publisher.publish("t", b"%d" % index, 1)
-    back = h.connect(
-        "sub",
-        clean_start=False,
-        properties={**expiry, Prop.RECEIVE_MAXIMUM: 2},
-        expect_present=True,
-    )
+    back = come_back(h, receive_maximum=2)
     first = back.publishes()
     assert [p.payload for p in first] == [b"0", b"1"]
     assert len(back.session.inflight) == 2

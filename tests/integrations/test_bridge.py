@@ -50,6 +50,16 @@ local_prefix = "cloud/"
 """
 
 
+def bridged(
+    tmp_path: Path, start_broker: Callable[..., Any], remote: Mosquitto, rules: str = RULES
+) -> Any:
+    """Our broker with a bridge "m" (MQTT 5, ``rules``) to ``remote``, once it is connected."""
+    args = write_config(tmp_path / "b.toml", bridge_toml("m", remote.port, "5", rules))
+    ours = start_broker(extra_args=args)
+    assert ours.wait_for_log(CONNECTED.format(name="m"), 20)
+    return ours
+
+
 @pytest.mark.parametrize("protocol", ["5", "3.1.1"])
 def test_both_directions_with_properties(
     tmp_path: Path,
@@ -128,9 +138,7 @@ def test_remote_restarted_while_1000_qos1_messages_flow(
     paho: Callable[..., Any],
 ) -> None:
     remote = mosquitto(persistence=True)
-    args = write_config(tmp_path / "b.toml", bridge_toml("m", remote.port, "5", RULES))
-    ours = start_broker(extra_args=args)
-    assert ours.wait_for_log(CONNECTED.format(name="m"), 20)  # type: ignore[attr-defined]
+    ours = bridged(tmp_path, start_broker, remote)
     far = collect(remote.port, ["site-a/#"], persistent=True, client_id="far-collector")
     local = paho(ours)
     payloads = [b"m%04d" % n for n in range(1000)]
@@ -160,9 +168,7 @@ def test_outbound_flow_keeps_within_the_remote_receive_maximum(
         'filter = "up/#"\ndirection = "out"\nqos = 1', 'filter = "up/#"\ndirection = "out"\nqos = 2'
     )
     assert rules != RULES
-    args = write_config(tmp_path / "b.toml", bridge_toml("m", remote.port, "5", rules))
-    ours = start_broker(extra_args=args)
-    assert ours.wait_for_log(CONNECTED.format(name="m"), 20)  # type: ignore[attr-defined]
+    ours = bridged(tmp_path, start_broker, remote, rules)
     far = collect(remote.port, ["site-a/#"], qos=2)
     local = paho(ours)
     payloads = [b"w%04d" % n for n in range(300)]
