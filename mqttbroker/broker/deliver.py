@@ -37,12 +37,7 @@ def send_publish(
     if len(data) > conn.max_send_size:
         return False
     if conn.state != CLOSED:
-        out = conn.out
-        if out is None:
-            conn.out = [data]
-            conn.broker.mark_dirty(conn)
-        else:
-            out.append(data)
+        conn.send(data)
         conn.publishes_sent += 1
     return True
 

@@ -49,6 +49,14 @@ qos = 1
 local_prefix = "cloud/"
 """
 
+OUT_QOS2 = """
+[[bridge.topic]]
+filter = "up/#"
+direction = "out"
+qos = 2
+remote_prefix = "site-a/"
+"""
+
 
 def bridged(
     tmp_path: Path, start_broker: Callable[..., Any], remote: Mosquitto, rules: str = RULES
@@ -164,18 +172,14 @@ def test_outbound_flow_keeps_within_the_remote_receive_maximum(
     Mosquitto, which disconnects a client past it (0x93), keeps the bridge's one connection while
     300 messages queued at once all pass."""
     remote = mosquitto(extra="max_inflight_messages 2\n")
-    rules = RULES.replace(
-        'filter = "up/#"\ndirection = "out"\nqos = 1', 'filter = "up/#"\ndirection = "out"\nqos = 2'
-    )
-    assert rules != RULES
-    ours = bridged(tmp_path, start_broker, remote, rules)
+    ours = bridged(tmp_path, start_broker, remote, OUT_QOS2)
     far = collect(remote.port, ["site-a/#"], qos=2)
     local = paho(ours)
     payloads = [b"w%04d" % n for n in range(300)]
     local.publish_all(("up/window", p, 2, False) for p in payloads)
     far.wait_until(lambda: len(far.payloads(b"w")) >= len(payloads), 30, "all 300 messages")
     assert sorted(far.payloads(b"w")) == payloads
-    log = ours.log_text()  # type: ignore[attr-defined]
+    log = ours.log_text()
     assert len(re.findall(CONNECTED.format(name="m"), log)) == 1, log
     local.close()
 
