@@ -22,6 +22,7 @@ from support.harness import decode_raw, split_raw
 from support.sqlite_harness import FakeTime, Node, async_test, pk, rows
 
 from mqttbroker.storage.sqlite import SQLiteStore
+from mqttbroker.storage.sqlite import store as sqlite_store
 
 
 class AckAudit:
@@ -78,6 +79,33 @@ async def test_puback_is_written_only_after_the_commit(db_path: Path, fake_time:
     node.b.flush()
     after = pub.written()[before:]
     assert [(type(p), p.packet_id) for p in after] == [(pk.Puback, packet_id)]
+
+
+@async_test
+async def test_the_loop_yields_the_processor_once_per_commit_while_it_runs(
+    db_path: Path, fake_time: FakeTime, monkeypatch: pytest.MonkeyPatch
+):
+    """Once a commit is queued for the database's thread, the event loop yields the processor
+    (on a core the two threads share, the commit starts then, not when the loop runs out of
+    work): one yield per commit, made while that commit runs (its PUBACK still held)."""
+    node = await Node(db_path, fake_time).start()
+    await offline_subscriber(node, "sub", "d/#")
+    pub = await node.connect("pub")
+    before = len(pub.written())
+    commits = node.s.commits
+    yields: list[tuple[int, int]] = []  # (commits done, packets written to pub) at each yield
+
+    def record() -> None:
+        yields.append((node.s.commits, len(pub.written()) - before))
+
+    monkeypatch.setattr(sqlite_store, "_yield_processor", record)
+    pub.publish("d/1", b"durable", 1)
+    node.b.flush()
+    await node.committed()
+    node.b.flush()
+    assert yields == [(commits, 0)]
+    assert node.s.commits == commits + 1
+    assert len(pub.written()) - before == 1  # the PUBACK, after the commit
 
 
 @async_test
