@@ -273,6 +273,52 @@ async def test_checkpoints_run_beside_the_commits_and_keep_the_log_bounded(
 
 
 @async_test
+async def test_the_checkpoint_copies_again_what_commits_added_while_it_copied(
+    db_path: Path, fake_time: FakeTime
+):
+    """A background checkpoint copies the log, then again as long as the last copy found more
+    than TAIL_FRAMES new frames: the writer's own copy before its next commit (which the
+    acknowledgements of that commit wait for) is then a few pages. Frames are added here by
+    another connection just before the second copy, as commits add them during a long one; a
+    reader's open snapshot keeps the log from starting over meanwhile, as those commits do."""
+    node = await Node(db_path, fake_time, store_options={"sync": "normal"}).start()
+    store = node.s
+    other = sqlite3.connect(db_path, isolation_level=None, check_same_thread=False)
+    reader = sqlite3.connect(db_path, isolation_level=None)
+    checkpointer = await aiosqlite.connect(db_path, isolation_level=None)
+    frames = store.TAIL_FRAMES * 4  # one 4 KiB payload: at least one frame each
+
+    def add_frames(first: int) -> None:
+        rows = [(f"t/{i}", os.urandom(4096), 0, b"", None) for i in range(first, first + frames)]
+        other.executemany("INSERT INTO retained VALUES (?, ?, ?, ?, ?)", rows)
+
+    copies: list[str] = []
+
+    def traced(sql: str) -> None:
+        if "wal_checkpoint" in sql:
+            copies.append(sql)
+            if len(copies) == 2:
+                add_frames(frames)  # the commits made while the first copy ran
+
+    try:
+        add_frames(0)
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM retained").fetchone()
+        await checkpointer.set_trace_callback(traced)
+        await store._copy_log(checkpointer)
+        # the first copy, the second (it finds the new frames), the third (it finds none)
+        assert len(copies) == 3
+        reader.execute("COMMIT")
+        async with checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)") as cursor:
+            busy, logged, copied = await cursor.fetchone()
+        assert (busy, logged - copied) == (0, 0)  # the log is all in the database
+    finally:
+        await checkpointer.close()
+        other.close()
+        reader.close()
+
+
+@async_test
 async def test_without_a_checkpoint_connection_the_writer_checkpoints(
     db_path: Path, fake_time: FakeTime, monkeypatch: pytest.MonkeyPatch, caplog
 ):

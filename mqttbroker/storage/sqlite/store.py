@@ -75,6 +75,10 @@ class SQLiteStore(Recorder, Store):
     RETRY_MAX = 5.0  # up to this
     # Seconds between two WAL checkpoints while commits go on (see _checkpoint_loop).
     CHECKPOINT_INTERVAL = 0.5
+    # Copies of the log per checkpoint, and the log frames (pages) left for the writer to copy
+    # before its next commit that end them (see _copy_log).
+    CHECKPOINT_PASSES = 4
+    TAIL_FRAMES = 64
 
     def __init__(
         self,
@@ -427,7 +431,7 @@ class SQLiteStore(Recorder, Store):
                     break
                 if db is not None:
                     try:
-                        await db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                        await self._copy_log(db)
                     except sqlite3.Error as exc:
                         log.debug("store %s: checkpoint failed: %s", self.path, describe(exc))
                 self._tail = True
@@ -436,6 +440,22 @@ class SQLiteStore(Recorder, Store):
         finally:
             if db is not None:
                 await db.close()
+
+    async def _copy_log(self, db: aiosqlite.Connection) -> None:
+        """Copy the log into the database, then what commits added to it meanwhile, and again,
+        until a copy finds at most TAIL_FRAMES new frames (pages) or after CHECKPOINT_PASSES
+        copies: what the writer copies itself before its next commit is then what a short
+        copy let through, not what the first, long one did. Measured with `normal` under load:
+        the first copy takes about 40 ms and 13,000 frames, the writer's copy after it was
+        about 600 frames and 10 ms (the worst PUBACK), after a second and third copy (3.5 and
+        1.5 ms) about 30 frames, which still take it 1.5-9 ms."""
+        logged = 0  # the log's frames the last copy saw
+        for _ in range(self.CHECKPOINT_PASSES):
+            async with db.execute("PRAGMA wal_checkpoint(PASSIVE)") as cursor:
+                row = await cursor.fetchone()
+            if row is None or row[1] - logged <= self.TAIL_FRAMES:
+                return  # (a log that started over meanwhile shows fewer frames)
+            logged = row[1]
 
     async def close(self) -> None:
         """Write what is pending (one more attempt if commits are failing) and close. Safe to
