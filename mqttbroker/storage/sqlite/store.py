@@ -75,8 +75,8 @@ class SQLiteStore(Recorder, Store):
     RETRY_MAX = 5.0  # up to this
     # Seconds between two WAL checkpoints while commits go on (see _checkpoint_loop).
     CHECKPOINT_INTERVAL = 0.5
-    # Copies of the log per checkpoint, and the log frames (pages) left for the writer to copy
-    # before its next commit that end them (see _copy_log).
+    # At most this many copies of the log per checkpoint; they stop at one that finds at most
+    # TAIL_FRAMES new frames (pages) in the log (see _copy_log).
     CHECKPOINT_PASSES = 4
     TAIL_FRAMES = 64
 
