@@ -19,7 +19,7 @@ from typing import Any
 import aiosqlite
 import pytest
 from support.harness import decode_raw, split_raw
-from support.sqlite_harness import FakeTime, Node, async_test, pk, rows
+from support.sqlite_harness import TIMEOUT, FakeTime, Node, async_test, pk, rows
 
 from mqttbroker.storage.sqlite import SQLiteStore
 from mqttbroker.storage.sqlite import store as sqlite_store
@@ -270,6 +270,30 @@ async def test_checkpoints_run_beside_the_commits_and_keep_the_log_bounded(
     async with db.execute("PRAGMA wal_autocheckpoint") as cursor:
         assert await cursor.fetchone() == (0,)
     assert await stream_through_the_log(node, db_path) < 3_000_000
+
+
+@async_test
+async def test_after_a_commit_the_checkpoint_connection_copies_the_log(
+    db_path: Path, fake_time: FakeTime, monkeypatch: pytest.MonkeyPatch
+):
+    """The copies of _copy_log are what the checkpoint connection runs after commits (on its
+    own connection, not the writer's), and the writer's next commit then copies the rest."""
+    monkeypatch.setattr(SQLiteStore, "CHECKPOINT_INTERVAL", 0.01)
+    copied = asyncio.Event()
+    connections: list[object] = []
+    copy_log = SQLiteStore._copy_log
+
+    async def recording(self: SQLiteStore, db: aiosqlite.Connection) -> None:
+        connections.append(db)
+        await copy_log(self, db)
+        copied.set()
+
+    monkeypatch.setattr(SQLiteStore, "_copy_log", recording)
+    node = await Node(db_path, fake_time).start()
+    await offline_subscriber(node, "sub", "d/#")
+    await asyncio.wait_for(copied.wait(), TIMEOUT)
+    assert connections and all(db is not node.s._db for db in connections)
+    assert node.s._tail  # the writer's next commit copies what came meanwhile
 
 
 @async_test
