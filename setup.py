@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
@@ -68,8 +68,14 @@ def extensions() -> list:  # type: ignore[type-arg]
         )
         return []
     paths = [compiled.source_path(name) for name in compiled.MODULES]
+    # The broker's own TCP transport (epoll: Linux only; see mqttbroker/server/streams.py).
+    native = [
+        Extension(module, [str(compiled.native_source(module).relative_to(ROOT))])
+        for module in compiled.NATIVE
+        if sys.platform == "linux"
+    ]
     try:
-        return mypycify(
+        return native + mypycify(
             [str(path.relative_to(ROOT)) for path in paths], group_name=GROUP, opt_level="3"
         )
     except SystemExit:  # mypyc found an error it will not compile (a newer mypy, say)

@@ -54,6 +54,8 @@ MODULES = (
     "mqttbroker.storage.sqlite.batch",
     "mqttbroker.server.tcp",
 )
+# Hand-written C beside them, loaded with them (Linux only): the TCP transport of streams.py.
+NATIVE = ("mqttbroker.server._streams",)
 SHARED_LIBRARY = "mqttbroker.native__mypyc"  # the C code of all of them; the modules are shims
 DIGESTS = "compiled.sha256"  # written by setup.py next to this file
 _PACKAGE_DIR = Path(__file__).resolve().parent
@@ -68,14 +70,21 @@ def source_path(module: str) -> Path:
     return _PACKAGE_DIR.joinpath(*module.split(".")[1:]).with_suffix(".py")
 
 
+def native_source(module: str) -> Path:
+    return source_path(module).with_suffix(".c")
+
+
 def sources() -> list[Path]:
     """What the compiled code was built from: the compiled modules, and the modules beside them
     whose types mypyc built in (options, packets, store...): every file of protocol/, broker/,
-    storage/, storage/sqlite/ and server/."""
+    storage/, storage/sqlite/ and server/, and the C sources of :data:`NATIVE`."""
     return sorted(
-        path
-        for folder in ("protocol", "broker", "storage", "storage/sqlite", "server")
-        for path in (_PACKAGE_DIR / folder).glob("*.py")
+        [
+            path
+            for folder in ("protocol", "broker", "storage", "storage/sqlite", "server")
+            for path in (_PACKAGE_DIR / folder).glob("*.py")
+        ]
+        + [native_source(module) for module in NATIVE]
     )
 
 
@@ -83,7 +92,7 @@ def leftover_shims(package: Path) -> list[Path]:
     """Compiled shims under ``package`` (the ``mqttbroker`` folder) of modules no longer in
     MODULES, left by a build of an earlier list: Python would load one before the .py beside
     it, and fail, since the shared library no longer has its code. The build removes them."""
-    wanted = {*MODULES, SHARED_LIBRARY}
+    wanted = {*MODULES, *NATIVE, SHARED_LIBRARY}
     return sorted(
         path
         for path in package.rglob("*.so")

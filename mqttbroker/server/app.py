@@ -32,7 +32,7 @@ from ..protocol.reasons import ReasonCode
 from ..security import build_security, listener_policy
 from ..storage import StoreError
 from ..storage.lock import DataDirLock
-from . import StartError
+from . import StartError, streams
 from .listeners import Listener, start_listener
 from .polling import BusyPoll
 
@@ -102,7 +102,10 @@ class Server:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         if compiled.mode == "compiled":
-            log.info("hot path: compiled (mypyc)")
+            log.info(
+                "hot path: compiled (mypyc)%s",
+                "; plain TCP on the broker's own transport (epoll)" if streams.available() else "",
+            )
         else:  # a stale build is worth a warning: the speed a user expects is not there
             (log.warning if compiled.stale else log.info)(
                 "hot path: pure Python (%s)", compiled.reason

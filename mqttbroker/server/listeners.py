@@ -5,9 +5,11 @@
 for the sockets, and for a WebSocket listener gives aiohttp's handlers time to finish their
 closing handshakes.
 
-Every listener is an asyncio server made by ``loop.create_server``: MQTT over TCP (or TLS) with
-an ``MQTTProtocol`` per socket, MQTT over WebSocket with aiohttp's low-level ``web.Server`` as
-the protocol factory (aiohttp is imported only when a WebSocket listener is configured). Behind
+Every listener has an ``MQTTProtocol`` per socket. MQTT over plain TCP is served by the
+broker's own transport (``StreamServer``, streams.py) when it is built, or else, as MQTT over
+TLS, by an asyncio server made by ``loop.create_server``; MQTT over WebSocket by one with
+aiohttp's low-level ``web.Server`` as the protocol factory (aiohttp is imported only when a
+WebSocket listener is configured). Behind
 PROXY-protocol balancers (``proxy_protocol``) a ``ProxyAcceptor`` accepts instead and hands each
 socket to the loop once its header is read (proxy.py). TLS
 handshakes, and the WebSocket upgrade after the accept, must finish within the broker's
@@ -28,8 +30,9 @@ from ..broker.core import Broker
 from ..broker.policy import OPEN, ListenerPolicy
 from ..config import ListenerConfig, trusted_networks
 from ..storage import describe
-from . import StartError
+from . import StartError, streams
 from .proxy import ProxyAcceptor, bind
+from .streams import StreamServer
 from .tcp import MQTTProtocol
 from .tls import server_context
 
@@ -45,7 +48,7 @@ class Listener:
     def __init__(
         self,
         config: ListenerConfig,
-        server: asyncio.base_events.Server | ProxyAcceptor,
+        server: asyncio.base_events.Server | ProxyAcceptor | StreamServer,
         runner: web.AppRunner | None = None,
     ) -> None:
         self.config = config
@@ -144,6 +147,12 @@ async def _start_listener(
             Callable[[], asyncio.BaseProtocol],
             partial(MQTTProtocol, broker, listener, None, policy),
         )
+        if context is None and streams.available():
+            own = StreamServer(loop, bind(listener.host, listener.port, reuse_port), factory)
+            result = Listener(listener, own)
+            for host, port in result.addresses:
+                log.info("listening on %s:%d (%s)", host, port, listener.kind)
+            return result
     try:
         server = await loop.create_server(
             factory,

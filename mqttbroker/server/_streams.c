@@ -1,0 +1,917 @@
+/* The broker's own TCP transport (Linux): see streams.py, which uses it.
+ *
+ * A Poller owns an epoll instance that the event loop watches as one descriptor
+ * (loop.add_reader(poller.fileno(), poller.poll)). Each call of poll() takes what epoll has
+ * ready, without waiting: it accepts on the listening sockets and, for each connection, writes
+ * what is buffered and reads once, handing the bytes to the protocol. Each connection is a
+ * Stream: an asyncio transport (write, close, abort, write_eof, pause_reading...) of 64 bytes,
+ * where uvloop's transport and libuv's handle hold about 1,250 bytes per socket.
+ *
+ * The protocol's callbacks are asyncio's: connection_made and data_received are called from
+ * poll(), connection_lost with loop.call_soon once the socket is closed, pause_writing and
+ * resume_writing around the write buffer's high and low water marks. An exception from one of
+ * them goes to loop.call_exception_handler and aborts that connection, as in asyncio.
+ *
+ * References: the Poller's table holds each open Stream; a Stream holds its protocol until
+ * connection_lost was called, and only a borrowed pointer to its Poller, used while it is
+ * open (the Poller closes every Stream before it goes). Neither type is tracked by the cycle
+ * collector: the one cycle (Stream -> protocol -> Stream) is broken when connection_lost is
+ * called, or when the Poller goes.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stddef.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#define READ_SIZE (256 * 1024) /* as uvloop's */
+#define MAX_EVENTS 1024        /* per poll(), as libuv's */
+#define ACCEPT_BATCH 100       /* accepts per listening socket and poll() */
+#define DEFAULT_HIGH (64 * 1024)
+
+static char read_buffer[READ_SIZE]; /* copied out before any Python code runs */
+
+static PyObject *s_data_received, *s_eof_received, *s_connection_made, *s_connection_lost,
+    *s_pause_writing, *s_resume_writing, *s_call_exception_handler, *s_remove_reader,
+    *s_peername, *s_sockname, *s_lost;
+
+typedef struct Poller Poller;
+
+/* What is written and not yet taken by the socket. */
+typedef struct {
+    size_t start, end, capacity;
+    char data[];
+} Pending;
+
+typedef struct {
+    PyObject_HEAD
+    int fd; /* -1 once closed */
+    unsigned closing : 1;      /* close() or abort() called, or a fatal error */
+    unsigned reading : 1;      /* reading wanted: not paused */
+    unsigned at_eof : 1;       /* the peer's EOF was read */
+    unsigned eof_pending : 1;  /* write_eof(): shut writing down once the buffer is written */
+    unsigned eof_sent : 1;
+    unsigned write_paused : 1; /* the protocol was told pause_writing */
+    unsigned registered : 1;   /* in the epoll set */
+    uint32_t events;           /* the epoll mask registered */
+    uint32_t high, low;        /* write buffer limits */
+    Poller *poller;            /* borrowed, while fd >= 0 */
+    PyObject *protocol;
+    Pending *pending;
+} Stream;
+
+typedef struct {
+    PyObject_HEAD
+    int fd;
+    int registered;
+    PyObject *factory;  /* () -> protocol */
+    PyObject *on_error; /* (fd, OSError): accepting failed and is paused */
+} Acceptor;
+
+struct Poller {
+    PyObject_HEAD
+    int epfd;
+    int shutting_down;
+    PyObject *loop;
+    PyObject *call_soon;
+    PyObject **table; /* fd -> Stream or Acceptor (a reference each), or NULL */
+    int table_size;
+    Py_ssize_t streams;
+    int acceptors;
+    struct epoll_event events[MAX_EVENTS];
+};
+
+static PyTypeObject StreamType, AcceptorType, PollerType;
+static int release(Poller *p);
+
+/* ---- helpers ----------------------------------------------------------------------------- */
+
+static size_t buffered(Stream *s) { return s->pending ? s->pending->end - s->pending->start : 0; }
+
+static int table_put(Poller *p, int fd, PyObject *entry) {
+    if (fd >= p->table_size) {
+        int size = p->table_size ? p->table_size : 1024;
+        while (size <= fd) size *= 2;
+        PyObject **table = PyMem_Realloc(p->table, sizeof(PyObject *) * (size_t)size);
+        if (!table) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        memset(table + p->table_size, 0, sizeof(PyObject *) * (size_t)(size - p->table_size));
+        p->table = table;
+        p->table_size = size;
+    }
+    Py_INCREF(entry);
+    p->table[fd] = entry;
+    return 0;
+}
+
+/* Register the mask the stream's state asks for (nothing: out of the set). */
+static int update_events(Stream *s) {
+    if (s->fd < 0) return 0;
+    uint32_t want = 0;
+    if (s->reading && !s->closing && !s->at_eof) want |= EPOLLIN;
+    if (buffered(s)) want |= EPOLLOUT;
+    if (want == s->events && (want != 0) == s->registered) return 0;
+    struct epoll_event ev = {.events = want, .data.fd = s->fd};
+    int rc;
+    if (!want) {
+        rc = epoll_ctl(s->poller->epfd, EPOLL_CTL_DEL, s->fd, &ev);
+        s->registered = 0;
+    } else if (!s->registered) {
+        rc = epoll_ctl(s->poller->epfd, EPOLL_CTL_ADD, s->fd, &ev);
+        s->registered = 1;
+    } else {
+        rc = epoll_ctl(s->poller->epfd, EPOLL_CTL_MOD, s->fd, &ev);
+    }
+    s->events = want;
+    return rc;
+}
+
+/* Report an exception the protocol raised (the current one) to the loop's handler. */
+static void report(Stream *s, const char *message) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb && value) PyException_SetTraceback(value, tb);
+    PyObject *context = Py_BuildValue("{s:s,s:O,s:O,s:O}", "message", message, "exception",
+                                      value ? value : Py_None, "transport", (PyObject *)s,
+                                      "protocol", s->protocol ? s->protocol : Py_None);
+    if (context && s->poller) {
+        PyObject *r =
+            PyObject_CallMethodOneArg(s->poller->loop, s_call_exception_handler, context);
+        if (!r) PyErr_WriteUnraisable((PyObject *)s);
+        Py_XDECREF(r);
+    } else if (!context) {
+        PyErr_WriteUnraisable((PyObject *)s);
+    }
+    Py_XDECREF(context);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+}
+
+/* Close the socket now, and have connection_lost(exc) called soon (unless the loop is gone:
+ * `notify` 0, then the protocol is only let go). The table's reference goes last. */
+static void finish(Stream *s, PyObject *exc, int notify) {
+    int fd = s->fd;
+    if (fd < 0) return;
+    Poller *p = s->poller;
+    s->closing = 1;
+    if (s->registered) {
+        struct epoll_event ev = {0};
+        epoll_ctl(p->epfd, EPOLL_CTL_DEL, fd, &ev);
+        s->registered = 0;
+    }
+    s->fd = -1;
+    s->events = 0;
+    close(fd);
+    PyMem_Free(s->pending);
+    s->pending = NULL;
+    p->streams--;
+    if (notify) {
+        PyObject *lost = PyObject_GetAttr((PyObject *)s, s_lost);
+        PyObject *r = lost ? PyObject_CallFunctionObjArgs(p->call_soon, lost,
+                                                          exc ? exc : Py_None, NULL)
+                           : NULL;
+        if (!r) PyErr_WriteUnraisable((PyObject *)s);
+        Py_XDECREF(r);
+        Py_XDECREF(lost);
+    } else {
+        Py_CLEAR(s->protocol);
+    }
+    s->poller = NULL;
+    PyObject *entry = p->table[fd];
+    p->table[fd] = NULL;
+    Py_XDECREF(entry);
+    if (notify && p->shutting_down && p->streams == 0 && release(p) < 0)
+        PyErr_WriteUnraisable((PyObject *)p);
+}
+
+/* An error on the socket (errno): close it, connection_lost gets the OSError. */
+static void fail_errno(Stream *s, int error) {
+    errno = error;
+    PyErr_SetFromErrno(PyExc_OSError);
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    finish(s, value, 1);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+}
+
+/* The protocol raised (the current exception): report it and abort, as asyncio does. Returns
+ * -1 when the exception must propagate (not an Exception: KeyboardInterrupt, SystemExit). */
+static int fail_callback(Stream *s, const char *message) {
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+        Py_INCREF(s);
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        finish(s, NULL, 1);
+        PyErr_Restore(type, value, tb);
+        Py_DECREF(s);
+        return -1;
+    }
+    report(s, message);
+    finish(s, NULL, 1);
+    return 0;
+}
+
+static int call_protocol(Stream *s, PyObject *name, const char *message) {
+    PyObject *r = PyObject_CallMethodNoArgs(s->protocol, name);
+    if (!r) return fail_callback(s, message);
+    Py_DECREF(r);
+    return 0;
+}
+
+/* Write what is buffered; the protocol hears resume_writing below the low mark; a closing
+ * stream closes once it is all written. */
+static int flush(Stream *s) {
+    Pending *q = s->pending;
+    while (q && q->start < q->end) {
+        ssize_t n = send(s->fd, q->data + q->start, q->end - q->start, MSG_NOSIGNAL);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+            fail_errno(s, errno);
+            return 0;
+        }
+        q->start += (size_t)n;
+    }
+    if (q && q->start == q->end) {
+        PyMem_Free(q);
+        s->pending = NULL;
+    }
+    if (update_events(s) < 0) {
+        fail_errno(s, errno);
+        return 0;
+    }
+    if (s->write_paused && buffered(s) <= s->low) {
+        s->write_paused = 0;
+        if (call_protocol(s, s_resume_writing, "protocol.resume_writing() failed") < 0)
+            return -1;
+        if (s->fd < 0) return 0;
+    }
+    if (!s->pending) {
+        if (s->closing) {
+            finish(s, NULL, 1);
+        } else if (s->eof_pending && !s->eof_sent) {
+            s->eof_sent = 1;
+            shutdown(s->fd, SHUT_WR);
+        }
+    }
+    return 0;
+}
+
+static int read_once(Stream *s) {
+    ssize_t n;
+    do {
+        n = recv(s->fd, read_buffer, READ_SIZE, 0);
+    } while (n < 0 && errno == EINTR);
+    if (n > 0) {
+        PyObject *data = PyBytes_FromStringAndSize(read_buffer, n);
+        if (!data) return fail_callback(s, "reading failed");
+        PyObject *r = PyObject_CallMethodOneArg(s->protocol, s_data_received, data);
+        Py_DECREF(data);
+        if (!r) return fail_callback(s, "Fatal error: protocol.data_received() call failed.");
+        Py_DECREF(r);
+        return 0;
+    }
+    if (n < 0) {
+        if (errno != EAGAIN && errno != EWOULDBLOCK) fail_errno(s, errno);
+        return 0;
+    }
+    s->at_eof = 1; /* the peer shut its side: no more reading */
+    if (update_events(s) < 0) {
+        fail_errno(s, errno);
+        return 0;
+    }
+    PyObject *r = PyObject_CallMethodNoArgs(s->protocol, s_eof_received);
+    if (!r) return fail_callback(s, "Fatal error: protocol.eof_received() call failed.");
+    int keep_open = PyObject_IsTrue(r);
+    Py_DECREF(r);
+    if (keep_open < 0) return fail_callback(s, "Fatal error: protocol.eof_received() call failed.");
+    if (!keep_open && s->fd >= 0 && !s->closing) {
+        s->closing = 1;
+        if (!s->pending) finish(s, NULL, 1);
+        else if (update_events(s) < 0) fail_errno(s, errno);
+    }
+    return 0;
+}
+
+/* ---- Stream: the transport --------------------------------------------------------------- */
+
+static PyObject *Stream_write(Stream *s, PyObject *data) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) return NULL;
+    if (s->eof_pending) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_RuntimeError, "Cannot call write() after write_eof()");
+        return NULL;
+    }
+    if (s->fd < 0 || s->closing || view.len == 0) { /* asyncio too drops what comes after */
+        PyBuffer_Release(&view);
+        Py_RETURN_NONE;
+    }
+    const char *bytes = view.buf;
+    size_t len = (size_t)view.len;
+    if (!s->pending) {
+        for (;;) {
+            ssize_t n = send(s->fd, bytes, len, MSG_NOSIGNAL);
+            if (n >= 0) {
+                bytes += n;
+                len -= (size_t)n;
+                break;
+            }
+            if (errno == EINTR) continue;
+            if (errno != EAGAIN && errno != EWOULDBLOCK) {
+                PyBuffer_Release(&view);
+                fail_errno(s, errno);
+                Py_RETURN_NONE;
+            }
+            break;
+        }
+        if (!len) {
+            PyBuffer_Release(&view);
+            Py_RETURN_NONE;
+        }
+    }
+    Pending *q = s->pending;
+    if (!q || q->capacity - q->end < len) {
+        size_t kept = q ? q->end - q->start : 0, need = kept + len;
+        if (q && q->capacity >= 2 * need) { /* room enough once what was written is gone */
+            memmove(q->data, q->data + q->start, kept);
+        } else {
+            size_t capacity = 4096;
+            while (capacity < 2 * need) capacity *= 2;
+            Pending *grown = PyMem_Malloc(sizeof(Pending) + capacity);
+            if (!grown) {
+                PyBuffer_Release(&view);
+                return PyErr_NoMemory();
+            }
+            if (q) memcpy(grown->data, q->data + q->start, kept);
+            grown->capacity = capacity;
+            PyMem_Free(q);
+            s->pending = q = grown;
+        }
+        q->start = 0;
+        q->end = kept;
+    }
+    memcpy(q->data + q->end, bytes, len);
+    q->end += len;
+    PyBuffer_Release(&view);
+    if (update_events(s) < 0) {
+        fail_errno(s, errno);
+        Py_RETURN_NONE;
+    }
+    if (!s->write_paused && buffered(s) > s->high) {
+        s->write_paused = 1;
+        if (call_protocol(s, s_pause_writing, "protocol.pause_writing() failed") < 0)
+            return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *Stream_close(Stream *s, PyObject *unused) {
+    if (s->fd < 0 || s->closing) Py_RETURN_NONE;
+    s->closing = 1;
+    if (!s->pending) {
+        finish(s, NULL, 1);
+    } else if (update_events(s) < 0) {
+        fail_errno(s, errno);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *Stream_abort(Stream *s, PyObject *unused) {
+    finish(s, NULL, 1);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Stream_write_eof(Stream *s, PyObject *unused) {
+    if (s->fd < 0 || s->closing || s->eof_pending) Py_RETURN_NONE;
+    s->eof_pending = 1;
+    if (!s->pending) {
+        s->eof_sent = 1;
+        shutdown(s->fd, SHUT_WR);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *Stream_can_write_eof(Stream *s, PyObject *unused) { Py_RETURN_TRUE; }
+
+static PyObject *Stream_is_closing(Stream *s, PyObject *unused) {
+    return PyBool_FromLong(s->fd < 0 || s->closing);
+}
+
+static PyObject *Stream_pause_reading(Stream *s, PyObject *unused) {
+    if (s->fd >= 0 && !s->closing && s->reading) {
+        s->reading = 0;
+        if (update_events(s) < 0) fail_errno(s, errno);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *Stream_resume_reading(Stream *s, PyObject *unused) {
+    if (s->fd >= 0 && !s->closing && !s->reading) {
+        s->reading = 1;
+        if (update_events(s) < 0) fail_errno(s, errno);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *Stream_is_reading(Stream *s, PyObject *unused) {
+    return PyBool_FromLong(s->fd >= 0 && !s->closing && s->reading);
+}
+
+static PyObject *Stream_get_write_buffer_size(Stream *s, PyObject *unused) {
+    return PyLong_FromSize_t(buffered(s));
+}
+
+static PyObject *Stream_get_write_buffer_limits(Stream *s, PyObject *unused) {
+    return Py_BuildValue("(II)", s->low, s->high);
+}
+
+static PyObject *Stream_set_write_buffer_limits(Stream *s, PyObject *args, PyObject *kwargs) {
+    static char *names[] = {"high", "low", NULL};
+    PyObject *high_arg = Py_None, *low_arg = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|OO:set_write_buffer_limits", names,
+                                     &high_arg, &low_arg))
+        return NULL;
+    long long high, low;
+    if (high_arg == Py_None) {
+        if (low_arg == Py_None) {
+            high = DEFAULT_HIGH;
+        } else {
+            low = PyLong_AsLongLong(low_arg);
+            if (low == -1 && PyErr_Occurred()) return NULL;
+            high = 4 * low;
+        }
+    } else {
+        high = PyLong_AsLongLong(high_arg);
+        if (high == -1 && PyErr_Occurred()) return NULL;
+    }
+    if (low_arg == Py_None) {
+        low = high / 4;
+    } else {
+        low = PyLong_AsLongLong(low_arg);
+        if (low == -1 && PyErr_Occurred()) return NULL;
+    }
+    if (!(0 <= low && low <= high && high <= UINT32_MAX)) {
+        PyErr_Format(PyExc_ValueError, "high (%lld) must be >= low (%lld) must be >= 0", high,
+                     low);
+        return NULL;
+    }
+    s->high = (uint32_t)high;
+    s->low = (uint32_t)low;
+    if (!s->write_paused && buffered(s) > s->high && s->fd >= 0) {
+        s->write_paused = 1;
+        if (call_protocol(s, s_pause_writing, "protocol.pause_writing() failed") < 0)
+            return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *address(const struct sockaddr_storage *addr, socklen_t len) {
+    char host[INET6_ADDRSTRLEN];
+    if (addr->ss_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)addr;
+        inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
+        return Py_BuildValue("(si)", host, ntohs(in->sin_port));
+    }
+    if (addr->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)addr;
+        inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
+        return Py_BuildValue("(siII)", host, ntohs(in6->sin6_port),
+                             (unsigned)ntohl(in6->sin6_flowinfo), (unsigned)in6->sin6_scope_id);
+    }
+    if (addr->ss_family == AF_UNIX) {
+        const struct sockaddr_un *un = (const struct sockaddr_un *)addr;
+        Py_ssize_t size = (Py_ssize_t)len - (Py_ssize_t)offsetof(struct sockaddr_un, sun_path);
+        if (size <= 0) return PyUnicode_FromString("");
+        return PyUnicode_DecodeFSDefaultAndSize(un->sun_path, strnlen(un->sun_path, size));
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *Stream_get_extra_info(Stream *s, PyObject *args, PyObject *kwargs) {
+    static char *names[] = {"name", "default", NULL};
+    PyObject *name, *fallback = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:get_extra_info", names, &name,
+                                     &fallback))
+        return NULL;
+    int peer = PyObject_RichCompareBool(name, s_peername, Py_EQ);
+    if (peer < 0) return NULL;
+    int own = peer ? 0 : PyObject_RichCompareBool(name, s_sockname, Py_EQ);
+    if (own < 0) return NULL;
+    if ((peer || own) && s->fd >= 0) {
+        struct sockaddr_storage addr;
+        socklen_t len = sizeof addr;
+        int rc = peer ? getpeername(s->fd, (struct sockaddr *)&addr, &len)
+                      : getsockname(s->fd, (struct sockaddr *)&addr, &len);
+        if (rc == 0) return address(&addr, len);
+    }
+    Py_INCREF(fallback);
+    return fallback;
+}
+
+static PyObject *Stream_get_protocol(Stream *s, PyObject *unused) {
+    PyObject *protocol = s->protocol ? s->protocol : Py_None;
+    Py_INCREF(protocol);
+    return protocol;
+}
+
+static PyObject *Stream_set_protocol(Stream *s, PyObject *protocol) {
+    Py_INCREF(protocol);
+    Py_XSETREF(s->protocol, protocol);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Stream_fileno(Stream *s, PyObject *unused) { return PyLong_FromLong(s->fd); }
+
+/* Called by the loop, soon after the socket closed. */
+static PyObject *Stream_connection_lost(Stream *s, PyObject *exc) {
+    PyObject *protocol = s->protocol;
+    s->protocol = NULL;
+    if (!protocol) Py_RETURN_NONE;
+    PyObject *r = PyObject_CallMethodOneArg(protocol, s_connection_lost, exc);
+    Py_DECREF(protocol);
+    return r;
+}
+
+static void Stream_dealloc(Stream *s) {
+    if (s->fd >= 0) close(s->fd); /* not reached: the Poller's table holds an open one */
+    PyMem_Free(s->pending);
+    Py_XDECREF(s->protocol);
+    Py_TYPE(s)->tp_free((PyObject *)s);
+}
+
+static PyMethodDef Stream_methods[] = {
+    {"write", (PyCFunction)Stream_write, METH_O, NULL},
+    {"close", (PyCFunction)Stream_close, METH_NOARGS, NULL},
+    {"abort", (PyCFunction)Stream_abort, METH_NOARGS, NULL},
+    {"write_eof", (PyCFunction)Stream_write_eof, METH_NOARGS, NULL},
+    {"can_write_eof", (PyCFunction)Stream_can_write_eof, METH_NOARGS, NULL},
+    {"is_closing", (PyCFunction)Stream_is_closing, METH_NOARGS, NULL},
+    {"pause_reading", (PyCFunction)Stream_pause_reading, METH_NOARGS, NULL},
+    {"resume_reading", (PyCFunction)Stream_resume_reading, METH_NOARGS, NULL},
+    {"is_reading", (PyCFunction)Stream_is_reading, METH_NOARGS, NULL},
+    {"get_write_buffer_size", (PyCFunction)Stream_get_write_buffer_size, METH_NOARGS, NULL},
+    {"get_write_buffer_limits", (PyCFunction)Stream_get_write_buffer_limits, METH_NOARGS,
+     NULL},
+    {"set_write_buffer_limits", (PyCFunction)(void (*)(void))Stream_set_write_buffer_limits,
+     METH_VARARGS | METH_KEYWORDS, NULL},
+    {"get_extra_info", (PyCFunction)(void (*)(void))Stream_get_extra_info,
+     METH_VARARGS | METH_KEYWORDS, NULL},
+    {"get_protocol", (PyCFunction)Stream_get_protocol, METH_NOARGS, NULL},
+    {"set_protocol", (PyCFunction)Stream_set_protocol, METH_O, NULL},
+    {"fileno", (PyCFunction)Stream_fileno, METH_NOARGS, NULL},
+    {"_connection_lost", (PyCFunction)Stream_connection_lost, METH_O, NULL},
+    {NULL},
+};
+
+static PyTypeObject StreamType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "mqttbroker.server._streams.Stream",
+    .tp_basicsize = sizeof(Stream),
+    .tp_dealloc = (destructor)Stream_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A TCP connection's transport (made by a Poller, for its protocol).",
+    .tp_methods = Stream_methods,
+};
+
+/* ---- Acceptor ---------------------------------------------------------------------------- */
+
+static void Acceptor_dealloc(Acceptor *a) {
+    Py_XDECREF(a->factory);
+    Py_XDECREF(a->on_error);
+    Py_TYPE(a)->tp_free((PyObject *)a);
+}
+
+static PyTypeObject AcceptorType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "mqttbroker.server._streams.Acceptor",
+    .tp_basicsize = sizeof(Acceptor),
+    .tp_dealloc = (destructor)Acceptor_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+};
+
+/* A new connection: its Stream, its protocol (the factory's), connection_made, reading. */
+static int adopt(Poller *p, Acceptor *a, int fd) {
+    Stream *s = PyObject_New(Stream, &StreamType);
+    if (!s) {
+        close(fd);
+        return -1;
+    }
+    s->fd = fd;
+    s->closing = s->at_eof = s->eof_pending = s->eof_sent = s->write_paused = 0;
+    s->registered = 0;
+    s->reading = 1;
+    s->events = 0;
+    s->high = DEFAULT_HIGH;
+    s->low = DEFAULT_HIGH / 4;
+    s->poller = p;
+    s->protocol = NULL;
+    s->pending = NULL;
+    if (table_put(p, fd, (PyObject *)s) < 0) {
+        s->fd = -1;
+        close(fd);
+        Py_DECREF(s);
+        return -1;
+    }
+    Py_DECREF(s); /* the table's reference holds it */
+    p->streams++;
+    int rc = 0;
+    Py_INCREF(s);
+    s->protocol = PyObject_CallNoArgs(a->factory);
+    if (!s->protocol) {
+        rc = fail_callback(s, "protocol factory failed");
+    } else {
+        PyObject *r = PyObject_CallMethodOneArg(s->protocol, s_connection_made, (PyObject *)s);
+        if (!r) rc = fail_callback(s, "Fatal error: protocol.connection_made() call failed.");
+        Py_XDECREF(r);
+        if (s->fd >= 0 && update_events(s) < 0) fail_errno(s, errno);
+    }
+    Py_DECREF(s);
+    return rc;
+}
+
+static int accept_ready(Poller *p, Acceptor *a) {
+    for (int i = 0; i < ACCEPT_BATCH && a->registered; i++) {
+        int fd = accept4(a->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+            if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) continue;
+            /* Out of descriptors or memory: stop accepting here; on_error resumes later. */
+            int error = errno;
+            struct epoll_event ev = {0};
+            epoll_ctl(p->epfd, EPOLL_CTL_DEL, a->fd, &ev);
+            a->registered = 0;
+            errno = error;
+            PyErr_SetFromErrno(PyExc_OSError);
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+            PyErr_NormalizeException(&type, &value, &tb);
+            PyObject *r = PyObject_CallFunction(a->on_error, "iO", a->fd, value);
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(tb);
+            if (!r) return -1;
+            Py_DECREF(r);
+            return 0;
+        }
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one); /* fails on Unix sockets */
+        Py_INCREF(a);
+        int rc = adopt(p, a, fd);
+        Py_DECREF(a);
+        if (rc < 0) return -1;
+    }
+    return 0;
+}
+
+/* ---- Poller ------------------------------------------------------------------------------ */
+
+static PyObject *Poller_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    PyObject *loop;
+    static char *names[] = {"loop", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O:Poller", names, &loop)) return NULL;
+    PyObject *call_soon = PyObject_GetAttrString(loop, "call_soon");
+    if (!call_soon) return NULL;
+    Poller *p = (Poller *)type->tp_alloc(type, 0);
+    if (!p) {
+        Py_DECREF(call_soon);
+        return NULL;
+    }
+    p->epfd = epoll_create1(EPOLL_CLOEXEC);
+    Py_INCREF(loop);
+    p->loop = loop;
+    p->call_soon = call_soon;
+    if (p->epfd < 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        Py_DECREF(p);
+        return NULL;
+    }
+    return (PyObject *)p;
+}
+
+static PyObject *Poller_poll(Poller *p, PyObject *unused) {
+    if (p->epfd < 0) Py_RETURN_NONE;
+    int n = epoll_wait(p->epfd, p->events, MAX_EVENTS, 0);
+    if (n < 0) {
+        if (errno == EINTR) Py_RETURN_NONE;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    for (int i = 0; i < n; i++) {
+        int fd = p->events[i].data.fd;
+        uint32_t ready = p->events[i].events;
+        if (fd >= p->table_size || !p->table[fd]) continue; /* closed earlier in this pass */
+        PyObject *entry = p->table[fd];
+        int rc = 0;
+        Py_INCREF(entry);
+        if (Py_IS_TYPE(entry, &AcceptorType)) {
+            rc = accept_ready(p, (Acceptor *)entry);
+        } else {
+            /* The events may be an earlier socket's with the same number, closed and
+             * replaced in this pass: harmless, the calls below find nothing to do. */
+            Stream *s = (Stream *)entry;
+            if (ready & (EPOLLOUT | EPOLLERR | EPOLLHUP) && s->pending) rc = flush(s);
+            else if (ready & EPOLLOUT) update_events(s);
+            if (rc == 0 && s->fd >= 0 && ready & (EPOLLIN | EPOLLERR | EPOLLHUP) &&
+                s->reading && !s->closing && !s->at_eof)
+                rc = read_once(s);
+        }
+        Py_DECREF(entry);
+        if (rc < 0) return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *Poller_fileno(Poller *p, PyObject *unused) { return PyLong_FromLong(p->epfd); }
+
+static PyObject *Poller_listen(Poller *p, PyObject *args) {
+    int fd;
+    PyObject *factory, *on_error;
+    if (!PyArg_ParseTuple(args, "iOO:listen", &fd, &factory, &on_error)) return NULL;
+    if (p->epfd < 0 || p->shutting_down) {
+        PyErr_SetString(PyExc_RuntimeError, "the poller is shut down");
+        return NULL;
+    }
+    if (fd < 0 || (fd < p->table_size && p->table[fd])) {
+        PyErr_Format(PyExc_ValueError, "descriptor %d is already polled", fd);
+        return NULL;
+    }
+    Acceptor *a = PyObject_New(Acceptor, &AcceptorType);
+    if (!a) return NULL;
+    a->fd = fd;
+    a->registered = 0;
+    Py_INCREF(factory);
+    a->factory = factory;
+    Py_INCREF(on_error);
+    a->on_error = on_error;
+    if (table_put(p, fd, (PyObject *)a) < 0) {
+        Py_DECREF(a);
+        return NULL;
+    }
+    Py_DECREF(a);
+    p->acceptors++;
+    struct epoll_event ev = {.events = EPOLLIN, .data.fd = fd};
+    if (epoll_ctl(p->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) return PyErr_SetFromErrno(PyExc_OSError);
+    a->registered = 1;
+    Py_RETURN_NONE;
+}
+
+static Acceptor *acceptor_at(Poller *p, int fd) {
+    if (fd < 0 || fd >= p->table_size || !p->table[fd] ||
+        !Py_IS_TYPE(p->table[fd], &AcceptorType))
+        return NULL;
+    return (Acceptor *)p->table[fd];
+}
+
+static PyObject *Poller_resume(Poller *p, PyObject *arg) {
+    int fd = PyLong_AsLong(arg);
+    if (fd == -1 && PyErr_Occurred()) return NULL;
+    Acceptor *a = acceptor_at(p, fd);
+    if (!a || a->registered) Py_RETURN_NONE;
+    struct epoll_event ev = {.events = EPOLLIN, .data.fd = fd};
+    if (epoll_ctl(p->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) return PyErr_SetFromErrno(PyExc_OSError);
+    a->registered = 1;
+    Py_RETURN_NONE;
+}
+
+/* The loop no longer watches us, the epoll instance is closed. */
+static int release(Poller *p) {
+    if (p->epfd < 0) return 0;
+    PyObject *fd = PyLong_FromLong(p->epfd);
+    PyObject *r = fd ? PyObject_CallMethodOneArg(p->loop, s_remove_reader, fd) : NULL;
+    Py_XDECREF(fd);
+    close(p->epfd);
+    p->epfd = -1;
+    if (!r) return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* Stop accepting on every listening socket (they stay open: their owner closes them); the
+ * epoll instance is released once the last connection has closed. */
+static PyObject *Poller_shutdown(Poller *p, PyObject *unused) {
+    p->shutting_down = 1;
+    for (int fd = 0; fd < p->table_size; fd++) {
+        PyObject *entry = p->table[fd];
+        if (!entry || !Py_IS_TYPE(entry, &AcceptorType)) continue;
+        Acceptor *a = (Acceptor *)entry;
+        if (a->registered && p->epfd >= 0) {
+            struct epoll_event ev = {0};
+            epoll_ctl(p->epfd, EPOLL_CTL_DEL, fd, &ev);
+        }
+        a->registered = 0;
+        p->table[fd] = NULL;
+        p->acceptors--;
+        Py_DECREF(entry);
+    }
+    if (p->streams == 0 && release(p) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Poller_get_streams(Poller *p, void *closure) {
+    return PyLong_FromSsize_t(p->streams);
+}
+
+static PyObject *Poller_get_closed(Poller *p, void *closure) {
+    return PyBool_FromLong(p->epfd < 0);
+}
+
+/* Close what is left, without callbacks: the loop that would run them is gone. */
+static void Poller_dealloc(Poller *p) {
+    for (int fd = 0; fd < p->table_size; fd++) {
+        PyObject *entry = p->table[fd];
+        if (!entry) continue;
+        if (Py_IS_TYPE(entry, &StreamType)) {
+            finish((Stream *)entry, NULL, 0);
+        } else {
+            p->table[fd] = NULL;
+            Py_DECREF(entry);
+        }
+    }
+    PyMem_Free(p->table);
+    if (p->epfd >= 0) close(p->epfd);
+    Py_XDECREF(p->loop);
+    Py_XDECREF(p->call_soon);
+    Py_TYPE(p)->tp_free((PyObject *)p);
+}
+
+static PyMethodDef Poller_methods[] = {
+    {"poll", (PyCFunction)Poller_poll, METH_NOARGS,
+     "Serve what is ready, without waiting (the loop's reader callback)."},
+    {"fileno", (PyCFunction)Poller_fileno, METH_NOARGS, "The epoll instance's descriptor."},
+    {"listen", (PyCFunction)Poller_listen, METH_VARARGS,
+     "listen(fd, factory, on_error): accept on a listening, non-blocking socket."},
+    {"resume", (PyCFunction)Poller_resume, METH_O,
+     "resume(fd): accept again on a socket whose accepting failed."},
+    {"shutdown", (PyCFunction)Poller_shutdown, METH_NOARGS,
+     "Stop accepting; release the epoll instance once no connection is left."},
+    {NULL},
+};
+
+static PyGetSetDef Poller_getset[] = {
+    {"streams", (getter)Poller_get_streams, NULL, "Connections open.", NULL},
+    {"closed", (getter)Poller_get_closed, NULL, "Whether the epoll instance is released.",
+     NULL},
+    {NULL},
+};
+
+static PyTypeObject PollerType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "mqttbroker.server._streams.Poller",
+    .tp_basicsize = sizeof(Poller),
+    .tp_dealloc = (destructor)Poller_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Poller(loop): TCP connections on one epoll instance the loop watches.",
+    .tp_methods = Poller_methods,
+    .tp_getset = Poller_getset,
+    .tp_new = Poller_new,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "mqttbroker.server._streams",
+    .m_doc = "The broker's own TCP transport on epoll (see streams.py).",
+    .m_size = -1,
+};
+
+PyMODINIT_FUNC PyInit__streams(void) {
+#define NAME(var, text)                                                                        \
+    if (!(var = PyUnicode_InternFromString(text))) return NULL
+    NAME(s_data_received, "data_received");
+    NAME(s_eof_received, "eof_received");
+    NAME(s_connection_made, "connection_made");
+    NAME(s_connection_lost, "connection_lost");
+    NAME(s_pause_writing, "pause_writing");
+    NAME(s_resume_writing, "resume_writing");
+    NAME(s_call_exception_handler, "call_exception_handler");
+    NAME(s_remove_reader, "remove_reader");
+    NAME(s_peername, "peername");
+    NAME(s_sockname, "sockname");
+    NAME(s_lost, "_connection_lost");
+#undef NAME
+    if (PyType_Ready(&StreamType) < 0 || PyType_Ready(&AcceptorType) < 0 ||
+        PyType_Ready(&PollerType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    Py_INCREF(&PollerType);
+    if (PyModule_AddObject(m, "Poller", (PyObject *)&PollerType) < 0) {
+        Py_DECREF(&PollerType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&StreamType);
+    PyModule_AddObject(m, "Stream", (PyObject *)&StreamType);
+    return m;
+}

@@ -1,0 +1,93 @@
+"""The broker's own TCP transport, for plain MQTT over TCP listeners (not TLS, WebSocket or
+PROXY protocol ones, which stay on the event loop's transports).
+
+An idle connection on uvloop's transport costs about 1,250 bytes of the event loop's alone (the
+transport object, libuv's handle, the entry in the loop's weak dictionary of transports),
+against about 0.7 KiB for the whole of an idle connection in Mosquitto. ``_streams`` (C, Linux)
+serves the sockets of a listener on one epoll instance that the loop watches as a single
+descriptor: each connection is a 64-byte transport with asyncio's methods and callbacks, so the
+protocol (tcp.py) is the same on either. Reading a socket is one ``recv`` and one call of
+``data_received``, writing one ``send`` (the rest buffered until the socket takes it), as on
+uvloop.
+
+It is used when the compiled modules are (``mqttbroker.compiled``; ``MQTTBROKER_PURE`` turns
+both off) on a loop with ``add_reader`` on descriptors; otherwise the listener is the loop's
+``create_server``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Callable
+
+from .. import compiled
+from .tcp import peer_name
+
+try:
+    from . import _streams
+except ImportError:  # not built: not Linux, no C compiler, MQTTBROKER_COMPILE=0
+    _streams = None  # type: ignore[assignment]
+
+log = logging.getLogger("mqttbroker")
+
+ACCEPT_RETRY = 1.0  # seconds before accepting again after it failed (out of descriptors)
+
+
+def available() -> bool:
+    """Whether listeners use this transport."""
+    return _streams is not None and compiled.mode == "compiled"
+
+
+class StreamServer:
+    """A plain TCP listener on ``_streams``: it accepts on ``sockets`` (bound, listening, non
+    blocking) and calls ``factory()`` for each connection's protocol. It has what the Server
+    needs of an asyncio server: ``sockets``, ``close()`` and ``wait_closed()``."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        sockets: list[socket.socket],
+        factory: Callable[[], asyncio.BaseProtocol],
+    ) -> None:
+        assert _streams is not None
+        self.loop = loop
+        self.sockets = sockets
+        self.accept_errors = 0
+        self._closed = False
+        self.poller = _streams.Poller(loop)
+        loop.add_reader(self.poller.fileno(), self.poller.poll)
+        for listening in sockets:
+            self.poller.listen(listening.fileno(), factory, self._accept_failed)
+
+    def close(self) -> None:
+        """Stop accepting, at once. Connections stay until they close; the epoll instance is
+        released after the last (or with the loop)."""
+        if self._closed:
+            return
+        self._closed = True
+        self.poller.shutdown()
+        for listening in self.sockets:
+            listening.close()
+
+    async def wait_closed(self) -> None:
+        """As uvloop's server: nothing to wait for once closed (connections end on their own)."""
+
+    def _accept_failed(self, fd: int, exc: OSError) -> None:
+        self.accept_errors += 1
+        if self.accept_errors & (self.accept_errors - 1) == 0:
+            listening = next((sock for sock in self.sockets if sock.fileno() == fd), None)
+            where = peer_name(listening.getsockname()) if listening is not None else fd
+            log.warning(
+                "accept on %s failed: %s; retrying in %g s (%d failures so far)",
+                where,
+                exc,
+                ACCEPT_RETRY,
+                self.accept_errors,
+            )
+        self.loop.call_later(ACCEPT_RETRY, self._resume, fd)
+
+    def _resume(self, fd: int) -> None:
+        if not self._closed:
+            self.poller.resume(fd)

@@ -1,0 +1,449 @@
+"""The broker's own TCP transport (``_streams``, C on epoll; streams.py) with real sockets, on
+asyncio's loop and uvloop: what a protocol sees (connection_made, data_received, eof_received,
+connection_lost, pause_writing and resume_writing), what a client sees (the bytes written,
+EOF after write_eof or close, nothing more after abort), and the listener around it (accepting
+again after running out of descriptors, the epoll instance released after the last
+connection). The broker's TCP listeners use it whenever it is built (the rest of the suite runs
+over it); the last tests check that, and the loop's server in its place otherwise."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import resource
+import socket
+import struct
+import sys
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.clients import CONNACK_OK, MQTT_311, connect_packet, unique
+
+from mqttbroker import compiled
+from mqttbroker.config import Config, ListenerConfig
+from mqttbroker.server import streams
+from mqttbroker.server.app import Server
+from mqttbroker.server.proxy import bind
+from mqttbroker.server.streams import StreamServer
+
+GUARD = 10.0  # seconds: a failure guard, never a measured time
+LOOPS = ["asyncio", "uvloop"]
+
+
+def run(loop: str, scenario: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
+    if loop == "uvloop":
+        import uvloop  # the [fast] extra, which the test command installs
+
+        return uvloop.run(scenario())
+    return asyncio.run(scenario())
+
+
+class Recorder(asyncio.Protocol):
+    """Records every callback; ``echo`` writes back what it reads; ``keep_open`` is what
+    eof_received answers."""
+
+    def __init__(self, echo: bool = False, keep_open: bool = False) -> None:
+        self.echo = echo
+        self.keep_open = keep_open
+        self.transport: Any = None
+        self.events: list[str] = []
+        self.data = bytearray()
+        self.lost: asyncio.Future[Exception | None] = asyncio.get_running_loop().create_future()
+        self.changed = asyncio.Event()
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        self.events.append("made")
+
+    def data_received(self, data: bytes) -> None:
+        self.data += data
+        self.changed.set()
+        if self.echo:
+            self.transport.write(data)
+
+    def eof_received(self) -> bool:
+        self.events.append("eof")
+        self.changed.set()
+        return self.keep_open
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.events.append("lost")
+        self.lost.set_result(exc)
+
+    def pause_writing(self) -> None:
+        self.events.append("pause")
+        self.changed.set()
+
+    def resume_writing(self) -> None:
+        self.events.append("resume")
+        self.changed.set()
+
+    async def until(self, predicate: Callable[[], bool]) -> None:
+        async with asyncio.timeout(GUARD):
+            while not predicate():
+                self.changed.clear()
+                await self.changed.wait()
+
+
+class Listening:
+    """A StreamServer on a free loopback port, and plain blocking-free client sockets."""
+
+    def __init__(self, factory: Callable[[], asyncio.Protocol]) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.protocols: list[Any] = []
+
+        def make() -> asyncio.Protocol:
+            protocol = factory()
+            self.protocols.append(protocol)
+            return protocol
+
+        self.server = StreamServer(self.loop, bind("127.0.0.1", 0), make)  # type: ignore[arg-type]
+        self.port = self.server.sockets[0].getsockname()[1]
+
+    async def client(self) -> tuple[socket.socket, Any]:
+        """A connected client socket and its connection's protocol."""
+        count = len(self.protocols)
+        sock = socket.socket()
+        sock.setblocking(False)
+        await self.loop.sock_connect(sock, ("127.0.0.1", self.port))
+        async with asyncio.timeout(GUARD):
+            while len(self.protocols) == count:
+                await asyncio.sleep(0.005)
+        return sock, self.protocols[count]
+
+    async def read_until_eof(self, sock: socket.socket) -> bytes:
+        data = bytearray()
+        async with asyncio.timeout(GUARD):
+            while chunk := await self.loop.sock_recv(sock, 65536):
+                data += chunk
+        return bytes(data)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_connection_reads_writes_and_closes_as_asyncio_s_transports(loop: str) -> None:
+    async def scenario() -> tuple[Any, ...]:
+        listening = Listening(lambda: Recorder(echo=True))
+        sock, protocol = await listening.client()
+        stream = protocol.transport
+        names = stream.get_extra_info("peername"), stream.get_extra_info("sockname")
+        missing = stream.get_extra_info("ssl_object", "none")
+        await listening.loop.sock_sendall(sock, b"hello ")
+        await listening.loop.sock_sendall(sock, b"world")
+        await protocol.until(lambda: len(protocol.data) == 11)
+        sock.shutdown(socket.SHUT_WR)  # EOF: eof_received answers False, the stream closes
+        echoed = await listening.read_until_eof(sock)
+        lost = await asyncio.wait_for(protocol.lost, GUARD)
+        closing = stream.is_closing()
+        client_name = sock.getsockname()
+        sock.close()
+        listening.server.close()
+        return names, client_name, missing, echoed, lost, protocol.events, closing
+
+    names, client_name, missing, echoed, lost, events, closing = run(loop, scenario)
+    assert names[0] == client_name and names[1][0] == "127.0.0.1"
+    assert missing == "none"
+    assert echoed == b"hello world"
+    assert lost is None and events == ["made", "eof", "lost"] and closing
+
+
+def test_a_connection_s_transport_is_small_and_outside_the_cycle_collector() -> None:
+    """What an idle connection costs here: 64 bytes, and nothing the collector walks."""
+
+    async def scenario() -> tuple[int, bool, int]:
+        listening = Listening(Recorder)
+        sock, protocol = await listening.client()
+        stream = protocol.transport
+        size, tracked = sys.getsizeof(stream), gc.is_tracked(stream)
+        sock.close()
+        await asyncio.wait_for(protocol.lost, GUARD)
+        listening.server.close()
+        return size, tracked, stream.get_write_buffer_size()
+
+    assert asyncio.run(scenario()) == (64, False, 0)
+
+
+def test_past_the_high_water_mark_the_protocol_pauses_and_resumes_below_the_low() -> None:
+    """A client that does not read: writes are buffered, pause_writing once past ``high``,
+    resume_writing once the client has read it down to ``low``; every byte arrives in order."""
+
+    async def scenario() -> tuple[Any, ...]:
+        listening = Listening(Recorder)
+        sock, protocol = await listening.client()
+        stream = protocol.transport
+        stream.set_write_buffer_limits(high=256 * 1024, low=64 * 1024)
+        limits = stream.get_write_buffer_limits()
+        chunk = bytes(range(256)) * 256  # 64 KiB
+        written = 0
+        while "pause" not in protocol.events:
+            stream.write(chunk)
+            written += len(chunk)
+        paused_at = stream.get_write_buffer_size()
+        received = bytearray()
+        async with asyncio.timeout(GUARD):
+            while len(received) < written:
+                received += await listening.loop.sock_recv(sock, 1 << 20)
+        await protocol.until(lambda: "resume" in protocol.events)
+        left = stream.get_write_buffer_size()
+        sock.close()
+        listening.server.close()
+        return limits, paused_at, written, bytes(received), chunk, protocol.events, left
+
+    limits, paused_at, written, received, chunk, events, left = asyncio.run(scenario())
+    assert limits == (64 * 1024, 256 * 1024)
+    assert paused_at > 256 * 1024
+    assert received == chunk * (written // len(chunk))
+    assert events[:3] == ["made", "pause", "resume"] and left == 0
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_close_sends_what_is_buffered_first_and_abort_drops_it(loop: str) -> None:
+    async def scenario() -> tuple[Any, ...]:
+        listening = Listening(Recorder)
+        closing_sock, closing = await listening.client()
+        aborting_sock, aborting = await listening.client()
+        payload = b"x" * (8 << 20)  # more than the sockets take at once: some is buffered
+        closing.transport.write(payload)
+        aborting.transport.write(payload)
+        buffered = closing.transport.get_write_buffer_size()
+        closing.transport.close()
+        aborting.transport.abort()
+        closing.transport.write(b"after close")  # dropped, as by asyncio's transports
+        lost_on_abort = await asyncio.wait_for(aborting.lost, GUARD)
+        received = await listening.read_until_eof(closing_sock)
+        lost_on_close = await asyncio.wait_for(closing.lost, GUARD)
+        try:
+            cut = len(await listening.read_until_eof(aborting_sock))
+        except ConnectionResetError:
+            cut = 0
+        for sock in (closing_sock, aborting_sock):
+            sock.close()
+        listening.server.close()
+        return buffered, received == payload, cut, lost_on_close, lost_on_abort
+
+    buffered, complete, cut, lost_on_close, lost_on_abort = run(loop, scenario)
+    assert buffered > 0
+    assert complete and lost_on_close is None
+    assert cut < 8 << 20 and lost_on_abort is None
+
+
+def test_write_eof_ends_the_output_and_reading_goes_on() -> None:
+    """write_eof: the client reads what was written, then EOF, and can still send; its EOF
+    then closes the stream (eof_received answers False)."""
+
+    async def scenario() -> tuple[Any, ...]:
+        listening = Listening(Recorder)
+        sock, protocol = await listening.client()
+        stream = protocol.transport
+        stream.write(b"last words")
+        stream.write_eof()
+        try:
+            stream.write(b"more")
+        except RuntimeError as exc:
+            refused = str(exc)
+        received = await listening.read_until_eof(sock)
+        await listening.loop.sock_sendall(sock, b"still heard")
+        await protocol.until(lambda: protocol.data == b"still heard")
+        sock.shutdown(socket.SHUT_WR)
+        lost = await asyncio.wait_for(protocol.lost, GUARD)
+        sock.close()
+        listening.server.close()
+        return received, refused, lost, protocol.events
+
+    received, refused, lost, events = asyncio.run(scenario())
+    assert received == b"last words" and "write_eof" in refused
+    assert lost is None and events == ["made", "eof", "lost"]
+
+
+def test_a_half_closed_stream_kept_open_still_writes() -> None:
+    async def scenario() -> tuple[Any, ...]:
+        listening = Listening(lambda: Recorder(keep_open=True))
+        sock, protocol = await listening.client()
+        sock.shutdown(socket.SHUT_WR)
+        await protocol.until(lambda: "eof" in protocol.events)
+        open_after_eof = not protocol.transport.is_closing()
+        protocol.transport.write(b"answer")
+        protocol.transport.close()
+        received = await listening.read_until_eof(sock)
+        await asyncio.wait_for(protocol.lost, GUARD)
+        sock.close()
+        listening.server.close()
+        return open_after_eof, received
+
+    assert asyncio.run(scenario()) == (True, b"answer")
+
+
+def test_paused_reading_holds_the_bytes_until_resumed() -> None:
+    async def scenario() -> tuple[Any, ...]:
+        listening = Listening(Recorder)
+        sock, protocol = await listening.client()
+        stream = protocol.transport
+        stream.pause_reading()
+        reading = stream.is_reading()
+        await listening.loop.sock_sendall(sock, b"held")
+        # A round trip through a second connection: the poller has served its events since.
+        other, echo = await listening.client()
+        echo.transport.write(b"ping")
+        await listening.loop.sock_recv(other, 4)
+        held = bytes(protocol.data)
+        stream.resume_reading()
+        await protocol.until(lambda: protocol.data == b"held")
+        for each in (sock, other):
+            each.close()
+        listening.server.close()
+        return reading, held
+
+    assert asyncio.run(scenario()) == (False, b"")
+
+
+def test_a_reset_reaches_connection_lost_as_the_error() -> None:
+    async def scenario() -> Any:
+        listening = Listening(Recorder)
+        sock, protocol = await listening.client()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()  # with linger 0: a reset
+        lost = await asyncio.wait_for(protocol.lost, GUARD)
+        listening.server.close()
+        return lost
+
+    assert isinstance(asyncio.run(scenario()), ConnectionResetError)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_protocol_error_goes_to_the_loop_s_handler_and_aborts_only_its_connection(
+    loop: str,
+) -> None:
+    class Failing(Recorder):
+        def data_received(self, data: bytes) -> None:
+            if data == b"boom":
+                raise ValueError("bad input")
+            super().data_received(data)
+
+    async def scenario() -> tuple[Any, ...]:
+        reported: list[dict[str, Any]] = []
+        asyncio.get_running_loop().set_exception_handler(lambda _, ctx: reported.append(ctx))
+        listening = Listening(lambda: Failing(echo=True))
+        bad_sock, bad = await listening.client()
+        good_sock, good = await listening.client()
+        await listening.loop.sock_sendall(bad_sock, b"boom")
+        await asyncio.wait_for(bad.lost, GUARD)
+        await listening.loop.sock_sendall(good_sock, b"fine")
+        echoed = await listening.loop.sock_recv(good_sock, 4)
+        for sock in (bad_sock, good_sock):
+            sock.close()
+        listening.server.close()
+        return reported, bad, echoed
+
+    reported, bad, echoed = run(loop, scenario)
+    assert len(reported) == 1
+    assert isinstance(reported[0]["exception"], ValueError)
+    assert "data_received" in reported[0]["message"] and reported[0]["protocol"] is bad
+    assert bad.transport.is_closing() and echoed == b"fine"
+
+
+def test_accepting_pauses_when_descriptors_run_out_and_resumes(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(streams, "ACCEPT_RETRY", 0.05)
+
+    async def scenario() -> tuple[Any, ...]:
+        listening = Listening(Recorder)
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        sock = socket.socket()
+        sock.setblocking(False)
+        probe = socket.socket()
+        lowest_free = probe.fileno()
+        probe.close()
+        # No descriptor free for the accepted socket (the client's is taken first).
+        resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))
+        try:
+            await listening.loop.sock_connect(sock, ("127.0.0.1", listening.port))
+            async with asyncio.timeout(GUARD):
+                while not listening.server.accept_errors:
+                    await asyncio.sleep(0.005)
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        async with asyncio.timeout(GUARD):  # accepted once the retry comes
+            while not listening.protocols:
+                await asyncio.sleep(0.005)
+        sock.close()
+        listening.server.close()
+        return listening.server.accept_errors, len(listening.protocols)
+
+    errors, accepted = asyncio.run(scenario())
+    assert errors >= 1 and accepted == 1
+    assert "accept on 127.0.0.1" in caplog.text and "retrying" in caplog.text
+
+
+def test_a_closed_listener_keeps_its_connections_and_releases_the_poller_after_them() -> None:
+    async def scenario() -> tuple[Any, ...]:
+        listening = Listening(lambda: Recorder(echo=True))
+        sock, protocol = await listening.client()
+        listening.server.close()
+        refused = False
+        late = socket.socket()
+        late.setblocking(False)
+        try:
+            await listening.loop.sock_connect(late, ("127.0.0.1", listening.port))
+        except ConnectionRefusedError:
+            refused = True
+        late.close()
+        poller = listening.server.poller
+        still = poller.closed, poller.streams
+        await listening.loop.sock_sendall(sock, b"still served")
+        await protocol.until(lambda: protocol.data == b"still served")
+        protocol.transport.close()
+        await asyncio.wait_for(protocol.lost, GUARD)
+        sock.close()
+        return refused, still, poller.closed, poller.streams
+
+    refused, still, closed, streams_left = asyncio.run(scenario())
+    assert refused and still == (False, 1)
+    assert closed and streams_left == 0
+
+
+# -- the broker's listeners --------------------------------------------------------------------
+
+
+async def _mqtt_connect(port: int) -> tuple[bytes, asyncio.StreamWriter]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(connect_packet(unique("streams"), MQTT_311))
+    return await asyncio.wait_for(reader.readexactly(4), GUARD), writer
+
+
+@pytest.mark.parametrize("built", [True, False])
+def test_tcp_listeners_use_it_when_built_and_the_loop_s_server_otherwise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, built: bool
+) -> None:
+    if not built:
+        monkeypatch.setattr(streams, "available", lambda: False)
+    config = Config(listeners=[ListenerConfig(host="127.0.0.1", port=0)], data_dir=str(tmp_path))
+    config.storage.backend = "memory"
+
+    async def scenario() -> tuple[bytes, str, str]:
+        server = Server(config)
+        await server.start()
+        try:
+            answer, writer = await _mqtt_connect(server.addresses[0][1])
+            (conn,) = server.broker.connections
+            kind = type(conn.link.transport).__name__  # type: ignore[attr-defined]
+            writer.close()
+        finally:
+            await server.stop()
+        return answer, kind, type(server.listeners[0].server).__name__
+
+    answer, transport, listener = asyncio.run(scenario())
+    assert answer == CONNACK_OK
+    if built:
+        assert (transport, listener) == ("Stream", "StreamServer")
+    else:
+        assert transport != "Stream" and listener == "Server"
+
+
+def test_the_transport_is_used_only_with_the_compiled_modules(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert streams.available()
+    monkeypatch.setattr(compiled, "mode", "pure")
+    assert not streams.available()
