@@ -36,6 +36,7 @@
 #define MAX_EVENTS 1024        /* per poll(), as libuv's */
 #define ACCEPT_BATCH 100       /* accepts per listening socket and poll() */
 #define DEFAULT_HIGH (64 * 1024)
+#define SHRINK_ABOVE (256 * 1024) /* a write buffer larger shrinks once mostly written */
 
 static char read_buffer[READ_SIZE]; /* copied out before any Python code runs */
 
@@ -80,6 +81,7 @@ struct Poller {
     PyObject_HEAD
     int epfd;
     int shutting_down;
+    double accept_retry; /* seconds without accepting after running out of descriptors */
     PyObject *loop;
     PyObject *call_soon;
     PyObject **table; /* fd -> Stream or Acceptor (a reference each), or NULL */
@@ -93,6 +95,8 @@ static PyTypeObject StreamType, AcceptorType, PollerType;
 static int release(Poller *p);
 
 /* ---- helpers ----------------------------------------------------------------------------- */
+
+static size_t page_round(size_t size) { return (size + 4095) & ~(size_t)4095; }
 
 static size_t buffered(Stream *s) { return s->pending ? s->pending->end - s->pending->start : 0; }
 
@@ -150,13 +154,21 @@ static void report(Stream *s, const char *message) {
             PyObject_CallMethodOneArg(s->poller->loop, s_call_exception_handler, context);
         if (!r) PyErr_WriteUnraisable((PyObject *)s);
         Py_XDECREF(r);
-    } else if (!context) {
-        PyErr_WriteUnraisable((PyObject *)s);
+        Py_DECREF(context);
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        return;
     }
+    /* No loop to tell (the callback had closed its stream already): as an unraisable. */
     Py_XDECREF(context);
-    Py_XDECREF(type);
-    Py_XDECREF(value);
-    Py_XDECREF(tb);
+    if (context) PyErr_Restore(type, value, tb);
+    else {
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+    }
+    PyErr_WriteUnraisable((PyObject *)s);
 }
 
 /* Close the socket now, and have connection_lost(exc) called soon (unless the loop is gone:
@@ -173,27 +185,26 @@ static void finish(Stream *s, PyObject *exc, int notify) {
     }
     s->fd = -1;
     s->events = 0;
+    s->poller = NULL;
+    PyObject *entry = p->table[fd]; /* this stream: its reference is dropped last */
+    p->table[fd] = NULL;
+    p->streams--;
     close(fd);
     PyMem_Free(s->pending);
     s->pending = NULL;
-    p->streams--;
     if (notify) {
         PyObject *lost = PyObject_GetAttr((PyObject *)s, s_lost);
         PyObject *r = lost ? PyObject_CallFunctionObjArgs(p->call_soon, lost,
                                                           exc ? exc : Py_None, NULL)
                            : NULL;
+        if (!r) notify = 0; /* the loop is closed, say: connection_lost will not come */
         if (!r) PyErr_WriteUnraisable((PyObject *)s);
         Py_XDECREF(r);
         Py_XDECREF(lost);
-    } else {
-        Py_CLEAR(s->protocol);
     }
-    s->poller = NULL;
-    PyObject *entry = p->table[fd];
-    p->table[fd] = NULL;
+    if (!notify) Py_CLEAR(s->protocol); /* no cycle left behind */
+    if (p->shutting_down && p->streams == 0) release(p); /* may free p: nothing after it */
     Py_XDECREF(entry);
-    if (notify && p->shutting_down && p->streams == 0 && release(p) < 0)
-        PyErr_WriteUnraisable((PyObject *)p);
 }
 
 /* An error on the socket (errno): close it, connection_lost gets the OSError. */
@@ -250,6 +261,18 @@ static int flush(Stream *s) {
     if (q && q->start == q->end) {
         PyMem_Free(q);
         s->pending = NULL;
+    } else if (q && q->capacity > SHRINK_ABOVE && q->end - q->start < q->capacity / 4) {
+        /* A large buffer mostly written: keep twice what is left, not the peak. */
+        size_t kept = q->end - q->start, capacity = page_round(2 * kept);
+        Pending *smaller = PyMem_Malloc(sizeof(Pending) + capacity);
+        if (smaller) {
+            memcpy(smaller->data, q->data + q->start, kept);
+            smaller->start = 0;
+            smaller->end = kept;
+            smaller->capacity = capacity;
+            PyMem_Free(q);
+            s->pending = smaller;
+        }
     }
     if (update_events(s) < 0) {
         fail_errno(s, errno);
@@ -318,13 +341,13 @@ static PyObject *Stream_write(Stream *s, PyObject *data) {
         PyErr_SetString(PyExc_RuntimeError, "Cannot call write() after write_eof()");
         return NULL;
     }
-    if (s->fd < 0 || s->closing || view.len == 0) { /* asyncio too drops what comes after */
+    if (s->fd < 0 || view.len == 0) { /* aborted or closed: dropped, as by asyncio */
         PyBuffer_Release(&view);
         Py_RETURN_NONE;
     }
     const char *bytes = view.buf;
     size_t len = (size_t)view.len;
-    if (!s->pending) {
+    if (!s->pending && !s->closing) {
         for (;;) {
             ssize_t n = send(s->fd, bytes, len, MSG_NOSIGNAL);
             if (n >= 0) {
@@ -348,11 +371,10 @@ static PyObject *Stream_write(Stream *s, PyObject *data) {
     Pending *q = s->pending;
     if (!q || q->capacity - q->end < len) {
         size_t kept = q ? q->end - q->start : 0, need = kept + len;
-        if (q && q->capacity >= 2 * need) { /* room enough once what was written is gone */
+        if (q && need <= q->capacity / 4 * 3) { /* room enough once what was written is gone */
             memmove(q->data, q->data + q->start, kept);
         } else {
-            size_t capacity = 4096;
-            while (capacity < 2 * need) capacity *= 2;
+            size_t capacity = page_round(need + need / 2);
             Pending *grown = PyMem_Malloc(sizeof(Pending) + capacity);
             if (!grown) {
                 PyBuffer_Release(&view);
@@ -648,23 +670,32 @@ static int accept_ready(Poller *p, Acceptor *a) {
         int fd = accept4(a->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
-            if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) continue;
-            /* Out of descriptors or memory: stop accepting here; on_error resumes later. */
             int error = errno;
+            if (error != EMFILE && error != ENFILE && error != ENOBUFS && error != ENOMEM)
+                continue; /* that connection's own trouble (aborted, unreachable...) */
+            /* Out of descriptors or memory: stop accepting on this socket for accept_retry
+             * seconds (the loop's timer resumes it), and tell on_error (it logs). */
             struct epoll_event ev = {0};
             epoll_ctl(p->epfd, EPOLL_CTL_DEL, a->fd, &ev);
             a->registered = 0;
+            PyObject *resume = PyObject_GetAttrString((PyObject *)p, "resume");
+            PyObject *timer = resume ? PyObject_CallMethod(p->loop, "call_later", "dOi",
+                                                           p->accept_retry, resume, a->fd)
+                                     : NULL;
+            Py_XDECREF(resume);
+            if (!timer) PyErr_WriteUnraisable((PyObject *)p);
+            Py_XDECREF(timer);
             errno = error;
             PyErr_SetFromErrno(PyExc_OSError);
             PyObject *type, *value, *tb;
             PyErr_Fetch(&type, &value, &tb);
             PyErr_NormalizeException(&type, &value, &tb);
             PyObject *r = PyObject_CallFunction(a->on_error, "iO", a->fd, value);
+            if (!r) PyErr_WriteUnraisable(a->on_error);
+            Py_XDECREF(r);
             Py_XDECREF(type);
             Py_XDECREF(value);
             Py_XDECREF(tb);
-            if (!r) return -1;
-            Py_DECREF(r);
             return 0;
         }
         int one = 1;
@@ -681,8 +712,10 @@ static int accept_ready(Poller *p, Acceptor *a) {
 
 static PyObject *Poller_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     PyObject *loop;
-    static char *names[] = {"loop", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O:Poller", names, &loop)) return NULL;
+    double accept_retry = 1.0;
+    static char *names[] = {"loop", "accept_retry", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|d:Poller", names, &loop, &accept_retry))
+        return NULL;
     PyObject *call_soon = PyObject_GetAttrString(loop, "call_soon");
     if (!call_soon) return NULL;
     Poller *p = (Poller *)type->tp_alloc(type, 0);
@@ -691,6 +724,7 @@ static PyObject *Poller_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
         return NULL;
     }
     p->epfd = epoll_create1(EPOLL_CLOEXEC);
+    p->accept_retry = accept_retry;
     Py_INCREF(loop);
     p->loop = loop;
     p->call_soon = call_soon;
@@ -761,10 +795,15 @@ static PyObject *Poller_listen(Poller *p, PyObject *args) {
         return NULL;
     }
     Py_DECREF(a);
-    p->acceptors++;
     struct epoll_event ev = {.events = EPOLLIN, .data.fd = fd};
-    if (epoll_ctl(p->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) return PyErr_SetFromErrno(PyExc_OSError);
+    if (epoll_ctl(p->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        p->table[fd] = NULL;
+        Py_DECREF(a);
+        return NULL;
+    }
     a->registered = 1;
+    p->acceptors++;
     Py_RETURN_NONE;
 }
 
@@ -788,15 +827,22 @@ static PyObject *Poller_resume(Poller *p, PyObject *arg) {
 
 /* The loop no longer watches us, the epoll instance is closed. */
 static int release(Poller *p) {
-    if (p->epfd < 0) return 0;
-    PyObject *fd = PyLong_FromLong(p->epfd);
+    int epfd = p->epfd;
+    if (epfd < 0) return 0;
+    p->epfd = -1;
+    Py_INCREF(p); /* the loop's reader may hold the last reference: it goes below */
+    PyObject *fd = PyLong_FromLong(epfd);
     PyObject *r = fd ? PyObject_CallMethodOneArg(p->loop, s_remove_reader, fd) : NULL;
     Py_XDECREF(fd);
-    close(p->epfd);
-    p->epfd = -1;
-    if (!r) return -1;
-    Py_DECREF(r);
-    return 0;
+    close(epfd);
+    int rc = 0;
+    if (r) Py_DECREF(r);
+    else {
+        PyErr_WriteUnraisable((PyObject *)p);
+        rc = -1;
+    }
+    Py_DECREF(p);
+    return rc;
 }
 
 /* Stop accepting on every listening socket (they stay open: their owner closes them); the
@@ -816,7 +862,7 @@ static PyObject *Poller_shutdown(Poller *p, PyObject *unused) {
         p->acceptors--;
         Py_DECREF(entry);
     }
-    if (p->streams == 0 && release(p) < 0) return NULL;
+    if (p->streams == 0) release(p);
     Py_RETURN_NONE;
 }
 
@@ -852,7 +898,8 @@ static PyMethodDef Poller_methods[] = {
      "Serve what is ready, without waiting (the loop's reader callback)."},
     {"fileno", (PyCFunction)Poller_fileno, METH_NOARGS, "The epoll instance's descriptor."},
     {"listen", (PyCFunction)Poller_listen, METH_VARARGS,
-     "listen(fd, factory, on_error): accept on a listening, non-blocking socket."},
+     "listen(fd, factory, on_error): accept on a listening, non-blocking socket; "
+     "on_error(fd, OSError) hears when accepting pauses (out of descriptors)."},
     {"resume", (PyCFunction)Poller_resume, METH_O,
      "resume(fd): accept again on a socket whose accepting failed."},
     {"shutdown", (PyCFunction)Poller_shutdown, METH_NOARGS,
@@ -872,7 +919,8 @@ static PyTypeObject PollerType = {
     .tp_basicsize = sizeof(Poller),
     .tp_dealloc = (destructor)Poller_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Poller(loop): TCP connections on one epoll instance the loop watches.",
+    .tp_doc = "Poller(loop, accept_retry=1.0): TCP connections on one epoll instance the loop "
+              "watches.",
     .tp_methods = Poller_methods,
     .tp_getset = Poller_getset,
     .tp_new = Poller_new,

@@ -56,7 +56,7 @@ class StreamServer:
         self.sockets = sockets
         self.accept_errors = 0
         self._closed = False
-        self.poller = _streams.Poller(loop)
+        self.poller = _streams.Poller(loop, ACCEPT_RETRY)
         loop.add_reader(self.poller.fileno(), self.poller.poll)
         for listening in sockets:
             self.poller.listen(listening.fileno(), factory, self._accept_failed)
@@ -75,6 +75,9 @@ class StreamServer:
         """As uvloop's server: nothing to wait for once closed (connections end on their own)."""
 
     def _accept_failed(self, fd: int, exc: OSError) -> None:
+        """Accepting on ``fd`` failed for want of descriptors or memory: the poller pauses it
+        for ACCEPT_RETRY seconds (as asyncio's servers do); logged at the 1st, 2nd, 4th...
+        failure."""
         self.accept_errors += 1
         if self.accept_errors & (self.accept_errors - 1) == 0:
             listening = next((sock for sock in self.sockets if sock.fileno() == fd), None)
@@ -86,8 +89,3 @@ class StreamServer:
                 ACCEPT_RETRY,
                 self.accept_errors,
             )
-        self.loop.call_later(ACCEPT_RETRY, self._resume, fd)
-
-    def _resume(self, fd: int) -> None:
-        if not self._closed:
-            self.poller.resume(fd)

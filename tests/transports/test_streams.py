@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import resource
 import socket
 import struct
@@ -209,7 +210,8 @@ def test_close_sends_what_is_buffered_first_and_abort_drops_it(loop: str) -> Non
         buffered = closing.transport.get_write_buffer_size()
         closing.transport.close()
         aborting.transport.abort()
-        closing.transport.write(b"after close")  # dropped, as by asyncio's transports
+        closing.transport.write(b"after close")  # sent still, as by asyncio's transports
+        aborting.transport.write(b"after abort")  # dropped
         lost_on_abort = await asyncio.wait_for(aborting.lost, GUARD)
         received = await listening.read_until_eof(closing_sock)
         lost_on_close = await asyncio.wait_for(closing.lost, GUARD)
@@ -220,7 +222,7 @@ def test_close_sends_what_is_buffered_first_and_abort_drops_it(loop: str) -> Non
         for sock in (closing_sock, aborting_sock):
             sock.close()
         listening.server.close()
-        return buffered, received == payload, cut, lost_on_close, lost_on_abort
+        return buffered, received == payload + b"after close", cut, lost_on_close, lost_on_abort
 
     buffered, complete, cut, lost_on_close, lost_on_abort = run(loop, scenario)
     assert buffered > 0
@@ -401,6 +403,59 @@ def test_a_closed_listener_keeps_its_connections_and_releases_the_poller_after_t
     refused, still, closed, streams_left = asyncio.run(scenario())
     assert refused and still == (False, 1)
     assert closed and streams_left == 0
+
+
+def test_the_poller_outlives_its_server_until_the_last_connection_closes() -> None:
+    """A stopped listener dropped while a client lingers: the poller stays until that
+    connection closes (connection_lost comes), then releases its epoll instance and goes."""
+
+    async def scenario() -> tuple[Any, ...]:
+        listening = Listening(Recorder)
+        sock, protocol = await listening.client()
+        poller = listening.server.poller
+        epfd = poller.fileno()
+        listening.server.close()
+        del listening, poller
+        gc.collect()
+        canary = os.open(os.devnull, os.O_RDONLY)
+        protocol.transport.close()
+        lost = await asyncio.wait_for(protocol.lost, GUARD)
+        try:
+            os.fstat(epfd)
+            released = False
+        except OSError:
+            released = True
+        intact = os.fstat(canary) is not None
+        os.close(canary)
+        sock.close()
+        return lost, released, intact
+
+    assert asyncio.run(scenario()) == (None, True, True)
+
+
+def test_an_error_raised_after_the_protocol_closed_its_stream_is_not_lost(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    class Aborting(Recorder):
+        def data_received(self, data: bytes) -> None:
+            self.transport.abort()
+            raise ValueError("after the abort")
+
+    unraisable: list[Any] = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+
+    async def scenario() -> Any:
+        listening = Listening(Aborting)
+        sock, protocol = await listening.client()
+        await listening.loop.sock_sendall(sock, b"x")
+        await asyncio.wait_for(protocol.lost, GUARD)
+        sock.close()
+        listening.server.close()
+        return protocol
+
+    protocol = asyncio.run(scenario())
+    assert [type(each.exc_value) for each in unraisable] == [ValueError]
+    assert protocol.events == ["made", "lost"]
 
 
 # -- the broker's listeners --------------------------------------------------------------------
