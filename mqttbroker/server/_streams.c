@@ -660,6 +660,9 @@ static int adopt(Poller *p, Acceptor *a, int fd) {
         if (!r) rc = fail_callback(s, "Fatal error: protocol.connection_made() call failed.");
         Py_XDECREF(r);
         if (s->fd >= 0 && update_events(s) < 0) fail_errno(s, errno);
+        /* The client speaks first (and with TCP_DEFER_ACCEPT has already): read it now,
+         * not one pass of the loop later. */
+        if (rc == 0 && s->fd >= 0 && s->reading && !s->closing) rc = read_once(s);
     }
     Py_DECREF(s);
     return rc;

@@ -33,6 +33,10 @@ except ImportError:  # not built: not Linux, no C compiler, MQTTBROKER_COMPILE=0
 log = logging.getLogger("mqttbroker")
 
 ACCEPT_RETRY = 1.0  # seconds before accepting again after it failed (out of descriptors)
+# TCP_DEFER_ACCEPT: the kernel hands a connection over once its first bytes (the CONNECT) have
+# arrived, so that one wake-up of the broker accepts it and reads them; a client silent for
+# about this many seconds is handed over without (and connect_timeout applies from then on).
+DEFER_ACCEPT = 1
 
 
 def available() -> bool:
@@ -59,6 +63,8 @@ class StreamServer:
         self.poller = _streams.Poller(loop, ACCEPT_RETRY)
         loop.add_reader(self.poller.fileno(), self.poller.poll)
         for listening in sockets:
+            if DEFER_ACCEPT:
+                listening.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, DEFER_ACCEPT)
             self.poller.listen(listening.fileno(), factory, self._accept_failed)
 
     def close(self) -> None:

@@ -165,6 +165,43 @@ def test_a_connection_s_transport_is_small_and_outside_the_cycle_collector() -> 
     assert asyncio.run(scenario()) == (64, False, 0)
 
 
+def test_a_connection_is_accepted_with_its_first_bytes_and_they_are_read_at_once() -> None:
+    """The listening socket defers accepting until the client's first bytes arrive
+    (TCP_DEFER_ACCEPT), and the poller reads them right after connection_made, before the
+    loop runs anything else: one wake-up of the broker per new client, not two."""
+
+    class Ordered(Recorder):
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            asyncio.get_running_loop().call_soon(self.events.append, "next callback")
+
+        def data_received(self, data: bytes) -> None:
+            self.events.append("data")
+            super().data_received(data)
+
+    async def scenario() -> tuple[Any, ...]:
+        listening = Listening(Ordered)
+        deferred = listening.server.sockets[0].getsockopt(
+            socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT
+        )
+        sock = socket.socket()
+        sock.setblocking(False)
+        await listening.loop.sock_connect(sock, ("127.0.0.1", listening.port))
+        await asyncio.sleep(0.05)  # connected, nothing sent: not handed over yet
+        before_bytes = len(listening.protocols)
+        await listening.loop.sock_sendall(sock, b"CONNECT")
+        async with asyncio.timeout(GUARD):
+            while not listening.protocols or "next callback" not in listening.protocols[0].events:
+                await asyncio.sleep(0.005)
+        sock.close()
+        listening.server.close()
+        return deferred, before_bytes, listening.protocols[0].events[:3]
+
+    deferred, before_bytes, events = asyncio.run(scenario())
+    assert deferred > 0 and before_bytes == 0
+    assert events == ["made", "data", "next callback"]
+
+
 def test_past_the_high_water_mark_the_protocol_pauses_and_resumes_below_the_low() -> None:
     """A client that does not read: writes are buffered, pause_writing once past ``high``,
     resume_writing once the client has read it down to ``low``; every byte arrives in order."""
