@@ -35,6 +35,7 @@
 #define READ_SIZE (256 * 1024) /* as uvloop's */
 #define MAX_EVENTS 1024        /* per poll(), as libuv's */
 #define ACCEPT_BATCH 100       /* accepts per listening socket and poll() */
+#define READ_REPEAT 32         /* reads per socket and poll() while each fills the buffer */
 #define DEFAULT_HIGH (64 * 1024)
 #define SHRINK_ABOVE (256 * 1024) /* a write buffer larger shrinks once mostly written */
 
@@ -118,12 +119,13 @@ static int table_put(Poller *p, int fd, PyObject *entry) {
     return 0;
 }
 
-/* Register the mask the stream's state asks for (nothing: out of the set). */
-static int update_events(Stream *s) {
-    if (s->fd < 0) return 0;
-    uint32_t want = 0;
-    if (s->reading && !s->closing && !s->at_eof) want |= EPOLLIN;
-    if (buffered(s)) want |= EPOLLOUT;
+static int can_read(Stream *s) { return s->reading && !s->closing && !s->at_eof; }
+
+static uint32_t wanted(Stream *s) {
+    return (can_read(s) ? EPOLLIN : 0) | (buffered(s) ? EPOLLOUT : 0);
+}
+
+static int set_events(Stream *s, uint32_t want) {
     if (want == s->events && (want != 0) == s->registered) return 0;
     struct epoll_event ev = {.events = want, .data.fd = s->fd};
     int rc;
@@ -138,6 +140,20 @@ static int update_events(Stream *s) {
     }
     s->events = want;
     return rc;
+}
+
+/* Register exactly the events the stream's state asks for (none: out of the set). */
+static int update_events(Stream *s) { return s->fd < 0 ? 0 : set_events(s, wanted(s)); }
+
+/* Register the events the stream now wants and does not have; keep those it no longer wants
+ * until epoll reports one (poll() then drops them). As libuv does, lazily: a reading paused for
+ * the input budget and resumed the next pass, or a write buffer drained and filled again, costs
+ * no epoll_ctl at all. */
+static int add_events(Stream *s) {
+    if (s->fd < 0) return 0;
+    uint32_t want = wanted(s);
+    if (s->registered && !(want & ~s->events)) return 0;
+    return set_events(s, want | s->events);
 }
 
 /* Report an exception the protocol raised (the current one) to the loop's handler. */
@@ -274,10 +290,6 @@ static int flush(Stream *s) {
             s->pending = smaller;
         }
     }
-    if (update_events(s) < 0) {
-        fail_errno(s, errno);
-        return 0;
-    }
     if (s->write_paused && buffered(s) <= s->low) {
         s->write_paused = 0;
         if (call_protocol(s, s_resume_writing, "protocol.resume_writing() failed") < 0)
@@ -295,19 +307,22 @@ static int flush(Stream *s) {
     return 0;
 }
 
+/* Read what the socket has: again while a read fills the whole buffer (as libuv, at most
+ * READ_REPEAT times) and the protocol still reads. */
 static int read_once(Stream *s) {
     ssize_t n;
-    do {
-        n = recv(s->fd, read_buffer, READ_SIZE, 0);
-    } while (n < 0 && errno == EINTR);
-    if (n > 0) {
+    for (int repeat = 0;; repeat++) {
+        do {
+            n = recv(s->fd, read_buffer, READ_SIZE, 0);
+        } while (n < 0 && errno == EINTR);
+        if (n <= 0) break;
         PyObject *data = PyBytes_FromStringAndSize(read_buffer, n);
         if (!data) return fail_callback(s, "reading failed");
         PyObject *r = PyObject_CallMethodOneArg(s->protocol, s_data_received, data);
         Py_DECREF(data);
         if (!r) return fail_callback(s, "Fatal error: protocol.data_received() call failed.");
         Py_DECREF(r);
-        return 0;
+        if (n < READ_SIZE || repeat + 1 >= READ_REPEAT || s->fd < 0 || !can_read(s)) return 0;
     }
     if (n < 0) {
         if (errno != EAGAIN && errno != EWOULDBLOCK) fail_errno(s, errno);
@@ -391,7 +406,7 @@ static PyObject *Stream_write(Stream *s, PyObject *data) {
     memcpy(q->data + q->end, bytes, len);
     q->end += len;
     PyBuffer_Release(&view);
-    if (update_events(s) < 0) {
+    if (add_events(s) < 0) {
         fail_errno(s, errno);
         Py_RETURN_NONE;
     }
@@ -436,17 +451,14 @@ static PyObject *Stream_is_closing(Stream *s, PyObject *unused) {
 }
 
 static PyObject *Stream_pause_reading(Stream *s, PyObject *unused) {
-    if (s->fd >= 0 && !s->closing && s->reading) {
-        s->reading = 0;
-        if (update_events(s) < 0) fail_errno(s, errno);
-    }
+    if (s->fd >= 0 && !s->closing) s->reading = 0; /* EPOLLIN goes when next reported */
     Py_RETURN_NONE;
 }
 
 static PyObject *Stream_resume_reading(Stream *s, PyObject *unused) {
     if (s->fd >= 0 && !s->closing && !s->reading) {
         s->reading = 1;
-        if (update_events(s) < 0) fail_errno(s, errno);
+        if (add_events(s) < 0) fail_errno(s, errno);
     }
     Py_RETURN_NONE;
 }
@@ -760,10 +772,12 @@ static PyObject *Poller_poll(Poller *p, PyObject *unused) {
              * replaced in this pass: harmless, the calls below find nothing to do. */
             Stream *s = (Stream *)entry;
             if (ready & (EPOLLOUT | EPOLLERR | EPOLLHUP) && s->pending) rc = flush(s);
-            else if (ready & EPOLLOUT) update_events(s);
-            if (rc == 0 && s->fd >= 0 && ready & (EPOLLIN | EPOLLERR | EPOLLHUP) &&
-                s->reading && !s->closing && !s->at_eof)
+            if (rc == 0 && s->fd >= 0 && ready & (EPOLLIN | EPOLLERR | EPOLLHUP) && can_read(s))
                 rc = read_once(s);
+            /* Reported, and no longer wanted (reading paused, nothing left to write; or an
+             * error or hang-up with neither): out of the mask, or out of the set. */
+            if (rc == 0 && s->fd >= 0 && (ready & ~wanted(s)) && update_events(s) < 0)
+                fail_errno(s, errno);
         }
         Py_DECREF(entry);
         if (rc < 0) return NULL;

@@ -46,7 +46,8 @@ def available() -> bool:
 
 class StreamServer:
     """A plain TCP listener on ``_streams``: it accepts on ``sockets`` (bound, listening, non
-    blocking) and calls ``factory()`` for each connection's protocol. It has what the Server
+    blocking) and calls ``factory()`` for each connection's protocol; ``defer_accept``: seconds
+    of TCP_DEFER_ACCEPT (0: none; default DEFER_ACCEPT). It has what the Server
     needs of an asyncio server: ``sockets``, ``close()`` and ``wait_closed()``."""
 
     def __init__(
@@ -54,8 +55,10 @@ class StreamServer:
         loop: asyncio.AbstractEventLoop,
         sockets: list[socket.socket],
         factory: Callable[[], asyncio.BaseProtocol],
+        defer_accept: int | None = None,
     ) -> None:
         assert _streams is not None
+        defer = DEFER_ACCEPT if defer_accept is None else defer_accept
         self.loop = loop
         self.sockets = sockets
         self.accept_errors = 0
@@ -63,8 +66,8 @@ class StreamServer:
         self.poller = _streams.Poller(loop, ACCEPT_RETRY)
         loop.add_reader(self.poller.fileno(), self.poller.poll)
         for listening in sockets:
-            if DEFER_ACCEPT:
-                listening.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, DEFER_ACCEPT)
+            if defer:
+                listening.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, defer)
             self.poller.listen(listening.fileno(), factory, self._accept_failed)
 
     def close(self) -> None:

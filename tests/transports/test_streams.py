@@ -89,9 +89,10 @@ class Recorder(asyncio.Protocol):
 
 
 class Listening:
-    """A StreamServer on a free loopback port, and plain blocking-free client sockets."""
+    """A StreamServer on a free loopback port, and plain blocking-free client sockets. Without
+    TCP_DEFER_ACCEPT unless ``defer``: a client that has sent nothing is accepted at once."""
 
-    def __init__(self, factory: Callable[[], asyncio.Protocol]) -> None:
+    def __init__(self, factory: Callable[[], asyncio.Protocol], defer: bool = False) -> None:
         self.loop = asyncio.get_running_loop()
         self.protocols: list[Any] = []
 
@@ -100,7 +101,12 @@ class Listening:
             self.protocols.append(protocol)
             return protocol
 
-        self.server = StreamServer(self.loop, bind("127.0.0.1", 0), make)  # type: ignore[arg-type]
+        self.server = StreamServer(
+            self.loop,
+            bind("127.0.0.1", 0),
+            make,  # type: ignore[arg-type]
+            None if defer else 0,
+        )
         self.port = self.server.sockets[0].getsockname()[1]
 
     async def client(self) -> tuple[socket.socket, Any]:
@@ -180,7 +186,7 @@ def test_a_connection_is_accepted_with_its_first_bytes_and_they_are_read_at_once
             super().data_received(data)
 
     async def scenario() -> tuple[Any, ...]:
-        listening = Listening(Ordered)
+        listening = Listening(Ordered, defer=True)
         deferred = listening.server.sockets[0].getsockopt(
             socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT
         )
@@ -200,6 +206,40 @@ def test_a_connection_is_accepted_with_its_first_bytes_and_they_are_read_at_once
     deferred, before_bytes, events = asyncio.run(scenario())
     assert deferred > 0 and before_bytes == 0
     assert events == ["made", "data", "next callback"]
+
+
+def test_a_socket_with_more_than_one_buffer_of_input_is_read_again_in_the_same_pass() -> None:
+    """As libuv does: while a read fills the whole buffer (256 KiB) the socket is read again
+    before the loop goes on, so a fast publisher's input is handled in large passes."""
+
+    class Counting(Recorder):
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            transport.pause_reading()
+
+        def data_received(self, data: bytes) -> None:
+            if not self.events.count("data"):  # the loop's next callback marks the pass's end
+                asyncio.get_running_loop().call_soon(self.events.append, "mark")
+            if "mark" not in self.events:
+                self.events.append("data")
+            super().data_received(data)
+
+    async def scenario() -> tuple[int, int]:
+        listening = Listening(Counting)
+        listening.server.sockets[0].setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2 << 20)
+        sock, protocol = await listening.client()
+        payload = b"p" * (700 * 1024)  # more than two reads' worth, buffered while paused
+        await listening.loop.sock_sendall(sock, payload)
+        await asyncio.sleep(0.05)  # all of it in the broker's socket
+        protocol.transport.resume_reading()
+        await protocol.until(lambda: len(protocol.data) == len(payload))
+        sock.close()
+        listening.server.close()
+        return protocol.events.count("data"), len(protocol.data)
+
+    reads_in_one_pass, received = asyncio.run(scenario())
+    assert received == 700 * 1024
+    assert reads_in_one_pass >= 3
 
 
 def test_past_the_high_water_mark_the_protocol_pauses_and_resumes_below_the_low() -> None:
