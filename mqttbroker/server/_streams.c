@@ -3,9 +3,12 @@
  * A Poller owns an epoll instance that the event loop watches as one descriptor
  * (loop.add_reader(poller.fileno(), poller.poll)). Each call of poll() takes what epoll has
  * ready, without waiting: it accepts on the listening sockets and, for each connection, writes
- * what is buffered and reads once, handing the bytes to the protocol. Each connection is a
- * Stream: an asyncio transport (write, close, abort, write_eof, pause_reading...) of 64 bytes,
- * where uvloop's transport and libuv's handle hold about 1,250 bytes per socket.
+ * what is buffered and reads (again while a read fills the buffer, as libuv), handing the bytes
+ * to the protocol. Interest in an event is added at once and dropped lazily, when epoll
+ * reports one no longer wanted (as libuv, which applies changes at its next poll). Each
+ * connection is a Stream: an asyncio transport (write, close, abort, write_eof,
+ * pause_reading...) of 64 bytes, where uvloop's transport and libuv's handle hold about 1,250
+ * bytes per socket.
  *
  * The protocol's callbacks are asyncio's: connection_made and data_received are called from
  * poll(), connection_lost with loop.call_soon once the socket is closed, pause_writing and
@@ -309,7 +312,7 @@ static int flush(Stream *s) {
 
 /* Read what the socket has: again while a read fills the whole buffer (as libuv, at most
  * READ_REPEAT times) and the protocol still reads. */
-static int read_once(Stream *s) {
+static int read_ready(Stream *s) {
     ssize_t n;
     for (int repeat = 0;; repeat++) {
         do {
@@ -674,7 +677,7 @@ static int adopt(Poller *p, Acceptor *a, int fd) {
         if (s->fd >= 0 && update_events(s) < 0) fail_errno(s, errno);
         /* The client speaks first (and with TCP_DEFER_ACCEPT has already): read it now,
          * not one pass of the loop later. */
-        if (rc == 0 && s->fd >= 0 && s->reading && !s->closing) rc = read_once(s);
+        if (rc == 0 && s->fd >= 0 && s->reading && !s->closing) rc = read_ready(s);
     }
     Py_DECREF(s);
     return rc;
@@ -773,7 +776,7 @@ static PyObject *Poller_poll(Poller *p, PyObject *unused) {
             Stream *s = (Stream *)entry;
             if (ready & (EPOLLOUT | EPOLLERR | EPOLLHUP) && s->pending) rc = flush(s);
             if (rc == 0 && s->fd >= 0 && ready & (EPOLLIN | EPOLLERR | EPOLLHUP) && can_read(s))
-                rc = read_once(s);
+                rc = read_ready(s);
             /* Reported, and no longer wanted (reading paused, nothing left to write; or an
              * error or hang-up with neither): out of the mask, or out of the set. */
             if (rc == 0 && s->fd >= 0 && (ready & ~wanted(s)) && update_events(s) < 0)

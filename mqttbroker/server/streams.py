@@ -6,9 +6,10 @@ transport object, libuv's handle, the entry in the loop's weak dictionary of tra
 against about 0.7 KiB for the whole of an idle connection in Mosquitto. ``_streams`` (C, Linux)
 serves the sockets of a listener on one epoll instance that the loop watches as a single
 descriptor: each connection is a 64-byte transport with asyncio's methods and callbacks, so the
-protocol (tcp.py) is the same on either. Reading a socket is one ``recv`` and one call of
-``data_received``, writing one ``send`` (the rest buffered until the socket takes it), as on
-uvloop.
+protocol (tcp.py) is the same on either. Reading a socket is a ``recv`` and a call of
+``data_received`` (repeated while a read fills the 256 KiB buffer), writing one ``send`` (the
+rest buffered until the socket takes it), as on uvloop. The listening sockets defer accepting
+until a client's first bytes arrive (TCP_DEFER_ACCEPT), and a new connection is read at once.
 
 It is used when the compiled modules are (``mqttbroker.compiled``; ``MQTTBROKER_PURE`` turns
 both off) on a loop with ``add_reader`` on descriptors; otherwise the listener is the loop's
