@@ -226,17 +226,24 @@ static void finish(Stream *s, PyObject *exc, int notify) {
     Py_XDECREF(entry);
 }
 
-/* An error on the socket (errno): close it, connection_lost gets the OSError. */
-static void fail_errno(Stream *s, int error) {
+/* The OSError of ``error`` (its subclass: ConnectionResetError...), a new reference, with no
+ * exception left set; NULL only when even that failed. */
+static PyObject *os_error(int error) {
     errno = error;
     PyErr_SetFromErrno(PyExc_OSError);
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
     PyErr_NormalizeException(&type, &value, &tb);
-    finish(s, value, 1);
     Py_XDECREF(type);
-    Py_XDECREF(value);
     Py_XDECREF(tb);
+    return value;
+}
+
+/* An error on the socket (errno): close it, connection_lost gets the OSError. */
+static void fail_errno(Stream *s, int error) {
+    PyObject *exc = os_error(error);
+    finish(s, exc, 1);
+    Py_XDECREF(exc);
 }
 
 /* The protocol raised (the current exception): report it and abort, as asyncio does. Returns
@@ -573,8 +580,6 @@ static PyObject *Stream_set_protocol(Stream *s, PyObject *protocol) {
     Py_RETURN_NONE;
 }
 
-static PyObject *Stream_fileno(Stream *s, PyObject *unused) { return PyLong_FromLong(s->fd); }
-
 /* Called by the loop, soon after the socket closed. */
 static PyObject *Stream_connection_lost(Stream *s, PyObject *exc) {
     PyObject *protocol = s->protocol;
@@ -611,7 +616,6 @@ static PyMethodDef Stream_methods[] = {
      METH_VARARGS | METH_KEYWORDS, NULL},
     {"get_protocol", (PyCFunction)Stream_get_protocol, METH_NOARGS, NULL},
     {"set_protocol", (PyCFunction)Stream_set_protocol, METH_O, NULL},
-    {"fileno", (PyCFunction)Stream_fileno, METH_NOARGS, NULL},
     {"_connection_lost", (PyCFunction)Stream_connection_lost, METH_O, NULL},
     {NULL},
 };
@@ -677,7 +681,7 @@ static int adopt(Poller *p, Acceptor *a, int fd) {
         if (s->fd >= 0 && update_events(s) < 0) fail_errno(s, errno);
         /* The client speaks first (and with TCP_DEFER_ACCEPT has already): read it now,
          * not one pass of the loop later. */
-        if (rc == 0 && s->fd >= 0 && s->reading && !s->closing) rc = read_ready(s);
+        if (rc == 0 && s->fd >= 0 && can_read(s)) rc = read_ready(s);
     }
     Py_DECREF(s);
     return rc;
@@ -703,17 +707,11 @@ static int accept_ready(Poller *p, Acceptor *a) {
             Py_XDECREF(resume);
             if (!timer) PyErr_WriteUnraisable((PyObject *)p);
             Py_XDECREF(timer);
-            errno = error;
-            PyErr_SetFromErrno(PyExc_OSError);
-            PyObject *type, *value, *tb;
-            PyErr_Fetch(&type, &value, &tb);
-            PyErr_NormalizeException(&type, &value, &tb);
-            PyObject *r = PyObject_CallFunction(a->on_error, "iO", a->fd, value);
+            PyObject *exc = os_error(error);
+            PyObject *r = exc ? PyObject_CallFunction(a->on_error, "iO", a->fd, exc) : NULL;
             if (!r) PyErr_WriteUnraisable(a->on_error);
             Py_XDECREF(r);
-            Py_XDECREF(type);
-            Py_XDECREF(value);
-            Py_XDECREF(tb);
+            Py_XDECREF(exc);
             return 0;
         }
         int one = 1;

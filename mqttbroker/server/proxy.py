@@ -42,6 +42,8 @@ from .tcp import peer_name
 
 log = logging.getLogger("mqttbroker.proxy")
 
+ACCEPT_RETRY = 1.0  # seconds before accepting again after it failed (out of descriptors)
+
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 V2_SIGNATURE = b"\r\n\r\n\x00\r\nQUIT\n"
@@ -259,15 +261,9 @@ class ProxyAcceptor:
                 return
             except OSError as exc:  # out of file descriptors, say: pause, as asyncio does
                 self.accept_errors += 1
-                if self.accept_errors & (self.accept_errors - 1) == 0:
-                    log.warning(
-                        "accept on %s failed: %s; retrying in 1 s (%d failures so far)",
-                        peer_name(listening.getsockname()),
-                        exc,
-                        self.accept_errors,
-                    )
+                log_accept_failure(listening, exc, self.accept_errors, ACCEPT_RETRY)
                 self.loop.remove_reader(listening.fileno())
-                self.loop.call_later(1.0, self._resume, listening)
+                self.loop.call_later(ACCEPT_RETRY, self._resume, listening)
                 return
             self._held.add(sock)
             task = self.loop.create_task(self._admit(sock, peer))
@@ -326,6 +322,20 @@ class ProxyAcceptor:
             balancer,
             why,
             self.refused,
+        )
+
+
+def log_accept_failure(listening: socket.socket, exc: OSError, failures: int, retry: float) -> None:
+    """A listener stopped accepting for ``retry`` seconds (out of descriptors, say): logged at
+    its 1st, 2nd, 4th... failure (``failures`` so far), so that a long shortage cannot flood the
+    log. Both listeners that accept for themselves (this one and streams.py) say it so."""
+    if failures & (failures - 1) == 0:
+        logging.getLogger("mqttbroker").warning(
+            "accept on %s failed: %s; retrying in %g s (%d failures so far)",
+            peer_name(listening.getsockname()),
+            exc,
+            retry,
+            failures,
         )
 
 

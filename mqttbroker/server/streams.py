@@ -19,21 +19,17 @@ both off) on a loop with ``add_reader`` on descriptors; otherwise the listener i
 from __future__ import annotations
 
 import asyncio
-import logging
 import socket
 from collections.abc import Callable
 
 from .. import compiled
-from .tcp import peer_name
+from .proxy import ACCEPT_RETRY, log_accept_failure
 
 try:
     from . import _streams
 except ImportError:  # not built: not Linux, no C compiler, MQTTBROKER_COMPILE=0
     _streams = None  # type: ignore[assignment]
 
-log = logging.getLogger("mqttbroker")
-
-ACCEPT_RETRY = 1.0  # seconds before accepting again after it failed (out of descriptors)
 # TCP_DEFER_ACCEPT: the kernel hands a connection over once its first bytes (the CONNECT) have
 # arrived, so that one wake-up of the broker accepts it and reads them; a client silent for
 # about this many seconds is handed over without (and connect_timeout applies from then on).
@@ -60,7 +56,6 @@ class StreamServer:
     ) -> None:
         assert _streams is not None
         defer = DEFER_ACCEPT if defer_accept is None else defer_accept
-        self.loop = loop
         self.sockets = sockets
         self.accept_errors = 0
         self._closed = False
@@ -89,13 +84,5 @@ class StreamServer:
         for ACCEPT_RETRY seconds (as asyncio's servers do); logged at the 1st, 2nd, 4th...
         failure."""
         self.accept_errors += 1
-        if self.accept_errors & (self.accept_errors - 1) == 0:
-            listening = next((sock for sock in self.sockets if sock.fileno() == fd), None)
-            where = peer_name(listening.getsockname()) if listening is not None else fd
-            log.warning(
-                "accept on %s failed: %s; retrying in %g s (%d failures so far)",
-                where,
-                exc,
-                ACCEPT_RETRY,
-                self.accept_errors,
-            )
+        listening = next(sock for sock in self.sockets if sock.fileno() == fd)
+        log_accept_failure(listening, exc, self.accept_errors, ACCEPT_RETRY)
