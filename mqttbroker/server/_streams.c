@@ -5,7 +5,8 @@
  * ready, without waiting: it accepts on the listening sockets and, for each connection, writes
  * what is buffered and reads (again while a read fills the buffer, as libuv), handing the bytes
  * to the protocol. Interest in an event is added at once and dropped lazily, when epoll
- * reports one no longer wanted (as libuv, which applies changes at its next poll). Each
+ * reports one no longer wanted (as libuv, which applies changes at its next poll). A lone
+ * read after a quiet spell is acknowledged (TCP) after the protocol has handled it. Each
  * connection is a Stream: an asyncio transport (write, close, abort, write_eof,
  * pause_reading...) of 64 bytes, where uvloop's transport and libuv's handle hold about 1,250
  * bytes per socket.
@@ -33,6 +34,7 @@
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #define READ_SIZE (256 * 1024) /* as uvloop's */
@@ -41,6 +43,7 @@
 #define READ_REPEAT 32         /* reads per socket and poll() while each fills the buffer */
 #define DEFAULT_HIGH (64 * 1024)
 #define SHRINK_ABOVE (256 * 1024) /* a write buffer larger shrinks once mostly written */
+#define QUIET_NS 100000           /* a poll() this long after the one before: the loop was idle */
 
 static char read_buffer[READ_SIZE]; /* copied out before any Python code runs */
 
@@ -92,6 +95,7 @@ struct Poller {
     int table_size;
     Py_ssize_t streams;
     int acceptors;
+    uint64_t last_poll; /* when poll() last ran: ns of CLOCK_MONOTONIC */
     struct epoll_event events[MAX_EVENTS];
 };
 
@@ -319,7 +323,7 @@ static int flush(Stream *s) {
 
 /* Read what the socket has: again while a read fills the whole buffer (as libuv, at most
  * READ_REPEAT times) and the protocol still reads. */
-static int read_ready(Stream *s) {
+static int read_all(Stream *s) {
     ssize_t n;
     for (int repeat = 0;; repeat++) {
         do {
@@ -354,6 +358,20 @@ static int read_ready(Stream *s) {
         else if (update_events(s) < 0) fail_errno(s, errno);
     }
     return 0;
+}
+
+/* Read, as read_all; with ``ack_after``, the TCP acknowledgement of what is read is sent after
+ * the protocol has handled it, not by recv(). Once the kernel's quick acknowledgements are
+ * spent, a recv() that empties the socket of a small segment sends the ACK itself (a
+ * transmission, and on loopback the peer's processing of it, inline), before the broker has
+ * forwarded anything. TCP_QUICKACK off ("ping-pong" mode: the ACK waits to ride on data)
+ * holds it through the read; TCP_QUICKACK on sends it right after, and leaves the mode. */
+static int read_ready(Stream *s, int ack_after) {
+    int fd = s->fd, off = 0, on = 1;
+    if (ack_after) setsockopt(fd, IPPROTO_TCP, TCP_QUICKACK, &off, sizeof off);
+    int rc = read_all(s);
+    if (ack_after && s->fd == fd) setsockopt(fd, IPPROTO_TCP, TCP_QUICKACK, &on, sizeof on);
+    return rc;
 }
 
 /* ---- Stream: the transport --------------------------------------------------------------- */
@@ -681,7 +699,7 @@ static int adopt(Poller *p, Acceptor *a, int fd) {
         if (s->fd >= 0 && update_events(s) < 0) fail_errno(s, errno);
         /* The client speaks first (and with TCP_DEFER_ACCEPT has already): read it now,
          * not one pass of the loop later. */
-        if (rc == 0 && s->fd >= 0 && can_read(s)) rc = read_ready(s);
+        if (rc == 0 && s->fd >= 0 && can_read(s)) rc = read_ready(s, 0);
     }
     Py_DECREF(s);
     return rc;
@@ -759,6 +777,14 @@ static PyObject *Poller_poll(Poller *p, PyObject *unused) {
         if (errno == EINTR) Py_RETURN_NONE;
         return PyErr_SetFromErrno(PyExc_OSError);
     }
+    /* One socket ready after a quiet spell: the loop has just woken for it, and what it
+     * forwards is what a waiting subscriber waits for. Its ACK comes after (read_ready); in
+     * a busy pass the two system calls would only add up. */
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    uint64_t t = (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
+    int lone = n == 1 && t - p->last_poll >= QUIET_NS;
+    p->last_poll = t;
     for (int i = 0; i < n; i++) {
         int fd = p->events[i].data.fd;
         uint32_t ready = p->events[i].events;
@@ -774,7 +800,7 @@ static PyObject *Poller_poll(Poller *p, PyObject *unused) {
             Stream *s = (Stream *)entry;
             if (ready & (EPOLLOUT | EPOLLERR | EPOLLHUP) && s->pending) rc = flush(s);
             if (rc == 0 && s->fd >= 0 && ready & (EPOLLIN | EPOLLERR | EPOLLHUP) && can_read(s))
-                rc = read_ready(s);
+                rc = read_ready(s, lone);
             /* Reported, and no longer wanted (reading paused, nothing left to write; or an
              * error or hang-up with neither): out of the mask, or out of the set. */
             if (rc == 0 && s->fd >= 0 && (ready & ~wanted(s)) && update_events(s) < 0)

@@ -15,6 +15,7 @@ import resource
 import socket
 import struct
 import sys
+import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -240,6 +241,72 @@ def test_a_socket_with_more_than_one_buffer_of_input_is_read_again_in_the_same_p
     reads_in_one_pass, received = asyncio.run(scenario())
     assert received == 700 * 1024
     assert reads_in_one_pass >= 3
+
+
+def _accepted_side(client: socket.socket) -> socket.socket:
+    """This process's socket at the other end of ``client`` (a duplicate of its descriptor)."""
+    wanted = client.getsockname()
+    for fd in map(int, os.listdir("/proc/self/fd")):
+        try:
+            sock = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            continue  # not a socket (or gone)
+        try:
+            if sock.type == socket.SOCK_STREAM and sock.getpeername() == wanted:
+                return sock
+        except OSError:
+            pass
+        sock.close()
+    raise AssertionError("no accepted socket for the client")
+
+
+def test_a_read_after_a_quiet_spell_is_acknowledged_after_what_it_wrote() -> None:
+    """The TCP acknowledgement of a lone read after a quiet spell is held while the protocol
+    handles it (TCP_QUICKACK off: what data_received writes goes out first, off the kernel's
+    acknowledging path) and sent right after (TCP_QUICKACK on again). A pass with several
+    sockets ready leaves the kernel acknowledging as it does by itself."""
+
+    held: dict[socket.socket, list[str]] = {}
+
+    class Acknowledging(Recorder):
+        def data_received(self, data: bytes) -> None:
+            sock = self.accepted
+
+            def state(when: str) -> None:
+                quick = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK)
+                held.setdefault(sock, []).append(f"{when}: {'quick' if quick else 'held'}")
+
+            state("reading")
+            super().data_received(data)
+            asyncio.get_running_loop().call_soon(state, "after the pass")
+
+    async def scenario() -> tuple[list[str], list[str], list[str], bytes]:
+        listening = Listening(lambda: Acknowledging(echo=True))
+        (one, first), (two, second) = await listening.client(), await listening.client()
+        first.accepted, second.accepted = _accepted_side(one), _accepted_side(two)
+        await asyncio.sleep(0.05)  # quiet: nothing for the poller meanwhile
+        await listening.loop.sock_sendall(one, b"alone")
+        await first.until(lambda: len(first.data) == 5)
+        echoed = await listening.loop.sock_recv(one, 16)
+        await asyncio.sleep(0.05)
+        alone = list(held[first.accepted])
+        held.clear()
+        one.send(b"crowd")
+        two.send(b"crowd")
+        time.sleep(0.05)  # both arrived before the loop polls again: one pass, two sockets
+        await first.until(lambda: len(first.data) == 10)
+        await second.until(lambda: len(second.data) == 5)
+        await asyncio.sleep(0.05)
+        crowd = held[first.accepted], held[second.accepted]
+        for sock in (one, two, first.accepted, second.accepted):
+            sock.close()
+        listening.server.close()
+        return alone, *crowd, echoed
+
+    alone, crowd_one, crowd_two, echoed = asyncio.run(scenario())
+    assert echoed == b"alone"
+    assert alone == ["reading: held", "after the pass: quick"]
+    assert crowd_one == crowd_two == ["reading: quick", "after the pass: quick"]
 
 
 def test_past_the_high_water_mark_the_protocol_pauses_and_resumes_below_the_low() -> None:
