@@ -212,13 +212,25 @@ class Broker:
         once more before writing it, and a forwarded message would wait for that. Later reads
         of the pass leave their output for the flush at its end, and so does every read once a
         pass has had more than one (under load): one write per connection per pass then, as
-        when nothing is written early."""
-        crowded = self._flush_due  # an earlier read of this pass had output
-        conn.data_received(data)
-        if crowded:
+        when nothing is written early.
+
+        The flush at the pass's end is scheduled after that early write, not when the read
+        marks its first output: a forwarded message does not wait for the loop's callback."""
+        if self._flush_due:  # an earlier read of this pass had output
+            conn.data_received(data)
             self._crowded = True
-        elif not self._busy:
-            self._write_output()
+            return
+        self._flush_due = True  # what the read marks is written below: no wake meanwhile
+        try:
+            conn.data_received(data)
+        finally:
+            if self._dirty or self._deferred:
+                if not self._busy:
+                    self._write_output()
+                if self.wake is not None:
+                    self.wake()
+            else:
+                self._flush_due = False  # no output: the pass's next read is no crowd
 
     def mark_dirty(self, conn: Connection) -> None:
         if not self._flush_due:

@@ -132,3 +132,29 @@ def test_first_output_of_an_idle_pass_is_written_before_the_pass_ends() -> None:
     assert new_writes() == [[b"8"]]
     loop.end_pass()
     assert new_writes() == []
+
+
+def test_the_flush_is_asked_for_after_the_early_write_and_not_for_a_read_without_output() -> None:
+    """The forwarded message does not wait for the loop's callback: the end-of-pass flush is
+    scheduled once the first read's output is written. A read with no output (a message
+    nobody subscribed to) asks for no flush, and the pass stays idle: its next read is
+    still written at once."""
+    loop = _Loop()
+    sub = loop.connect("sub")
+    loop.connect("a")
+    loop.read("sub", pk.Subscribe(1, [pk.SubscriptionRequest("t", 0, False, False, 0)], {}))
+    loop.end_pass()
+    order: list[tuple[str, int]] = []
+    loop.broker.wake = lambda: order.append(("wake", len(sub.writes)))
+    written = len(sub.writes)
+
+    loop.publish("a", b"1")
+    assert order == [("wake", written + 1)]  # written first, then the flush asked for
+    loop.end_pass()
+
+    order.clear()
+    loop.read("a", pk.Publish("nobody", b"2", 0, False, False, None, {}))
+    assert order == []
+    loop.publish("a", b"3")
+    assert [_payloads(w) for w in sub.writes[written + 1 :]] == [[b"3"]]
+    assert order == [("wake", written + 2)]
