@@ -225,10 +225,12 @@ class Broker:
             conn.data_received(data)
         finally:
             if self._dirty or self._deferred:
-                if not self._busy:
-                    self._write_output()
-                if self.wake is not None:
-                    self.wake()
+                try:
+                    if not self._busy:
+                        self._write_output()
+                finally:  # a write that raised still leaves a flush due: it must come
+                    if self.wake is not None:
+                        self.wake()
             else:
                 self._flush_due = False  # no output: the pass's next read is no crowd
 

@@ -43,7 +43,7 @@
 #define READ_REPEAT 32         /* reads per socket and poll() while each fills the buffer */
 #define DEFAULT_HIGH (64 * 1024)
 #define SHRINK_ABOVE (256 * 1024) /* a write buffer larger shrinks once mostly written */
-#define QUIET_NS 100000           /* a poll() this long after the one before: the loop was idle */
+#define QUIET_NS 100000           /* this long after poll() last ended: the loop was idle */
 
 static char read_buffer[READ_SIZE]; /* copied out before any Python code runs */
 
@@ -95,7 +95,7 @@ struct Poller {
     int table_size;
     Py_ssize_t streams;
     int acceptors;
-    uint64_t last_poll; /* when poll() last ran: ns of CLOCK_MONOTONIC */
+    uint64_t last_end; /* when poll() last ended: ns of CLOCK_MONOTONIC */
     struct epoll_event events[MAX_EVENTS];
 };
 
@@ -105,6 +105,12 @@ static int release(Poller *p);
 /* ---- helpers ----------------------------------------------------------------------------- */
 
 static size_t page_round(size_t size) { return (size + 4095) & ~(size_t)4095; }
+
+static uint64_t monotonic_ns(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
+}
 
 static size_t buffered(Stream *s) { return s->pending ? s->pending->end - s->pending->start : 0; }
 
@@ -367,6 +373,7 @@ static int read_all(Stream *s) {
  * forwarded anything. TCP_QUICKACK off ("ping-pong" mode: the ACK waits to ride on data)
  * holds it through the read; TCP_QUICKACK on sends it right after, and leaves the mode. */
 static int read_ready(Stream *s, int ack_after) {
+    /* (On an open TCP socket neither call fails; if one did, the read goes on as without.) */
     int fd = s->fd, off = 0, on = 1;
     if (ack_after) setsockopt(fd, IPPROTO_TCP, TCP_QUICKACK, &off, sizeof off);
     int rc = read_all(s);
@@ -780,11 +787,7 @@ static PyObject *Poller_poll(Poller *p, PyObject *unused) {
     /* One socket ready after a quiet spell: the loop has just woken for it, and what it
      * forwards is what a waiting subscriber waits for. Its ACK comes after (read_ready); in
      * a busy pass the two system calls would only add up. */
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    uint64_t t = (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
-    int lone = n == 1 && t - p->last_poll >= QUIET_NS;
-    p->last_poll = t;
+    int lone = n == 1 && monotonic_ns() - p->last_end >= QUIET_NS;
     for (int i = 0; i < n; i++) {
         int fd = p->events[i].data.fd;
         uint32_t ready = p->events[i].events;
@@ -807,8 +810,12 @@ static PyObject *Poller_poll(Poller *p, PyObject *unused) {
                 fail_errno(s, errno);
         }
         Py_DECREF(entry);
-        if (rc < 0) return NULL;
+        if (rc < 0) {
+            p->last_end = monotonic_ns();
+            return NULL;
+        }
     }
+    p->last_end = monotonic_ns();
     Py_RETURN_NONE;
 }
 

@@ -12,6 +12,7 @@ import asyncio
 import gc
 import os
 import resource
+import select
 import socket
 import struct
 import sys
@@ -248,9 +249,14 @@ def _accepted_side(client: socket.socket) -> socket.socket:
     wanted = client.getsockname()
     for fd in map(int, os.listdir("/proc/self/fd")):
         try:
-            sock = socket.socket(fileno=os.dup(fd))
+            copy = os.dup(fd)
         except OSError:
-            continue  # not a socket (or gone)
+            continue  # gone meanwhile (the listing's own descriptor)
+        try:
+            sock = socket.socket(fileno=copy)
+        except OSError:
+            os.close(copy)  # not a socket
+            continue
         try:
             if sock.type == socket.SOCK_STREAM and sock.getpeername() == wanted:
                 return sock
@@ -260,25 +266,29 @@ def _accepted_side(client: socket.socket) -> socket.socket:
     raise AssertionError("no accepted socket for the client")
 
 
-def test_a_read_after_a_quiet_spell_is_acknowledged_after_what_it_wrote() -> None:
-    """The TCP acknowledgement of a lone read after a quiet spell is held while the protocol
-    handles it (TCP_QUICKACK off: what data_received writes goes out first, off the kernel's
-    acknowledging path) and sent right after (TCP_QUICKACK on again). A pass with several
-    sockets ready leaves the kernel acknowledging as it does by itself."""
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_lone_read_after_a_quiet_spell_holds_its_ack_until_handled(loop: str) -> None:
+    """When one socket is ready after a quiet spell, its TCP acknowledgement is held while the
+    protocol handles the read (TCP_QUICKACK off: what data_received writes goes out first, not
+    after the ACK that recv() would send) and released right after (TCP_QUICKACK on again,
+    which sends it). A pass with two sockets ready leaves the kernel acknowledging as it does
+    by itself. Checked through the mode the kernel reports for the accepted socket."""
 
-    held: dict[socket.socket, list[str]] = {}
+    modes: dict[socket.socket, list[str]] = {}
 
     class Acknowledging(Recorder):
+        accepted: socket.socket
+
         def data_received(self, data: bytes) -> None:
             sock = self.accepted
 
-            def state(when: str) -> None:
+            def mode(when: str) -> None:
                 quick = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK)
-                held.setdefault(sock, []).append(f"{when}: {'quick' if quick else 'held'}")
+                modes.setdefault(sock, []).append(f"{when}: {'quick' if quick else 'held'}")
 
-            state("reading")
+            mode("reading")
             super().data_received(data)
-            asyncio.get_running_loop().call_soon(state, "after the pass")
+            asyncio.get_running_loop().call_soon(mode, "after the pass")
 
     async def scenario() -> tuple[list[str], list[str], list[str], bytes]:
         listening = Listening(lambda: Acknowledging(echo=True))
@@ -289,21 +299,28 @@ def test_a_read_after_a_quiet_spell_is_acknowledged_after_what_it_wrote() -> Non
         await first.until(lambda: len(first.data) == 5)
         echoed = await listening.loop.sock_recv(one, 16)
         await asyncio.sleep(0.05)
-        alone = list(held[first.accepted])
-        held.clear()
+        alone = list(modes[first.accepted])
+        modes.clear()
+        # No replies now: a reply soon after a receipt puts the socket in the kernel's own
+        # "held" mode (Linux 6.0 on), which is not what is checked here.
+        first.echo = second.echo = False
         one.send(b"crowd")
         two.send(b"crowd")
-        time.sleep(0.05)  # both arrived before the loop polls again: one pass, two sockets
+        accepted = [first.accepted, second.accepted]
+        deadline = time.monotonic() + GUARD
+        while len(select.select(accepted, [], [], GUARD)[0]) < 2:
+            # both in before the loop polls again: one pass, two sockets
+            assert time.monotonic() < deadline, "the second segment never arrived"
         await first.until(lambda: len(first.data) == 10)
         await second.until(lambda: len(second.data) == 5)
-        await asyncio.sleep(0.05)
-        crowd = held[first.accepted], held[second.accepted]
-        for sock in (one, two, first.accepted, second.accepted):
+        await asyncio.sleep(0.01)
+        crowd = modes[first.accepted], modes[second.accepted]
+        for sock in (one, two, *accepted):
             sock.close()
         listening.server.close()
         return alone, *crowd, echoed
 
-    alone, crowd_one, crowd_two, echoed = asyncio.run(scenario())
+    alone, crowd_one, crowd_two, echoed = run(loop, scenario)
     assert echoed == b"alone"
     assert alone == ["reading: held", "after the pass: quick"]
     assert crowd_one == crowd_two == ["reading: quick", "after the pass: quick"]

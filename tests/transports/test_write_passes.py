@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from support.harness import FakeClock, split_packets
 
 from mqttbroker.broker.core import Broker
@@ -158,3 +159,23 @@ def test_the_flush_is_asked_for_after_the_early_write_and_not_for_a_read_without
     loop.publish("a", b"3")
     assert [_payloads(w) for w in sub.writes[written + 1 :]] == [[b"3"]]
     assert order == [("wake", written + 2)]
+
+
+def test_a_write_that_raises_still_leaves_the_flush_asked_for() -> None:
+    """A transport whose write raises in the early write (the error reaches the transport's
+    handler) must not leave the pass's flush unasked for: the broker would otherwise believe
+    a flush is due for ever, and no later output would be written."""
+    loop = _Loop()
+    sub = loop.connect("sub")
+    loop.connect("a")
+    loop.read("sub", pk.Subscribe(1, [pk.SubscriptionRequest("t", 0, False, False, 0)], {}))
+    loop.end_pass()
+
+    def refuse(data: bytes) -> None:
+        raise RuntimeError("the transport refuses")
+
+    sub.write = refuse  # type: ignore[method-assign]
+    wakes = loop.wakes
+    with pytest.raises(RuntimeError, match="refuses"):
+        loop.publish("a", b"1")
+    assert loop.wakes == wakes + 1
