@@ -10,10 +10,10 @@ protocol (tcp.py) is the same on either. Reading a socket is a ``recv`` and a ca
 ``data_received`` (repeated while a read fills the 256 KiB buffer), writing one ``send`` (the
 rest buffered until the socket takes it), as on uvloop. The listening sockets defer accepting
 until a client's first bytes arrive (TCP_DEFER_ACCEPT), and a new connection is read at once.
-When one socket is ready after a quiet spell (100 µs without a poll), its TCP acknowledgement
-is held (TCP_QUICKACK off) until the protocol has handled the read: the kernel would otherwise
-send it from within recv(), and a forwarded message would wait for that (measured at about
-2 µs of the 60 µs publish-to-delivery at 1,000 msg/s).
+When one socket is ready after a quiet spell (100 µs since the last pass), its TCP
+acknowledgement is held (TCP_QUICKACK off) until the protocol has handled the read: the kernel
+would otherwise send it from within recv(), and a forwarded message would wait for that
+(measured at about 2 µs of the 60 µs publish-to-delivery at 1,000 msg/s).
 
 It is used when the compiled modules are (``mqttbroker.compiled``; ``MQTTBROKER_PURE`` turns
 both off) on a loop with ``add_reader`` on descriptors; otherwise the listener is the loop's
