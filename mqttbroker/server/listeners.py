@@ -147,26 +147,24 @@ async def _start_listener(
             Callable[[], asyncio.BaseProtocol],
             partial(MQTTProtocol, broker, listener, None, policy),
         )
-        if context is None and streams.available():
-            own = StreamServer(loop, bind(listener.host, listener.port, reuse_port), factory)
-            result = Listener(listener, own)
-            for host, port in result.addresses:
-                log.info("listening on %s:%d (%s)", host, port, listener.kind)
-            return result
-    try:
-        server = await loop.create_server(
-            factory,
-            listener.host,
-            listener.port,
-            ssl=context,
-            ssl_handshake_timeout=handshake_timeout,
-            reuse_address=True,
-            reuse_port=reuse_port or None,
-        )
-    except BaseException:
-        if runner is not None:
-            await runner.cleanup()
-        raise
+    server: asyncio.base_events.Server | StreamServer
+    if listener.protocol != "ws" and context is None and streams.available():
+        server = StreamServer(loop, bind(listener.host, listener.port, reuse_port), factory)
+    else:
+        try:
+            server = await loop.create_server(
+                factory,
+                listener.host,
+                listener.port,
+                ssl=context,
+                ssl_handshake_timeout=handshake_timeout,
+                reuse_address=True,
+                reuse_port=reuse_port or None,
+            )
+        except BaseException:
+            if runner is not None:
+                await runner.cleanup()
+            raise
     result = Listener(listener, server, runner)
     for host, port in result.addresses:
         log.info("listening on %s:%d (%s)", host, port, listener.kind)
