@@ -175,14 +175,14 @@ def test_ceiling_lines_from_the_medians_of_the_runs() -> None:
         record("ours-memory", 256_000),
         record("ours-memory", 250_000),
         record("ours-memory", 300_000),
-        record("ours-full", 40_960, fsync_ms=2.0, fsync_fs="ext4"),
-        record("ours-full", 30_000, fsync_ms=3.0, fsync_fs="ext4"),
-        record("ours-full", 50_000, fsync_ms=1.5, fsync_fs="ext4"),
+        record("ours-full", 40_960, fsync_ms=2.0, fsync_cpu_ms=0.2, fsync_fs="ext4"),
+        record("ours-full", 30_000, fsync_ms=3.0, fsync_cpu_ms=0.1, fsync_fs="ext4"),
+        record("ours-full", 50_000, fsync_ms=1.5, fsync_cpu_ms=0.3, fsync_fs="ext4"),
         record("mosquitto", 272_000),
     ]
     text = "\n".join(ceiling.lines(records, 4))
     # median fsync 2.0 ms, commit work 128 / 256,000 = 0.5 ms: 128 / 2.5 ms = 51,200 msg/s
-    assert "fsync 2.000 ms" in text and "on ext4" in text
+    assert "fsync 2.000 ms, 0.200 ms of it processor time" in text and "on ext4" in text
     assert "commit work 0.500 ms = 4 x 32 / ours-memory's 256,000 msg/s" in text
     assert "= 51,200 msg/s" in text
     assert "ours-full 40,960 msg/s = 0.80x of the ceiling" in text
@@ -205,6 +205,7 @@ def test_ceiling_with_the_store_work_from_ours_normal() -> None:
 def test_ceiling_without_ours_memory_counts_no_commit_work() -> None:
     text = "\n".join(ceiling.lines([record("ours-full", 32_000, fsync_ms=2.0)], 4))
     assert "0 (ours-memory not measured)" in text and "= 64,000 msg/s" in text
+    assert "processor time" not in text  # a record from before the probe measured it
 
 
 def test_threads_cpu_counts_the_work_of_every_thread() -> None:
@@ -238,8 +239,8 @@ def test_threads_cpu_counts_the_work_of_every_thread() -> None:
 
 
 def test_fsync_probe_measures_in_the_directory_and_leaves_nothing(tmp_path: Path) -> None:
-    seconds = ceiling.fsync_seconds(str(tmp_path), samples=5)
-    assert seconds > 0
+    seconds, cpu = ceiling.fsync_cost(str(tmp_path), samples=5)
+    assert seconds > 0 and 0 < cpu <= seconds
     assert list(tmp_path.iterdir()) == []
     assert procfs.filesystem("/proc") == "proc"
 
