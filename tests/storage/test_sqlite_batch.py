@@ -15,6 +15,7 @@ from mqttbroker.broker.message import Message
 from mqttbroker.broker.options import BrokerOptions
 from mqttbroker.broker.session import Delivery, Session
 from mqttbroker.broker.topics import Subscription
+from mqttbroker.protocol.fastpath import encode_properties
 from mqttbroker.storage.sqlite import SQLiteStore
 from mqttbroker.storage.sqlite.batch import Batch, statements, write
 from mqttbroker.storage.sqlite.schema import MIGRATIONS
@@ -127,3 +128,58 @@ def test_rows_are_written_with_their_nulls_and_blobs(tmp_path: Path) -> None:
         "SELECT topic_filter, identifier FROM subscriptions ORDER BY topic_filter"
     ).fetchall()
     assert subscriptions == [("t/#", None), ("u/#", 7)]
+
+
+def test_common_rows_bind_only_what_varies(tmp_path: Path) -> None:
+    """A queued delivery and a message without properties, retain flag or expiry (most rows)
+    bind only their varying columns; the constants are in the SQL. Mixed with rows that need
+    every column, in more rows than one statement takes, each row reads back as written."""
+    path = tmp_path / "x.db"
+    db = sqlite3.connect(path, isolation_level=None)
+    for migration in MIGRATIONS:
+        db.executescript(f"BEGIN; {migration} COMMIT;")
+    store = SQLiteStore(path)
+    session = Session("c", BrokerOptions(), store)
+    store.save_session(session)
+    for n in range(70):
+        store.save_delivery(session, Delivery(Message("t/plain", b"%d" % n, 1), 1, False, ()))
+    for n in range(3):
+        rich = Delivery(Message("t/rich", b"r%d" % n, 1, True, {0x03: "a/b"}), 1, True, (4,))
+        rich.packet_id = n + 1
+        store.save_delivery(session, rich)
+    todo = statements(_committed(store), 0.0)
+
+    bound = {"messages": 0, "deliveries": 0}
+    for sql, rows in todo:
+        table = sql.split()[4]
+        if table in bound:
+            bound[table] += sum(len(row) for row in rows)
+    assert bound == {"messages": 70 * 4 + 3 * 7, "deliveries": 70 * 5 + 3 * 9}
+
+    write(db, todo, path, False)
+    rows = db.execute(
+        "SELECT d.seq, d.qos, d.retain, d.sub_ids, d.packet_id, d.released, d.share, m.topic, "
+        "m.payload, m.qos, m.retain, m.properties, m.expires_at "
+        "FROM deliveries d JOIN messages m ON m.id = d.message_id ORDER BY d.seq"
+    ).fetchall()
+    assert len(rows) == 73
+    empty = encode_properties({})
+    for n, row in enumerate(rows[:70]):
+        assert row == (n + 1, 1, 0, "", None, 0, None, "t/plain", b"%d" % n, 1, 0, empty, None)
+    for n, row in enumerate(rows[70:]):
+        properties = encode_properties({0x03: "a/b"})
+        assert row == (
+            71 + n,
+            1,
+            1,
+            "4",
+            n + 1,
+            0,
+            None,
+            "t/rich",
+            b"r%d" % n,
+            1,
+            1,
+            properties,
+            None,
+        )

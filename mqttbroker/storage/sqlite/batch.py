@@ -138,17 +138,23 @@ class Recorder:
             else:
                 msg.store_refs += 1
         sub_ids = delivery.sub_ids
-        batch.deliveries[(client_id, seq)] = (
-            client_id,
-            seq,
-            msg.stored,
-            delivery.qos,
-            1 if delivery.retain else 0,
-            ",".join([str(i) for i in sub_ids]) if sub_ids else "",
-            delivery.packet_id or 0,  # NULL (DELIVERY_ROW)
-            1 if delivery.released else 0,
-            delivery.share or "",  # NULL
-        )
+        packet_id = delivery.packet_id
+        share = delivery.share
+        if sub_ids or packet_id or delivery.released or share:
+            row: tuple[Any, ...] = (
+                client_id,
+                seq,
+                msg.stored,
+                delivery.qos,
+                1 if delivery.retain else 0,
+                ",".join([str(i) for i in sub_ids]) if sub_ids else "",
+                packet_id or 0,  # NULL (DELIVERY_ROW)
+                1 if delivery.released else 0,
+                share or "",  # NULL
+            )
+        else:  # queued (the common row: see QUEUED_ROW)
+            row = (client_id, seq, msg.stored, delivery.qos, 1 if delivery.retain else 0)
+        batch.deliveries[(client_id, seq)] = row
         self._changed()
 
     def delete_delivery(self, session: Session, delivery: Delivery) -> None:
@@ -194,23 +200,29 @@ def statements(b: Batch, shift: float) -> Statements:
         rows = [(client_id,) for client_id in b.wiped]
         todo += [(f"DELETE FROM {table} WHERE client_id = ?", rows) for table in PER_CLIENT]
     if b.messages:
-        _insert(
-            todo,
-            "messages",
-            MESSAGE_ROW,
-            [
-                (
-                    mid,
-                    m.topic,
-                    bytearray(m.payload),  # see MESSAGE_ROW
-                    m.qos,
-                    1 if m.retain else 0,
-                    bytearray(encode_properties(m.properties)) if m.properties else NO_PROPERTIES,
-                    0.0 if m.expires_at is None else m.expires_at + shift,
+        plain: list[tuple[Any, ...]] = []
+        rich: list[tuple[Any, ...]] = []
+        for mid, m in b.messages.items():
+            if m.retain or m.properties or m.expires_at is not None:
+                rich.append(
+                    (
+                        mid,
+                        m.topic,
+                        bytearray(m.payload),  # see MESSAGE_ROW
+                        m.qos,
+                        1 if m.retain else 0,
+                        bytearray(encode_properties(m.properties))
+                        if m.properties
+                        else NO_PROPERTIES,
+                        0.0 if m.expires_at is None else m.expires_at + shift,
+                    )
                 )
-                for mid, m in b.messages.items()
-            ],
-        )
+            else:
+                plain.append((mid, m.topic, bytearray(m.payload), m.qos))
+        if plain:
+            _insert(todo, "messages", PLAIN_MESSAGE_ROW, plain)
+        if rich:
+            _insert(todo, "messages", MESSAGE_ROW, rich)
     if b.sessions:
         _insert(todo, "sessions", _row(4), list(b.sessions.values()))
     _upsert(todo, "subscriptions", "client_id = ? AND topic_filter = ?", b.subs, SUBSCRIPTION_ROW)
@@ -221,6 +233,7 @@ def statements(b: Batch, shift: float) -> Statements:
         b.deliveries,
         DELIVERY_ROW,
         True,
+        QUEUED_ROW,
     )
     if b.releases:
         todo.append(
@@ -267,9 +280,19 @@ ROWS_PER_INSERT = 64
 # lookup that fails and costs more than the row's other columns together: a column that is
 # mostly NULL is bound as 0 (or "") and turned into NULL by SQLite, and BLOBs are bound as
 # bytearrays, which need no adapter (the copy costs less than the lookup).
+#
+# Binding the values is most of the processor time of a commit (the sqlite3 module spends about
+# 65 ns on an integer and 120-130 ns on a string or BLOB, empty or not): the common rows, a
+# queued delivery and a message with no properties, retain flag or expiry, have their constant
+# columns in the SQL (PLAIN_MESSAGE_ROW, QUEUED_ROW). Measured: a commit of 64 messages queued
+# for one session, 118 µs with every column bound, 90 µs so.
 NO_PROPERTIES = bytearray(encode_properties({}))  # never changed
 MESSAGE_ROW = "(?, ?, ?, ?, ?, ?, NULLIF(?, 0.0))"  # expires_at: 0.0 = NULL (no expiry)
+PLAIN_MESSAGE_ROW = f"(?, ?, ?, ?, 0, X'{NO_PROPERTIES.hex()}', NULL)"  # id, topic, payload, qos
 DELIVERY_ROW = "(?, ?, ?, ?, ?, ?, NULLIF(?, 0), ?, NULLIF(?, ''))"  # packet_id 0, share ""
+# client_id, seq, message_id, qos, retain; no sub_ids, packet id, release or share
+QUEUED_ROW = "(?, ?, ?, ?, ?, '', NULL, 0, NULL)"
+QUEUED_WIDTH = 5
 SUBSCRIPTION_ROW = "(?, ?, ?, ?, ?, ?, NULLIF(?, 0))"  # identifier 0
 
 
@@ -305,9 +328,11 @@ def _upsert(
     rows: dict[Any, tuple[Any, ...] | None],
     row: str,
     ranges: bool = False,
+    queued_row: str = "",
 ) -> None:
-    """Rows to put (``row``: one row's VALUES) and keys to delete (None); ``ranges``: keys (owner, number), deleted as
-    ``_runs`` (``where`` then ends in BETWEEN)."""
+    """Rows to put (``row``: one row's VALUES; ``queued_row``: those of the rows of
+    QUEUED_WIDTH values, if any) and keys to delete (None); ``ranges``: keys (owner, number),
+    deleted as ``_runs`` (``where`` then ends in BETWEEN)."""
     if not rows:
         return
     put = [row for row in rows.values() if row is not None]
@@ -318,6 +343,14 @@ def _upsert(
         gone = [
             key if isinstance(key, tuple) else (key,) for key, row in rows.items() if row is None
         ]
+    if put and queued_row:
+        short = [row for row in put if len(row) == QUEUED_WIDTH]
+        if short:
+            _insert(todo, table, queued_row, short)
+            if len(short) < len(put):
+                put = [row for row in put if len(row) != QUEUED_WIDTH]
+            else:
+                put = []
     if put:
         _insert(todo, table, row, put)
     if gone:
