@@ -32,6 +32,17 @@ def _committed(store: SQLiteStore) -> Batch:
     return batch
 
 
+def _open(path: Path) -> tuple[sqlite3.Connection, SQLiteStore, Session]:
+    """A database with the current schema, a store recording for it and a saved session "c"."""
+    db = sqlite3.connect(path, isolation_level=None)
+    for migration in MIGRATIONS:
+        db.executescript(f"BEGIN; {migration} COMMIT;")
+    store = SQLiteStore(path)
+    session = Session("c", BrokerOptions(), store)
+    store.save_session(session)
+    return db, store, session
+
+
 def _sql(batch: Batch) -> list[str]:
     return [sql.split(" VALUES")[0] for sql, _ in statements(batch, 0.0)]
 
@@ -91,12 +102,7 @@ def test_rows_are_written_with_their_nulls_and_blobs(tmp_path: Path) -> None:
     """Columns bound as 0 or "" (to spare the sqlite3 module its adapter lookup) are stored as
     NULL; payloads and properties as BLOBs; the values that are there, as they are."""
     path = tmp_path / "x.db"
-    db = sqlite3.connect(path, isolation_level=None)
-    for migration in MIGRATIONS:
-        db.executescript(f"BEGIN; {migration} COMMIT;")
-    store = SQLiteStore(path)
-    session = Session("c", BrokerOptions(), store)
-    store.save_session(session)
+    db, store, session = _open(path)
     plain = Delivery(Message("t/plain", b"", 1), 1, False, ())
     store.save_delivery(session, plain)
     rich = Delivery(
@@ -135,12 +141,7 @@ def test_common_rows_bind_only_what_varies(tmp_path: Path) -> None:
     bind only their varying columns; the constants are in the SQL. Mixed with rows that need
     every column, in more rows than one statement takes, each row reads back as written."""
     path = tmp_path / "x.db"
-    db = sqlite3.connect(path, isolation_level=None)
-    for migration in MIGRATIONS:
-        db.executescript(f"BEGIN; {migration} COMMIT;")
-    store = SQLiteStore(path)
-    session = Session("c", BrokerOptions(), store)
-    store.save_session(session)
+    db, store, session = _open(path)
     for n in range(70):
         store.save_delivery(session, Delivery(Message("t/plain", b"%d" % n, 1), 1, False, ()))
     for n in range(3):
