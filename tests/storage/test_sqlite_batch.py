@@ -139,7 +139,9 @@ def test_rows_are_written_with_their_nulls_and_blobs(tmp_path: Path) -> None:
 def test_common_rows_bind_only_what_varies(tmp_path: Path) -> None:
     """A queued delivery and a message without properties, retain flag or expiry (most rows)
     bind only their varying columns; the constants are in the SQL. Mixed with rows that need
-    every column, in more rows than one statement takes, each row reads back as written."""
+    every column, in more rows than one statement takes, each row reads back as written: a
+    delivery queued and then put in flight within the batch, one with only a share, a message
+    with only an expiry."""
     path = tmp_path / "x.db"
     db, store, session = _open(path)
     for n in range(70):
@@ -148,6 +150,14 @@ def test_common_rows_bind_only_what_varies(tmp_path: Path) -> None:
         rich = Delivery(Message("t/rich", b"r%d" % n, 1, True, {0x03: "a/b"}), 1, True, (4,))
         rich.packet_id = n + 1
         store.save_delivery(session, rich)
+    sent = Delivery(Message("t/sent", b"s", 1), 1, False, ())
+    store.save_delivery(session, sent)
+    sent.packet_id = 9
+    store.save_delivery(session, sent)
+    store.save_delivery(session, Delivery(Message("t/shared", b"g", 1), 1, False, (), "$share/g/t"))
+    store.save_delivery(
+        session, Delivery(Message("t/expiring", b"e", 1, False, None, 50.0), 1, False, ())
+    )
     todo = statements(_committed(store), 0.0)
 
     bound = {"messages": 0, "deliveries": 0}
@@ -155,7 +165,8 @@ def test_common_rows_bind_only_what_varies(tmp_path: Path) -> None:
         table = sql.split()[4]
         if table in bound:
             bound[table] += sum(len(row) for row in rows)
-    assert bound == {"messages": 70 * 4 + 3 * 7, "deliveries": 70 * 5 + 3 * 9}
+    # plain messages: 70 + sent + shared; queued deliveries: 70 + expiring
+    assert bound == {"messages": 72 * 4 + 4 * 7, "deliveries": 71 * 5 + 5 * 9}
 
     write(db, todo, path, False)
     rows = db.execute(
@@ -163,24 +174,18 @@ def test_common_rows_bind_only_what_varies(tmp_path: Path) -> None:
         "m.payload, m.qos, m.retain, m.properties, m.expires_at "
         "FROM deliveries d JOIN messages m ON m.id = d.message_id ORDER BY d.seq"
     ).fetchall()
-    assert len(rows) == 73
     empty = encode_properties({})
-    for n, row in enumerate(rows[:70]):
-        assert row == (n + 1, 1, 0, "", None, 0, None, "t/plain", b"%d" % n, 1, 0, empty, None)
-    for n, row in enumerate(rows[70:]):
-        properties = encode_properties({0x03: "a/b"})
-        assert row == (
-            71 + n,
-            1,
-            1,
-            "4",
-            n + 1,
-            0,
-            None,
-            "t/rich",
-            b"r%d" % n,
-            1,
-            1,
-            properties,
-            None,
-        )
+    rich_properties = encode_properties({0x03: "a/b"})
+    assert rows == [
+        *[
+            (n + 1, 1, 0, "", None, 0, None, "t/plain", b"%d" % n, 1, 0, empty, None)
+            for n in range(70)
+        ],
+        *[
+            (71 + n, 1, 1, "4", n + 1, 0, None, "t/rich", b"r%d" % n, 1, 1, rich_properties, None)
+            for n in range(3)
+        ],
+        (74, 1, 0, "", 9, 0, None, "t/sent", b"s", 1, 0, empty, None),
+        (75, 1, 0, "", None, 0, "$share/g/t", "t/shared", b"g", 1, 0, empty, None),
+        (76, 1, 0, "", None, 0, None, "t/expiring", b"e", 1, 0, empty, 50.0),
+    ]

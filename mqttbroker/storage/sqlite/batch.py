@@ -285,7 +285,7 @@ ROWS_PER_INSERT = 64
 # 65 ns on an integer and 120-130 ns on a string or BLOB, empty or not): the common rows, a
 # queued delivery and a message with no properties, retain flag or expiry, have their constant
 # columns in the SQL (PLAIN_MESSAGE_ROW, QUEUED_ROW). Measured: a commit of 64 messages queued
-# for one session, 118 µs with every column bound, 90 µs so.
+# for one session, 118 µs with every column bound, 90 µs with the constants in the SQL.
 NO_PROPERTIES = bytearray(encode_properties({}))  # never changed
 MESSAGE_ROW = "(?, ?, ?, ?, ?, ?, NULLIF(?, 0.0))"  # expires_at: 0.0 = NULL (no expiry)
 PLAIN_MESSAGE_ROW = f"(?, ?, ?, ?, 0, X'{NO_PROPERTIES.hex()}', NULL)"  # id, topic, payload, qos
@@ -330,9 +330,10 @@ def _upsert(
     ranges: bool = False,
     queued_row: str = "",
 ) -> None:
-    """Rows to put (``row``: one row's VALUES; ``queued_row``: those of the rows of
-    QUEUED_WIDTH values, if any) and keys to delete (None); ``ranges``: keys (owner, number),
-    deleted as ``_runs`` (``where`` then ends in BETWEEN)."""
+    """Rows to put (``row``: one row's VALUES) and keys to delete (None); ``ranges``: keys
+    (owner, number), deleted as ``_runs`` (``where`` then ends in BETWEEN). ``queued_row``
+    (deliveries only): the VALUES of a row recorded short, told apart by its length alone
+    (QUEUED_WIDTH values, fewer than a full row's)."""
     if not rows:
         return
     put = [row for row in rows.values() if row is not None]
