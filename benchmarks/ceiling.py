@@ -20,8 +20,8 @@ waits for fsync beyond what the ceiling counts; against the first, how much the 
 costs.
 
 The probe also reports the processor time an fsync takes (the kernel's own work). The broker's
-database thread spends it on the core the broker runs on, between commits the event loop has
-to share that core with; the ceiling counts the fsync as waiting only.
+database thread spends it on the broker's core, which the event loop shares; the ceilings count
+the whole fsync as waiting.
 """
 
 from __future__ import annotations
