@@ -140,8 +140,8 @@ def test_common_rows_bind_only_what_varies(tmp_path: Path) -> None:
     """A queued delivery and a message without properties, retain flag or expiry (most rows)
     bind only their varying columns; the constants are in the SQL. Mixed with rows that need
     every column, in more rows than one statement takes, each row reads back as written: a
-    delivery queued and then put in flight within the batch, one with only a share, a message
-    with only an expiry."""
+    delivery queued and then put in flight within the batch, deliveries in flight, one with only
+    a share, a message with only an expiry."""
     path = tmp_path / "x.db"
     db, store, session = _open(path)
     for n in range(70):
@@ -155,6 +155,10 @@ def test_common_rows_bind_only_what_varies(tmp_path: Path) -> None:
     sent.packet_id = 9
     store.save_delivery(session, sent)
     store.save_delivery(session, Delivery(Message("t/shared", b"g", 1), 1, False, (), "$share/g/t"))
+    for n in range(65):
+        flying = Delivery(Message("t/flying", b"f%d" % n, 2), 2, False, ())
+        flying.packet_id = 100 + n
+        store.save_delivery(session, flying)
     store.save_delivery(
         session, Delivery(Message("t/expiring", b"e", 1, False, None, 50.0), 1, False, ())
     )
@@ -165,8 +169,9 @@ def test_common_rows_bind_only_what_varies(tmp_path: Path) -> None:
         table = sql.split()[4]
         if table in bound:
             bound[table] += sum(len(row) for row in rows)
-    # plain messages: 70 + sent + shared; queued deliveries: 70 + expiring
-    assert bound == {"messages": 72 * 4 + 4 * 7, "deliveries": 71 * 5 + 5 * 9}
+    # plain messages: 70 + sent + shared + 65 flying; deliveries queued: 70 + expiring, in
+    # flight: sent + 65 flying, full: 3 rich + shared
+    assert bound == {"messages": 137 * 4 + 4 * 7, "deliveries": 71 * 5 + 66 * 6 + 4 * 9}
 
     write(db, todo, path, False)
     rows = db.execute(
@@ -187,5 +192,9 @@ def test_common_rows_bind_only_what_varies(tmp_path: Path) -> None:
         ],
         (74, 1, 0, "", 9, 0, None, "t/sent", b"s", 1, 0, empty, None),
         (75, 1, 0, "", None, 0, "$share/g/t", "t/shared", b"g", 1, 0, empty, None),
-        (76, 1, 0, "", None, 0, None, "t/expiring", b"e", 1, 0, empty, 50.0),
+        *[
+            (76 + n, 2, 0, "", 100 + n, 0, None, "t/flying", b"f%d" % n, 2, 0, empty, None)
+            for n in range(65)
+        ],
+        (141, 1, 0, "", None, 0, None, "t/expiring", b"e", 1, 0, empty, 50.0),
     ]

@@ -140,7 +140,7 @@ class Recorder:
         sub_ids = delivery.sub_ids
         packet_id = delivery.packet_id
         share = delivery.share
-        if sub_ids or packet_id or delivery.released or share:
+        if sub_ids or delivery.released or share:
             row: tuple[Any, ...] = (
                 client_id,
                 seq,
@@ -152,6 +152,8 @@ class Recorder:
                 1 if delivery.released else 0,
                 share or "",  # NULL
             )
+        elif packet_id:  # in flight (see SENT_ROW)
+            row = (client_id, seq, msg.stored, delivery.qos, 1 if delivery.retain else 0, packet_id)
         else:  # queued (the common row: see QUEUED_ROW)
             row = (client_id, seq, msg.stored, delivery.qos, 1 if delivery.retain else 0)
         batch.deliveries[(client_id, seq)] = row
@@ -233,7 +235,7 @@ def statements(b: Batch, shift: float) -> Statements:
         b.deliveries,
         DELIVERY_ROW,
         True,
-        QUEUED_ROW,
+        SHORT_DELIVERY_ROWS,
     )
     if b.releases:
         todo.append(
@@ -283,16 +285,20 @@ ROWS_PER_INSERT = 64
 #
 # Binding the values is most of the processor time of a commit (the sqlite3 module spends about
 # 65 ns on an integer and 120-130 ns on a string or BLOB, empty or not): the common rows, a
-# queued delivery and a message with no properties, retain flag or expiry, have their constant
-# columns in the SQL (PLAIN_MESSAGE_ROW, QUEUED_ROW). Measured: a commit of 64 messages queued
-# for one session, 118 µs with every column bound, 90 µs with the constants in the SQL.
+# queued or in-flight delivery and a message with no properties, retain flag or expiry, have
+# their constant columns in the SQL (PLAIN_MESSAGE_ROW, QUEUED_ROW, SENT_ROW). Measured: a commit
+# of 64 messages queued for one session, 118 µs with every column bound, 90 µs with the
+# constants in the SQL.
 NO_PROPERTIES = bytearray(encode_properties({}))  # never changed
 MESSAGE_ROW = "(?, ?, ?, ?, ?, ?, NULLIF(?, 0.0))"  # expires_at: 0.0 = NULL (no expiry)
 PLAIN_MESSAGE_ROW = f"(?, ?, ?, ?, 0, X'{NO_PROPERTIES.hex()}', NULL)"  # id, topic, payload, qos
 DELIVERY_ROW = "(?, ?, ?, ?, ?, ?, NULLIF(?, 0), ?, NULLIF(?, ''))"  # packet_id 0, share ""
 # client_id, seq, message_id, qos, retain; no sub_ids, packet id, release or share
 QUEUED_ROW = "(?, ?, ?, ?, ?, '', NULL, 0, NULL)"
-QUEUED_WIDTH = 5
+# the same and the packet id it is in flight under (not released: QoS 1, or QoS 2 before PUBREC)
+SENT_ROW = "(?, ?, ?, ?, ?, '', ?, 0, NULL)"
+# A delivery's row as recorded, by its length: these short forms, or every column (DELIVERY_ROW).
+SHORT_DELIVERY_ROWS = {5: QUEUED_ROW, 6: SENT_ROW}
 SUBSCRIPTION_ROW = "(?, ?, ?, ?, ?, ?, NULLIF(?, 0))"  # identifier 0
 
 
@@ -328,12 +334,11 @@ def _upsert(
     rows: dict[Any, tuple[Any, ...] | None],
     row: str,
     ranges: bool = False,
-    queued_row: str = "",
+    short_rows: dict[int, str] | None = None,
 ) -> None:
     """Rows to put (``row``: one row's VALUES) and keys to delete (None); ``ranges``: keys
-    (owner, number), deleted as ``_runs`` (``where`` then ends in BETWEEN). ``queued_row``
-    (deliveries only): the VALUES of a row recorded short, told apart by its length alone
-    (QUEUED_WIDTH values, fewer than a full row's)."""
+    (owner, number), deleted as ``_runs`` (``where`` then ends in BETWEEN). ``short_rows``: the
+    VALUES of rows recorded short, by their length (a row of another length has every column)."""
     if not rows:
         return
     put = [row for row in rows.values() if row is not None]
@@ -344,14 +349,22 @@ def _upsert(
         gone = [
             key if isinstance(key, tuple) else (key,) for key, row in rows.items() if row is None
         ]
-    if put and queued_row:
-        short = [row for row in put if len(row) == QUEUED_WIDTH]
-        if short:
-            _insert(todo, table, queued_row, short)
-            if len(short) < len(put):
-                put = [row for row in put if len(row) != QUEUED_WIDTH]
+    if put and short_rows:
+        forms: dict[int, list[tuple[Any, ...]]] = {}
+        for values in put:
+            width = len(values)
+            same = forms.get(width)
+            if same is None:
+                forms[width] = [values]
             else:
-                put = []
+                same.append(values)
+        put = []
+        for width, same in forms.items():
+            form = short_rows.get(width)
+            if form is None:
+                put += same
+            else:
+                _insert(todo, table, form, same)
     if put:
         _insert(todo, table, row, put)
     if gone:
