@@ -229,8 +229,7 @@ class Broker:
                     if not self._busy:
                         self._write_output()
                 finally:  # a write that raised still leaves a flush due: it must come
-                    if self.wake is not None:
-                        self.wake()
+                    self._schedule_flush()
             else:
                 self._flush_due = False  # no output: the pass's next read is no crowd
 

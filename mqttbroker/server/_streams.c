@@ -788,12 +788,12 @@ static PyObject *Poller_poll(Poller *p, PyObject *unused) {
      * forwards is what a waiting subscriber waits for. Its ACK comes after (read_ready); in
      * a busy pass the two system calls would only add up. */
     int lone = n == 1 && monotonic_ns() - p->last_end >= QUIET_NS;
-    for (int i = 0; i < n; i++) {
+    int rc = 0;
+    for (int i = 0; i < n && rc == 0; i++) {
         int fd = p->events[i].data.fd;
         uint32_t ready = p->events[i].events;
         if (fd >= p->table_size || !p->table[fd]) continue; /* closed earlier in this pass */
         PyObject *entry = p->table[fd];
-        int rc = 0;
         Py_INCREF(entry);
         if (Py_IS_TYPE(entry, &AcceptorType)) {
             rc = accept_ready(p, (Acceptor *)entry);
@@ -810,12 +810,9 @@ static PyObject *Poller_poll(Poller *p, PyObject *unused) {
                 fail_errno(s, errno);
         }
         Py_DECREF(entry);
-        if (rc < 0) {
-            p->last_end = monotonic_ns();
-            return NULL;
-        }
     }
     p->last_end = monotonic_ns();
+    if (rc < 0) return NULL;
     Py_RETURN_NONE;
 }
 
