@@ -86,6 +86,9 @@ class Recorder:
         self._batch = Batch()
         self._wake = asyncio.Event()  # the writer's: something was recorded
         self._woken = False  # _wake is set (cleared with it by the writer): set() is a call
+        # The writer is woken once ``writes`` reaches this: 0, at the first change; while it
+        # gathers, a count to come (SQLiteStore._write_loop).
+        self._wake_at = 0
         self._next_message_id = 1
 
     def _wake_writer(self) -> None:
@@ -94,12 +97,15 @@ class Recorder:
             self._wake.set()
 
     def _changed(self) -> None:
-        self.writes += 1
-        self._wake_writer()
+        writes = self.writes + 1
+        self.writes = writes
+        if writes >= self._wake_at:
+            self._wake_writer()
 
     def after_commit(self, callback: Callable[[], None]) -> None:
         self._batch.waiters.append(callback)
-        self._wake_writer()
+        if self.writes >= self._wake_at:
+            self._wake_writer()
 
     def save_subscription(self, session: Session, sub: Subscription) -> None:
         self._batch.subs[(session.client_id, sub.topic_filter)] = (

@@ -2,9 +2,11 @@
 
 Changes the broker reports are coalesced in memory per row (a QoS 1 message queued and
 acknowledged within one batch never touches the disk) and written in one transaction per batch.
-A batch starts as soon as the previous one is committed, so under load each fsync carries many
-messages; idle, a change is written at once: while one commit runs, the next batch fills (the
-publishers it will acknowledge wait, the others go on). Each commit is one call into the
+Idle, a change is written at once; while one commit runs, the next batch fills (the publishers
+it will acknowledge wait, the others go on). Under load, with ``sync = "full"``, the writer
+gathers: after a large commit it waits, briefly, for as many changes again, which the
+acknowledgements it has just released bring back, so that each fsync carries the publishers'
+whole window rather than half of it (see ``_write_loop``). Each commit is one call into the
 database's thread (``batch.write``). Connections hold their acknowledgements until the batch
 with their changes has committed (see broker/store.py).
 
@@ -79,6 +81,12 @@ class SQLiteStore(Recorder, Store):
     # TAIL_FRAMES new frames (pages) in the log (see _copy_log).
     CHECKPOINT_PASSES = 4
     TAIL_FRAMES = 64
+    # The writer's gathering under load (see _write_loop): after a commit of at least
+    # GATHER_MIN changes, wait for about as many again, at most GATHER_WAIT seconds; after a
+    # wait that fell short, commit as soon as possible for GATHER_PAUSE commits.
+    GATHER_MIN = 16
+    GATHER_WAIT = 0.002
+    GATHER_PAUSE = 4
 
     def __init__(
         self,
@@ -103,6 +111,10 @@ class SQLiteStore(Recorder, Store):
         self._checkpointer: asyncio.Task[None] | None = None  # see _checkpoint_loop
         self._tail = False  # the writer checkpoints the log's tail before its next commit
         self._writer: asyncio.Task[None] | None = None
+        self._taken = 0  # ``writes`` when the last batch was taken for a commit
+        # Gathering (_write_loop) pays where each commit waits for an fsync; without one, the
+        # wait for the next messages costs more than the commits it saves (measured).
+        self._gathers = sync == "full" and not commit_interval
         self._closing = False
         self._stopped = asyncio.Event()  # set by close(): a retry waits no longer
         self._failing_since: float | None = None  # when commits began to fail (None: they work)
@@ -320,15 +332,40 @@ class SQLiteStore(Recorder, Store):
     # -- writing ----------------------------------------------------------------------------
 
     async def _write_loop(self) -> None:
+        """Commit what was recorded, a batch at a time. Under load the writer gathers: after
+        a commit of at least GATHER_MIN changes, the next one starts once about as many
+        changes again (less an eighth) have been recorded since, as the acknowledgements just
+        released bring the publishers' next messages, or after GATHER_WAIT seconds, whichever
+        comes first. A wait that fell short with changes pending stops the gathering for
+        GATHER_PAUSE commits. Only with ``sync = "full"`` and no ``commit_interval`` (that
+        fixed wait is used instead)."""
+        loop = asyncio.get_running_loop()
+        timer: asyncio.TimerHandle | None = None
+        paused = 0  # commits left before the writer gathers again
         while True:
             await self._wake.wait()
             self._wake.clear()
             self._woken = False
+            target, self._wake_at = self._wake_at, 0
+            if timer is not None:
+                timer.cancel()
+                timer = None
+            short = target != 0 and self.writes < target and not self._batch.empty()
             if self.commit_interval and not self._closing:
                 await asyncio.sleep(self.commit_interval)
+            size = self.writes - self._taken  # the changes this commit takes
             await self._commit_pending()
             if self._closing:
                 return
+            if short:  # what waited paid for it
+                paused = self.GATHER_PAUSE
+            elif paused:
+                paused -= 1
+            elif size >= self.GATHER_MIN and self._gathers:
+                self._wake.clear()
+                self._woken = False
+                self._wake_at = self.writes + size - size // 8
+                timer = loop.call_later(self.GATHER_WAIT, self._wake_writer)
 
     async def _commit_pending(self) -> None:
         """Commit the current batch, then release what waited for it. While the disk refuses
@@ -337,6 +374,7 @@ class SQLiteStore(Recorder, Store):
         Closing, a batch that still fails is given up, its waiters never called."""
         batch = self._batch
         self._batch = Batch()
+        self._taken = self.writes
         delay = self.RETRY_FIRST
         while not batch.empty():
             try:
