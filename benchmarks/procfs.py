@@ -14,8 +14,8 @@ def own_cpu_seconds() -> float:
     return times.user + times.system
 
 
-def cpu_seconds(pid: int | None) -> float | None:
-    """User + system CPU seconds used by ``pid`` so far."""
+def _user_and_kernel(pid: int | None) -> tuple[float, float] | None:
+    """User and system (kernel) CPU seconds used by ``pid`` so far."""
     if pid is None:
         return None
     try:
@@ -24,7 +24,20 @@ def cpu_seconds(pid: int | None) -> float | None:
     except OSError:
         return None
     fields = stat[stat.rindex(b")") + 2 :].split()  # the command name may contain spaces
-    return (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime (fields 14 and 15)
+    return int(fields[11]) / _TICK, int(fields[12]) / _TICK  # utime, stime (fields 14 and 15)
+
+
+def cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU seconds used by ``pid`` so far."""
+    times = _user_and_kernel(pid)
+    return None if times is None else times[0] + times[1]
+
+
+def kernel_cpu_seconds(pid: int | None) -> float | None:
+    """System CPU seconds used by ``pid`` so far: its time in the kernel (system calls, and on
+    loopback the network processing they trigger for the other end too)."""
+    times = _user_and_kernel(pid)
+    return None if times is None else times[1]
 
 
 def threads_cpu_ns(pid: int | None) -> int | None:

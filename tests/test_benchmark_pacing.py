@@ -238,6 +238,26 @@ def test_threads_cpu_counts_the_work_of_every_thread() -> None:
     assert procfs.threads_cpu_ns(None) is None
 
 
+def test_kernel_cpu_seconds_is_the_system_part_of_cpu_seconds() -> None:
+    """Scenario 9's "in the kernel %": /proc's system time of a process, which the kernel also
+    gives the process itself (os.times); its user time is the rest of ``cpu_seconds``."""
+    read, write = os.pipe()
+    try:
+        for _ in range(20_000):  # some time in the kernel, beside the user time already spent
+            os.write(write, b"x")
+            os.read(read, 1)
+    finally:
+        os.close(read)
+        os.close(write)
+    pid = os.getpid()
+    kernel, total, own = procfs.kernel_cpu_seconds(pid), procfs.cpu_seconds(pid), os.times()
+    assert kernel is not None and total is not None
+    tick = 1 / os.sysconf("SC_CLK_TCK")
+    assert abs(kernel - own.system) <= 2 * tick
+    assert abs((total - kernel) - own.user) <= 2 * tick
+    assert procfs.kernel_cpu_seconds(None) is None
+
+
 def test_fsync_probe_measures_in_the_directory_and_leaves_nothing(tmp_path: Path) -> None:
     seconds, cpu = ceiling.fsync_cost(str(tmp_path), samples=5)
     assert seconds > 0 and 0 < cpu <= seconds
