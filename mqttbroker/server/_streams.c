@@ -6,7 +6,9 @@
  * what is buffered and reads (again while a read fills the buffer, as libuv), handing the bytes
  * to the protocol. Interest in an event is added at once and dropped lazily, when epoll
  * reports one no longer wanted (as libuv, which applies changes at its next poll). A lone
- * read after a quiet spell is acknowledged (TCP) after the protocol has handled it. Each
+ * read after a quiet spell is acknowledged (TCP) after the protocol has handled it. Hooks
+ * (begin, end), when set, are called before and after each poll() that finds something ready,
+ * end() even after a callback that raised: the broker flushes the pass's output there. Each
  * connection is a Stream: an asyncio transport (write, close, abort, write_eof,
  * pause_reading...) of 64 bytes, where uvloop's transport and libuv's handle hold about 1,250
  * bytes per socket.
@@ -91,6 +93,7 @@ struct Poller {
     double accept_retry; /* seconds without accepting after running out of descriptors */
     PyObject *loop;
     PyObject *call_soon;
+    PyObject *pass_begin, *pass_end; /* () -> None around each poll() that found events, or NULL */
     PyObject **table; /* fd -> Stream or Acceptor (a reference each), or NULL */
     int table_size;
     Py_ssize_t streams;
@@ -789,6 +792,14 @@ static PyObject *Poller_poll(Poller *p, PyObject *unused) {
      * a busy pass the two system calls would only add up. */
     int lone = n == 1 && monotonic_ns() - p->last_end >= QUIET_NS;
     int rc = 0;
+    PyObject *end = NULL; /* held through the pass: a callback may change the hooks */
+    if (n > 0 && p->pass_begin) {
+        PyObject *r = PyObject_CallNoArgs(p->pass_begin);
+        if (!r) return NULL;
+        Py_DECREF(r);
+        end = p->pass_end;
+        Py_XINCREF(end);
+    }
     for (int i = 0; i < n && rc == 0; i++) {
         int fd = p->events[i].data.fd;
         uint32_t ready = p->events[i].events;
@@ -810,6 +821,21 @@ static PyObject *Poller_poll(Poller *p, PyObject *unused) {
                 fail_errno(s, errno);
         }
         Py_DECREF(entry);
+    }
+    if (end) {
+        /* Always called, after a callback that failed too (its error is kept and raised). */
+        PyObject *type, *value, *traceback;
+        PyErr_Fetch(&type, &value, &traceback);
+        PyObject *r = PyObject_CallNoArgs(end);
+        Py_DECREF(end);
+        if (r) {
+            Py_DECREF(r);
+        } else if (type) {
+            PyErr_WriteUnraisable(p->pass_end ? p->pass_end : Py_None);
+        } else {
+            rc = -1;
+        }
+        if (type) PyErr_Restore(type, value, traceback);
     }
     p->last_end = monotonic_ns();
     if (rc < 0) return NULL;
@@ -914,6 +940,22 @@ static PyObject *Poller_shutdown(Poller *p, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+static PyObject *Poller_hooks(Poller *p, PyObject *args) {
+    PyObject *begin, *end;
+    if (!PyArg_ParseTuple(args, "OO:hooks", &begin, &end)) return NULL;
+    if (begin == Py_None) begin = NULL;
+    if (end == Py_None) end = NULL;
+    if ((begin && !PyCallable_Check(begin)) || (end && !PyCallable_Check(end))) {
+        PyErr_SetString(PyExc_TypeError, "hooks(begin, end): callables or None");
+        return NULL;
+    }
+    Py_XINCREF(begin);
+    Py_XINCREF(end);
+    Py_XSETREF(p->pass_begin, begin);
+    Py_XSETREF(p->pass_end, end);
+    Py_RETURN_NONE;
+}
+
 static PyObject *Poller_get_streams(Poller *p, void *closure) {
     return PyLong_FromSsize_t(p->streams);
 }
@@ -924,6 +966,9 @@ static PyObject *Poller_get_closed(Poller *p, void *closure) {
 
 /* Close what is left, without callbacks: the loop that would run them is gone. */
 static void Poller_dealloc(Poller *p) {
+    /* (After shutdown(), the last stream's finish() would release() the instance, and its
+     * reference to it, taken and dropped, would deallocate it a second time.) */
+    p->shutting_down = 0;
     for (int fd = 0; fd < p->table_size; fd++) {
         PyObject *entry = p->table[fd];
         if (!entry) continue;
@@ -938,6 +983,8 @@ static void Poller_dealloc(Poller *p) {
     if (p->epfd >= 0) close(p->epfd);
     Py_XDECREF(p->loop);
     Py_XDECREF(p->call_soon);
+    Py_XDECREF(p->pass_begin);
+    Py_XDECREF(p->pass_end);
     Py_TYPE(p)->tp_free((PyObject *)p);
 }
 
@@ -950,6 +997,9 @@ static PyMethodDef Poller_methods[] = {
      "on_error(fd, OSError) hears when accepting pauses (out of descriptors)."},
     {"resume", (PyCFunction)Poller_resume, METH_O,
      "resume(fd): accept again on a socket whose accepting failed."},
+    {"hooks", (PyCFunction)Poller_hooks, METH_VARARGS,
+     "hooks(begin, end): call begin() before and end() after each poll() that finds sockets "
+     "ready (end() also after a callback that raised); None for neither."},
     {"shutdown", (PyCFunction)Poller_shutdown, METH_NOARGS,
      "Stop accepting; release the epoll instance once no connection is left."},
     {NULL},

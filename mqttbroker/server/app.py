@@ -132,6 +132,7 @@ class Server:
             log.info("busy polling for %d microseconds after each pass that sends", window)
         else:
             broker.wake = partial(loop.call_soon, broker.flush)  # a C call, once per pass
+            broker.hook_passes = True  # the own transport's passes flush at their end
         if self.security.authenticator is not None and self.config.security.password_file:
             broker.offload = self._offloader(loop)
         for index, config in enumerate(self.config.listeners):

@@ -149,7 +149,9 @@ async def _start_listener(
         )
     server: asyncio.base_events.Server | StreamServer
     if listener.protocol != "ws" and context is None and streams.available():
-        server = StreamServer(loop, bind(listener.host, listener.port, reuse_port), factory)
+        hooks = (broker.pass_begin, broker.pass_end) if broker.hook_passes else None
+        sockets = bind(listener.host, listener.port, reuse_port)
+        server = StreamServer(loop, sockets, factory, hooks=hooks)
     else:
         try:
             server = await loop.create_server(

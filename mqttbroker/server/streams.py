@@ -15,6 +15,9 @@ acknowledgement is held (TCP_QUICKACK off) until the protocol has handled the re
 would otherwise send it from within recv(), and a forwarded message would wait for that
 (measured at about 2 µs of the 60 µs publish-to-delivery at 1,000 msg/s).
 
+A listener's poller calls the broker's ``pass_begin`` and ``pass_end`` around each of its passes
+(``hooks``): the pass's output is flushed at its end, without a callback of the loop.
+
 It is used when the compiled modules are (``mqttbroker.compiled``; ``MQTTBROKER_PURE`` turns
 both off) on a loop with ``add_reader`` on descriptors; otherwise the listener is the loop's
 ``create_server``.
@@ -48,8 +51,9 @@ def available() -> bool:
 class StreamServer:
     """A plain TCP listener on ``_streams``: it accepts on ``sockets`` (bound, listening, non
     blocking) and calls ``factory()`` for each connection's protocol; ``defer_accept``: seconds
-    of TCP_DEFER_ACCEPT (0: none; default DEFER_ACCEPT). It has what the Server
-    needs of an asyncio server: ``sockets``, ``close()`` and ``wait_closed()``."""
+    of TCP_DEFER_ACCEPT (0: none; default DEFER_ACCEPT); ``hooks``: (begin, end), called
+    before and after each pass over the sockets ready (Broker.pass_begin and pass_end). It has
+    what the Server needs of an asyncio server: ``sockets``, ``close()`` and ``wait_closed()``."""
 
     def __init__(
         self,
@@ -57,6 +61,7 @@ class StreamServer:
         sockets: list[socket.socket],
         factory: Callable[[], asyncio.BaseProtocol],
         defer_accept: int | None = None,
+        hooks: tuple[Callable[[], object], Callable[[], object]] | None = None,
     ) -> None:
         assert _streams is not None
         defer = DEFER_ACCEPT if defer_accept is None else defer_accept
@@ -64,6 +69,8 @@ class StreamServer:
         self.accept_errors = 0
         self._closed = False
         self.poller = _streams.Poller(loop, ACCEPT_RETRY)
+        if hooks is not None:
+            self.poller.hooks(*hooks)
         loop.add_reader(self.poller.fileno(), self.poller.poll)
         for listening in sockets:
             if defer:

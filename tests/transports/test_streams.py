@@ -326,6 +326,89 @@ def test_a_lone_read_after_a_quiet_spell_holds_its_ack_until_handled(loop: str) 
     assert crowd_one == crowd_two == ["reading: quick", "after the pass: quick"]
 
 
+@pytest.mark.parametrize("loop", LOOPS)
+def test_the_pass_hooks_frame_each_pass_that_finds_sockets_ready(loop: str) -> None:
+    """``hooks(begin, end)``: begin() before and end() after each poll() that finds sockets
+    ready, none for a poll that finds nothing, and end() after a callback that raised too
+    (what the broker's flush at the end of a pass relies on). The test runs the passes."""
+    calls: list[object] = []
+
+    class Reading(Recorder):
+        def data_received(self, data: bytes) -> None:
+            calls.append(bytes(data))
+            if data == b"stop":
+                raise KeyboardInterrupt  # not an Exception: poll() itself raises it
+
+    async def scenario() -> list[list[object]]:
+        listening = Listening(Reading)
+        poller = listening.server.poller
+        poller.hooks(lambda: calls.append("begin"), lambda: calls.append("end"))
+        (one, _), (two, _) = await listening.client(), await listening.client()
+        accepted = [_accepted_side(one), _accepted_side(two)]
+        listening.loop.remove_reader(poller.fileno())
+        calls.clear()
+        passes: list[list[object]] = []
+
+        def ready(count: int) -> None:
+            deadline = time.monotonic() + GUARD
+            while len(select.select(accepted, [], [], GUARD)[0]) < count:
+                assert time.monotonic() < deadline, "the segments never arrived"
+
+        poller.poll()  # nothing ready
+        passes.append(list(calls))
+        one.send(b"a")
+        two.send(b"b")
+        ready(2)
+        poller.poll()
+        passes.append(list(calls))
+        calls.clear()
+        one.send(b"stop")
+        ready(1)
+        with pytest.raises(KeyboardInterrupt):
+            poller.poll()
+        passes.append(list(calls))
+        poller.hooks(None, None)
+        calls.clear()
+        two.send(b"c")
+        ready(1)
+        poller.poll()
+        passes.append(list(calls))
+        for sock in (one, two, *accepted):
+            sock.close()
+        listening.server.close()
+        return passes
+
+    idle, both, raised, unhooked = run(loop, scenario)
+    assert idle == []
+    assert both[0] == "begin" and both[-1] == "end" and sorted(both[1:-1]) == [b"a", b"b"]  # type: ignore[type-var]
+    assert raised == ["begin", b"stop", "end"]
+    assert unhooked == [b"c"]
+
+
+def test_a_poller_its_loop_lets_go_of_after_shutdown_closes_what_is_left_once() -> None:
+    """A listener shut down while connections are open keeps its epoll instance until the last
+    one closes; if the loop lets go of the poller first (the loop closing), the poller closes
+    them as it goes, and is freed once (its release with the last connection used to free it
+    a second time, from within its own deallocation)."""
+
+    async def scenario() -> bytes:
+        listening = Listening(Recorder)
+        sock, _ = await listening.client()
+        poller = listening.server.poller
+        listening.server.close()
+        listening.loop.remove_reader(poller.fileno())
+        del poller, listening
+        gc.collect()
+        sock.setblocking(True)
+        sock.settimeout(GUARD)
+        try:
+            return sock.recv(16)  # EOF: the poller closed the connection as it went
+        finally:
+            sock.close()
+
+    assert asyncio.run(scenario()) == b""
+
+
 def test_past_the_high_water_mark_the_protocol_pauses_and_resumes_below_the_low() -> None:
     """A client that does not read: writes are buffered, pause_writing once past ``high``,
     resume_writing once the client has read it down to ``low``; every byte arrives in order."""

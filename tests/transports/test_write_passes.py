@@ -71,6 +71,16 @@ class _Loop:
         self.end_pass()
         return transport
 
+    def subscribed(self, *publishers: str) -> _Transport:
+        """A subscriber of "t" and ``publishers``, connected, after the pass that set them up:
+        the subscriber's transport."""
+        sub = self.connect("sub")
+        for client_id in publishers:
+            self.connect(client_id)
+        self.read("sub", pk.Subscribe(1, [pk.SubscriptionRequest("t", 0, False, False, 0)], {}))
+        self.end_pass()
+        return sub
+
     def read(self, client_id: str, packet: Any) -> None:
         self.clients[client_id][0].data_received(grammar.encode(packet, MQTT_5))
 
@@ -84,11 +94,7 @@ def _payloads(data: bytes) -> list[bytes]:
 
 def test_first_output_of_an_idle_pass_is_written_before_the_pass_ends() -> None:
     loop = _Loop()
-    sub = loop.connect("sub")
-    loop.connect("a")
-    loop.connect("b")
-    loop.read("sub", pk.Subscribe(1, [pk.SubscriptionRequest("t", 0, False, False, 0)], {}))
-    loop.end_pass()
+    sub = loop.subscribed("a", "b")
     assert [type(p) for p in split_packets(b"".join(sub.writes), MQTT_5)] == [
         pk.Connack,
         pk.Suback,
@@ -141,10 +147,7 @@ def test_the_flush_is_asked_for_after_the_early_write_and_not_for_a_read_without
     nobody subscribed to) asks for no flush, and the pass stays idle: its next read is
     still written at once."""
     loop = _Loop()
-    sub = loop.connect("sub")
-    loop.connect("a")
-    loop.read("sub", pk.Subscribe(1, [pk.SubscriptionRequest("t", 0, False, False, 0)], {}))
-    loop.end_pass()
+    sub = loop.subscribed("a")
     order: list[tuple[str, int]] = []
     loop.broker.wake = lambda: order.append(("wake", len(sub.writes)))
     written = len(sub.writes)
@@ -166,10 +169,7 @@ def test_a_write_that_raises_still_leaves_the_flush_asked_for() -> None:
     handler) must not leave the pass's flush unasked for: the broker would otherwise believe
     a flush is due for ever, and no later output would be written."""
     loop = _Loop()
-    sub = loop.connect("sub")
-    loop.connect("a")
-    loop.read("sub", pk.Subscribe(1, [pk.SubscriptionRequest("t", 0, False, False, 0)], {}))
-    loop.end_pass()
+    sub = loop.subscribed("a")
 
     def refuse(data: bytes) -> None:
         raise RuntimeError("the transport refuses")
@@ -178,4 +178,28 @@ def test_a_write_that_raises_still_leaves_the_flush_asked_for() -> None:
     wakes = loop.wakes
     with pytest.raises(RuntimeError, match="refuses"):
         loop.publish("a", b"1")
+    assert loop.wakes == wakes + 1
+
+
+def test_a_hooked_pass_asks_for_no_callback_and_is_flushed_at_its_end() -> None:
+    """The own transport frames each pass with pass_begin and pass_end: the reads in between
+    ask the loop for no flush (wake), whatever they write, and pass_end writes what they left,
+    one write per connection. Output outside a pass (a commit, a timer) still asks for one."""
+    loop = _Loop()
+    sub = loop.subscribed("a", "b")
+    seen = len(sub.writes)
+    wakes = loop.wakes
+
+    loop.broker.pass_begin()
+    loop.publish("a", b"1")  # the pass's first read: still written at once
+    loop.publish("b", b"2")
+    loop.publish("a", b"3")
+    assert [_payloads(w) for w in sub.writes[seen:]] == [[b"1"]]
+    loop.broker.pass_end()
+    assert [_payloads(w) for w in sub.writes[seen:]] == [[b"1"], [b"2", b"3"]]
+    assert loop.wakes == wakes  # no loop callback asked for
+    loop.broker.pass_end()  # nothing due: nothing written
+    assert len(sub.writes) == seen + 2
+
+    loop.publish("a", b"4")  # outside a pass: the flush is asked of the loop, as before
     assert loop.wakes == wakes + 1
