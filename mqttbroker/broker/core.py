@@ -258,8 +258,9 @@ class Broker:
     def pass_begin(self) -> None:
         """A transport's pass over its ready sockets begins: the output of its reads is flushed
         by :meth:`pass_end`, not by a loop callback that ``wake`` would ask for. (Scheduling that
-        callback and the loop's running it cost about 2,700 instructions per pass, as much as a
-        fifth of a pass that forwards one message.)"""
+        callback and the loop's running it cost about 2,500 instructions per pass: measured with
+        callgrind at one message per pass, 11,721 instructions per message with it, 9,185
+        without.)"""
         self._in_pass = True
 
     def pass_end(self) -> None:

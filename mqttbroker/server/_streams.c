@@ -93,7 +93,8 @@ struct Poller {
     double accept_retry; /* seconds without accepting after running out of descriptors */
     PyObject *loop;
     PyObject *call_soon;
-    PyObject *pass_begin, *pass_end; /* () -> None around each poll() that found events, or NULL */
+    PyObject *pass_begin, *pass_end; /* () -> None around each poll() that found events: both
+                                      * callables, or both NULL */
     PyObject **table; /* fd -> Stream or Acceptor (a reference each), or NULL */
     int table_size;
     Py_ssize_t streams;
@@ -797,8 +798,7 @@ static PyObject *Poller_poll(Poller *p, PyObject *unused) {
         PyObject *r = PyObject_CallNoArgs(p->pass_begin);
         if (!r) return NULL;
         Py_DECREF(r);
-        end = p->pass_end;
-        Py_XINCREF(end);
+        end = Py_NewRef(p->pass_end);
     }
     for (int i = 0; i < n && rc == 0; i++) {
         int fd = p->events[i].data.fd;
@@ -827,14 +827,14 @@ static PyObject *Poller_poll(Poller *p, PyObject *unused) {
         PyObject *type, *value, *traceback;
         PyErr_Fetch(&type, &value, &traceback);
         PyObject *r = PyObject_CallNoArgs(end);
-        Py_DECREF(end);
         if (r) {
             Py_DECREF(r);
         } else if (type) {
-            PyErr_WriteUnraisable(p->pass_end ? p->pass_end : Py_None);
+            PyErr_WriteUnraisable(end);
         } else {
             rc = -1;
         }
+        Py_DECREF(end);
         if (type) PyErr_Restore(type, value, traceback);
     }
     p->last_end = monotonic_ns();
@@ -943,10 +943,10 @@ static PyObject *Poller_shutdown(Poller *p, PyObject *unused) {
 static PyObject *Poller_hooks(Poller *p, PyObject *args) {
     PyObject *begin, *end;
     if (!PyArg_ParseTuple(args, "OO:hooks", &begin, &end)) return NULL;
-    if (begin == Py_None) begin = NULL;
-    if (end == Py_None) end = NULL;
-    if ((begin && !PyCallable_Check(begin)) || (end && !PyCallable_Check(end))) {
-        PyErr_SetString(PyExc_TypeError, "hooks(begin, end): callables or None");
+    if (begin == Py_None && end == Py_None) {
+        begin = end = NULL;
+    } else if (!PyCallable_Check(begin) || !PyCallable_Check(end)) {
+        PyErr_SetString(PyExc_TypeError, "hooks(begin, end): two callables, or None and None");
         return NULL;
     }
     Py_XINCREF(begin);
@@ -999,7 +999,7 @@ static PyMethodDef Poller_methods[] = {
      "resume(fd): accept again on a socket whose accepting failed."},
     {"hooks", (PyCFunction)Poller_hooks, METH_VARARGS,
      "hooks(begin, end): call begin() before and end() after each poll() that finds sockets "
-     "ready (end() also after a callback that raised); None for neither."},
+     "ready (end() also after a callback that raised); hooks(None, None): none."},
     {"shutdown", (PyCFunction)Poller_shutdown, METH_NOARGS,
      "Stop accepting; release the epoll instance once no connection is left."},
     {NULL},

@@ -184,7 +184,8 @@ def test_a_write_that_raises_still_leaves_the_flush_asked_for() -> None:
 def test_a_hooked_pass_asks_for_no_callback_and_is_flushed_at_its_end() -> None:
     """The own transport frames each pass with pass_begin and pass_end: the reads in between
     ask the loop for no flush (wake), whatever they write, and pass_end writes what they left,
-    one write per connection. Output outside a pass (a commit, a timer) still asks for one."""
+    one write per connection. Output outside such a pass (a read on another transport, a
+    commit, a timer) still asks the loop for one."""
     loop = _Loop()
     sub = loop.subscribed("a", "b")
     seen = len(sub.writes)
