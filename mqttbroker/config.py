@@ -24,6 +24,7 @@ LOG_FORMATS = ("text", "json")
 MAX_BUSY_POLL_US = 1_000_000
 MAX_FD_TABLE = 1 << 20  # Linux's default ceiling on any process's table (fs.nr_open)
 MAX_WORKERS = 256
+MAX_BACKLOG = 65535  # a listener's backlog (the kernel caps it lower: net.core.somaxconn)
 
 
 class ConfigError(Exception):
@@ -62,6 +63,10 @@ class ListenerConfig:
     # connection must start with the header, and the client it names is the one logged and
     # counted against max_connections_per_address. With TLS, the balancer passes TLS through.
     proxy_protocol: str = ""
+    # Connections the kernel completes and holds for the broker to accept. A connection storm
+    # (thousands of devices reconnecting at once) past it has its SYNs dropped, and each such
+    # client waits a second or more to retry. Linux caps it at net.core.somaxconn.
+    backlog: int = 1024
 
     @property
     def tls(self) -> bool:
@@ -473,6 +478,8 @@ def _check_listener(listener: ListenerConfig, where: str) -> None:
         raise ConfigError(f"{where}.port: must be between 0 and 65535")
     if listener.protocol not in ("mqtt", "ws"):
         raise ConfigError(f'{where}.protocol: expected "mqtt" or "ws", got {listener.protocol!r}')
+    if not 1 <= listener.backlog <= MAX_BACKLOG:
+        raise ConfigError(f"{where}.backlog: must be between 1 and {MAX_BACKLOG}")
     if not listener.ws_path.startswith("/"):
         raise ConfigError(f"{where}.ws_path: must start with '/', got {listener.ws_path!r}")
     if listener.tls_min_version not in ("1.2", "1.3"):

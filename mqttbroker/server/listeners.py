@@ -125,7 +125,7 @@ async def _start_listener(
     elif listener.proxy_protocol:
         acceptor = ProxyAcceptor(
             loop,
-            bind(listener.host, listener.port, reuse_port),
+            bind(listener.host, listener.port, reuse_port, listener.backlog),
             trusted_networks(listener.proxy_protocol),
             lambda name, address: _protocol(broker, listener, (name, address), policy),
             context,
@@ -150,7 +150,7 @@ async def _start_listener(
     server: asyncio.base_events.Server | StreamServer
     if listener.protocol != "ws" and context is None and streams.available():
         hooks = (broker.pass_begin, broker.pass_end) if broker.hook_passes else None
-        sockets = bind(listener.host, listener.port, reuse_port)
+        sockets = bind(listener.host, listener.port, reuse_port, listener.backlog)
         server = StreamServer(loop, sockets, factory, hooks=hooks)
     else:
         try:
@@ -162,6 +162,7 @@ async def _start_listener(
                 ssl_handshake_timeout=handshake_timeout,
                 reuse_address=True,
                 reuse_port=reuse_port or None,
+                backlog=listener.backlog,
             )
         except BaseException:
             if runner is not None:

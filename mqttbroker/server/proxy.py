@@ -339,10 +339,10 @@ def log_accept_failure(listening: socket.socket, exc: OSError, failures: int, re
         )
 
 
-def bind(host: str, port: int, reuse_port: bool = False) -> list[socket.socket]:
+def bind(host: str, port: int, reuse_port: bool, backlog: int) -> list[socket.socket]:
     """Listening sockets for ``host``:``port``, one per address it resolves to, as
     ``loop.create_server`` binds them (SO_REUSEADDR, and SO_REUSEPORT with ``reuse_port``; IPv6
-    sockets IPv6 only)."""
+    sockets IPv6 only), each holding up to ``backlog`` connections not yet accepted."""
     sockets: list[socket.socket] = []
     try:
         seen = set()
@@ -363,7 +363,7 @@ def bind(host: str, port: int, reuse_port: bool = False) -> list[socket.socket]:
             if family == socket.AF_INET6:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             sock.bind(address)
-            sock.listen(100)
+            sock.listen(backlog)
             sock.setblocking(False)
     except BaseException:
         for sock in sockets:

@@ -3,6 +3,8 @@ certificate files, impossible combinations), ``--ws-port``, and the log line of 
 
 from __future__ import annotations
 
+import socket
+import struct
 from pathlib import Path
 
 import pytest
@@ -53,6 +55,9 @@ def test_listener_values_are_applied(tmp_path: Path, certs: Certificates) -> Non
         ({"tls_ca_file": "ca.pem"}, "listener[0].tls_ca_file: needs tls_cert_file"),
         ({"tls_require_certificate": "yes"}, "listener[0].tls_require_certificate: expected true"),
         ({"tls_cert_file": "/nonexistent/server.pem"}, "listener[0].tls_cert_file: file not found"),
+        ({"backlog": 0}, "listener[0].backlog: must be between 1 and 65535"),
+        ({"backlog": 65536}, "listener[0].backlog: must be between 1 and 65535"),
+        ({"backlog": "many"}, "listener[0].backlog: expected an integer"),
     ],
 )
 def test_listener_errors_name_the_file_and_the_key(
@@ -80,6 +85,50 @@ def test_tls_combinations_and_files(tmp_path: Path, certs: Certificates) -> None
         with pytest.raises(ConfigError) as info:
             load(path)
         assert str(info.value).startswith(f"{path}: listener[1].{expected}"), info.value
+
+
+def listen_backlogs() -> dict[int, int]:
+    """The backlog of every IPv4 TCP socket listening on this machine, by port, as the kernel
+    reports it (sock_diag over netlink: idiag_wqueue of a listening socket is its backlog)."""
+    request = struct.pack("=BBBBI", socket.AF_INET, socket.IPPROTO_TCP, 0, 0, 1 << 10)
+    request += bytes(48)  # inet_diag_sockid: any
+    header = struct.pack("=IHHII", 16 + len(request), 20, 0x301, 1, 0)  # SOCK_DIAG_BY_FAMILY, dump
+    backlogs: dict[int, int] = {}
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, 4) as diag:  # NETLINK_SOCK_DIAG
+        diag.send(header + request)
+        while True:
+            data, pos = diag.recv(1 << 16), 0
+            while pos < len(data):
+                length, kind = struct.unpack_from("=IH", data, pos)
+                if kind == 3:  # NLMSG_DONE
+                    return backlogs
+                assert kind == 20, f"sock_diag answered message type {kind}"
+                (port,) = struct.unpack_from(">H", data, pos + 20)
+                (backlogs[port],) = struct.unpack_from("=I", data, pos + 76)
+                pos += (length + 3) & ~3
+
+
+def test_backlog_is_applied_to_every_kind_of_listener(tmp_path: Path) -> None:
+    """Each listener's backlog reaches its listening socket, on the broker's own TCP transport,
+    behind the PROXY protocol and on asyncio's server (WebSocket); 1024 when not set. The kernel
+    caps each at net.core.somaxconn."""
+    somaxconn = int(Path("/proc/sys/net/core/somaxconn").read_text())
+    path = tmp_path / "backlog.toml"
+    path.write_text(
+        toml_listener(port=0, backlog=300)
+        + toml_listener(port=0, backlog=200, protocol="ws")
+        + toml_listener(port=0, backlog=150, proxy_protocol="127.0.0.1")
+        + toml_listener(port=0)
+    )
+    broker = BrokerProcess(
+        tmp_path / "data", config=path, listeners=4, extra_args=("--memory",)
+    ).start()
+    try:
+        backlogs = listen_backlogs()
+        found = [backlogs.get(address.port) for address in broker.addresses]
+    finally:
+        assert broker.stop() == 0
+    assert found == [min(backlog, somaxconn) for backlog in (300, 200, 150, 1024)]
 
 
 def test_two_listeners_on_one_port(tmp_path: Path) -> None:

@@ -430,7 +430,7 @@ def test_closing_the_listener_closes_every_socket_it_accepted(loop: str) -> None
     async def scenario() -> int:
         closed = 0
         for cycle in range(30):
-            sockets = bind("127.0.0.1", 0)
+            sockets = bind("127.0.0.1", 0, False, 16)
             port = sockets[0].getsockname()[1]
             acceptor = ProxyAcceptor(
                 asyncio.get_running_loop(),

@@ -105,7 +105,7 @@ class Listening:
 
         self.server = StreamServer(
             self.loop,
-            bind("127.0.0.1", 0),
+            bind("127.0.0.1", 0, False, 16),
             make,  # type: ignore[arg-type]
             None if defer else 0,
         )
