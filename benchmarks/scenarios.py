@@ -41,6 +41,7 @@ class Sizes:
     spray_topics: int = 10000
     spray_wildcards: int = 10
     connect_concurrency: int = 64
+    storm_concurrency: int = 1000  # scenario 6's second wave: connections set up at once
     persist_publishers: int = 4
     session_expiry: int = 3600
     devices: int = 1000
@@ -170,8 +171,10 @@ class Ctx:
         names: Sequence[str],
         filters: Callable[[int], Sequence[tuple[str, int]]] | None = None,
         frame_len: int = 0,
+        concurrency: int | None = None,
     ) -> list[RawClient]:
-        """Open (and subscribe) one raw connection per name, ``connect_concurrency`` at a time."""
+        """Open (and subscribe) one raw connection per name, ``concurrency`` (default
+        ``connect_concurrency``) at a time."""
         clients = open_many(
             self.host,
             self.port,
@@ -179,7 +182,7 @@ class Ctx:
             self.version,
             filters,
             frame_len,
-            self.sizes.connect_concurrency,
+            concurrency or self.sizes.connect_concurrency,
             timeout=60 + len(names) / 100,
         )
         self.raw.extend(clients)
@@ -426,9 +429,16 @@ async def idle_connections(ctx: Ctx) -> dict[str, Any]:
     per_conn = None
     if rss0 is not None and rss1 is not None:
         per_conn = round((rss1 - rss0) / n, 2)
+    # A second wave as a storm: as many clients again, storm_concurrency at once (devices
+    # reconnecting together); past the listener's backlog the kernel drops SYNs, retried a
+    # second later.
+    t0 = time.monotonic()
+    ctx.open_many([f"storm{i}" for i in range(n)], concurrency=ctx.sizes.storm_concurrency)
+    storm_s = time.monotonic() - t0
     connect_s = round(w["elapsed"], 3)
     w["metrics"] = {
         "connect_s": connect_s,
+        "storm_connect_s": round(storm_s, 3),
         "conns_per_s": rate(n, w["elapsed"]),
         "cpu_us_per_conn": procfs.per_item_us(ns0, ns1, len(clients)),
         "rss_kb_per_conn": per_conn,
@@ -804,6 +814,7 @@ SCENARIOS: dict[str, Scenario] = {
             idle_connections,
             (
                 Metric("connect_s", "connect all, s", False),
+                Metric("storm_connect_s", "as many again, storm, s", False),
                 Metric("cpu_us_per_conn", "broker CPU us/conn", False),
                 Metric("rss_kb_per_conn", "RSS KiB/conn", False),
             ),
@@ -872,7 +883,10 @@ def titled(scenario: Scenario, sizes: Sizes) -> str:
     elif scenario.key == "5":
         title = title.replace("@1000", f"@{sizes.latency_rate:g}")
     elif scenario.key == "6":
-        title = f"{sizes.idle_connections} idle connections"
+        title = (
+            f"{sizes.idle_connections} idle connections"
+            f" ({sizes.connect_concurrency}, then {sizes.storm_concurrency} at once)"
+        )
     elif scenario.key == "7":
         title = f"{sizes.spray_topics} topics spray +{sizes.spray_wildcards} wildcards"
     elif scenario.key == "8":
