@@ -78,6 +78,16 @@ def _protocol(
     return cast(asyncio.BaseProtocol, MQTTProtocol(broker, listener, origin, policy))
 
 
+def somaxconn() -> int | None:
+    """The kernel's cap on any listening socket's backlog (Linux: net.core.somaxconn), or None
+    where it cannot be read."""
+    try:
+        with open("/proc/sys/net/core/somaxconn") as file:
+            return int(file.read())
+    except (OSError, ValueError):
+        return None
+
+
 async def start_listener(
     broker: Broker,
     listener: ListenerConfig,
@@ -89,6 +99,15 @@ async def start_listener(
     ``where`` names it in configuration and start errors (e.g. ``"listener[1]"``); ``policy``
     is what the broker is told about each connection it accepts; ``reuse_port``: share the
     port with other processes (SO_REUSEPORT; ``workers``)."""
+    limit = somaxconn()
+    if limit is not None and listener.backlog > limit:
+        log.warning(
+            "%s.backlog = %d is above the kernel's net.core.somaxconn (%d), which caps it: "
+            "raise net.core.somaxconn (sysctl) to hold that many connections not yet accepted",
+            where,
+            listener.backlog,
+            limit,
+        )
     try:
         return await _start_listener(broker, listener, where, policy, reuse_port)
     except OSError as exc:

@@ -129,6 +129,33 @@ def test_backlog_is_applied_to_every_kind_of_listener(tmp_path: Path) -> None:
     finally:
         assert broker.stop() == 0
     assert found == [min(backlog, somaxconn) for backlog in (300, 200, 150, 1024)]
+    assert "net.core.somaxconn" not in broker.log_text()
+
+
+def test_a_backlog_above_somaxconn_is_a_warning(tmp_path: Path) -> None:
+    """The kernel silently caps a listener's backlog at net.core.somaxconn: the broker says so
+    at start, naming the listener, and serves with the capped backlog."""
+    somaxconn = int(Path("/proc/sys/net/core/somaxconn").read_text())
+    path = tmp_path / "backlog.toml"
+    path.write_text(toml_listener(port=0) + toml_listener(port=0, backlog=65535))
+    broker = BrokerProcess(
+        tmp_path / "data", config=path, listeners=2, extra_args=("--memory",)
+    ).start()
+    try:
+        found = listen_backlogs().get(broker.addresses[1].port)
+        client = PahoClient("127.0.0.1", broker.addresses[1].port)
+        client.connect()
+        client.disconnect()
+    finally:
+        assert broker.stop() == 0
+    assert found == min(65535, somaxconn)
+    warnings = [line for line in broker.log_lines() if "net.core.somaxconn" in line]
+    if somaxconn < 65535:
+        assert len(warnings) == 1, broker.log_text()
+        assert "WARNING" in warnings[0] and "listener[1].backlog = 65535" in warnings[0]
+        assert f"net.core.somaxconn ({somaxconn})" in warnings[0]
+    else:  # a kernel that holds it all has nothing to warn about
+        assert warnings == [], broker.log_text()
 
 
 def test_two_listeners_on_one_port(tmp_path: Path) -> None:
