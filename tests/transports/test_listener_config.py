@@ -108,11 +108,16 @@ def listen_backlogs() -> dict[int, int]:
                 pos += (length + 3) & ~3
 
 
+def kernel_somaxconn() -> int:
+    """The kernel's cap on every listening socket's backlog, read here, not from the broker."""
+    return int(Path("/proc/sys/net/core/somaxconn").read_text())
+
+
 def test_backlog_is_applied_to_every_kind_of_listener(tmp_path: Path) -> None:
     """Each listener's backlog reaches its listening socket, on the broker's own TCP transport,
     behind the PROXY protocol and on asyncio's server (WebSocket); 1024 when not set. The kernel
     caps each at net.core.somaxconn."""
-    somaxconn = int(Path("/proc/sys/net/core/somaxconn").read_text())
+    somaxconn = kernel_somaxconn()
     path = tmp_path / "backlog.toml"
     path.write_text(
         toml_listener(port=0, backlog=300)
@@ -135,7 +140,7 @@ def test_backlog_is_applied_to_every_kind_of_listener(tmp_path: Path) -> None:
 def test_a_backlog_above_somaxconn_is_a_warning(tmp_path: Path) -> None:
     """The kernel silently caps a listener's backlog at net.core.somaxconn: the broker says so
     at start, naming the listener, and serves with the capped backlog."""
-    somaxconn = int(Path("/proc/sys/net/core/somaxconn").read_text())
+    somaxconn = kernel_somaxconn()
     path = tmp_path / "backlog.toml"
     path.write_text(toml_listener(port=0) + toml_listener(port=0, backlog=65535))
     broker = BrokerProcess(
