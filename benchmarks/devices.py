@@ -6,8 +6,8 @@ generator does not keep a timer per device: a :class:`Pacer` splits them into gr
 group due every ~2 ms (so each device's messages stay 1/rate apart), and one coroutine sends
 each group as it falls due, one pre-encoded PUBLISH per device (:meth:`Device.send`). Between
 two groups it does not sleep but yields to the loop (which reads the subscriber meanwhile) and
-looks at the clock again: see :func:`pace`. A QoS 1
-device's PUBACKs are not read one event at a time either: every 100 ms a sweep reads what has
+looks at the clock again: see :func:`pace`. A QoS 1 device's PUBACKs are not read one event at
+a time either: every 100 ms a sweep reads what has
 arrived on all of them (:meth:`Device.sweep`), and a device with a full ring of packet
 identifiers in flight (the broker is not acknowledging) skips its turn, which is counted.
 
@@ -166,8 +166,8 @@ async def pace(devices: Sequence[Device], rate: float, stop: asyncio.Event, acks
     anywhere from 73% to 95% in this broker's runs, 92-99% in Mosquitto's; and this broker's
     CPU per 10,000 messages went with it (correlation 0.97 over 22 runs, 0.067 to 0.085 s).
     Polling, the generator is at 99-100% in both brokers' runs. That does not make this
-    broker's figure steady (0.066 to 0.083 s over 15 runs since), but both brokers are now
-    measured beside the same load."""
+    broker's figure steady (benchmarks/README.md, "Scenario 9 in detail"), but both brokers
+    are now measured beside the same load."""
     clock = time.monotonic
     pacer = Pacer(len(devices), rate, clock())
     next_sweep = pacer.start + SWEEP_EVERY
