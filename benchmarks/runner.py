@@ -33,6 +33,20 @@ SMOKE_WARMUP = 0.1
 IDLE_LIMIT = 30.0  # seconds a broker may stay busy before a run; then it is restarted
 
 
+def device_rates(text: str) -> tuple[float, float]:
+    """``--device-rates Q1,Q0``: messages/s per device in scenario 9's two phases."""
+    parts = text.split(",")
+    try:
+        rates = tuple(float(part) for part in parts)
+    except ValueError:
+        rates = ()
+    if len(rates) != 2 or not all(0 < rate <= 1000 for rate in rates):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: two rates from above 0 to 1000 messages/s, QoS 1's then QoS 0's (50,100)"
+        )
+    return rates[0], rates[1]
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks",
@@ -66,6 +80,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--topics", type=int, help="own-topic subscribers, scenario 7 (default 10000)")
     p.add_argument("--subscribers", type=int, help="fan-out subscribers, scenario 2 (default 100)")
     p.add_argument("--devices", type=int, help="paced devices, scenario 9 (default 1000)")
+    p.add_argument(
+        "--device-rates",
+        type=device_rates,
+        metavar="Q1,Q0",
+        help="messages/s per device in scenario 9's QoS 1 and QoS 0 phases (default 50,100)",
+    )
     p.add_argument("--no-pin", action="store_true", help="do not pin with taskset")
     p.add_argument(
         "--python-publishers",
@@ -420,6 +440,8 @@ def main(argv: list[str] | None = None) -> int:
         sizes.fanout_subscribers = args.subscribers
     if args.devices:
         sizes.devices = args.devices
+    if args.device_rates:
+        sizes.device_rate_q1, sizes.device_rate_q0 = args.device_rates
     version = MQTT_5 if args.mqtt == "5" else MQTT_311
     pin = br.pinning_available() and not args.no_pin
     br.SCRAPE_METRICS = args.scrape_metrics

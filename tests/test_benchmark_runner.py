@@ -105,3 +105,15 @@ def test_a_fresh_scenario_gets_a_newly_started_broker_for_each_run(restarts: lis
     down = StubHandle("mosquitto", alive=False)
     handles.append(down)
     assert runner.ready(handles, 2, shared, pin=False) is not down and down.stopped
+
+
+def test_device_rates_are_two_positive_rates_and_a_bad_one_names_the_option(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = runner.parser().parse_args(["--device-rates", "20,40.5"])
+    assert args.device_rates == (20.0, 40.5)
+    assert runner.parser().parse_args([]).device_rates is None  # the Sizes defaults then
+    for bad in ("100", "0,100", "50,x", "50,100,1", "50,1001"):
+        with pytest.raises(SystemExit):
+            runner.parser().parse_args(["--device-rates", bad])
+        assert "--device-rates" in capsys.readouterr().err

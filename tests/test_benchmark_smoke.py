@@ -32,7 +32,10 @@ def test_benchmark_smoke(tmp_path: Path) -> None:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "benchmarks", "--smoke", "--no-mosquitto", "--out", str(out)],
+            [
+                *(sys.executable, "-m", "benchmarks", "--smoke", "--no-mosquitto"),
+                *("--device-rates", "20,40", "--out", str(out)),
+            ],
             cwd=REPO,
             env=env,
             capture_output=True,
@@ -77,8 +80,12 @@ def test_benchmark_smoke(tmp_path: Path) -> None:
     # ours-full measured its disk's fsync time, and the ceiling is printed under the table
     assert persistent["ours-full"]["fsync_ms"] > 0, report
     assert "fsync-bound ceiling 4 x 32" in proc.stdout, report
-    # Scenario 9: both phases delivered, with the broker's CPU per 10,000 messages.
-    devices = next(r for r in records if r["scenario"] == "9")["metrics"]
+    # Scenario 9: both phases delivered, with the broker's CPU per 10,000 messages, at the
+    # rates --device-rates asked for (the smoke run's 20 devices at 20 and 40 msg/s each).
+    paced = next(r for r in records if r["scenario"] == "9")
+    devices = paced["metrics"]
+    assert "QoS1 @20/s + QoS0 @40/s" in paced["title"], report
+    assert (devices["q1_offered_per_s"], devices["q0_offered_per_s"]) == (400, 800), report
     for phase in ("q1", "q0"):
         assert devices[f"{phase}_msgs_per_s"] > 0, report
         assert devices[f"{phase}_cpu_per_10k"] is not None, report  # 0 when under one tick
