@@ -7,9 +7,9 @@ group due every ~2 ms (so each device's messages stay 1/rate apart), and one cor
 each group as it falls due, one pre-encoded PUBLISH per device (:meth:`Device.send`). Between
 two groups it does not sleep but yields to the loop (which reads the subscriber meanwhile) and
 looks at the clock again: see :func:`pace`. A QoS 1 device's PUBACKs are not read one event at
-a time either: every 100 ms a sweep reads what has
-arrived on all of them (:meth:`Device.sweep`), and a device with a full ring of packet
-identifiers in flight (the broker is not acknowledging) skips its turn, which is counted.
+a time either: every 100 ms a sweep reads what has arrived on all of them
+(:meth:`Device.sweep`), and a device with a full ring of packet identifiers in flight (the
+broker is not acknowledging) skips its turn, which is counted.
 
 Scenario 1w's publishers write one PUBLISH per ``send`` with TCP_NODELAY, and only when the
 previous one has left the socket (:func:`unsent_bytes` is 0): a message written while another
@@ -157,17 +157,10 @@ async def pace(devices: Sequence[Device], rate: float, stop: asyncio.Event, acks
 
     It polls the clock between groups (``sleep(0)``: the loop runs its other callbacks and
     polls its sockets, without waiting) rather than sleep until the next is due, so the
-    generator's core is as busy whichever broker it drives (all of it), as scenario 5's
-    generator is: the cores of a virtual machine are not independent (on this one, a fixed loop
-    on core 0 took 0.195 s of CPU with core 1 idle, 0.25-0.27 s with core 1 busy). Sleeping
-    left the generator's load to chance (measured 2026-12-04, 100,000 msg/s at QoS 0): the
-    loop's timers count whole milliseconds (uvloop runs a delay under 0.5 ms as call_soon), so
-    the gaps between groups were part slept, part spun, and the generator's CPU came out
-    anywhere from 73% to 95% in this broker's runs, 92-99% in Mosquitto's; and this broker's
-    CPU per 10,000 messages went with it (correlation 0.97 over 22 runs, 0.067 to 0.085 s).
-    Polling, the generator is at 99-100% in both brokers' runs. That does not make this
-    broker's figure steady (benchmarks/README.md, "Scenario 9 in detail"), but both brokers
-    are now measured beside the same load."""
+    generator's core is as busy whichever broker it drives, as scenario 5's generator is. The
+    loop's timers count whole milliseconds, so sleeping left part of each gap slept and part
+    spun, and the generator's load (and with it the broker's CPU per message) to chance: the
+    measurements are in benchmarks/README.md, "How the generator stays out of the way"."""
     clock = time.monotonic
     pacer = Pacer(len(devices), rate, clock())
     next_sweep = pacer.start + SWEEP_EVERY
