@@ -22,6 +22,7 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 LOG_FORMATS = ("text", "json")
 MAX_BUSY_POLL_US = 1_000_000
+MAX_GATHER_US = 10_000
 MAX_FD_TABLE = 1 << 20  # Linux's default ceiling on any process's table (fs.nr_open)
 MAX_WORKERS = 256
 MAX_BACKLOG = 65535  # a listener's backlog (the kernel caps it lower: net.core.somaxconn)
@@ -197,6 +198,11 @@ class Config:
     # Microseconds the event loop keeps polling, instead of sleeping, after a pass that sent
     # something (server/polling.py): lower latency for a core spinning meanwhile. 0: off.
     busy_poll_us: int = 0
+    # Microseconds from the start of a loop pass that found two or more connections ready to
+    # the next pass, at least: the loop sleeps for the rest, and the next pass reads what
+    # arrived meanwhile (server/streams.py). Less CPU per message under load, each message
+    # delayed up to this long; plain TCP listeners only. 0: off.
+    gather_us: int = 0
     # File descriptors the process's descriptor table is sized for at start, at most the
     # open-file limit (RLIMIT_NOFILE). Linux otherwise doubles the table as connections arrive,
     # and in a process with threads each doubling waits for an RCU grace period, the broker
@@ -294,7 +300,7 @@ def from_table(data: dict[str, Any], source: str, directory: Path) -> Config:
             setattr(config, key, _typed(value, str, f"{source}: {key}"))
         elif key == "log_levels":
             config.log_levels = _log_levels(value, source)
-        elif key in ("gc_threshold", "busy_poll_us", "fd_table", "workers"):
+        elif key in ("gc_threshold", "busy_poll_us", "gather_us", "fd_table", "workers"):
             setattr(config, key, _typed(value, int, f"{source}: {key}"))
         elif key in ("bridge", "webhook"):
             from .integrations import settings
@@ -307,7 +313,7 @@ def from_table(data: dict[str, Any], source: str, directory: Path) -> Config:
             raise ConfigError(
                 f"{source}: {key}: unknown key (known: broker, storage, security, cluster, "
                 "admin, alerts, listener, bridge, webhook, data_dir, log_level, log_levels, "
-                "log_format, gc_threshold, busy_poll_us, fd_table, workers)"
+                "log_format, gc_threshold, busy_poll_us, gather_us, fd_table, workers)"
             )
     check(config, source)
     return config
@@ -342,6 +348,15 @@ def check(config: Config, source: str = "command line") -> None:
     if not 0 <= config.busy_poll_us <= MAX_BUSY_POLL_US:
         raise ConfigError(
             f"{source}: busy_poll_us: must be between 0 (off) and {MAX_BUSY_POLL_US:,} (1 s)"
+        )
+    if not 0 <= config.gather_us <= MAX_GATHER_US:
+        raise ConfigError(
+            f"{source}: gather_us: must be between 0 (off) and {MAX_GATHER_US:,} (10 ms)"
+        )
+    if config.gather_us and config.busy_poll_us:
+        raise ConfigError(
+            f"{source}: gather_us and busy_poll_us: set one or the other (gather_us sleeps "
+            "where busy_poll_us spins)"
         )
     bound: dict[tuple[str, int], int] = {}
     for index, listener in enumerate(config.listeners):

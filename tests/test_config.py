@@ -58,6 +58,13 @@ def test_no_file_gives_defaults() -> None:
         ("busy_poll_us = -1\n", "busy_poll_us: must be between 0 (off) and 1,000,000"),
         ("busy_poll_us = 1000001\n", "busy_poll_us: must be between 0 (off) and 1,000,000"),
         ("busy_poll_us = 2.5\n", "busy_poll_us: expected an integer"),
+        ("gather_us = -1\n", "gather_us: must be between 0 (off) and 10,000 (10 ms)"),
+        ("gather_us = 10001\n", "gather_us: must be between 0 (off) and 10,000 (10 ms)"),
+        ("gather_us = '200'\n", "gather_us: expected an integer"),
+        (
+            "gather_us = 200\nbusy_poll_us = 2000\n",
+            "gather_us and busy_poll_us: set one or the other",
+        ),
         (
             "[broker]\nconnection_log_interval = -1\n",
             "broker.connection_log_interval must not be negative",

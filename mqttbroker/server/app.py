@@ -133,12 +133,25 @@ class Server:
         else:
             broker.wake = partial(loop.call_soon, broker.flush)  # a C call, once per pass
             broker.hook_passes = True  # the own transport's passes flush at their end
+        if self.config.gather_us:
+            if streams.available():
+                log.info(
+                    "gathering input for %d microseconds after each busy pass (plain TCP)",
+                    self.config.gather_us,
+                )
+            else:
+                log.warning("gather_us has no effect: the compiled transport is not in use")
         if self.security.authenticator is not None and self.config.security.password_file:
             broker.offload = self._offloader(loop)
         for index, config in enumerate(self.config.listeners):
             policy = listener_policy(config, self.config.security.allow_anonymous)
             listener = await start_listener(
-                broker, config, f"listener[{index}]", policy, self.config.workers > 1
+                broker,
+                config,
+                f"listener[{index}]",
+                policy,
+                self.config.workers > 1,
+                self.config.gather_us / 1_000_000,
             )
             self.listeners.append(listener)
             self.addresses.extend(listener.addresses)

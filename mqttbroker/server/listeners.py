@@ -94,11 +94,13 @@ async def start_listener(
     where: str,
     policy: ListenerPolicy = OPEN,
     reuse_port: bool = False,
+    gather: float = 0.0,
 ) -> Listener:
     """Bind ``listener`` and log "listening on HOST:PORT (MQTT over ...)" for each socket.
     ``where`` names it in configuration and start errors (e.g. ``"listener[1]"``); ``policy``
     is what the broker is told about each connection it accepts; ``reuse_port``: share the
-    port with other processes (SO_REUSEPORT; ``workers``)."""
+    port with other processes (SO_REUSEPORT; ``workers``); ``gather``: seconds, ``gather_us`` of
+    the configuration (plain TCP listeners on the own transport, streams.py)."""
     limit = somaxconn()
     if limit is not None and listener.backlog > limit:
         log.warning(
@@ -109,7 +111,7 @@ async def start_listener(
             limit,
         )
     try:
-        return await _start_listener(broker, listener, where, policy, reuse_port)
+        return await _start_listener(broker, listener, where, policy, reuse_port, gather)
     except OSError as exc:
         if isinstance(exc, socket.gaierror):
             cause = f"cannot resolve host {listener.host!r}: {exc.strerror}"
@@ -121,7 +123,12 @@ async def start_listener(
 
 
 async def _start_listener(
-    broker: Broker, listener: ListenerConfig, where: str, policy: ListenerPolicy, reuse_port: bool
+    broker: Broker,
+    listener: ListenerConfig,
+    where: str,
+    policy: ListenerPolicy,
+    reuse_port: bool,
+    gather: float,
 ) -> Listener:
     loop = asyncio.get_running_loop()
     context = server_context(listener, where)
@@ -170,7 +177,7 @@ async def _start_listener(
     if listener.protocol != "ws" and context is None and streams.available():
         hooks = (broker.pass_begin, broker.pass_end) if broker.hook_passes else None
         sockets = bind(listener.host, listener.port, reuse_port, listener.backlog)
-        server = StreamServer(loop, sockets, factory, hooks=hooks)
+        server = StreamServer(loop, sockets, factory, hooks=hooks, gather=gather)
     else:
         try:
             server = await loop.create_server(

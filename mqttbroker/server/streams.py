@@ -18,6 +18,11 @@ would otherwise send it from within recv(), and a forwarded message would wait f
 A listener's poller calls the broker's ``pass_begin`` and ``pass_end`` around each of its passes
 (``hooks``): the pass's output is flushed at its end, without a callback of the loop.
 
+``gather`` (``gather_us`` of the configuration, off by default) trades latency for CPU under
+load: after a pass that found two or more sockets ready, the poller sleeps (the GIL released)
+until ``gather`` seconds after that pass began, and the next pass reads what arrived meanwhile.
+See the README's Architecture section for what it saves and costs.
+
 It is used when the compiled modules are (``mqttbroker.compiled``; ``MQTTBROKER_PURE`` turns
 both off) on a loop with ``add_reader`` on descriptors; otherwise the listener is the loop's
 ``create_server``.
@@ -52,7 +57,9 @@ class StreamServer:
     """A plain TCP listener on ``_streams``: it accepts on ``sockets`` (bound, listening, non
     blocking) and calls ``factory()`` for each connection's protocol; ``defer_accept``: seconds
     of TCP_DEFER_ACCEPT (0: none; default DEFER_ACCEPT); ``hooks``: (begin, end), called
-    before and after each pass over the sockets ready (Broker.pass_begin and pass_end). It has
+    before and after each pass over the sockets ready (Broker.pass_begin and pass_end);
+    ``gather``: seconds from the start of a pass with two or more sockets ready to the next
+    pass, at least (0: off; see the module's docstring). It has
     what the Server needs of an asyncio server: ``sockets``, ``close()`` and ``wait_closed()``."""
 
     def __init__(
@@ -62,13 +69,14 @@ class StreamServer:
         factory: Callable[[], asyncio.BaseProtocol],
         defer_accept: int | None = None,
         hooks: tuple[Callable[[], object], Callable[[], object]] | None = None,
+        gather: float = 0.0,
     ) -> None:
         assert _streams is not None
         defer = DEFER_ACCEPT if defer_accept is None else defer_accept
         self.sockets = sockets
         self.accept_errors = 0
         self._closed = False
-        self.poller = _streams.Poller(loop, ACCEPT_RETRY)
+        self.poller = _streams.Poller(loop, ACCEPT_RETRY, gather)
         if hooks is not None:
             self.poller.hooks(*hooks)
         loop.add_reader(self.poller.fileno(), self.poller.poll)

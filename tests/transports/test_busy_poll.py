@@ -10,20 +10,17 @@ from pathlib import Path
 
 import pytest
 from support.clients import (
-    CONNACK_OK,
     MQTT_311,
-    connect_packet,
     publish_packet,
     subscribe_packet,
-    unique,
 )
+from transport_support import SUBACK_QOS0, open_311
 
 from mqttbroker.config import Config, ListenerConfig
 from mqttbroker.server.app import Server
 
 GUARD = 10.0  # seconds: a failure guard, never a measured time
 WINDOW_US = 5000
-SUBACK = b"\x90\x03\x00\x01\x00"  # packet id 1, QoS 0 granted (3.1.1)
 LOOP_TIME = 0.05  # seconds the test's coroutine sleeps while the loop runs without it
 
 
@@ -37,13 +34,6 @@ class StillClock:
     def __call__(self) -> float:
         self.reads += 1
         return self.now
-
-
-async def _client(port: int, name: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(connect_packet(unique(name), MQTT_311))
-    assert await asyncio.wait_for(reader.readexactly(4), GUARD) == CONNACK_OK
-    return reader, writer
 
 
 def _config(tmp_path: Path, busy_poll_us: int) -> Config:
@@ -67,11 +57,11 @@ def test_output_keeps_the_loop_polling_for_the_window(tmp_path: Path, loop: str)
         writers = []
         stopped = False
         try:
-            sub_reader, sub = await _client(server.addresses[0][1], "bp-sub")
-            _, pub = await _client(server.addresses[0][1], "bp-pub")
+            sub_reader, sub = await open_311(server.addresses[0][1], "bp-sub")
+            _, pub = await open_311(server.addresses[0][1], "bp-pub")
             writers += [sub, pub]
             sub.write(subscribe_packet(1, [("bp/t", 0)], MQTT_311))
-            assert await asyncio.wait_for(sub_reader.readexactly(5), GUARD) == SUBACK
+            assert await asyncio.wait_for(sub_reader.readexactly(5), GUARD) == SUBACK_QOS0
 
             pub.write(message)
             assert await asyncio.wait_for(sub_reader.readexactly(len(message)), GUARD) == message

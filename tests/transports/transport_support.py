@@ -6,10 +6,13 @@ certificates come from tests/support.
 - ``RawWebSocket``: a WebSocket client on a plain socket that sends exact frames (fragmented or
   not, binary or text) and reads frames, checking that every data frame the broker sends is
   binary; ``read_packet`` reassembles MQTT packets from them.
+- ``open_311``: an asyncio stream connection with MQTT 3.1.1's CONNECT answered (the loop tests:
+  busy_poll_us, gather_us); ``SUBACK_QOS0``: the answer to their one-filter SUBSCRIBE.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import ssl
@@ -18,7 +21,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from support.clients import TIMEOUT
+from support.clients import CONNACK_OK, MQTT_311, TIMEOUT, connect_packet, unique
 from support.launcher import ROOT, Address, BrokerProcess
 
 from mqttbroker.protocol import fastpath
@@ -28,6 +31,15 @@ if str(ROOT) not in sys.path:
 
 # The conformance suite's WebSocket handshake and client frames serve the transport tests too.
 from conformance.websocket import client_frame, open_handshake  # noqa: E402
+
+SUBACK_QOS0 = b"\x90\x03\x00\x01\x00"  # packet id 1, QoS 0 granted (3.1.1)
+
+
+async def open_311(port: int, name: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(connect_packet(unique(name), MQTT_311))
+    assert await asyncio.wait_for(reader.readexactly(4), TIMEOUT) == CONNACK_OK
+    return reader, writer
 
 
 def toml_listener(**values: Any) -> str:

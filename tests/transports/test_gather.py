@@ -1,0 +1,97 @@
+"""``gather_us`` with a real Server on both event loops: publishers writing at the same moment make
+a pass that finds several sockets ready, and the poller then sleeps before its next pass (its
+``holds`` counter says so); every message still reaches the subscriber, and without the key the
+poller never sleeps. The poller's own arguments are checked too. Nothing here is timed: the
+key's effect on CPU and latency is measured in benchmarks/ (scenario 9, ours-gather)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from support.clients import (
+    MQTT_311,
+    publish_packet,
+    subscribe_packet,
+)
+from transport_support import SUBACK_QOS0, open_311
+
+from mqttbroker.config import Config, ListenerConfig
+from mqttbroker.server.app import Server
+from mqttbroker.server.streams import StreamServer
+
+GUARD = 10.0  # seconds: a failure guard, never a measured time
+GATHER_US = 10_000  # the most allowed: a pass of a few messages ends well before it
+PUBLISHERS = 8
+ROUNDS = 5
+
+
+def _run(loop: str, tmp_path: Path, gather_us: int) -> int:
+    """Rounds of every publisher writing one message at once; every message must arrive. Returns
+    the poller's holds."""
+    config = Config(listeners=[ListenerConfig(port=0)], data_dir=str(tmp_path), gather_us=gather_us)
+    config.storage.backend = "memory"
+
+    async def scenario() -> int:
+        server = Server(config)
+        await server.start()
+        writers: list[asyncio.StreamWriter] = []
+        try:
+            listener = server.listeners[0].server
+            assert isinstance(listener, StreamServer)
+            port = server.addresses[0][1]
+            sub_reader, sub = await open_311(port, "gather-sub")
+            writers.append(sub)
+            sub.write(subscribe_packet(1, [("gather/#", 0)], MQTT_311))
+            assert await asyncio.wait_for(sub_reader.readexactly(5), GUARD) == SUBACK_QOS0
+            pubs = [(await open_311(port, f"gather-pub{i}"))[1] for i in range(PUBLISHERS)]
+            writers += pubs
+            expected = bytearray()
+            for r in range(ROUNDS):
+                # Written before the loop runs again: its next pass finds them all ready.
+                for i, pub in enumerate(pubs):
+                    packet = publish_packet(f"gather/{i}", b"round %d" % r, version=MQTT_311)
+                    pub.write(packet)
+                    expected += packet
+                await asyncio.sleep(0)
+            got = await asyncio.wait_for(sub_reader.readexactly(len(expected)), GUARD)
+            # Each publisher's messages, each once and in order (publishers may interleave).
+            for i in range(PUBLISHERS):
+                mine = [f"gather/{i}".encode() + b"round %d" % r for r in range(ROUNDS)]
+                assert all(got.count(m) == 1 for m in mine)
+                assert [got.index(m) for m in mine] == sorted(got.index(m) for m in mine)
+            return listener.poller.holds
+        finally:
+            for writer in writers:
+                writer.close()
+            await server.stop()
+
+    if loop == "uvloop":
+        import uvloop  # the [fast] extra, which the test command installs
+
+        return uvloop.run(scenario())
+    return asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_busy_pass_is_followed_by_a_sleep_and_every_message_arrives(
+    tmp_path: Path, loop: str
+) -> None:
+    assert _run(loop, tmp_path, GATHER_US) >= 1
+
+
+def test_without_gather_us_the_poller_never_sleeps(tmp_path: Path) -> None:
+    assert _run("uvloop", tmp_path, 0) == 0
+
+
+def test_the_poller_refuses_a_gather_outside_0_to_1_second() -> None:
+    from mqttbroker.server import _streams
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        for bad in (-0.001, 1.5, float("nan")):
+            with pytest.raises(ValueError, match="gather must be between 0 and 1"):
+                _streams.Poller(loop, 1.0, bad)
+
+    asyncio.run(scenario())
