@@ -12,10 +12,9 @@
  * ``gather`` set (seconds), a pass that found two or more sockets ready is followed by a sleep
  * (the GIL released) until that long after it began, so that the next pass reads in one go
  * what arrived meanwhile: fewer passes, system calls and writes per message, each message
- * waiting up to that long (gather_us in the README). Each
- * connection is a Stream: an asyncio transport (write, close, abort, write_eof,
- * pause_reading...) of 64 bytes, where uvloop's transport and libuv's handle hold about 1,250
- * bytes per socket.
+ * waiting up to that long (gather_us in the README). Each connection is a Stream: an asyncio
+ * transport (write, close, abort, write_eof, pause_reading...) of 64 bytes, where uvloop's
+ * transport and libuv's handle hold about 1,250 bytes per socket.
  *
  * The protocol's callbacks are asyncio's: connection_made and data_received are called from
  * poll(), connection_lost with loop.call_soon once the socket is closed, pause_writing and
@@ -852,7 +851,7 @@ static PyObject *Poller_poll(Poller *p, PyObject *unused) {
     }
     p->last_end = monotonic_ns();
     if (rc < 0) return NULL;
-    if (n >= 2 && p->last_end - begin < p->gather) {
+    if (p->gather && n >= 2 && p->last_end - begin < p->gather) {
         /* Busy, and done early: what arrives meanwhile waits for the next pass. */
         uint64_t wait = p->gather - (p->last_end - begin);
         struct timespec hold = {(time_t)(wait / 1000000000u), (long)(wait % 1000000000u)};

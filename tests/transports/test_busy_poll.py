@@ -14,7 +14,7 @@ from support.clients import (
     publish_packet,
     subscribe_packet,
 )
-from transport_support import SUBACK_QOS0, open_311
+from transport_support import LOOPS, SUBACK_QOS0, open_311, run_on
 
 from mqttbroker.config import Config, ListenerConfig
 from mqttbroker.server.app import Server
@@ -44,7 +44,7 @@ def _config(tmp_path: Path, busy_poll_us: int) -> Config:
     return config
 
 
-@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+@pytest.mark.parametrize("loop", LOOPS)
 def test_output_keeps_the_loop_polling_for_the_window(tmp_path: Path, loop: str) -> None:
     message = publish_packet("bp/t", b"payload", version=MQTT_311)
 
@@ -99,12 +99,7 @@ def test_output_keeps_the_loop_polling_for_the_window(tmp_path: Path, loop: str)
             if not stopped:
                 await server.stop()
 
-    if loop == "uvloop":
-        import uvloop  # the [fast] extra, which the test command installs
-
-        uvloop.run(scenario())
-    else:
-        asyncio.run(scenario())
+    run_on(loop, scenario)
 
 
 def test_off_by_default(tmp_path: Path) -> None:

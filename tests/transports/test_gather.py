@@ -15,7 +15,7 @@ from support.clients import (
     publish_packet,
     subscribe_packet,
 )
-from transport_support import SUBACK_QOS0, open_311
+from transport_support import LOOPS, SUBACK_QOS0, open_311, run_on
 
 from mqttbroker.config import Config, ListenerConfig
 from mqttbroker.server.app import Server
@@ -67,14 +67,11 @@ def _run(loop: str, tmp_path: Path, gather_us: int) -> int:
                 writer.close()
             await server.stop()
 
-    if loop == "uvloop":
-        import uvloop  # the [fast] extra, which the test command installs
-
-        return uvloop.run(scenario())
-    return asyncio.run(scenario())
+    result: int = run_on(loop, scenario)
+    return result
 
 
-@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+@pytest.mark.parametrize("loop", LOOPS)
 def test_a_busy_pass_is_followed_by_a_sleep_and_every_message_arrives(
     tmp_path: Path, loop: str
 ) -> None:

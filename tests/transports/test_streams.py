@@ -17,12 +17,13 @@ import socket
 import struct
 import sys
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support.clients import CONNACK_OK, MQTT_311, connect_packet, unique
+from transport_support import LOOPS, run_on
 
 from mqttbroker import compiled
 from mqttbroker.config import Config, ListenerConfig
@@ -32,15 +33,6 @@ from mqttbroker.server.proxy import bind
 from mqttbroker.server.streams import StreamServer
 
 GUARD = 10.0  # seconds: a failure guard, never a measured time
-LOOPS = ["asyncio", "uvloop"]
-
-
-def run(loop: str, scenario: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
-    if loop == "uvloop":
-        import uvloop  # the [fast] extra, which the test command installs
-
-        return uvloop.run(scenario())
-    return asyncio.run(scenario())
 
 
 class Recorder(asyncio.Protocol):
@@ -150,7 +142,7 @@ def test_a_connection_reads_writes_and_closes_as_asyncio_s_transports(loop: str)
         listening.server.close()
         return names, client_name, missing, echoed, lost, protocol.events, closing
 
-    names, client_name, missing, echoed, lost, events, closing = run(loop, scenario)
+    names, client_name, missing, echoed, lost, events, closing = run_on(loop, scenario)
     assert names[0] == client_name and names[1][0] == "127.0.0.1"
     assert missing == "none"
     assert echoed == b"hello world"
@@ -320,7 +312,7 @@ def test_a_lone_read_after_a_quiet_spell_holds_its_ack_until_handled(loop: str) 
         listening.server.close()
         return alone, *crowd, echoed
 
-    alone, crowd_one, crowd_two, echoed = run(loop, scenario)
+    alone, crowd_one, crowd_two, echoed = run_on(loop, scenario)
     assert echoed == b"alone"
     assert alone == ["reading: held", "after the pass: quick"]
     assert crowd_one == crowd_two == ["reading: quick", "after the pass: quick"]
@@ -381,7 +373,7 @@ def test_the_pass_hooks_frame_each_pass_that_finds_sockets_ready(loop: str) -> N
         listening.server.close()
         return passes
 
-    idle, both, raised, unhooked = run(loop, scenario)
+    idle, both, raised, unhooked = run_on(loop, scenario)
     assert idle == []
     assert both[0] == "begin" and both[-1] == "end" and sorted(both[1:-1]) == ["a", "b"]
     assert raised == ["begin", "stop", "end"]
@@ -471,7 +463,7 @@ def test_close_sends_what_is_buffered_first_and_abort_drops_it(loop: str) -> Non
         listening.server.close()
         return buffered, received == payload + b"after close", cut, lost_on_close, lost_on_abort
 
-    buffered, complete, cut, lost_on_close, lost_on_abort = run(loop, scenario)
+    buffered, complete, cut, lost_on_close, lost_on_abort = run_on(loop, scenario)
     assert buffered > 0
     assert complete and lost_on_close is None
     assert cut < 8 << 20 and lost_on_abort is None
@@ -584,7 +576,7 @@ def test_a_protocol_error_goes_to_the_loop_s_handler_and_aborts_only_its_connect
         listening.server.close()
         return reported, bad, echoed
 
-    reported, bad, echoed = run(loop, scenario)
+    reported, bad, echoed = run_on(loop, scenario)
     assert len(reported) == 1
     assert isinstance(reported[0]["exception"], ValueError)
     assert "data_received" in reported[0]["message"] and reported[0]["protocol"] is bad

@@ -6,8 +6,10 @@ certificates come from tests/support.
 - ``RawWebSocket``: a WebSocket client on a plain socket that sends exact frames (fragmented or
   not, binary or text) and reads frames, checking that every data frame the broker sends is
   binary; ``read_packet`` reassembles MQTT packets from them.
-- ``open_311``: an asyncio stream connection with MQTT 3.1.1's CONNECT answered (the loop tests:
-  busy_poll_us, gather_us); ``SUBACK_QOS0``: the answer to their one-filter SUBSCRIBE.
+- For the tests that run a Server or the transport in their own process, on both loops
+  (streams, busy_poll_us, gather_us): ``run_on`` runs a coroutine on the loop ``LOOPS`` names;
+  ``open_311``, an asyncio stream connection with MQTT 3.1.1's CONNECT answered;
+  ``SUBACK_QOS0``, the answer to a one-filter SUBSCRIBE.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import socket
 import ssl
 import struct
 import sys
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +36,16 @@ if str(ROOT) not in sys.path:
 from conformance.websocket import client_frame, open_handshake  # noqa: E402
 
 SUBACK_QOS0 = b"\x90\x03\x00\x01\x00"  # packet id 1, QoS 0 granted (3.1.1)
+LOOPS = ["asyncio", "uvloop"]
+
+
+def run_on(loop: str, scenario: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
+    """``scenario()`` on a fresh loop of the kind ``loop`` names (one of LOOPS)."""
+    if loop == "uvloop":
+        import uvloop  # the [fast] extra, which the test command installs
+
+        return uvloop.run(scenario())
+    return asyncio.run(scenario())
 
 
 async def open_311(port: int, name: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
