@@ -864,7 +864,7 @@ SCENARIOS: dict[str, Scenario] = {
             many_fds=True,
             phases=2,
             cpu_rows=False,
-            variants=("ours-gather",),
+            variants=("ours-no-gather",),
         ),
     )
 }

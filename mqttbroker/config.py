@@ -200,9 +200,11 @@ class Config:
     busy_poll_us: int = 0
     # Microseconds from the start of a loop pass that found two or more connections ready to
     # the next pass, at least: the loop sleeps for the rest, and the next pass reads what
-    # arrived meanwhile (server/streams.py). Less CPU per message under load, each message
-    # delayed up to this long; plain TCP listeners only. 0: off.
-    gather_us: int = 0
+    # arrived meanwhile (server/streams.py). Not after a pass that read a client the broker had
+    # written to since its last read (it may be waiting for that answer: PUBACK, a reply).
+    # Less CPU per message from many one-way senders, each of their messages delayed up to
+    # this long; plain TCP listeners only. Off (0) when busy_poll_us is set and this is not.
+    gather_us: int = 200
     # File descriptors the process's descriptor table is sized for at start, at most the
     # open-file limit (RLIMIT_NOFILE). Linux otherwise doubles the table as connections arrive,
     # and in a process with threads each doubling waits for an RCU grace period, the broker
@@ -315,6 +317,8 @@ def from_table(data: dict[str, Any], source: str, directory: Path) -> Config:
                 "admin, alerts, listener, bridge, webhook, data_dir, log_level, log_levels, "
                 "log_format, gc_threshold, busy_poll_us, gather_us, fd_table, workers)"
             )
+    if config.busy_poll_us and "gather_us" not in data:
+        config.gather_us = 0  # the one spins where the other sleeps
     check(config, source)
     return config
 
@@ -356,7 +360,7 @@ def check(config: Config, source: str = "command line") -> None:
     if config.gather_us and config.busy_poll_us:
         raise ConfigError(
             f"{source}: gather_us and busy_poll_us: set one or the other (gather_us sleeps "
-            "where busy_poll_us spins)"
+            "where busy_poll_us spins; busy_poll_us alone turns gathering off)"
         )
     bound: dict[tuple[str, int], int] = {}
     for index, listener in enumerate(config.listeners):

@@ -107,6 +107,22 @@ def test_values_are_applied(tmp_path: Path) -> None:
     assert config.store_path == Path("/var/lib/mqtt/mqttbroker.db")
 
 
+@pytest.mark.parametrize(
+    ("text", "gather_us"),
+    [
+        ("", 200),  # on by default
+        ("busy_poll_us = 2000\n", 0),  # busy polling alone turns it off
+        ("busy_poll_us = 2000\ngather_us = 0\n", 0),
+        ("gather_us = 50\n", 50),
+        ("gather_us = 0\n", 0),
+    ],
+)
+def test_gather_us_is_on_unless_busy_polling(tmp_path: Path, text: str, gather_us: int) -> None:
+    path = tmp_path / "gather.toml"
+    path.write_text(text)
+    assert load(path).gather_us == gather_us
+
+
 def test_cli_reports_config_errors_and_exits_2(tmp_path: Path) -> None:
     path = tmp_path / "bad.toml"
     path.write_text("[broker]\nmaximum_qos = 3\n")

@@ -12,7 +12,9 @@
  * ``gather`` set (seconds), a pass that found two or more sockets ready is followed by a sleep
  * (the GIL released) until that long after it began, so that the next pass reads in one go
  * what arrived meanwhile: fewer passes, system calls and writes per message, each message
- * waiting up to that long (gather_us in the README). Each connection is a Stream: an asyncio
+ * waiting up to that long (gather_us in the README). Not after a pass that read a socket
+ * written to since its previous read: its client may be waiting for that answer (a PUBACK)
+ * before it sends more. Each connection is a Stream: an asyncio
  * transport (write, close, abort, write_eof, pause_reading...) of 64 bytes, where uvloop's
  * transport and libuv's handle hold about 1,250 bytes per socket.
  *
@@ -74,6 +76,7 @@ typedef struct {
     unsigned eof_sent : 1;
     unsigned write_paused : 1; /* the protocol was told pause_writing */
     unsigned registered : 1;   /* in the epoll set */
+    unsigned written : 1;      /* written to since it was last read (see Poller.answered) */
     uint32_t events;           /* the epoll mask registered */
     uint32_t high, low;        /* write buffer limits */
     Poller *poller;            /* borrowed, while fd >= 0 */
@@ -105,6 +108,7 @@ struct Poller {
     uint64_t last_end; /* when poll() last ended: ns of CLOCK_MONOTONIC */
     uint64_t gather;   /* ns from a busy pass's start to the next pass's, at least (0: off) */
     uint64_t holds;    /* sleeps for it */
+    int answered;      /* the pass under way read a socket written to since its last read */
     struct epoll_event events[MAX_EVENTS];
 };
 
@@ -404,6 +408,7 @@ static PyObject *Stream_write(Stream *s, PyObject *data) {
         PyBuffer_Release(&view);
         Py_RETURN_NONE;
     }
+    s->written = 1;
     const char *bytes = view.buf;
     size_t len = (size_t)view.len;
     if (!s->pending && !s->closing) {
@@ -825,8 +830,11 @@ static PyObject *Poller_poll(Poller *p, PyObject *unused) {
              * replaced in this pass: harmless, the calls below find nothing to do. */
             Stream *s = (Stream *)entry;
             if (ready & (EPOLLOUT | EPOLLERR | EPOLLHUP) && s->pending) rc = flush(s);
-            if (rc == 0 && s->fd >= 0 && ready & (EPOLLIN | EPOLLERR | EPOLLHUP) && can_read(s))
+            if (rc == 0 && s->fd >= 0 && ready & (EPOLLIN | EPOLLERR | EPOLLHUP) && can_read(s)) {
+                p->answered |= s->written;
+                s->written = 0;
                 rc = read_ready(s, lone);
+            }
             /* Reported, and no longer wanted (reading paused, nothing left to write; or an
              * error or hang-up with neither): out of the mask, or out of the set. */
             if (rc == 0 && s->fd >= 0 && (ready & ~wanted(s)) && update_events(s) < 0)
@@ -849,9 +857,11 @@ static PyObject *Poller_poll(Poller *p, PyObject *unused) {
         Py_DECREF(end);
         if (type) PyErr_Restore(type, value, traceback);
     }
+    int answered = p->answered;
+    p->answered = 0;
     p->last_end = monotonic_ns();
     if (rc < 0) return NULL;
-    if (p->gather && n >= 2 && p->last_end - begin < p->gather) {
+    if (p->gather && n >= 2 && !answered && p->last_end - begin < p->gather) {
         /* Busy, and done early: what arrives meanwhile waits for the next pass. */
         uint64_t wait = p->gather - (p->last_end - begin);
         struct timespec hold = {(time_t)(wait / 1000000000u), (long)(wait % 1000000000u)};

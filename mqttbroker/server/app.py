@@ -133,14 +133,11 @@ class Server:
         else:
             broker.wake = partial(loop.call_soon, broker.flush)  # a C call, once per pass
             broker.hook_passes = True  # the own transport's passes flush at their end
-        if self.config.gather_us:
-            if streams.available():
-                log.info(
-                    "gathering input for %d microseconds after each busy pass (plain TCP)",
-                    self.config.gather_us,
-                )
-            else:
-                log.warning("gather_us has no effect: the compiled transport is not in use")
+        if self.config.gather_us and streams.available():
+            log.info(
+                "gathering input for up to %d microseconds after each busy pass (plain TCP)",
+                self.config.gather_us,
+            )
         if self.security.authenticator is not None and self.config.security.password_file:
             broker.offload = self._offloader(loop)
         for index, config in enumerate(self.config.listeners):

@@ -18,9 +18,11 @@ would otherwise send it from within recv(), and a forwarded message would wait f
 A listener's poller calls the broker's ``pass_begin`` and ``pass_end`` around each of its passes
 (``hooks``): the pass's output is flushed at its end, without a callback of the loop.
 
-``gather`` (``gather_us`` of the configuration, off by default) trades latency for CPU under
+``gather`` (``gather_us`` of the configuration, 200 µs by default) trades latency for CPU under
 load: after a pass that found two or more sockets ready, the poller sleeps (the GIL released)
 until ``gather`` seconds after that pass began, and the next pass reads what arrived meanwhile.
+Not after a pass that read a socket written to since its previous read: that client may be
+waiting for the answer (a PUBACK, a reply) before it sends more, and would only be slowed.
 See the README's Architecture section for what it saves and costs.
 
 It is used when the compiled modules are (``mqttbroker.compiled``; ``MQTTBROKER_PURE`` turns

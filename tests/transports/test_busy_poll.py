@@ -37,8 +37,11 @@ class StillClock:
 
 
 def _config(tmp_path: Path, busy_poll_us: int) -> Config:
-    config = Config(
-        listeners=[ListenerConfig(port=0)], data_dir=str(tmp_path), busy_poll_us=busy_poll_us
+    config = Config(  # gather_us off, as a file with busy_poll_us alone has it
+        listeners=[ListenerConfig(port=0)],
+        data_dir=str(tmp_path),
+        busy_poll_us=busy_poll_us,
+        gather_us=0,
     )
     config.storage.backend = "memory"
     return config

@@ -1,8 +1,9 @@
 """``gather_us`` with a real Server on both event loops: publishers writing at the same moment make
 a pass that finds several sockets ready, and the poller then sleeps before its next pass (its
-``holds`` counter says so); every message still reaches the subscriber, and without the key the
-poller never sleeps. The poller's own arguments are checked too. Nothing here is timed: the
-key's effect on CPU and latency is measured in benchmarks/ (scenario 9, ours-gather)."""
+``holds`` counter says so); every message still reaches the subscriber. Publishers that the
+broker answers (QoS 1: a PUBACK since their last read) are never held back, and without the key
+the poller never sleeps. The poller's own arguments are checked too. Nothing here is timed: the
+key's effect on CPU and latency is measured in benchmarks/ (scenarios 3, 8 and 9)."""
 
 from __future__ import annotations
 
@@ -27,9 +28,9 @@ PUBLISHERS = 8
 ROUNDS = 5
 
 
-def _run(loop: str, tmp_path: Path, gather_us: int) -> int:
-    """Rounds of every publisher writing one message at once; every message must arrive. Returns
-    the poller's holds."""
+def _run(loop: str, tmp_path: Path, gather_us: int, qos: int = 0) -> int:
+    """Rounds of every publisher writing one message at once (at ``qos``: with 1, each round ends
+    with every PUBACK); every message must arrive. Returns the poller's holds."""
     config = Config(listeners=[ListenerConfig(port=0)], data_dir=str(tmp_path), gather_us=gather_us)
     config.storage.backend = "memory"
 
@@ -45,16 +46,19 @@ def _run(loop: str, tmp_path: Path, gather_us: int) -> int:
             writers.append(sub)
             sub.write(subscribe_packet(1, [("gather/#", 0)], MQTT_311))
             assert await asyncio.wait_for(sub_reader.readexactly(5), GUARD) == SUBACK_QOS0
-            pubs = [(await open_311(port, f"gather-pub{i}"))[1] for i in range(PUBLISHERS)]
-            writers += pubs
+            pubs = [await open_311(port, f"gather-pub{i}") for i in range(PUBLISHERS)]
+            writers += [writer for _, writer in pubs]
             expected = bytearray()
             for r in range(ROUNDS):
                 # Written before the loop runs again: its next pass finds them all ready.
-                for i, pub in enumerate(pubs):
-                    packet = publish_packet(f"gather/{i}", b"round %d" % r, version=MQTT_311)
-                    pub.write(packet)
-                    expected += packet
+                for i, (_, pub) in enumerate(pubs):
+                    topic, payload = f"gather/{i}", b"round %d" % r
+                    pub.write(publish_packet(topic, payload, qos, r + 1, MQTT_311))
+                    expected += publish_packet(topic, payload, version=MQTT_311)  # as delivered
                 await asyncio.sleep(0)
+                for reader, _ in pubs if qos else ():
+                    puback = await asyncio.wait_for(reader.readexactly(4), GUARD)
+                    assert puback == b"\x40\x02" + (r + 1).to_bytes(2, "big")
             got = await asyncio.wait_for(sub_reader.readexactly(len(expected)), GUARD)
             # Each publisher's messages, each once and in order (publishers may interleave).
             for i in range(PUBLISHERS):
@@ -76,6 +80,13 @@ def test_a_busy_pass_is_followed_by_a_sleep_and_every_message_arrives(
     tmp_path: Path, loop: str
 ) -> None:
     assert _run(loop, tmp_path, GATHER_US) >= 1
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_publishers_waiting_for_an_answer_are_never_held_back(tmp_path: Path, loop: str) -> None:
+    """Each read of a QoS 1 publisher follows the PUBACK (or CONNACK) the broker wrote it: a
+    client that may be waiting for the broker, so no pass that reads one is followed by a sleep."""
+    assert _run(loop, tmp_path, GATHER_US, qos=1) == 0
 
 
 def test_without_gather_us_the_poller_never_sleeps(tmp_path: Path) -> None:
