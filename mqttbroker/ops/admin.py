@@ -226,7 +226,8 @@ class History:
 
 
 class AdminServer:
-    """The admin HTTP server; ``ready()`` says why the broker is not ready (None: it is)."""
+    """The admin HTTP server; ``ready()`` says why the broker is not ready (None: it is) and
+    ``holds()`` how often the TCP listeners held a pass back for ``gather_us`` (/metrics)."""
 
     def __init__(
         self,
@@ -235,6 +236,7 @@ class AdminServer:
         survey: Survey,
         authenticator: FileAuthenticator | None,
         ready: Callable[[], str | None],
+        holds: Callable[[], int],
     ) -> None:
         self.config = config
         self.broker = broker
@@ -242,7 +244,7 @@ class AdminServer:
         self.ready = ready
         self.history = History(broker, survey)
         self.auth = Auth(config, authenticator, self._offload)
-        self.metrics = Metrics(broker, survey, survey.listener_names())
+        self.metrics = Metrics(broker, survey, survey.listener_names(), holds)
         self.origins = {o.strip() for o in config.cors_origins.split(",") if o.strip()}
         self.websockets: list[dict[str, Any]] = []
         self.api = Api(broker, survey, self.websockets, self.history.recent)

@@ -9,7 +9,7 @@ registry also has prometheus-client's process and platform collectors (CPU, memo
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 from prometheus_client.core import (
@@ -48,10 +48,13 @@ def refusals(broker: Broker) -> dict[str, int]:
 
 
 class BrokerCollector(Collector):
-    def __init__(self, broker: Broker, survey: Survey, listeners: list[str]) -> None:
+    def __init__(
+        self, broker: Broker, survey: Survey, listeners: list[str], holds: Callable[[], int]
+    ) -> None:
         self.broker = broker
         self.survey = survey
         self.listeners = listeners  # every listener's name, so idle ones show 0
+        self.holds = holds  # the TCP pollers' sleeps for gather_us, in all
 
     def collect(self) -> Iterator[Metric]:
         broker = self.broker
@@ -120,6 +123,11 @@ class BrokerCollector(Collector):
         )
         yield gauge("stuck_sessions", "Sessions past alerts.oldest_queued_age", len(figures.stuck))
         yield counter("stuck_session_alerts", "Sessions that became stuck", self.survey.alerts)
+        yield counter(
+            "gather_holds",
+            "Loop passes held back after a busy pass, to read more at once (gather_us)",
+            self.holds(),
+        )
         times = getattr(broker.store, "commit_times", None)
         if times is not None:
             buckets: list[tuple[str, float]] = []
@@ -138,9 +146,11 @@ class BrokerCollector(Collector):
 class Metrics:
     """The registry ``/metrics`` serves."""
 
-    def __init__(self, broker: Broker, survey: Survey, listeners: list[str]) -> None:
+    def __init__(
+        self, broker: Broker, survey: Survey, listeners: list[str], holds: Callable[[], int]
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(BrokerCollector(broker, survey, listeners))
+        self.registry.register(BrokerCollector(broker, survey, listeners, holds))
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
 

@@ -76,7 +76,12 @@ class Server:
         self.admin: AdminServer | None = None
         if config.admin.port:  # a token file or variable that gives nothing: ConfigError
             self.admin = AdminServer(
-                config.admin, self.broker, self.survey, self.security.authenticator, self.ready
+                config.admin,
+                self.broker,
+                self.survey,
+                self.security.authenticator,
+                self.ready,
+                self.gather_holds,
             )
         self.stopping = False
         self.listeners: list[Listener] = []
@@ -164,6 +169,14 @@ class Server:
         self._ticker = asyncio.create_task(self._tick())
         self.integrations.start()
         self._serving = True
+
+    def gather_holds(self) -> int:
+        """The plain TCP listeners' sleeps for ``gather_us`` so far (/metrics)."""
+        return sum(
+            listener.server.poller.holds
+            for listener in self.listeners
+            if isinstance(listener.server, streams.StreamServer)
+        )
 
     def ready(self) -> str | None:
         """/readyz: why the broker cannot serve now (None: it can)."""
