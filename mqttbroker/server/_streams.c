@@ -14,9 +14,9 @@
  * what arrived meanwhile: fewer passes, system calls and writes per message, each message
  * waiting up to that long (gather_us in the README). Not after a pass that read a socket
  * written to since its previous read: its client may be waiting for that answer (a PUBACK)
- * before it sends more. Each connection is a Stream: an asyncio
- * transport (write, close, abort, write_eof, pause_reading...) of 64 bytes, where uvloop's
- * transport and libuv's handle hold about 1,250 bytes per socket.
+ * before it sends more. Each connection is a Stream: an asyncio transport (write, close,
+ * abort, write_eof, pause_reading...) of 64 bytes, where uvloop's transport and libuv's
+ * handle hold about 1,250 bytes per socket.
  *
  * The protocol's callbacks are asyncio's: connection_made and data_received are called from
  * poll(), connection_lost with loop.call_soon once the socket is closed, pause_writing and
@@ -76,7 +76,7 @@ typedef struct {
     unsigned eof_sent : 1;
     unsigned write_paused : 1; /* the protocol was told pause_writing */
     unsigned registered : 1;   /* in the epoll set */
-    unsigned written : 1;      /* written to since it was last read (see Poller.answered) */
+    unsigned written : 1;      /* written to since it was last read (see Poller_poll) */
     uint32_t events;           /* the epoll mask registered */
     uint32_t high, low;        /* write buffer limits */
     Poller *poller;            /* borrowed, while fd >= 0 */
@@ -108,7 +108,6 @@ struct Poller {
     uint64_t last_end; /* when poll() last ended: ns of CLOCK_MONOTONIC */
     uint64_t gather;   /* ns from a busy pass's start to the next pass's, at least (0: off) */
     uint64_t holds;    /* sleeps for it */
-    int answered;      /* the pass under way read a socket written to since its last read */
     struct epoll_event events[MAX_EVENTS];
 };
 
@@ -810,6 +809,7 @@ static PyObject *Poller_poll(Poller *p, PyObject *unused) {
      * a busy pass the two system calls would only add up. */
     int lone = n == 1 && monotonic_ns() - p->last_end >= QUIET_NS;
     int rc = 0;
+    int answered = 0; /* a socket read in this pass was written to since its last read */
     PyObject *end = NULL; /* held through the pass: a callback may change the hooks */
     if (n > 0 && p->pass_begin) {
         PyObject *r = PyObject_CallNoArgs(p->pass_begin);
@@ -831,7 +831,7 @@ static PyObject *Poller_poll(Poller *p, PyObject *unused) {
             Stream *s = (Stream *)entry;
             if (ready & (EPOLLOUT | EPOLLERR | EPOLLHUP) && s->pending) rc = flush(s);
             if (rc == 0 && s->fd >= 0 && ready & (EPOLLIN | EPOLLERR | EPOLLHUP) && can_read(s)) {
-                p->answered |= s->written;
+                answered |= s->written;
                 s->written = 0;
                 rc = read_ready(s, lone);
             }
@@ -857,8 +857,6 @@ static PyObject *Poller_poll(Poller *p, PyObject *unused) {
         Py_DECREF(end);
         if (type) PyErr_Restore(type, value, traceback);
     }
-    int answered = p->answered;
-    p->answered = 0;
     p->last_end = monotonic_ns();
     if (rc < 0) return NULL;
     if (p->gather && n >= 2 && !answered && p->last_end - begin < p->gather) {
