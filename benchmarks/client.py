@@ -29,16 +29,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import json
 import os
 import select
 import socket
 import struct
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
-from . import wire
+from . import procfs, wire
 from .wire import CONNACK, DISCONNECT, PUBLISH, SUBACK
 
 SETUP_TIMEOUT = 30.0
@@ -584,6 +586,34 @@ class _Opening:
         return not self.out
 
 
+class Opened(NamedTuple):
+    """What :func:`open_many` set up, and what setting it up took: from the first connect to
+    the last CONNACK (or SUBACK), in seconds of the clock and of the generator's CPU (the C
+    opener's own when it did the work)."""
+
+    clients: list[RawClient]
+    elapsed_s: float
+    cpu_s: float
+
+
+def _requests(
+    client_ids: Sequence[str],
+    version: int,
+    filters: Callable[[int], Sequence[tuple[str, int]]] | None,
+) -> list[tuple[bytes, bool]]:
+    """Each connection's first write, and whether it subscribes: the CONNECT, and the
+    SUBSCRIBE to ``filters(i)`` if any in the same write, as a client may (it need not wait
+    for the CONNACK)."""
+    out = []
+    for i, client_id in enumerate(client_ids):
+        wanted = filters(i) if filters else ()
+        request = wire.connect(client_id, version)
+        if wanted:
+            request += wire.subscribe(1, list(wanted), version)
+        out.append((request, bool(wanted)))
+    return out
+
+
 def open_many(
     host: str,
     port: int,
@@ -593,17 +623,21 @@ def open_many(
     frame_len: int = 0,
     concurrency: int = 64,
     timeout: float = 120.0,
-) -> list[RawClient]:
+    opener: str | None = None,
+) -> Opened:
     """Open one connection per client id (CONNECT, then SUBSCRIBE to ``filters(i)`` if given),
-    at most ``concurrency`` being set up at once.
+    at most ``concurrency`` being set up at once: one write and one or two reads per connection.
 
-    The SUBSCRIBE is written with the CONNECT, in one ``send`` as soon as the connection is
-    made, as a client may (it need not wait for the CONNACK): one write and one or two reads
-    per connection. This runs its own epoll loop and blocks the event loop while it works: it
-    is only called before the load starts, and it costs a fraction of what the event loop's
-    sock_* calls do per connection (which would make the generator, not the broker, the
-    measured side). Raises on the first refusal, timeout or connection failure, closing what it
-    opened."""
+    With ``opener`` (the C program benchmarks/c/open_many.c, built by the runner) that program
+    does the setting up, on sockets made here and inherited, so that setting up thousands of
+    connections measures the broker rather than the generator; without it, an epoll loop in
+    Python does the same. Either blocks the event loop while it works: it is only called before
+    the load starts. Raises on the first refusal, timeout or connection failure, closing what
+    it opened."""
+    requests = _requests(client_ids, version, filters)
+    if opener is not None:
+        return _open_many_c(opener, host, port, requests, version, frame_len, concurrency, timeout)
+    t0, c0 = time.perf_counter(), procfs.own_cpu_seconds()
     n = len(client_ids)
     ep = select.epoll()
     pending: dict[int, _Opening] = {}
@@ -655,11 +689,7 @@ def open_many(
                     sock.close()
                     fail(f"connect to {host}:{port} failed: {os.strerror(err)}")
                 _nodelay(sock)
-                wanted = filters(next_index) if filters else ()
-                request = wire.connect(client_ids[next_index], version)
-                if wanted:
-                    request += wire.subscribe(1, list(wanted), version)
-                state = _Opening(sock, next_index, request, bool(wanted))
+                state = _Opening(sock, next_index, *requests[next_index])
                 pending[sock.fileno()] = state
                 if state.send():  # on loopback the connection is usually made already
                     state.phase = _AWAIT_CONNACK
@@ -695,7 +725,59 @@ def open_many(
                 done.append(opened)
     finally:
         ep.close()
-    return done
+    return Opened(done, time.perf_counter() - t0, procfs.own_cpu_seconds() - c0)
+
+
+def _open_many_c(
+    opener: str,
+    host: str,
+    port: int,
+    requests: Sequence[tuple[bytes, bool]],
+    version: int,
+    frame_len: int,
+    concurrency: int,
+    timeout: float,
+) -> Opened:
+    """:func:`open_many` by the C opener: the sockets are made here and inherited by it; it
+    reads their requests from stdin (descriptor, whether it subscribes, length, bytes) and
+    prints its result as one JSON line."""
+    socks: list[socket.socket] = []
+    try:
+        records = []
+        for request, subscribing in requests:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            socks.append(sock)
+            sock.setblocking(False)
+            _nodelay(sock)
+            records.append(struct.pack("=iBI", sock.fileno(), subscribing, len(request)))
+            records.append(request)
+        cmd = [opener, host, str(port), str(version), str(concurrency), str(timeout)]
+        proc = subprocess.run(
+            cmd,
+            input=b"".join(records),
+            capture_output=True,
+            pass_fds=[s.fileno() for s in socks],
+            timeout=timeout + 30,
+            check=False,
+        )
+        lines = proc.stdout.decode(errors="replace").strip().splitlines()
+        try:
+            result = json.loads(lines[-1]) if lines else {}
+        except json.JSONDecodeError:
+            result = {}
+        if "error" in result or "elapsed_s" not in result:
+            cause = result.get("error") or proc.stderr.decode(errors="replace").strip()
+            raise ConnectionError(cause or f"{opener} ended with exit status {proc.returncode}")
+        clients = []
+        for i, sock in enumerate(socks):
+            client = RawClient(sock, bytes.fromhex(result["rest"].get(str(i), "")), frame_len)
+            client.receive_max = result["receive_max"][i]
+            clients.append(client)
+    except BaseException:
+        for sock in socks:
+            sock.close()
+        raise
+    return Opened(clients, result["elapsed_s"], result["cpu_s"])
 
 
 async def close_raw(clients: Sequence[RawClient], timeout: float = 3.0) -> None:

@@ -40,6 +40,7 @@ async def _main(spec: dict[str, Any]) -> dict[str, Any]:
         sizes=_sizes(spec.get("sizes")),
         sub_port=spec.get("sub_port"),
         c_publisher=spec.get("c_publisher"),
+        c_opener=spec.get("c_opener"),
     )
     return await run(scenario, ctx)
 

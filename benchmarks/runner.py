@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from . import brokers as br
-from . import ceiling, procfs, windowed
+from . import ceiling, cprograms, procfs, windowed
 from .scenarios import SCENARIOS, Scenario, Sizes, pick, resume_limit, titled
 from .wire import MQTT_5, MQTT_311
 
@@ -252,6 +252,7 @@ def run_one(
         "run_id": f"{suite[-6:]}{scenario.key}{tag}{run}",
         "sizes": asdict(sizes),
         "c_publisher": args.c_publisher,
+        "c_opener": args.c_opener,
     }
     cmd = br.pinned(
         br.GENERATOR_CORE, [sys.executable, "-m", "benchmarks.generator", json.dumps(spec)], pin
@@ -454,13 +455,15 @@ def main(argv: list[str] | None = None) -> int:
     own = [s for s in scenarios if s.own_brokers]
     handles: list[br.BrokerHandle] = []
     records: list[dict[str, Any]] = []
-    build_dir = tempfile.mkdtemp(prefix="bench-publisher-") if own else None
+    build_dir = tempfile.mkdtemp(prefix="bench-c-")
+    args.c_opener, how = cprograms.build("open_many", build_dir)
+    opener = f"C opener ({how})" if args.c_opener else f"Python epoll loop (client.py): {how}"
     args.c_publisher, publishers = None, ""
-    if build_dir and args.python_publishers:
+    if own and args.python_publishers:
         publishers = (
             "Python publishers (benchmarks/windowed.py), one process each: --python-publishers"
         )
-    elif build_dir:
+    elif own:
         args.c_publisher, publishers = windowed.build_c(build_dir)
     try:
         try:
@@ -519,6 +522,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  scenario 8 generator: {publishers}")
             if "ours-full" in own_names:
                 print(f"  scenario 8: {ceiling.DEFINITION}")
+        print(f"  connections set up by: {opener}")
         print(
             f"  {len(scenarios)} scenario(s) x {args.runs} run(s): warm-up {args.warmup:g} s, "
             f"measuring {args.duration:g} s; JSON lines -> {out}"
@@ -569,8 +573,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for h in handles:
             h.stop()
-        if build_dir:
-            shutil.rmtree(build_dir, ignore_errors=True)
+        shutil.rmtree(build_dir, ignore_errors=True)
 
     print()
     print(table(records, sizes))

@@ -19,6 +19,7 @@ from . import devices, procfs, windowed, wire
 from .client import (
     Client,
     LatencyProbe,
+    Opened,
     RawClient,
     close_clients,
     close_raw,
@@ -75,6 +76,9 @@ class Ctx:
     # Scenario 8: the C publisher built by the runner (benchmarks/c/windowed_pub.c); None: the
     # Python publishers (benchmarks/windowed.py).
     c_publisher: str | None = None
+    # Scenarios 6 and 7 (and every set-up of raw connections): the C opener built by the
+    # runner (benchmarks/c/open_many.c); None: an epoll loop in Python (benchmarks/client.py).
+    c_opener: str | None = None
     clients: list[Client] = field(default_factory=list)
     raw: list[RawClient] = field(default_factory=list)
     retired: list[Client] = field(default_factory=list)  # closed by the scenario itself
@@ -172,10 +176,10 @@ class Ctx:
         filters: Callable[[int], Sequence[tuple[str, int]]] | None = None,
         frame_len: int = 0,
         concurrency: int | None = None,
-    ) -> list[RawClient]:
+    ) -> Opened:
         """Open (and subscribe) one raw connection per name, ``concurrency`` (default
-        ``connect_concurrency``) at a time."""
-        clients = open_many(
+        ``connect_concurrency``) at a time, by the C opener when the runner built it."""
+        opened = open_many(
             self.host,
             self.port,
             [self.cid(name) for name in names],
@@ -184,9 +188,10 @@ class Ctx:
             frame_len,
             concurrency or self.sizes.connect_concurrency,
             timeout=60 + len(names) / 100,
+            opener=self.c_opener,
         )
-        self.raw.extend(clients)
-        return clients
+        self.raw.extend(opened.clients)
+        return opened
 
     async def close(self) -> None:
         clients, self.clients = self.clients, []
@@ -194,6 +199,24 @@ class Ctx:
         raw, self.raw = self.raw, []
         await close_clients(clients)
         await close_raw(raw)
+
+
+def setup_window(
+    opened: Opened,
+    count: int,
+    s0: tuple[float, float, float | None],
+    s1: tuple[float, float, float | None],
+) -> dict[str, Any]:
+    """:func:`window` over setting up ``count`` connections, timed by the opener's own clock
+    and CPU (from the first connect to the last CONNACK or SUBACK, without preparing the
+    requests or starting the C opener); the broker's CPU from ``s0`` to ``s1``, which hold
+    nothing else."""
+    return window(
+        {"connected": 0},
+        {"connected": count},
+        (0.0, 0.0, s0[2]),
+        (opened.elapsed_s, opened.cpu_s, s1[2]),
+    )
 
 
 def window(
@@ -275,7 +298,7 @@ async def fan_in_per_write(ctx: Ctx) -> dict[str, Any]:
     sub = await ctx.client("sub")
     await sub.subscribe([("bench/+/data", 0)])
     sub.start_counting(frame)
-    conns = ctx.open_many([f"pub{i}" for i in range(n)])  # TCP_NODELAY
+    conns = ctx.open_many([f"pub{i}" for i in range(n)]).clients  # TCP_NODELAY
     packets = [wire.publish(t, wire.payload(i), 0, 0, ctx.version) for i, t in enumerate(topics)]
     pubs = devices.OnePerWrite(conns, packets)
     stop = asyncio.Event()
@@ -417,9 +440,10 @@ async def idle_connections(ctx: Ctx) -> dict[str, Any]:
     n = ctx.sizes.idle_connections
     rss0 = procfs.rss_kb(ctx.broker_pid)
     s0, ns0 = ctx.snapshot(), procfs.threads_cpu_ns(ctx.broker_pid)
-    clients = ctx.open_many([f"idle{i}" for i in range(n)])
+    opened = ctx.open_many([f"idle{i}" for i in range(n)])
     s1, ns1 = ctx.snapshot(), procfs.threads_cpu_ns(ctx.broker_pid)
-    w = window({"connected": 0}, {"connected": len(clients)}, s0, s1)
+    clients = opened.clients
+    w = setup_window(opened, len(clients), s0, s1)
     await asyncio.sleep(min(ctx.warmup, 1.0))  # let the broker settle before reading its RSS
     rss1 = procfs.rss_kb(ctx.broker_pid)
     await asyncio.sleep(ctx.duration)  # idle: nothing is sent (keep alive 0)
@@ -432,9 +456,8 @@ async def idle_connections(ctx: Ctx) -> dict[str, Any]:
     # A second wave as a storm: as many clients again, storm_concurrency at once (devices
     # reconnecting together); past the listener's backlog the kernel drops SYNs, retried a
     # second later.
-    t0 = time.monotonic()
-    ctx.open_many([f"storm{i}" for i in range(n)], concurrency=ctx.sizes.storm_concurrency)
-    storm_s = time.monotonic() - t0
+    storm = ctx.open_many([f"storm{i}" for i in range(n)], concurrency=ctx.sizes.storm_concurrency)
+    storm_s = storm.elapsed_s
     connect_s = round(w["elapsed"], 3)
     w["metrics"] = {
         "connect_s": connect_s,
@@ -459,7 +482,9 @@ async def topic_spray(ctx: Ctx) -> dict[str, Any]:
     topics = [f"spray/{i:0{width}d}" for i in range(n)]
     frame = ctx.publish_len(topics[0])
     s0, ns0 = ctx.snapshot(), procfs.threads_cpu_ns(ctx.broker_pid)
-    own = ctx.open_many([f"t{i}" for i in range(n)], lambda i: [(topics[i], 0)], frame)
+    opened = ctx.open_many([f"t{i}" for i in range(n)], lambda i: [(topics[i], 0)], frame)
+    own = opened.clients
+    t0, c0 = time.perf_counter(), procfs.own_cpu_seconds()
     wild = []
     for i in range(ctx.sizes.spray_wildcards):
         sub = await ctx.client(f"wild{i}")
@@ -467,7 +492,11 @@ async def topic_spray(ctx: Ctx) -> dict[str, Any]:
         sub.start_counting(frame)
         wild.append(sub)
     s1, ns1 = ctx.snapshot(), procfs.threads_cpu_ns(ctx.broker_pid)
-    setup = window({"subs": 0}, {"subs": len(own) + len(wild)}, s0, s1)
+    opened = opened._replace(
+        elapsed_s=opened.elapsed_s + time.perf_counter() - t0,
+        cpu_s=opened.cpu_s + procfs.own_cpu_seconds() - c0,
+    )
+    setup = setup_window(opened, len(own) + len(wild), s0, s1)
 
     # The 10,000 own-topic subscribers each get 1/10,000 of the traffic: reading each of them on
     # every message would cost the generator one event-loop callback per message, so they are
@@ -671,7 +700,7 @@ async def many_devices(ctx: Ctx) -> dict[str, Any]:
     sub0 = await ctx.client("sub0")
     await sub0.subscribe([("dev/+/q0", 0)])
     sub0.start_counting(ctx.publish_len(f"dev/{0:0{width}d}/q0"))
-    conns = ctx.open_many([f"dev{i}" for i in range(n)])
+    conns = ctx.open_many([f"dev{i}" for i in range(n)]).clients
     limit = min([devices.RING] + [c.receive_max for c in conns])
     metrics: dict[str, Any] = {}
     gen_cpu, broker_cpu, failed = [], [], 0

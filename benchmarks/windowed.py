@@ -30,10 +30,8 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
 import socket
 import struct
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -42,14 +40,12 @@ from itertools import repeat
 from pathlib import Path
 from typing import Any
 
-from . import wire
+from . import cprograms, wire
 from .client import _NATIVE, _reply_table, open_blocking
 
 RECV_TIMEOUT = 0.01  # seconds: how late a publisher may notice the end of a phase
 READY_TIMEOUT = 60.0
 START_DELAY = 0.1  # seconds between the last "ready" and the common start
-C_SOURCE = Path(__file__).resolve().parent / "c" / "windowed_pub.c"
-C_FLAGS = ("-O2",)
 
 
 def _latency_key(us: int) -> int:
@@ -287,33 +283,13 @@ def main(argv: list[str] | None = None) -> int:
 # -- the C publisher ---------------------------------------------------------------------------------
 
 
-def compiler() -> str | None:
-    """The C compiler to build the publisher with: ``$CC``, else cc, else gcc; None if none."""
-    for name in (os.environ.get("CC"), "cc", "gcc"):
-        path = shutil.which(name) if name else None
-        if path:
-            return path
-    return None
-
-
 def build_c(directory: str | Path) -> tuple[str | None, str]:
-    """Compile :data:`C_SOURCE` into ``directory``: (the program or None, which publishers
+    """Build the C publisher into ``directory``: (the program or None, which publishers
     scenario 8 runs and why, for the runner's header)."""
-    cc = compiler()
-    python = "Python publishers (benchmarks/windowed.py), one process each"
-    if cc is None:
-        return None, f"{python}: no C compiler (cc, gcc) found"
-    binary = Path(directory) / "windowed_pub"
-    cmd = [cc, *C_FLAGS, "-o", str(binary), str(C_SOURCE)]
-    try:
-        subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True)
-    except subprocess.CalledProcessError as exc:
-        cause = (exc.stderr.strip().splitlines() or [f"exit status {exc.returncode}"])[-1]
-        return None, f"{python}: {Path(cc).name} failed on {C_SOURCE.name}: {cause}"
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return None, f"{python}: {Path(cc).name} failed on {C_SOURCE.name}: {exc}"
-    built = f"{Path(cc).name} {' '.join(C_FLAGS)}"
-    return str(binary), f"C publishers (benchmarks/c/{C_SOURCE.name}, {built}), one process each"
+    binary, how = cprograms.build("windowed_pub", directory)
+    if binary is None:
+        return None, f"Python publishers (benchmarks/windowed.py), one process each: {how}"
+    return binary, f"C publishers ({how}), one process each"
 
 
 def c_command(binary: str, spec: dict[str, Any]) -> list[str]:

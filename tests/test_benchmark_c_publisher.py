@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks import windowed, wire  # noqa: E402
+from benchmarks import cprograms, windowed, wire  # noqa: E402
 
 TOPIC = "bench/persist"
 RECEIVE_MAXIMUM = 8  # the stand-in's CONNACK limits the publisher's window of 32 to this
@@ -31,7 +31,7 @@ RECEIVE_MAXIMUM = 8  # the stand-in's CONNACK limits the publisher's window of 3
 
 @pytest.fixture(scope="module")
 def binary(tmp_path_factory: pytest.TempPathFactory) -> str:
-    if windowed.compiler() is None:
+    if cprograms.compiler() is None:
         pytest.skip("no C compiler (cc, gcc): apt-get install gcc")
     path, description = windowed.build_c(tmp_path_factory.mktemp("cpub"))
     assert path is not None, description
@@ -40,7 +40,7 @@ def binary(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def test_the_source_compiles_without_warnings(binary: str, tmp_path: Path) -> None:
-    cc = windowed.compiler()
+    cc = cprograms.compiler()
     assert cc is not None
     cmd = [
         cc,
@@ -50,7 +50,7 @@ def test_the_source_compiles_without_warnings(binary: str, tmp_path: Path) -> No
         "-Werror",
         "-o",
         str(tmp_path / "p"),
-        str(windowed.C_SOURCE),
+        str(cprograms.source("windowed_pub")),
     ]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
@@ -59,12 +59,12 @@ def test_the_source_compiles_without_warnings(binary: str, tmp_path: Path) -> No
 def test_without_a_working_compiler_the_python_publishers_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(windowed, "compiler", lambda: None)
+    monkeypatch.setattr(cprograms, "compiler", lambda: None)
     path, description = windowed.build_c(tmp_path)
     assert path is None
     assert description.startswith("Python publishers (benchmarks/windowed.py)")
     assert "no C compiler" in description
-    monkeypatch.setattr(windowed, "compiler", lambda: "/bin/false")
+    monkeypatch.setattr(cprograms, "compiler", lambda: "/bin/false")
     path, description = windowed.build_c(tmp_path)
     assert path is None and "Python publishers" in description and "false failed" in description
 

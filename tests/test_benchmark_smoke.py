@@ -63,11 +63,14 @@ def test_benchmark_smoke(tmp_path: Path) -> None:
     # Scenario 8 runs on a fresh broker per storage variant, and the resumed subscriber gets
     # every message the broker accepted into its offline session.
     persistent = {r["broker"]: r for r in records if r["scenario"] == "8"}
-    from benchmarks.windowed import compiler
+    from benchmarks.cprograms import compiler
 
     publishers = "c" if compiler() else "python"
     header = "C publishers (" if publishers == "c" else "Python publishers ("
     assert f"scenario 8 generator: {header}" in proc.stdout, report
+    # the thousands of connections of scenarios 6 and 7 are set up by the C opener likewise
+    opener = "C opener (" if publishers == "c" else "Python epoll loop ("
+    assert f"connections set up by: {opener}" in proc.stdout, report
     assert set(persistent) == {"ours-memory", "ours-normal", "ours-full"}, report
     for record in persistent.values():
         metrics = record["metrics"]
