@@ -1,17 +1,16 @@
 """The benchmark's C opener (benchmarks/c/open_many.c), which sets up scenarios 6 and 7's
-thousands of connections so that the broker, not the generator, is the limit: it compiles here
-without warnings; against the broker it sets up connections and subscriptions that the
-generator then goes on using; and against a stand-in broker on a loopback socket it reads what
-the Python loop reads (a CONNACK with properties, bytes after it) and refuses what that loop
-refuses (a refused CONNACK or SUBACK, a closed connection), closing every socket. A few seconds;
-no timed assertions."""
+thousands of connections so that the broker, not the generator, is the limit: against the broker
+it sets up connections and subscriptions that the generator then goes on using; and against a
+stand-in broker on a loopback socket it reads what the Python loop reads (a CONNACK with
+properties, bytes after it) and refuses what that loop refuses (a refused CONNACK or SUBACK, a
+closed connection, an unexpected packet), closing every socket. A few seconds; no timed
+assertions."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -37,15 +36,6 @@ def opener(tmp_path_factory: pytest.TempPathFactory) -> str:
     assert path is not None, how
     assert how.startswith("benchmarks/c/open_many.c, ")
     return path
-
-
-def test_the_source_compiles_without_warnings(opener: str, tmp_path: Path) -> None:
-    cc = cprograms.compiler()
-    assert cc is not None
-    src = str(cprograms.source("open_many"))
-    cmd = [cc, "-O2", "-Wall", "-Wextra", "-Werror", "-o", str(tmp_path / "o"), src]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
 
 
 @pytest.mark.parametrize("version", [wire.MQTT_5, wire.MQTT_311])

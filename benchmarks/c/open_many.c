@@ -35,6 +35,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "report.h"
+
 #define IN_MAX 1024 /* a CONNACK and a SUBACK with their properties, and what follows */
 #define EVENTS 256
 
@@ -50,35 +52,6 @@ struct conn {
     uint8_t in[IN_MAX];
     uint16_t receive_max;
 };
-
-static void fail(const char *fmt, ...) {
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    printf("{\"error\": \"");
-    for (const char *p = msg; *p; p++) {
-        if (*p == '"' || *p == '\\')
-            putchar('\\');
-        putchar((unsigned char)*p >= 0x20 ? *p : ' ');
-    }
-    printf("\"}\n");
-    fflush(stdout);
-    exit(1);
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-static double cpu_s(void) {
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec + (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
-}
 
 static void read_all(void *dst, size_t n) {
     uint8_t *p = dst;
@@ -246,7 +219,7 @@ int main(int argc, char **argv) {
     if (ep < 0)
         fail("epoll_create1: %s", strerror(errno));
     struct epoll_event events[EVENTS];
-    double t0 = now_s(), c0 = cpu_s(), deadline = t0 + timeout;
+    double t0 = now_ns() / 1e9, c0 = cpu_s(), deadline = t0 + timeout;
     long next = 0, pending = 0, done = 0;
     while (done < n) {
         while (pending < concurrency && next < n) {
@@ -267,7 +240,7 @@ int main(int argc, char **argv) {
             pending++;
             next++;
         }
-        if (now_s() > deadline)
+        if (now_ns() / 1e9 > deadline)
             fail("%ld connection(s) not set up after %.0f s", pending, timeout);
         int ready = epoll_wait(ep, events, EVENTS, 1000);
         if (ready < 0 && errno != EINTR)
@@ -308,7 +281,7 @@ int main(int argc, char **argv) {
             done++;
         }
     }
-    double elapsed = now_s() - t0, cpu = cpu_s() - c0;
+    double elapsed = now_ns() / 1e9 - t0, cpu = cpu_s() - c0;
     printf("{\"elapsed_s\": %.6f, \"cpu_s\": %.6f, \"receive_max\": [", elapsed, cpu);
     for (long i = 0; i < n; i++)
         printf(i ? ",%u" : "%u", conns[i].receive_max);

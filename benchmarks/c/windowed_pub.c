@@ -35,6 +35,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "report.h"
+
 #define RECV_TIMEOUT_US 10000 /* how late the end of a phase may be noticed */
 #define BUF_SIZE 65536
 #define SETUP_TIMEOUT_S 10
@@ -43,35 +45,6 @@
 
 static uint64_t hist[BUCKETS];
 static uint64_t others[256]; /* unexpected packets by first byte */
-
-static void fail(const char *fmt, ...) {
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    printf("{\"error\": \"");
-    for (const char *p = msg; *p; p++) {
-        if (*p == '"' || *p == '\\')
-            putchar('\\');
-        putchar((unsigned char)*p >= 0x20 ? *p : ' ');
-    }
-    printf("\"}\n");
-    fflush(stdout);
-    exit(1);
-}
-
-static int64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-static double cpu_s(void) {
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec + (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
-}
 
 static int bucket(uint64_t us) {
     if (us < 1000)

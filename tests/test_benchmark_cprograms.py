@@ -1,0 +1,34 @@
+"""The benchmark's C programs (benchmarks/c/*.c) compile without a warning (-Wall -Wextra
+-Werror); what each does is checked in test_benchmark_c_publisher.py and
+test_benchmark_c_opener.py."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from benchmarks import cprograms  # noqa: E402
+
+PROGRAMS = sorted(p.stem for p in cprograms.SOURCES.glob("*.c"))
+
+
+def test_both_programs_are_found() -> None:  # (an empty list would check nothing below)
+    assert PROGRAMS == ["open_many", "windowed_pub"]
+
+
+@pytest.mark.parametrize("name", PROGRAMS)
+def test_the_source_compiles_without_warnings(name: str, tmp_path: Path) -> None:
+    cc = cprograms.compiler()
+    if cc is None:
+        pytest.skip("no C compiler (cc, gcc): apt-get install gcc")
+    src = str(cprograms.source(name))
+    cmd = [cc, "-O2", "-Wall", "-Wextra", "-Werror", "-o", str(tmp_path / name), src]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
