@@ -751,7 +751,10 @@ def _open_many_c(
             _nodelay(sock)
             records.append(struct.pack("=iBI", sock.fileno(), subscribing, len(request)))
             records.append(request)
-        cmd = [opener, host, str(port), str(version), str(concurrency), str(timeout)]
+        # (the program takes an IPv4 address: a name such as --broker localhost:1883 is
+        # resolved here, as connect_ex resolves it for the Python loop)
+        address = socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
+        cmd = [opener, str(address), str(port), str(version), str(concurrency), str(timeout)]
         proc = subprocess.run(
             cmd,
             input=b"".join(records),

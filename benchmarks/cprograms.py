@@ -1,9 +1,10 @@
 """The benchmark's C programs (benchmarks/c/), compiled by the runner once per suite.
 
 Each does, in C, a part of the generator that would otherwise make the generator, not the broker,
-the limit: scenario 8's windowed publisher (``windowed_pub``, see benchmarks/windowed.py) and the
-setting up of thousands of connections (``open_many``, see benchmarks/client.py). Every byte they
-send is encoded in Python (benchmarks/wire.py). Without a C compiler, or when one fails, the
+the limit: scenario 8's windowed publisher (``windowed_pub``, see benchmarks/windowed.py), the
+setting up of thousands of connections (``open_many``, see benchmarks/client.py) and scenario
+1w's publishers (``one_per_write``, see benchmarks/devices.py). Every byte they send is encoded
+in Python (benchmarks/wire.py). Without a C compiler, or when one fails, the
 Python code that does the same runs instead, and the runner's header says which ran.
 """
 

@@ -15,18 +15,26 @@ Scenario 1w's publishers write one PUBLISH per ``send`` with TCP_NODELAY, and on
 previous one has left the socket (:func:`unsent_bytes` is 0): a message written while another
 is still queued would be merged with it into one segment. The kernel's own count of data
 segments sent (:func:`data_segments_out`, from TCP_INFO) shows the result: one per message.
+:class:`OnePerWriteC` does the same in C (benchmarks/c/one_per_write.c) where the runner built
+it, so that the generator's own loop is less of the limit for a fast broker.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
+import json
+import mmap
+import os
 import socket
 import struct
+import subprocess
+import tempfile
 import time
 from collections.abc import Sequence
 
-from . import wire
+from . import procfs, wire
 from .client import RawClient
 
 STEP = 0.002  # seconds between two groups of paced devices
@@ -238,10 +246,94 @@ class OnePerWrite:
             self.sent += 1
 
     def segments(self) -> int | None:
-        counts = [data_segments_out(c.sock) for c in self.conns]
-        return None if any(c is None for c in counts) else sum(c for c in counts if c)
+        return segments_out(self.conns)
+
+    def cpu_s(self) -> float:
+        return 0.0  # counted as the generator's own
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             self.round()
             await asyncio.sleep(0)  # the subscriber's reads
+
+
+def segments_out(conns: Sequence[RawClient]) -> int | None:
+    """Data segments sent by all of ``conns`` (None where TCP_INFO lacks the count)."""
+    counts = [data_segments_out(c.sock) for c in conns]
+    return None if any(c is None for c in counts) else sum(c for c in counts if c)
+
+
+class OnePerWriteC:
+    """:class:`OnePerWrite` by the C program benchmarks/c/one_per_write.c (built by the runner),
+    in a process of its own on the generator's core: it inherits the sockets, and its counters
+    (sent, attempts, held) are read from a file both processes map."""
+
+    _STOP, _SENT, _ATTEMPTS, _HELD = range(4)
+
+    def __init__(self, conns: Sequence[RawClient], packets: Sequence[bytes], program: str) -> None:
+        self.conns = conns
+        self.packets = packets
+        self.program = program
+        self._file = tempfile.TemporaryFile(dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        self._file.truncate(32)
+        self._counters = mmap.mmap(self._file.fileno(), 32)
+        self.pid: int | None = None
+        self.failed: list[int] = []
+
+    def _get(self, index: int) -> int:
+        return int(struct.unpack_from("Q", self._counters, 8 * index)[0])
+
+    @property
+    def sent(self) -> int:
+        return self._get(self._SENT)
+
+    @property
+    def attempts(self) -> int:
+        return self._get(self._ATTEMPTS)
+
+    @property
+    def held(self) -> int:
+        return self._get(self._HELD)
+
+    def segments(self) -> int | None:
+        return segments_out(self.conns)
+
+    def cpu_s(self) -> float:
+        """The C process's CPU seconds so far (whole ticks: for windows of seconds)."""
+        return procfs.cpu_seconds(self.pid) or 0.0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        fds = [c.sock.fileno() for c in self.conns]
+        records = b"".join(
+            struct.pack("=iI", fd, len(packet)) + packet
+            for fd, packet in zip(fds, self.packets, strict=True)
+        )
+        proc = subprocess.Popen(
+            [self.program, str(self._file.fileno())],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=[*fds, self._file.fileno()],
+        )
+        self.pid = proc.pid
+        try:
+            assert proc.stdin is not None
+            proc.stdin.write(records)
+            proc.stdin.close()
+            while not stop.is_set() and proc.poll() is None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 0.1)
+        finally:
+            struct.pack_into("Q", self._counters, 8 * self._STOP, 1)
+            proc.wait(timeout=10)  # (its output is one short line: the pipe cannot fill)
+            assert proc.stdout is not None and proc.stderr is not None
+            out, err = proc.stdout.read(), proc.stderr.read()
+            proc.stdout.close()
+            proc.stderr.close()
+        result = json.loads(out.decode().strip().splitlines()[-1]) if out.strip() else {}
+        if "error" in result or proc.returncode != 0:
+            cause = result.get("error") or err.decode(errors="replace").strip()
+            raise RuntimeError(f"{self.program}: {cause or f'exit status {proc.returncode}'}")
+        self.failed = result["failed"]
+        for i in self.failed:
+            self.conns[i].eof = True

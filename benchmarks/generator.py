@@ -41,6 +41,7 @@ async def _main(spec: dict[str, Any]) -> dict[str, Any]:
         sub_port=spec.get("sub_port"),
         c_publisher=spec.get("c_publisher"),
         c_opener=spec.get("c_opener"),
+        c_one_per_write=spec.get("c_one_per_write"),
     )
     return await run(scenario, ctx)
 

@@ -253,6 +253,7 @@ def run_one(
         "sizes": asdict(sizes),
         "c_publisher": args.c_publisher,
         "c_opener": args.c_opener,
+        "c_one_per_write": args.c_one_per_write,
     }
     cmd = br.pinned(
         br.GENERATOR_CORE, [sys.executable, "-m", "benchmarks.generator", json.dumps(spec)], pin
@@ -458,6 +459,12 @@ def main(argv: list[str] | None = None) -> int:
     build_dir = tempfile.mkdtemp(prefix="bench-c-")
     args.c_opener, how = cprograms.build("open_many", build_dir)
     opener = f"C opener ({how})" if args.c_opener else f"Python epoll loop (client.py): {how}"
+    args.c_one_per_write, how = cprograms.build("one_per_write", build_dir)
+    per_write = (
+        f"C publishers ({how}), one process"
+        if args.c_one_per_write
+        else f"Python publishers (devices.py), in the generator: {how}"
+    )
     args.c_publisher, publishers = None, ""
     if own and args.python_publishers:
         publishers = (
@@ -523,6 +530,8 @@ def main(argv: list[str] | None = None) -> int:
             if "ours-full" in own_names:
                 print(f"  scenario 8: {ceiling.DEFINITION}")
         print(f"  connections set up by: {opener}")
+        if any(s.key == "1w" for s in scenarios):
+            print(f"  scenario 1w publishers: {per_write}")
         print(
             f"  {len(scenarios)} scenario(s) x {args.runs} run(s): warm-up {args.warmup:g} s, "
             f"measuring {args.duration:g} s; JSON lines -> {out}"

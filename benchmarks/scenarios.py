@@ -79,6 +79,9 @@ class Ctx:
     # Scenarios 6 and 7 (and every set-up of raw connections): the C opener built by the
     # runner (benchmarks/c/open_many.c); None: an epoll loop in Python (benchmarks/client.py).
     c_opener: str | None = None
+    # Scenario 1w: its publishers in C (benchmarks/c/one_per_write.c), built by the runner;
+    # None: in Python (benchmarks/devices.py, OnePerWrite).
+    c_one_per_write: str | None = None
     clients: list[Client] = field(default_factory=list)
     raw: list[RawClient] = field(default_factory=list)
     retired: list[Client] = field(default_factory=list)  # closed by the scenario itself
@@ -209,8 +212,10 @@ def setup_window(
 ) -> dict[str, Any]:
     """:func:`window` over setting up ``count`` connections, timed by the opener's own clock
     and CPU (from the first connect to the last CONNACK or SUBACK, without preparing the
-    requests or starting the C opener); the broker's CPU from ``s0`` to ``s1``, which hold
-    nothing else."""
+    requests, starting the C opener or reading its result); the broker's CPU from ``s0`` to
+    ``s1``, around all of that (the broker has nothing to do before the first connect or
+    after the last acknowledgement, so its CPU per connection is the same, and its CPU % may
+    read a little high)."""
     return window(
         {"connected": 0},
         {"connected": count},
@@ -300,7 +305,11 @@ async def fan_in_per_write(ctx: Ctx) -> dict[str, Any]:
     sub.start_counting(frame)
     conns = ctx.open_many([f"pub{i}" for i in range(n)]).clients  # TCP_NODELAY
     packets = [wire.publish(t, wire.payload(i), 0, 0, ctx.version) for i, t in enumerate(topics)]
-    pubs = devices.OnePerWrite(conns, packets)
+    pubs: devices.OnePerWrite | devices.OnePerWriteC
+    if ctx.c_one_per_write:
+        pubs = devices.OnePerWriteC(conns, packets, ctx.c_one_per_write)
+    else:
+        pubs = devices.OnePerWrite(conns, packets)
     stop = asyncio.Event()
     task = asyncio.get_running_loop().create_task(pubs.run(stop))
     try:
@@ -311,6 +320,7 @@ async def fan_in_per_write(ctx: Ctx) -> dict[str, Any]:
                 "segments": pubs.segments() or 0,
                 "attempts": pubs.attempts,
                 "held": pubs.held,
+                "publisher_cpu": pubs.cpu_s(),
             },
             progress=lambda: sub.count,
         )
@@ -319,6 +329,9 @@ async def fan_in_per_write(ctx: Ctx) -> dict[str, Any]:
         await task
     ctx.lost_before_retiring += sum(1 for c in conns if c.eof)  # the broker closed a publisher
     d = w["delta"]
+    # the C publishers' process runs on the generator's core too
+    w["gen_cpu_pct"] = round(w["gen_cpu_pct"] + 100 * d["publisher_cpu"] / w["elapsed"], 1)
+    w["gen_publishers"] = "c" if ctx.c_one_per_write else "python"
     w["metrics"] = {
         "msgs_per_s": rate(d["received"], w["elapsed"]),
         "sent_per_s": rate(d["sent"], w["elapsed"]),

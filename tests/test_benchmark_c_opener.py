@@ -9,8 +9,11 @@ assertions."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
+import struct
+import subprocess
 import sys
 import threading
 import time
@@ -24,18 +27,15 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks import cprograms, wire  # noqa: E402
+from support import benchmark_c  # noqa: E402
+
+from benchmarks import wire  # noqa: E402
 from benchmarks.client import close_raw, open_many  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def opener(tmp_path_factory: pytest.TempPathFactory) -> str:
-    if cprograms.compiler() is None:
-        pytest.skip("no C compiler (cc, gcc): apt-get install gcc")
-    path, how = cprograms.build("open_many", tmp_path_factory.mktemp("opener"))
-    assert path is not None, how
-    assert how.startswith("benchmarks/c/open_many.c, ")
-    return path
+    return benchmark_c.build("open_many", tmp_path_factory)
 
 
 @pytest.mark.parametrize("version", [wire.MQTT_5, wire.MQTT_311])
@@ -174,8 +174,9 @@ def _open(
 
 
 @pytest.fixture(params=["c", "python"])
-def which(request: pytest.FixtureRequest, opener: str) -> str | None:
-    return opener if request.param == "c" else None
+def which(request: pytest.FixtureRequest) -> str | None:
+    """The C opener, or None for the Python loop (which needs no compiler)."""
+    return str(request.getfixturevalue("opener")) if request.param == "c" else None
 
 
 def test_properties_and_what_follows_the_awaited_packets(which: str | None) -> None:
@@ -213,3 +214,35 @@ def test_refusals_raise_and_close_every_socket(
     with pytest.raises(ConnectionError, match=error):
         _open(which, answer)
     assert len(os.listdir("/proc/self/fd")) == before  # the stand-in's and every client's
+
+
+def test_records_split_across_writes(opener: str) -> None:
+    """A pipe may hand over a record in pieces: the opener reads on until it has it all."""
+    request = wire.connect("standin-0")
+    standin = StandIn([request], lambda i: CONNACK_5)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setblocking(False)
+        record = struct.pack("=iBI", sock.fileno(), 0, len(request)) + request
+        proc = subprocess.Popen(
+            [opener, "127.0.0.1", str(standin.port), "5", "1", "10"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            pass_fds=[sock.fileno()],
+        )
+        assert proc.stdin is not None
+        for i in range(len(record)):  # a byte at a time, the fd field included
+            proc.stdin.write(record[i : i + 1])
+            proc.stdin.flush()
+            time.sleep(0.001)
+        proc.stdin.close()
+        proc.wait(timeout=20)
+        assert proc.stdout is not None
+        out = proc.stdout.read()
+        proc.stdout.close()
+        result = json.loads(out)
+        assert proc.returncode == 0 and result["receive_max"] == [10], out
+        assert not standin.problems, standin.problems
+    finally:
+        sock.close()
+        standin.close()

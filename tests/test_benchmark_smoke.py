@@ -93,6 +93,10 @@ def test_benchmark_smoke(tmp_path: Path) -> None:
         assert devices[f"{phase}_msgs_per_s"] > 0, report
         assert devices[f"{phase}_cpu_per_10k"] is not None, report  # 0 when under one tick
     # Scenario 1w: one data segment per message (no two merged by the kernel).
-    per_write = next(r for r in records if r["scenario"] == "1w")["metrics"]
+    per_write_run = next(r for r in records if r["scenario"] == "1w")
+    assert per_write_run["gen_publishers"] == publishers, report  # C where it builds
+    header = "C publishers (" if publishers == "c" else "Python publishers ("
+    assert f"scenario 1w publishers: {header}" in proc.stdout, report
+    per_write = per_write_run["metrics"]
     assert per_write["segs_per_msg"] is None or 0.95 <= per_write["segs_per_msg"] <= 1.05, report
     assert "ours" in proc.stdout and "msg/s" in proc.stdout  # the table was printed

@@ -9,10 +9,11 @@
  * request's length (uint32) and its bytes (the CONNECT, then the SUBSCRIBE if any), all encoded
  * by Python (benchmarks/wire.py), in the machine's byte order. Once stdin is read this process
  * starts the clock and keeps at most CONCURRENCY connections being set up at once: connect(),
- * write the request in one send as soon as the connection is made (a client need not wait for
- * the CONNACK before it subscribes), read until the CONNACK has a reason code below 0x80 and,
- * when subscribing, the SUBACK has only such codes. The clock stops when the last connection
- * is set up. The result is one JSON line on stdout:
+ * write the whole request as soon as the connection is made (one send, unless the socket takes
+ * part of it; a client need not wait for the CONNACK before it subscribes), read until the
+ * CONNACK has reason code 0 (anything else is a refusal) and, when subscribing, the SUBACK has
+ * only codes below 0x80. HOST is an IPv4 address (the caller resolves names). The clock stops
+ * when the last connection is set up. The result is one JSON line on stdout:
  *   {"elapsed_s": ..., "cpu_s": ..., "receive_max": [per connection],
  *    "rest": {"<index>": "<hex of bytes read after the last awaited packet>", ...}}
  * cpu_s is this process's own (getrusage) over the timed part. A refusal, an unexpected
@@ -52,17 +53,6 @@ struct conn {
     uint8_t in[IN_MAX];
     uint16_t receive_max;
 };
-
-static void read_all(void *dst, size_t n) {
-    uint8_t *p = dst;
-    while (n) {
-        ssize_t got = read(0, p, n);
-        if (got <= 0)
-            fail("stdin ended inside a record");
-        p += got;
-        n -= (size_t)got;
-    }
-}
 
 /* A variable byte integer at buf[*pos] (below end): its value, *pos moved past it; -1 when
  * incomplete, -2 when malformed. */
@@ -192,21 +182,21 @@ int main(int argc, char **argv) {
     struct conn *conns = malloc(cap * sizeof *conns);
     for (;;) {
         int32_t fd;
-        ssize_t got = read(0, &fd, sizeof fd);
-        if (got == 0)
+        if (!stdin_read(&fd, sizeof fd))
             break;
-        if (got != sizeof fd)
-            fail("stdin ended inside a record");
         if (n == cap)
             conns = realloc(conns, (cap *= 2) * sizeof *conns);
         struct conn *c = &conns[n++];
         memset(c, 0, offsetof(struct conn, in));
         c->fd = fd;
         c->receive_max = 65535;
-        read_all(&c->subscribing, 1);
-        read_all(&c->out_len, sizeof c->out_len);
+        if (!stdin_read(&c->subscribing, 1))
+            fail("stdin ended inside a record");
+        if (!stdin_read(&c->out_len, sizeof c->out_len))
+            fail("stdin ended inside a record");
         c->out = malloc(c->out_len);
-        read_all(c->out, c->out_len);
+        if (!stdin_read(c->out, c->out_len))
+            fail("stdin ended inside a record");
     }
     /* the connection of a descriptor, for epoll: descriptors are small integers */
     int max_fd = 0;
