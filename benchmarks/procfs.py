@@ -1,5 +1,6 @@
-"""What /proc tells about a process: CPU seconds, resident memory, listening TCP ports; and the
-generator's own CPU time (os.times). Linux only; every reader returns None where /proc is absent."""
+"""What /proc tells about a process: CPU seconds, resident memory, listening TCP ports; the bytes
+a port's connections hold unread; and the generator's own CPU time (os.times). Linux only; every
+reader returns None where /proc is absent."""
 
 from __future__ import annotations
 
@@ -106,6 +107,28 @@ def listening_ports(pid: int) -> list[int]:
         except (OSError, StopIteration):
             continue
     return sorted(set(ports))
+
+
+def unread_bytes(port: int) -> list[int] | None:
+    """Bytes received and not yet read by the application on each established TCP connection
+    whose local port is ``port`` (the rx_queue of /proc/net/tcp and tcp6: the receiver's
+    rcv_nxt - copied_seq): on a broker's port, how far behind its readers are. None without
+    /proc/net/tcp."""
+    want = f":{port:04X}"
+    found = None
+    for table in ("tcp", "tcp6"):
+        try:
+            with open(f"/proc/net/{table}") as f:
+                next(f)
+                rows = f.readlines()
+        except (OSError, StopIteration):
+            continue
+        found = found or []
+        for line in rows:
+            parts = line.split()
+            if len(parts) > 4 and parts[3] == "01" and parts[1].endswith(want):
+                found.append(int(parts[4].split(":")[1], 16))  # tx_queue:rx_queue
+    return found
 
 
 def raise_fd_limit(want: int = 1 << 20) -> int:

@@ -699,6 +699,26 @@ async def persistent(ctx: Ctx) -> dict[str, Any]:
 # -- 9: many devices, each publishing a few messages per second ---------------------------------
 
 
+UNREAD_SAMPLES = 10  # readings of the broker's unread bytes at the end of each phase's window
+UNREAD_EVERY = 0.02  # seconds between two
+
+
+async def unread_per_connection(port: int) -> float | None:
+    """Bytes the broker's connections on ``port`` hold received and not yet read, per
+    connection, averaged over UNREAD_SAMPLES readings (procfs.unread_bytes) while the load goes
+    on. About 0 for a broker that reads each message as it arrives; a broker behind by k
+    messages on each device holds about k messages' bytes. None where /proc does not show the
+    broker's connections (another machine's broker)."""
+    means = []
+    for i in range(UNREAD_SAMPLES):
+        if i:
+            await asyncio.sleep(UNREAD_EVERY)
+        unread = procfs.unread_bytes(port)
+        if unread:
+            means.append(sum(unread) / len(unread))
+    return round(sum(means) / len(means), 1) if means else None
+
+
 async def many_devices(ctx: Ctx) -> dict[str, Any]:
     """``devices`` publishers, each on its own connection and topic ``dev/<i>/q1`` or
     ``dev/<i>/q0``, paced (devices.pace): first QoS 1 at ``device_rate_q1`` messages/s each into
@@ -749,6 +769,7 @@ async def many_devices(ctx: Ctx) -> dict[str, Any]:
         )
         try:
             w = await ctx.measure(read, before_read=sweep if qos else None, progress=received)
+            metrics[f"{name}_unread"] = await unread_per_connection(ctx.port)
         finally:
             stop.set()
             pacer = await task
@@ -897,11 +918,13 @@ SCENARIOS: dict[str, Scenario] = {
                 Metric("q1_broker_cpu_pct", "QoS1 broker CPU %", ratio=False),
                 Metric("q1_kernel_pct", "QoS1 of it in the kernel %", ratio=False),
                 Metric("q1_gen_cpu_pct", "QoS1 gen CPU %", ratio=False),
+                Metric("q1_unread", "QoS1 unread bytes/conn", ratio=False),
                 Metric("q0_msgs_per_s", "QoS0 msg/s"),
                 Metric("q0_cpu_per_10k", "QoS0 CPU s/10k msgs", False),
                 Metric("q0_broker_cpu_pct", "QoS0 broker CPU %", ratio=False),
                 Metric("q0_kernel_pct", "QoS0 of it in the kernel %", ratio=False),
                 Metric("q0_gen_cpu_pct", "QoS0 gen CPU %", ratio=False),
+                Metric("q0_unread", "QoS0 unread bytes/conn", ratio=False),
             ),
             many_fds=True,
             phases=2,

@@ -258,6 +258,33 @@ def test_kernel_cpu_seconds_is_the_system_part_of_cpu_seconds() -> None:
     assert procfs.kernel_cpu_seconds(None) is None
 
 
+def test_unread_bytes_counts_what_a_ports_connections_have_not_read() -> None:
+    """Scenario 9's "unread bytes/conn": the receive queue of each established connection on
+    the listening port's side (its rx_queue), which the client's side and other ports do not
+    add to; it empties once read."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            server, _ = listener.accept()
+            with server:
+                client.sendall(b"x" * 300)
+                server.sendall(b"y" * 50)  # unread by the client: not on ``port``'s side
+                got = procfs.unread_bytes(port)
+                for _ in range(100):  # the bytes cross loopback in a moment
+                    if got == [300]:
+                        break
+                    time.sleep(0.01)
+                    got = procfs.unread_bytes(port)
+                assert got == [300]
+                received = b""
+                while len(received) < 300:
+                    received += server.recv(1000)
+                assert procfs.unread_bytes(port) == [0]
+                client.recv(1000)
+
+
 def test_fsync_probe_measures_in_the_directory_and_leaves_nothing(tmp_path: Path) -> None:
     seconds, cpu = ceiling.fsync_cost(str(tmp_path), samples=5)
     assert seconds > 0 and 0 < cpu <= seconds
