@@ -699,16 +699,18 @@ async def persistent(ctx: Ctx) -> dict[str, Any]:
 # -- 9: many devices, each publishing a few messages per second ---------------------------------
 
 
-UNREAD_SAMPLES = 10  # readings of the broker's unread bytes at the end of each phase's window
+UNREAD_SAMPLES = 10  # readings of the broker's unread bytes just after each phase's window
 UNREAD_EVERY = 0.02  # seconds between two
 
 
 async def unread_per_connection(port: int) -> float | None:
-    """Bytes the broker's connections on ``port`` hold received and not yet read, per
-    connection, averaged over UNREAD_SAMPLES readings (procfs.unread_bytes) while the load goes
-    on. About 0 for a broker that reads each message as it arrives; a broker behind by k
-    messages on each device holds about k messages' bytes. None where /proc does not show the
-    broker's connections (another machine's broker)."""
+    """Bytes the broker's connections on ``port`` (its devices and its subscriber) hold received
+    and not yet read, per connection, averaged over UNREAD_SAMPLES readings
+    (procfs.unread_bytes) taken just after the window while the devices go on sending. About 0
+    for a broker that reads each message as it arrives; a broker behind by k messages on each
+    device holds about k messages' bytes. A lower bound: each reading holds the generator's
+    loop (and so the devices) for a few milliseconds, while the broker goes on reading. None
+    where /proc does not show the broker's connections."""
     means = []
     for i in range(UNREAD_SAMPLES):
         if i:
@@ -769,7 +771,9 @@ async def many_devices(ctx: Ctx) -> dict[str, Any]:
         )
         try:
             w = await ctx.measure(read, before_read=sweep if qos else None, progress=received)
-            metrics[f"{name}_unread"] = await unread_per_connection(ctx.port)
+            metrics[f"{name}_unread"] = (  # on this machine (a pid): /proc shows them
+                await unread_per_connection(ctx.port) if ctx.broker_pid is not None else None
+            )
         finally:
             stop.set()
             pacer = await task
