@@ -132,10 +132,26 @@ def start_setup(name: str, redis_url: str) -> Setup:
         if setup.sub_port:
             _wait_port(setup.sub_port, setup.procs, name)
         time.sleep(1.0 if name == "workers 2" else 0.2)  # the second worker binds too
+    except RuntimeError as exc:  # a node did not start: say what its log says, then clean up
+        logs = _log_tails(workdir)
+        setup.stop()
+        raise RuntimeError(f"{exc}\n{logs}" if logs else str(exc)) from None
     except BaseException:
         setup.stop()
         raise
     return setup
+
+
+def _log_tails(workdir: str, lines: int = 20) -> str:
+    """The last ``lines`` lines of each broker log in ``workdir``, for an error message."""
+    tails = []
+    for name in sorted(os.listdir(workdir)):
+        if name.startswith("broker-") and name.endswith(".log"):
+            with open(os.path.join(workdir, name), errors="replace") as fh:
+                tail = fh.read().splitlines()[-lines:]
+            if tail:
+                tails.append(f"--- {name}:\n" + "\n".join(tail))
+    return "\n".join(tails)
 
 
 def redis_calls(port: int) -> int:
