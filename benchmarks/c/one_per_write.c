@@ -76,11 +76,9 @@ int main(int argc, char **argv) {
         struct publisher *p = &pubs[n++];
         p->fd = fd;
         p->failed = 0;
-        if (!stdin_read(&p->len, sizeof p->len))
-            fail("stdin ended inside a record");
+        stdin_rest(&p->len, sizeof p->len);
         p->packet = malloc(p->len);
-        if (!stdin_read(p->packet, p->len))
-            fail("stdin ended inside a record");
+        stdin_rest(p->packet, p->len);
     }
     uint64_t sent = 0, attempts = 0, held = 0;
     while (!__atomic_load_n(&counters[STOP], __ATOMIC_ACQUIRE)) {

@@ -187,13 +187,10 @@ int main(int argc, char **argv) {
         memset(c, 0, offsetof(struct conn, in));
         c->fd = fd;
         c->receive_max = 65535;
-        if (!stdin_read(&c->subscribing, 1))
-            fail("stdin ended inside a record");
-        if (!stdin_read(&c->out_len, sizeof c->out_len))
-            fail("stdin ended inside a record");
+        stdin_rest(&c->subscribing, 1);
+        stdin_rest(&c->out_len, sizeof c->out_len);
         c->out = malloc(c->out_len);
-        if (!stdin_read(c->out, c->out_len))
-            fail("stdin ended inside a record");
+        stdin_rest(c->out, c->out_len);
     }
     /* the connection of a descriptor, for epoll: descriptors are small integers */
     int max_fd = 0;

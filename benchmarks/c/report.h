@@ -51,6 +51,12 @@ static inline int stdin_read(void *dst, size_t n) {
     return 1;
 }
 
+/* Read the n bytes of stdin that the rest of a record holds: stdin ending first is an error. */
+static inline void stdin_rest(void *dst, size_t n) {
+    if (!stdin_read(dst, n))
+        fail("stdin ended inside a record");
+}
+
 static inline int64_t now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
