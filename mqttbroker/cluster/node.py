@@ -44,7 +44,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
-import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
 
 from ..broker.backplane import Backplane
@@ -56,6 +55,7 @@ from ..protocol.reasons import ReasonCode
 from ..server import StartError
 from .handover import forget, from_hash, restore, serialise
 from .outbox import Outbox
+from .redis_client import redis_client
 from .routes import RouteTable
 from .store import ClusterStore, SessionChanges
 
@@ -200,13 +200,8 @@ class ClusterNode(Backplane):
         store.redis_pending = self._unconfirmed_forwards
         store.changed = self._session_changed
         self.outbox = Outbox(data_dir)
-        # (typed Any: redis-py's types do not know that responses are bytes here)
         # (a reply is read for longer than a hand-over waits: redis-py's default, 5 s, is not)
-        self.redis: Any = aioredis.Redis.from_url(
-            config.redis,
-            socket_connect_timeout=config.connect_timeout,
-            socket_timeout=2 * HANDOVER_SECONDS,
-        )
+        self.redis = redis_client(config.redis, config.connect_timeout, 2 * HANDOVER_SECONDS)
         self.routes = RouteTable(broker.options.match_cache_size)
         self.token = secrets.token_hex(16)
         self._lease_key = f"{PREFIX}node:{self.node_id}"
@@ -883,9 +878,12 @@ class ClusterNode(Backplane):
         not wait for these tries: it keeps what it has in the outbox meanwhile."""
         while True:
             await self._gone.wait()
-            self._gone.clear()
             while not await self._back():
                 await asyncio.sleep(RETRY_SECONDS)
+            # Cleared only now: if a try fails in a way not foreseen, kept_running starts this
+            # loop again and it goes on trying (cleared before, the node would stay down for
+            # good). Nothing can set it meanwhile: _back ends the episode without awaiting.
+            self._gone.clear()
 
     async def _back(self) -> bool:
         """Redis answers again: put this node's entries back (a restarted Redis may have lost

@@ -835,7 +835,7 @@ def test_messages_kept_while_redis_was_down_survive_their_node_and_go_on_restart
     a.wait_exit()
     mark = b.log_mark()
     redis_server.start()
-    assert b.wait_for_log("reachable again", 20, since=mark) is not None, b.log_since(mark)
+    assert b.wait_for_log("reachable again", 20, since=mark) is not None, b.log_text()
     a2 = start_node("a", data_dir=a_data, memory=False)
     assert a2.wait_for_log("messages kept while Redis was unreachable sent") is not None
     wait_for(lambda: set(payloads(sub)) >= set(sent), "the messages a kept")

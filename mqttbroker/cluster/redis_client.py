@@ -1,0 +1,43 @@
+"""The node's Redis client: redis-py's asyncio client, whose connections report a connection
+that closed under them as a connection error on every event loop.
+
+On uvloop, writing to a transport that the peer has already reset raises RuntimeError ("the
+handler is closed") where asyncio's own loop raises ConnectionResetError, which redis-py turns
+into its ConnectionError. A node that reconnects just as Redis dies meets this (the connection
+is accepted, then reset before the first command is written). Every place that talks to Redis
+handles ConnectionError as "Redis is unreachable"; an unexpected RuntimeError would instead stop
+the task that met it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.asyncio.connection import AbstractConnection, parse_url
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+
+class _ClosedIsConnectionError(AbstractConnection):
+    """Mixed into the connection class the URL chooses (TCP, TLS or a Unix socket)."""
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        try:
+            await super().send_packed_command(command, check_health)
+        except RuntimeError as exc:  # (redis-py has disconnected the connection already)
+            raise RedisConnectionError(f"Error while writing to socket. {exc}.") from exc
+
+
+def redis_client(url: str, connect_timeout: float, read_timeout: float) -> Any:
+    """A client of the Redis at ``url`` (redis://, rediss:// or unix://, with redis-py's query
+    options); ``connect_timeout`` and ``read_timeout`` in seconds. Typed Any: redis-py's types
+    do not know that responses are bytes here."""
+    # (as redis-py's from_url: the URL's query options win)
+    options: dict[str, Any] = {
+        "socket_connect_timeout": connect_timeout,
+        "socket_timeout": read_timeout,
+        **parse_url(url),
+    }
+    base: type[AbstractConnection] = options.pop("connection_class", aioredis.Connection)
+    options["connection_class"] = type(base.__name__, (_ClosedIsConnectionError, base), {})
+    return aioredis.Redis.from_pool(aioredis.ConnectionPool(**options))
