@@ -165,9 +165,13 @@ class Bridge(Sink):
         while True:
             try:
                 reader, writer, present = await self._connect()
-            except (OSError, TimeoutError, ssl.SSLError, BridgeError, MQTTError) as exc:
+            except Exception as exc:
                 failures += 1
-                self._failed(f"cannot connect: {_describe(exc)}")
+                if isinstance(exc, _CONNECTION_ERRORS):
+                    self._failed(f"cannot connect: {_describe(exc)}")
+                else:  # a bug of ours: logged, and the bridge goes on trying
+                    log.exception("bridge %s: internal error while connecting", self.name)
+                    self._failed(f"cannot connect: internal error: {type(exc).__name__}")
                 delay = min(MAX_RETRY, FIRST_RETRY * 2 ** min(failures - 1, 10))
                 await asyncio.sleep(delay * random.uniform(0.5, 1.0))
                 continue
@@ -224,6 +228,8 @@ class Bridge(Sink):
             CONNECT_TIMEOUT,
         )
         try:
+            if writer.is_closing():  # (reset already: on uvloop, writing would raise RuntimeError)
+                raise ConnectionResetError("the remote broker reset the connection")
             sock = writer.get_extra_info("socket")
             if sock is not None:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -524,6 +530,12 @@ def _rule(rules: list[TopicRule], topic: str, local: bool) -> TopicRule | None:
         if matches(rule.local_filter if local else rule.remote_filter, topic):
             return rule
     return None
+
+
+# How connecting to the remote broker fails when it is not a bug of ours. OSError takes in
+# timeouts and TLS errors; IncompleteReadError: the remote closed the connection before its
+# CONNACK.
+_CONNECTION_ERRORS = (OSError, asyncio.IncompleteReadError, BridgeError, MQTTError)
 
 
 async def _read_packet(reader: asyncio.StreamReader) -> tuple[int, bytes]:
