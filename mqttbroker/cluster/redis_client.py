@@ -17,6 +17,10 @@ import redis.asyncio as aioredis
 from redis.asyncio.connection import AbstractConnection, parse_url
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+# How uvloop's RuntimeError for a closed transport ends ("unable to perform operation on
+# <TCPTransport closed=True ...>; the handler is closed").
+CLOSED = "the handler is closed"
+
 
 class _ClosedIsConnectionError(AbstractConnection):
     """Mixed into the connection class the URL chooses (TCP, TLS or a Unix socket)."""
@@ -25,6 +29,8 @@ class _ClosedIsConnectionError(AbstractConnection):
         try:
             await super().send_packed_command(command, check_health)
         except RuntimeError as exc:  # (redis-py has disconnected the connection already)
+            if not str(exc).endswith(CLOSED):
+                raise  # (a bug, not Redis: kept_running logs it with its traceback)
             raise RedisConnectionError(f"Error while writing to socket. {exc}.") from exc
 
 
