@@ -95,18 +95,24 @@ def listening_ports(pid: int) -> list[int]:
                 inodes.add(link[8:-1])
     except OSError:
         return []
-    ports = []
-    for table in ("tcp", "tcp6"):
-        try:
-            with open(f"/proc/{pid}/net/{table}") as f:
-                next(f)
-                for line in f:
-                    parts = line.split()
-                    if len(parts) > 9 and parts[3] == "0A" and parts[9] in inodes:
-                        ports.append(int(parts[1].rsplit(":", 1)[1], 16))
-        except (OSError, StopIteration):
-            continue
+    ports = [
+        int(parts[1].rsplit(":", 1)[1], 16)
+        for table in ("tcp", "tcp6")
+        for parts in _tcp_table(f"/proc/{pid}/net/{table}") or []
+        if len(parts) > 9 and parts[3] == "0A" and parts[9] in inodes
+    ]
     return sorted(set(ports))
+
+
+def _tcp_table(path: str) -> list[list[str]] | None:
+    """The rows of a /proc/net/tcp-style table, split into fields (local address 1, state 3
+    with 01 established and 0A listening, tx_queue:rx_queue 4, inode 9); None if unreadable."""
+    try:
+        with open(path) as f:
+            next(f)  # the header
+            return [line.split() for line in f]
+    except (OSError, StopIteration):
+        return None
 
 
 def unread_bytes(port: int) -> list[int] | None:
@@ -118,17 +124,14 @@ def unread_bytes(port: int) -> list[int] | None:
     want = f":{port:04X}"
     found = None
     for table in ("tcp", "tcp6"):
-        try:
-            with open(f"/proc/net/{table}") as f:
-                next(f)
-                rows = f.readlines()
-        except (OSError, StopIteration):
+        rows = _tcp_table(f"/proc/net/{table}")
+        if rows is None:
             continue
-        found = []
-        for line in rows:
-            parts = line.split()
-            if len(parts) > 4 and parts[3] == "01" and parts[1].endswith(want):
-                found.append(int(parts[4].split(":")[1], 16))  # tx_queue:rx_queue
+        found = [
+            int(parts[4].split(":")[1], 16)  # tx_queue:rx_queue
+            for parts in rows
+            if len(parts) > 4 and parts[3] == "01" and parts[1].endswith(want)
+        ]
         if found:
             break
     return found

@@ -285,6 +285,20 @@ def test_unread_bytes_counts_what_a_ports_connections_have_not_read() -> None:
                 client.recv(1000)
 
 
+def test_listening_ports_are_a_process_s_listeners_over_ipv4_and_ipv6() -> None:
+    """How the runner finds a broker's port (brokers.py): the LISTEN sockets among the
+    process's descriptors, from /proc/<pid>/net/tcp and tcp6; not a connected socket's port."""
+    with (
+        socket.create_server(("127.0.0.1", 0)) as v4,
+        socket.create_server(("::1", 0), family=socket.AF_INET6) as v6,
+        socket.create_connection(v4.getsockname()) as client,
+    ):
+        ports = procfs.listening_ports(os.getpid())
+        assert v4.getsockname()[1] in ports
+        assert v6.getsockname()[1] in ports
+        assert client.getsockname()[1] not in ports
+
+
 def test_fsync_probe_measures_in_the_directory_and_leaves_nothing(tmp_path: Path) -> None:
     seconds, cpu = ceiling.fsync_cost(str(tmp_path), samples=5)
     assert seconds > 0 and 0 < cpu <= seconds
