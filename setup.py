@@ -1,16 +1,34 @@
-"""Compiles the broker's hot path with mypyc (see mqttbroker/compiled.py); everything else about
-the package is in pyproject.toml.
+"""Compiles the broker's hot path with mypyc and builds its C TCP transport (see
+mqttbroker/compiled.py); everything else about the package is in pyproject.toml.
 
 The modules listed in ``mqttbroker.compiled.MODULES`` are compiled from their unchanged source,
-and the SHA-256 (with size and modification time) of each is recorded in ``mqttbroker/compiled.sha256``, so that the package loads
-the compiled form only while it matches the source beside it. ``MQTTBROKER_COMPILE=0`` installs
-the pure-Python package only; so does a machine without a C compiler (the build falls back).
+and the C transport (``mqttbroker.compiled.NATIVE``, Linux) is built as an extension of its
+own. Once both are built, the SHA-256 (with size and modification time) of each source is
+recorded in ``mqttbroker/compiled.sha256``, so that the package loads the compiled form only
+while it matches the source beside it.
+
+The build is the same wherever it runs, pip's isolated build environment included: mypyc's
+mypy reads a configuration of its own (:func:`mypy_config`) in which the third-party packages
+the broker imports are never read, installed or not, so no optional package can change it.
+
+What is built, and what happens when that fails:
+
+* a C compiler and the Python headers are there: everything is compiled, or the install fails
+  with the compiler's or mypyc's own message (``MQTTBROKER_COMPILE=0`` installs the pure form
+  on purpose);
+* no C compiler or no Python headers, or ``MQTTBROKER_COMPILE=0``: the pure-Python package is
+  installed, and why is written to ``mqttbroker/compiled.build``, which the broker logs as a
+  warning when it starts (``mqttbroker.compiled.select``).
 """
 
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
 import sys
+import sysconfig
+import tempfile
 from pathlib import Path
 
 from setuptools import Extension, setup
@@ -23,67 +41,94 @@ from mqttbroker import compiled  # noqa: E402  (the list of modules and the dige
 GROUP = compiled.SHARED_LIBRARY.removesuffix("__mypyc")
 
 
-class OptionalBuildExt(build_ext):
-    """A failed compilation leaves the pure-Python package, with a warning, not a failed install.
-
-    The digests of the sources are written next to the package only once every extension is
-    built; before that any older digest file there is removed. So a build that fails, in part
-    or whole, can never make older machine code pass for the current source."""
+class BuildExt(build_ext):
+    """Builds every extension or fails; the digests of the sources are written next to the
+    package only once every extension is built, and any older digest file there is removed
+    first. So a build that fails, in part or whole, can never make older machine code pass for
+    the current source."""
 
     def run(self) -> None:
-        self.failed = False
         package = ROOT / "mqttbroker" if self.inplace else Path(self.build_lib) / "mqttbroker"
         record = package / compiled.DIGESTS
         record.unlink(missing_ok=True)
         for path in compiled.leftover_shims(package):
             print(f"removing {path}: that module is no longer compiled", file=sys.stderr)
             path.unlink()
-        try:
-            super().run()
-        except Exception as exc:  # no compiler, missing headers...
-            print(f"warning: mqttbroker's hot path was not compiled ({exc})", file=sys.stderr)
-            self.failed = True
-        if self.failed or not self.extensions:
-            print("warning: the pure-Python modules will be used", file=sys.stderr)
-            return
+        super().run()
         package.mkdir(parents=True, exist_ok=True)
         record.write_text(compiled.record())
 
-    def build_extension(self, ext) -> None:  # type: ignore[no-untyped-def]
-        try:
-            super().build_extension(ext)
-        except Exception as exc:
-            print(f"warning: {ext.name} was not compiled ({exc})", file=sys.stderr)
-            self.failed = True
+
+def mypy_config() -> str:
+    """The configuration of the mypy that mypyc runs: not the developers' strict checks
+    (pyproject.toml), and none of the third-party packages read, whether pip's build
+    environment has them or not. Their types are ``Any`` to the compiled code, which calls
+    them only through the Python API anyway."""
+    modules = ",".join(f"{name},{name}.*" for name in compiled.UNREAD_IMPORTS)
+    return (
+        "[mypy]\n"
+        "warn_unused_configs = False\n"
+        f"[mypy-{modules}]\n"
+        "follow_imports = skip\n"
+        "follow_imports_for_stubs = True\n"
+        "ignore_missing_imports = True\n"
+    )
 
 
-def extensions() -> list:  # type: ignore[type-arg]
-    if os.environ.get("MQTTBROKER_COMPILE", "1") == "0":
+def missing_toolchain() -> str | None:
+    """Why nothing can be compiled here, or None: a C compiler and Python.h are needed."""
+    command = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+    compiler = shlex.split(command)[0] if command.strip() else "cc"
+    if shutil.which(compiler) is None:
+        return f"no C compiler ({compiler!r} is not on PATH)"
+    include = sysconfig.get_paths()["include"]
+    if not (Path(include) / "Python.h").exists():
+        return f"no Python headers ({include}/Python.h is missing; install python3-dev)"
+    return None
+
+
+def native_extensions() -> list[Extension]:
+    """The broker's own TCP transport (epoll: Linux only; see mqttbroker/server/streams.py)."""
+    if sys.platform != "linux":
         return []
-    try:
-        from mypyc.build import mypycify
-    except ImportError:
-        print(
-            "warning: mypyc is not available; installing the pure-Python modules", file=sys.stderr
-        )
-        return []
-    paths = [compiled.source_path(name) for name in compiled.MODULES]
-    # The broker's own TCP transport (epoll: Linux only; see mqttbroker/server/streams.py).
-    native = [
+    return [
         Extension(module, [str(compiled.native_source(module).relative_to(ROOT))])
         for module in compiled.NATIVE
-        if sys.platform == "linux"
     ]
-    try:
-        return native + mypycify(
-            [str(path.relative_to(ROOT)) for path in paths], group_name=GROUP, opt_level="3"
-        )
-    except SystemExit:  # mypyc found an error it will not compile (a newer mypy, say)
-        print(
-            "warning: mypyc refused the hot path; installing the pure-Python modules",
-            file=sys.stderr,
-        )
+
+
+def mypyc_extensions() -> list[Extension]:
+    from mypyc.build import mypycify  # build-system.requires brings it
+
+    paths = [str(compiled.source_path(name).relative_to(ROOT)) for name in compiled.MODULES]
+    with tempfile.TemporaryDirectory() as folder:
+        config = Path(folder) / "mypyc.ini"
+        config.write_text(mypy_config())
+        try:
+            return mypycify(
+                ["--config-file", str(config), *paths], group_name=GROUP, opt_level="3"
+            )
+        except SystemExit:  # mypy printed its errors above
+            raise SystemExit(
+                "error: mypyc could not compile mqttbroker's hot path (mypy's errors are "
+                "above). Set MQTTBROKER_COMPILE=0 to install the pure-Python form instead."
+            ) from None
+
+
+def extensions() -> list[Extension]:
+    """What to build; when nothing, why is written to compiled.build for the broker to log."""
+    why = None
+    if os.environ.get("MQTTBROKER_COMPILE", "1") == "0":
+        why = "MQTTBROKER_COMPILE=0 at install"
+    else:
+        why = missing_toolchain()
+    status = ROOT / "mqttbroker" / compiled.BUILD_STATUS
+    if why is not None:
+        print(f"warning: mqttbroker installs its pure-Python form: {why}", file=sys.stderr)
+        status.write_text(why + "\n")
         return []
+    status.unlink(missing_ok=True)
+    return native_extensions() + mypyc_extensions()
 
 
-setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt})
+setup(ext_modules=extensions(), cmdclass={"build_ext": BuildExt})

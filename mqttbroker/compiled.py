@@ -58,12 +58,21 @@ MODULES = (
 NATIVE = ("mqttbroker.server._streams",)
 SHARED_LIBRARY = "mqttbroker.native__mypyc"  # the C code of all of them; the modules are shims
 DIGESTS = "compiled.sha256"  # written by setup.py next to this file
+# Written by setup.py when it installed the pure form: why (no C compiler, no Python.h...).
+BUILD_STATUS = "compiled.build"
+# The third-party packages the broker imports, which mypyc's mypy never reads (setup.py), so
+# that the build is the same whether pip's build environment has them or not; tests check
+# that this lists every one the package imports (mypy_extensions comes with mypy itself).
+UNREAD_IMPORTS = ("aiohttp", "aiosqlite", "construct", "prometheus_client", "redis", "uvloop")
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
 # What select() decided: "compiled" or "pure", and why.
 mode = "pure"
 reason = "not selected yet"
 stale = False  # compiled modules are there but do not match the source (or are incomplete)
+# The form that runs is not the one a user expects (a stale build, or an install that could
+# not compile): the broker logs the reason as a warning.
+degraded = False
 
 
 def source_path(module: str) -> Path:
@@ -175,15 +184,15 @@ class _SourceFinder(importlib.abc.MetaPathFinder):
 
 
 def _use_source(why: str, outdated: bool = False) -> None:
-    global mode, reason, stale
-    mode, reason, stale = "pure", why, outdated
+    global mode, reason, stale, degraded
+    mode, reason, stale, degraded = "pure", why, outdated, outdated
     if not any(isinstance(finder, _SourceFinder) for finder in sys.meta_path):
         sys.meta_path.insert(0, _SourceFinder())
 
 
 def select() -> None:
     """Decide between the compiled and the pure-Python modules (see the module docstring)."""
-    global mode, reason
+    global mode, reason, degraded
     loaded = [name for name in MODULES if name in sys.modules]
     if loaded:  # too late to choose: keep what is there
         module = sys.modules[loaded[0]]
@@ -196,13 +205,14 @@ def select() -> None:
         return
     built = [name for name in (*MODULES, SHARED_LIBRARY) if _extension_built(name)]
     if not built:
-        mode, reason = (
-            "pure",
-            (
-                "not compiled beside these sources (installed without a C compiler or with "
-                "MQTTBROKER_COMPILE=0, or run from a checkout that was not installed)"
-            ),
-        )
+        mode = "pure"
+        try:
+            why = (_PACKAGE_DIR / BUILD_STATUS).read_text().strip()
+        except OSError:
+            reason = "not compiled: run from a checkout that was not installed (pip install .)"
+            return
+        reason = f"not compiled at install: {why}"
+        degraded = not why.startswith("MQTTBROKER_COMPILE=0")
         return
     if len(built) != len(MODULES) + 1:
         _use_source("only part of the compiled modules is there; reinstall to compile again", True)

@@ -111,10 +111,13 @@ class Server:
                 "hot path: compiled (mypyc)%s",
                 "; plain TCP on the broker's own transport (epoll)" if streams.available() else "",
             )
-        else:  # a stale build is worth a warning: the speed a user expects is not there
-            (log.warning if compiled.stale else log.info)(
-                "hot path: pure Python (%s)", compiled.reason
+        elif compiled.degraded:  # the speed a user expects is not there: say why, loudly
+            log.warning(
+                "hot path: pure Python, several times slower than the compiled form (%s)",
+                compiled.reason,
             )
+        else:
+            log.info("hot path: pure Python (%s)", compiled.reason)
         broker = self.broker
         if self.config.storage.backend != "memory":
             lock = DataDirLock(self.config.data_dir)
