@@ -105,9 +105,7 @@ def mypyc_extensions() -> list[Extension]:
         config = Path(folder) / "mypyc.ini"
         config.write_text(mypy_config())
         try:
-            return mypycify(
-                ["--config-file", str(config), *paths], group_name=GROUP, opt_level="3"
-            )
+            return mypycify(["--config-file", str(config), *paths], group_name=GROUP, opt_level="3")
         except SystemExit:  # mypy printed its errors above
             raise SystemExit(
                 "error: mypyc could not compile mqttbroker's hot path (mypy's errors are "

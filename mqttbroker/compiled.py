@@ -12,7 +12,10 @@ form is loaded:
   Checking costs a ``stat`` per file: a file is read and hashed only when its size or modification time differs from the
   record (touched, copied without its times, or edited), so an unchanged install pays no
   hashing;
-* the pure-Python one when nothing was compiled, when ``MQTTBROKER_PURE`` is set to a non-empty
+* the pure-Python one when the last install did not compile (``compiled.build``, written by
+  setup.py, says why: no C compiler, no Python headers, or ``MQTTBROKER_COMPILE=0``; the broker
+  logs it as a warning at start unless it was asked for), when nothing was compiled (a checkout
+  run without installing), when ``MQTTBROKER_PURE`` is set to a non-empty
   value other than ``0``, or when a source file changed since the build (an edited checkout must
   never run stale machine code: reinstall to compile again). A meta-path finder then loads these
   modules from their ``.py`` files, all of them, since compiled modules call each other directly.
@@ -203,16 +206,18 @@ def select() -> None:
     if flag and flag != "0":
         _use_source("MQTTBROKER_PURE is set")
         return
+    try:  # the last install chose the pure form (machine code of an earlier one may be left)
+        why = (_PACKAGE_DIR / BUILD_STATUS).read_text().strip()
+    except OSError:
+        why = ""
+    if why:
+        _use_source(f"not compiled at install: {why}")
+        degraded = not why.startswith("MQTTBROKER_COMPILE=0")
+        return
     built = [name for name in (*MODULES, SHARED_LIBRARY) if _extension_built(name)]
     if not built:
         mode = "pure"
-        try:
-            why = (_PACKAGE_DIR / BUILD_STATUS).read_text().strip()
-        except OSError:
-            reason = "not compiled: run from a checkout that was not installed (pip install .)"
-            return
-        reason = f"not compiled at install: {why}"
-        degraded = not why.startswith("MQTTBROKER_COMPILE=0")
+        reason = "not compiled: run from a checkout that was not installed (pip install .)"
         return
     if len(built) != len(MODULES) + 1:
         _use_source("only part of the compiled modules is there; reinstall to compile again", True)

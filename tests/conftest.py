@@ -11,7 +11,9 @@ assertions (``log_text()``, ``wait_for_log()``): see ``support/launcher.py``.
 
 A test marked ``needs_mosquitto``, ``needs_haproxy``, ``needs_node``, ``needs_openssl`` or
 ``needs_chromium`` is skipped when that program is missing, and fails instead under ``CI=true``;
-a CI run that skipped any test, for whatever reason, fails (``external_tools.py``).
+a CI run that skipped any test, for whatever reason, fails (``external_tools.py``). So is one
+marked ``needs_compiled`` (the broker's own C transport and the mypyc hot path) when the pure
+form is installed, with the reason the install gave.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from external_tools import TOOLS, in_ci, require
+from external_tools import TOOLS, in_ci, require, require_compiled
 from support.clients import MQTT_5, PahoClient
 from support.launcher import BrokerProcess, ProgramProcess
 
@@ -132,6 +134,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     for marker in TOOLS:
         if item.get_closest_marker(marker) is not None:
             require(marker)
+    if item.get_closest_marker("needs_compiled") is not None:
+        require_compiled()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

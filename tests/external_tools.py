@@ -60,6 +60,24 @@ def require(marker: str) -> None:
     pytest.skip(reason)
 
 
+def require_compiled() -> None:
+    """Skip the running test (fail it under CI) unless the compiled form runs: the mypyc hot
+    path and the broker's own C transport (``needs_compiled``). The reason is the install's."""
+    from mqttbroker import compiled
+    from mqttbroker.server import streams
+
+    if compiled.mode == "compiled" and streams._streams is not None:
+        return
+    why = compiled.reason if compiled.mode != "compiled" else "the C transport was not built"
+    reason = (
+        f"needs the compiled form, and the pure one runs ({why}); "
+        "install with a C compiler and Python.h: pip install -e '.[test,fast]'"
+    )
+    if in_ci():
+        pytest.fail(f"{reason} (CI=true: the compiled form must run)", pytrace=False)
+    pytest.skip(reason)
+
+
 def program(name: str) -> str:
     """The path of program ``name``, one of TOOLS; skips (or, under CI, fails) when missing."""
     marker = next(marker for marker, tool in TOOLS.items() if name in tool.programs)

@@ -179,6 +179,7 @@ def test_received_messages_are_counted_per_qos(
     assert overview["messages_received_by_qos"] == {"0": 3, "1": 2, "2": 1}
 
 
+@pytest.mark.needs_compiled  # gathering is the C transport's
 def test_held_passes_are_counted(admin_broker: Callable[..., Admin]) -> None:
     """Publishers writing at the same moment: a pass of the broker finds several connections
     ready, none answered since their last read, and with gather_us (on by default) the next

@@ -22,6 +22,8 @@ from mqttbroker.config import Config, ListenerConfig
 from mqttbroker.server.app import Server
 from mqttbroker.server.streams import StreamServer
 
+pytestmark = pytest.mark.needs_compiled  # the C transport
+
 GUARD = 10.0  # seconds: a failure guard, never a measured time
 GATHER_US = 10_000  # the most allowed: a pass of a few messages ends well before it
 PUBLISHERS = 8

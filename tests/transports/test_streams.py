@@ -32,6 +32,8 @@ from mqttbroker.server.app import Server
 from mqttbroker.server.proxy import bind
 from mqttbroker.server.streams import StreamServer
 
+pytestmark = pytest.mark.needs_compiled  # the C transport
+
 GUARD = 10.0  # seconds: a failure guard, never a measured time
 
 
