@@ -5,7 +5,9 @@ SIGINT, SIGTERM and SIGHUP on to them, and when one of them exits with an error 
 and exits with that status.
 
 A worker is the same command line run again with ``MQTTBROKER_WORKER=<n>`` in its environment:
-its node id is ``<node_id>-<n>`` and its data directory ``<data_dir>/worker-<n>``.
+its node id is ``<node_id>-<n>``, its data directory ``<data_dir>/worker-<n>`` and its admin
+server's port the configured one plus ``n`` (an HTTP port cannot be shared the way MQTT's are:
+each request would reach a worker at random), so worker 0 keeps the port a single broker has.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ def as_worker(config: Config, index: int) -> None:
     """Make ``config`` that of worker ``index``."""
     config.cluster.node_id = f"{config.cluster.node_id}-{index}"
     config.data_dir = os.path.join(config.data_dir, f"worker-{index}")
+    if config.admin.port:
+        config.admin.port += index
 
 
 def _die_with_parent() -> None:
@@ -66,11 +70,17 @@ def supervise(argv: Sequence[str], config: Config, stop_requested: Sequence[int]
             )
         )
     log.info(
-        "%d workers started (pids %s), nodes %s-0 to -%d",
+        "%d workers started (pids %s), nodes %s-0 to -%d%s",
         len(children),
         ", ".join(str(c.pid) for c in children),
         config.cluster.node_id,
         len(children) - 1,
+        (
+            f", admin servers on ports {config.admin.port} to "
+            f"{config.admin.port + len(children) - 1} (worker n: {config.admin.port} + n)"
+            if config.admin.port
+            else ""
+        ),
     )
     for requested in stop_requested:  # a stop asked for before the workers existed
         forward(requested, None)
