@@ -130,6 +130,20 @@ class SecurityConfig:
 
 
 @dataclass(slots=True)
+class DynsecConfig:
+    # Dynamic security, managed with `mosquitto_ctrl dynsec` (mqttbroker/security/dynsec.py).
+    enabled: bool = False
+    # Its state, Mosquitto's dynamic-security.json format. "": <data_dir>/dynamic-security.json
+    # (with storage.backend = "memory": kept in memory only).
+    file: str = ""
+    # Where the state starts from when `file` does not exist yet: a dynamic-security.json, e.g.
+    # one written by `mosquitto_ctrl dynsec init FILE admin` (its admin then works). "": empty.
+    import_file: str = ""
+    # PBKDF2-SHA-512 iterations for passwords set by commands (Mosquitto's plugin uses 101).
+    iterations: int = 210_000
+
+
+@dataclass(slots=True)
 class ClusterConfig:
     # Redis URL ("redis://host:6379/0", "rediss://...", "unix:///path"): this broker is one node
     # of a cluster on that Redis. "": a single broker (Redis is never loaded).
@@ -182,6 +196,7 @@ class Config:
     broker: BrokerOptions = field(default_factory=BrokerOptions)
     storage: StorageConfig = field(default_factory=StorageConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
+    dynsec: DynsecConfig = field(default_factory=DynsecConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     data_dir: str = "./data"  # in a config file: relative to the file's directory
     log_level: str = "info"
@@ -282,7 +297,7 @@ def from_table(data: dict[str, Any], source: str, directory: Path) -> Config:
     ``directory``."""
     config = Config()
     for key, value in data.items():
-        if key in ("broker", "storage", "security", "cluster", "admin", "alerts"):
+        if key in ("broker", "storage", "security", "dynsec", "cluster", "admin", "alerts"):
             if not isinstance(value, dict):
                 raise ConfigError(f"{source}: {key}: expected a table [{key}]")
             _fill(getattr(config, key), value, f"{key}.", source)
@@ -313,9 +328,9 @@ def from_table(data: dict[str, Any], source: str, directory: Path) -> Config:
                 raise ConfigError(str(exc)) from None
         else:
             raise ConfigError(
-                f"{source}: {key}: unknown key (known: broker, storage, security, cluster, "
-                "admin, alerts, listener, bridge, webhook, data_dir, log_level, log_levels, "
-                "log_format, gc_threshold, busy_poll_us, gather_us, fd_table, workers)"
+                f"{source}: {key}: unknown key (known: broker, storage, security, dynsec, "
+                "cluster, admin, alerts, listener, bridge, webhook, data_dir, log_level, "
+                "log_levels, log_format, gc_threshold, busy_poll_us, gather_us, fd_table, workers)"
             )
     if config.busy_poll_us and "gather_us" not in data:
         config.gather_us = 0  # the one spins where the other sleeps
@@ -379,6 +394,7 @@ def check(config: Config, source: str = "command line") -> None:
     from .security.passwords import MAX_ITERATIONS
 
     security = config.security
+    _check_dynsec(config, source)
     if security.acl_partly_denied not in ("filter", "refuse"):
         raise ConfigError(f'{source}: security.acl_partly_denied: expected "filter" or "refuse"')
     if security.max_login_failures < 0:
@@ -423,6 +439,16 @@ def check(config: Config, source: str = "command line") -> None:
 
 
 NODE_ID = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
+
+
+def _check_dynsec(config: Config, source: str) -> None:
+    dynsec = config.dynsec
+    if not 1 <= dynsec.iterations <= 10_000_000:
+        raise ConfigError(f"{source}: dynsec.iterations: must be between 1 and 10,000,000")
+    if dynsec.enabled and config.security.acl_file:
+        raise ConfigError(f"{source}: dynsec.enabled and security.acl_file: use one or the other")
+    if dynsec.import_file and not os.path.isfile(dynsec.import_file):
+        raise ConfigError(f"{source}: dynsec.import_file: file not found: {dynsec.import_file}")
 
 
 def _check_cluster(cluster: ClusterConfig, where: str) -> None:

@@ -11,6 +11,11 @@ each listener allows them only if it is local-only: see :func:`listener_anonymou
 ``max_login_failures`` and ``login_failure_window`` (failed logins per address and user name:
 see :mod:`.authenticator`); ``min_iterations`` (weaker password-file entries stop the load);
 ``secret_file`` (the installation's secret: :func:`.authenticator.load_secret`).
+
+``[dynsec]`` (:mod:`.dynsec`): with ``enabled``, the dynamic security's clients log in and its
+roles decide every right (``security.acl_file`` must then be unset); user names it does not know
+are left to the password file. Its state is ``file`` (default
+``<data_dir>/dynamic-security.json``), started from ``import_file`` when absent.
 """
 
 from __future__ import annotations
@@ -22,9 +27,18 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..broker.auth import Authenticator, Authorizer
 from ..broker.policy import ListenerPolicy
 from .acl import AclAuthorizer, AclRules
 from .authenticator import FileAuthenticator, LoginFailures, load_secret
+from .dynsec import (
+    Dynsec,
+    DynsecAuthenticator,
+    DynsecAuthorizer,
+    DynsecError,
+    load_state,
+    save_state,
+)
 from .errors import SecurityFileError
 from .passwords import PasswordFile
 
@@ -105,9 +119,21 @@ class Security:
         password_file: str = "",
         acl_file: str = "",
         min_iterations: int = 0,
+        dynsec: Dynsec | None = None,
+        dynsec_path: str = "",
     ) -> None:
-        self.authenticator = authenticator
+        self.authenticator = authenticator  # the password file's (also the admin server's)
         self.authorizer = authorizer
+        # The dynamic security ([dynsec]), if enabled, and where its state is kept ("": memory)
+        self.dynsec = dynsec
+        self.dynsec_path = dynsec_path
+        self.broker_authenticator: Authenticator = authenticator
+        self.broker_authorizer: Authorizer | None = authorizer
+        if dynsec is not None:
+            self.broker_authenticator = DynsecAuthenticator(
+                dynsec, authenticator, authenticator.passwords is not None
+            )
+            self.broker_authorizer = DynsecAuthorizer(dynsec)
         self.password_file = password_file
         self.acl_file = acl_file
         self.min_iterations = min_iterations
@@ -175,7 +201,8 @@ def build_security(config: Config) -> Security:
         if listener_anonymous(listener, settings.allow_anonymous)
     ]
     certificates = any(lst.tls_certificate_username != "none" for lst in config.listeners)
-    if passwords is None and not anonymous and not certificates:
+    dynsec, dynsec_path = _build_dynsec(config)
+    if passwords is None and not anonymous and not certificates and dynsec is None:
         log.warning(
             "anonymous access is off, there is no password file and no listener takes user "
             "names from client certificates: every client will be refused. To accept clients "
@@ -202,4 +229,53 @@ def build_security(config: Config) -> Security:
             "allowed" if anonymous else "refused",
             " (default for these listeners)" if defaulted else "",
         )
-    return Security(authenticator, authorizer, password_file, acl_file, settings.min_iterations)
+    return Security(
+        authenticator,
+        authorizer,
+        password_file,
+        acl_file,
+        settings.min_iterations,
+        dynsec,
+        dynsec_path,
+    )
+
+
+def _build_dynsec(config: Config) -> tuple[Dynsec | None, str]:
+    """The dynamic security's state and its file ("": kept in memory), or None if disabled:
+    the file if it exists, else ``import_file`` (written to the file at once), else empty.
+    A file that does not load stops the start (SecurityFileError)."""
+    settings = config.dynsec
+    if not settings.enabled:
+        return None, ""
+    path = settings.file
+    if not path and config.storage.backend != "memory":
+        path = str(Path(config.data_dir) / "dynamic-security.json")
+    path = os.path.abspath(path) if path else ""
+    try:
+        if path and os.path.exists(path):
+            state = load_state(path, settings.iterations)
+            source = path
+        elif settings.import_file:
+            state = load_state(settings.import_file, settings.iterations)
+            source = f"{settings.import_file} (imported)"
+            if path:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                save_state(path, state)
+        else:
+            state = Dynsec(settings.iterations)
+            source = "empty"
+            log.warning(
+                "dynamic security: no state and no import_file: nobody can administer it (make "
+                "one with `mosquitto_ctrl dynsec init FILE admin` and set dynsec.import_file)"
+            )
+    except (DynsecError, OSError) as exc:
+        raise SecurityFileError(path or settings.import_file, f"dynamic security: {exc}") from None
+    log.info(
+        "dynamic security: %s: %d clients, %d groups, %d roles%s",
+        source,
+        len(state.clients),
+        len(state.groups),
+        len(state.roles),
+        "" if path else " (kept in memory only)",
+    )
+    return state, path

@@ -30,6 +30,7 @@ from ..ops.alerts import Survey
 from ..ops.sys_tree import SysTree
 from ..protocol.reasons import ReasonCode
 from ..security import build_security, listener_policy
+from ..security.dynsec import DynsecService
 from ..storage import StoreError
 from ..storage.lock import DataDirLock
 from . import StartError, streams
@@ -57,8 +58,8 @@ class Server:
         self.broker = Broker(
             config.broker,
             store=self.store,
-            authenticator=self.security.authenticator,
-            authorizer=self.security.authorizer,
+            authenticator=self.security.broker_authenticator,
+            authorizer=self.security.broker_authorizer,
         )
         self.cluster: ClusterNode | None = None
         if cluster_store is not None:
@@ -92,6 +93,7 @@ class Server:
         self._lock: DataDirLock | None = None
         self._serving = False
         self.integrations: Integrations | None = None  # bridges and webhooks, once loaded
+        self.dynsec: DynsecService | None = None  # the dynamic security's commands, if enabled
 
     @staticmethod
     def _make_store(config: Config) -> Store:
@@ -129,6 +131,14 @@ class Server:
         self.integrations = Integrations(broker, self.config)  # they claim their sessions
         self.sys_tree.sources.append(self.integrations.sys_figures)
         broker.restored()  # caps counted, rules applied to what the store put back
+        if self.security.dynsec is not None:
+            self.dynsec = DynsecService(
+                broker,
+                self.security.dynsec,
+                self.security.dynsec_path or None,
+                loop.create_task,
+                partial(loop.run_in_executor, None),
+            )
         broker.tick()  # expire what expired while the broker was down
         if self.cluster is not None:
             await self.cluster.start()
@@ -146,7 +156,7 @@ class Server:
                 "gathering input for up to %d microseconds after each busy pass (plain TCP)",
                 self.config.gather_us,
             )
-        if self.security.authenticator is not None and self.config.security.password_file:
+        if self.config.security.password_file or self.security.dynsec is not None:
             broker.offload = self._offloader(loop)
         for index, config in enumerate(self.config.listeners):
             policy = listener_policy(config, self.config.security.allow_anonymous)
@@ -247,6 +257,8 @@ class Server:
             listener.close()
         if self._ticker is not None:
             self._ticker.cancel()
+        if self.dynsec is not None:
+            self.dynsec.close()
         self.broker.shutdown()
         if self.integrations is not None:
             await self.integrations.stop()

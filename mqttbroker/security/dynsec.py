@@ -1,0 +1,1249 @@
+"""Dynamic security, wire-compatible with Mosquitto's plugin: clients, groups and roles with
+ordered ACL entries, managed by JSON commands on ``$CONTROL/dynamic-security/v1`` (answers on
+``.../v1/response``), so that ``mosquitto_ctrl dynsec ...`` works against this broker.
+
+This module is the model and the command handling, without I/O (:class:`Dynsec`), the
+broker's Authenticator and Authorizer over it (:class:`DynsecAuthenticator`,
+:class:`DynsecAuthorizer`), the state file (:func:`load_state`, :func:`save_state`: Mosquitto's
+``dynamic-security.json``, written atomically) and :class:`DynsecService`, the small edge that
+takes commands from the broker as an internal subscriber, persists and answers.
+
+Decisions follow Mosquitto's: a client's roles (highest priority first), then its groups'
+roles (groups by the client's priority in them, each group's roles by priority); in each role
+the ACLs of the kind asked (``publishClientSend`` to publish, ``publishClientReceive`` to
+receive, ``subscribeLiteral`` then ``subscribePattern`` to subscribe), highest priority first;
+the first ACL that matches decides, and if none does, the default ACL access does. A client
+without a user name gets the anonymous group's roles. A user name the dynamic security does
+not know is denied everything (its login is left to the password file, if any).
+
+Who may send commands is itself an ACL: ``publishClientSend`` on the command topic (the
+``admin`` role of ``mosquitto_ctrl dynsec init``). Anyone else's command is refused by the
+authorizer, logged, and never answered. Commands on the command topic are delivered to no
+other subscriber (they may carry passwords).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import logging
+import os
+import secrets
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..broker.auth import Authenticator, AuthExchange
+from ..broker.sink import Sink
+from ..broker.topics import valid_topic_filter
+from ..protocol.fastpath import encode_topic
+from ..protocol.reasons import ReasonCode
+from .filters import Levels, covers, matches, overlaps, split
+
+if TYPE_CHECKING:
+    from ..broker.core import Broker
+    from ..broker.session import Session
+
+log = logging.getLogger("mqttbroker.security.dynsec")
+audit = logging.getLogger("mqttbroker.security.dynsec.audit")
+
+COMMAND_TOPIC = "$CONTROL/dynamic-security/v1"
+RESPONSE_TOPIC = COMMAND_TOPIC + "/response"
+SERVICE_CLIENT_ID = "$dynsec"
+
+PUBLISH_SEND = "publishClientSend"
+PUBLISH_RECEIVE = "publishClientReceive"
+SUBSCRIBE_LITERAL = "subscribeLiteral"
+SUBSCRIBE_PATTERN = "subscribePattern"
+UNSUBSCRIBE_LITERAL = "unsubscribeLiteral"
+UNSUBSCRIBE_PATTERN = "unsubscribePattern"
+ACL_TYPES = (
+    PUBLISH_SEND,
+    PUBLISH_RECEIVE,
+    SUBSCRIBE_LITERAL,
+    SUBSCRIBE_PATTERN,
+    UNSUBSCRIBE_LITERAL,
+    UNSUBSCRIBE_PATTERN,
+)
+DEFAULT_ACCESS_TYPES = (PUBLISH_SEND, PUBLISH_RECEIVE, "subscribe", "unsubscribe")
+# mosquitto_ctrl dynsec init's defaults, and Mosquitto's when the file has none
+DEFAULT_ACCESS = {
+    PUBLISH_SEND: False,
+    PUBLISH_RECEIVE: True,
+    "subscribe": False,
+    "unsubscribe": True,
+}
+
+DEFAULT_ITERATIONS = 210_000  # PBKDF2-SHA-512 for passwords set here (Mosquitto's own: 101)
+MAX_ITERATIONS = 10_000_000
+SALT_BYTES = 12
+_CACHE_SIZE = 4096
+
+
+class DynsecError(Exception):
+    """A state file that cannot be loaded."""
+
+
+# -- the model ---------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class PasswordHash:
+    """Mosquitto's dynamic-security password: PBKDF2-HMAC-SHA-512 of the password with the salt
+    (stored base64) and iteration count; the hash is stored base64 too."""
+
+    hash: bytes
+    salt: bytes
+    iterations: int
+
+    @classmethod
+    def make(cls, password: str, iterations: int = DEFAULT_ITERATIONS) -> PasswordHash:
+        salt = secrets.token_bytes(SALT_BYTES)
+        return cls(_derive(password.encode(), salt, iterations), salt, iterations)
+
+    def verify(self, password: bytes) -> bool:
+        return hmac.compare_digest(_derive(password, self.salt, self.iterations), self.hash)
+
+
+def _derive(password: bytes, salt: bytes, iterations: int) -> bytes:
+    return hashlib.pbkdf2_hmac("sha512", password, salt, iterations)
+
+
+@dataclass(slots=True)
+class Acl:
+    acltype: str
+    topic: str
+    allow: bool
+    priority: int = 0
+
+
+@dataclass(slots=True)
+class Role:
+    rolename: str
+    textname: str | None = None
+    textdescription: str | None = None
+    acls: list[Acl] = field(default_factory=list)
+
+    def ordered_acls(self) -> list[Acl]:
+        """By kind (Mosquitto's order), then highest priority first (ties: as added)."""
+        return sorted(self.acls, key=lambda a: (ACL_TYPES.index(a.acltype), -a.priority))
+
+
+@dataclass(slots=True)
+class Client:
+    username: str
+    password: PasswordHash | None = None
+    clientid: str | None = None
+    textname: str | None = None
+    textdescription: str | None = None
+    disabled: bool = False
+    roles: dict[str, int] = field(default_factory=dict)  # rolename -> priority (-1: none given)
+
+
+@dataclass(slots=True)
+class Group:
+    groupname: str
+    textname: str | None = None
+    textdescription: str | None = None
+    roles: dict[str, int] = field(default_factory=dict)
+    clients: dict[str, int] = field(default_factory=dict)  # username -> priority
+
+
+def _by_priority(items: dict[str, int]) -> list[tuple[str, int]]:
+    return sorted(items.items(), key=lambda item: (-item[1], item[0]))
+
+
+def _named(key: str, name: str, priority: int) -> dict[str, Any]:
+    entry: dict[str, Any] = {key: name}
+    if priority != -1:
+        entry["priority"] = priority
+    return entry
+
+
+def _texts(target: dict[str, Any], textname: str | None, textdescription: str | None) -> None:
+    if textname is not None:
+        target["textname"] = textname
+    if textdescription is not None:
+        target["textdescription"] = textdescription
+
+
+@dataclass(slots=True)
+class _Compiled:
+    """One user's ACLs of each kind in the order they are tried (allow, split topic)."""
+
+    send: list[tuple[bool, Levels]] = field(default_factory=list)
+    receive: list[tuple[bool, Levels]] = field(default_factory=list)
+    # (literal, allow, topic as written, split): literal ACLs are compared as strings
+    subscribe: list[tuple[bool, bool, str, Levels]] = field(default_factory=list)
+    unsubscribe: list[tuple[bool, bool, str, Levels]] = field(default_factory=list)
+    receive_denies: bool = False  # some receive ACL denies
+
+
+def _first(rules: list[tuple[bool, Levels]], topic: str, default: bool) -> bool:
+    levels = split(topic)
+    for allow, pattern in rules:
+        if matches(pattern, levels):
+            return allow
+    return default
+
+
+def _first_filter(
+    rules: list[tuple[bool, bool, str, Levels]], topic_filter: str, default: bool
+) -> bool:
+    levels = split(topic_filter)
+    for literal, allow, text, pattern in rules:
+        if (text == topic_filter) if literal else covers(pattern, levels):
+            return allow
+    return default
+
+
+class Dynsec:
+    """The dynamic security's state and its commands (no I/O). ``generation`` moves on with
+    every change, so that cached decisions are dropped."""
+
+    def __init__(self, iterations: int = DEFAULT_ITERATIONS) -> None:
+        self.clients: dict[str, Client] = {}
+        self.groups: dict[str, Group] = {}
+        self.roles: dict[str, Role] = {}
+        self.default_access: dict[str, bool] = dict(DEFAULT_ACCESS)
+        self.anonymous_group: str | None = None
+        self.iterations = iterations
+        self.generation = 0
+        self._cache: dict[str | None, _Compiled | None] = {}
+
+    def changed(self) -> None:
+        self.generation += 1
+        self._cache.clear()
+
+    # -- Mosquitto's dynamic-security.json --------------------------------------------------
+
+    @classmethod
+    def from_json(cls, data: Any, iterations: int = DEFAULT_ITERATIONS) -> Dynsec:
+        """From the decoded contents of a dynamic-security.json (DynsecError if malformed)."""
+        if not isinstance(data, dict):
+            raise DynsecError("not a JSON object")
+        state = cls(iterations)
+        try:
+            access = data.get("defaultACLAccess", {})
+            for key in DEFAULT_ACCESS_TYPES:
+                value = access.get(key)
+                if isinstance(value, bool):
+                    state.default_access[key] = value
+            for raw in data.get("roles", []):
+                role = Role(raw["rolename"], raw.get("textName"), raw.get("textDescription"))
+                for acl in raw.get("acls", []):
+                    if acl.get("acltype") in ACL_TYPES and isinstance(acl.get("topic"), str):
+                        role.acls.append(
+                            Acl(
+                                acl["acltype"],
+                                acl["topic"],
+                                acl.get("allow") is True,
+                                int(acl.get("priority", 0)),
+                            )
+                        )
+                state.roles[role.rolename] = role
+            for raw in data.get("clients", []):
+                client = Client(
+                    raw["username"],
+                    clientid=raw.get("clientid"),
+                    textname=raw.get("textName"),
+                    textdescription=raw.get("textDescription"),
+                    disabled=raw.get("disabled") is True,
+                )
+                if "password" in raw and "salt" in raw:
+                    iters = int(raw.get("iterations", 101))
+                    if not 1 <= iters <= MAX_ITERATIONS:
+                        raise DynsecError(f"client {client.username!r}: iterations out of range")
+                    client.password = PasswordHash(
+                        base64.b64decode(raw["password"], validate=True),
+                        base64.b64decode(raw["salt"], validate=True),
+                        iters,
+                    )
+                for item in raw.get("roles", []):
+                    if item["rolename"] in state.roles:
+                        client.roles[item["rolename"]] = int(item.get("priority", -1))
+                state.clients[client.username] = client
+            for raw in data.get("groups", []):
+                group = Group(raw["groupname"], raw.get("textName"), raw.get("textDescription"))
+                for item in raw.get("roles", []):
+                    if item["rolename"] in state.roles:
+                        group.roles[item["rolename"]] = int(item.get("priority", -1))
+                for item in raw.get("clients", []):
+                    if item["username"] in state.clients:
+                        group.clients[item["username"]] = int(item.get("priority", -1))
+                state.groups[group.groupname] = group
+            anonymous = data.get("anonymousGroup")
+            if isinstance(anonymous, str) and anonymous in state.groups:
+                state.anonymous_group = anonymous
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise DynsecError(f"malformed: {exc!r}") from None
+        return state
+
+    def to_json(self) -> dict[str, Any]:
+        """The state as Mosquitto's plugin writes it (its own file loads it)."""
+        clients = []
+        for client in self._sorted(self.clients):
+            entry: dict[str, Any] = {"username": client.username}
+            if client.textname is not None:
+                entry["textName"] = client.textname
+            if client.textdescription is not None:
+                entry["textDescription"] = client.textdescription
+            if client.clientid is not None:
+                entry["clientid"] = client.clientid
+            if client.password is not None:
+                entry["password"] = base64.b64encode(client.password.hash).decode()
+                entry["salt"] = base64.b64encode(client.password.salt).decode()
+                entry["iterations"] = client.password.iterations
+            if client.disabled:
+                entry["disabled"] = True
+            entry["roles"] = [_named("rolename", n, p) for n, p in _by_priority(client.roles)]
+            clients.append(entry)
+        groups = []
+        for group in self._sorted(self.groups):
+            g: dict[str, Any] = {"groupname": group.groupname}
+            if group.textname is not None:
+                g["textName"] = group.textname
+            if group.textdescription is not None:
+                g["textDescription"] = group.textdescription
+            g["roles"] = [_named("rolename", n, p) for n, p in _by_priority(group.roles)]
+            g["clients"] = [_named("username", n, p) for n, p in _by_priority(group.clients)]
+            groups.append(g)
+        roles = []
+        for role in self._sorted(self.roles):
+            r: dict[str, Any] = {"rolename": role.rolename}
+            if role.textname is not None:
+                r["textName"] = role.textname
+            if role.textdescription is not None:
+                r["textDescription"] = role.textdescription
+            r["acls"] = [
+                {"acltype": a.acltype, "topic": a.topic, "priority": a.priority, "allow": a.allow}
+                for a in role.ordered_acls()
+            ]
+            roles.append(r)
+        result: dict[str, Any] = {
+            "defaultACLAccess": dict(self.default_access),
+            "clients": clients,
+            "groups": groups,
+            "roles": roles,
+        }
+        if self.anonymous_group is not None:
+            result["anonymousGroup"] = self.anonymous_group
+        return result
+
+    @staticmethod
+    def _sorted(table: dict[str, Any]) -> list[Any]:
+        return [table[name] for name in sorted(table)]
+
+    @classmethod
+    def initial(cls, admin: str, password: str, iterations: int = DEFAULT_ITERATIONS) -> Dynsec:
+        """What ``mosquitto_ctrl dynsec init FILE ADMIN`` makes: one client in an ``admin``
+        role that may send commands, read the answers and $SYS, and nothing else."""
+        state = cls(iterations)
+        role = Role("admin")
+        for acltype, topic in (
+            (PUBLISH_SEND, "$CONTROL/dynamic-security/#"),
+            (PUBLISH_RECEIVE, "$CONTROL/dynamic-security/#"),
+            (SUBSCRIBE_PATTERN, "$CONTROL/dynamic-security/#"),
+            (PUBLISH_RECEIVE, "$SYS/#"),
+            (SUBSCRIBE_PATTERN, "$SYS/#"),
+            (PUBLISH_RECEIVE, "#"),
+            (SUBSCRIBE_PATTERN, "#"),
+            (UNSUBSCRIBE_PATTERN, "#"),
+        ):
+            role.acls.append(Acl(acltype, topic, True))
+        state.roles["admin"] = role
+        state.clients[admin] = Client(
+            admin,
+            PasswordHash.make(password, iterations),
+            textname="Dynsec admin user",
+            roles={"admin": -1},
+        )
+        return state
+
+    # -- decisions --------------------------------------------------------------------------
+
+    def compiled(self, username: str | None) -> _Compiled | None:
+        """The ACLs of ``username`` (None: anonymous) in order; None: a user it does not know."""
+        if username in self._cache:
+            return self._cache[username]
+        result: _Compiled | None = _Compiled()
+        assert result is not None
+        role_names: list[str] = []
+        if username is None:
+            group = self.groups.get(self.anonymous_group or "")
+            if group is not None:
+                role_names = [name for name, _ in _by_priority(group.roles)]
+        else:
+            client = self.clients.get(username)
+            if client is None:
+                result = None
+            else:
+                role_names = [name for name, _ in _by_priority(client.roles)]
+                memberships = {
+                    g.groupname: g.clients[username]
+                    for g in self.groups.values()
+                    if username in g.clients
+                }
+                for groupname, _ in _by_priority(memberships):
+                    role_names.extend(n for n, _ in _by_priority(self.groups[groupname].roles))
+        if result is not None:
+            for name in role_names:
+                role = self.roles.get(name)
+                if role is None:
+                    continue
+                for acl in role.ordered_acls():
+                    levels = split(acl.topic)
+                    if acl.acltype == PUBLISH_SEND:
+                        result.send.append((acl.allow, levels))
+                    elif acl.acltype == PUBLISH_RECEIVE:
+                        result.receive.append((acl.allow, levels))
+                        result.receive_denies |= not acl.allow
+                    else:
+                        literal = acl.acltype in (SUBSCRIBE_LITERAL, UNSUBSCRIBE_LITERAL)
+                        target = (
+                            result.subscribe
+                            if acl.acltype in (SUBSCRIBE_LITERAL, SUBSCRIBE_PATTERN)
+                            else result.unsubscribe
+                        )
+                        target.append((literal, acl.allow, acl.topic, levels))
+        if len(self._cache) >= _CACHE_SIZE:
+            self._cache.clear()
+        self._cache[username] = result
+        return result
+
+    def can_publish(self, username: str | None, topic: str) -> bool:
+        rules = self.compiled(username)
+        if rules is None:
+            return False
+        return _first(rules.send, topic, self.default_access[PUBLISH_SEND])
+
+    def can_receive(self, username: str | None, topic: str) -> bool:
+        if topic == COMMAND_TOPIC:
+            return False  # commands (and their passwords) go to the dynamic security alone
+        rules = self.compiled(username)
+        if rules is None:
+            return False
+        return _first(rules.receive, topic, self.default_access[PUBLISH_RECEIVE])
+
+    def can_subscribe(self, username: str | None, topic_filter: str) -> bool:
+        rules = self.compiled(username)
+        if rules is None:
+            return False
+        return _first_filter(rules.subscribe, topic_filter, self.default_access["subscribe"])
+
+    def can_unsubscribe(self, username: str | None, topic_filter: str) -> bool:
+        rules = self.compiled(username)
+        if rules is None:
+            return False
+        return _first_filter(rules.unsubscribe, topic_filter, self.default_access["unsubscribe"])
+
+    def needs_read_check(self, username: str | None, topic_filter: str) -> bool:
+        """Whether some topic of ``topic_filter`` may be refused to this user on receipt."""
+        levels = split(topic_filter)
+        if overlaps(split(COMMAND_TOPIC), levels):
+            return True
+        rules = self.compiled(username)
+        if rules is None:
+            return True
+        if not self.default_access[PUBLISH_RECEIVE]:
+            return True
+        return rules.receive_denies and any(
+            not allow and overlaps(pattern, levels) for allow, pattern in rules.receive
+        )
+
+    def login(self, client_id: str, username: str, password: bytes | None) -> int | None:
+        """The answer to a login as ``username``: None if it is not a client of the dynamic
+        security (another authenticator may know it), else a reason code (0 accepts)."""
+        client = self.clients.get(username)
+        if client is None:
+            return None
+        if client.disabled or client.password is None or password is None:
+            return (
+                ReasonCode.BAD_USER_NAME_OR_PASSWORD
+                if not client.disabled
+                else (ReasonCode.NOT_AUTHORIZED)
+            )
+        if client.clientid is not None and client.clientid != client_id:
+            return ReasonCode.NOT_AUTHORIZED
+        if not client.password.verify(password):
+            return ReasonCode.BAD_USER_NAME_OR_PASSWORD
+        return ReasonCode.SUCCESS
+
+    # -- commands -----------------------------------------------------------------------------
+
+    def handle(self, payload: bytes) -> tuple[bytes, list[dict[str, Any]]]:
+        """Run the commands of one message; the response payload, and what each command was
+        (its name, arguments and error, for the audit log). ``generation`` moves on if
+        anything changed."""
+        return self.handle_document(decode(payload))
+
+    def handle_document(self, document: Any) -> tuple[bytes, list[dict[str, Any]]]:
+        """:meth:`handle` for a payload already decoded (``NOT_JSON``: it was not JSON)."""
+        outcomes: list[dict[str, Any]] = []
+        responses: list[dict[str, Any]] = []
+        if document is NOT_JSON:
+            responses.append({"command": "Unknown command", "error": "Payload not valid JSON"})
+        else:
+            commands = document.get("commands") if isinstance(document, dict) else None
+            if isinstance(commands, list):
+                for command in commands:
+                    responses.append(self._one(command, outcomes))
+            else:
+                responses.append(
+                    {"command": "Unknown command", "error": "Invalid/missing commands"}
+                )
+        body = json.dumps({"responses": responses}, separators=(",", ":"), ensure_ascii=False)
+        return body.encode(), outcomes
+
+    def _one(self, command: Any, outcomes: list[dict[str, Any]]) -> dict[str, Any]:
+        if not isinstance(command, dict):
+            return {"command": "Unknown command", "error": "Command not an object"}
+        name = command.get("command")
+        if not isinstance(name, str):
+            return {"command": "Unknown command", "error": "Missing command"}
+        correlation = command.get("correlationData")
+        handler = _HANDLERS.get(name)
+        data: dict[str, Any] | None = None
+        if handler is None:
+            error: str | None = "Unknown command"
+        else:
+            try:
+                data = handler(self, command)
+                error = None
+            except _Refused as exc:
+                error = str(exc)
+        response: dict[str, Any] = {"command": name}
+        if error is not None:
+            response["error"] = error
+        elif data is not None:
+            response["data"] = data
+        if isinstance(correlation, str):
+            response["correlationData"] = correlation
+        outcomes.append({"command": name, "args": command, "error": error})
+        return response
+
+    # one method per command: the response's data (None: none), or _Refused(error)
+
+    def _client(self, command: dict[str, Any]) -> Client:
+        client = self.clients.get(_name(command, "username"))
+        if client is None:
+            raise _Refused("Client not found")
+        return client
+
+    def _group(self, command: dict[str, Any]) -> Group:
+        group = self.groups.get(_name(command, "groupname"))
+        if group is None:
+            raise _Refused("Group not found")
+        return group
+
+    def _role(self, command: dict[str, Any]) -> Role:
+        role = self.roles.get(_name(command, "rolename"))
+        if role is None:
+            raise _Refused("Role not found")
+        return role
+
+    def _password(self, command: dict[str, Any]) -> PasswordHash:
+        made = command.get(PREHASHED)
+        if isinstance(made, PasswordHash):
+            return made
+        password = command.get("password")
+        if not isinstance(password, str) or not password:
+            raise _Refused("Invalid/missing password")
+        return PasswordHash.make(password, self.iterations)
+
+    def _role_list(self, command: dict[str, Any], key: str) -> dict[str, int] | None:
+        """``roles``/``groups`` of a create/modify command: name -> priority (None: absent)."""
+        items = command.get(key)
+        if items is None:
+            return None
+        if not isinstance(items, list):
+            raise _Refused(f"Invalid/missing {key}")
+        table = self.roles if key == "roles" else self.groups
+        which = "rolename" if key == "roles" else "groupname"
+        result: dict[str, int] = {}
+        for item in items:
+            if not isinstance(item, dict) or not isinstance(item.get(which), str):
+                raise _Refused(f"Invalid/missing {key}")
+            if item[which] not in table:
+                raise _Refused("Role not found" if key == "roles" else "Group not found")
+            result[item[which]] = _priority(item)
+        return result
+
+    def cmd_getDefaultACLAccess(self, command: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "acls": [
+                {"acltype": kind, "allow": self.default_access[kind]}
+                for kind in DEFAULT_ACCESS_TYPES
+            ]
+        }
+
+    def cmd_setDefaultACLAccess(self, command: dict[str, Any]) -> None:
+        acls = command.get("acls")
+        if not isinstance(acls, list):
+            raise _Refused("Missing/invalid actions array")
+        for acl in acls:  # unknown kinds and access words are passed over, as Mosquitto does
+            if not isinstance(acl, dict) or acl.get("acltype") not in DEFAULT_ACCESS_TYPES:
+                continue
+            access = acl.get("access")
+            if access in ("allow", "deny"):
+                self.default_access[acl["acltype"]] = access == "allow"
+        self.changed()
+
+    def cmd_getAnonymousGroup(self, command: dict[str, Any]) -> dict[str, Any]:
+        return {"group": {"groupname": self.anonymous_group or ""}}
+
+    def cmd_setAnonymousGroup(self, command: dict[str, Any]) -> None:
+        self.anonymous_group = self._group(command).groupname
+        self.changed()
+
+    # clients
+
+    def cmd_createClient(self, command: dict[str, Any]) -> None:
+        username = _name(command, "username")
+        if username in self.clients:
+            raise _Refused("Client already exists")
+        clientid = _text(command, "clientid")
+        password = self._password(command) if "password" in command else None
+        roles = self._role_list(command, "roles") or {}
+        groups = self._role_list(command, "groups") or {}
+        self.clients[username] = Client(
+            username,
+            password,
+            clientid,
+            _text(command, "textname"),
+            _text(command, "textdescription"),
+            roles=roles,
+        )
+        for groupname, priority in groups.items():
+            self.groups[groupname].clients[username] = priority
+        self.changed()
+
+    def cmd_deleteClient(self, command: dict[str, Any]) -> None:
+        client = self._client(command)
+        del self.clients[client.username]
+        for group in self.groups.values():
+            group.clients.pop(client.username, None)
+        self.changed()
+
+    def cmd_enableClient(self, command: dict[str, Any]) -> None:
+        self._client(command).disabled = False
+        self.changed()
+
+    def cmd_disableClient(self, command: dict[str, Any]) -> None:
+        self._client(command).disabled = True
+        self.changed()
+
+    def cmd_setClientId(self, command: dict[str, Any]) -> None:
+        client = self._client(command)
+        client.clientid = _text(command, "clientid") or None
+        self.changed()
+
+    def cmd_setClientPassword(self, command: dict[str, Any]) -> None:
+        client = self._client(command)
+        client.password = self._password(command)
+        self.changed()
+
+    def cmd_modifyClient(self, command: dict[str, Any]) -> None:
+        client = self._client(command)
+        roles = self._role_list(command, "roles")
+        groups = self._role_list(command, "groups")
+        password = self._password(command) if "password" in command else None
+        if "clientid" in command:
+            client.clientid = _text(command, "clientid") or None
+        if "textname" in command:
+            client.textname = _text(command, "textname")
+        if "textdescription" in command:
+            client.textdescription = _text(command, "textdescription")
+        if password is not None:
+            client.password = password
+        if roles is not None:
+            client.roles = roles
+        if groups is not None:
+            for group in self.groups.values():
+                group.clients.pop(client.username, None)
+            for groupname, priority in groups.items():
+                self.groups[groupname].clients[client.username] = priority
+        self.changed()
+
+    def cmd_addClientRole(self, command: dict[str, Any]) -> None:
+        client = self._client(command)
+        role = self._role(command)
+        if role.rolename in client.roles:
+            raise _Refused("Client is already in this role")
+        client.roles[role.rolename] = _priority(command)
+        self.changed()
+
+    def cmd_removeClientRole(self, command: dict[str, Any]) -> None:
+        client = self._client(command)
+        role = self._role(command)
+        client.roles.pop(role.rolename, None)
+        self.changed()
+
+    def _client_json(self, client: Client) -> dict[str, Any]:
+        entry: dict[str, Any] = {"username": client.username}
+        if client.clientid is not None:
+            entry["clientid"] = client.clientid
+        _texts(entry, client.textname, client.textdescription)
+        if client.disabled:
+            entry["disabled"] = True
+        entry["roles"] = [_named("rolename", n, p) for n, p in _by_priority(client.roles)]
+        memberships = {
+            g.groupname: g.clients[client.username]
+            for g in self.groups.values()
+            if client.username in g.clients
+        }
+        entry["groups"] = [_named("groupname", n, p) for n, p in _by_priority(memberships)]
+        return entry
+
+    def cmd_getClient(self, command: dict[str, Any]) -> dict[str, Any]:
+        return {"client": self._client_json(self._client(command))}
+
+    def cmd_listClients(self, command: dict[str, Any]) -> dict[str, Any]:
+        names, total = _page(self.clients, command)
+        if command.get("verbose") is True:
+            return {
+                "totalCount": total,
+                "clients": [self._client_json(self.clients[n]) for n in names],
+            }
+        return {"totalCount": total, "clients": names}
+
+    # groups
+
+    def cmd_createGroup(self, command: dict[str, Any]) -> None:
+        groupname = _name(command, "groupname")
+        if groupname in self.groups:
+            raise _Refused("Group already exists")
+        roles = self._role_list(command, "roles") or {}
+        self.groups[groupname] = Group(
+            groupname, _text(command, "textname"), _text(command, "textdescription"), roles
+        )
+        self.changed()
+
+    def cmd_deleteGroup(self, command: dict[str, Any]) -> None:
+        group = self._group(command)
+        if group.groupname == self.anonymous_group:
+            raise _Refused("Deleting the anonymous group is forbidden")
+        del self.groups[group.groupname]
+        self.changed()
+
+    def cmd_modifyGroup(self, command: dict[str, Any]) -> None:
+        group = self._group(command)
+        roles = self._role_list(command, "roles")
+        if "textname" in command:
+            group.textname = _text(command, "textname")
+        if "textdescription" in command:
+            group.textdescription = _text(command, "textdescription")
+        if roles is not None:
+            group.roles = roles
+        self.changed()
+
+    def cmd_addGroupClient(self, command: dict[str, Any]) -> None:
+        client = self._client(command)
+        group = self._group(command)
+        if client.username in group.clients:
+            raise _Refused("Client is already in this group")
+        group.clients[client.username] = _priority(command)
+        self.changed()
+
+    def cmd_removeGroupClient(self, command: dict[str, Any]) -> None:
+        client = self._client(command)
+        group = self._group(command)
+        group.clients.pop(client.username, None)
+        self.changed()
+
+    def cmd_addGroupRole(self, command: dict[str, Any]) -> None:
+        group = self._group(command)
+        role = self._role(command)
+        if role.rolename in group.roles:
+            raise _Refused("Group is already in this role")
+        group.roles[role.rolename] = _priority(command)
+        self.changed()
+
+    def cmd_removeGroupRole(self, command: dict[str, Any]) -> None:
+        group = self._group(command)
+        role = self._role(command)
+        group.roles.pop(role.rolename, None)
+        self.changed()
+
+    def _group_json(self, group: Group) -> dict[str, Any]:
+        entry: dict[str, Any] = {"groupname": group.groupname}
+        _texts(entry, group.textname, group.textdescription)
+        entry["clients"] = [{"username": n} for n, _ in _by_priority(group.clients)]
+        entry["roles"] = [_named("rolename", n, p) for n, p in _by_priority(group.roles)]
+        return entry
+
+    def cmd_getGroup(self, command: dict[str, Any]) -> dict[str, Any]:
+        return {"group": self._group_json(self._group(command))}
+
+    def cmd_listGroups(self, command: dict[str, Any]) -> dict[str, Any]:
+        names, total = _page(self.groups, command)
+        if command.get("verbose") is True:
+            return {
+                "totalCount": total,
+                "groups": [self._group_json(self.groups[n]) for n in names],
+            }
+        return {"totalCount": total, "groups": names}
+
+    # roles
+
+    def _acl(self, command: dict[str, Any]) -> Acl:
+        acltype = command.get("acltype")
+        if not isinstance(acltype, str):
+            raise _Refused("Invalid/missing acltype")
+        if acltype not in ACL_TYPES:
+            raise _Refused("Unknown acltype")
+        topic = command.get("topic")
+        if not isinstance(topic, str):
+            raise _Refused("Invalid/missing topic")
+        if not valid_topic_filter(topic):
+            raise _Refused("Invalid ACL topic")
+        return Acl(acltype, topic, command.get("allow") is True, _priority(command, 0))
+
+    def cmd_createRole(self, command: dict[str, Any]) -> None:
+        rolename = _name(command, "rolename")
+        if rolename in self.roles:
+            raise _Refused("Role already exists")
+        role = Role(rolename, _text(command, "textname"), _text(command, "textdescription"))
+        acls = command.get("acls", [])
+        if not isinstance(acls, list):
+            raise _Refused("Invalid/missing acls")
+        for acl in acls:
+            if not isinstance(acl, dict):
+                raise _Refused("Invalid/missing acls")
+            role.acls.append(self._acl(acl))
+        self.roles[rolename] = role
+        self.changed()
+
+    def cmd_deleteRole(self, command: dict[str, Any]) -> None:
+        role = self._role(command)
+        del self.roles[role.rolename]
+        for client in self.clients.values():
+            client.roles.pop(role.rolename, None)
+        for group in self.groups.values():
+            group.roles.pop(role.rolename, None)
+        self.changed()
+
+    def cmd_modifyRole(self, command: dict[str, Any]) -> None:
+        role = self._role(command)
+        acls = command.get("acls")
+        new: list[Acl] | None = None
+        if acls is not None:
+            if not isinstance(acls, list) or not all(isinstance(a, dict) for a in acls):
+                raise _Refused("Invalid/missing acls")
+            new = [self._acl(acl) for acl in acls]
+        if "textname" in command:
+            role.textname = _text(command, "textname")
+        if "textdescription" in command:
+            role.textdescription = _text(command, "textdescription")
+        if new is not None:
+            role.acls = new
+        self.changed()
+
+    def cmd_addRoleACL(self, command: dict[str, Any]) -> None:
+        role = self._role(command)
+        acl = self._acl(command)
+        if any(a.acltype == acl.acltype and a.topic == acl.topic for a in role.acls):
+            raise _Refused("ACL with this topic already exists")
+        role.acls.append(acl)
+        self.changed()
+
+    def cmd_removeRoleACL(self, command: dict[str, Any]) -> None:
+        role = self._role(command)
+        acltype = command.get("acltype")
+        if not isinstance(acltype, str):
+            raise _Refused("Invalid/missing acltype")
+        if acltype not in ACL_TYPES:
+            raise _Refused("Unknown acltype")
+        topic = command.get("topic")
+        if not isinstance(topic, str):
+            raise _Refused("Invalid/missing topic")
+        kept = [a for a in role.acls if not (a.acltype == acltype and a.topic == topic)]
+        if len(kept) == len(role.acls):
+            raise _Refused("ACL not found")
+        role.acls = kept
+        self.changed()
+
+    def _role_json(self, role: Role) -> dict[str, Any]:
+        entry: dict[str, Any] = {"rolename": role.rolename}
+        _texts(entry, role.textname, role.textdescription)
+        entry["acls"] = [
+            {"acltype": a.acltype, "topic": a.topic, "priority": a.priority, "allow": a.allow}
+            for a in role.ordered_acls()
+        ]
+        return entry
+
+    def cmd_getRole(self, command: dict[str, Any]) -> dict[str, Any]:
+        return {"role": self._role_json(self._role(command))}
+
+    def cmd_listRoles(self, command: dict[str, Any]) -> dict[str, Any]:
+        names, total = _page(self.roles, command)
+        if command.get("verbose") is True:
+            return {"totalCount": total, "roles": [self._role_json(self.roles[n]) for n in names]}
+        return {"totalCount": total, "roles": names}
+
+
+# The key under which the service hands a password hashed off the event loop to the model.
+PREHASHED = "\x00hash"
+
+
+class _Refused(Exception):
+    """A command's error, as Mosquitto words it."""
+
+
+_NAME_ERRORS = {
+    "username": "Invalid/missing username",
+    "groupname": "Invalid/missing groupname",
+    "rolename": "Invalid/missing rolename",
+}
+
+
+def _name(command: dict[str, Any], key: str) -> str:
+    value = command.get(key)
+    if not isinstance(value, str) or not value:
+        raise _Refused(_NAME_ERRORS[key])
+    return value
+
+
+def _text(command: dict[str, Any], key: str) -> str | None:
+    value = command.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise _Refused(f"Invalid/missing {key}")
+    return value
+
+
+def _priority(item: dict[str, Any], default: int = -1) -> int:
+    value = item.get("priority", default)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return default
+    return int(value)
+
+
+def _page(table: dict[str, Any], command: dict[str, Any]) -> tuple[list[str], int]:
+    names = sorted(table)
+    count = command.get("count", -1)
+    offset = command.get("offset", 0)
+    count = count if isinstance(count, int) and not isinstance(count, bool) else -1
+    offset = offset if isinstance(offset, int) and not isinstance(offset, bool) else 0
+    offset = max(offset, 0)
+    page = names[offset:] if count < 0 else names[offset : offset + count]
+    return page, len(names)
+
+
+_HANDLERS: dict[str, Callable[[Dynsec, dict[str, Any]], dict[str, Any] | None]] = {
+    name[len("cmd_") :]: getattr(Dynsec, name) for name in dir(Dynsec) if name.startswith("cmd_")
+}
+COMMANDS = frozenset(_HANDLERS)
+MUTATING = frozenset(n for n in COMMANDS if not n.startswith(("get", "list")))
+
+
+def audit_arguments(args: dict[str, Any]) -> str:
+    """A command's arguments for the audit log, passwords left out."""
+    parts = []
+    for key, value in args.items():
+        if key in ("command", "password", PREHASHED):
+            continue
+        text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+        parts.append(f"{key}={text}")
+    return " ".join(parts).encode("unicode_escape").decode("ascii")
+
+
+# -- the state file ------------------------------------------------------------------------------
+
+
+def load_state(path: str | Path, iterations: int = DEFAULT_ITERATIONS) -> Dynsec:
+    """A dynamic-security.json (ours or Mosquitto's); DynsecError if unreadable or malformed."""
+    try:
+        data = json.loads(Path(path).read_bytes())
+    except (OSError, ValueError) as exc:
+        raise DynsecError(f"{path}: {exc}") from None
+    try:
+        return Dynsec.from_json(data, iterations)
+    except DynsecError as exc:
+        raise DynsecError(f"{path}: {exc}") from None
+
+
+def save_state(path: str | Path, state: Dynsec) -> None:
+    """Write the whole state atomically: a temporary file beside ``path``, flushed to disk,
+    renamed over it, and the directory flushed, so that a crash leaves the old or the new
+    state, whole."""
+    target = Path(path)
+    data = json.dumps(state.to_json(), indent="\t").encode()
+    fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            os.fchmod(out.fileno(), 0o600)
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    directory = os.open(target.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+# -- the broker's interfaces ---------------------------------------------------------------------
+
+
+class DynsecAuthorizer:
+    """The broker's Authorizer over a :class:`Dynsec`; its ``generation`` is the state's, so
+    connections drop their cached answers at every change."""
+
+    def __init__(self, state: Dynsec) -> None:
+        self.state = state
+
+    @property
+    def generation(self) -> int:
+        return self.state.generation
+
+    @generation.setter
+    def generation(self, value: int) -> None:
+        self.state.generation = value
+
+    def can_publish(self, client_id: str, username: str | None, topic: str) -> bool:
+        allowed = self.state.can_publish(username, topic)
+        if not allowed and topic == COMMAND_TOPIC:
+            log.warning(
+                "dynsec: client %s (user %r) is not an admin: its commands are ignored",
+                client_id,
+                username,
+            )
+        return allowed
+
+    def can_subscribe(self, client_id: str, username: str | None, topic_filter: str) -> bool:
+        return self.state.can_subscribe(username, topic_filter)
+
+    def can_read(self, client_id: str, username: str | None, topic: str) -> bool:
+        return self.state.can_receive(username, topic)
+
+    def needs_read_check(self, client_id: str, username: str | None, topic_filter: str) -> bool:
+        return self.state.needs_read_check(username, topic_filter)
+
+    def can_unsubscribe(self, client_id: str, username: str | None, topic_filter: str) -> bool:
+        return self.state.can_unsubscribe(username, topic_filter)
+
+
+class DynsecAuthenticator:
+    """Logins of the dynamic security's clients; any other (no user name, or one it does not
+    know) is ``fallback``'s, the password file's authenticator, when it has a password file;
+    an unknown user name is refused otherwise."""
+
+    def __init__(self, state: Dynsec, fallback: Authenticator, fallback_has_users: bool) -> None:
+        self.state = state
+        self.fallback = fallback
+        self.fallback_has_users = fallback_has_users
+
+    def check_password(
+        self,
+        client_id: str,
+        username: str | None,
+        password: bytes | None,
+        anonymous: bool | None = None,
+        address: str | None = None,
+    ) -> int:
+        if username is not None:
+            code = self.state.login(client_id, username, password)
+            if code is not None:
+                if code:
+                    log.info(
+                        "client %s from %s: dynsec login refused for user %r (0x%02X)",
+                        client_id,
+                        address,
+                        username,
+                        code,
+                    )
+                return code
+            if not self.fallback_has_users:
+                log.info("client %s from %s: unknown user %r", client_id, address, username)
+                return ReasonCode.BAD_USER_NAME_OR_PASSWORD
+        return self.fallback.check_password(client_id, username, password, anonymous, address)
+
+    def exchange(
+        self, method: str, client_id: str, username: str | None, address: str | None = None
+    ) -> AuthExchange | None:
+        return self.fallback.exchange(method, client_id, username, address)
+
+    def __getattr__(self, name: str) -> Any:  # the password file's extras (admin logins...)
+        return getattr(self.fallback, name)
+
+
+# -- the edge: commands in, state to disk, answers out ------------------------------------------
+
+
+class DynsecService(Sink):
+    """Takes the commands published on the command topic as an internal subscriber (a session
+    of its own, never stored), runs them in order, writes the state to ``path`` before the
+    answer goes out, then applies the change to live connections: subscriptions rechecked
+    (a revoked right stops deliveries), disabled and deleted clients disconnected. Every
+    command is an audit log line (who, from where, what, the outcome).
+
+    ``run_blocking`` runs a function off the event loop and returns an awaitable of its result
+    (password hashing, the file's fsync); ``spawn`` starts a coroutine."""
+
+    def __init__(
+        self,
+        broker: Broker,
+        state: Dynsec,
+        path: str | Path | None,
+        spawn: Callable[[Any], Any],
+        run_blocking: Callable[[Callable[[], Any]], Any],
+    ) -> None:
+        from dataclasses import replace
+
+        from ..broker.session import Session
+        from ..broker.topics import Subscription
+
+        self.broker = broker
+        self.state = state
+        self.path = Path(path) if path else None
+        self.spawn = spawn
+        self.run_blocking = run_blocking
+        self._busy = False
+        self._task: Any = None  # the running drain (a reference keeps it alive)
+        session = Session(SERVICE_CLIENT_ID, replace(broker.options, queue_qos0=True))
+        session.sink = self
+        self.session: Session = session
+        broker.router.track_origin = True  # who sent each command (the audit log)
+        self._subscription = Subscription(session, COMMAND_TOPIC, 2, no_local=True)
+        broker.router.subscribe(self._subscription)
+        session.add_subscription(self._subscription)
+
+    def wake(self) -> None:
+        if not self._busy:
+            self._busy = True
+            self._task = self.spawn(self._drain())
+
+    async def _drain(self) -> None:
+        try:
+            queue = self.session.queue
+            while queue:
+                delivery = queue.popleft()
+                if not queue:
+                    self.session.queue_emptied()
+                self.session.queued_bytes -= delivery.message.size
+                message = delivery.message
+                try:
+                    await self._run(message.payload, message.origin_id, message.origin_user)
+                except Exception:
+                    log.exception("dynsec: a command failed")
+        finally:
+            self._busy = False
+        if self.session.queue:
+            self.wake()
+
+    async def _run(self, payload: bytes, client_id: str | None, username: str | None) -> None:
+        document = decode(payload)
+        await self._prehash(document)
+        state = self.state
+        before = state.generation
+        users = set(state.clients)
+        response, outcomes = state.handle_document(document)
+        where = self._address(client_id)
+        for outcome in outcomes:
+            if outcome["command"] in MUTATING or outcome["error"]:
+                audit.info(
+                    "dynsec: %s/%s from %s | %s | %s%s",
+                    client_id,
+                    username,
+                    where,
+                    outcome["command"],
+                    audit_arguments(outcome["args"]),
+                    f" | error: {outcome['error']}" if outcome["error"] else "",
+                )
+        if state.generation != before:
+            if self.path is not None:
+                path = self.path
+                await self.run_blocking(lambda: save_state(path, state))
+            self._apply(users - set(state.clients))
+        self._respond(response)
+
+    async def _prehash(self, document: Any) -> None:
+        """Hash the passwords of the commands off the event loop (PBKDF2 takes milliseconds)."""
+        if not isinstance(document, dict) or not isinstance(document.get("commands"), list):
+            return
+        for command in document["commands"]:
+            if (
+                isinstance(command, dict)
+                and command.get("command") in ("createClient", "setClientPassword", "modifyClient")
+                and isinstance(command.get("password"), str)
+                and command["password"]
+            ):
+                password: str = command["password"]
+                iterations = self.state.iterations
+                command[PREHASHED] = await self.run_blocking(
+                    partial(PasswordHash.make, password, iterations)
+                )
+
+    def _address(self, client_id: str | None) -> str:
+        for conn in self.broker.connections:
+            if conn.client_id == client_id:
+                return str(conn.peer)
+        return "?"
+
+    def _apply(self, deleted: set[str]) -> None:
+        """The new rules on live connections: the clients ``deleted`` and those disabled (or
+        whose client id is no longer theirs) are disconnected, every subscription rechecked."""
+        broker = self.broker
+        clients = self.state.clients
+        for conn in list(broker.connections):
+            username = conn.username
+            if username is None or conn.session is None:
+                continue
+            client = clients.get(username)
+            why = None
+            if username in deleted:
+                why = "client deleted"
+            elif client is not None and client.disabled:
+                why = "client disabled"
+            elif client is not None and client.clientid not in (None, conn.client_id):
+                why = "client id no longer allowed"
+            if why is not None:
+                log.info(
+                    "dynsec: disconnecting client %s (user %r): %s", conn.client_id, username, why
+                )
+                conn.disconnect(ReasonCode.NOT_AUTHORIZED, why)
+        broker.recheck_subscriptions()
+
+    def _respond(self, payload: bytes) -> None:
+        from ..broker.message import Message
+
+        broker = self.broker
+        router = broker.router
+        match = router.lookup(RESPONSE_TOPIC)
+        if match is None:
+            return
+        now = broker.clock()
+        message = Message.received(
+            RESPONSE_TOPIC, encode_topic(RESPONSE_TOPIC), payload, 0, False, None, now
+        )
+        router.publish(message, match, None, now)  # subscribers' output is flushed as usual
+
+    def close(self) -> None:
+        removed = self.session.remove_subscription(COMMAND_TOPIC)
+        if removed is not None:
+            self.broker.router.unsubscribe(removed)
+
+
+NOT_JSON = object()
+
+
+def decode(payload: bytes) -> Any:
+    """A command payload decoded; ``NOT_JSON`` if it is not JSON."""
+    try:
+        return json.loads(payload)
+    except (ValueError, UnicodeDecodeError):
+        return NOT_JSON
