@@ -10,8 +10,10 @@ these methods; the router calls them at the points where other nodes must hear o
   message once in the whole cluster: the others' turn may be on another node).
 - :meth:`Backplane.route_added` / :meth:`Backplane.route_removed`: the first subscription of a
   filter on this node came, or its last one went (a shared one: ``$share/<group>/<filter>``).
-- :meth:`Backplane.claim`: a client's CONNECT is accepted; the node takes its client id over
-  (another node may hand its session over) and calls ``done`` to let the CONNECT go on.
+- :meth:`Backplane.claim`: a client's CONNECT passed the checks that need no session
+  (credentials, ``client_id_pattern``); the node takes its client id over (another node may hand
+  its session over, or refuse to: a session of another user) and calls ``done`` to let the
+  CONNECT go on, or with the refusal.
 - :meth:`Backplane.session_ended`: a session ended here; its client id is free.
 
 Messages that arrived from another node are routed locally only; the backplane knows them (it
@@ -24,6 +26,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from ..protocol.errors import MQTTError
     from .message import Message
     from .session import Session
     from .topics import SharedGroup
@@ -41,9 +44,18 @@ class Backplane:
 
     def route_removed(self, topic_filter: str) -> None: ...
 
-    def claim(self, client_id: str, clean_start: bool, done: Callable[[], None]) -> None:
-        """Take ``client_id`` over, then call ``done`` on the event loop (never from within
-        this call: the connection calling it is in the middle of its input)."""
+    def claim(
+        self,
+        client_id: str,
+        clean_start: bool,
+        username: str | None,
+        done: Callable[[MQTTError | None], None],
+    ) -> None:
+        """Take ``client_id`` over for a client of ``username`` (None: anonymous), then call
+        ``done`` on the event loop (never from within this call: the connection calling it is
+        in the middle of its input) with None, or with the refusal of the node that had the
+        session (another user's: what ``Broker.check_owner`` there said), which refuses the
+        CONNECT; that node's client and session are then left as they were."""
         raise NotImplementedError
 
     def session_ended(self, client_id: str) -> None: ...

@@ -14,7 +14,7 @@ from ..protocol.packets import MQTT_5
 from ..protocol.reasons import CONNACK_CODES, ReasonCode, v311_connack_code
 from . import publish
 from .auth import CONTINUE, SUCCESS
-from .state import ACCEPT, AUTHENTICATE, AUTHENTICATING, CONNECTED
+from .state import ACCEPT, AUTHENTICATE, AUTHENTICATING, CLOSED, CONNECTED
 from .topics import valid_topic_name
 
 if TYPE_CHECKING:
@@ -195,8 +195,25 @@ def _claim(
     backplane.claim(
         packet.client_id,
         packet.clean_start,
-        lambda: conn.claim_done(packet, auth_props),
+        packet.username,
+        lambda refusal: _claimed(conn, packet, auth_props, refusal),
     )
+
+
+def _claimed(
+    conn: Connection,
+    packet: pk.Connect,
+    auth_props: dict[int, Any] | None,
+    refusal: MQTTError | None,
+) -> None:
+    """The claim's answer: go on with the CONNECT, or refuse it as the node that has the
+    session (another user's) did."""
+    if refusal is None:
+        conn.claim_done(packet, auth_props)
+        return
+    conn.checking = False
+    if conn.state != CLOSED:
+        conn.fail(refusal)
 
 
 def accept(conn: Connection, packet: pk.Connect, auth_props: dict[int, Any] | None) -> None:
@@ -205,7 +222,10 @@ def accept(conn: Connection, packet: pk.Connect, auth_props: dict[int, Any] | No
     backplane = broker.router.backplane
     if backplane is not None and not conn.claimed:
         # A cluster node first takes the client id over: its session may be on another
-        # node, which hands it over. The CONNECT waits (input held) until then.
+        # node, which hands it over (or refuses to: another user's session, checked there).
+        # The CONNECT waits (input held) until then. What needs no session is checked
+        # first, so that a client refused for it moves nothing.
+        broker.check_client_id(conn, packet.client_id, packet.username)
         _claim(conn, packet, auth_props, backplane)
         return
     opts = broker.options

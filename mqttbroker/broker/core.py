@@ -317,28 +317,10 @@ class Broker:
         ``max_sessions_per_user`` are refused too, and so is a client id reserved for the
         integrations (``$bridge/``, ``$webhook/``). A refusal raises MQTTError before anything
         has changed."""
-        if client_id.startswith(RESERVED_PREFIXES):  # the integrations' own sessions
-            raise MQTTError(
-                f"client identifier {client_id!r} is reserved",
-                ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
-            )
-        opts = self.options
-        if opts.client_id_pattern and not conn.assigned_id:
-            self._check_client_id(client_id, username)
+        self.check_client_id(conn, client_id, username)
         now = self.clock()
         session = self.sessions.get(client_id)
-        foreign = session is not None and session.username != username
-        if session is not None and foreign:
-            if session.connection is not None:
-                if not opts.allow_takeover_by_other_user:
-                    raise MQTTError(
-                        "client id in use by a connection of another user",
-                        ReasonCode.NOT_AUTHORIZED,
-                    )
-            elif opts.session_owner_mismatch == "refuse":
-                raise MQTTError(
-                    "client id taken by a session of another user", ReasonCode.NOT_AUTHORIZED
-                )
+        foreign = session is not None and self.check_owner(session, username)
         if expiry:
             self._check_session_caps(session, username, clean_start or foreign)
         if session is not None and session.connection is not None:
@@ -380,6 +362,39 @@ class Broker:
         if self.observers:
             self.notify("client.connected", session)
         return session, present
+
+    def check_client_id(self, conn: Connection, client_id: str, username: str | None) -> None:
+        """MQTTError (0x85) if ``client_id`` is not one a client of ``username`` may use: one
+        reserved for the integrations, or against ``client_id_pattern`` (the broker's own
+        assigned ids exempt). Depends on nothing but the two: a cluster node asks it before
+        another node hands the session over (connect.accept)."""
+        if client_id.startswith(RESERVED_PREFIXES):  # the integrations' own sessions
+            raise MQTTError(
+                f"client identifier {client_id!r} is reserved",
+                ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
+            )
+        if self.options.client_id_pattern and not conn.assigned_id:
+            self._check_client_id(client_id, username)
+
+    def check_owner(self, session: Session, username: str | None) -> bool:
+        """Whether a client of ``username`` taking ``session`` over (the session of its client
+        id) takes another user's: MQTTError (0x87) if it may not (``session_owner_mismatch``,
+        ``allow_takeover_by_other_user``); True if it may, and that session is then discarded,
+        not resumed. A cluster node that has the session asks it for the node the client
+        connects to (cluster/node.py, the hand-over)."""
+        if session.username == username:
+            return False
+        opts = self.options
+        if session.connection is not None:
+            if not opts.allow_takeover_by_other_user:
+                raise MQTTError(
+                    "client id in use by a connection of another user", ReasonCode.NOT_AUTHORIZED
+                )
+        elif opts.session_owner_mismatch == "refuse":
+            raise MQTTError(
+                "client id taken by a session of another user", ReasonCode.NOT_AUTHORIZED
+            )
+        return True
 
     def _check_client_id(self, client_id: str, username: str | None) -> None:
         """``client_id_pattern``: "%u" the user name, "*" any characters."""

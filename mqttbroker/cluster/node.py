@@ -11,7 +11,8 @@ Redis keys (``mqttbroker:`` prefix):
   (up to about 64 KiB of them).
 - ``retained``: a hash of every retained message (topic -> MQTT 5 PUBLISH).
 - ``client:<client id>``: the node that owns the client id (set when its CONNECT is accepted,
-  removed when its session ends there); ``handover:<token>``: a session on its way (handover.py).
+  given back when the node that had the session refused it, removed when its session ends
+  there); ``handover:<token>``: a session on its way, or the refusal (handover.py).
 - ``session:<client id>``: a persistent session as its node last committed it (a hash, see
   handover.py; written by store.py); ``owned:<id>``: the client ids of node ``<id>``'s persistent
   sessions. A node that is gone (its lease expired) is adopted by the first other node one of
@@ -106,6 +107,13 @@ redis.call('SET', KEYS[1], ARGV[1])
 return false
 """
 
+# The client id KEYS[1], taken by the node ARGV[1] for a CONNECT the node ARGV[2] refused to hand
+# the session over to (another user's), given back to ARGV[2] unless another node took it since.
+_GIVE_BACK_SCRIPT = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('SET', KEYS[1], ARGV[2]) end
+return false
+"""
+
 _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -174,6 +182,21 @@ def pack(frames: list[bytes], limit: int = ENTRY_BYTES) -> list[bytes]:
     if parts:
         entries.append(b"".join(parts))
     return entries
+
+
+def _answer(client_id: str, data: bytes) -> dict[str, Any]:
+    """A hand-over's answer (see ``ClusterNode._hand_over``): the session (handover.py's form)
+    or a refusal (``refused``: its reason code, ``reason``: why); MQTTError if not readable."""
+    try:
+        state = json.loads(data)
+        if not isinstance(state, dict):
+            raise TypeError(type(state).__name__)
+        if "refused" in state:
+            state["refused"] = int(state["refused"])
+            state["reason"] = str(state["reason"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise MQTTError(f"session of {client_id} from another node not readable: {exc}") from None
+    return state
 
 
 def encode(message: Message, now: float) -> bytes:
@@ -466,17 +489,32 @@ class ClusterNode(Backplane):
         if not self._down:
             self._hold(1)
 
-    def claim(self, client_id: str, clean_start: bool, done: Callable[[], None]) -> None:
-        task = asyncio.ensure_future(self._claim(client_id, clean_start, done))
+    def claim(
+        self,
+        client_id: str,
+        clean_start: bool,
+        username: str | None,
+        done: Callable[[MQTTError | None], None],
+    ) -> None:
+        task = asyncio.ensure_future(self._claim(client_id, clean_start, username, done))
         self._claims.add(task)
         task.add_done_callback(self._claims.discard)
 
-    async def _claim(self, client_id: str, clean_start: bool, done: Callable[[], None]) -> None:
-        """Own ``client_id``; if another live node owned it, it hands the session over (or
-        drops it, on Clean Start) and closes the client's connection there (0x8E). If the node
-        that owned it is gone, this node adopts that node's sessions first (this one among
-        them)."""
+    async def _claim(
+        self,
+        client_id: str,
+        clean_start: bool,
+        username: str | None,
+        done: Callable[[MQTTError | None], None],
+    ) -> None:
+        """Own ``client_id`` for a client of ``username``; if another live node owned it, it
+        hands the session over (or drops it, on Clean Start) and closes the client's connection
+        there (0x8E), or, the session being another user's, refuses as one node would (see
+        ``_hand_over``): the client id goes back to it and ``done`` gets the refusal. If the
+        node that owned it is gone, this node adopts that node's sessions first (this one among
+        them; the broker checks its owner here then)."""
         key = f"{PREFIX}client:{client_id}"
+        refusal: MQTTError | None = None
         try:
             previous = await self.redis.eval(_CLAIM_SCRIPT, 1, key, self.node_id)
             if previous is not None:  # another node's: settled first (adopted if gone)
@@ -485,7 +523,9 @@ class ClusterNode(Backplane):
             old = previous.decode() if previous is not None else self.node_id
             if old != self.node_id and await self.redis.exists(f"{PREFIX}node:{old}"):
                 reply = f"{PREFIX}handover:{secrets.token_hex(8)}"
-                request = json.dumps({"client": client_id, "reply": reply, "clean": clean_start})
+                request = json.dumps(
+                    {"client": client_id, "reply": reply, "clean": clean_start, "user": username}
+                )
                 if await self.redis.publish(f"{PREFIX}ctl:{old}", request):
                     answer = await self.redis.blpop([reply], timeout=HANDOVER_SECONDS)
                     if answer is None and not await self.redis.exists(f"{PREFIX}node:{old}"):
@@ -500,20 +540,28 @@ class ClusterNode(Backplane):
                             HANDOVER_SECONDS,
                         )
                     elif answer[1]:
-                        self._restore(client_id, answer[1])
-                        log.info(
-                            "cluster: client %s: session taken over from node %r", client_id, old
-                        )
+                        state = _answer(client_id, answer[1])
+                        if "refused" in state:
+                            refusal = MQTTError(state["reason"], state["refused"])
+                            await self.redis.eval(_GIVE_BACK_SCRIPT, 1, key, self.node_id, old)
+                        else:
+                            self._restore(client_id, state)
+                            log.info(
+                                "cluster: client %s: session taken over from node %r",
+                                client_id,
+                                old,
+                            )
         except (RedisError, OSError) as exc:
             log.warning(
-                "cluster: client %s: owner not checked, Redis failed (%s); served here",
+                "cluster: client %s: owner not checked, Redis failed (%s)%s",
                 client_id,
                 exc,
+                "" if refusal is not None else "; served here",
             )
         except MQTTError as exc:
             log.warning("cluster: client %s: %s; a new session starts here", client_id, exc)
         # The session's routes (if it came from another node) are in Redis before the CONNACK.
-        self.store.after_commit(done)
+        self.store.after_commit(partial(done, refusal))
 
     async def _owner_settled(self, key: str, found: bytes | None) -> None:
         """Wait until the owner of the client id ``key`` (``found``: as just read) is this
@@ -682,22 +730,51 @@ class ClusterNode(Backplane):
         await done
 
     def _hand_over(self, data: bytes) -> None:
-        """Another node took a client over: close its connection here (0x8E) and send its
-        session there (nothing on Clean Start: it ends here)."""
+        """Another node took a client of ``user`` over: close its connection here (0x8E) and
+        send its session there (nothing on Clean Start: it ends here). The session's owner is
+        checked first, as one node checks it (``Broker.check_owner``): another user's session
+        is not handed over, and its client and it are left alone, the refusal sent instead
+        (that node refuses the CONNECT with it); where the rules let that user have the client
+        id, the session is discarded, not handed over."""
         try:
             request = json.loads(data)
             client_id, reply, clean = request["client"], request["reply"], request["clean"]
+            user = request["user"]
+            if not isinstance(user, str | None):
+                raise TypeError(user)
         except (ValueError, KeyError, TypeError):
             log.warning("cluster: control request not readable, ignored")
             return
         broker = self.broker
         answer = b""
         session = broker.sessions.get(client_id)
+        owner = None if session is None else session.username
+        foreign = False
         if session is not None:
+            try:
+                foreign = broker.check_owner(session, user)
+            except MQTTError as exc:
+                log.warning(
+                    "cluster: client %s: not handed over to another node for user %r: %s",
+                    client_id,
+                    user,
+                    exc.message,
+                )
+                refusal = {"refused": exc.reason_code, "reason": exc.message}
+                self._queue(_REPLY, reply, json.dumps(refusal).encode())
+                return
             session = self._disconnect(session)
         if session is not None:
             now = broker.clock()
-            if clean:
+            if clean or foreign:
+                if foreign:
+                    log.warning(
+                        "cluster: session %s of user %r discarded: its client id was taken "
+                        "on another node by user %r",
+                        client_id,
+                        owner,
+                        user,
+                    )
                 broker.end_session(session, now)
             else:
                 answer = serialise(session, now)

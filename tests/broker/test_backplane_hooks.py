@@ -1,7 +1,7 @@
 """The hooks a cluster's backplane gets from one node (broker/backplane.py), with a recording
 backplane: a filter's first subscription and its last, every routed message with the node's
-shared groups (the backplane decides which deliver here), the client id claimed before CONNACK,
-and a session's end."""
+shared groups (the backplane decides which deliver here), the client id claimed before CONNACK
+(or refused by the node that has its session), and a session's end."""
 
 from __future__ import annotations
 
@@ -15,14 +15,16 @@ from mqttbroker.broker.backplane import Backplane
 from mqttbroker.broker.message import Message
 from mqttbroker.broker.session import Session
 from mqttbroker.broker.topics import SharedGroup
+from mqttbroker.protocol.errors import MQTTError
 
 
 class Recorder(Backplane):
     def __init__(self, remote_nodes: int = 0, keep_groups: bool = True) -> None:
         self.events: list[tuple[Any, ...]] = []
+        self.users: list[str | None] = []  # the user of each claim
         self.remote_nodes = remote_nodes
         self.keep_groups = keep_groups
-        self.claims: list[Callable[[], None]] = []
+        self.claims: list[Callable[[MQTTError | None], None]] = []
 
     def publish(
         self, message: Message, groups: list[SharedGroup], publisher: Session | None
@@ -37,8 +39,15 @@ class Recorder(Backplane):
     def route_removed(self, topic_filter: str) -> None:
         self.events.append(("removed", topic_filter))
 
-    def claim(self, client_id: str, clean_start: bool, done: Callable[[], None]) -> None:
+    def claim(
+        self,
+        client_id: str,
+        clean_start: bool,
+        username: str | None,
+        done: Callable[[MQTTError | None], None],
+    ) -> None:
         self.events.append(("claim", client_id, clean_start))
+        self.users.append(username)
         self.claims.append(done)
 
     def session_ended(self, client_id: str) -> None:
@@ -50,7 +59,7 @@ def joined(h: Harness, client_id: str, backplane: Recorder, **props: Any) -> Any
     client = h.client()
     client.send(pk.Connect(client_id=client_id, properties=props))
     assert client.receive() == []  # the CONNECT waits for the claim
-    backplane.claims.pop()()
+    backplane.claims.pop()(None)
     connack = client.one(pk.Connack)
     assert connack.reason_code == 0
     client.connack = connack
@@ -89,12 +98,36 @@ def test_claim_then_session_end(hb: tuple[Harness, Recorder]) -> None:
     assert bp.events[-1] == ("ended", "c")
 
 
+def test_a_claim_refused_refuses_the_connect_with_its_code(hb: tuple[Harness, Recorder]) -> None:
+    """The node that has the session (another user's) refused to hand it over: the CONNECT
+    gets that node's reason code, and nothing is attached here."""
+    h, bp = hb
+    client = h.client()
+    client.send(pk.Connect(client_id="c", clean_start=False, username="bob"))
+    assert bp.users == ["bob"]
+    bp.claims.pop()(MQTTError("client id in use by a connection of another user", 0x87))
+    assert client.one(pk.Connack).reason_code == 0x87
+    assert client.closed and "c" not in h.broker.sessions
+
+
+def test_a_client_id_against_the_pattern_is_refused_before_any_claim(
+    make_harness: Callable[..., Harness],
+) -> None:
+    h = make_harness(client_id_pattern="%u-*")
+    bp = Recorder()
+    h.broker.router.backplane = bp
+    client = h.client()
+    client.send(pk.Connect(client_id="alice-1", username="bob"))
+    assert client.one(pk.Connack).reason_code == 0x85
+    assert bp.events == []  # no other node asked for the session
+
+
 def test_pipelined_packets_wait_for_the_claim(hb: tuple[Harness, Recorder]) -> None:
     h, bp = hb
     client = h.client()
     client.send(pk.Connect(client_id="c"), pk.Subscribe(1, [pk.SubscriptionRequest("a")]))
     assert client.receive() == []
-    bp.claims.pop()()
+    bp.claims.pop()(None)
     assert [type(p) for p in client.receive()] == [pk.Connack, pk.Suback]
 
 
@@ -148,7 +181,7 @@ def test_will_routed_through_the_backplane(hb: tuple[Harness, Recorder]) -> None
     client = h.client()
     will = pk.Will("will/c", b"gone")
     client.send(pk.Connect(client_id="c", will=will))
-    bp.claims.pop()()
+    bp.claims.pop()(None)
     client.receive()
     client.lose()
     assert ("publish", "will/c", "c", 0) in bp.events

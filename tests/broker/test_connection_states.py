@@ -5,6 +5,7 @@ answers a packet its state does not accept as that state says."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ from support.harness import METHOD, Harness, Offload, Prop, ToyAuthenticator, pk
 
 from mqttbroker.broker import state as st
 from mqttbroker.broker.backplane import Backplane
+from mqttbroker.protocol.errors import MQTTError
 from mqttbroker.protocol.packets import PacketType
 
 ALL_STATES = (st.AWAIT_CONNECT, st.AUTHENTICATING, st.CONNECTED, st.CLOSED)
@@ -113,8 +115,14 @@ class _Claims(Backplane):
     def __init__(self) -> None:
         self.pending: list[Callable[[], None]] = []
 
-    def claim(self, client_id: str, clean_start: bool, done: Callable[[], None]) -> None:
-        self.pending.append(done)
+    def claim(
+        self,
+        client_id: str,
+        clean_start: bool,
+        username: str | None,
+        done: Callable[[MQTTError | None], None],
+    ) -> None:
+        self.pending.append(partial(done, None))
 
     def grant_all(self) -> None:
         pending, self.pending = self.pending, []
