@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import logging
 import os
 import signal
@@ -110,8 +111,18 @@ def _set_log_levels(config: Config) -> None:
         logging.getLogger(name).setLevel(level.upper())
 
 
+# mqttbroker COMMAND ...: the commands besides running the broker.
+COMMANDS = ("passwd", "check-config", "convert-config")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv and not argv[0].startswith("-") and argv[0] not in COMMANDS:
+        # (the broker's own options are all --options: a first word is a command)
+        close = difflib.get_close_matches(argv[0], COMMANDS, n=1)
+        hint = f"did you mean {close[0]}?" if close else f"commands: {', '.join(COMMANDS)}"
+        print(f"mqttbroker: unknown command {argv[0]!r}; {hint}", file=sys.stderr)
+        return 2
     if argv[:1] == ["passwd"]:
         from .security.passwd import main as passwd_main
 

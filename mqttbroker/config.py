@@ -7,14 +7,17 @@ integer, got 'big'``. See ``config/mqttbroker.toml`` for every key with its defa
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import ipaddress
 import os
 import re
 import socket
 import tomllib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from .broker.options import BrokerOptions
 
@@ -159,6 +162,12 @@ class ClusterConfig:
     # without stopping keeps its node_id this long.
     node_ttl: float = 10.0
     connect_timeout: float = 5.0  # seconds to reach Redis
+    # Redis's password (requirepass, or an ACL user's: the user name goes in the URL), read from
+    # this file (its trailing newline stripped) or from this environment variable, so that it
+    # is not on the command line. Whoever can use that Redis controls the cluster (see README).
+    # "": none, or the one in the URL.
+    password_file: str = ""
+    password_env: str = ""
     # Seconds a node may be gone (its lease expired, or stopped) before the other nodes adopt
     # its persistent sessions and the messages left for it; 0: only when one of its clients
     # connects to another node.
@@ -252,6 +261,40 @@ def _typed(value: Any, expected: type, where: str) -> Any:
     return value
 
 
+# The keys of the file's top level (tables and plain keys).
+TOP_LEVEL_KEYS = (
+    "broker",
+    "storage",
+    "security",
+    "dynsec",
+    "cluster",
+    "admin",
+    "alerts",
+    "listener",
+    "bridge",
+    "webhook",
+    "data_dir",
+    "log_level",
+    "log_levels",
+    "log_format",
+    "gc_threshold",
+    "busy_poll_us",
+    "gather_us",
+    "fd_table",
+    "workers",
+)
+
+
+def _suggest(key: str, known: Iterable[str]) -> str:
+    """What an unknown key's error adds: the likely key meant ("did you mean max_packet_size?"),
+    else the keys there are."""
+    names = sorted(known)
+    close = difflib.get_close_matches(key, names, n=1)
+    if close:
+        return f"did you mean {close[0]}?"
+    return f"known keys: {', '.join(names)}"
+
+
 def _fill(target: Any, table: dict[str, Any], prefix: str, source: str) -> None:
     types = {f.name: f.type for f in dataclasses.fields(target)}
     py_types = {
@@ -265,8 +308,7 @@ def _fill(target: Any, table: dict[str, Any], prefix: str, source: str) -> None:
     for key, value in table.items():
         where = f"{source}: {prefix}{key}"
         if key not in types:
-            known = ", ".join(sorted(types))
-            raise ConfigError(f"{where}: unknown key (known keys: {known})")
+            raise ConfigError(f"{where}: unknown key; {_suggest(key, types)}")
         # an annotation's text, or (the compiled BrokerOptions) the type itself
         declared = types[key]
         name = declared if isinstance(declared, str) else getattr(declared, "__name__", None)
@@ -327,11 +369,7 @@ def from_table(data: dict[str, Any], source: str, directory: Path) -> Config:
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
         else:
-            raise ConfigError(
-                f"{source}: {key}: unknown key (known: broker, storage, security, dynsec, "
-                "cluster, admin, alerts, listener, bridge, webhook, data_dir, log_level, "
-                "log_levels, log_format, gc_threshold, busy_poll_us, gather_us, fd_table, workers)"
-            )
+            raise ConfigError(f"{source}: {key}: unknown key; {_suggest(key, TOP_LEVEL_KEYS)}")
     if config.busy_poll_us and "gather_us" not in data:
         config.gather_us = 0  # the one spins where the other sleeps
     check(config, source)
@@ -465,7 +503,7 @@ def _check_cluster(cluster: ClusterConfig, where: str) -> None:
     except ImportError:
         raise ConfigError(
             f"{where}.redis: cluster mode needs the redis package "
-            "(pip install 'mqttbroker[cluster]')"
+            "(pip install '.[cluster]' in the mqttbroker source tree)"
         ) from None
     try:
         parse_url(cluster.redis)
@@ -486,6 +524,53 @@ def _check_cluster(cluster: ClusterConfig, where: str) -> None:
         raise ConfigError(f"{where}.connect_timeout: must be positive")
     if not cluster.adopt_after >= 0:
         raise ConfigError(f"{where}.adopt_after: must be 0 (off) or more (seconds)")
+    password = redis_password(cluster, where)
+    if password is not None:
+        key = "password_file" if cluster.password_file else "password_env"
+        cluster.redis = _with_password(cluster.redis, password, f"{where}.{key}")
+
+
+def redis_password(cluster: ClusterConfig, where: str = "cluster") -> str | None:
+    """The password of [cluster] password_file or password_env (None: neither is set);
+    ConfigError names the key, and the file or variable."""
+    if cluster.password_file and cluster.password_env:
+        raise ConfigError(f"{where}.password_env: password_file is set too; choose one")
+    if cluster.password_file:
+        path = cluster.password_file
+        try:
+            password = Path(path).read_text(encoding="utf-8").rstrip("\r\n")
+        except OSError as exc:
+            raise ConfigError(
+                f"{where}.password_file: cannot read {path}: {exc.strerror or exc}"
+            ) from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"{where}.password_file: {path} is not UTF-8 text") from None
+        if not password:
+            raise ConfigError(f"{where}.password_file: {path} is empty")
+        return password
+    if cluster.password_env:
+        name = cluster.password_env
+        if name not in os.environ:
+            raise ConfigError(f"{where}.password_env: the environment variable {name} is not set")
+        if not os.environ[name]:
+            raise ConfigError(f"{where}.password_env: the environment variable {name} is empty")
+        return os.environ[name]
+    return None
+
+
+def _with_password(url: str, password: str, where: str) -> str:
+    """``url`` with ``password`` in it, as redis-py reads a URL's password (the node logs the
+    URL without it). The same URL back if it has that password already (the configuration is
+    checked again after the command line's options)."""
+    parts = urlsplit(url)
+    if parts.password is not None:
+        if unquote(parts.password) == password:
+            return url
+        raise ConfigError(f"{where}: the redis URL has a password as well; keep one of them")
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    netloc = f"{user}:{quote(password, safe='')}@{host}"
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def _check_admin(config: Config, source: str) -> None:

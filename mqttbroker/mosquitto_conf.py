@@ -8,13 +8,19 @@ dropped.
 Carried over: listeners (``listener PORT [ADDRESS]``, the old global ``port`` and
 ``bind_address``, ``protocol websockets``, ``certfile``/``keyfile``/``cafile``,
 ``require_certificate``, ``use_identity_as_username``, ``tls_version``, ``ciphers``),
-``allow_anonymous`` (per listener with ``per_listener_settings true``), ``password_file``,
-``acl_file``, the ``max_*`` limits with an equivalent here, ``retain_available``,
+``allow_anonymous``, ``password_file``, ``acl_file``, the ``max_*`` limits with an equivalent here, ``retain_available``,
 ``persistence`` and ``persistence_location``, ``sys_interval``, ``include_dir`` (its ``*.conf``
 files, in order), and bridges (``connection``, ``address``, ``topic``, ``remote_clientid``,
 ``remote_username``, ``bridge_protocol_version``, ``bridge_cafile``/``certfile``/``keyfile``) as
 ``[[bridge]]`` sections. Directives that change nothing here (``log_dest``, ``log_type``,
 ``pid_file``...) are named as ignored.
+
+With ``per_listener_settings true`` each listener's ``allow_anonymous`` is its own (absent:
+refused, Mosquitto 2's default). This broker has one password file and one ACL file for every
+listener, so the listeners must name the same ones (or none), as Mosquitto would check each
+listener's clients against that listener's own files; otherwise the configuration is refused,
+naming the file and line. A security directive before the first ``listener`` is refused too:
+Mosquitto gives it to its default listener (port 1883), not to the listeners below.
 
 Mosquitto's ACL semantics are kept: its ``acl_file`` is read as it is, and a subscription that a
 ``topic deny`` reaches only in part is granted with the denied topics withheld (the default
@@ -34,8 +40,6 @@ from .config import Config, ConfigError, from_table
 
 # Global directives: name -> (table, key, kind). kind: "int", "bool", "str", "path".
 _GLOBAL: dict[str, tuple[str, str, str]] = {
-    "password_file": ("security", "password_file", "path"),
-    "acl_file": ("security", "acl_file", "path"),
     "max_packet_size": ("broker", "max_packet_size", "int"),
     "max_inflight_messages": ("broker", "max_inflight", "int"),
     "max_queued_messages": ("broker", "max_queued_messages", "int"),
@@ -47,6 +51,9 @@ _GLOBAL: dict[str, tuple[str, str, str]] = {
     "queue_qos0_messages": ("broker", "queue_qos0", "bool"),
     "sys_interval": ("broker", "sys_interval", "int"),
 }
+# Security directives: for all listeners, or with ``per_listener_settings true`` for the listener
+# they follow (the same name in [security], or allow_anonymous in [[listener]]).
+_SECURITY = ("allow_anonymous", "password_file", "acl_file")
 # Listener directives: name -> (key, kind).
 _LISTENER: dict[str, tuple[str, str]] = {
     "certfile": ("tls_cert_file", "path"),
@@ -67,6 +74,15 @@ _IGNORED = {
     "autosave_interval": "every change is committed to the store",
     "autosave_on_changes": "every change is committed to the store",
     "persistence_file": "the store's file is <data_dir>/mqttbroker.db",
+}
+# Directives without an equivalent here, but with a key that comes close: name -> what to say.
+_CLOSE = {
+    "message_size_limit": (
+        "no equivalent: Mosquitto drops a message whose payload is larger and completes its QoS "
+        "flow, the client staying connected; the closest here is [broker] max_packet_size, the "
+        "largest packet a client may send (payload, topic and headers), past which the client "
+        "is disconnected (0x95)"
+    ),
 }
 # Directives that belong to the bridge a "connection" line started.
 _BRIDGE_WORDS = {
@@ -141,7 +157,13 @@ class _Reader:
         self.current: dict[str, Any] | None = None  # the listener the next lines configure
         self.bridge: dict[str, Any] | None = None
         self.per_listener = False
-        self.anonymous: list[tuple[dict[str, Any] | None, bool]] = []
+        self.anonymous: list[bool] = []  # allow_anonymous lines without per_listener_settings
+        self.security_seen = ""  # where the first security directive was (per_listener_settings)
+        self.last_listener: dict[str, Any] | None = None  # the last `listener` line's
+        # per_listener_settings true: each listener's password_file / acl_file, with where the
+        # directive was, and where each listener was declared (keys: id of its table)
+        self.files: dict[int, dict[str, tuple[str, str]]] = {}
+        self.declared: dict[int, str] = {}
 
     def table(self, name: str) -> dict[str, Any]:
         found: dict[str, Any] = self.out.tables.setdefault(name, {})
@@ -177,12 +199,14 @@ class _Reader:
                 raise ValueError("needs a port")
             listener = {"host": words[1] if len(words) > 1 else "0.0.0.0", "port": _int(words[0])}
             self.listeners.append(listener)
-            self.current = listener
+            self.current = self.last_listener = listener
+            self.declared[id(listener)] = where
             self.bridge = None
         elif name in ("port", "bind_address"):
             if self.default is None:
                 self.default = {"host": "0.0.0.0", "port": 1883}
                 self.listeners.insert(0, self.default)
+                self.declared[id(self.default)] = where
             if name == "port":
                 self.default["port"] = _int(rest)
             else:
@@ -208,10 +232,34 @@ class _Reader:
             if rest not in versions:
                 raise ValueError('expected "tlsv1.2" or "tlsv1.3" (older versions are refused)')
             self.listener_target(where)["tls_min_version"] = versions[rest]
-        elif name == "allow_anonymous":
-            self.anonymous.append((self.current, _bool(rest)))
+        elif name in _SECURITY:
+            self.security_seen = self.security_seen or where
+            if not self.per_listener:
+                if name == "allow_anonymous":
+                    self.anonymous.append(_bool(rest))
+                else:
+                    self.table("security")[name] = _convert(rest, "path", path)
+                return
+            owner = self.last_listener or self.default
+            if owner is None:
+                raise ValueError(
+                    "with per_listener_settings true, a security setting before the first "
+                    "listener belongs to Mosquitto's default listener (port 1883 on every "
+                    "interface, which Mosquitto opens for a password_file even without a port "
+                    "line), not to the listeners below; move it under the listener it is for"
+                )
+            if name == "allow_anonymous":
+                owner["allow_anonymous"] = _bool(rest)
+            else:
+                value = _convert(rest, "path", path)
+                self.files.setdefault(id(owner), {})[name] = (value, where)
         elif name == "per_listener_settings":
             self.per_listener = _bool(rest)
+            if self.per_listener and self.security_seen:
+                raise ValueError(
+                    "must come before every security setting (Mosquitto refuses it after one: "
+                    f"{self.security_seen})"
+                )
         elif name == "max_connections":
             count = _int(rest)
             self.table("broker")["max_connections"] = 0 if count < 0 else count
@@ -236,6 +284,8 @@ class _Reader:
             self.current = None
         elif name in _IGNORED:
             self.out.ignored.append(f"{where}: {name}: {_IGNORED[name]}")
+        elif name in _CLOSE:
+            self.out.unsupported.append(f"{where}: {name}: {_CLOSE[name]}")
         else:
             self.out.unsupported.append(f"{where}: {name}: no equivalent in this broker")
 
@@ -244,6 +294,7 @@ class _Reader:
         if target is None:  # TLS settings before any listener: Mosquitto's default listener
             self.default = target = {"host": "0.0.0.0", "port": 1883}
             self.listeners.insert(0, target)
+            self.declared[id(target)] = where
         return target
 
     def bridge_directive(self, name: str, rest: str, words: list[str], where: str) -> None:
@@ -297,14 +348,19 @@ class _Reader:
         out = self.out
         if not self.listeners:
             self.listeners.append({"host": "0.0.0.0", "port": 1883})  # Mosquitto's default
-        for listener, allowed in self.anonymous:
-            if self.per_listener and listener is not None:
-                listener["allow_anonymous"] = allowed
-            else:
-                self.table("security")["allow_anonymous"] = allowed
-        if "allow_anonymous" not in out.tables.get("security", {}) and not self.per_listener:
+        if self.per_listener:
+            for listener in self.listeners:
+                # Mosquitto 2's default on each listener: no anonymous clients. (Mosquitto
+                # 2.0.11 lets them onto its default listener, the one of `port`, when nothing
+                # says otherwise, contrary to its documentation; that is not reproduced.)
+                listener.setdefault("allow_anonymous", False)
+            self.one_file_for_all("password_file")
+            self.one_file_for_all("acl_file")
+        else:
             # Mosquitto 2's default: no anonymous clients (ours: only on loopback listeners)
-            self.table("security")["allow_anonymous"] = False
+            self.table("security")["allow_anonymous"] = (
+                self.anonymous[-1] if self.anonymous else False
+            )
         out.tables["listener"] = self.listeners
         bridges = out.tables.get("bridge", [])
         for bridge in bridges:
@@ -316,6 +372,37 @@ class _Reader:
                 "bridges; the [[bridge]] sections are shown, not run"
             )
         return out
+
+    def one_file_for_all(self, key: str) -> None:
+        """``per_listener_settings true``: Mosquitto checks each listener's clients against that
+        listener's own password (or ACL) file, and a listener without one has none. This broker
+        has one file of each for every listener, so the listeners must all name the same one
+        (or none); otherwise ConfigError names the directive that differs."""
+        first = self.listeners[0]
+        expected = self.files.get(id(first), {}).get(key)
+        for listener in self.listeners[1:]:
+            found = self.files.get(id(listener), {}).get(key)
+            if _file(found) == _file(expected):
+                continue
+            where = found[1] if found else self.declared.get(id(listener), "")
+            raise ConfigError(
+                f"{where}: {key}: with per_listener_settings true Mosquitto checks the clients "
+                f"of each listener against that listener's own {key} (listener "
+                f"{_name(listener)}: {_file(found) or 'none'}; listener {_name(first)}: "
+                f"{_file(expected) or 'none'}); this broker has one {key} for all listeners, "
+                f"so this configuration cannot be carried over: give every listener the same "
+                f"{key}, or run one broker per {key}"
+            )
+        if expected is not None:
+            self.table("security")[key] = expected[0]
+
+
+def _file(entry: tuple[str, str] | None) -> str:
+    return entry[0] if entry else ""
+
+
+def _name(listener: dict[str, Any]) -> str:
+    return f"{listener['host']}:{listener['port']}"
 
 
 def _int(text: str) -> int:

@@ -29,14 +29,20 @@ def test_no_file_gives_defaults() -> None:
     ("text", "expected"),
     [
         ("[broker]\nmax_packet_size = 'big'\n", "broker.max_packet_size: expected an integer"),
-        ("[broker]\nmax_packet_sise = 10\n", "broker.max_packet_sise: unknown key"),
+        (
+            "[broker]\nmax_packet_sise = 10\n",
+            "broker.max_packet_sise: unknown key; did you mean max_packet_size?",
+        ),
+        ("log_levl = 'info'\n", "log_levl: unknown key; did you mean log_level?"),
+        ("[cluster]\nredis_url = ''\n", "cluster.redis_url: unknown key; did you mean redis?"),
         ("[broker]\nretain_available = 1\n", "broker.retain_available: expected true or false"),
         ("[broker]\nmax_packet_size = true\n", "broker.max_packet_size: expected an integer"),
         ("[broker]\nreceive_maximum = 0\n", "broker.receive_maximum must be between"),
         ("[storage]\nsync = 'sometimes'\n", "storage.sync: expected"),
         ("[storage]\non_corrupt = 'delete'\n", "storage.on_corrupt: expected"),
         ("[[listener]]\nport = 70000\n", "listener[0].port: must be between"),
-        ("[[listener]]\nhots = 'x'\n", "listener[0].hots: unknown key"),
+        ("[[listener]]\nhots = 'x'\n", "listener[0].hots: unknown key; did you mean host?"),
+        ("[storage]\nzzz = 1\n", "storage.zzz: unknown key; known keys: backend, commit_interval"),
         ("log_level = 'loud'\n", "log_level: expected one of"),
         ("gc_threshold = -1\n", "gc_threshold: must be between 0 and 2147483647"),
         ("gc_threshold = 3000000000\n", "gc_threshold: must be between 0 and 2147483647"),
@@ -214,3 +220,37 @@ def test_the_broker_sizes_its_descriptor_table_before_clients_arrive(
     unsized = start_broker(preexec_fn=lower_limit, extra_args=("--config", str(off)))
     assert unsized.proc is not None
     assert _fd_table_size(unsized.proc.pid) < min(limit, 1024)
+
+
+def test_an_unknown_command_suggests_the_likely_one() -> None:
+    result = run_broker("chek-config", "broker.toml")
+    assert result.returncode == 2
+    assert (
+        result.stderr == "mqttbroker: unknown command 'chek-config'; did you mean check-config?\n"
+    )
+    result = run_broker("start")
+    assert result.returncode == 2
+    assert "unknown command 'start'; commands: passwd, check-config, convert-config" in (
+        result.stderr
+    )
+
+
+def test_the_cluster_install_hint_is_the_readme_s(tmp_path: Path) -> None:
+    """Without the redis package, [cluster] redis names the install command the README gives."""
+    readme = (ROOT / "README.md").read_text()
+    command = "pip install '.[cluster]'"
+    assert command in readme
+    path = tmp_path / "cluster.toml"
+    path.write_text('[cluster]\nredis = "redis://127.0.0.1:6379/0"\n')
+    code = (
+        "import sys; sys.modules['redis'] = None  # as if the redis package were not installed\n"
+        "from mqttbroker.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, "check-config", str(path)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert result.returncode == 2
+    assert f"cluster.redis: cluster mode needs the redis package ({command}" in result.stderr

@@ -3,11 +3,23 @@ over (file and line), errors, and ``mqttbroker convert-config``."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
-from support.launcher import run_broker
+from external_tools import find
+from support.clients import MQTT_311, RawClient, connect_packet, unique
+from support.launcher import (
+    BrokerProcess,
+    free_port,
+    mosquitto_binary,
+    run_broker,
+    stop_process,
+    wait_port,
+)
 
 from mqttbroker.config import ConfigError, from_table
 from mqttbroker.mosquitto_conf import bridges_supported, convert, load
@@ -207,3 +219,203 @@ def test_convert_config_error_exit_status(tmp_path: Path) -> None:
     done = run_broker("convert-config", str(tmp_path / "none.conf"))
     assert done.returncode == 2
     assert "none.conf: cannot read" in done.stderr
+
+
+# --- per_listener_settings: each listener's own security settings ---------------------------
+
+
+def test_per_listener_anonymous_is_refused_unless_the_listener_allows_it(tmp_path: Path) -> None:
+    """Mosquitto 2 refuses anonymous clients on a listener that says nothing, loopback too."""
+    text = "per_listener_settings true\nlistener 1883 127.0.0.1\nlistener 1884 127.0.0.1\n"
+    config, _ = load(write(tmp_path, text))
+    assert [lst.allow_anonymous for lst in config.listeners] == [False, False]
+
+
+def test_per_listener_one_password_file_for_all(tmp_path: Path) -> None:
+    text = (
+        "per_listener_settings true\n"
+        "listener 1883 127.0.0.1\nallow_anonymous true\npassword_file passwd\nacl_file acl\n"
+        "listener 1884\npassword_file ./passwd\nacl_file acl\n"
+    )
+    conv = convert(write(tmp_path, text))
+    assert conv.tables["security"] == {
+        "password_file": str(tmp_path / "passwd"),
+        "acl_file": str(tmp_path / "acl"),
+    }
+    assert [lst["allow_anonymous"] for lst in conv.tables["listener"]] == [True, False]
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "expected"),
+    [
+        (  # a password file per listener: each one's users on its own listener only
+            "listener 1883\npassword_file a\nlistener 1884\npassword_file b\n",
+            5,
+            "password_file: with per_listener_settings true Mosquitto checks the clients of each "
+            "listener against that listener's own password_file (listener 0.0.0.0:1884: {d}/b; "
+            "listener 0.0.0.0:1883: {d}/a); this broker has one password_file for all listeners",
+        ),
+        (  # a listener without one: no user of the other's file may log in there
+            "listener 1883\npassword_file a\nlistener 1884\nallow_anonymous true\n",
+            4,
+            "password_file: with per_listener_settings true Mosquitto checks the clients of each "
+            "listener against that listener's own password_file (listener 0.0.0.0:1884: none;",
+        ),
+        (
+            "listener 1883\nacl_file a\nlistener 1884\nacl_file b\n",
+            5,
+            "acl_file: with per_listener_settings true Mosquitto checks the clients of each "
+            "listener against that listener's own acl_file",
+        ),
+        (  # before the first listener: Mosquitto's default listener's, not the ones below
+            "password_file a\nlistener 1883\n",
+            2,
+            "password_file: with per_listener_settings true, a security setting before the first "
+            "listener belongs to Mosquitto's default listener (port 1883 on every interface",
+        ),
+        (
+            "allow_anonymous true\nlistener 1883\n",
+            2,
+            "allow_anonymous: with per_listener_settings true, a security setting before the "
+            "first listener belongs to Mosquitto's default listener",
+        ),
+    ],
+)
+def test_per_listener_settings_not_carried_over_are_refused(
+    tmp_path: Path, text: str, line: int, expected: str
+) -> None:
+    path = write(tmp_path, "per_listener_settings true\n" + text)
+    with pytest.raises(ConfigError) as info:
+        convert(path)
+    assert str(info.value).startswith(f"{path}:{line}: "), info.value
+    assert expected.format(d=tmp_path) in str(info.value)
+
+
+def test_per_listener_settings_after_a_security_setting_is_refused(tmp_path: Path) -> None:
+    """As Mosquitto refuses it (its error: must be set before any other security settings)."""
+    path = write(tmp_path, "listener 1883\nallow_anonymous true\nper_listener_settings true\n")
+    with pytest.raises(ConfigError) as info:
+        convert(path)
+    assert str(info.value) == (
+        f"{path}:3: per_listener_settings: must come before every security setting (Mosquitto "
+        f"refuses it after one: {path}:2)"
+    )
+
+
+def test_message_size_limit_names_the_close_key(tmp_path: Path) -> None:
+    """Mosquitto's message_size_limit bounds the payload and drops a larger message without
+    disconnecting; max_packet_size bounds the packet and disconnects: named, not mapped."""
+    path = write(tmp_path, "listener 1883\nmessage_size_limit 1000\n")
+    conv = convert(path)
+    assert "max_packet_size" not in conv.tables.get("broker", {})
+    assert conv.unsupported == [
+        f"{path}:2: message_size_limit: no equivalent: Mosquitto drops a message whose payload "
+        "is larger and completes its QoS flow, the client staying connected; the closest here is "
+        "[broker] max_packet_size, the largest packet a client may send (payload, topic and "
+        "headers), past which the client is disconnected (0x95)"
+    ]
+
+
+def _password_file(path: Path, users: dict[str, str]) -> Path:
+    """A password file as mosquitto_passwd writes it (both brokers read it)."""
+    mosquitto_binary()  # the mosquitto package, with mosquitto_passwd
+    tool = find("mosquitto_passwd")
+    assert tool is not None, "mosquitto_passwd not found beside mosquitto"
+    for user, password in users.items():
+        create = () if path.exists() else ("-c",)
+        subprocess.run([tool, *create, "-b", str(path), user, password], check=True)
+    return path
+
+
+def _accepted(port: int, user: str | None, password: str | None) -> bool:
+    """Whether a broker on 127.0.0.1:``port`` accepts an MQTT 3.1.1 CONNECT with these
+    credentials (CONNACK return code 0)."""
+    with RawClient("127.0.0.1", port) as client:
+        client.send(
+            connect_packet(
+                unique("plx"),
+                MQTT_311,
+                username=user,
+                password=None if password is None else password.encode(),
+            )
+        )
+        try:
+            connack = client.read_packet()
+        except ConnectionError:
+            return False
+        return connack[0] == 0x20 and connack[3] == 0
+
+
+LOGINS = [
+    (None, None),  # anonymous
+    ("alice", "alice-pw"),
+    ("alice", "wrong"),
+    ("bob", "bob-pw"),
+]
+
+
+def _logins(ports: list[int]) -> dict[tuple[int, str | None, str | None], bool]:
+    return {
+        (index, user, password): _accepted(port, user, password)
+        for index, port in enumerate(ports)
+        for user, password in LOGINS
+    }
+
+
+def _per_listener_conf(path: Path, ports: list[int], passwd: list[Path]) -> Path:
+    """per_listener_settings true, two loopback listeners: the first also takes anonymous
+    clients; ``passwd``: each listener's password file."""
+    text = ("user root\n" if os.geteuid() == 0 else "") + "per_listener_settings true\n"
+    text += f"listener {ports[0]} 127.0.0.1\nallow_anonymous true\npassword_file {passwd[0]}\n"
+    text += f"listener {ports[1]} 127.0.0.1\npassword_file {passwd[1]}\n"
+    path.write_text(text)
+    return path
+
+
+def _mosquitto_logins(tmp_path: Path, passwd: list[Path]) -> dict[Any, bool]:
+    ports = [free_port(), free_port()]
+    conf = _per_listener_conf(tmp_path / "mosquitto.conf", ports, passwd)
+    proc = subprocess.Popen(
+        [mosquitto_binary(), "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        for port in ports:
+            wait_port(port, proc)
+        return _logins(ports)
+    finally:
+        stop_process(proc)
+
+
+def test_per_listener_settings_as_mosquitto_does(tmp_path: Path) -> None:
+    """The same configuration, run by Mosquitto and by this broker (--mosquitto-conf): every
+    login on every listener gets the same answer (anonymous only where allowed)."""
+    passwd = _password_file(tmp_path / "passwd", {"alice": "alice-pw", "bob": "bob-pw"})
+    expected = _mosquitto_logins(tmp_path, [passwd, passwd])
+    assert expected[(1, None, None)] is False and expected[(0, None, None)] is True
+    conf = _per_listener_conf(tmp_path / "ours.conf", [free_port(), free_port()], [passwd] * 2)
+    ours = BrokerProcess(tmp_path / "data", extra_args=("--mosquitto-conf", str(conf)), listeners=2)
+    try:
+        ours.start()
+        assert _logins([address.port for address in ours.addresses]) == expected
+    finally:
+        ours.stop()
+
+
+def test_per_listener_password_files_refused_where_mosquitto_splits_them(
+    tmp_path: Path,
+) -> None:
+    """A password file per listener: Mosquitto accepts each file's users on their own listener
+    only. This broker, with one password file, refuses the configuration and says why."""
+    first = _password_file(tmp_path / "first", {"alice": "alice-pw"})
+    second = _password_file(tmp_path / "second", {"bob": "bob-pw"})
+    mosquitto = _mosquitto_logins(tmp_path, [first, second])
+    assert {key for key, accepted in mosquitto.items() if accepted} == {
+        (0, None, None),
+        (0, "alice", "alice-pw"),
+        (1, "bob", "bob-pw"),
+    }
+    conf = _per_listener_conf(tmp_path / "ours.conf", [free_port(), free_port()], [first, second])
+    done = run_broker("--mosquitto-conf", str(conf), "--data-dir", str(tmp_path / "data"))
+    assert done.returncode == 2, done.stderr
+    line = conf.read_text().splitlines().index(f"password_file {second}") + 1
+    assert f"{conf}:{line}: password_file: with per_listener_settings true" in done.stderr
