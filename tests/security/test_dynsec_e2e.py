@@ -1,0 +1,284 @@
+"""The dynamic security end to end: Mosquitto's own ``mosquitto_ctrl`` drives a real broker
+(``python -m mqttbroker`` with ``[dynsec] enabled``), and the same script against a real
+Mosquitto with its dynamic-security plugin gets the same answers (skipped only when the
+plugin is not installed). Live changes (a disabled client is disconnected, a removed ACL stops
+deliveries), restarts and SIGKILL right after an answer keep the state; a non-admin's command
+gets no answer and is logged."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from external_tools import find
+from support.clients import PahoClient, unique
+from support.launcher import BrokerProcess, Mosquitto
+
+PLUGIN = "/usr/lib/x86_64-linux-gnu/mosquitto_dynamic_security.so"
+RESPONSE = "$CONTROL/dynamic-security/v1/response"
+COMMAND = "$CONTROL/dynamic-security/v1"
+
+pytestmark = pytest.mark.needs_mosquitto
+
+
+def ctrl_path() -> str:
+    path = find("mosquitto_ctrl")
+    if path is None:
+        pytest.skip("mosquitto_ctrl not installed: apt-get install mosquitto-clients")
+    return path
+
+
+def init_file(directory: Path) -> Path:
+    """A dynamic-security.json with an admin, written by Mosquitto's own tool."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "init.json"
+    subprocess.run(
+        [ctrl_path(), "dynsec", "init", str(path), "admin", "adminpw"],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
+    return path
+
+
+def ctrl(server: Any, *args: str, user: str = "admin", password: str = "adminpw") -> str:
+    """One ``mosquitto_ctrl dynsec`` command; what it printed, without its warning."""
+    done = subprocess.run(
+        [
+            ctrl_path(),
+            "-h",
+            server.host,
+            "-p",
+            str(server.port),
+            "-u",
+            user,
+            "-P",
+            password,
+            "dynsec",
+            *args,
+        ],  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    lines = [
+        line
+        for line in (done.stdout + done.stderr).splitlines()
+        if line and "without encryption" not in line and "visible on the network" not in line
+    ]
+    return "\n".join(lines)
+
+
+def start_ours(start_broker: Callable[..., BrokerProcess], tmp_path: Path, data: Path) -> Any:
+    config = tmp_path / "dynsec.toml"
+    if not config.exists():
+        config.write_text(
+            "[dynsec]\nenabled = true\niterations = 1000\n"
+            f'import_file = "{init_file(tmp_path / "init")}"\n'
+        )
+    return start_broker(data_dir=data, extra_args=("--config", str(config)))
+
+
+def start_mosquitto(tmp_path: Path) -> Mosquitto:
+    if not os.path.exists(PLUGIN):
+        pytest.skip(f"Mosquitto's dynamic security plugin is not installed ({PLUGIN})")
+    work = tmp_path / "mosquitto"
+    state = init_file(work)
+    return Mosquitto(work, extra=f"plugin {PLUGIN}\nplugin_opt_config_file {state}\n").start()
+
+
+SCRIPT = [
+    ("createClient", "alice", "-p", "secret"),
+    ("createClient", "alice", "-p", "other"),
+    ("createRole", "r1"),
+    ("addRoleACL", "r1", "publishClientSend", "app/#", "allow", "5"),
+    ("addRoleACL", "r1", "subscribePattern", "app/#", "allow"),
+    ("addRoleACL", "r1", "publishClientReceive", "app/hidden", "deny", "9"),
+    ("addRoleACL", "nosuch", "publishClientSend", "x", "allow"),
+    ("addClientRole", "alice", "r1", "3"),
+    ("addClientRole", "bob", "r1"),
+    ("createGroup", "g1"),
+    ("addGroupClient", "g1", "alice", "2"),
+    ("getClient", "alice"),
+    ("getRole", "r1"),
+    ("getGroup", "g1"),
+    ("listClients",),
+    ("listRoles",),
+    ("listGroups",),
+    ("getDefaultACLAccess",),
+    ("getClient", "nobody"),
+]
+
+RAW = [
+    b"not json",
+    b"{}",
+    b'{"commands":[{}]}',
+    b'{"commands":[{"command":"nosuch"}]}',
+    b'{"commands":[{"command":"createClient"}]}',
+    b'{"commands":[{"command":"addRoleACL","rolename":"r1","acltype":"bogus","topic":"a"}]}',
+    b'{"commands":[{"command":"addRoleACL","rolename":"r1","acltype":"publishClientSend",'
+    b'"topic":"a/#/b","allow":true}]}',
+    b'{"commands":[{"command":"getClient","username":"alice","correlationData":"c1"}]}',
+]
+
+
+def run_script(server: Any, paho: Callable[..., PahoClient]) -> dict[str, Any]:
+    """SCRIPT through mosquitto_ctrl, RAW published by the admin, then alice's rights."""
+    watcher = paho(server, user="admin", password="adminpw")
+    assert watcher.subscribe(RESPONSE, 1) == [1]
+    printed = [ctrl(server, *command) for command in SCRIPT]
+    admin = paho(server, user="admin", password="adminpw")
+    for payload in RAW:
+        admin.publish(COMMAND, payload, qos=1)
+    total = len(SCRIPT) + len(RAW)
+    watcher.wait_messages(total)
+    answers = [json.loads(m.payload) for m in watcher.received()[:total]]
+
+    alice = paho(server, user="alice", password="secret")
+    reader = paho(server, user="alice", password="secret")
+    rights = {
+        "subscribe app/#": reader.subscribe("app/#", 1),
+        "subscribe other/#": reader.subscribe("other/#", 1),
+        "publish app/x": alice.wait_published(alice.publish("app/x", b"1", qos=1, wait=False)),
+        "publish other/x": alice.wait_published(alice.publish("other/x", b"2", qos=1, wait=False)),
+    }
+    alice.publish("app/hidden", b"hidden", qos=1)
+    alice.publish("app/last", b"last", qos=1)
+    reader.wait_payload(b"last")
+    rights["received"] = sorted(m.topic for m in reader.received())
+    bad = paho(server, user="alice", password="wrong", connect=False)
+    rights["bad password"] = bad.connect(expect_success=False)
+    return {"printed": printed, "answers": answers, "rights": rights}
+
+
+def test_mosquitto_ctrl_drives_this_broker_as_it_drives_mosquitto(
+    start_broker: Callable[..., BrokerProcess],
+    paho: Callable[..., PahoClient],
+    tmp_path: Path,
+) -> None:
+    ours = run_script(start_ours(start_broker, tmp_path, tmp_path / "data"), paho)
+    # what the role allows, exactly
+    assert ours["rights"] == {
+        "subscribe app/#": [1],
+        "subscribe other/#": [0x87],
+        "publish app/x": 0,
+        "publish other/x": 0x87,
+        "received": ["app/last", "app/x"],
+        "bad password": 0x86,
+    }
+    assert ours["printed"][1] == "createClient: Error: Client already exists"
+    assert ours["answers"][0] == {"responses": [{"command": "createClient"}]}
+    mosquitto = start_mosquitto(tmp_path)
+    try:
+        theirs = run_script(mosquitto, paho)
+    finally:
+        mosquitto.stop()
+    assert ours["printed"] == theirs["printed"]
+    assert ours["answers"] == theirs["answers"]
+    # Mosquitto refuses a bad password with 0x87; this broker, as for its password file, with
+    # 0x86 Bad User Name or Password (both refusals; the rest is the same)
+    assert theirs["rights"].pop("bad password") == 0x87
+    assert ours["rights"].pop("bad password") == 0x86
+    assert ours["rights"] == theirs["rights"]
+
+
+def test_live_changes_restart_and_sigkill(
+    start_broker: Callable[..., BrokerProcess],
+    paho: Callable[..., PahoClient],
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "data"
+    broker = start_ours(start_broker, tmp_path, data)
+    for command in (
+        ("createClient", "dev", "-p", "pw"),
+        ("createRole", "rw"),
+        ("addRoleACL", "rw", "publishClientSend", "t/#", "allow"),
+        ("addRoleACL", "rw", "subscribePattern", "t/#", "allow"),
+        ("addRoleACL", "rw", "publishClientReceive", "t/#", "allow"),
+        ("addClientRole", "dev", "rw"),
+        ("setDefaultACLAccess", "publishClientReceive", "deny"),
+    ):
+        assert ctrl(broker, *command) == "", command
+    topic = f"t/{unique()}"
+    sender = paho(broker, user="dev", password="pw")
+    reader = paho(broker, user="dev", password="pw")
+    assert reader.subscribe("t/#", 1) == [1]
+    sender.publish(topic, b"before", qos=1)
+    reader.wait_payload(b"before")
+
+    # an ACL removed while the subscription is live: deliveries stop at once
+    assert ctrl(broker, "removeRoleACL", "rw", "publishClientReceive", "t/#") == ""
+    sender.publish(topic, b"after", qos=1)
+    probe = paho(broker, user="admin", password="adminpw")
+    assert probe.subscribe("t/#", 1) == [1]  # the admin reads everything: a marker
+    sender.publish(topic, b"marker", qos=1)
+    probe.wait_payload(b"marker")
+    reader.sync()
+    assert [m.payload for m in reader.received()] == [b"before"]
+
+    # disabled while connected: disconnected, and refused from then on
+    mark = broker.log_mark()
+    assert ctrl(broker, "disableClient", "dev") == ""
+    sender.wait_disconnected()
+    assert (
+        paho(broker, user="dev", password="pw", connect=False).connect(expect_success=False) == 0x87
+    )
+    assert "disableClient | username=dev" in broker.log_since(mark)  # the audit line
+    assert ctrl(broker, "enableClient", "dev") == ""
+
+    # a restart keeps the state
+    broker.stop()
+    broker = start_ours(start_broker, tmp_path, data)
+    assert paho(broker, user="dev", password="pw").connack is not None
+    assert "publishClientReceive" not in ctrl(broker, "getRole", "rw")
+
+    # SIGKILL right after a command's answer: the change is there after the restart
+    assert ctrl(broker, "setClientPassword", "dev", "pw2") == ""
+    assert ctrl(broker, "createClient", "late", "-p", "x") == ""
+    broker.kill()
+    broker = start_ours(start_broker, tmp_path, data)
+    assert paho(broker, user="dev", password="pw2").connack is not None
+    assert (
+        paho(broker, user="dev", password="pw", connect=False).connect(expect_success=False) == 0x86
+    )
+    assert ctrl(broker, "getClient", "late").startswith("Username: late")
+
+
+def test_a_non_admins_command_is_not_answered_and_is_logged(
+    start_broker: Callable[..., BrokerProcess],
+    paho: Callable[..., PahoClient],
+    tmp_path: Path,
+) -> None:
+    broker = start_ours(start_broker, tmp_path, tmp_path / "data")
+    assert ctrl(broker, "createClient", "eve", "-p", "pw") == ""
+    watcher = paho(broker, user="admin", password="adminpw")
+    assert watcher.subscribe(RESPONSE, 1) == [1]
+    eve = paho(broker, user="eve", password="pw")
+    assert eve.subscribe(RESPONSE, 1) == [0x87]
+    mark = broker.log_mark()
+    code = eve.wait_published(
+        eve.publish(
+            COMMAND,
+            b'{"commands":[{"command":"deleteClient","username":"admin"}]}',
+            qos=1,
+            wait=False,
+        )  # fmt: skip
+    )
+    assert code == 0x87
+    assert broker.wait_for_log("is not an admin: its commands are ignored", since=mark)
+    # the admin still exists and its next command is the first answer the watcher sees
+    assert ctrl(broker, "getClient", "admin").startswith("Username: admin")
+    watcher.wait_messages(1)
+    assert json.loads(watcher.received()[0].payload)["responses"][0]["command"] == "getClient"
+    # nobody else receives commands (they carry passwords), the admin neither
+    spy = paho(broker, user="admin", password="adminpw")
+    assert spy.subscribe("$CONTROL/dynamic-security/#", 1) == [1]
+    assert ctrl(broker, "setClientPassword", "eve", "pw3") == ""
+    spy.sync()
+    assert not any(m.topic == COMMAND for m in spy.received())
+    assert os.path.exists(tmp_path / "data" / "dynamic-security.json")
