@@ -173,8 +173,17 @@ class Survey:
                 self._publish(client_id, "stuck", age, now)
         for client_id in previous:
             if client_id not in stuck:
-                ended = broker.sessions.get(client_id)
-                age = oldest_queued_age(ended, now) if ended is not None else 0.0
+                left = broker.sessions.get(client_id)
+                if left is None:
+                    # Deleted (API, Clean Start) or expired: nothing recovered, the alarm ends.
+                    log.info(
+                        "session %s is no longer stuck: it ended (deleted or expired) with its "
+                        "queued messages",
+                        client_id,
+                    )
+                    self._publish(client_id, "recovered", 0.0, now)
+                    continue
+                age = oldest_queued_age(left, now)
                 log.info("session %s recovered (oldest queued message %.0f s)", client_id, age)
                 self._publish(client_id, "recovered", age, now)
 

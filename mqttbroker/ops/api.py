@@ -278,6 +278,7 @@ class Api:
     async def kick(self, request: web.Request) -> web.Response:
         conn = self._connected(request)
         conn.disconnect(ReasonCode.ADMINISTRATIVE_ACTION, "disconnected through the admin API")
+        request["audit"] = f"client {conn.client_id!r} disconnected (0x98)"
         return web.json_response({"client_id": conn.client_id, "disconnected": True})
 
     async def sessions(self, request: web.Request) -> web.Response:
@@ -314,6 +315,8 @@ class Api:
         broker = self.broker
         if broker.sessions.get(session.client_id) is session:  # a persistent one outlives it
             broker.end_session(session, broker.clock())
+        online = " (it was connected: disconnected with 0x98)" if conn is not None else ""
+        request["audit"] = f"session {session.client_id!r} deleted{online}"
         return web.json_response({"client_id": session.client_id, "deleted": True})
 
     async def subscriptions(self, request: web.Request) -> web.Response:
@@ -403,6 +406,7 @@ class Api:
         if retained.get(topic) is None:
             raise ApiError(404, f"no retained message on {topic[:80]!r}")
         retained.store(Message(topic, b"", 0, True))  # an empty payload clears it
+        request["audit"] = f"retained message on {topic!r} deleted"
         return web.json_response({"topic": topic, "deleted": True})
 
     async def publish(self, request: web.Request) -> web.Response:
@@ -439,6 +443,10 @@ class Api:
         )
         match = broker.router.lookup(topic)
         sessions = 0 if match is None else broker.router.publish(message, match, None, now)
+        request["audit"] = (
+            f"published {len(payload)} bytes to {topic!r} (QoS {qos}"
+            f"{', retained' if retain else ''}; {sessions} sessions)"
+        )
         return web.json_response({"topic": topic, "sessions": sessions})
 
 

@@ -16,7 +16,8 @@ hurting the other clients, or from being a way to guess passwords at speed:
 * the derivations share a time budget (half of each second, with a burst of two seconds): past
   it, CONNECTs that need one are refused with 0x89 Server Busy until the budget refills. Half of
   the burst is kept for addresses without recent failures, so a flood of bad passwords cannot
-  take logins away from everyone else;
+  take logins away from everyone else. The admin server's logins (HTTP Basic, same file) have a
+  budget of their own, so that guessing there costs MQTT logins nothing;
 * an unknown user costs the same derivation as a usual entry of the file, and SCRAM answers it
   with a salt and an iteration count that look like a real user's and stay the same across
   restarts (derived from the installation's secret: see :func:`load_secret`).
@@ -118,6 +119,20 @@ class FailureCounter:
     def over(self, key: str, now: float) -> bool:
         return self.count(key, now) >= self.limit
 
+    def wait(self, key: str, now: float) -> float:
+        """Seconds until one more failure of ``key`` stays within the limit (0: now)."""
+        excess = self.count(key, now) + 1.0 - self.limit
+        return excess / self.drain if excess > 0.0 else 0.0
+
+    def forgive(self, key: str, now: float) -> None:
+        """Take back one failure of ``key``: one counted ahead (before a check that may take
+        a while, so that checks running at once count) whose check then succeeded."""
+        value = self.count(key, now) - 1.0
+        if value > 0.0:
+            self._counts[key] = (value, now)
+        else:
+            self._counts.pop(key, None)
+
 
 def source(address: str | None) -> str | None:
     """What failed logins from ``address`` count against: the address itself, or for IPv6 its
@@ -199,7 +214,9 @@ class KdfBudget:
         burst: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
         reserve: float | None = None,
+        refusing: str = "logins with 0x89 Server Busy",
     ) -> None:
+        self.refusing = refusing  # what the warning says is refused past the budget
         self.rate = rate
         self.burst = burst
         self.reserve = burst / 2 if reserve is None else reserve
@@ -219,8 +236,9 @@ class KdfBudget:
         if now - self._warned_at >= 10.0:
             self._warned_at = now
             log.warning(
-                "password checks are over their CPU budget: refusing logins with 0x89 Server "
-                "Busy for now (%d so far); many failed logins may be under way",
+                "password checks are over their CPU budget: refusing %s for now (%d so far); "
+                "many failed logins may be under way",
+                self.refusing,
                 self.refused,
             )
         return False
@@ -296,7 +314,11 @@ class FileAuthenticator:
         password: bytes | None,
         anonymous: bool | None = None,
         address: str | None = None,
+        budget: KdfBudget | None = None,
     ) -> int:
+        """The answer to a login (a reason code). ``budget``: the time budget the key
+        derivation is taken from (the admin server has its own); None: the MQTT logins'."""
+        budget = self.budget if budget is None else budget
         allowed = self.allow_anonymous if anonymous is None else anonymous
         if username is None:
             if allowed:
@@ -334,8 +356,8 @@ class FileAuthenticator:
             ):
                 return ReasonCode.SUCCESS
         with self._lock:
-            clean = self.failures.clean(address, self.budget.clock())
-            if not self.budget.available(clean):
+            clean = self.failures.clean(address, budget.clock())
+            if not budget.available(clean):
                 return ReasonCode.SERVER_BUSY
         started = time.perf_counter()
         if entry is None:
@@ -345,7 +367,7 @@ class FileAuthenticator:
             ok = entry.verify(password)
         spent = time.perf_counter() - started
         with self._lock:
-            self.budget.spend(spent)
+            budget.spend(spent)
         if not ok:
             log.info(
                 "client %s from %s: bad password for %s user %r",

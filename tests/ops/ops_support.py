@@ -38,6 +38,7 @@ class Admin:
         self.broker = broker
         self.base = f"http://{host}:{port}"
         self.port = port
+        self.headers: dict[str, str] = {}  # sent with every request (a login)
 
     def request(
         self,
@@ -48,7 +49,7 @@ class Admin:
         raw: bytes | None = None,
         csrf: bool = True,
     ) -> Reply:
-        sent = dict(headers or {})
+        sent = {**self.headers, **(headers or {})}
         data = raw
         if body is not None:
             data = json.dumps(body).encode()

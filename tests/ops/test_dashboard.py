@@ -113,6 +113,12 @@ def test_dashboard_pages_in_chromium(
             timeout=WAIT_MS,
         )
         assert page.locator("#rate-chart canvas").count() >= 1
+        # received and delivered often coincide: they differ in width and dash, so both show
+        styles = page.evaluate(
+            "() => chart.series.slice(1).map(s => [s.label, s.width, String(s.dash || '')])"
+        )
+        assert styles[0][0] == "received" and styles[1][0] == "delivered"
+        assert styles[0][1] >= 2 * styles[1][1] and styles[0][2] != styles[1][2], styles
         overview = ui.shot("overview")
         # -- a subscriber that stops reading: MQTT 5, Receive Maximum 1, never acknowledges
         with RawClient(admin.broker.host, admin.broker.port) as slow:

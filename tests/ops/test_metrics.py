@@ -218,9 +218,13 @@ def test_refused_connections_are_counted_by_reason(
 ) -> None:
     passwords = tmp_path / "passwd"
     passwords.write_text(make_entry_line("dev", b"dev-pw", 1000) + "\n")
-    admin = admin_broker(
+    token = tmp_path / "token"
+    token.write_text("metrics-token\n")
+    admin = admin_broker(  # with a password file, the admin server needs a login
+        f"[admin]\ntoken_file = {str(token)!r}\n"
         f"[security]\npassword_file = {str(passwords)!r}\nallow_anonymous = true\n"
     )
+    admin.headers["Authorization"] = "Bearer metrics-token"
     before = scrape(admin)
     reasons = {
         labels[0][1]: value

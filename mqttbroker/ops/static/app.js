@@ -90,7 +90,13 @@ function drawChart(history) {
   if (chart === null) {
     chart = new uPlot({
       width, height: 220,
-      series: [{}, { label: "received", stroke: "#2563eb", width: 2 }, { label: "delivered", stroke: "#16a34a", width: 2 }],
+      // The two lines often coincide (one subscriber per message): received is a wide, pale
+      // band with a fill under it, delivered a thin dashed line on top, so both stay visible.
+      series: [
+        {},
+        { label: "received", stroke: "rgba(37, 99, 235, 0.45)", width: 6, fill: "rgba(37, 99, 235, 0.08)" },
+        { label: "delivered", stroke: "#15803d", width: 2, dash: [8, 5] },
+      ],
       axes: [{}, { size: 50 }],
     }, data, element);
     window.addEventListener("resize", () => chart.setSize({ width: Math.max(280, element.clientWidth), height: 220 }));

@@ -1,0 +1,321 @@
+"""The admin server against local processes and guessers: on loopback it answers only loopback
+host names (DNS rebinding); it needs a login while MQTT has one; every state-changing call is
+logged; parallel wrong passwords are limited and spend a password-check budget of their own,
+not the MQTT logins'; an oversized request line is logged in one line, not a traceback each."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from ops_support import Admin, basic, check
+from support.clients import (
+    TIMEOUT,
+    RawClient,
+    connect_packet,
+    parse_connack,
+    subscribe_packet,
+    unique,
+)
+
+from mqttbroker.ops.admin import FAILURES_ALLOWED, loopback_host
+from mqttbroker.security.passwords import make_entry_line
+
+Paho = Callable[..., Any]
+TOKEN = "audit-token-for-tests"
+# Costly enough (tens of ms a check) that parallel checks overlap, as real ones do.
+ITERATIONS = 200_000
+
+
+def write_passwords(tmp_path: Path, iterations: int = 1000) -> Path:
+    path = tmp_path / "passwd"
+    path.write_text(
+        make_entry_line("ops", b"ops-pw", iterations)
+        + "\n"
+        + make_entry_line("dev", b"dev-pw", iterations)
+        + "\n"
+    )
+    return path
+
+
+# -- Host names on a loopback admin server ---------------------------------------------------
+
+ACCEPTED = ["localhost", "LocalHost:18083", "127.0.0.1", "127.0.0.1:1", "127.9.8.7:80", "[::1]"]
+ACCEPTED += ["[::1]:18083", "localhost."]
+REFUSED = ["evil.example", "evil.example:18083", "127.0.0.1.evil.example", "localhost.evil"]
+REFUSED += ["[::2]", "[::1]x", "::1", "127.0.0.1:", "127.0.0.1:http", "10.0.0.1", "[127.0.0.1]"]
+REFUSED += ["0.0.0.0", ""]
+
+
+def test_loopback_host_names() -> None:
+    assert [h for h in ACCEPTED if not loopback_host(h)] == []
+    assert [h for h in REFUSED if loopback_host(h)] == []
+
+
+def test_a_loopback_admin_answers_only_loopback_host_names(
+    admin_broker: Callable[..., Admin],
+) -> None:
+    admin = admin_broker()
+    for host in (
+        "localhost",
+        f"localhost:{admin.port}",
+        "127.0.0.1",
+        "[::1]",
+        f"[::1]:{admin.port}",
+    ):
+        assert admin.get("/api/v1/overview", headers={"Host": host}).status == 200, host
+    for host in ("evil.example", f"evil.example:{admin.port}", "127.0.0.1.evil.example"):
+        for path in ("/api/v1/retained", "/", "/healthz", "/metrics"):
+            reply = admin.get(path, headers={"Host": host})
+            assert reply.status == 421, (host, path, reply.status)
+            assert "localhost, 127.x.x.x or [::1]" in reply.body["error"], reply.body
+            assert repr(host) in reply.body["error"] and "DNS rebinding" in reply.body["error"]
+    kick = admin.request("POST", "/api/v1/clients/anyone/kick", headers={"Host": "evil.example"})
+    assert kick.status == 421
+    assert "admin server: refused a request from 127.0.0.1 for Host 'evil.example'" in (
+        admin.broker.log_text()
+    )
+
+
+def test_an_admin_off_loopback_takes_any_host_name(
+    admin_broker: Callable[..., Admin], tmp_path: Path
+) -> None:
+    token = tmp_path / "token"
+    token.write_text(TOKEN + "\n")
+    admin = admin_broker(f'[admin]\nhost = "0.0.0.0"\ntoken_file = {str(token)!r}\n')
+    bearer = {"Authorization": f"Bearer {TOKEN}", "Host": "broker.example:18083"}
+    assert admin.get("/api/v1/overview", headers=bearer).status == 200
+
+
+# -- a login while MQTT has one ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("setting", ["password_file", "acl_file"])
+def test_with_mqtt_authentication_the_admin_needs_a_login(
+    admin_broker: Callable[..., Admin], paho: Paho, tmp_path: Path, setting: str
+) -> None:
+    passwords = write_passwords(tmp_path)
+    acl = tmp_path / "acl"
+    acl.write_text("topic read public/#\n")
+    path = passwords if setting == "password_file" else acl
+    admin = admin_broker(f"[security]\n{setting} = {str(path)!r}\nallow_anonymous = true\n")
+    client = paho(admin, client_id=unique("kept"))
+    expected = (
+        f"the admin server needs a login while MQTT has one (security.{setting} is set): set "
+        "admin.token_file, admin.token_env or admin.admin_users"
+    )
+    for method, path_ in (
+        ("GET", "/api/v1/retained"),
+        ("GET", "/api/v1/overview"),
+        ("GET", "/metrics"),
+        ("POST", f"/api/v1/clients/{client.client_id}/kick"),
+        ("DELETE", f"/api/v1/sessions/{client.client_id}"),
+    ):
+        reply = admin.request(method, path_)
+        assert reply.status == 403, (method, path_, reply.status)
+        assert reply.body == {"error": expected, "status": 403}
+    check("GET", "/api/v1/retained", 403, reply.body)
+    # The probes and the dashboard's page still answer; the client was not touched.
+    assert admin.get("/healthz").status == 200 and admin.get("/readyz").status == 200
+    assert admin.get("/").status == 200
+    assert client.client.is_connected()
+    log = admin.broker.log_text()
+    assert "admin server: everything but the dashboard's files" in log and expected in log
+    assert "without login (loopback only)" not in log
+
+
+def test_without_mqtt_authentication_the_loopback_admin_stays_open(
+    admin_broker: Callable[..., Admin],
+) -> None:
+    admin = admin_broker()
+    assert admin.get("/api/v1/retained").status == 200
+    assert "without login (loopback only)" in admin.broker.log_text()
+
+
+# -- the audit log -----------------------------------------------------------------------------
+
+AUDIT = re.compile(r"admin audit: .*")
+
+
+def audit_lines(admin: Admin, mark: int) -> list[str]:
+    return [m.group(0) for m in AUDIT.finditer(admin.broker.log_since(mark))]
+
+
+def test_every_state_changing_call_is_logged_once(
+    admin_broker: Callable[..., Admin], paho: Paho, tmp_path: Path
+) -> None:
+    token = tmp_path / "token"
+    token.write_text(TOKEN + "\n")
+    passwords = write_passwords(tmp_path)
+    admin = admin_broker(
+        f'[admin]\ntoken_file = {str(token)!r}\nadmin_users = "ops"\n'
+        f"[security]\npassword_file = {str(passwords)!r}\nallow_anonymous = true\n"
+    )
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    login = basic("ops", "ops-pw")
+    topic = unique("audit")
+    kicked = paho(admin, client_id=unique("kicked"))
+    kept = paho(admin, client_id=unique("kept"), clean=False, expiry=300)
+    mark = admin.broker.log_mark()
+    admin.ok("GET", "/api/v1/clients", headers=bearer)  # reads are not audited
+    admin.ok("POST", f"/api/v1/clients/{kicked.client_id}/kick", headers=login)
+    admin.ok(
+        "POST", "/api/v1/publish", {"topic": topic, "payload": "x", "retain": True}, headers=bearer
+    )
+    admin.ok("DELETE", f"/api/v1/retained?topic={topic}", headers=bearer)
+    admin.ok("DELETE", f"/api/v1/sessions/{kept.client_id}", headers=login)
+    missing = admin.request("DELETE", "/api/v1/sessions/nobody-here", headers=bearer)
+    assert missing.status == 404
+    no_csrf = admin.request("POST", "/api/v1/publish", {"topic": topic}, headers=login, csrf=False)
+    assert no_csrf.status == 403
+    lines = audit_lines(admin, mark)
+    assert lines == [
+        f"admin audit: user 'ops' from 127.0.0.1: POST /api/v1/clients/{kicked.client_id}/kick"
+        f" -> 200: client '{kicked.client_id}' disconnected (0x98)",
+        f"admin audit: the bearer token from 127.0.0.1: POST /api/v1/publish -> 200: published "
+        f"1 bytes to '{topic}' (QoS 0, retained; 0 sessions)",
+        f"admin audit: the bearer token from 127.0.0.1: DELETE /api/v1/retained?topic={topic}"
+        f" -> 200: retained message on '{topic}' deleted",
+        f"admin audit: user 'ops' from 127.0.0.1: DELETE /api/v1/sessions/{kept.client_id}"
+        f" -> 200: session '{kept.client_id}' deleted (it was connected: disconnected with 0x98)",
+        "admin audit: the bearer token from 127.0.0.1: DELETE /api/v1/sessions/nobody-here"
+        " -> 404: no session with client id 'nobody-here'",
+        "admin audit: user 'ops' from 127.0.0.1: POST /api/v1/publish -> 403: state-changing "
+        "requests need the bearer token or the X-MQTTBroker-CSRF header",
+    ], "\n".join(lines)
+
+
+def test_calls_without_login_are_logged_as_such(
+    admin_broker: Callable[..., Admin], paho: Paho
+) -> None:
+    admin = admin_broker()
+    client = paho(admin, client_id=unique("open"))
+    mark = admin.broker.log_mark()
+    admin.ok("POST", f"/api/v1/clients/{client.client_id}/kick")
+    assert audit_lines(admin, mark) == [
+        f"admin audit: no login (loopback) from 127.0.0.1: POST "
+        f"/api/v1/clients/{client.client_id}/kick -> 200: client '{client.client_id}' "
+        "disconnected (0x98)"
+    ]
+
+
+def test_a_stuck_session_deleted_is_not_said_to_recover(
+    admin_broker: Callable[..., Admin], paho: Paho
+) -> None:
+    admin = admin_broker("[alerts]\noldest_queued_age = 1\n")
+    server = admin.broker
+    topic = unique("stuck")
+    slow_id = unique("slow")
+    with RawClient(server.host, server.port) as slow:
+        slow.send(connect_packet(slow_id, properties=b"\x21\x00\x01"))  # Receive Maximum 1
+        assert parse_connack(slow.read_packet(), 5)[1] == 0
+        slow.send(subscribe_packet(1, [(topic, 1)]))
+        slow.read_packet()
+        publisher = paho(admin)
+        for n in range(3):
+            publisher.publish(topic, f"m{n}".encode(), qos=1)
+        mark = server.log_mark()
+        assert server.wait_for_log(rf"session {slow_id} is stuck", TIMEOUT, since=mark)
+        admin.ok("DELETE", f"/api/v1/sessions/{slow_id}")
+        ended = server.wait_for_log(rf"session {slow_id} is no longer stuck", TIMEOUT, since=mark)
+        assert ended is not None, server.log_text()
+    log = server.log_since(mark)
+    assert f"session {slow_id} is no longer stuck: it ended (deleted or expired)" in log
+    assert f"session {slow_id} recovered" not in log
+
+
+# -- guessing passwords in parallel ------------------------------------------------------------
+
+
+async def parallel_logins(
+    base: str, attempts: list[tuple[str, str]], password: str = "wrong-pw"
+) -> list[tuple[int, str]]:
+    """Each attempt (source address, user) as its own connection, all at once: (status,
+    error) of each."""
+
+    async def one(address: str, user: str) -> tuple[int, str]:
+        connector = aiohttp.TCPConnector(local_addr=(address, 0), force_close=True)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            async with session.get(
+                f"{base}/api/v1/clients",
+                headers=basic(user, password),
+                timeout=aiohttp.ClientTimeout(total=120),
+            ) as response:
+                body = await response.json()
+                return response.status, body["error"]
+
+    return await asyncio.gather(*(one(address, user) for address, user in attempts))
+
+
+def test_parallel_wrong_passwords_are_limited(
+    admin_broker: Callable[..., Admin], tmp_path: Path
+) -> None:
+    passwords = write_passwords(tmp_path, ITERATIONS)
+    admin = admin_broker(  # (MQTT's own limit per address out of the way: the admin's is tested)
+        f'[admin]\nadmin_users = "ops"\n[security]\npassword_file = {str(passwords)!r}\n'
+        "max_login_failures = 1000\n"
+    )
+    answers = asyncio.run(parallel_logins(admin.base, [("127.0.0.1", "ops")] * 40))
+    statuses = [status for status, _ in answers]
+    assert set(statuses) <= {401, 429}, answers
+    limited = {error for status, error in answers if status == 429}
+    assert limited == {"too many failed logins; try again later"}, answers
+    # Counted before each check: no more than the limit get a check (one more if a check
+    # ended more than a failure's drain time after the first), the rest 429 at once.
+    assert statuses.count(401) <= FAILURES_ALLOWED + 1, statuses
+    assert statuses.count(429) >= 40 - FAILURES_ALLOWED - 1, statuses
+    log = admin.broker.log_text()
+    assert log.count("admin: failed login from 127.0.0.1") == statuses.count(401)
+
+
+def test_guessing_admin_passwords_leaves_mqtt_logins_their_budget(
+    admin_broker: Callable[..., Admin], paho: Paho, tmp_path: Path
+) -> None:
+    passwords = write_passwords(tmp_path, ITERATIONS)
+    admin = admin_broker(
+        f'[admin]\nadmin_users = "ops"\n[security]\npassword_file = {str(passwords)!r}\n'
+        "allow_anonymous = true\n"
+    )
+    # 300 wrong passwords from 60 loopback addresses, 5 each (within each one's limit).
+    attempts = [(f"127.0.0.{2 + n % 60}", "ops") for n in range(300)]
+    answers = asyncio.run(parallel_logins(admin.base, attempts))
+    busy = "too many admin password checks at once; try again later"
+    assert {status for status, _ in answers} == {401, 429}, answers
+    assert {error for status, error in answers if status == 429} == {busy}
+    # An MQTT login that needs a password check gets one: its budget was not spent.
+    dev = paho(admin, connect=False, user="dev", password=b"dev-pw")
+    assert dev.connect() == 0
+    log = admin.broker.log_text()
+    assert "password checks are over their CPU budget: refusing admin logins with 429" in log
+    assert "refusing logins with 0x89" not in log
+    # The admin passes the address: its failures count for MQTT logins from there too.
+    assert "admin: failed login from 127.0.0.2: wrong user name or password (user 'ops')" in log
+
+
+# -- requests that are not HTTP ----------------------------------------------------------------
+
+
+def test_an_oversized_request_line_is_logged_in_one_line(
+    admin_broker: Callable[..., Admin],
+) -> None:
+    admin = admin_broker()
+    mark = admin.broker.log_mark()
+    for _ in range(5):
+        with socket.create_connection(("127.0.0.1", admin.port), timeout=TIMEOUT) as sock:
+            sock.sendall(b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+        assert answer.split(b"\r\n", 1)[0].endswith(b" 400 Bad Request"), answer[:100]
+    assert admin.get("/healthz").status == 200  # the server goes on
+    log = admin.broker.log_since(mark)
+    lines = [line for line in log.splitlines() if "bad HTTP request" in line]
+    assert len(lines) == 1, log
+    assert "admin server: bad HTTP request from 127.0.0.1, answered 400: " in lines[0]
+    assert "Traceback" not in log and "Error handling request" not in log
