@@ -66,7 +66,16 @@ BUILD_STATUS = "compiled.build"
 # The third-party packages the broker imports, which mypyc's mypy never reads (setup.py), so
 # that the build is the same whether pip's build environment has them or not; tests check
 # that this lists every one the package imports (mypy_extensions comes with mypy itself).
-UNREAD_IMPORTS = ("aiohttp", "aiosqlite", "construct", "prometheus_client", "redis", "uvloop")
+UNREAD_IMPORTS = (
+    "aiohttp",
+    "aiosqlite",
+    "construct",
+    "cryptography",
+    "jwt",
+    "prometheus_client",
+    "redis",
+    "uvloop",
+)
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
 # What select() decided: "compiled" or "pure", and why.
