@@ -48,7 +48,7 @@ def test_values_are_applied(tmp_path: Path) -> None:
             "security.allow_anonymous: expected true or false",
         ),
         ("[security]\npassword_file = 3\n", "security.password_file: expected a string"),
-        ("[security]\nacl = 'x'\n", "security.acl: unknown key (known keys: acl_file"),
+        ("[security]\nacl = 'x'\n", "security.acl: unknown key; known keys: acl_file"),
         ("[security]\npassword_file = '/no/such/file'\n", "security.password_file: file not found"),
         ("[security]\nacl_file = '/no/such/acl'\n", "security.acl_file: file not found"),
         ("security = 1\n", "security: expected a table [security]"),
