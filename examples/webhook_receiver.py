@@ -1,9 +1,16 @@
 #!/usr/bin/env python3
-"""An HTTP endpoint for the broker's webhooks (``[[webhook]]``), doing what a receiver should:
+r"""An HTTP endpoint for the broker's webhooks (``[[webhook]]``), doing what a receiver should:
 
-- verify the signature: ``X-Mqttbroker-Signature: t=<unix seconds>,v1=<hex>``, where hex is
-  HMAC-SHA256(secret, ``"<t>."`` + the raw body), compared in constant time (several ``v1=``
-  are accepted, for a secret being rotated);
+- verify the signature: ``X-Mqttbroker-Signature: t=<unix seconds>,v2=<hex>``, where hex is
+  HMAC-SHA256(secret, the signed string), compared in constant time (several ``v2=`` are
+  accepted, for a secret being rotated). The signed string covers the metadata headers as well
+  as the body: seven lines, each ended by a line feed, then the raw body::
+
+      <t>\n<event>\n<delivery id>\n<topic>\n<qos>\n<retain>\n<client id>\n<body>
+
+  the lines holding the values of ``X-Mqttbroker-Event``, ``-Delivery-Id``, ``-Topic``,
+  ``-Qos``, ``-Retain`` and ``-Client-Id`` exactly as received (still percent-encoded; an
+  empty line for a header the request does not have);
 - reject replays: a timestamp more than 5 minutes old (or ahead) is refused;
 - deduplicate: deliveries are at least once, so the same ``X-Mqttbroker-Delivery-Id`` may come
   again (a retry after a timeout, say); it is answered 200 and not handled twice;
@@ -14,7 +21,9 @@ Both of the webhook's formats are taken: ``format = "json"``, the envelope (``ev
 ``delivery_id``, ``timestamp``, ``topic``, ``payload``, ``payload_encoding``, ``qos``, ``retain``,
 ``properties``, ``client_id``, ``username``), and ``format = "raw"``, the payload as the body
 (``application/octet-stream``) with the topic, QoS, retain flag and client id in
-``X-Mqttbroker-*`` headers. Events (``client.connected``, ...) always come as an envelope.
+``X-Mqttbroker-*`` headers. Events (``client.connected``, ...) always come as an envelope. The
+values of the ``X-Mqttbroker-*`` headers are percent-encoded (UTF-8; a topic or client id may
+hold CR, LF, spaces...): they are decoded with ``urllib.parse.unquote`` once verified.
 
 The secret comes from ``--secret-file`` (its content without the trailing newline) or the
 environment variable ``WEBHOOK_SECRET``.
@@ -42,6 +51,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 from aiohttp import web
 
@@ -53,31 +63,42 @@ QOS = "X-Mqttbroker-Qos"
 RETAIN = "X-Mqttbroker-Retain"
 CLIENT_ID = "X-Mqttbroker-Client-Id"
 TOLERANCE = 300  # seconds: older (or further ahead) timestamps are refused
+# The headers the signature covers, in the order of the signed string.
+SIGNED_HEADERS = (EVENT, DELIVERY_ID, TOPIC, QOS, RETAIN, CLIENT_ID)
 
 log = logging.getLogger("webhook_receiver")
 
 
-def sign(secret: bytes, timestamp: int, body: bytes) -> str:
-    """The value of the signature header for ``body`` sent at ``timestamp``."""
-    digest = hmac.new(secret, f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
-    return f"t={timestamp},v1={digest}"
+def signed_string(timestamp: int, headers: Mapping[str, str], body: bytes) -> bytes:
+    """What the signature covers: the timestamp and the metadata headers as received, a line
+    each, then the body."""
+    lines = [str(timestamp), *(headers.get(name, "") for name in SIGNED_HEADERS)]
+    return "".join(line + "\n" for line in lines).encode() + body
 
 
-def verify(secret: bytes, header: str, body: bytes, now: float) -> str | None:
-    """None if ``header`` signs ``body`` with ``secret`` recently enough, else the reason."""
+def sign(secret: bytes, timestamp: int, headers: Mapping[str, str], body: bytes) -> str:
+    """The value of the signature header for a request sent at ``timestamp``."""
+    signed = signed_string(timestamp, headers, body)
+    digest = hmac.new(secret, signed, hashlib.sha256).hexdigest()
+    return f"t={timestamp},v2={digest}"
+
+
+def verify(secret: bytes, headers: Mapping[str, str], body: bytes, now: float) -> str | None:
+    """None if the signature header signs the metadata headers and ``body`` with ``secret``
+    recently enough, else the reason."""
     timestamp: int | None = None
     signatures: list[str] = []
-    for part in header.split(","):
+    for part in headers.get(SIGNATURE, "").split(","):
         key, _, value = part.strip().partition("=")
         if key == "t" and value.isdigit():
             timestamp = int(value)
-        elif key == "v1":
+        elif key == "v2":
             signatures.append(value)
     if timestamp is None or not signatures:
         return "malformed signature header"
     if abs(now - timestamp) > TOLERANCE:
         return "timestamp outside the tolerance (replayed or clock skew)"
-    expected = sign(secret, timestamp, body).partition(",v1=")[2]
+    expected = sign(secret, timestamp, headers, body).partition(",v2=")[2]
     # compare_digest against each candidate, so timing reveals nothing about the expected value
     if not any(hmac.compare_digest(expected, candidate) for candidate in signatures):
         return "signature does not match"
@@ -93,11 +114,11 @@ class Receiver:
 
     async def webhook(self, request: web.Request) -> web.Response:
         body = await request.read()
-        problem = verify(self.secret, request.headers.get(SIGNATURE, ""), body, time.time())
+        problem = verify(self.secret, request.headers, body, time.time())
         if problem is not None:
             log.warning("refused a request from %s: %s", request.remote, problem)
             return web.json_response({"error": problem}, status=401)
-        delivery_id = request.headers.get(DELIVERY_ID, "")
+        delivery_id = unquote(request.headers.get(DELIVERY_ID, ""))
         if not delivery_id:
             return web.json_response({"error": f"no {DELIVERY_ID} header"}, status=400)
         if delivery_id in self.seen:
@@ -113,7 +134,8 @@ class Receiver:
                 envelope, payload = raw_envelope(request.headers, delivery_id), body
         except (ValueError, AttributeError, TypeError) as error:
             return web.json_response({"error": f"not a webhook delivery: {error}"}, status=400)
-        self.handle(request.headers.get(EVENT, envelope.get("event", "")), envelope, payload)
+        event = unquote(request.headers.get(EVENT, "")) or envelope.get("event", "")
+        self.handle(event, envelope, payload)
         # Remembered only once handled: if handling fails, the retry is handled again.
         self.seen[delivery_id] = None
         if len(self.seen) > self.remember:
@@ -153,17 +175,19 @@ def payload_bytes(envelope: dict[str, Any]) -> bytes | None:
 
 
 def raw_envelope(headers: Mapping[str, str], delivery_id: str) -> dict[str, Any]:
-    """What the headers of a ``format = "raw"`` delivery say, as the envelope would."""
+    """What the headers of a ``format = "raw"`` delivery say, as the envelope would (their
+    values percent-decoded)."""
     topic, qos = headers.get(TOPIC), headers.get(QOS, "")
     if topic is None or not qos.isdigit():
         raise ValueError(f"no {TOPIC} or {QOS} header")
+    client_id = headers.get(CLIENT_ID)
     return {
-        "event": headers.get(EVENT, "message.publish"),
+        "event": unquote(headers.get(EVENT, "message.publish")),
         "delivery_id": delivery_id,
-        "topic": topic,
+        "topic": unquote(topic),
         "qos": int(qos),
         "retain": headers.get(RETAIN) == "true",
-        "client_id": headers.get(CLIENT_ID),
+        "client_id": None if client_id is None else unquote(client_id),
     }
 
 

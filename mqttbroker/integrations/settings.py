@@ -51,7 +51,7 @@ class BridgeConfig:
     protocol: str = "5"
     client_id: str = ""
     username: str | None = None
-    password: bytes | None = None
+    password: bytes | None = field(default=None, repr=False)
     tls: bool = False
     tls_ca_file: str = ""
     tls_cert_file: str = ""
@@ -60,6 +60,7 @@ class BridgeConfig:
     insecure: bool = False
     session_expiry: int = 3600
     keep_alive: int = 60
+    # The bridge's own outbound queue: not [broker] max_queued_messages (a client's session).
     max_queued_messages: int = 100_000
     max_queued_bytes: int = 64 * 1_048_576
     topics: list[TopicRule] = field(default_factory=list)
@@ -67,12 +68,16 @@ class BridgeConfig:
 
 @dataclass(slots=True)
 class WebhookConfig:
+    """A ``[[webhook]]`` section. Its fields' defaults are the keys' defaults (parse_webhook
+    reads each key with the field's default). ``url`` and ``secret`` stay out of the repr: the
+    URL may hold a password or a token (show ``webhooks.redact_url(url)``)."""
+
     name: str
-    url: str
+    url: str = field(repr=False)
     topics: list[str] = field(default_factory=list)
     events: list[str] = field(default_factory=list)
     format: str = "json"
-    secret: bytes | None = None
+    secret: bytes | None = field(default=None, repr=False)
     max_attempts: int = 10
     timeout: float = 10.0
     concurrency: int = 4
@@ -180,10 +185,10 @@ def parse_bridge(table: dict[str, Any], seen: set[str]) -> BridgeConfig:
     cfg.tls = _get(table, "tls", bool, False) or bool(
         cfg.tls_ca_file or cfg.tls_cert_file or cfg.tls_server_name or cfg.insecure
     )
-    cfg.session_expiry = _get(table, "session_expiry", int, 3600)
+    cfg.session_expiry = _get(table, "session_expiry", int, cfg.session_expiry)
     if not 0 <= cfg.session_expiry <= 0xFFFFFFFF:
         raise SettingsError("session_expiry: must be between 0 and 4294967295")
-    cfg.keep_alive = _get(table, "keep_alive", int, 60)
+    cfg.keep_alive = _get(table, "keep_alive", int, cfg.keep_alive)
     if not 0 < cfg.keep_alive <= 65535:
         raise SettingsError("keep_alive: must be between 1 and 65535")
     cfg.max_queued_messages = _get(table, "max_queued_messages", int, cfg.max_queued_messages)
@@ -252,23 +257,23 @@ def parse_webhook(table: dict[str, Any], seen: set[str]) -> WebhookConfig:
     if not events:
         raise SettingsError("events: nothing to send (give topics and/or events)")
     cfg.events = list(events)
-    cfg.format = _get(table, "format", str, "json")
+    cfg.format = _get(table, "format", str, cfg.format)
     if cfg.format not in ("json", "raw"):
         raise SettingsError(f'format: expected "json" or "raw", got {cfg.format!r}')
     cfg.secret = _secret(table, "secret")
-    cfg.max_attempts = _get(table, "max_attempts", int, 10)
+    cfg.max_attempts = _get(table, "max_attempts", int, cfg.max_attempts)
     _positive(cfg.max_attempts, "max_attempts")
-    cfg.timeout = _get(table, "timeout", float, 10.0)
+    cfg.timeout = _get(table, "timeout", float, cfg.timeout)
     _positive(cfg.timeout, "timeout", 0.001)
-    cfg.concurrency = _get(table, "concurrency", int, 4)
+    cfg.concurrency = _get(table, "concurrency", int, cfg.concurrency)
     _positive(cfg.concurrency, "concurrency")
-    cfg.max_queued = _get(table, "max_queued", int, 100_000)
+    cfg.max_queued = _get(table, "max_queued", int, cfg.max_queued)
     _positive(cfg.max_queued, "max_queued")
-    cfg.retry_delay = _get(table, "retry_delay", float, 1.0)
+    cfg.retry_delay = _get(table, "retry_delay", float, cfg.retry_delay)
     _positive(cfg.retry_delay, "retry_delay", 0.001)
-    cfg.retry_max_delay = _get(table, "retry_max_delay", float, 300.0)
+    cfg.retry_max_delay = _get(table, "retry_max_delay", float, cfg.retry_max_delay)
     _positive(cfg.retry_max_delay, "retry_max_delay", cfg.retry_delay)
-    cfg.dead_letter_topic = _get(table, "dead_letter_topic", str, "")
+    cfg.dead_letter_topic = _get(table, "dead_letter_topic", str, cfg.dead_letter_topic)
     if cfg.dead_letter_topic and not valid_topic_name(cfg.dead_letter_topic):
         raise SettingsError(f"dead_letter_topic: not a valid topic name: {cfg.dead_letter_topic!r}")
     return cfg

@@ -13,14 +13,22 @@ The request: ``format = "json"`` sends an envelope (``event``, ``delivery_id``, 
 ``retain``, ``properties``, ``client_id``, ``username``); ``"raw"`` sends the payload as it is,
 with the metadata in ``X-Mqttbroker-*`` headers. Every request carries
 ``X-Mqttbroker-Event``, ``X-Mqttbroker-Delivery-Id`` (the same on every attempt: receivers dedupe
-by it) and, with a secret, ``X-Mqttbroker-Signature: t=<unix seconds>,v1=<hex>``, the hex being
-HMAC-SHA256(secret, "<t>." + body); receivers reject old ``t`` to stop replays.
+by it) and, with a secret, ``X-Mqttbroker-Signature: t=<unix seconds>,v2=<hex>`` (see
+:func:`signed_string`); receivers reject old ``t`` to stop replays. The values of the
+``X-Mqttbroker-*`` headers are percent-encoded (:func:`header_value`): a topic or client id may
+hold CR, LF or any other character, and none can break or add a header.
 
 Retries: connection errors, timeouts, 5xx and 429 (its Retry-After honoured) are retried after
-``retry_delay`` seconds doubling up to ``retry_max_delay``, with jitter; any other 4xx is not.
-After ``max_attempts`` (or a 4xx), the delivery is published to ``dead_letter_topic`` (if set)
-with the reason, and counted. The attempt count is not stored: after a restart a pending delivery
-starts counting again.
+``retry_delay`` seconds doubling up to ``retry_max_delay``, with jitter; any other 4xx is not, nor
+a 3xx (redirects are not followed: the body and its signature go to the configured URL only),
+nor a request that cannot be made (the HTTP client refused it). After ``max_attempts`` (or one
+of those), the delivery is published to ``dead_letter_topic`` (if set) with the reason, and
+counted. The attempt count is not stored: after a restart a pending delivery starts counting
+again.
+
+The URL may hold secrets (a user name and password, a token in the query): the webhook keeps it
+to itself and shows only :func:`redact_url`'s form (``Webhook.url``) in logs, ``$SYS``, the
+admin API and dead letters.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ import logging
 import random
 import time
 from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import aiohttp
 
@@ -52,12 +61,65 @@ MAX_QUEUED_BYTES = 64 * 1_048_576
 DEAD_LETTER_QOS = 1
 DROP_CHECK_SECONDS = 1.0
 MAX_RETRY_AFTER = 3600.0  # a Retry-After is honoured up to an hour
+REDACTED = "***"
+# The metadata headers, in the order the signed string lists them (signed_string).
+SIGNED_HEADERS = (
+    "X-Mqttbroker-Event",
+    "X-Mqttbroker-Delivery-Id",
+    "X-Mqttbroker-Topic",
+    "X-Mqttbroker-Qos",
+    "X-Mqttbroker-Retain",
+    "X-Mqttbroker-Client-Id",
+)
+# Kept as they are in a header value: printable ASCII but "%" (quote() keeps letters, digits
+# and "_.-~" anyway).
+_HEADER_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%" and not chr(c).isalnum())
+
+
+def redact_url(url: str) -> str:
+    """``url`` as it may be shown: the user name and password (all of the userinfo) become
+    ``***``, each query value becomes ``***`` (a query item without ``=`` becomes ``***`` as a
+    whole; the names of the others are kept), the fragment is dropped. Scheme, host, port and
+    path are kept as they are: put secrets in the userinfo or the query, not in the path."""
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = REDACTED + "@" + netloc.rpartition("@")[2]
+    query = "&".join(
+        f"{name}={REDACTED}" if eq else REDACTED
+        for name, eq, _ in (item.partition("=") for item in parts.query.split("&") if item)
+    )
+    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+
+
+def header_value(value: str) -> str:
+    """A metadata header's value, percent-encoded: the UTF-8 bytes of ``value`` outside
+    printable ASCII (controls such as CR and LF, space, DEL, non-ASCII) and ``%`` itself become
+    ``%XX``; the rest is kept (``sensors/room 1`` is sent as ``sensors/room%201``). Receivers
+    decode it with ``urllib.parse.unquote`` (not ``unquote_plus``: ``+`` is a ``+``)."""
+    return quote(value, safe=_HEADER_SAFE)
+
+
+def signed_string(timestamp: int, headers: dict[str, str], body: bytes) -> bytes:
+    r"""What ``v2`` signs (HMAC-SHA256 with the secret, in hex): seven lines, each ended by a
+    line feed, then the body as sent. The lines: the timestamp ``t`` of the signature header,
+    then the value of each of :data:`SIGNED_HEADERS` in that order, as sent (percent-encoded,
+    so none holds a line feed), or an empty line when the request has no such header (a
+    ``format = "json"`` request has only the event and the delivery id: the body holds the
+    rest)::
+
+        <t>\n<event>\n<delivery id>\n<topic>\n<qos>\n<retain>\n<client id>\n<body>
+    """
+    lines = [str(timestamp), *(headers.get(name, "") for name in SIGNED_HEADERS)]
+    return "".join(line + "\n" for line in lines).encode() + body
 
 
 class Webhook(Sink):
     def __init__(self, broker: Broker, config: WebhookConfig) -> None:
         self.broker = broker
-        self.config = config
+        self._config = config  # private: its url may hold secrets
+        self._target = config.url  # where requests go; never shown
+        self.url = redact_url(config.url)  # what logs, $SYS, the API and dead letters show
         self.name = config.name
         self.outbox = Outbox(
             broker, "$webhook/" + config.name, self, config.max_queued, MAX_QUEUED_BYTES
@@ -116,7 +178,7 @@ class Webhook(Sink):
         session = self.session
         oldest = min(self._started.values(), default=None)
         return {
-            "url": self.config.url,
+            "url": self.url,
             "queued": len(session.queue),
             "inflight": len(session.inflight),
             "delivered": self.delivered,
@@ -128,13 +190,13 @@ class Webhook(Sink):
         }
 
     def start(self) -> None:
-        timeout = aiohttp.ClientTimeout(total=self.config.timeout)
+        timeout = aiohttp.ClientTimeout(total=self._config.timeout)
         self._http = aiohttp.ClientSession(timeout=timeout)
         # Deliveries in flight when the broker stopped go first, in their order.
         restored = list(self.session.inflight.items())
         self._tasks = [
             asyncio.create_task(self._worker(restored), name=f"webhook {self.name}")
-            for _ in range(self.config.concurrency)
+            for _ in range(self._config.concurrency)
         ]
         if "message.dropped" in self.events:
             self._tasks.append(asyncio.create_task(self._watch_drops()))
@@ -165,10 +227,16 @@ class Webhook(Sink):
                 packet_id, delivery = item
             try:
                 await self._deliver(packet_id, delivery)
-            except Exception:  # a bug of ours: logged; the delivery stays pending
+            except Exception as exc:  # a bug of ours: logged; the delivery is given up
                 log.exception("webhook %s: internal error", self.name)
                 self._started.pop(packet_id, None)
-                await asyncio.sleep(self.config.retry_max_delay)
+                try:
+                    why = f"internal error: {type(exc).__name__}"
+                    self._dead_letter(delivery, _delivery_id(self.name, delivery), why, 0)
+                    self.outbox.done(packet_id)
+                except Exception:  # still failing: it stays pending (until a restart)
+                    log.exception("webhook %s: internal error giving up a delivery", self.name)
+                    await asyncio.sleep(self._config.retry_max_delay)
 
     def _request(self, delivery: Delivery, delivery_id: str) -> tuple[bytes, dict[str, str]]:
         message = delivery.message
@@ -187,10 +255,10 @@ class Webhook(Sink):
             body_fields["retain"] = delivery.retain
             body_fields["properties"] = _properties(message, self.broker.clock())
         headers = {
-            "X-Mqttbroker-Event": event,
-            "X-Mqttbroker-Delivery-Id": delivery_id,
+            "X-Mqttbroker-Event": header_value(event),
+            "X-Mqttbroker-Delivery-Id": header_value(delivery_id),
         }
-        if self.config.format == "json" or event != "message.publish":
+        if self._config.format == "json" or event != "message.publish":
             envelope = {
                 "event": event,
                 "delivery_id": delivery_id,
@@ -204,35 +272,36 @@ class Webhook(Sink):
         else:
             body = message.payload
             headers["Content-Type"] = "application/octet-stream"
-            headers["X-Mqttbroker-Topic"] = message.topic
+            headers["X-Mqttbroker-Topic"] = header_value(message.topic)
             headers["X-Mqttbroker-Qos"] = str(message.qos)
             headers["X-Mqttbroker-Retain"] = "true" if delivery.retain else "false"
             if client_id is not None:
-                headers["X-Mqttbroker-Client-Id"] = client_id
-        secret = self.config.secret
+                headers["X-Mqttbroker-Client-Id"] = header_value(client_id)
+        secret = self._config.secret
         if secret is not None:
             stamp = int(time.time())
-            digest = hmac.new(secret, f"{stamp}.".encode() + body, hashlib.sha256).hexdigest()
-            headers["X-Mqttbroker-Signature"] = f"t={stamp},v1={digest}"
+            signed = signed_string(stamp, headers, body)
+            digest = hmac.new(secret, signed, hashlib.sha256).hexdigest()
+            headers["X-Mqttbroker-Signature"] = f"t={stamp},v2={digest}"
         return body, headers
 
     async def _deliver(self, packet_id: int, delivery: Delivery) -> None:
-        cfg = self.config
+        cfg = self._config
         assert self._http is not None
         self._started[packet_id] = time.time()
-        message = delivery.message
-        # The same id on every attempt and after a restart: the store's key for the delivery
-        # (unique in the session, kept in the store) and a digest of the message.
-        digest = hashlib.sha256(message.topic_bytes + message.payload).hexdigest()[:12]
-        delivery_id = f"{self.name}-{delivery.stored}-{digest}"
+        delivery_id = _delivery_id(self.name, delivery)
         attempt = 0
         ok = False
         while True:
             attempt += 1
-            body, headers = self._request(delivery, delivery_id)
             wait: float | None = None
+            permanent = False
             try:
-                async with self._http.post(cfg.url, data=body, headers=headers) as response:
+                body, headers = self._request(delivery, delivery_id)
+                # Redirects are not followed: a 3xx is an answer like a 4xx (no retry).
+                async with self._http.post(
+                    self._target, data=body, headers=headers, allow_redirects=False
+                ) as response:
                     status = response.status
                     retry_after = response.headers.get("Retry-After")
                     await response.read()
@@ -240,14 +309,23 @@ class Webhook(Sink):
                     ok = True
                     break
                 why = f"HTTP {status}"
-                if status != 429 and status < 500:  # the endpoint will not take it: no retry
-                    self._failure(why)
-                    self._dead_letter(delivery, delivery_id, why, attempt)
-                    break
+                if 300 <= status < 400:
+                    why += " (redirects are not followed)"
+                # The endpoint will not take it: no retry.
+                permanent = status != 429 and status < 500
                 if status == 429 and retry_after is not None:
                     wait = _retry_after(retry_after)
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-                why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                why = self._scrub(
+                    f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                )
+            except ValueError as exc:  # the request cannot be made (a header refused, ...)
+                why = self._scrub(f"request not sent: {type(exc).__name__}: {exc}")
+                permanent = True
+            if permanent:
+                self._failure(why)
+                self._dead_letter(delivery, delivery_id, why, attempt)
+                break
             self._failure(why)
             if attempt >= cfg.max_attempts:
                 self._dead_letter(delivery, delivery_id, f"{why} after {attempt} attempts", attempt)
@@ -259,7 +337,7 @@ class Webhook(Sink):
         if ok:
             self.delivered += 1
             if self._reported is not None:
-                log.info("webhook %s: %s answers again", self.name, cfg.url)
+                log.info("webhook %s: %s answers again", self.name, self.url)
                 self._reported = None
         self._started.pop(packet_id, None)
         self.outbox.done(packet_id)
@@ -269,7 +347,19 @@ class Webhook(Sink):
         self.last_error = why
         if why != self._reported:  # once per outage (and when the reason changes)
             self._reported = why
-            log.warning("webhook %s: %s: %s; retrying", self.name, self.config.url, why)
+            log.warning("webhook %s: %s: %s; retrying", self.name, self.url, why)
+
+    def _scrub(self, text: str) -> str:
+        """An error message with the URL's secrets (as :func:`redact_url` sees them) hidden."""
+        text = text.replace(self._target, self.url)
+        parts = urlsplit(self._target)
+        userinfo = parts.netloc.rpartition("@")[0]
+        if userinfo:
+            text = text.replace(userinfo + "@", REDACTED + "@")
+        for secret in (parts.password, parts.query):
+            if secret:
+                text = text.replace(secret, REDACTED)
+        return text
 
     def _dead_letter(
         self, delivery: Delivery, delivery_id: str, reason: str, attempts: int
@@ -283,12 +373,12 @@ class Webhook(Sink):
             message.topic,
             reason,
         )
-        topic = self.config.dead_letter_topic
+        topic = self._config.dead_letter_topic
         if not topic:
             return
         letter = {
             "webhook": self.name,
-            "url": self.config.url,
+            "url": self.url,
             "reason": reason,
             "attempts": attempts,
             "delivery_id": delivery_id,
@@ -302,6 +392,14 @@ class Webhook(Sink):
             log.warning(
                 "webhook %s: dead letter not published to %r (0x%02X)", self.name, topic, code
             )
+
+
+def _delivery_id(name: str, delivery: Delivery) -> str:
+    """The same id on every attempt and after a restart: the store's key for the delivery
+    (unique in the session, kept in the store) and a digest of the message."""
+    message = delivery.message
+    digest = hashlib.sha256(message.topic_bytes + message.payload).hexdigest()[:12]
+    return f"{name}-{delivery.stored}-{digest}"
 
 
 def _payload(payload: bytes) -> dict[str, Any]:

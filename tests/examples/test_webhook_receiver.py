@@ -1,7 +1,8 @@
 """examples/webhook_receiver.py, posted to with aiohttp's client as the broker's webhooks do:
 a correctly signed delivery is handled and answered 2xx; the same delivery id again is answered
-2xx and not handled twice; a wrong secret, a changed body, a stale timestamp or no signature
-are refused (401) and not remembered. Then end to end: our broker's [[webhook]] deliveries of a
+2xx and not handled twice; a wrong secret, a changed body, a changed metadata header, a stale
+timestamp or no signature are refused (401) and not remembered; percent-encoded metadata
+headers are decoded. Then end to end: our broker's [[webhook]] deliveries of a
 paho client's messages, both formats, the secret from the environment or from a file."""
 
 from __future__ import annotations
@@ -29,10 +30,15 @@ from support.clients import Collector, wait_for
 SECRET = b"correct horse battery staple"
 
 
-def signature(secret: bytes, timestamp: int, body: bytes) -> str:
-    """Written out here from the format, not taken from the example under test."""
-    digest = hmac.new(secret, str(timestamp).encode() + b"." + body, hashlib.sha256).hexdigest()
-    return f"t={timestamp},v1={digest}"
+SIGNED = ("Event", "Delivery-Id", "Topic", "Qos", "Retain", "Client-Id")
+
+
+def signature(secret: bytes, timestamp: int, headers: dict[str, str], body: bytes) -> str:
+    """Written out here from the format (README), not taken from the example under test: the
+    timestamp and the metadata headers' values, a line each, then the body."""
+    lines = [str(timestamp)] + [headers.get(f"X-Mqttbroker-{name}", "") for name in SIGNED]
+    signed = "\n".join(lines).encode() + b"\n" + body
+    return f"t={timestamp},v2={hmac.new(secret, signed, hashlib.sha256).hexdigest()}"
 
 
 def envelope(delivery_id: str, payload: bytes, topic: str = "sensors/1") -> bytes:
@@ -65,17 +71,23 @@ async def post(
     age: int = 0,
     signed_body: bytes | None = None,
     signed: bool = True,
+    raw: dict[str, str] | None = None,
+    changed: dict[str, str] | None = None,
 ) -> tuple[int, dict[str, Any]]:
+    """``raw``: a ``format = "raw"`` request with these metadata headers; ``changed``: headers
+    changed after signing."""
     timestamp = int(time.time()) - age
     headers = {
-        "Content-Type": "application/json",
+        "Content-Type": "application/json" if raw is None else "application/octet-stream",
         "X-Mqttbroker-Delivery-Id": delivery_id,
         "X-Mqttbroker-Event": "message.publish",
+        **(raw or {}),
     }
     if signed:
         headers["X-Mqttbroker-Signature"] = signature(
-            secret, timestamp, body if signed_body is None else signed_body
+            secret, timestamp, headers, body if signed_body is None else signed_body
         )
+    headers.update(changed or {})
     async with aiohttp.ClientSession() as session:
         async with session.post(url, data=body, headers=headers) as response:
             return response.status, await response.json()
@@ -96,7 +108,14 @@ def test_signed_deduplicated_and_forgeries_refused(
         ready=r"listening on http://(\S+):(\d+)/webhook",
     )
     url = f"http://{receiver.host}:{receiver.port}/webhook"
-    first, forged_first, binary = (str(uuid.uuid4()) for _ in range(3))
+    first, forged_first, binary, raw_id = (str(uuid.uuid4()) for _ in range(4))
+    # as the broker sends a topic and a client id holding CR, LF, spaces: percent-encoded
+    raw = {
+        "X-Mqttbroker-Topic": "sensors/line%0D%0Abreak%20%C3%A9",
+        "X-Mqttbroker-Qos": "1",
+        "X-Mqttbroker-Retain": "false",
+        "X-Mqttbroker-Client-Id": "dev%0A1",
+    }
 
     async def scenario() -> list[tuple[int, dict[str, Any]]]:
         body = envelope(first, b"21.5")
@@ -107,29 +126,36 @@ def test_signed_deduplicated_and_forgeries_refused(
             await post(url, forged_first, envelope(forged_first, b"99"), signed_body=body),
             await post(url, forged_first, envelope(forged_first, b"1"), age=301),  # replayed
             await post(url, forged_first, envelope(forged_first, b"1"), signed=False),
+            # the metadata headers are signed too: another topic, or QoS, is refused
+            await post(url, raw_id, b"7", raw=raw, changed={"X-Mqttbroker-Topic": "other"}),
+            await post(url, raw_id, b"7", raw=raw, changed={"X-Mqttbroker-Qos": "0"}),
             # the id of refused requests was not remembered: the genuine one is handled
             await post(url, forged_first, envelope(forged_first, b"genuine")),
             await post(url, binary, envelope(binary, b"\xff\x00\x01")),
+            await post(url, raw_id, b"7", raw=raw),
             await post(url, str(uuid.uuid4()), b"{not json"),
         ]
 
     answers = asyncio.run(scenario())
     statuses = [status for status, _ in answers]
-    assert statuses == [200, 200, 401, 401, 401, 401, 200, 200, 400], answers
+    assert statuses == [200, 200, 401, 401, 401, 401, 401, 401, 200, 200, 200, 400], answers
     assert [a.get("status") for _, a in answers[:2]] == ["ok", "duplicate"]
     assert "outside the tolerance" in answers[4][1]["error"]
 
     log = receiver.log_text()
     handled = [line for line in log.splitlines() if " handled " in line]
-    assert len(handled) == 3, log
+    assert len(handled) == 4, log
     assert f"handled {first!r}: message.publish on 'sensors/1', 4 bytes, qos 1: b'21.5'" in log
     assert f"handled {forged_first!r}" in log and "b'genuine'" in log
     assert "3 bytes" in handled[2] and r"b'\xff\x00\x01'" in handled[2]
-    assert log.count("refused a request") == 4
+    # the raw delivery's topic decoded: CR, LF, a space and a non-ASCII letter
+    expected = "message.publish on " + repr("sensors/line\r\nbreak é") + ", 1 bytes, qos 1"
+    assert f"handled {raw_id!r}: {expected}" in handled[3], log
+    assert log.count("refused a request") == 6
 
     receiver.stop()
     assert receiver.returncode == 0
-    assert "stopped after 3 deliveries" in receiver.log_text()
+    assert "stopped after 4 deliveries" in receiver.log_text()
 
 
 def test_without_a_secret_it_does_not_start(tmp_path: Path) -> None:

@@ -4,109 +4,17 @@ are exactly the deliveries past max_attempts (or refused with a 4xx); a restart 
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import hashlib
-import hmac
 import json
 import signal
 import threading
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
-from integration_support import write_config
+from integration_support import SECRET, Endpoint, verify, write_config
 from support.clients import Collector, wait_for
-
-SECRET = b"s3cret-for-tests"
-
-
-@dataclass
-class Request:
-    path: str
-    at: float
-    body: bytes
-    headers: dict[str, str]
-    status: int
-
-    @property
-    def delivery_id(self) -> str:
-        return self.headers["X-Mqttbroker-Delivery-Id"]
-
-    def envelope(self) -> dict[str, Any]:
-        data: dict[str, Any] = json.loads(self.body)
-        return data
-
-
-class Endpoint:
-    """An aiohttp server on its own thread; ``answer(path, body, count)`` decides each reply."""
-
-    def __init__(self, answer: Callable[[str, bytes, int], tuple[int, dict[str, str]]]) -> None:
-        self.answer = answer
-        self.hang = False
-        self.requests: list[Request] = []
-        self.lock = threading.Lock()
-        self.loop = asyncio.new_event_loop()
-        self.port = 0
-        ready = threading.Event()
-        self.thread = threading.Thread(target=self._run, args=(ready,), daemon=True)
-        self.thread.start()
-        assert ready.wait(10)
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def _run(self, ready: threading.Event) -> None:
-        asyncio.set_event_loop(self.loop)
-        app = web.Application()
-        app.router.add_post("/{path}", self._handle)
-        self.runner = web.AppRunner(app)
-        self.released = asyncio.Event()
-        self.loop.run_until_complete(self.runner.setup())
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        self.loop.run_until_complete(site.start())
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        ready.set()
-        self.loop.run_forever()
-
-    async def _handle(self, request: web.Request) -> web.Response:
-        body = await request.read()
-        if self.hang:
-            await self.released.wait()  # no answer until the test ends
-        path = request.match_info["path"]
-        with self.lock:
-            count = sum(1 for r in self.requests if r.path == path)
-            status, headers = self.answer(path, body, count)
-            self.requests.append(
-                Request(path, time.monotonic(), body, dict(request.headers), status)
-            )
-        return web.Response(status=status, headers=headers)
-
-    def ok(self, path: str) -> list[Request]:
-        with self.lock:
-            return [r for r in self.requests if r.path == path and r.status == 200]
-
-    def all(self, path: str) -> list[Request]:
-        with self.lock:
-            return [r for r in self.requests if r.path == path]
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.released.set)
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-
-
-def verify(request: Request) -> None:
-    """The receiver's check: HMAC-SHA256 over "<t>." and the body, with the shared secret."""
-    fields = dict(
-        part.split("=", 1) for part in request.headers["X-Mqttbroker-Signature"].split(",")
-    )
-    expected = hmac.new(SECRET, fields["t"].encode() + b"." + request.body, hashlib.sha256)
-    assert hmac.compare_digest(fields["v1"], expected.hexdigest()), request
-    assert abs(int(fields["t"]) - time.time()) < 300  # not a replay of an old request
 
 
 @pytest.fixture
@@ -172,7 +80,7 @@ dead_letter_topic = "webhooks/dead/strict"
         client.publish_all(("jobs/run", p, 1, False) for p in jobs)
 
         wait_for(lambda: len({r.delivery_id for r in endpoint.ok("hook")}) == 21, "21 deliveries")
-        delivered = {}
+        delivered: dict[str, bytes] = {}
         for request in endpoint.all("hook"):
             verify(request)
             envelope = request.envelope()
