@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.admin_port is not None:
             config.admin.port = args.admin_port
         check(config)
-        from .server.tls import check_listeners
+        from .security.tls import check_listeners
 
         check_listeners(config, args.config or args.mosquitto_conf or "command line")
     except ConfigError as exc:
@@ -222,7 +222,7 @@ def check_config(argv: list[str]) -> int:
     args = p.parse_args(argv)
     from .ops.admin import read_token
     from .security import build_security
-    from .server.tls import check_listeners
+    from .security.tls import check_listeners
 
     logging.basicConfig(level="ERROR")  # build_security's notes are not the point here
     try:

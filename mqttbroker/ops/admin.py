@@ -423,7 +423,7 @@ class AdminServer:
         """Serve on [admin] host:port; a port in use is logged and the broker goes on without
         the admin server (its MQTT service matters more). ``websockets``: the bound ports of
         the WebSocket listeners, for the dashboard's topic viewer."""
-        from ..server.tls import server_context
+        from ..security.tls import server_context
 
         config = self.config
         for port, listener in websockets:

@@ -29,12 +29,12 @@ from typing import TYPE_CHECKING, cast
 from ..broker.core import Broker
 from ..broker.policy import OPEN, ListenerPolicy
 from ..config import ListenerConfig, trusted_networks
+from ..security.tls import server_context
 from ..storage import describe
 from . import StartError, streams
 from .proxy import ProxyAcceptor, bind
 from .streams import StreamServer
 from .tcp import MQTTProtocol
-from .tls import server_context
 
 if TYPE_CHECKING:
     from aiohttp import web
