@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from external_tools import find
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TIMEOUT = 300
 
 
