@@ -80,6 +80,7 @@ RETRY_SECONDS = 0.5  # between tries while Redis is unreachable
 MAX_QOS0_WAITING = 100_000
 ENTRY_BYTES = 65536  # messages for one node share a stream entry (or pub/sub message) up to this
 HANDOVER_SECONDS = 5.0  # how long a node waits for another to hand a session over
+ASK_SLICE = 0.5  # ... looking every so often whether it is gone meanwhile
 
 # Writes, in the order they were asked for.
 _XADD, _PUB, _ROUTE, _RETAIN, _XACK, _REPLY, _RELEASE = range(7)
@@ -114,12 +115,51 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('SET', KEYS[1], 
 return false
 """
 
-_RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 2 end
+# A lease (KEYS[1]) given back by the token ARGV[1] that holds it.
+_LEAVE_SCRIPT = """
+local lease = redis.call('GET', KEYS[1])
+if lease and string.match(lease, '^[^/]*') == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
+"""
+
+# A node's lease (KEYS[1]) is "<token>/<Redis CLIENT ID of its liveness connection>/<Redis
+# run_id>". Renewed by the node holding ARGV[1] (with its connection's id ARGV[2]): 1; 2 if it
+# is gone (expired, or adopted and released: the node takes a new one once resynchronised, see
+# _back); 0 if another token holds it (another process, or a node adopting this one).
+_RENEW = """
+local lease = redis.call('GET', KEYS[1])
+if not lease then return 2 end
+if string.match(lease, '^[^/]*') ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1] .. '/' .. ARGV[2], 'PX', ARGV[3])
+return 1
+"""
+
+# The lease KEYS[1] of a node found gone (ARGV[1]: its value as seen then; "" if there was
+# none) taken by the adopting node (its token ARGV[2]) unless it changed meanwhile.
+_TAKE_LEASE = """
+local lease = redis.call('GET', KEYS[1])
+if (lease or '') ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+return 1
+"""
+
+# A hand-over's requester (ARGV[1], asking the node ARGV[2]) gives up waiting: the reply list
+# KEYS[2] is marked abandoned (a late reply is then refused, and its node keeps the session),
+# the client id KEYS[1] goes back to ARGV[2] if still the requester's, and a reply that came
+# meanwhile is returned (to be used all the same).
+_ABANDON = """
+redis.call('SET', KEYS[3], '1', 'EX', 120)
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('SET', KEYS[1], ARGV[2]) end
+return redis.call('LPOP', KEYS[2])
+"""
+
+# A hand-over's reply (ARGV[1]) to the list KEYS[1], unless its requester gave up (KEYS[2]):
+# 0 then, and the session stays with the node that answered.
+_REPLY_SCRIPT = """
+if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+redis.call('RPUSH', KEYS[1], ARGV[1])
+redis.call('EXPIRE', KEYS[1], 60)
+return 1
 """
 
 
@@ -225,6 +265,12 @@ class ClusterNode(Backplane):
         self.outbox = Outbox(data_dir)
         # (a reply is read for longer than a hand-over waits: redis-py's default, 5 s, is not)
         self.redis = redis_client(config.redis, config.connect_timeout, 2 * HANDOVER_SECONDS)
+        # The lease is renewed on a connection of its own, used for nothing else: its Redis
+        # CLIENT ID is in the lease, and the other nodes take this node for gone once Redis has
+        # closed it (a pub/sub connection would not do: Redis closes one that reads too slowly).
+        self._live = redis_client(config.redis, config.connect_timeout, 2 * HANDOVER_SECONDS)
+        self._valid_until = 0.0  # (loop time) the lease is surely this node's until then
+        self._no_client_list = False  # CLIENT LIST refused (logged once)
         self.routes = RouteTable(broker.options.match_cache_size)
         self.token = secrets.token_hex(16)
         self._lease_key = f"{PREFIX}node:{self.node_id}"
@@ -285,9 +331,7 @@ class ClusterNode(Backplane):
         except (RedisError, OSError) as exc:
             raise StartError(f"cluster.redis: cannot reach Redis at {self.url}: {exc}") from None
         try:
-            taken = await self.redis.set(
-                self._lease_key, self.token, nx=True, px=int(self.config.node_ttl * 1000)
-            )
+            taken = await self._take_lease()
             if not taken:
                 raise StartError(
                     f"cluster.node_id: node {self.node_id!r} is already running on {self.url} "
@@ -419,7 +463,8 @@ class ClusterNode(Backplane):
         """The lease given back (so that this node_id may start again at once), connections
         closed."""
         if self._leased:
-            await self.redis.eval(_RELEASE_SCRIPT, 1, self._lease_key, self.token)
+            await self.redis.eval(_LEAVE_SCRIPT, 1, self._lease_key, self.token)
+        await self._live.aclose()
         if self._pubsub is not None:
             await self._pubsub.aclose()
         await self.redis.aclose()
@@ -507,83 +552,176 @@ class ClusterNode(Backplane):
         username: str | None,
         done: Callable[[MQTTError | None], None],
     ) -> None:
-        """Own ``client_id`` for a client of ``username``; if another live node owned it, it
+        """Own ``client_id`` for a client of ``username``. If another node owns it, that node
         hands the session over (or drops it, on Clean Start) and closes the client's connection
         there (0x8E), or, the session being another user's, refuses as one node would (see
-        ``_hand_over``): the client id goes back to it and ``done`` gets the refusal. If the
-        node that owned it is gone, this node adopts that node's sessions first (this one among
-        them; the broker checks its owner here then)."""
+        ``_hand_over``): the client id goes back to it and ``done`` gets the refusal. A node
+        that is gone (its lease expired, or Redis saw its connection close: killed) is adopted
+        first, this session among its own. A node alive that does not answer within
+        HANDOVER_SECONDS (frozen, or not listening yet) keeps the session: the CONNECT is
+        refused with 0x88 (Server unavailable), which the client retries; a new session never
+        starts over one another node has."""
         key = f"{PREFIX}client:{client_id}"
         refusal: MQTTError | None = None
         try:
             previous = await self.redis.eval(_CLAIM_SCRIPT, 1, key, self.node_id)
-            if previous is not None:  # another node's: settled first (adopted if gone)
-                await self._owner_settled(key, previous)
-                previous = await self.redis.set(key, self.node_id, get=True)
-            old = previous.decode() if previous is not None else self.node_id
-            if old != self.node_id and await self.redis.exists(f"{PREFIX}node:{old}"):
-                reply = f"{PREFIX}handover:{secrets.token_hex(8)}"
-                request = json.dumps(
-                    {"client": client_id, "reply": reply, "clean": clean_start, "user": username}
+            if previous is not None:  # another node's: taken from it (adopted if gone)
+                refusal = await self._take_over(
+                    client_id, key, previous.decode(), clean_start, username
                 )
-                if await self.redis.publish(f"{PREFIX}ctl:{old}", request):
-                    answer = await self.redis.blpop([reply], timeout=HANDOVER_SECONDS)
-                    if answer is None and not await self.redis.exists(f"{PREFIX}node:{old}"):
-                        # It stopped answering and its lease ran out meanwhile: it is gone.
-                        await self._adopt(old, client_id)
-                    elif answer is None:
-                        log.warning(
-                            "cluster: client %s: node %r did not hand its session over within "
-                            "%g s; a new session starts here",
-                            client_id,
-                            old,
-                            HANDOVER_SECONDS,
-                        )
-                    elif answer[1]:
-                        state = _answer(client_id, answer[1])
-                        if "refused" in state:
-                            refusal = MQTTError(state["reason"], state["refused"])
-                            await self.redis.eval(_GIVE_BACK_SCRIPT, 1, key, self.node_id, old)
-                        else:
-                            self._restore(client_id, state)
-                            log.info(
-                                "cluster: client %s: session taken over from node %r",
-                                client_id,
-                                old,
-                            )
         except (RedisError, OSError) as exc:
-            log.warning(
-                "cluster: client %s: owner not checked, Redis failed (%s)%s",
-                client_id,
-                exc,
-                "" if refusal is not None else "; served here",
-            )
+            if clean_start or client_id in self.broker.sessions:
+                # (Clean Start: whatever session it had is not wanted; or its session is here)
+                log.warning(
+                    "cluster: client %s: owner not checked, Redis failed (%s); served here",
+                    client_id,
+                    exc,
+                )
+            else:
+                log.warning("cluster: client %s: refused, Redis failed (%s)", client_id, exc)
+                refusal = MQTTError(
+                    "cluster: Redis unreachable, the client's session cannot be found; retry",
+                    ReasonCode.SERVER_UNAVAILABLE,
+                )
         except MQTTError as exc:
-            log.warning("cluster: client %s: %s; a new session starts here", client_id, exc)
+            log.warning("cluster: client %s: %s; refused", client_id, exc)
+            refusal = MQTTError(
+                f"cluster: the session could not be taken over ({exc.message}); retry",
+                ReasonCode.SERVER_UNAVAILABLE,
+            )
         # The session's routes (if it came from another node) are in Redis before the CONNACK.
         self.store.after_commit(partial(done, refusal))
 
-    async def _owner_settled(self, key: str, found: bytes | None) -> None:
-        """Wait until the owner of the client id ``key`` (``found``: as just read) is this
-        node, none, or a node that can hand its session over: a node gone is adopted here; a
-        node whose lease is held but who does not listen (being adopted, or starting) is given
-        up to HANDOVER_SECONDS."""
+    async def _take_over(
+        self, client_id: str, key: str, owner: str, clean: bool, username: str | None
+    ) -> MQTTError | None:
+        """``client_id`` is ``owner``'s: take it with its session (None), or the refusal the
+        CONNECT gets."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + HANDOVER_SECONDS
         adopted: set[str] = set()
-        while True:
-            owner = None if found is None else found.decode()
-            if owner is None or owner == self.node_id or owner in adopted:
-                return
-            if not await self.redis.exists(f"{PREFIX}node:{owner}"):
+        while owner != self.node_id:
+            gone, lease = await self._holder_gone(owner)
+            if gone and owner not in adopted:
                 adopted.add(owner)
-                await self._adopt(owner)
-            else:
-                listening = await self.redis.pubsub_numsub(f"{PREFIX}ctl:{owner}")
-                if listening[0][1] or loop.time() > deadline:
-                    return
+                await self._adopt(owner, client_id, lease)
+            elif gone:
+                if not await self.redis.sismember(PREFIX + "nodes", owner):
+                    # Adopted (here or elsewhere), the client id not among its sessions: free.
+                    await self.redis.eval(_GIVE_BACK_SCRIPT, 1, key, owner, self.node_id)
+            elif loop.time() > deadline:
+                log.warning(
+                    "cluster: client %s: node %r has its session and did not hand it over "
+                    "within %g s: refused (0x88), the client retries",
+                    client_id,
+                    owner,
+                    HANDOVER_SECONDS,
+                )
+                return MQTTError(
+                    f"cluster: node {owner!r} has this client's session and does not answer; retry",
+                    ReasonCode.SERVER_UNAVAILABLE,
+                )
+            elif (await self.redis.pubsub_numsub(f"{PREFIX}ctl:{owner}"))[0][1]:
+                answer = await self._ask(client_id, key, owner, clean, username, deadline)
+                if answer is not None:
+                    if "refused" in answer:
+                        return MQTTError(answer["reason"], answer["refused"])
+                    if "session" in answer:
+                        self._restore(client_id, answer["session"])
+                        log.info(
+                            "cluster: client %s: session taken over from node %r", client_id, owner
+                        )
+                    return None
+            found = await self.redis.eval(_CLAIM_SCRIPT, 1, key, self.node_id)
+            if found is None:
+                return None
+            if found.decode() == owner:
                 await asyncio.sleep(0.1)
-            found = await self.redis.get(key)
+            owner = found.decode()
+        return None
+
+    async def _ask(
+        self,
+        client_id: str,
+        key: str,
+        owner: str,
+        clean: bool,
+        username: str | None,
+        deadline: float,
+    ) -> dict[str, Any] | None:
+        """Ask the live node ``owner`` to hand ``client_id``'s session over: its answer
+        (``session``: the session; nothing: none there; ``refused``...), or None if it did not
+        answer by ``deadline`` (the client id is then given back to it, and an answer that
+        comes later is refused in Redis: that node keeps the session, see _REPLY_SCRIPT)."""
+        previous = await self.redis.set(key, self.node_id, get=True)
+        if previous is None or previous.decode() != owner:
+            # Changed hands meanwhile: give it back, the caller looks again.
+            await self.redis.eval(
+                _GIVE_BACK_SCRIPT,
+                1,
+                key,
+                self.node_id,
+                owner if previous is None else previous.decode(),
+            )
+            return None
+        token = secrets.token_hex(8)
+        reply = f"{PREFIX}handover:{token}"
+        request = json.dumps(
+            {"client": client_id, "reply": reply, "clean": clean, "user": username}
+        )
+        data: bytes | None = None
+        if await self.redis.publish(f"{PREFIX}ctl:{owner}", request):
+            loop = asyncio.get_running_loop()
+            while True:  # (in slices: a node found gone meanwhile is adopted at once)
+                wait = min(ASK_SLICE, deadline - loop.time())
+                found = await self.redis.blpop([reply], timeout=max(0.01, wait))
+                if found is not None:
+                    data = found[1]
+                    break
+                if loop.time() >= deadline or (await self._holder_gone(owner))[0]:
+                    break
+        if data is None:
+            data = await self.redis.eval(
+                _ABANDON, 3, key, reply, reply + ":gone", self.node_id, owner
+            )
+        if data is None:
+            return None
+        if not data:
+            return {}
+        state = _answer(client_id, data)
+        if "refused" in state:
+            await self.redis.eval(_GIVE_BACK_SCRIPT, 1, key, self.node_id, owner)
+            return state
+        return {"session": state}
+
+    async def _holder_gone(self, node: str) -> tuple[bool, str]:
+        """Whether ``node`` is gone: its lease expired, or the Redis connection it names (the
+        node's liveness connection, see _renew) is closed, as Redis sees at once when a node
+        is killed. With it, the lease as read ("" if none). A node frozen (SIGSTOP, a VM
+        paused) keeps its connection open: its lease has to run out."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.get(f"{PREFIX}node:{node}")
+        pipe.info("server")
+        value, info = await pipe.execute()
+        if value is None:
+            return True, ""
+        lease = value.decode()
+        _, _, rest = lease.partition("/")
+        conn_id, _, run_id = rest.partition("/")
+        if not conn_id or run_id != str(info.get("run_id")):
+            return False, lease  # (a Redis restarted since gives ids anew)
+        try:
+            listed = await self.redis.client_list(client_id=[conn_id])
+        except ResponseError as exc:  # (a Redis user without CLIENT LIST: the lease only)
+            if not self._no_client_list:
+                self._no_client_list = True
+                log.warning(
+                    "cluster: CLIENT LIST refused (%s): a node killed is found gone only once "
+                    "its lease (node_ttl) runs out",
+                    exc,
+                )
+            return False, lease
+        return not listed, lease
 
     def _restore(self, client_id: str, data: bytes | dict[str, Any], away: bool = False) -> None:
         """A session from another node or from Redis, built here and written afresh there."""
@@ -591,17 +729,18 @@ class ClusterNode(Backplane):
         if session.persistent:
             self.store.rewrite_all(session)
 
-    async def _adopt(self, node: str, claiming: str = "", chunk: int = 200) -> None:
-        """``node`` is gone (its lease expired): its persistent sessions become this node's,
-        built from Redis; the messages left in its stream are routed here (they may come
-        twice: at least once); then its routes and stream go. ``claiming``: a client id this
-        node took already for a CONNECT (its session is adopted all the same)."""
+    async def _adopt(self, node: str, claiming: str = "", seen: str = "", chunk: int = 200) -> None:
+        """``node`` is gone (its lease expired, or its connection closed: ``seen`` is its lease
+        as read then): its persistent sessions become this node's, built from Redis; the
+        messages left in its stream are routed here (they may come twice: at least once);
+        then its routes and stream go. ``claiming``: a client id this node took already for a
+        CONNECT (its session is adopted all the same)."""
         async with self._adopting:
             lease = f"{PREFIX}node:{node}"
             ttl_ms = int(self.config.node_ttl * 1000)
             if not await self.redis.sismember(PREFIX + "nodes", node):
                 return  # adopted already
-            if not await self.redis.set(lease, self.token, nx=True, px=ttl_ms):
+            if not await self.redis.eval(_TAKE_LEASE, 1, lease, seen, self.token, ttl_ms):
                 return  # alive again, or adopted by another node now
             log.warning("cluster: node %r is gone: adopting its sessions and messages", node)
             owned = [c.decode() for c in await self.redis.smembers(f"{PREFIX}owned:{node}")]
@@ -646,7 +785,7 @@ class ClusterNode(Backplane):
             await self._committed()
             pipe = self.redis.pipeline(transaction=False)
             pipe.delete(stream, f"{PREFIX}owned:{node}")
-            pipe.eval(_RELEASE_SCRIPT, 1, lease, self.token)
+            pipe.eval(_LEAVE_SCRIPT, 1, lease, self.token)
             await pipe.execute()
             log.warning(
                 "cluster: node %r adopted: %d sessions, %d stream entries routed here",
@@ -761,7 +900,7 @@ class ClusterNode(Backplane):
                     exc.message,
                 )
                 refusal = {"refused": exc.reason_code, "reason": exc.message}
-                self._queue(_REPLY, reply, json.dumps(refusal).encode())
+                self._queue(_REPLY, reply, (client_id, json.dumps(refusal).encode()))
                 return
             session = self._disconnect(session)
         if session is not None:
@@ -779,7 +918,7 @@ class ClusterNode(Backplane):
             else:
                 answer = serialise(session, now)
                 forget(broker, session)
-        self._queue(_REPLY, reply, answer)
+        self._queue(_REPLY, reply, (client_id, answer))
 
     def _disconnect(self, session: Session) -> Session | None:
         """Close the connection of ``session``'s client here, if any (0x8E: another node has
@@ -854,6 +993,7 @@ class ClusterNode(Backplane):
         routed: set[str] = set()
         streams: dict[str, list[bytes]] = {}  # node -> its QoS 1/2 frames in this batch
         channels: dict[str, list[bytes]] = {}  # node -> its QoS 0 frames
+        replies: list[tuple[int, tuple[str, bytes]]] = []  # hand-overs: (index, their op)
         # Session changes first: a session handed over (_REPLY) is in Redis as it left here.
         ClusterStore.write_changes(pipe, changes, me, PREFIX, self.broker.clock())
         for kind, name, data in ops:
@@ -882,8 +1022,8 @@ class ClusterNode(Backplane):
             elif kind == _XACK:
                 pipe.xack(self._stream_key, GROUP, *data)
             elif kind == _REPLY:
-                pipe.rpush(name, data)
-                pipe.expire(name, 60)
+                replies.append((len(pipe.command_stack), data))
+                pipe.eval(_REPLY_SCRIPT, 2, name, name + ":gone", data[1])
             elif name not in self.broker.sessions:  # _RELEASE: not if it is back already
                 pipe.eval(_RELEASE_SCRIPT, 1, f"{PREFIX}client:{name}", me)
         # The messages for one node go as few entries (or pub/sub messages) as their size allows.
@@ -895,7 +1035,15 @@ class ClusterNode(Backplane):
             channel = f"{PREFIX}pub:{node}"
             for entry in pack(frames):
                 pipe.publish(channel, entry)
-        await pipe.execute()
+        results = await pipe.execute()
+        for index, (client_id, answer) in replies:
+            if not results[index] and answer and not answer.startswith(b'{"refused"'):
+                # Its requester had given up (see _ABANDON): the session stays here.
+                log.warning(
+                    "cluster: client %s: hand-over answered too late; the session stays here",
+                    client_id,
+                )
+                self._restore(client_id, answer)
 
     def _lost(self, exc: BaseException) -> None:
         if not self._down:
@@ -917,6 +1065,11 @@ class ClusterNode(Backplane):
         retained messages are written again when it is back, QoS 0 messages dropped."""
         self.store.put_back(changes)
         self._retry.extend(op for op in ops if op[0] in (_XACK, _RELEASE))
+        for kind, _, data in ops:
+            if kind == _REPLY and data[1] and not data[1].startswith(b'{"refused"'):
+                # Its requester gets no answer (it gives the client id back): the session
+                # handed over stays here (if Redis took it after all, _owned_sessions sees).
+                self._restore(data[0], data[1])
         frames = [(name, data) for kind, name, data in ops if kind == _XADD]
         if not frames:
             return True
@@ -967,9 +1120,13 @@ class ClusterNode(Backplane):
         them), read the others' again, send what waited in the outbox. False if Redis does not
         answer yet."""
         try:
-            await self.redis.set(
-                self._lease_key, self.token, nx=True, px=int(self.config.node_ttl * 1000)
-            )
+            kept = await self._renew_lease()
+            if kept != 1:
+                # Lost (expired, or this node was adopted): a new lease, of a new token, so
+                # that nothing sent under the old one passes a fence (see store.py).
+                self.token = secrets.token_hex(16)
+                if not await self._take_lease():
+                    return False  # (another node adopting this one holds it: later)
             await self._prepare()
             await self._resync()
             await self._owned_sessions()
@@ -1105,28 +1262,56 @@ class ClusterNode(Backplane):
             self.store.after_commit(partial(self._queue, _XACK, "", ids))
             await asyncio.sleep(0)  # let the deliveries flush before the next read
 
+    async def _liveness(self) -> str:
+        """``<id>/<run_id>``: the Redis CLIENT ID of this node's liveness connection, and the
+        run_id of that Redis (ids start again when it restarts)."""
+        pipe = self._live.pipeline(transaction=False)
+        pipe.client_id()
+        pipe.info("server")
+        conn_id, info = await pipe.execute()
+        return f"{conn_id}/{info.get('run_id')}"
+
+    async def _take_lease(self) -> bool:
+        """This node's lease, if nobody holds it."""
+        ttl = self.config.node_ttl
+        sent = asyncio.get_running_loop().time()
+        alive = await self._liveness()
+        value = f"{self.token}/{alive}"
+        if not await self._live.set(self._lease_key, value, nx=True, px=int(ttl * 1000)):
+            return False
+        self._valid_until = sent + ttl
+        return True
+
+    async def _renew_lease(self) -> int:
+        """1: renewed; 2: gone (expired, or adopted); 0: another token holds it."""
+        ttl = self.config.node_ttl
+        sent = asyncio.get_running_loop().time()
+        alive = await self._liveness()
+        kept: int = await self._live.eval(
+            _RENEW, 1, self._lease_key, self.token, alive, int(ttl * 1000)
+        )
+        if kept == 1:
+            self._valid_until = sent + ttl
+        return kept
+
     async def _renew(self) -> None:
-        ttl_ms = int(self.config.node_ttl * 1000)
         while True:
             await asyncio.sleep(self.config.node_ttl / 3)
             try:
-                kept = await self.redis.eval(_RENEW, 1, self._lease_key, self.token, ttl_ms)
+                kept = await self._renew_lease()
                 if self.config.adopt_after and not self._down:
                     await self._sweep()
             except (RedisError, OSError) as exc:
                 self._lost(exc)
                 continue
-            if kept == 2 and not self._down:
-                # The lease had run out (this node did not reach Redis for node_ttl): another
-                # node may have adopted it meanwhile. Resynchronise as after Redis was down.
+            if kept != 1 and not self._down:
+                # The lease had run out (this node did not reach Redis for node_ttl), or
+                # another node is adopting this one: its sessions may be elsewhere now.
+                # Resynchronise as after Redis was down (_back takes a new lease).
                 log.warning(
-                    "cluster: the lease of node %r had expired: resynchronising", self.node_id
+                    "cluster: the lease of node %r %s: resynchronising",
+                    self.node_id,
+                    "had expired" if kept == 2 else "is held by another node (adopting it?)",
                 )
                 self._down = True
                 self._gone.set()
-            if not kept:
-                log.error(
-                    "cluster.node_id: the lease of node %r is held by another process; two "
-                    "nodes with one node_id lose messages",
-                    self.node_id,
-                )

@@ -1,0 +1,93 @@
+"""A cluster you can kill: a node killed (SIGKILL) or frozen (SIGSTOP) loses no acknowledged
+message, and a client coming back at once, as a device behind a load balancer does, finds its
+session on another node (Session Present 1) or is refused with a code it retries (0x88), never
+given an empty session over its stored one.
+
+Real node processes on a real redis-server, with the default ``node_ttl`` (10 s): a device does
+not wait for a lease to run out before reconnecting."""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Any
+
+import pytest
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from support.clients import MQTT_5, PahoClient, unique
+
+pytestmark = pytest.mark.needs_redis
+
+SERVER_UNAVAILABLE = 0x88
+TAKEN_OVER = 0x8E
+
+
+def client(node: Any, **kw: Any) -> PahoClient:
+    c = PahoClient(node.host, node.port, MQTT_5, **kw)
+    c.connect()
+    return c
+
+
+def device(node: Any, client_id: str, clean: bool) -> PahoClient:
+    """A client with a persistent session (Session Expiry Interval 3600), not yet connected."""
+    props = Properties(PacketTypes.CONNECT)
+    props.SessionExpiryInterval = 3600
+    c = PahoClient(node.host, node.port, MQTT_5, client_id=client_id, clean=clean)
+    c.connect_properties = props
+    return c
+
+
+def wait_for(predicate: Any, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def payloads(c: PahoClient) -> list[bytes]:
+    return [m.payload for m in c.received() if m.payload != b"probe"]
+
+
+def until_routed(pub: PahoClient, sub: PahoClient, topic: str) -> None:
+    """Publish probes (QoS 0) until ``sub`` gets one: ``pub``'s node has the route."""
+
+    def probed() -> bool:
+        pub.publish(topic, b"probe")
+        time.sleep(0.05)
+        return any(m.payload == b"probe" for m in sub.received())
+
+    wait_for(probed, f"the route of {topic!r} to reach the publisher's node", 10)
+
+
+def test_a_device_back_at_once_after_its_node_is_killed_finds_its_session(start_node) -> None:
+    """The device's session is on b; 300 QoS 1 messages are acknowledged on a (in b's stream);
+    b is SIGKILLed and the device reconnects to a at once: its session is there (Session
+    Present 1) with the 300 messages. Redis saw b's connection close: a adopts b without
+    waiting for b's lease (node_ttl, 10 s) to run out."""
+    a = start_node("a")
+    b = start_node("b")
+    client_id = unique("dur")
+    topic = unique("p")
+    sub = device(b, client_id, clean=True)
+    sub.connect()
+    sub.subscribe(f"{topic}/#", qos=1)
+    pub = client(a)
+    until_routed(pub, sub, f"{topic}/x")
+    sub.close()  # away: the messages wait in b's stream and session
+    sent = [f"m{i}".encode() for i in range(300)]
+    infos = [pub.publish(f"{topic}/x", p, qos=1, wait=False) for p in sent]
+    for info in infos:
+        assert pub.wait_published(info, timeout=30) == 0  # acknowledged
+    b.send_signal(signal.SIGKILL)
+    b.wait_exit()
+    again = device(a, client_id, clean=False)
+    again.connect()  # at once, on the other node
+    assert again.session_present, a.log_text()
+    wait_for(lambda: set(payloads(again)) >= set(sent), "the 300 acknowledged messages")
+    assert a.wait_for_log(r"node 'b' adopted: 1 sessions", 10) is not None
+    connects = [line for line in a.log_text().splitlines() if f"client {client_id} conn" in line]
+    assert connects and all("session resumed" in line for line in connects), connects
+    for x in (again, pub):
+        x.close()
