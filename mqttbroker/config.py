@@ -130,6 +130,11 @@ class SecurityConfig:
     # `topic deny secret/x`): "filter" grants it and never delivers the denied topics through it
     # (as Mosquitto does); "refuse" refuses it (0x87).
     acl_partly_denied: str = "filter"
+    # The order in which the login sources are asked: "password_file", "dynsec", "jwt",
+    # "http" (each configured source once; mqttbroker/security/chain.py). Each answers allow,
+    # deny or not mine; the first allow or deny decides. Empty: those configured, in the order
+    # dynsec, password_file, jwt, http.
+    chain: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -206,6 +211,10 @@ class Config:
     storage: StorageConfig = field(default_factory=StorageConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
     dynsec: DynsecConfig = field(default_factory=DynsecConfig)
+    # [jwt] and [http_auth]: security/tokens.py TokenSettings, security/http_backend.py
+    # HttpAuthSettings (frozen; read by _settings)
+    jwt: Any = None
+    http_auth: Any = None
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     data_dir: str = "./data"  # in a config file: relative to the file's directory
     log_level: str = "info"
@@ -267,6 +276,8 @@ TOP_LEVEL_KEYS = (
     "storage",
     "security",
     "dynsec",
+    "jwt",
+    "http_auth",
     "cluster",
     "admin",
     "alerts",
@@ -343,6 +354,10 @@ def from_table(data: dict[str, Any], source: str, directory: Path) -> Config:
             if not isinstance(value, dict):
                 raise ConfigError(f"{source}: {key}: expected a table [{key}]")
             _fill(getattr(config, key), value, f"{key}.", source)
+        elif key in ("jwt", "http_auth"):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{source}: {key}: expected a table [{key}]")
+            setattr(config, key, _settings(key, value, source))
         elif key == "listener":
             if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
                 raise ConfigError(f"{source}: listener: expected an array of tables [[listener]]")
@@ -374,6 +389,29 @@ def from_table(data: dict[str, Any], source: str, directory: Path) -> Config:
         config.gather_us = 0  # the one spins where the other sleeps
     check(config, source)
     return config
+
+
+def _settings(section: str, table: dict[str, Any], source: str) -> Any:
+    """[jwt] or [http_auth] as its (frozen) settings class, each value checked."""
+    from .security.http_backend import HttpAuthSettings
+    from .security.tokens import TokenSettings
+
+    cls: Any = TokenSettings if section == "jwt" else HttpAuthSettings
+    types = {f.name: f.type for f in dataclasses.fields(cls)}
+    py_types = {"int": int, "float": float, "bool": bool, "str": str}
+    values: dict[str, Any] = {}
+    for key, value in table.items():
+        where = f"{source}: {section}.{key}"
+        if key not in types:
+            raise ConfigError(f"{where}: unknown key; {_suggest(key, types)}")
+        declared = str(types[key])
+        if declared == "tuple[str, ...]":
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise ConfigError(f"{where}: expected a list of strings, got {value!r}")
+            values[key] = tuple(value)
+        else:
+            values[key] = _typed(value, py_types[declared], where)
+    return cls(**values)
 
 
 def _log_levels(value: Any, source: str) -> dict[str, str]:
@@ -433,6 +471,9 @@ def check(config: Config, source: str = "command line") -> None:
 
     security = config.security
     _check_dynsec(config, source)
+    _check_jwt(config, source)
+    _check_http_auth(config, source)
+    _check_chain(config, source)
     if security.acl_partly_denied not in ("filter", "refuse"):
         raise ConfigError(f'{source}: security.acl_partly_denied: expected "filter" or "refuse"')
     if security.max_login_failures < 0:
@@ -487,6 +528,117 @@ def _check_dynsec(config: Config, source: str) -> None:
         raise ConfigError(f"{source}: dynsec.enabled and security.acl_file: use one or the other")
     if dynsec.import_file and not os.path.isfile(dynsec.import_file):
         raise ConfigError(f"{source}: dynsec.import_file: file not found: {dynsec.import_file}")
+
+
+def _check_jwt(config: Config, source: str) -> None:
+    from .security.tokens import ASYMMETRIC, SYMMETRIC
+
+    jwt = config.jwt
+    if jwt is None or not jwt.enabled:
+        return
+    where = f"{source}: jwt"
+    if not jwt.algorithms:
+        raise ConfigError(f"{where}.algorithms: give at least one")
+    for alg in jwt.algorithms:
+        if alg not in ASYMMETRIC | SYMMETRIC:
+            raise ConfigError(
+                f"{where}.algorithms: {alg!r} is not accepted (one of "
+                f"{', '.join(sorted(ASYMMETRIC | SYMMETRIC))}; never none)"
+            )
+    for key in ("public_key_file", "jwks_file", "secret_file"):
+        path = getattr(jwt, key)
+        if path and not Path(path).is_file():
+            raise ConfigError(f"{where}.{key}: file not found: {path}")
+    if jwt.public_key_dir and not Path(jwt.public_key_dir).is_dir():
+        raise ConfigError(f"{where}.public_key_dir: not a directory: {jwt.public_key_dir}")
+    if jwt.secret_file and jwt.secret_env:
+        raise ConfigError(f"{where}.secret_file and secret_env: set one or the other")
+    secret = jwt.secret_file or jwt.secret_env
+    public = jwt.public_key_file or jwt.public_key_dir or jwt.jwks_file
+    if any(alg in SYMMETRIC for alg in jwt.algorithms) and not secret:
+        raise ConfigError(f"{where}.algorithms: HS* needs jwt.secret_file or jwt.secret_env")
+    if any(alg in ASYMMETRIC for alg in jwt.algorithms) and not public:
+        raise ConfigError(
+            f"{where}.algorithms: {', '.join(a for a in jwt.algorithms if a in ASYMMETRIC)} "
+            "need jwt.public_key_file, public_key_dir or jwks_file"
+        )
+    if not secret and not public:
+        raise ConfigError(f"{where}: give public_key_file, public_key_dir, jwks_file or a secret")
+    if not 0 <= jwt.leeway <= 3600:
+        raise ConfigError(f"{where}.leeway: must be between 0 and 3600 seconds")
+    if not 64 <= jwt.max_token_size <= 65_536:
+        raise ConfigError(f"{where}.max_token_size: must be between 64 and 65,536 bytes")
+    if not jwt.username_claim:
+        raise ConfigError(f"{where}.username_claim: must not be empty")
+
+
+def _check_http_auth(config: Config, source: str) -> None:
+    http = config.http_auth
+    if http is None or not http.enabled:
+        return
+    where = f"{source}: http_auth"
+    if not http.url and not http.acl_url:
+        raise ConfigError(f"{where}: give url (logins), acl_url (rights) or both")
+    for key in ("url", "acl_url"):
+        url = getattr(http, key)
+        if url and (urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname):
+            raise ConfigError(f"{where}.{key}: expected an http:// or https:// URL, got {url!r}")
+    if not 0 < http.timeout <= 60:
+        raise ConfigError(f"{where}.timeout: must be between 0 and 60 seconds")
+    if http.cache_ttl < 0:
+        raise ConfigError(f"{where}.cache_ttl: must not be negative (0: no cache)")
+    if http.cache_size < 1:
+        raise ConfigError(f"{where}.cache_size: must be at least 1")
+    if not 1 <= http.max_concurrent <= 10_000:
+        raise ConfigError(f"{where}.max_concurrent: must be between 1 and 10,000")
+    if http.when_down not in ("deny", "ignore"):
+        raise ConfigError(f'{where}.when_down: expected "deny" or "ignore"')
+    if http.token_file and not Path(http.token_file).is_file():
+        raise ConfigError(f"{where}.token_file: file not found: {http.token_file}")
+    if http.token_file and http.token_env:
+        raise ConfigError(f"{where}.token_file and token_env: set one or the other")
+
+
+def configured_sources(config: Config) -> list[str]:
+    """The login sources ``config`` sets up, in the default chain's order."""
+    names = []
+    if config.dynsec.enabled:
+        names.append("dynsec")
+    if config.security.password_file:
+        names.append("password_file")
+    if config.jwt is not None and config.jwt.enabled:
+        names.append("jwt")
+    if config.http_auth is not None and config.http_auth.enabled:
+        names.append("http")
+    return names
+
+
+def _check_chain(config: Config, source: str) -> None:
+    from .security.chain import SOURCES
+
+    chain = config.security.chain
+    where = f"{source}: security.chain"
+    if not isinstance(chain, list) or not all(isinstance(name, str) for name in chain):
+        raise ConfigError(f'{where}: expected a list of source names, e.g. ["jwt", "http"]')
+    if not chain:
+        return
+    configured = configured_sources(config)
+    needs = {
+        "password_file": "security.password_file",
+        "dynsec": "dynsec.enabled",
+        "jwt": "jwt.enabled",
+        "http": "http_auth.enabled",
+    }
+    for name in chain:
+        if name not in SOURCES:
+            raise ConfigError(f"{where}: unknown source {name!r}; one of {', '.join(SOURCES)}")
+        if chain.count(name) > 1:
+            raise ConfigError(f"{where}: {name!r} is named twice")
+        if name not in configured:
+            raise ConfigError(f"{where}: {name!r} needs {needs[name]}")
+    for name in configured:
+        if name not in chain:
+            raise ConfigError(f"{where}: {name!r} is configured ({needs[name]}): name it too")
 
 
 def _check_cluster(cluster: ClusterConfig, where: str) -> None:

@@ -12,6 +12,7 @@ Two ways a client proves who it is (section 4.12):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -81,6 +82,17 @@ class AllowAll:
         self, method: str, client_id: str, username: str | None, address: str | None = None
     ) -> AuthExchange | None:
         return None
+
+
+class Pending(Exception):  # noqa: N818 (not an error: the answer is on its way)
+    """Raised by an authorizer's ``ask_publish``/``ask_subscribe`` (optional methods, for an
+    authorizer that asks a service: http_auth) when it has no answer yet: the connection holds
+    its input from the packet that asked, and ``wait(resume)`` calls ``resume`` once the answer
+    is in; the packet is then handled again and finds it."""
+
+    def __init__(self, wait: Callable[[Callable[[], None]], None]) -> None:
+        super().__init__("authorization pending")
+        self.wait = wait
 
 
 class Authorizer(Protocol):

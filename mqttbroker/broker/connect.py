@@ -84,15 +84,19 @@ def on_connect(conn: Connection, packet: pk.Connect) -> None:
     conn.username = packet.username  # as claimed, for the log until CONNACK says more
     if certificate_user is None and method is None:
         anonymous = conn.policy.allow_anonymous
-        if packet.username is None and anonymous is not None:
+        if packet.username is None and packet.password is None and anonymous is not None:
             if not anonymous:  # this listener's own rule
                 raise MQTTError(
                     "anonymous access refused on this listener", ReasonCode.NOT_AUTHORIZED
                 )
         elif broker.offload is not None:
-            # Hashing a password takes milliseconds: off the event loop, while this
-            # connection waits (state AUTHENTICATING, input held) for the answer.
-            _check_password_offloaded(conn, packet, anonymous)
+            # Hashing a password takes milliseconds, an HTTP service longer: checked by the
+            # edge while this connection waits (state AUTHENTICATING, input held) for the
+            # answer, conn.password_checked.
+            conn.to(AUTHENTICATE)
+            conn.checking = True
+            conn.held_connect = packet
+            broker.offload(conn, packet, anonymous)
             return
         else:
             code = broker.authenticator.check_password(
@@ -162,24 +166,6 @@ def on_auth(conn: Connection, packet: pk.Auth) -> None:
     elif code != ReasonCode.CONTINUE_AUTHENTICATION or conn.auth is None:
         raise ProtocolError(f"unexpected AUTH reason code 0x{code:02X}")
     auth_step(conn, packet.properties.get(prop.AUTHENTICATION_DATA))
-
-
-def _check_password_offloaded(conn: Connection, packet: pk.Connect, anonymous: bool | None) -> None:
-    """Hash the password off the event loop (see on_connect). A function of its own: a closure
-    in on_connect would make every CONNECT allocate its variables' environment."""
-    broker = conn.broker
-    assert broker.offload is not None
-    conn.to(AUTHENTICATE)
-    conn.checking = True
-    conn.held_connect = packet
-    authenticator = broker.authenticator
-    address = conn.address
-    broker.offload(
-        lambda: authenticator.check_password(
-            packet.client_id, packet.username, packet.password, anonymous, address
-        ),
-        conn.password_checked,
-    )
 
 
 def _claim(

@@ -344,13 +344,17 @@ class Connection:
             self.input_paused = False
             self.link.resume_reading()
 
-    def password_checked(self, code: int) -> None:
-        """The answer of a password check run off the event loop (see connect.on_connect)."""
+    def password_checked(self, code: int, username: str | None = None) -> None:
+        """The answer of a password check run off the event loop (see connect.on_connect):
+        ``code`` (0 accepts) and, if not None, the user name the check established (a
+        token's claim), which replaces the CONNECT's."""
         self.checking = False
         packet = self.held_connect
         self.held_connect = None
         if self.state == CLOSED or packet is None:
             return
+        if username is not None:
+            packet.username = username
         self._resume_connect(packet, None, code)
 
     def claim_done(self, packet: pk.Connect, auth_props: dict[int, Any] | None) -> None:

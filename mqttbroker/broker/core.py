@@ -102,9 +102,12 @@ class Broker:
         # Called when the first connection of a loop pass has output (or deferred input); the
         # edge schedules flush() for the end of the pass. None: the caller flushes (tests do).
         self.wake: Callable[[], object] | None = None
-        # Runs a blocking function (a password check) elsewhere and calls back on the event
-        # loop with its result; set by the edge. None: run it here (tests do).
-        self.offload: Callable[[Callable[[], int], Callable[[int], None]], None] | None = None
+        # Checks a CONNECT's user name and password elsewhere (the edge's chain of login
+        # sources: hashing on worker threads, an HTTP service...), called with the connection,
+        # the CONNECT and the listener's anonymous rule; the answer comes back on the event
+        # loop through conn.password_checked(code, username). None: the authenticator's
+        # check_password, here (tests do).
+        self.offload: Callable[[Connection, pk.Connect, bool | None], None] | None = None
         self._dirty: list[Connection] = []
         self._deferred: list[Connection] = []  # input left for the next pass
         self._flush_due = False  # the pass has output or deferred input: flush() will run

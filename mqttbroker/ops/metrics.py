@@ -10,6 +10,7 @@ registry also has prometheus-client's process and platform collectors (CPU, memo
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 from prometheus_client.core import (
@@ -156,3 +157,34 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class HttpAuthCollector(Collector):
+    """The HTTP auth backend's counters (``HttpBackend.counts``, kept by the backend anyway):
+    calls made, answers from the cache, allow/deny/ignore answers, and calls that found the
+    service down (their reason is in the log)."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+
+    def collect(self) -> Iterator[Metric]:
+        counts = self.backend.counts
+        yield CounterMetricFamily(
+            "mqttbroker_http_auth_calls", "Calls to the HTTP auth service", value=counts["calls"]
+        )
+        yield CounterMetricFamily(
+            "mqttbroker_http_auth_cache_hits",
+            "HTTP auth answers taken from the cache",
+            value=counts["cache_hits"],
+        )
+        answers = CounterMetricFamily(
+            "mqttbroker_http_auth_answers", "The HTTP auth service's answers", labels=["result"]
+        )
+        for result in ("allow", "deny", "ignore"):
+            answers.add_metric([result], counts[result])
+        yield answers
+        yield CounterMetricFamily(
+            "mqttbroker_http_auth_down",
+            "HTTP auth calls that found the service down (time-out, refused, 5xx, bad body)",
+            value=counts["down"],
+        )

@@ -16,6 +16,11 @@ see :mod:`.authenticator`); ``min_iterations`` (weaker password-file entries sto
 roles decide every right (``security.acl_file`` must then be unset); user names it does not know
 are left to the password file. Its state is ``file`` (default
 ``<data_dir>/dynamic-security.json``), started from ``import_file`` when absent.
+
+``[jwt]`` (:mod:`.tokens`) and ``[http_auth]`` (:mod:`.http_backend`) are two more login
+sources; ``[security] chain`` orders all four (:mod:`.chain`). Without ``chain``, the configured
+ones in the order dynsec, password_file, jwt, http: a configuration written before the chain
+existed behaves as it did.
 """
 
 from __future__ import annotations
@@ -31,16 +36,18 @@ from ..broker.auth import Authenticator, Authorizer
 from ..broker.policy import ListenerPolicy
 from .acl import AclAuthorizer, AclRules
 from .authenticator import FileAuthenticator, LoginFailures, load_secret
+from .chain import AskingAuthorizer, AuthChain, ChainAuthenticator, ChainAuthorizer
 from .dynsec import (
     Dynsec,
-    DynsecAuthenticator,
     DynsecAuthorizer,
     DynsecError,
     load_state,
     save_state,
 )
 from .errors import SecurityFileError
+from .http_backend import HttpBackend
 from .passwords import PasswordFile
+from .tokens import TokenVerifier
 
 if TYPE_CHECKING:
     from ..config import Config, ListenerConfig
@@ -121,25 +128,53 @@ class Security:
         min_iterations: int = 0,
         dynsec: Dynsec | None = None,
         dynsec_path: str = "",
+        chain: list[str] | None = None,
+        tokens: TokenVerifier | None = None,
+        http: HttpBackend | None = None,
     ) -> None:
         self.authenticator = authenticator  # the password file's (also the admin server's)
         self.authorizer = authorizer
         # The dynamic security ([dynsec]), if enabled, and where its state is kept ("": memory)
         self.dynsec = dynsec
         self.dynsec_path = dynsec_path
+        self.tokens = tokens  # [jwt]
+        self.http = http  # [http_auth]
         self.broker_authenticator: Authenticator = authenticator
-        self.broker_authorizer: Authorizer | None = authorizer
-        if dynsec is not None:
-            self.broker_authenticator = DynsecAuthenticator(
-                dynsec, authenticator, authenticator.passwords is not None
-            )
-            self.broker_authorizer = DynsecAuthorizer(dynsec)
+        # The login sources in order (None: none configured, the anonymous rule alone: the
+        # password file's authenticator without a file answers at once)
+        names = list(chain or ())
+        self.chain = AuthChain(names, authenticator, dynsec, tokens, http) if names else None
+        if self.chain is not None:
+            self.broker_authenticator = ChainAuthenticator(self.chain)
+        self.chain_authorizer: ChainAuthorizer | None = None
+        self.broker_authorizer: Authorizer | None = self._rights(names, authorizer)
         self.password_file = password_file
         self.acl_file = acl_file
         self.min_iterations = min_iterations
 
+    def _rights(self, names: list[str], acl: AclAuthorizer | None) -> Authorizer | None:
+        """The broker's authorizer: the rule sources in chain order (see :mod:`.chain`); one
+        of them alone is asked directly (no cost over a broker without the chain)."""
+        rules: list[tuple[str, object]] = []
+        for name in names:
+            if name == "dynsec" and self.dynsec is not None:
+                rules.append((name, DynsecAuthorizer(self.dynsec)))
+            elif name == "password_file" and acl is not None:
+                rules.append((name, acl))
+            elif name == "http" and self.http is not None and self.http.settings.acl_url:
+                rules.append((name, None))
+        if acl is not None and ("password_file", acl) not in rules:
+            rules.insert(0, ("password_file", acl))  # an ACL without a password file: first
+        token_rights = self.tokens is not None and bool(self.tokens.settings.acl_claim)
+        asking = any(part is None for _, part in rules)
+        if not token_rights and not asking and len(rules) <= 1:
+            return rules[0][1] if rules else None  # type: ignore[return-value]
+        kind = AskingAuthorizer if asking else ChainAuthorizer
+        self.chain_authorizer = kind(rules, self.tokens, self.http)
+        return self.chain_authorizer
+
     def reload(self) -> bool:
-        """Read both files again. A file that fails to load is reported (file and line) and its
+        """Read the files again (the JWT keys too). A file that fails to load is reported (file and line) and its
         previous contents stay in force; True if everything reloaded. Connections stay up; the
         new rules apply to what clients do next."""
         ok = True
@@ -168,6 +203,14 @@ class Security:
                     rules.rule_count,
                     self.authorizer.generation,
                 )
+        if self.tokens is not None:
+            try:
+                self.tokens.reload()
+            except SecurityFileError as exc:
+                log.error("reload: %s; keeping the previous JWT keys", exc)
+                ok = False
+            else:
+                log.info("reloaded the JWT keys")
         return ok
 
 
@@ -202,7 +245,19 @@ def build_security(config: Config) -> Security:
     ]
     certificates = any(lst.tls_certificate_username != "none" for lst in config.listeners)
     dynsec, dynsec_path = _build_dynsec(config)
-    if passwords is None and not anonymous and not certificates and dynsec is None:
+    from ..config import configured_sources
+
+    chain = settings.chain or configured_sources(config)
+    tokens = http = None
+    if "jwt" in chain:
+        tokens = TokenVerifier(config.jwt)
+        log.info("JWT logins: algorithms %s", ", ".join(config.jwt.algorithms))
+    if "http" in chain:
+        http = HttpBackend(config.http_auth)
+        log.info("HTTP auth backend: %s", config.http_auth.url or config.http_auth.acl_url)
+    if len(chain) > 1 or tokens is not None or http is not None:
+        log.info("login sources, in order: %s", ", ".join(chain))
+    if not chain and not anonymous and not certificates:
         log.warning(
             "anonymous access is off, there is no password file and no listener takes user "
             "names from client certificates: every client will be refused. To accept clients "
@@ -237,6 +292,9 @@ def build_security(config: Config) -> Security:
         settings.min_iterations,
         dynsec,
         dynsec_path,
+        chain,
+        tokens,
+        http,
     )
 
 

@@ -133,7 +133,7 @@ class HttpBackend:
         self, client_id: str, username: str | None, address: str | None, topic: str, action: str
     ) -> str:
         """ALLOW, DENY or IGNORE for ``action`` (publish, subscribe, read) on ``topic``."""
-        key = (action, client_id, username, address, topic)
+        key = right_key(client_id, username, address, topic, action)
         body = {
             "client_id": client_id,
             "username": username,
@@ -142,6 +142,17 @@ class HttpBackend:
             "action": action,
         }
         return await self._ask(key, self.settings.acl_url, body)
+
+    def peek(self, key: tuple[Any, ...]) -> tuple[str | None, bool]:
+        """The cached answer for ``key``, even past its TTL (None: never asked or evicted),
+        and whether it is still fresh; nothing is removed. A fresh one counts as a hit."""
+        item = self._cache.get(key)
+        if item is None:
+            return None, False
+        fresh = item[0] > self.clock()
+        if fresh:
+            self.counts["cache_hits"] += 1
+        return item[1], fresh
 
     def cached(self, key: tuple[Any, ...]) -> str | None:
         item = self._cache.get(key)
@@ -214,6 +225,13 @@ class HttpBackend:
                 self.settings.when_down,
             )
         return self.settings.when_down, False
+
+
+def right_key(
+    client_id: str, username: str | None, address: str | None, topic: str, action: str
+) -> tuple[Any, ...]:
+    """The cache key of a right (:meth:`HttpBackend.authorize`, :meth:`HttpBackend.peek`)."""
+    return (action, client_id, username, address, topic)
 
 
 def _answer(status: int, text: bytes) -> str | None:

@@ -18,18 +18,22 @@ import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .. import compiled
+from ..broker.connection import Connection
 from ..broker.core import Broker
+from ..broker.state import CLOSED
 from ..broker.store import Store
 from ..config import Config
 from ..integrations import Integrations
 from ..ops.admin import AdminServer
 from ..ops.alerts import Survey
 from ..ops.sys_tree import SysTree
+from ..protocol import packets as pk
 from ..protocol.reasons import ReasonCode
 from ..security import build_security, listener_policy
+from ..security.chain import Login
 from ..security.dynsec import DynsecService
 from ..storage import StoreError
 from ..storage.lock import DataDirLock
@@ -94,6 +98,15 @@ class Server:
         self._serving = False
         self.integrations: Integrations | None = None  # bridges and webhooks, once loaded
         self.dynsec: DynsecService | None = None  # the dynamic security's commands, if enabled
+        self._tasks: set[asyncio.Task[None]] = set()  # logins and rights asked, under way
+        # JWT clients by client id: the connection each token logged in (disconnected when it
+        # expires, if still that connection)
+        self._token_conns: dict[str, Connection] = {}
+        self._rights_expire_at = 0.0  # when the HTTP rights connections cached go stale
+        if self.admin is not None and self.security.http is not None:
+            from ..ops.metrics import HttpAuthCollector
+
+            self.admin.metrics.registry.register(HttpAuthCollector(self.security.http))
 
     @staticmethod
     def _make_store(config: Config) -> Store:
@@ -156,7 +169,11 @@ class Server:
                 "gathering input for up to %d microseconds after each busy pass (plain TCP)",
                 self.config.gather_us,
             )
-        if self.config.security.password_file or self.security.dynsec is not None:
+        if self.security.http is not None:
+            await self.security.http.start()
+        if self.security.chain_authorizer is not None:
+            self.security.chain_authorizer.spawn = self._spawn
+        if self.security.chain is not None:
             broker.offload = self._offloader(loop)
         for index, config in enumerate(self.config.listeners):
             policy = listener_policy(config, self.config.security.allow_anonymous)
@@ -217,6 +234,7 @@ class Server:
                     # walked by the first collection: 11 ms). Walked now, it is small; then old.
                     gc.collect(1)
                 self.broker.tick()
+                self._security_tick()
                 self.sys_tree.tick()
                 self.survey.tick()
                 if self.admin is not None:
@@ -224,27 +242,87 @@ class Server:
             except Exception:
                 log.exception("error in the broker's periodic pass")
 
+    def _spawn(self, coroutine: Any) -> None:
+        """Run ``coroutine`` on the loop, keeping a reference until it is done."""
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     def _offloader(
         self, loop: asyncio.AbstractEventLoop
-    ) -> Callable[[Callable[[], int], Callable[[int], None]], None]:
-        """Password checks (PBKDF2: milliseconds each) run on worker threads, which hashlib
-        lets run beside the event loop; the answer comes back on the loop."""
+    ) -> Callable[[Connection, pk.Connect, bool | None], None]:
+        """Logins go through the chain of sources (security/chain.py) in a task of their own:
+        password checks (PBKDF2: milliseconds each) on worker threads, which hashlib lets run
+        beside the event loop, JWT on the loop, the HTTP service with aiohttp on the loop. The
+        answer comes back to the connection on the loop (conn.password_checked)."""
         executor = self._executor = ThreadPoolExecutor(
             max_workers=2, thread_name_prefix="password-check"
         )
+        run_blocking = partial(loop.run_in_executor, executor)
 
-        def offload(work: Callable[[], int], done: Callable[[int], None]) -> None:
-            def finished(future: asyncio.Future[int]) -> None:
-                try:
-                    result = future.result()
-                except Exception:
-                    log.exception("password check failed")
-                    result = ReasonCode.UNSPECIFIED_ERROR
-                done(result)
-
-            loop.run_in_executor(executor, work).add_done_callback(finished)
+        def offload(conn: Connection, packet: pk.Connect, anonymous: bool | None) -> None:
+            self._spawn(self._login(run_blocking, conn, packet, anonymous))
 
         return offload
+
+    async def _login(
+        self,
+        run_blocking: Callable[[Callable[[], Any]], Any],
+        conn: Connection,
+        packet: pk.Connect,
+        anonymous: bool | None,
+    ) -> None:
+        security = self.security
+        assert security.chain is not None
+        client_id = packet.client_id
+        try:
+            login = await security.chain.login(
+                run_blocking, client_id, packet.username, packet.password, anonymous, conn.address
+            )
+            rights = security.chain_authorizer
+            if not login.code and rights is not None:
+                rights.addresses[client_id] = conn.address
+                http = security.http
+                if packet.will is not None and http is not None and http.settings.acl_url:
+                    # asked now, cached: the will is checked when the client is gone
+                    await http.authorize(
+                        client_id, login.username, conn.address, packet.will.topic, "publish"
+                    )
+        except Exception:
+            log.exception("client %s: login check failed", client_id)
+            login = Login(ReasonCode.UNSPECIFIED_ERROR, None)
+        tokens = security.tokens
+        if tokens is not None and not login.code and conn.state != CLOSED:
+            # before the CONNECT goes on: the input held behind it may publish at once
+            if login.token is not None:
+                tokens.accepted(client_id, login.token)
+                self._token_conns[client_id] = conn
+            else:  # another source logged this client id in: an earlier token's rights go
+                tokens.forget(client_id)
+                self._token_conns.pop(client_id, None)
+        conn.password_checked(login.code, login.username)
+
+    def _security_tick(self) -> None:
+        """Close the connections whose token expired (MQTT 5: DISCONNECT 0x87 "token
+        expired"; 3.1.1: closed), and let the HTTP service's answers age."""
+        security = self.security
+        tokens = security.tokens
+        if tokens is not None:
+            for client_id in tokens.expired():
+                conn = self._token_conns.pop(client_id, None)
+                if conn is None or conn.state == CLOSED or conn.client_id != client_id:
+                    continue  # gone, or taken over by a login of its own
+                log.info("client %s: its token expired; disconnecting", client_id)
+                conn.disconnect(ReasonCode.NOT_AUTHORIZED, "token expired")
+        rights = security.chain_authorizer
+        if rights is not None:
+            rights.tick()
+            http = security.http
+            if http is not None and http.settings.acl_url:
+                now = self.broker.clock()
+                if now >= self._rights_expire_at:
+                    self._rights_expire_at = now + max(http.settings.cache_ttl, TICK_SECONDS)
+                    rights.expire()
 
     async def stop(self) -> None:
         """Stop what ``start`` started, also when it failed or was interrupted part way."""
@@ -262,6 +340,8 @@ class Server:
         self.broker.shutdown()
         if self.integrations is not None:
             await self.integrations.stop()
+        if self.security.http is not None:
+            await self.security.http.close()
         if self.cluster is not None:
             await self.cluster.stop()
         await self.store.close()
@@ -279,9 +359,9 @@ class Server:
         self._serving = False
 
     def reload_security(self) -> None:
-        """SIGHUP: read the password and ACL files again; connections stay up, and a file that
-        does not load is reported and its previous contents kept."""
-        log.info("SIGHUP: reloading the password and ACL files")
+        """SIGHUP: read the password and ACL files and the JWT keys again; connections stay
+        up, and a file that does not load is reported and its previous contents kept."""
+        log.info("SIGHUP: reloading the password and ACL files and the JWT keys")
         self.security.reload()
         self.broker.recheck_subscriptions()
 

@@ -439,13 +439,16 @@ class Offload:
     def __init__(self) -> None:
         self.pending: list[tuple[Any, Any]] = []
 
-    def __call__(self, work: Any, done: Any) -> None:
-        self.pending.append((work, done))
+    def __call__(self, conn: Any, packet: Any, anonymous: Any) -> None:
+        self.pending.append((conn, packet, anonymous))
 
     def run_all(self) -> None:
         jobs, self.pending = self.pending, []
-        for work, done in jobs:
-            done(work())
+        for conn, packet, anonymous in jobs:
+            code = conn.broker.authenticator.check_password(
+                packet.client_id, packet.username, packet.password, anonymous, conn.address
+            )
+            conn.password_checked(code)
 
 
 class AllowAll:

@@ -1,0 +1,83 @@
+"""``[jwt]``, ``[http_auth]`` and ``[security] chain`` in the configuration file: errors name
+the key; the default chain is the configured sources in today's order (dynsec, password_file),
+so a configuration written before the chain behaves as it did; the broker's authenticator and
+authorizer are then what they were (no chain object in the way of a broker without one)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from security_support import mosquitto_pbkdf2_line
+
+from mqttbroker.config import ConfigError, configured_sources, load
+from mqttbroker.security import build_security
+from mqttbroker.security.acl import AclAuthorizer
+from mqttbroker.security.authenticator import FileAuthenticator
+from mqttbroker.security.chain import AskingAuthorizer, ChainAuthenticator
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "broker.toml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[jwt]\nenabled = true\nalgorithm = []\n", "jwt.algorithm: unknown key; did you mean"),
+        ("[jwt]\nenabled = true\nleeway = 'x'\n", "jwt.leeway: expected a number"),
+        ("[jwt]\nenabled = true\nalgorithms = ['none']\nsecret_env = 'X'\n", "'none' is not"),
+        ("[jwt]\nenabled = true\nalgorithms = ['HS256']\n", "HS* needs jwt.secret_file"),
+        ("[jwt]\nenabled = true\n", "need jwt.public_key_file"),
+        ("[http_auth]\nenabled = true\n", "http_auth: give url"),
+        ("[http_auth]\nenabled = true\nurl = 'ftp://x/'\n", "http_auth.url: expected an http"),
+        ("[http_auth]\nenabled = true\nurl = 'http://x/'\nwhen_down = 'allow'\n", "when_down"),
+        ("[security]\nchain = ['ldap']\n", "security.chain: unknown source 'ldap'"),
+        ("[security]\nchain = ['jwt']\n", "security.chain: 'jwt' needs jwt.enabled"),
+        (
+            "[security]\nchain = ['http']\n[http_auth]\nenabled = true\nurl = 'http://x/'\n"
+            "[dynsec]\nenabled = true\n",
+            "'dynsec' is configured (dynsec.enabled): name it too",
+        ),
+    ],
+)
+def test_errors_name_the_key(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load(write(tmp_path, text))
+
+
+def test_the_default_chain_is_todays(tmp_path: Path) -> None:
+    passwd = tmp_path / "passwd"
+    passwd.write_text(mosquitto_pbkdf2_line("alice", b"pw") + "\n")
+    acl = tmp_path / "acl"
+    acl.write_text("user alice\ntopic readwrite a/#\n")
+    text = f"[security]\npassword_file = '{passwd}'\nacl_file = '{acl}'\n"
+    config = load(write(tmp_path, text))
+    assert configured_sources(config) == ["password_file"]
+    security = build_security(config)
+    assert isinstance(security.broker_authorizer, AclAuthorizer)  # asked directly, as before
+    assert isinstance(security.broker_authenticator, ChainAuthenticator)
+    config = load(write(tmp_path, "[dynsec]\nenabled = true\n" + text.split("acl_file")[0]))
+    assert configured_sources(config) == ["dynsec", "password_file"]
+    bare = build_security(load(write(tmp_path, "")))
+    assert bare.chain is None and bare.broker_authorizer is None
+    assert isinstance(bare.broker_authenticator, FileAuthenticator)
+
+
+def test_http_rights_make_an_asking_authorizer_in_chain_order(tmp_path: Path) -> None:
+    acl = tmp_path / "acl"
+    acl.write_text("topic readwrite a/#\n")
+    config = load(
+        write(
+            tmp_path,
+            f"[security]\nacl_file = '{acl}'\n"
+            "[http_auth]\nenabled = true\nacl_url = 'http://127.0.0.1:9/acl'\n",
+        )
+    )
+    security = build_security(config)
+    authorizer = security.broker_authorizer
+    assert isinstance(authorizer, AskingAuthorizer)
+    assert [name for name, _ in authorizer.rules] == ["password_file", "http"]
