@@ -25,7 +25,9 @@ log = logging.getLogger("mqttbroker.tcp")
 # Bytes a slow subscriber's socket may buffer before the broker stops writing to it (QoS 0 is
 # then dropped and counted, QoS 1/2 waits in the session queue).
 WRITE_HIGH_WATER = 4 * 1_048_576
-# Seconds a closed connection's client has to read what is still buffered for it.
+# Seconds a closed connection's client has to read what is still buffered for it: after the
+# broker's close, and after the client's EOF (a half-closed client that does not read would
+# otherwise keep its socket for ever: the transport closes only once its buffer is written).
 CLOSE_GRACE = 10.0
 
 # The lingering close (as nginx's): when the broker closes a connection (after a DISCONNECT or a
@@ -49,7 +51,16 @@ class MQTTProtocol:
     ``origin``: (name, address) of a client a PROXY protocol header named (proxy.py), which
     the log and the per-address limit then use instead of the socket's peer."""
 
-    __slots__ = ("broker", "listener", "policy", "transport", "conn", "origin", "lingering")
+    __slots__ = (
+        "broker",
+        "listener",
+        "policy",
+        "transport",
+        "conn",
+        "origin",
+        "lingering",
+        "grace",
+    )
 
     def __init__(
         self,
@@ -65,6 +76,7 @@ class MQTTProtocol:
         self.conn: Connection | None = None
         self.origin = origin
         self.lingering = -1  # while lingering: the bytes discarded so far
+        self.grace: asyncio.TimerHandle | None = None  # the abort after CLOSE_GRACE, once armed
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
@@ -88,9 +100,24 @@ class MQTTProtocol:
         self.broker.handle_read(conn, data)
 
     def eof_received(self) -> bool:
+        # The client sends nothing more: the transport closes once what is buffered is written.
+        # A client that does not read it would keep the socket for ever (and keep alive, which
+        # finds the transport closing already, would only uncount it): CLOSE_GRACE seconds.
+        self._arm_grace()
         return False  # close our side too
 
+    def _arm_grace(self) -> None:
+        """Abort the transport CLOSE_GRACE seconds from now, unless it has closed by then."""
+        transport = self.transport
+        if self.grace is None and transport is not None:
+            loop = asyncio.get_running_loop()
+            self.grace = loop.call_later(CLOSE_GRACE, transport.abort)
+
     def connection_lost(self, exc: Exception | None) -> None:
+        grace = self.grace
+        if grace is not None:
+            grace.cancel()
+            self.grace = None
         conn = self.conn
         if conn is not None:
             conn.connection_lost()
@@ -115,14 +142,21 @@ class MQTTProtocol:
         still sends is read and discarded, and the socket closes when the client closes, or
         after LINGER_SECONDS or LINGER_BYTES."""
         transport = self.transport
-        if transport is None or transport.is_closing() or self.lingering >= 0:
+        if transport is None or self.lingering >= 0:
+            return
+        if transport.is_closing():
+            # Closing already (after the client's EOF, say: keep alive ran out meanwhile), and
+            # maybe still writing: bounded as below (eof_received armed it; a no-op then). Not
+            # once connection_lost has come (it let go of the connection): nothing to bound.
+            if self.conn is not None:
+                self._arm_grace()
             return
         loop = asyncio.get_running_loop()
         buffered = transport.get_write_buffer_size()
         if buffered:
             # A client that does not read would keep the socket, and what waits for it, for
             # ever: it has CLOSE_GRACE seconds to take it.
-            loop.call_later(CLOSE_GRACE, transport.abort)
+            self._arm_grace()
         self.lingering = 0
         self.conn = None  # closed: what the client still sends is discarded
         transport.resume_reading()
