@@ -126,7 +126,12 @@ static uint64_t monotonic_ns(void) {
 
 static size_t buffered(Stream *s) { return s->pending ? s->pending->end - s->pending->start : 0; }
 
+static void drop_stale(Poller *p, int fd);
+
+/* Put ``entry`` (a new reference is taken) at ``fd``; an entry already there is stale (see
+ * drop_stale) and let go first. */
 static int table_put(Poller *p, int fd, PyObject *entry) {
+    if (fd < p->table_size && p->table[fd]) drop_stale(p, fd);
     if (fd >= p->table_size) {
         int size = p->table_size ? p->table_size : 1024;
         while (size <= fd) size *= 2;
@@ -212,25 +217,27 @@ static void report(Stream *s, const char *message) {
     PyErr_WriteUnraisable((PyObject *)s);
 }
 
-/* Close the socket now, and have connection_lost(exc) called soon (unless the loop is gone:
- * `notify` 0, then the protocol is only let go). The table's reference goes last. */
-static void finish(Stream *s, PyObject *exc, int notify) {
+/* Let the stream go: out of the epoll set and the table, its socket closed when ``owned`` (not
+ * when the descriptor was closed behind our back: its number may be another socket's now), and
+ * connection_lost(exc) called soon (unless the loop is gone: `notify` 0, then the protocol is
+ * only let go). The table's reference goes last. */
+static void detach(Stream *s, PyObject *exc, int notify, int owned) {
     int fd = s->fd;
     if (fd < 0) return;
     Poller *p = s->poller;
     s->closing = 1;
-    if (s->registered) {
+    if (s->registered && owned) {
         struct epoll_event ev = {0};
         epoll_ctl(p->epfd, EPOLL_CTL_DEL, fd, &ev);
-        s->registered = 0;
     }
+    s->registered = 0;
     s->fd = -1;
     s->events = 0;
     s->poller = NULL;
     PyObject *entry = p->table[fd]; /* this stream: its reference is dropped last */
     p->table[fd] = NULL;
     p->streams--;
-    close(fd);
+    if (owned) close(fd);
     PyMem_Free(s->pending);
     s->pending = NULL;
     if (notify) {
@@ -244,9 +251,12 @@ static void finish(Stream *s, PyObject *exc, int notify) {
         Py_XDECREF(lost);
     }
     if (!notify) Py_CLEAR(s->protocol); /* no cycle left behind */
-    if (p->shutting_down && p->streams == 0) release(p); /* may free p: nothing after it */
+    if (owned && p->shutting_down && p->streams == 0) release(p); /* may free p */
     Py_XDECREF(entry);
 }
+
+/* Close the socket now, and have connection_lost(exc) called soon (see detach). */
+static void finish(Stream *s, PyObject *exc, int notify) { detach(s, exc, notify, 1); }
 
 /* The OSError of ``error`` (its subclass: ConnectionResetError...), a new reference, with no
  * exception left set; NULL only when even that failed. */
@@ -259,6 +269,22 @@ static PyObject *os_error(int error) {
     Py_XDECREF(type);
     Py_XDECREF(tb);
     return value;
+}
+
+/* The entry at ``fd`` when a new socket is given that number: its descriptor was closed
+ * behind the poller's back (os.close on the number), so it is let go without closing anything
+ * (the number is the new socket's); a stream's protocol hears connection_lost(OSError EBADF). */
+static void drop_stale(Poller *p, int fd) {
+    PyObject *entry = p->table[fd];
+    if (Py_IS_TYPE(entry, &StreamType)) {
+        PyObject *exc = os_error(EBADF);
+        detach((Stream *)entry, exc, 1, 0);
+        Py_XDECREF(exc);
+    } else {
+        p->table[fd] = NULL;
+        p->acceptors--;
+        Py_DECREF(entry);
+    }
 }
 
 /* An error on the socket (errno): close it, connection_lost gets the OSError. */
@@ -466,7 +492,7 @@ static PyObject *Stream_write(Stream *s, PyObject *data) {
     Py_RETURN_NONE;
 }
 
-static PyObject *Stream_close(Stream *s, PyObject *unused) {
+static PyObject *Stream_close(Stream *s, PyObject *Py_UNUSED(unused)) {
     if (s->fd < 0 || s->closing) Py_RETURN_NONE;
     s->closing = 1;
     if (!s->pending) {
@@ -477,12 +503,12 @@ static PyObject *Stream_close(Stream *s, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
-static PyObject *Stream_abort(Stream *s, PyObject *unused) {
+static PyObject *Stream_abort(Stream *s, PyObject *Py_UNUSED(unused)) {
     finish(s, NULL, 1);
     Py_RETURN_NONE;
 }
 
-static PyObject *Stream_write_eof(Stream *s, PyObject *unused) {
+static PyObject *Stream_write_eof(Stream *s, PyObject *Py_UNUSED(unused)) {
     if (s->fd < 0 || s->closing || s->eof_pending) Py_RETURN_NONE;
     s->eof_pending = 1;
     if (!s->pending) {
@@ -492,18 +518,18 @@ static PyObject *Stream_write_eof(Stream *s, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
-static PyObject *Stream_can_write_eof(Stream *s, PyObject *unused) { Py_RETURN_TRUE; }
+static PyObject *Stream_can_write_eof(Stream *Py_UNUSED(s), PyObject *Py_UNUSED(unused)) { Py_RETURN_TRUE; }
 
-static PyObject *Stream_is_closing(Stream *s, PyObject *unused) {
+static PyObject *Stream_is_closing(Stream *s, PyObject *Py_UNUSED(unused)) {
     return PyBool_FromLong(s->fd < 0 || s->closing);
 }
 
-static PyObject *Stream_pause_reading(Stream *s, PyObject *unused) {
+static PyObject *Stream_pause_reading(Stream *s, PyObject *Py_UNUSED(unused)) {
     if (s->fd >= 0 && !s->closing) s->reading = 0; /* EPOLLIN goes when next reported */
     Py_RETURN_NONE;
 }
 
-static PyObject *Stream_resume_reading(Stream *s, PyObject *unused) {
+static PyObject *Stream_resume_reading(Stream *s, PyObject *Py_UNUSED(unused)) {
     if (s->fd >= 0 && !s->closing && !s->reading) {
         s->reading = 1;
         if (add_events(s) < 0) fail_errno(s, errno);
@@ -511,15 +537,15 @@ static PyObject *Stream_resume_reading(Stream *s, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
-static PyObject *Stream_is_reading(Stream *s, PyObject *unused) {
+static PyObject *Stream_is_reading(Stream *s, PyObject *Py_UNUSED(unused)) {
     return PyBool_FromLong(s->fd >= 0 && !s->closing && s->reading);
 }
 
-static PyObject *Stream_get_write_buffer_size(Stream *s, PyObject *unused) {
+static PyObject *Stream_get_write_buffer_size(Stream *s, PyObject *Py_UNUSED(unused)) {
     return PyLong_FromSize_t(buffered(s));
 }
 
-static PyObject *Stream_get_write_buffer_limits(Stream *s, PyObject *unused) {
+static PyObject *Stream_get_write_buffer_limits(Stream *s, PyObject *Py_UNUSED(unused)) {
     return Py_BuildValue("(II)", s->low, s->high);
 }
 
@@ -606,7 +632,7 @@ static PyObject *Stream_get_extra_info(Stream *s, PyObject *args, PyObject *kwar
     return fallback;
 }
 
-static PyObject *Stream_get_protocol(Stream *s, PyObject *unused) {
+static PyObject *Stream_get_protocol(Stream *s, PyObject *Py_UNUSED(unused)) {
     PyObject *protocol = s->protocol ? s->protocol : Py_None;
     Py_INCREF(protocol);
     return protocol;
@@ -691,7 +717,7 @@ static int adopt(Poller *p, Acceptor *a, int fd) {
     }
     s->fd = fd;
     s->closing = s->at_eof = s->eof_pending = s->eof_sent = s->write_paused = 0;
-    s->registered = 0;
+    s->registered = s->written = 0;
     s->reading = 1;
     s->events = 0;
     s->high = DEFAULT_HIGH;
@@ -725,16 +751,39 @@ static int adopt(Poller *p, Acceptor *a, int fd) {
     return rc;
 }
 
+/* accept(2)'s errors that are the pending connection's own (Linux passes a new connection's
+ * network errors up from accept(), to be treated as EAGAIN: man 2 accept), or an interrupted
+ * call: the next one is tried. Any other is the listening socket's (out of descriptors or
+ * memory, or the socket shut down under us: EINVAL) and would come back at every poll. */
+static int accept_again(int error) {
+    switch (error) {
+    case EINTR:
+    case ECONNABORTED:
+    case EPERM: /* a firewall rule refused it */
+    case EPROTO:
+    case ENOPROTOOPT:
+    case ENETDOWN:
+    case ENETUNREACH:
+    case EHOSTDOWN:
+    case EHOSTUNREACH:
+    case ENONET:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
 static int accept_ready(Poller *p, Acceptor *a) {
     for (int i = 0; i < ACCEPT_BATCH && a->registered; i++) {
         int fd = accept4(a->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
             int error = errno;
-            if (error != EMFILE && error != ENFILE && error != ENOBUFS && error != ENOMEM)
-                continue; /* that connection's own trouble (aborted, unreachable...) */
-            /* Out of descriptors or memory: stop accepting on this socket for accept_retry
-             * seconds (the loop's timer resumes it), and tell on_error (it logs). */
+            if (accept_again(error)) continue; /* that connection's own trouble */
+            /* Out of descriptors or memory, or any error of the listening socket itself: stop
+             * accepting on it for accept_retry seconds (the loop's timer resumes it), and tell
+             * on_error (it logs). Not again at once: the error would come back at every poll,
+             * and the loop would spin. */
             struct epoll_event ev = {0};
             epoll_ctl(p->epfd, EPOLL_CTL_DEL, a->fd, &ev);
             a->registered = 0;
@@ -796,7 +845,7 @@ static PyObject *Poller_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
     return (PyObject *)p;
 }
 
-static PyObject *Poller_poll(Poller *p, PyObject *unused) {
+static PyObject *Poller_poll(Poller *p, PyObject *Py_UNUSED(unused)) {
     if (p->epfd < 0) Py_RETURN_NONE;
     uint64_t begin = p->gather ? monotonic_ns() : 0;
     int n = epoll_wait(p->epfd, p->events, MAX_EVENTS, 0);
@@ -810,12 +859,20 @@ static PyObject *Poller_poll(Poller *p, PyObject *unused) {
     int lone = n == 1 && monotonic_ns() - p->last_end >= QUIET_NS;
     int rc = 0;
     int answered = 0; /* a socket read in this pass was written to since its last read */
-    PyObject *end = NULL; /* held through the pass: a callback may change the hooks */
+    /* Both hooks are held through the pass, taken before begin() runs: a callback, begin()
+     * included, may change or clear them (hooks(None, None)); this pass ends with the end()
+     * it began with. */
+    PyObject *end = NULL;
     if (n > 0 && p->pass_begin) {
-        PyObject *r = PyObject_CallNoArgs(p->pass_begin);
-        if (!r) return NULL;
-        Py_DECREF(r);
+        PyObject *begin = Py_NewRef(p->pass_begin);
         end = Py_NewRef(p->pass_end);
+        PyObject *r = PyObject_CallNoArgs(begin);
+        Py_DECREF(begin);
+        if (!r) {
+            Py_DECREF(end);
+            return NULL;
+        }
+        Py_DECREF(r);
     }
     for (int i = 0; i < n && rc == 0; i++) {
         int fd = p->events[i].data.fd;
@@ -871,7 +928,7 @@ static PyObject *Poller_poll(Poller *p, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
-static PyObject *Poller_fileno(Poller *p, PyObject *unused) { return PyLong_FromLong(p->epfd); }
+static PyObject *Poller_fileno(Poller *p, PyObject *Py_UNUSED(unused)) { return PyLong_FromLong(p->epfd); }
 
 static PyObject *Poller_listen(Poller *p, PyObject *args) {
     int fd;
@@ -950,7 +1007,7 @@ static int release(Poller *p) {
 
 /* Stop accepting on every listening socket (they stay open: their owner closes them); the
  * epoll instance is released once the last connection has closed. */
-static PyObject *Poller_shutdown(Poller *p, PyObject *unused) {
+static PyObject *Poller_shutdown(Poller *p, PyObject *Py_UNUSED(unused)) {
     p->shutting_down = 1;
     for (int fd = 0; fd < p->table_size; fd++) {
         PyObject *entry = p->table[fd];
@@ -978,22 +1035,24 @@ static PyObject *Poller_hooks(Poller *p, PyObject *args) {
         PyErr_SetString(PyExc_TypeError, "hooks(begin, end): two callables, or None and None");
         return NULL;
     }
-    Py_XINCREF(begin);
-    Py_XINCREF(end);
-    Py_XSETREF(p->pass_begin, begin);
-    Py_XSETREF(p->pass_end, end);
+    /* Both set before either old one goes (its release may run code that polls). */
+    PyObject *old_begin = p->pass_begin, *old_end = p->pass_end;
+    p->pass_begin = Py_XNewRef(begin);
+    p->pass_end = Py_XNewRef(end);
+    Py_XDECREF(old_begin);
+    Py_XDECREF(old_end);
     Py_RETURN_NONE;
 }
 
-static PyObject *Poller_get_streams(Poller *p, void *closure) {
+static PyObject *Poller_get_streams(Poller *p, void *Py_UNUSED(closure)) {
     return PyLong_FromSsize_t(p->streams);
 }
 
-static PyObject *Poller_get_holds(Poller *p, void *closure) {
+static PyObject *Poller_get_holds(Poller *p, void *Py_UNUSED(closure)) {
     return PyLong_FromUnsignedLongLong(p->holds);
 }
 
-static PyObject *Poller_get_closed(Poller *p, void *closure) {
+static PyObject *Poller_get_closed(Poller *p, void *Py_UNUSED(closure)) {
     return PyBool_FromLong(p->epfd < 0);
 }
 
