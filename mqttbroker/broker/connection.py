@@ -26,7 +26,7 @@ from ..protocol.errors import MQTTError, PacketTooLarge, ProtocolError
 from ..protocol.packets import MQTT_5
 from ..protocol.reasons import DISCONNECT_CODES, ReasonCode
 from . import connect, deliver, publish, subscribe
-from .auth import AuthExchange
+from .auth import AuthExchange, Pending
 from .message import Message
 from .policy import OPEN, ListenerPolicy
 from .state import (
@@ -38,7 +38,7 @@ from .state import (
     RECEIVES,
     next_state,
 )
-from .topics import Subscription
+from .topics import Subscription, parse_shared
 
 if TYPE_CHECKING:
     from .core import Broker
@@ -298,6 +298,13 @@ class Connection:
                 self.last_received = now
             if store.writes != writes:
                 self.hold_output()
+        except Pending as held:  # an authorizer asks a service (http_auth): wait for it
+            if pos:
+                self.last_received = now
+            if store.writes != writes:
+                self.hold_output()
+            self._await_rights(held, data[pos:])
+            return
         except MQTTError as exc:
             self.fail(exc)
             return
@@ -356,6 +363,27 @@ class Connection:
         if username is not None:
             packet.username = username
         self._resume_connect(packet, None, code)
+
+    def _await_rights(self, held: Pending, rest: bytes) -> None:
+        """The packet at the start of ``rest`` asked a right the authorizer has no answer
+        for yet: keep it and what follows, read nothing more, and handle it again once the
+        answer is in (it is then found). Only this client waits."""
+        self._pending = [rest]
+        self._pending_len = len(rest)
+        self._need = 0
+        self.checking = True
+        self.pause_input()
+        held.wait(self._rights_known)
+
+    def _rights_known(self) -> None:
+        self.checking = False
+        if self.state == CLOSED:
+            return
+        if self.input_paused and not self.paused:
+            self.input_paused = False
+            self.link.resume_reading()
+        if self._pending:
+            self.data_received(b"")
 
     def claim_done(self, packet: pk.Connect, auth_props: dict[int, Any] | None) -> None:
         """In a cluster: this node owns the client id now, the client's session is here if
@@ -498,7 +526,13 @@ class Connection:
             self._allowed_generation = authorizer.generation
         allowed = None if cache is None else cache.get(topic)
         if allowed is None:
-            allowed = authorizer.can_publish(self.client_id, self.username, topic)
+            # An authorizer that asks a service (http_auth) may make this packet wait
+            # (Pending): asked through its ask_publish. Not per message: per uncached topic.
+            ask = getattr(authorizer, "ask_publish", None)
+            if ask is None:
+                allowed = authorizer.can_publish(self.client_id, self.username, topic)
+            else:
+                allowed = ask(self.client_id, self.username, topic)
             size = self._allowed_size + len(topic)
             if cache is None:
                 cache = self._allowed = {}
@@ -506,6 +540,20 @@ class Connection:
                 cache[topic] = allowed
                 self._allowed_size = size
         return allowed
+
+    def ask_subscribe_rights(self, packet: pk.Subscribe) -> None:
+        """Before a SUBSCRIBE changes anything: ask an authorizer that asks a service
+        (``ask_subscribe``) about each filter, so that a missing answer (Pending) makes the
+        packet wait whole; on_subscribe then finds every answer."""
+        ask = getattr(self.broker.authorizer, "ask_subscribe", None)
+        if ask is None:
+            return
+        for request in packet.subscriptions:
+            try:
+                shared = parse_shared(request.topic_filter)
+            except ValueError:
+                continue  # refused by on_subscribe
+            ask(self.client_id, self.username, shared[1] if shared else request.topic_filter)
 
     # -- output -----------------------------------------------------------------------------
 

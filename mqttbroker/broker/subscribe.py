@@ -58,6 +58,8 @@ def on_subscribe(conn: Connection, packet: pk.Subscribe) -> None:
             "subscription identifiers are not supported",
             ReasonCode.SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED,
         )
+    if getattr(broker.authorizer, "ask_subscribe", None) is not None:  # http_auth's
+        conn.ask_subscribe_rights(packet)  # may make the packet wait, before any change
     codes: list[int] = []
     new_subs: list[tuple[Subscription, bool]] = []
     over = 0  # filters refused for max_subscriptions_per_client
