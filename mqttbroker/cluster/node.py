@@ -2,8 +2,11 @@
 
 Redis keys (``mqttbroker:`` prefix):
 
-- ``node:<id>``: the node's lease (a random token, expiring after ``node_ttl`` unless renewed);
-  a second node with the same id finds it taken and does not start.
+- ``node:<id>``: the node's lease, ``<token>/<CLIENT ID>/<run_id>`` (a random token, new each
+  time the node takes it, and the Redis connection it is renewed on, see ``_holder_gone``),
+  expiring after ``node_ttl`` unless renewed; a second node with the same id finds it taken
+  and does not start. The token is the node's fencing token: every session write checks it
+  (store.FENCED_WRITE), and a node adopting this one holds the lease under its own.
 - ``nodes``: the ids of every node that ever joined; ``routes:<id>``: a hash of that node's topic
   filters (value: its subscriptions to the filter when last written).
 - ``stream:<id>``: the QoS 1/2 messages for node ``<id>`` (consumer group ``deliver``), trimmed
@@ -58,7 +61,7 @@ from .handover import forget, from_hash, restore, serialise
 from .outbox import Outbox
 from .redis_client import redis_client
 from .routes import RouteTable
-from .store import ClusterStore, SessionChanges
+from .store import FENCED_WRITE, ClusterStore, SessionChanges
 
 if TYPE_CHECKING:
     from ..broker.core import Broker
@@ -271,6 +274,9 @@ class ClusterNode(Backplane):
         self._live = redis_client(config.redis, config.connect_timeout, 2 * HANDOVER_SECONDS)
         self._valid_until = 0.0  # (loop time) the lease is surely this node's until then
         self._no_client_list = False  # CLIENT LIST refused (logged once)
+        self._lapsed = False  # past _valid_until: this node's sessions may be elsewhere now
+        self._rewriting: set[str] = set()  # sessions to write whole again (see _send)
+        self._fence_next = False  # the next batch's acknowledgements are not sent (see _back)
         self.routes = RouteTable(broker.options.match_cache_size)
         self.token = secrets.token_hex(16)
         self._lease_key = f"{PREFIX}node:{self.node_id}"
@@ -316,9 +322,76 @@ class ClusterNode(Backplane):
         self.store.forwards += 1
 
     def _session_changed(self) -> None:
-        if not self._down:  # (while it is down, the node's own store is what counts)
+        # While Redis is down, the node's own store is what counts; not once this node's lease
+        # may have run out: what depends on a session here waits until it is known to be
+        # this node's still (another node may have adopted it).
+        if not self._down or self._lapsed:
             self._hold(1)
         self._wake.set()
+
+    def lease_valid(self, now: float) -> bool:
+        """Whether this node surely holds its lease (and the sessions it owns) at ``now``;
+        once not, it stops serving them (``_lapse``) until Redis says."""
+        if now < self._valid_until:
+            return True
+        self._lapse()
+        return False
+
+    def _lapse(self) -> None:
+        """This node's lease may have run out (no renewal for node_ttl: frozen, or cut off
+        from Redis), and another node may have adopted its sessions: their clients here are
+        disconnected (0x8E) now, before anything is delivered to them, and what their
+        changes hold (acknowledgements) waits until the lease is renewed or the sessions
+        given up (``_fence``)."""
+        if self._lapsed:
+            return
+        self._lapsed = True
+        log.warning(
+            "cluster: the lease of node %r was not renewed for node_ttl (%g s): its persistent "
+            "sessions may have moved; their clients here are disconnected until it is renewed",
+            self.node_id,
+            self.config.node_ttl,
+        )
+        self._drop_clients("this node's lease ran out: the session may be on another node")
+        self._gone.set()  # (renewed or resynchronised at once: see _reconnect)
+        self._down = True
+
+    @staticmethod
+    def _cut(waiters: list[Callable[[], None]]) -> None:
+        """The connections whose output waits for ``waiters`` closed without it: what it
+        acknowledges may be lost (the sessions were another node's), their clients send it
+        again."""
+        from ..broker.connection import Connection
+
+        for callback in waiters:
+            conn = getattr(callback, "__self__", None)
+            if isinstance(conn, Connection):
+                conn.link.abort()
+
+    def _drop_clients(self, reason: str) -> None:
+        for session in list(self.broker.sessions.values()):
+            conn = session.connection
+            if conn is not None and session.persistent and session.sink is None:
+                conn.disconnect(ReasonCode.SESSION_TAKEN_OVER, reason, publish_will=False)
+
+    def _fence(self, waiters: list[Callable[[], None]]) -> None:
+        """A write of this node was refused by its fencing token (its lease is another's, or
+        gone: another node adopted it, see store.FENCED_WRITE): every persistent session here
+        may be elsewhere. Their clients are disconnected (0x8E); the connections whose output
+        (acknowledgements) waited for that write are cut without it; then the node
+        resynchronises (_back: a new lease, the sessions other nodes own given up)."""
+        log.warning(
+            "cluster: node %r was fenced (its lease is not its own any more): its persistent "
+            "sessions' clients are disconnected, acknowledgements that waited are not sent",
+            self.node_id,
+        )
+        self._cut(waiters)
+        self._drop_clients("this node was fenced: the session is on another node")
+        self._lapsed = True
+        self._valid_until = 0.0
+        if not self._down:
+            self._down = True
+            self._gone.set()
 
     # -- start and stop ---------------------------------------------------------------------
 
@@ -347,6 +420,7 @@ class ClusterNode(Backplane):
     async def _prepare(self) -> None:
         """This node's entries as they must be before it routes: registered, routes rewritten
         from the router's, its stream's consumer group there."""
+        await self.redis.script_load(FENCED_WRITE)  # (sent by its SHA: see store.py)
         pipe = self.redis.pipeline(transaction=True)
         pipe.sadd(PREFIX + "nodes", self.node_id)
         pipe.delete(self._routes_key)
@@ -390,7 +464,7 @@ class ClusterNode(Backplane):
             len(self.routes.filters),
         )
 
-    async def _owned_sessions(self, chunk: int = 1000) -> None:
+    async def _owned_sessions(self, chunk: int = 1000) -> int:
         """The sessions this node's store put back (or kept while Redis was unreachable) that
         another node took over meanwhile are not this node's any more: forgotten here (their
         wills and expiry happen there, once; a client still connected here is disconnected,
@@ -413,6 +487,7 @@ class ClusterNode(Backplane):
                     self.store.rewrite_all(session)  # Redis may not have it (all) any more
         if moved:
             log.info("cluster: %d stored sessions were taken over by other nodes meanwhile", moved)
+        return moved
 
     async def _resync(self) -> None:
         """The other nodes' routes, and the retained messages (those here and not in Redis
@@ -481,6 +556,8 @@ class ClusterNode(Backplane):
         if publisher is None:
             return 0, groups
         now = self.broker.clock()
+        if now >= self._valid_until:  # (one comparison per message: the fence's cost here)
+            self.lease_valid(now)
         if message.retain:
             self._queue(_RETAIN, message.topic, (encode(message, now), not message.payload))
         plain, shares = self.routes.match(message.topic)
@@ -564,13 +641,17 @@ class ClusterNode(Backplane):
         key = f"{PREFIX}client:{client_id}"
         refusal: MQTTError | None = None
         try:
+            if not self.lease_valid(self.broker.clock()) and await self._renew_lease() != 1:
+                raise MQTTError(
+                    "this node's lease ran out; resynchronising", ReasonCode.SERVER_UNAVAILABLE
+                )
             previous = await self.redis.eval(_CLAIM_SCRIPT, 1, key, self.node_id)
             if previous is not None:  # another node's: taken from it (adopted if gone)
                 refusal = await self._take_over(
                     client_id, key, previous.decode(), clean_start, username
                 )
         except (RedisError, OSError) as exc:
-            if clean_start or client_id in self.broker.sessions:
+            if clean_start or (client_id in self.broker.sessions and not self._lapsed):
                 # (Clean Start: whatever session it had is not wanted; or its session is here)
                 log.warning(
                     "cluster: client %s: owner not checked, Redis failed (%s); served here",
@@ -885,6 +966,10 @@ class ClusterNode(Backplane):
             log.warning("cluster: control request not readable, ignored")
             return
         broker = self.broker
+        if not self.lease_valid(broker.clock()):
+            # Its sessions may be another node's now: no answer (the requester looks again).
+            log.warning("cluster: client %s: not handed over, this node's lease ran out", client_id)
+            return
         answer = b""
         session = broker.sessions.get(client_id)
         owner = None if session is None else session.username
@@ -954,11 +1039,23 @@ class ClusterNode(Backplane):
                 self._dropping = False
                 waiters, store.redis_waiters = store.redis_waiters, []
                 kept = await self._try_send(ops, changes)
+                if kept is None:  # fenced: nothing of it counts; resynchronised, then on
+                    self._unconfirmed -= counted
+                    self._fence(waiters)
+                    store.redis_done(waiters)
+                    continue
                 if not kept:
                     # (while Redis is unreachable, _back sends the outbox and says Redis is
                     # back as one step: nothing kept here after it can wait there unseen)
                     async with self._keeping:
-                        kept = await self._try_send(ops, changes) or await self._keep(ops, changes)
+                        kept = await self._try_send(ops, changes)
+                        if kept is False:
+                            kept = await self._keep(ops, changes)
+                if kept is None:
+                    self._unconfirmed -= counted
+                    self._fence(waiters)
+                    store.redis_done(waiters)
+                    continue
                 if not kept:
                     # (the outbox is full: this batch waits for Redis, acknowledgements too)
                     self._ops[:0] = [op for op in ops if op[0] == _XADD]
@@ -966,16 +1063,21 @@ class ClusterNode(Backplane):
                     store.redis_waiters[:0] = waiters
                     break
                 self._unconfirmed -= counted
+                if self._fence_next:
+                    self._fence_next = False
+                    self._cut(waiters)
                 store.redis_done(waiters)
 
     async def _try_send(
         self, ops: list[tuple[int, str, Any]], changes: dict[str, SessionChanges]
-    ) -> bool:
-        """Send a batch to Redis if it is reachable: False if it is not (or stopped being)."""
+    ) -> bool | None:
+        """Send a batch to Redis if it is reachable: False if it is not (or stopped being),
+        None if its session writes were fenced (this node's lease is not its own)."""
         if self._down:
             return False
         try:
-            await self._send(ops, changes)
+            if not await self._send(ops, changes):
+                return None
         except (RedisError, OSError) as exc:
             self._lost(exc)
             return False
@@ -983,9 +1085,10 @@ class ClusterNode(Backplane):
 
     async def _send(
         self, ops: list[tuple[int, str, Any]], changes: dict[str, SessionChanges]
-    ) -> None:
+    ) -> bool:
+        """Send a batch: False if its session writes were fenced (see store.FENCED_WRITE)."""
         if not ops and not changes:
-            return
+            return True
         pipe = self.redis.pipeline(transaction=False)
         me = self.node_id
         maxlen = self.config.stream_max_length
@@ -995,7 +1098,9 @@ class ClusterNode(Backplane):
         channels: dict[str, list[bytes]] = {}  # node -> its QoS 0 frames
         replies: list[tuple[int, tuple[str, bytes]]] = []  # hand-overs: (index, their op)
         # Session changes first: a session handed over (_REPLY) is in Redis as it left here.
-        ClusterStore.write_changes(pipe, changes, me, PREFIX, self.broker.clock())
+        written = ClusterStore.write_changes(
+            pipe, changes, me, PREFIX, self.broker.clock(), self.token
+        )
         for kind, name, data in ops:
             if kind == _XADD:
                 streams.setdefault(name, []).append(data)
@@ -1036,6 +1141,11 @@ class ClusterNode(Backplane):
             for entry in pack(frames):
                 pipe.publish(channel, entry)
         results = await pipe.execute()
+        for index, client_id in written:
+            if results[index] == -1:
+                return False
+            if results[index] == 0:
+                self._not_written(client_id, changes[client_id].session)
         for index, (client_id, answer) in replies:
             if not results[index] and answer and not answer.startswith(b'{"refused"'):
                 # Its requester had given up (see _ABANDON): the session stays here.
@@ -1044,6 +1154,22 @@ class ClusterNode(Backplane):
                     client_id,
                 )
                 self._restore(client_id, answer)
+        return True
+
+    def _not_written(self, client_id: str, session: Session) -> None:
+        """Changes of a session refused because another node owns its client id now: it is
+        being taken over (the request is on its way), or was. If it is still here in a moment
+        (the taker gave up), it is written whole again."""
+        if client_id in self._rewriting:
+            return
+        self._rewriting.add(client_id)
+
+        def again() -> None:
+            self._rewriting.discard(client_id)
+            if self.broker.sessions.get(client_id) is session and session.persistent:
+                self.store.rewrite_all(session)
+
+        asyncio.get_running_loop().call_later(RETRY_SECONDS, again)
 
     def _lost(self, exc: BaseException) -> None:
         if not self._down:
@@ -1064,6 +1190,8 @@ class ClusterNode(Backplane):
         no room), the session changes and acknowledgements wait for Redis; route changes and
         retained messages are written again when it is back, QoS 0 messages dropped."""
         self.store.put_back(changes)
+        if changes and self._lapsed:
+            return False  # (what they hold waits for Redis: see _session_changed)
         self._retry.extend(op for op in ops if op[0] in (_XACK, _RELEASE))
         for kind, _, data in ops:
             if kind == _REPLY and data[1] and not data[1].startswith(b'{"refused"'):
@@ -1129,13 +1257,17 @@ class ClusterNode(Backplane):
                     return False  # (another node adopting this one holds it: later)
             await self._prepare()
             await self._resync()
-            await self._owned_sessions()
+            if await self._owned_sessions() and self._lapsed:
+                # Adopted elsewhere while this node's lease had run out: what waited since
+                # (acknowledgements of messages queued in those sessions here) is not sent.
+                self._fence_next = True
             async with self._keeping:  # (the writer keeps nothing more in the outbox meanwhile)
                 sent = await self._send_outbox()
                 if self._retry:
                     await self._send(self._retry, {})
                     self._retry = []
                 self._down = False
+                self._lapsed = False
         except (RedisError, OSError, sqlite3.Error) as exc:
             log.debug("cluster: resync failed: %s", exc)
             return False
@@ -1192,6 +1324,7 @@ class ClusterNode(Backplane):
 
     def _arrived(self, data: bytes) -> None:
         """Messages from another node: an entry of frames (see :func:`pack`)."""
+        self.lease_valid(self.broker.clock())
         pos = 0
         end = len(data)
         while pos + 4 <= end:
@@ -1313,5 +1446,5 @@ class ClusterNode(Backplane):
                     self.node_id,
                     "had expired" if kept == 2 else "is held by another node (adopting it?)",
                 )
-                self._down = True
-                self._gone.set()
+                self._valid_until = 0.0
+                self._lapse()

@@ -14,6 +14,7 @@ on, and acknowledgements wait for the node's own store only.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -31,11 +32,44 @@ if TYPE_CHECKING:
 # What ``SessionChanges.wipe`` asks for before the fields are written.
 KEEP, END, REWRITE = range(3)
 
-_END_SCRIPT = """
-local owner = redis.call('GET', KEYS[1])
-if not owner or owner == ARGV[1] then return redis.call('DEL', KEYS[2]) end
-return 0
+# A session's changes, written only by the node that owns it under the lease it holds (the
+# fencing token): KEYS lease of the writing node, client:<id>, session:<id>, owned:<node>;
+# ARGV its token, its node id, the client id, the wipe (KEEP, END, REWRITE), the "s" field (""
+# if unchanged), the number of fields removed, their names, then the fields set (name, value).
+# -1: the lease is not that token's any more (the node was adopted, or its lease ran out):
+# nothing written; 0: another node owns the client id now: nothing written; 1: written. An END
+# removes the hash unless another node owns the client id.
+FENCED_WRITE = """
+local lease = redis.call('GET', KEYS[1])
+if not lease or string.match(lease, '^[^/]*') ~= ARGV[1] then return -1 end
+local owner = redis.call('GET', KEYS[2])
+if ARGV[4] == '1' then
+  redis.call('SREM', KEYS[4], ARGV[3])
+  if not owner or owner == ARGV[2] then redis.call('DEL', KEYS[3]) end
+  return 1
+end
+if owner ~= ARGV[2] then return 0 end
+if ARGV[4] == '2' then redis.call('DEL', KEYS[3]) end
+if ARGV[5] ~= '' then
+  redis.call('HSET', KEYS[3], 's', ARGV[5])
+  redis.call('SADD', KEYS[4], ARGV[3])
+end
+local removed = tonumber(ARGV[6])
+local i = 7
+while i < 7 + removed do
+  redis.call('HDEL', KEYS[3], unpack(ARGV, i, math.min(i + 999, 6 + removed)))
+  i = i + 1000
+end
+i = 7 + removed
+while i <= #ARGV do
+  redis.call('HSET', KEYS[3], unpack(ARGV, i, math.min(i + 999, #ARGV)))
+  i = i + 1000
+end
+return 1
 """
+
+
+FENCED_WRITE_SHA = hashlib.sha1(FENCED_WRITE.encode()).hexdigest()
 
 
 class SessionChanges:
@@ -118,40 +152,60 @@ class ClusterStore(Store):
 
     @staticmethod
     def write_changes(
-        pipe: Any, changes: dict[str, SessionChanges], node_id: str, prefix: str, now: float
-    ) -> None:
-        """Add ``changes`` to the Redis pipeline ``pipe``."""
+        pipe: Any,
+        changes: dict[str, SessionChanges],
+        node_id: str,
+        prefix: str,
+        now: float,
+        token: str,
+    ) -> list[tuple[int, str]]:
+        """Add ``changes`` to the Redis pipeline ``pipe``, each session's in one script that
+        checks the fencing token first (``FENCED_WRITE``): where their results will be in the
+        pipeline's, with their client ids."""
         owned = f"{prefix}owned:{node_id}"
+        lease = f"{prefix}node:{node_id}"
+        written: list[tuple[int, str]] = []
         for client_id, change in changes.items():
-            key = f"{prefix}session:{client_id}"
-            if change.wipe == END:
-                pipe.eval(_END_SCRIPT, 2, f"{prefix}client:{client_id}", key, node_id)
-                pipe.srem(owned, client_id)
-            elif change.wipe == REWRITE:
-                pipe.delete(key)
             session = change.session
-            if change.meta or change.wipe == REWRITE:
-                pipe.hset(key, "s", session_value(session))
-                pipe.sadd(owned, client_id)
-            if not change.fields:
-                continue
-            mapping: dict[str, bytes] = {}
+            wipe = change.wipe
+            meta = b""
+            if wipe != END and (change.meta or wipe == REWRITE):
+                meta = session_value(session)
             removed: list[str] = []
+            values: list[Any] = []
             for name, thing in change.fields.items():
                 if thing is None:
                     removed.append(name)
-                elif name[0] == "d":
-                    mapping[name] = delivery_value(thing, now)
+                    continue
+                values.append(name)
+                if name[0] == "d":
+                    values.append(delivery_value(thing, now))
                 elif name[0] == "f":
-                    mapping[name] = subscription_value(thing)
+                    values.append(subscription_value(thing))
                 elif name == "w":
-                    mapping[name] = will_value(thing, now)
+                    values.append(will_value(thing, now))
                 else:
-                    mapping[name] = b"1"
-            if removed:
-                pipe.hdel(key, *removed)
-            if mapping:
-                pipe.hset(key, mapping=mapping)
+                    values.append(b"1")
+            if wipe == KEEP and not meta and not removed and not values:
+                continue
+            written.append((len(pipe.command_stack), client_id))
+            pipe.evalsha(
+                FENCED_WRITE_SHA,
+                4,
+                lease,
+                f"{prefix}client:{client_id}",
+                f"{prefix}session:{client_id}",
+                owned,
+                token,
+                node_id,
+                client_id,
+                wipe,
+                meta,
+                len(removed),
+                *removed,
+                *values,
+            )
+        return written
 
     @property
     def failing(self) -> bool:

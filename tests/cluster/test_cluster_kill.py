@@ -91,3 +91,62 @@ def test_a_device_back_at_once_after_its_node_is_killed_finds_its_session(start_
     assert connects and all("session resumed" in line for line in connects), connects
     for x in (again, pub):
         x.close()
+
+
+def test_a_frozen_node_is_refused_then_adopted_and_fenced_when_it_wakes(start_node) -> None:
+    """b is frozen (SIGSTOP) with a device of a persistent session connected, and a publisher.
+    The device, back on a at once, is refused with 0x88 while b's lease lasts (b does not
+    answer), then gets its session (Session Present 1) once a adopts b. While frozen, b's
+    clients send what they have (the device a QoS 1 message, the publisher one for the
+    device's topic): when b wakes (SIGCONT), its lease is another's; it delivers nothing to
+    the device's stale connection and acknowledges nothing for it, closes that connection, and
+    what it acknowledges to the publisher reaches the session where it lives now."""
+    a = start_node("a")
+    b = start_node("b")
+    client_id = unique("frozen")
+    topic = unique("frozen")
+    first = device(b, client_id, clean=True)
+    first.connect()
+    first.subscribe(topic, qos=1)
+    local = client(b)  # a publisher on b
+    pub = client(a)
+    until_routed(pub, first, topic)
+    b.send_signal(signal.SIGSTOP)
+    try:
+        early = device(a, client_id, clean=False)
+        assert early.connect(expect_success=False) == SERVER_UNAVAILABLE
+        assert early.connack is not None and early.connack[2].ReasonString, early.connack
+        early.close()
+        sent = [f"f{i}".encode() for i in range(10)]
+        for p in sent:
+            assert pub.wait_published(pub.publish(topic, p, qos=1, wait=False)) == 0
+        moved = None
+        deadline = time.monotonic() + 60
+        while moved is None:  # the device retries, as devices do
+            again = device(a, client_id, clean=False)
+            code = again.connect(expect_success=False)
+            if code == 0:
+                moved = again
+                break
+            assert code == SERVER_UNAVAILABLE and time.monotonic() < deadline, code
+            again.close()
+            time.sleep(1)
+        assert moved.session_present, a.log_text()
+        wait_for(lambda: set(payloads(moved)) >= set(sent), "the messages b had not delivered")
+        # b's clients send while it is frozen; b reads it when it wakes.
+        own = first.publish(f"{topic}/own", b"from-the-stale-device", qos=1, wait=False)
+        late = local.publish(topic, b"to-the-device", qos=1, wait=False)
+    finally:
+        b.send_signal(signal.SIGCONT)
+    first.wait_disconnected(30)
+    assert b"to-the-device" not in payloads(first)
+    assert own.mid not in first.acked  # nothing acknowledged for the adopted session
+    local.wait_until(lambda: late.mid in local.acked or bool(local.disconnects), 30, "an answer")
+    if late.mid in local.acked:  # acknowledged: it reached the session where it lives now
+        wait_for(lambda: b"to-the-device" in payloads(moved), "the message b acknowledged")
+    assert b.wait_for_log("lease of node 'b' was not renewed|node 'b' was fenced", 10)
+    pub.publish(topic, b"after", qos=1)
+    wait_for(lambda: b"after" in payloads(moved), "a message after the move")
+    assert b"after" not in payloads(first)
+    for x in (moved, first, pub, local):
+        x.close()

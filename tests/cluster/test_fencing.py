@@ -1,0 +1,70 @@
+"""The fencing token on a real redis-server: a session's changes are written by one script
+(``store.FENCED_WRITE``) that checks first that the writing node still holds its lease with
+the token it wrote under, and owns the client id. A node whose lease was adopted (or ran out)
+writes nothing; nor does one whose client id another node has taken."""
+
+from __future__ import annotations
+
+import pytest
+from cluster_support import RedisServer
+
+from mqttbroker.cluster.store import END, FENCED_WRITE, KEEP, REWRITE
+
+pytestmark = pytest.mark.needs_redis
+
+LEASE = "mqttbroker:node:n1"
+CLIENT = "mqttbroker:client:dev"
+SESSION = "mqttbroker:session:dev"
+OWNED = "mqttbroker:owned:n1"
+
+
+def write(r, token: str, wipe: int, removed: list[str], fields: dict[str, bytes]) -> int:
+    args: list[object] = [token, "n1", "dev", wipe, b'["u", 3600]', len(removed), *removed]
+    for name, value in fields.items():
+        args += [name, value]
+    return int(r.eval(FENCED_WRITE, 4, LEASE, CLIENT, SESSION, OWNED, *args))
+
+
+def test_a_write_passes_only_under_the_writers_lease_and_ownership(
+    redis_server: RedisServer,
+) -> None:
+    r = redis_server.client()
+    try:
+        r.set(LEASE, "t1/7/run")  # n1's lease: token t1 (its connection 7, that Redis's run)
+        r.set(CLIENT, "n1")
+        assert write(r, "t1", REWRITE, [], {"d:1": b"m1", "d:2": b"m2"}) == 1
+        assert r.hgetall(SESSION) == {b"s": b'["u", 3600]', b"d:1": b"m1", b"d:2": b"m2"}
+        assert r.smembers(OWNED) == {b"dev"}
+        assert write(r, "t1", KEEP, ["d:1"], {"d:3": b"m3"}) == 1
+        assert set(r.hkeys(SESSION)) == {b"s", b"d:2", b"d:3"}
+        # n1 frozen past its lease; n2 adopted it (its lease, then the client id).
+        r.set(LEASE, "t-of-n2")
+        assert write(r, "t1", KEEP, ["d:2", "d:3"], {"d:4": b"stale"}) == -1
+        assert write(r, "t1", END, [], {}) == -1
+        r.set(CLIENT, "n2")
+        r.delete(LEASE)  # (adopted: released)
+        assert write(r, "t1", REWRITE, [], {}) == -1
+        assert set(r.hkeys(SESSION)) == {b"s", b"d:2", b"d:3"}  # untouched
+        # n1 back with a new lease: still not its client id.
+        r.set(LEASE, "t2/9/run")
+        assert write(r, "t2", REWRITE, [], {"d:9": b"x"}) == 0
+        assert write(r, "t2", END, [], {}) == 1  # (its own set only: the hash is n2's)
+        assert set(r.hkeys(SESSION)) == {b"s", b"d:2", b"d:3"}
+        assert r.smembers(OWNED) == set()
+    finally:
+        r.close()
+
+
+def test_a_large_rewrite_goes_in_slices(redis_server: RedisServer) -> None:
+    """Lua's unpack has a limit: thousands of fields are written in slices."""
+    r = redis_server.client()
+    try:
+        r.set(LEASE, "t1/7/run")
+        r.set(CLIENT, "n1")
+        fields = {f"d:{i}": b"m" for i in range(5000)}
+        assert write(r, "t1", REWRITE, [], fields) == 1
+        assert r.hlen(SESSION) == 5001
+        assert write(r, "t1", KEEP, list(fields), {}) == 1
+        assert r.hlen(SESSION) == 1
+    finally:
+        r.close()
