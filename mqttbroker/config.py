@@ -213,8 +213,8 @@ class Config:
     dynsec: DynsecConfig = field(default_factory=DynsecConfig)
     # [jwt] and [http_auth]: security/tokens.py TokenSettings, security/http_backend.py
     # HttpAuthSettings (frozen; read by _settings)
-    jwt: Any = None
-    http_auth: Any = None
+    jwt: Any = field(default_factory=lambda: _default_settings("jwt"))
+    http_auth: Any = field(default_factory=lambda: _default_settings("http_auth"))
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     data_dir: str = "./data"  # in a config file: relative to the file's directory
     log_level: str = "info"
@@ -254,6 +254,13 @@ class Config:
     @property
     def store_path(self) -> Path:
         return Path(self.data_dir) / self.storage.path
+
+
+def _default_settings(section: str) -> Any:
+    from .security.http_backend import HttpAuthSettings
+    from .security.tokens import TokenSettings
+
+    return TokenSettings() if section == "jwt" else HttpAuthSettings()
 
 
 def _typed(value: Any, expected: type, where: str) -> Any:

@@ -12,9 +12,10 @@ with ``action`` one of ``publish``, ``subscribe``, ``read``. The answer:
   is down, and ``when_down`` decides (``deny`` by default; ``ignore`` passes it to the next
   source). The reason is logged (once per outage) and counted (:attr:`HttpBackend.counts`).
 
-Answers are cached for ``cache_ttl`` seconds (the password only as a keyed hash), identical
-requests under way at once share one call, and at most ``max_concurrent`` calls run at once:
-a thousand devices logging in with the same credentials cost one call per TTL. Everything runs
+Answers are cached for ``cache_ttl`` seconds, keyed by everything the request says (the
+password only as a keyed hash), identical requests under way at once share one call, and at
+most ``max_concurrent`` calls run at once: a device reconnecting a thousand times within the
+TTL costs one call (a thousand devices, a thousand: the service may answer each differently). Everything runs
 on the event loop with aiohttp's pooled client, so a slow service delays only the clients that
 wait for its answer. With ``token_file`` or ``token_env``, each call carries ``Authorization:
 Bearer <token>``.

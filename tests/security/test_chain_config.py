@@ -5,6 +5,7 @@ authorizer are then what they were (no chain object in the way of a broker witho
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -81,3 +82,28 @@ def test_http_rights_make_an_asking_authorizer_in_chain_order(tmp_path: Path) ->
     authorizer = security.broker_authorizer
     assert isinstance(authorizer, AskingAuthorizer)
     assert [name for name, _ in authorizer.rules] == ["password_file", "http"]
+
+
+def test_the_example_chain_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """config/examples/auth-chain.toml, its files made in a test directory."""
+    import jwt
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    root = Path(__file__).resolve().parents[2]
+    text = (root / "config" / "examples" / "auth-chain.toml").read_text()
+    text = text.replace("/etc/mqttbroker/", f"{tmp_path}/")
+    (tmp_path / "devices").mkdir()
+    (tmp_path / "passwd").write_text(mosquitto_pbkdf2_line("alice", b"pw") + "\n")
+    (tmp_path / "acl").write_text("user alice\ntopic readwrite a/#\n")
+    key = json.loads(
+        jwt.algorithms.OKPAlgorithm.to_jwk(ed25519.Ed25519PrivateKey.generate().public_key())
+    )
+    (tmp_path / "fleet.jwks").write_text(json.dumps({"keys": [{**key, "kid": "k1"}]}))
+    for name in ("server.pem", "server.key"):
+        (tmp_path / name).write_text("")
+    monkeypatch.setenv("MQTT_AUTH_SERVICE_TOKEN", "t")
+    config = load(write(tmp_path, text))
+    assert config.security.chain == ["jwt", "password_file", "http"]
+    security = build_security(config)
+    assert security.chain is not None and security.chain.names == ["jwt", "password_file", "http"]
+    assert [name for name, _ in security.broker_authorizer.rules] == ["password_file", "http"]  # type: ignore[union-attr]
