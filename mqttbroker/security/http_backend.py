@@ -93,7 +93,7 @@ class HttpBackend:
         self._bearer = _token(settings)
         self._key = secrets.token_bytes(32)  # for the cache's hashes of passwords
         self._cache: OrderedDict[tuple[Any, ...], tuple[float, str]] = OrderedDict()
-        self._calls: dict[tuple[Any, ...], asyncio.Future[str]] = {}
+        self._calls: dict[tuple[Any, ...], asyncio.Future[str]] = {}  # asked, not answered
         self._session: Any = None
         self._limit: asyncio.Semaphore | None = None
         self._down_logged = False
@@ -169,23 +169,20 @@ class HttpBackend:
         if answer is not None:
             self.counts["cache_hits"] += 1
             return answer
-        running = self._calls.get(key)
-        if running is not None:  # the same question is being asked: share its answer
-            return await asyncio.shield(running)
-        future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._calls[key] = future
+        call = self._calls.get(key)
+        if call is None:  # else the same question is being asked: share its answer
+            call = self._calls[key] = asyncio.ensure_future(self._settle(key, url, body))
+        # A task of its own: a client that goes away while it waits cancels its wait only.
+        return await asyncio.shield(call)
+
+    async def _settle(self, key: tuple[Any, ...], url: str, body: dict[str, Any]) -> str:
         try:
             answer, cache = await self._call(url, body)
-            if cache:
-                self._remember(key, answer)
-            future.set_result(answer)
-            return answer
-        except BaseException as exc:
-            future.set_exception(exc)
-            future.exception()  # retrieved: sharers get it from their own await
-            raise
         finally:
             del self._calls[key]
+        if cache:
+            self._remember(key, answer)
+        return answer
 
     def _remember(self, key: tuple[Any, ...], answer: str) -> None:
         cache = self._cache

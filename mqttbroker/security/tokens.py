@@ -15,6 +15,10 @@ module only chooses the key and the algorithms and maps the claims:
   ``username_claim`` (``sub``); the CONNECT's own user name is not used. With ``acl_claim``,
   that claim (``{"publish": [filters], "subscribe": [filters]}``) is the device's whole right
   to publish and subscribe.
+* a device's own key (``public_key_dir``) speaks for that device only: its token's user name
+  must be the client id, and its ``acl_claim`` is not read (a device must not grant itself
+  rights); user names and rights from claims come from keys the operator's issuer holds (the
+  secret, ``public_key_file``, the JWKS).
 
 A password that is not a token (not three base64url parts) is not this source's to judge: the
 next source of the chain decides (``NOT_MINE``). The connection is closed when the token
@@ -205,7 +209,7 @@ class TokenVerifier:
         except jwt.InvalidTokenError as exc:
             return Verdict(REFUSED, f"malformed token: {exc}")
         alg = header.get("alg")
-        key, algorithms = self._key_for(client_id, header)
+        key, algorithms, own = self._key_for(client_id, header)
         if key is None:
             return Verdict(REFUSED, algorithms[0] if algorithms else "no key for this device")
         if alg not in algorithms:
@@ -225,6 +229,12 @@ class TokenVerifier:
         username = claims.get(settings.username_claim)
         if not isinstance(username, str) or not username:
             return Verdict(REFUSED, f"claim {settings.username_claim!r} is not a string")
+        if own:  # a device's own key speaks for that device only, and grants no rights
+            if username != client_id:
+                return Verdict(
+                    REFUSED, f"a token signed with the key of {client_id!r} names {username!r}"
+                )
+            return Verdict(ACCEPTED, "", username, float(claims["exp"]), None)
         rights = None
         if settings.acl_claim:
             rights = _rights(claims.get(settings.acl_claim))
@@ -232,21 +242,22 @@ class TokenVerifier:
                 return Verdict(REFUSED, f"claim {settings.acl_claim!r} is not an ACL")
         return Verdict(ACCEPTED, "", username, float(claims["exp"]), rights)
 
-    def _key_for(self, client_id: str, header: dict[str, Any]) -> tuple[Any, list[str]]:
-        """The key for this token and the algorithms it may use; (None, [why]) if none."""
+    def _key_for(self, client_id: str, header: dict[str, Any]) -> tuple[Any, list[str], bool]:
+        """The key for this token, the algorithms it may use, and whether it is the device's
+        own key (``<public_key_dir>/<client id>.pem``); (None, [why], False) if none."""
         keys = self.keys
         wanted = self.settings.algorithms
         alg = header.get("alg")
         if alg in SYMMETRIC:
             if keys.secret is None:
-                return None, [f"algorithm {alg!r}: no JWT secret configured"]
-            return keys.secret, [a for a in wanted if a in SYMMETRIC]
+                return None, [f"algorithm {alg!r}: no JWT secret configured"], False
+            return keys.secret, [a for a in wanted if a in SYMMETRIC], False
         kid = header.get("kid")
         if kid is not None and keys.by_kid:
             jwk = keys.by_kid.get(kid)
             if jwk is None:
-                return None, [f"no key with kid {kid!r}"]
-            return jwk.key, _algorithms_for(jwk.key, wanted)
+                return None, [f"no key with kid {kid!r}"], False
+            return jwk.key, _algorithms_for(jwk.key, wanted), False
         if keys.directory is not None and _CLIENT_FILE.fullmatch(client_id):
             path = keys.directory / f"{client_id}.pem"
             if path.exists():
@@ -254,11 +265,11 @@ class TokenVerifier:
                     key = _public_key(path.read_bytes(), str(path))
                 except (SecurityFileError, OSError) as exc:
                     log.warning("jwt: %s", exc)
-                    return None, [f"the key of {client_id!r} is not usable"]
-                return key, _algorithms_for(key, wanted)
+                    return None, [f"the key of {client_id!r} is not usable"], False
+                return key, _algorithms_for(key, wanted), True
         if keys.single is not None:
-            return keys.single, _algorithms_for(keys.single, wanted)
-        return None, ["no key for this device"]
+            return keys.single, _algorithms_for(keys.single, wanted), False
+        return None, ["no key for this device"], False
 
     # -- the tokens of connected clients ------------------------------------------------------
 

@@ -169,6 +169,24 @@ def test_a_thousand_logins_at_once_make_one_call_per_ttl() -> None:
     run(by_user, scenario)
 
 
+def test_a_waiter_that_goes_away_does_not_cancel_the_others() -> None:
+    """Two clients ask the same question; the first disconnects (its wait is cancelled) while
+    the call is under way: the second still gets the answer, from the one call."""
+
+    async def scenario(service: Service, backend: Callable[..., HttpBackend]) -> None:
+        service.delay = 0.2
+        http = backend()
+        await http.start()
+        first = asyncio.ensure_future(http.authenticate("c", "alice", b"pw", None))
+        second = asyncio.ensure_future(http.authenticate("c", "alice", b"pw", None))
+        await asyncio.sleep(0.05)
+        first.cancel()
+        assert await second == ALLOW
+        assert first.cancelled() and len(service.calls) == 1
+
+    run(by_user, scenario)
+
+
 def test_a_service_that_is_down_denies_and_is_not_cached() -> None:
     async def scenario(service: Service, backend: Callable[..., HttpBackend]) -> None:
         http = backend()

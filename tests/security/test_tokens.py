@@ -68,6 +68,20 @@ def test_a_device_key_file_verifies_that_device_s_token(
     assert verifier.verify("dev-2", _token(keys[alg], alg)).status == REFUSED
 
 
+def test_a_device_s_own_key_speaks_for_that_device_only(
+    tmp_path: Path, keys: dict[str, Any]
+) -> None:
+    """dev-1 signs a token naming another user, and one granting itself rights: the first is
+    refused, the second logs in as dev-1 with no rights from the token."""
+    (tmp_path / "dev-1.pem").write_bytes(_pem(keys["ES256"]))
+    verifier = _verifier(public_key_dir=str(tmp_path), acl_claim="mqtt")
+    forged = verifier.verify("dev-1", _token(keys["ES256"], "ES256", sub="admin"))
+    assert forged.status == REFUSED and "names 'admin'" in forged.reason
+    acl = {"publish": ["#"], "subscribe": ["#"]}
+    verdict = verifier.verify("dev-1", _token(keys["ES256"], "ES256", mqtt=acl))
+    assert (verdict.status, verdict.username, verdict.rights) == (ACCEPTED, "dev-1", None)
+
+
 def test_a_token_signed_with_another_key_is_refused(tmp_path: Path, keys: dict[str, Any]) -> None:
     (tmp_path / "one.pem").write_bytes(_pem(keys["ES256"]))
     verifier = _verifier(public_key_file=str(tmp_path / "one.pem"))
