@@ -522,6 +522,20 @@ def check(config: Config, source: str = "command line") -> None:
                     f"{source}: listener[{index}].port: 0 (any free port) cannot be shared by "
                     "workers; give a port"
                 )
+        # Worker n serves its admin on the admin port plus n (cluster/workers.py).
+        admin = config.admin.port
+        ports = range(admin, admin + config.workers) if admin else range(0)
+        if admin and ports[-1] > 65535:
+            raise ConfigError(
+                f"{source}: admin.port: {admin} + {config.workers - 1} (one port per worker) "
+                "is past 65535"
+            )
+        for index, listener in enumerate(config.listeners):
+            if listener.port in ports:
+                raise ConfigError(
+                    f"{source}: admin.port: worker {listener.port - admin}'s admin port "
+                    f"{listener.port} is listener[{index}]'s port"
+                )
 
 
 NODE_ID = re.compile(r"[A-Za-z0-9_.:-]{1,100}")

@@ -41,6 +41,16 @@ def test_no_file_gives_defaults() -> None:
         ("[storage]\nsync = 'sometimes'\n", "storage.sync: expected"),
         ("[storage]\non_corrupt = 'delete'\n", "storage.on_corrupt: expected"),
         ("[[listener]]\nport = 70000\n", "listener[0].port: must be between"),
+        (
+            "workers = 2\n[cluster]\nredis = 'redis://127.0.0.1/0'\n[admin]\nport = 65535\n"
+            "[[listener]]\nport = 1883\n",
+            "admin.port: 65535 + 1 (one port per worker) is past 65535",
+        ),
+        (
+            "workers = 3\n[cluster]\nredis = 'redis://127.0.0.1/0'\n[admin]\nport = 18083\n"
+            "[[listener]]\nport = 18085\n",
+            "admin.port: worker 2's admin port 18085 is listener[0]'s port",
+        ),
         ("[[listener]]\nhots = 'x'\n", "listener[0].hots: unknown key; did you mean host?"),
         ("[storage]\nzzz = 1\n", "storage.zzz: unknown key; known keys: backend, commit_interval"),
         ("log_level = 'loud'\n", "log_level: expected one of"),
