@@ -143,7 +143,9 @@ class Security:
         # The login sources in order (None: none configured, the anonymous rule alone: the
         # password file's authenticator without a file answers at once)
         names = list(chain or ())
-        self.chain = AuthChain(names, authenticator, dynsec, tokens, http) if names else None
+        # an HTTP service with acl_url alone orders rights, but logs nobody in
+        logins = [n for n in names if n != "http" or (http is not None and http.settings.url)]
+        self.chain = AuthChain(logins, authenticator, dynsec, tokens, http) if logins else None
         if self.chain is not None:
             self.broker_authenticator = ChainAuthenticator(self.chain)
         self.chain_authorizer: ChainAuthorizer | None = None

@@ -82,6 +82,9 @@ def test_http_rights_make_an_asking_authorizer_in_chain_order(tmp_path: Path) ->
     authorizer = security.broker_authorizer
     assert isinstance(authorizer, AskingAuthorizer)
     assert [name for name, _ in authorizer.rules] == ["password_file", "http"]
+    # acl_url alone logs nobody in: named clients are as anonymous as without a source
+    assert security.chain is None
+    assert security.broker_authenticator.check_password("c", "bob", b"pw", True) == 0
 
 
 def test_the_example_chain_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
