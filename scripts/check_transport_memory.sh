@@ -50,12 +50,17 @@ LD_PRELOAD="$libasan" \
     PYTHONPATH="scripts${PYTHONPATH:+:$PYTHONPATH}" \
     "$PYTHON" -m pytest -p streams_override -p no:cacheprovider -q "$@"
 
+# This test lowers RLIMIT_NOFILE and restores it; valgrind keeps descriptors of its own above
+# the limit and handles setrlimit on it itself, and under it the client is not accepted after
+# the restore (the first failure is logged, no retry succeeds). It runs under AddressSanitizer.
+rlimit_test=tests/transports/test_streams.py::test_accepting_pauses_when_descriptors_run_out_and_resumes
 echo "== valgrind: $*"
 installed=$("$PYTHON" -c 'import mqttbroker.server._streams as m; print(m.__file__)')
 PYTHONMALLOC=malloc MQTTBROKER_STREAMS_SO="$installed" \
     PYTHONPATH="scripts${PYTHONPATH:+:$PYTHONPATH}" \
     valgrind --quiet --error-exitcode=1 --leak-check=no --track-origins=yes \
     --suppressions=scripts/valgrind-python.supp \
-    "$PYTHON" -m pytest -p streams_override -p no:cacheprovider -q "$@"
+    "$PYTHON" -m pytest -p streams_override -p no:cacheprovider -q \
+    --deselect "$rlimit_test" "$@"
 
 echo "check_transport_memory: no error found"

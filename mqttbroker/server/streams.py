@@ -101,8 +101,9 @@ class StreamServer:
         """As uvloop's server: nothing to wait for once closed (connections end on their own)."""
 
     def _accept_failed(self, fd: int, exc: OSError) -> None:
-        """Accepting on ``fd`` failed for want of descriptors or memory: the poller pauses it
-        for ACCEPT_RETRY seconds (as asyncio's servers do); logged at the 1st, 2nd, 4th...
+        """Accepting on ``fd`` failed for want of descriptors or memory, or for an error of the
+        listening socket itself (not the pending connection's own): the poller pauses it for
+        ACCEPT_RETRY seconds (as asyncio's servers do); logged at the 1st, 2nd, 4th...
         failure."""
         self.accept_errors += 1
         listening = next(sock for sock in self.sockets if sock.fileno() == fd)
