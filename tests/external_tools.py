@@ -26,8 +26,10 @@ class Tool:
 
 
 TOOLS = {
+    # mosquitto_ctrl is in mosquitto-clients upstream, in mosquitto on Debian 12
     "needs_mosquitto": Tool(
-        ("mosquitto_pub", "mosquitto_sub"), "apt-get install mosquitto-clients"
+        ("mosquitto_pub", "mosquitto_sub", "mosquitto_ctrl"),
+        "apt-get install mosquitto-clients mosquitto",
     ),
     "needs_haproxy": Tool(("haproxy",), "apt-get install haproxy"),
     "needs_node": Tool(("node", "npm"), "apt-get install nodejs npm"),
@@ -66,7 +68,7 @@ def require_compiled() -> None:
     from mqttbroker import compiled
     from mqttbroker.server import streams
 
-    if compiled.mode == "compiled" and streams._streams is not None:
+    if streams.available():
         return
     why = compiled.reason if compiled.mode != "compiled" else "the C transport was not built"
     reason = (

@@ -65,24 +65,25 @@ def test_a_missing_program_skips_with_the_package_to_install(tmp_path: Path) -> 
     result = run_pytest(tmp_path, "test_marked", str(tmp_path / "empty"), ci=False)
     assert result.returncode == 0, result.stdout
     assert "1 skipped" in result.stdout
-    assert "mosquitto_pub, mosquitto_sub not installed: apt-get install mosquitto-clients" in (
-        result.stdout
-    )
+    assert (
+        "mosquitto_pub, mosquitto_sub, mosquitto_ctrl not installed: "
+        "apt-get install mosquitto-clients mosquitto"
+    ) in result.stdout
 
 
 def test_under_ci_a_missing_program_fails(tmp_path: Path) -> None:
     result = run_pytest(tmp_path, "test_marked", str(tmp_path / "empty"), ci=True)
     assert result.returncode == 1, result.stdout
     assert "1 error" in result.stdout and "skipped" not in result.stdout
-    assert "mosquitto_pub, mosquitto_sub not installed" in result.stdout
+    assert "mosquitto_pub, mosquitto_sub, mosquitto_ctrl not installed" in result.stdout
     assert "CI=true: a missing tool fails the run" in result.stdout
 
 
 def test_a_present_program_runs(tmp_path: Path) -> None:
-    """With both programs on PATH the marked test runs, and ``program`` finds them there."""
+    """With its programs on PATH the marked test runs, and ``program`` finds them there."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name in ("mosquitto_pub", "mosquitto_sub"):
+    for name in ("mosquitto_pub", "mosquitto_sub", "mosquitto_ctrl"):
         (bin_dir / name).write_text("#!/bin/sh\nexit 0\n")
         (bin_dir / name).chmod(0o755)
     result = run_pytest(tmp_path, "test_marked", str(bin_dir), ci=True)

@@ -26,6 +26,11 @@ if TYPE_CHECKING:
 # About what one match-cache entry costs beside its topic: the dict slot, the tuple, the match.
 _ENTRY_BYTES = 200
 _NO_MATCH: Match = ([], [])
+# The server's own topics, on which no message is kept as a retained one: the dynamic
+# security's commands carry passwords, and a retained one would be stored (in the durable store
+# too) and sent to every later subscriber. The message is handled as if published without
+# RETAIN, as Mosquitto does ($CONTROL topics are the server's, MQTT 5.0 section 4.7.2).
+UNRETAINED = "$CONTROL/dynamic-security/"
 
 
 class Publisher(Protocol):
@@ -136,7 +141,10 @@ class Router:
             message.origin_id = publisher.client_id
             message.origin_user = publisher.username
         if message.retain:
-            self.retained.store(message)  # and in the durable store
+            if message.topic.startswith(UNRETAINED):
+                message.retain = False  # never kept (see UNRETAINED)
+            else:
+                self.retained.store(message)  # and in the durable store
         targets, groups = match
         count = 0
         backplane = self.backplane

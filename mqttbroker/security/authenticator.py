@@ -299,11 +299,64 @@ class FileAuthenticator:
             )
         return ReasonCode.CONNECTION_RATE_EXCEEDED
 
-    def failed(self, username: str, address: str | None) -> None:
-        passwords = self.passwords
-        known = passwords is not None and passwords.get(username) is not None
-        with self._lock:  # (only the file's users are counted: other names are not targets)
+    def failed(self, username: str, address: str | None, known: bool | None = None) -> None:
+        """Count a failed login. ``known``: whether ``username`` is a user of the source that
+        checked it (only those are counted as targets: other names are not); None: whether the
+        password file has it."""
+        if known is None:
+            passwords = self.passwords
+            known = passwords is not None and passwords.get(username) is not None
+        with self._lock:
             self.failures.failed(address, username if known else None, self.budget.clock())
+
+    def guarded(
+        self,
+        client_id: str,
+        username: str,
+        password: bytes | None,
+        address: str | None,
+        verify: Callable[[bytes], bool],
+        known: bool,
+        budget: KdfBudget | None = None,
+        free: Callable[[bytes], bool] | None = None,
+    ) -> int:
+        """A password check within the limits every hashing source shares (the password
+        file's and the dynamic security's, see the module docstring): 0x9F without a check for
+        a locked-out address or a targeted user, 0x86 for no password, success at once when
+        ``free(password)`` knows it (a remembered login), 0x89 past the ``budget`` (None: the
+        MQTT logins'), else ``verify(password)`` (the hashing, as costly for an unknown user as
+        for a known one), timed and taken from the budget; a failure is counted (the user name
+        too when ``known``). Runs on a worker thread."""
+        budget = self.budget if budget is None else budget
+        code = self.refusal(client_id, username, address)  # before the cache: no free guesses
+        if code:
+            return code
+        if password is None:
+            log.info("client %s from %s: user %r gave no password", client_id, address, username)
+            self.failed(username, address, known)
+            return ReasonCode.BAD_USER_NAME_OR_PASSWORD
+        if free is not None and free(password):
+            return ReasonCode.SUCCESS
+        with self._lock:
+            clean = self.failures.clean(address, budget.clock())
+            if not budget.available(clean):
+                return ReasonCode.SERVER_BUSY
+        started = time.perf_counter()
+        ok = verify(password)
+        spent = time.perf_counter() - started
+        with self._lock:
+            budget.spend(spent)
+        if not ok:
+            log.info(
+                "client %s from %s: bad password for %s user %r",
+                client_id,
+                address,
+                "known" if known else "unknown",
+                username,
+            )
+            self.failed(username, address, known)
+            return ReasonCode.BAD_USER_NAME_OR_PASSWORD
+        return ReasonCode.SUCCESS
 
     # -- CONNECT user name and password ---------------------------------------------------
 
@@ -318,7 +371,6 @@ class FileAuthenticator:
     ) -> int:
         """The answer to a login (a reason code). ``budget``: the time budget the key
         derivation is taken from (the admin server has its own); None: the MQTT logins'."""
-        budget = self.budget if budget is None else budget
         allowed = self.allow_anonymous if anonymous is None else anonymous
         if username is None:
             if allowed:
@@ -338,51 +390,31 @@ class FileAuthenticator:
                 username,
             )
             return ReasonCode.BAD_USER_NAME_OR_PASSWORD
-        code = self.refusal(client_id, username, address)  # before the cache: no free guesses
-        if code:
-            return code
         entry = passwords.get(username)
-        if password is None:
-            log.info("client %s from %s: user %r gave no password", client_id, address, username)
-            self.failed(username, address)
-            return ReasonCode.BAD_USER_NAME_OR_PASSWORD
-        mark = hmac.digest(self._secret, password, "sha256")
-        if entry is not None:
-            remembered = self._remembered.get(username)
-            if (
-                remembered is not None
-                and remembered[0] is entry
-                and hmac.compare_digest(remembered[1], mark)
-            ):
-                return ReasonCode.SUCCESS
-        with self._lock:
-            clean = self.failures.clean(address, budget.clock())
-            if not budget.available(clean):
-                return ReasonCode.SERVER_BUSY
-        started = time.perf_counter()
-        if entry is None:
-            self._stand_in_entry(passwords).verify(password)  # the same work: no timing hint
-            ok = False
-        else:
-            ok = entry.verify(password)
-        spent = time.perf_counter() - started
-        with self._lock:
-            budget.spend(spent)
-        if not ok:
-            log.info(
-                "client %s from %s: bad password for %s user %r",
-                client_id,
-                address,
-                "known" if entry is not None else "unknown",
-                username,
+
+        def remembered(password: bytes) -> bool:
+            known = self._remembered.get(username)
+            return (
+                entry is not None
+                and known is not None
+                and known[0] is entry
+                and hmac.compare_digest(known[1], hmac.digest(self._secret, password, "sha256"))
             )
-            self.failed(username, address)
-            return ReasonCode.BAD_USER_NAME_OR_PASSWORD
-        assert entry is not None
-        if len(self._remembered) >= _REMEMBERED_MAX:
-            self._remembered.clear()
-        self._remembered[username] = (entry, mark)
-        return ReasonCode.SUCCESS
+
+        def verify(password: bytes) -> bool:
+            if entry is None:
+                self._stand_in_entry(passwords).verify(password)  # the same work: no hint
+                return False
+            return entry.verify(password)
+
+        code = self.guarded(
+            client_id, username, password, address, verify, entry is not None, budget, remembered
+        )
+        if code == ReasonCode.SUCCESS and entry is not None and password is not None:
+            if len(self._remembered) >= _REMEMBERED_MAX:
+                self._remembered.clear()
+            self._remembered[username] = (entry, hmac.digest(self._secret, password, "sha256"))
+        return code
 
     def _stand_in_entry(self, passwords: PasswordFile) -> Entry:
         """An entry no password opens, as costly to check as the file's usual entry."""

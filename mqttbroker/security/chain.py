@@ -38,7 +38,7 @@ from typing import Any
 from ..broker.auth import AuthExchange, Pending
 from ..protocol.reasons import ReasonCode
 from .authenticator import FileAuthenticator
-from .dynsec import Dynsec
+from .dynsec import Dynsec, DynsecAuthenticator
 from .http_backend import ALLOW, DENY, HttpBackend
 from .tokens import ACCEPTED, REFUSED, TokenVerifier, Verdict
 
@@ -75,6 +75,8 @@ class AuthChain:
         self.names = names
         self.files = files
         self.dynsec = dynsec
+        # the dynamic security's logins, within the password file's limits (failures, budget)
+        self.dynsec_logins = DynsecAuthenticator(dynsec, files) if dynsec is not None else None
         self.tokens = tokens
         self.http = http
 
@@ -154,24 +156,10 @@ class AuthChain:
             if passwords is None or (not last and passwords.get(username) is None):
                 return None
             return lambda: files.check_password(client_id, username, password, False, address)
-        dynsec = self.dynsec
-        if dynsec is None or dynsec.clients.get(username) is None:
+        logins = self.dynsec_logins
+        if logins is None or username not in logins.state.clients:
             return None
-
-        def dynsec_login() -> int | None:
-            assert dynsec is not None
-            code = dynsec.login(client_id, username, password)
-            if code:
-                log.info(
-                    "client %s from %s: dynsec login refused for user %r (0x%02X)",
-                    client_id,
-                    address,
-                    username,
-                    code,
-                )
-            return code
-
-        return dynsec_login
+        return lambda: logins.check_password(client_id, username, password, address)
 
     def _jwt(self, client_id: str, password: bytes | None, address: str | None) -> Login | None:
         tokens = self.tokens

@@ -3,8 +3,8 @@ ordered ACL entries, managed by JSON commands on ``$CONTROL/dynamic-security/v1`
 ``.../v1/response``), so that ``mosquitto_ctrl dynsec ...`` works against this broker.
 
 This module is the model and the command handling, without I/O (:class:`Dynsec`), the
-broker's Authenticator and Authorizer over it (:class:`DynsecAuthenticator`,
-:class:`DynsecAuthorizer`), the state file (:func:`load_state`, :func:`save_state`: Mosquitto's
+logins of its clients (:class:`DynsecAuthenticator`, with the password file's limits on failed
+logins and hashing) and the broker's Authorizer over it (:class:`DynsecAuthorizer`), the state file (:func:`load_state`, :func:`save_state`: Mosquitto's
 ``dynamic-security.json``, written atomically) and :class:`DynsecService`, the small edge that
 takes commands from the broker as an internal subscriber, persists and answers.
 
@@ -25,29 +25,30 @@ other subscriber (they may carry passwords).
 from __future__ import annotations
 
 import base64
+import copy
 import hashlib
 import hmac
 import json
 import logging
-import os
 import secrets
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..broker.auth import Authenticator, AuthExchange
+from ..broker.router import UNRETAINED
 from ..broker.sink import Sink
 from ..broker.topics import valid_topic_filter
 from ..protocol.fastpath import encode_topic
 from ..protocol.reasons import ReasonCode
 from .filters import Levels, covers, matches, overlaps, split
+from .passwords import MAX_ITERATIONS, write_atomically
 
 if TYPE_CHECKING:
     from ..broker.core import Broker
     from ..broker.session import Session
+    from .authenticator import FileAuthenticator
 
 log = logging.getLogger("mqttbroker.security.dynsec")
 audit = logging.getLogger("mqttbroker.security.dynsec.audit")
@@ -80,7 +81,6 @@ DEFAULT_ACCESS = {
 }
 
 DEFAULT_ITERATIONS = 210_000  # PBKDF2-SHA-512 for passwords set here (Mosquitto's own: 101)
-MAX_ITERATIONS = 10_000_000
 SALT_BYTES = 12
 _CACHE_SIZE = 4096
 
@@ -215,10 +215,32 @@ class Dynsec:
         self.iterations = iterations
         self.generation = 0
         self._cache: dict[str | None, _Compiled | None] = {}
+        self._stand_in: PasswordHash | None = None
 
     def changed(self) -> None:
         self.generation += 1
         self._cache.clear()
+
+    def copy(self) -> Dynsec:
+        """A copy of the state that commands may change without touching this one (see
+        :meth:`adopt`)."""
+        other = Dynsec(self.iterations)
+        other.clients = copy.deepcopy(self.clients)
+        other.groups = copy.deepcopy(self.groups)
+        other.roles = copy.deepcopy(self.roles)
+        other.default_access = dict(self.default_access)
+        other.anonymous_group = self.anonymous_group
+        other.generation = self.generation
+        return other
+
+    def adopt(self, other: Dynsec) -> None:
+        """Take the tables of ``other`` (a changed :meth:`copy`) as this state's own."""
+        self.clients = other.clients
+        self.groups = other.groups
+        self.roles = other.roles
+        self.default_access = other.default_access
+        self.anonymous_group = other.anonymous_group
+        self.changed()
 
     # -- Mosquitto's dynamic-security.json --------------------------------------------------
 
@@ -258,7 +280,11 @@ class Dynsec:
                 if "password" in raw and "salt" in raw:
                     iters = int(raw.get("iterations", 101))
                     if not 1 <= iters <= MAX_ITERATIONS:
-                        raise DynsecError(f"client {client.username!r}: iterations out of range")
+                        raise DynsecError(
+                            f"client {client.username!r}: iterations {iters} out of range "
+                            f"(1 to {MAX_ITERATIONS}: a bound, so that one entry cannot stall "
+                            "every login)"
+                        )
                     client.password = PasswordHash(
                         base64.b64decode(raw["password"], validate=True),
                         base64.b64decode(raw["salt"], validate=True),
@@ -458,20 +484,40 @@ class Dynsec:
 
     def login(self, client_id: str, username: str, password: bytes | None) -> int | None:
         """The answer to a login as ``username``: None if it is not a client of the dynamic
-        security (another authenticator may know it), else a reason code (0 accepts)."""
+        security (another authenticator may know it), else a reason code (0 accepts). The
+        password is checked first, so that only its owner learns that a client is disabled or
+        bound to another client id (0x87). Without the failure limits and the CPU budget:
+        logins go through :class:`DynsecAuthenticator`."""
+        if username not in self.clients:
+            return None
+        if password is None or not self.verify(username, password):
+            return ReasonCode.BAD_USER_NAME_OR_PASSWORD
+        return self.admission(client_id, username)
+
+    def verify(self, username: str, password: bytes) -> bool:
+        """Whether ``password`` is the password of client ``username``. A client without one
+        (or gone meanwhile) costs a stand-in's hashing, as much as a password set here."""
+        client = self.clients.get(username)
+        stored = client.password if client is not None else None
+        if stored is None:
+            stand_in = self._stand_in
+            if stand_in is None or stand_in.iterations != self.iterations:
+                stand_in = PasswordHash(
+                    secrets.token_bytes(64), secrets.token_bytes(SALT_BYTES), self.iterations
+                )
+                self._stand_in = stand_in
+            stand_in.verify(password)  # the same work: no hint that there is no password
+            return False
+        return stored.verify(password)
+
+    def admission(self, client_id: str, username: str) -> int:
+        """Once its password is right: 0x87 if client ``username`` is disabled or bound to
+        another client id, else 0."""
         client = self.clients.get(username)
         if client is None:
-            return None
-        if client.disabled or client.password is None or password is None:
-            return (
-                ReasonCode.BAD_USER_NAME_OR_PASSWORD
-                if not client.disabled
-                else (ReasonCode.NOT_AUTHORIZED)
-            )
-        if client.clientid is not None and client.clientid != client_id:
-            return ReasonCode.NOT_AUTHORIZED
-        if not client.password.verify(password):
             return ReasonCode.BAD_USER_NAME_OR_PASSWORD
+        if client.disabled or client.clientid not in (None, client_id):
+            return ReasonCode.NOT_AUTHORIZED
         return ReasonCode.SUCCESS
 
     # -- commands -----------------------------------------------------------------------------
@@ -970,30 +1016,9 @@ def load_state(path: str | Path, iterations: int = DEFAULT_ITERATIONS) -> Dynsec
 
 
 def save_state(path: str | Path, state: Dynsec) -> None:
-    """Write the whole state atomically: a temporary file beside ``path``, flushed to disk,
-    renamed over it, and the directory flushed, so that a crash leaves the old or the new
-    state, whole."""
-    target = Path(path)
-    data = json.dumps(state.to_json(), indent="\t").encode()
-    fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            os.fchmod(out.fileno(), 0o600)
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    directory = os.open(target.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+    """Write the whole state atomically (:func:`.passwords.write_atomically`: a crash leaves
+    the old or the new state, whole); a new file is readable by its owner only."""
+    write_atomically(path, json.dumps(state.to_json(), indent="\t").encode(), 0o600)
 
 
 # -- the broker's interfaces ---------------------------------------------------------------------
@@ -1038,47 +1063,37 @@ class DynsecAuthorizer:
 
 
 class DynsecAuthenticator:
-    """Logins of the dynamic security's clients; any other (no user name, or one it does not
-    know) is ``fallback``'s, the password file's authenticator, when it has a password file;
-    an unknown user name is refused otherwise."""
+    """Logins of the dynamic security's clients, within the limits of the password file's
+    logins: the failed logins per address and user name and the CPU budget of
+    :meth:`.authenticator.FileAuthenticator.guarded` (``files``, the password file's
+    authenticator, holds them, with or without a password file). Runs on a worker thread."""
 
-    def __init__(self, state: Dynsec, fallback: Authenticator, fallback_has_users: bool) -> None:
+    def __init__(self, state: Dynsec, files: FileAuthenticator) -> None:
         self.state = state
-        self.fallback = fallback
-        self.fallback_has_users = fallback_has_users
+        self.files = files
 
     def check_password(
-        self,
-        client_id: str,
-        username: str | None,
-        password: bytes | None,
-        anonymous: bool | None = None,
-        address: str | None = None,
-    ) -> int:
-        if username is not None:
-            code = self.state.login(client_id, username, password)
-            if code is not None:
-                if code:
-                    log.info(
-                        "client %s from %s: dynsec login refused for user %r (0x%02X)",
-                        client_id,
-                        address,
-                        username,
-                        code,
-                    )
-                return code
-            if not self.fallback_has_users:
-                log.info("client %s from %s: unknown user %r", client_id, address, username)
-                return ReasonCode.BAD_USER_NAME_OR_PASSWORD
-        return self.fallback.check_password(client_id, username, password, anonymous, address)
-
-    def exchange(
-        self, method: str, client_id: str, username: str | None, address: str | None = None
-    ) -> AuthExchange | None:
-        return self.fallback.exchange(method, client_id, username, address)
-
-    def __getattr__(self, name: str) -> Any:  # the password file's extras (admin logins...)
-        return getattr(self.fallback, name)
+        self, client_id: str, username: str, password: bytes | None, address: str | None = None
+    ) -> int | None:
+        """A reason code (0 accepts), or None if ``username`` is not a client of the dynamic
+        security (not its login to answer)."""
+        state = self.state
+        if username not in state.clients:
+            return None
+        code = self.files.guarded(
+            client_id, username, password, address, partial(state.verify, username), True
+        )
+        if code == ReasonCode.SUCCESS:
+            code = state.admission(client_id, username)
+        if code:
+            log.info(
+                "client %s from %s: dynsec login refused for user %r (0x%02X)",
+                client_id,
+                address,
+                username,
+                code,
+            )
+        return code
 
 
 # -- the edge: commands in, state to disk, answers out ------------------------------------------
@@ -1121,6 +1136,17 @@ class DynsecService(Sink):
         self._subscription = Subscription(session, COMMAND_TOPIC, 2, no_local=True)
         broker.router.subscribe(self._subscription)
         session.add_subscription(self._subscription)
+        self._forget_retained()
+
+    def _forget_retained(self) -> None:
+        """Delete retained messages under ``$CONTROL/dynamic-security/`` that a version
+        before the router refused to keep them stored (commands, with their passwords)."""
+        from ..broker.message import Message
+
+        retained = self.broker.router.retained
+        for message in list(retained.match(UNRETAINED + "#", self.broker.clock())):
+            log.warning("dynsec: deleting the retained message on %r", message.topic)
+            retained.store(Message(message.topic, b"", retain=True))
 
     def wake(self) -> None:
         if not self._busy:
@@ -1146,15 +1172,40 @@ class DynsecService(Sink):
             self.wake()
 
     async def _run(self, payload: bytes, client_id: str | None, username: str | None) -> None:
+        """One command message. Commands that change something run on a copy of the state,
+        written to disk first: only once it is there does the copy become the state and the
+        answer go out. A copy that cannot be written changes nothing, and each of the
+        message's commands is answered with an error (logged)."""
         document = decode(payload)
         await self._prehash(document)
         state = self.state
-        before = state.generation
+        work = state.copy() if _mutates(document) else state
+        before = work.generation
         users = set(state.clients)
-        response, outcomes = state.handle_document(document)
+        response, outcomes = work.handle_document(document)
+        changed = work.generation != before
+        unsaved = ""
+        if changed and self.path is not None:
+            path = self.path
+            try:
+                await self.run_blocking(lambda: save_state(path, work))
+            except Exception as exc:  # disk full, permissions...: not saved, so not done
+                detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+                unsaved = f"{path}: {detail}"
+                log.error(
+                    "dynsec: cannot write the state to %s; the commands of %s/%s change "
+                    "nothing and are answered with an error",
+                    unsaved,
+                    client_id,
+                    username,
+                )
+                response = _failed(response, f"{SAVE_ERROR}: {unsaved}")
         where = self._address(client_id)
         for outcome in outcomes:
-            if outcome["command"] in MUTATING or outcome["error"]:
+            error = outcome["error"]
+            if unsaved and not error:
+                error = f"{SAVE_ERROR}: {unsaved}"
+            if outcome["command"] in MUTATING or error:
                 audit.info(
                     "dynsec: %s/%s from %s | %s | %s%s",
                     client_id,
@@ -1162,12 +1213,11 @@ class DynsecService(Sink):
                     where,
                     outcome["command"],
                     audit_arguments(outcome["args"]),
-                    f" | error: {outcome['error']}" if outcome["error"] else "",
+                    f" | error: {error}" if error else "",
                 )
-        if state.generation != before:
-            if self.path is not None:
-                path = self.path
-                await self.run_blocking(lambda: save_state(path, state))
+        if changed and not unsaved:
+            if work is not state:
+                state.adopt(work)
             self._apply(users - set(state.clients))
         self._respond(response)
 
@@ -1239,6 +1289,25 @@ class DynsecService(Sink):
 
 
 NOT_JSON = object()
+SAVE_ERROR = "State not saved, nothing changed"
+
+
+def _mutates(document: Any) -> bool:
+    """Whether some command of a decoded message may change the state."""
+    commands = document.get("commands") if isinstance(document, dict) else None
+    return isinstance(commands, list) and any(
+        isinstance(command, dict) and command.get("command") in MUTATING for command in commands
+    )
+
+
+def _failed(response: bytes, error: str) -> bytes:
+    """``response`` (a message's answers) with every command answered with ``error``."""
+    answers = json.loads(response)["responses"]
+    for answer in answers:
+        answer.pop("data", None)
+        answer.setdefault("error", error)
+    body = json.dumps({"responses": answers}, separators=(",", ":"), ensure_ascii=False)
+    return body.encode()
 
 
 def decode(payload: bytes) -> Any:

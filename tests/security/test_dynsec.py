@@ -11,16 +11,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from external_tools import find
+from external_tools import program
 
+from mqttbroker.security.authenticator import FileAuthenticator, KdfBudget, LoginFailures
 from mqttbroker.security.dynsec import (
     COMMAND_TOPIC,
     Dynsec,
+    DynsecAuthenticator,
     DynsecError,
     PasswordHash,
     load_state,
     save_state,
 )
+from mqttbroker.security.passwords import MAX_ITERATIONS
 
 
 def run(state: Dynsec, *commands: dict[str, Any]) -> list[dict[str, Any]]:
@@ -36,12 +39,9 @@ def ok(state: Dynsec, **command: Any) -> dict[str, Any]:
 
 
 def mosquitto_init(tmp_path: Path) -> Path:
-    ctrl = find("mosquitto_ctrl")
-    if ctrl is None:
-        pytest.skip("mosquitto_ctrl not installed: apt-get install mosquitto-clients")
     path = tmp_path / "dynamic-security.json"
     subprocess.run(
-        [ctrl, "dynsec", "init", str(path), "admin", "adminpw"],
+        [program("mosquitto_ctrl"), "dynsec", "init", str(path), "admin", "adminpw"],
         check=True,
         capture_output=True,
         timeout=30,
@@ -49,6 +49,7 @@ def mosquitto_init(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.needs_mosquitto
 def test_mosquitto_init_file_is_accepted_and_its_admin_password_works(tmp_path: Path) -> None:
     state = load_state(mosquitto_init(tmp_path))
     assert state.login("any-id", "admin", b"adminpw") == 0
@@ -152,13 +153,73 @@ def test_logins() -> None:
     assert state.login("only", "u", b"pw") == 0
     assert state.login("other", "u", b"pw") == 0x87  # bound to its client id
     assert state.login("only", "u", None) == 0x86
+    # the password first: only its owner learns of the client id or the disabled client
+    assert state.login("other", "u", b"wrong") == 0x86
     ok(state, command="disableClient", username="u")
     assert state.login("only", "u", b"pw") == 0x87
+    assert state.login("only", "u", b"wrong") == 0x86
     ok(state, command="enableClient", username="u")
     ok(state, command="setClientPassword", username="u", password="new")
     assert state.login("only", "u", b"new") == 0 and state.login("only", "u", b"pw") == 0x86
     ok(state, command="createClient", username="nopw")
     assert state.login("x", "nopw", b"") == 0x86
+
+
+def test_logins_have_the_password_files_limits() -> None:
+    """Failed dynsec logins count per address and user as the password file's do, and their
+    hashing is taken from the same budget."""
+    state = Dynsec(iterations=1000)
+    ok(state, command="createClient", username="u", password="pw")
+    ok(state, command="createClient", username="off", password="pw")
+    ok(state, command="disableClient", username="off")
+    frozen = KdfBudget(clock=lambda: 0.0)  # failures do not drain away meanwhile
+    files = FileAuthenticator(None, False, frozen, failures=LoginFailures(5, 300.0))
+    logins = DynsecAuthenticator(state, files)
+    codes = [logins.check_password("c", "u", f"guess{n}".encode(), "192.0.2.1") for n in range(8)]
+    assert codes == [0x86] * 5 + [0x9F] * 3  # the address is locked out, without a check
+    assert logins.check_password("c", "u", b"pw", "192.0.2.1") == 0x9F
+    assert logins.check_password("c", "u", b"pw", "192.0.2.2") == 0  # the owner, elsewhere
+    assert logins.check_password("c", "nobody", b"pw", "192.0.2.2") is None  # not ours
+    # a disabled client's wrong passwords are failed logins like any other
+    files = FileAuthenticator(None, False, KdfBudget(clock=lambda: 0.0), failures=LoginFailures(2))
+    other = DynsecAuthenticator(state, files)
+    codes = [other.check_password("c", "off", b"guess", "192.0.2.3") for _ in range(3)]
+    assert codes == [0x86, 0x86, 0x9F]
+    assert other.check_password("c", "off", b"pw", "192.0.2.4") == 0x87
+    # past the hashing budget: Server Busy, the password unchecked
+    spent = FileAuthenticator(None, False, budget=KdfBudget(rate=0.0, burst=0.0))
+    assert DynsecAuthenticator(state, spent).check_password("c", "u", b"pw", "192.0.2.5") == 0x89
+    assert spent.budget.refused == 1
+
+
+def test_a_state_file_with_a_huge_iteration_count_is_refused(tmp_path: Path) -> None:
+    state = Dynsec(iterations=1000)
+    ok(state, command="createClient", username="slow", password="pw")
+    data = state.to_json()
+    data["clients"][0]["iterations"] = MAX_ITERATIONS + 1
+    path = tmp_path / "dynamic-security.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(DynsecError) as raised:
+        load_state(path)
+    message = str(raised.value)
+    assert str(path) in message and "'slow'" in message and str(MAX_ITERATIONS) in message
+    data["clients"][0]["iterations"] = MAX_ITERATIONS
+    path.write_text(json.dumps(data))
+    assert load_state(path).clients["slow"].password is not None
+
+
+def test_save_state_is_the_password_files_atomic_write(tmp_path: Path) -> None:
+    """A new file is its owner's only; an existing one keeps its mode (an operator's choice)."""
+    state = Dynsec(iterations=1000)
+    path = tmp_path / "dynamic-security.json"
+    save_state(path, state)
+    assert path.stat().st_mode & 0o777 == 0o600
+    path.chmod(0o640)
+    ok(state, command="createRole", rolename="r")
+    save_state(path, state)
+    assert path.stat().st_mode & 0o777 == 0o640
+    assert "r" in load_state(path).roles
+    assert [p.name for p in tmp_path.iterdir()] == ["dynamic-security.json"]  # no temporaries
 
 
 def test_password_hash_is_mosquittos() -> None:

@@ -1,25 +1,33 @@
 """The dynamic security end to end: Mosquitto's own ``mosquitto_ctrl`` drives a real broker
 (``python -m mqttbroker`` with ``[dynsec] enabled``), and the same script against a real
-Mosquitto with its dynamic-security plugin gets the same answers (skipped only when the
-plugin is not installed). Live changes (a disabled client is disconnected, a removed ACL stops
-deliveries), restarts and SIGKILL right after an answer keep the state; a non-admin's command
-gets no answer and is logged."""
+Mosquitto with its dynamic-security plugin gets the same answers (that comparison is skipped
+only when the plugin is not installed: the ``mosquitto`` package has it). Live changes (a
+disabled client is disconnected, a removed ACL stops deliveries), restarts and SIGKILL right
+after an answer keep the state; a non-admin's command gets no answer and is logged. Wrong
+passwords lock an address out as for the password file; a state that cannot be written changes
+nothing and is answered with an error; a retained command is run but not kept."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import sqlite3
 import subprocess
+import sysconfig
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from external_tools import find
-from support.clients import PahoClient, unique
+from external_tools import program
+from security_support import connect_bytes
+from support.clients import MQTT_5, PahoClient, RawClient, parse_connack, unique
 from support.launcher import BrokerProcess, Mosquitto
 
-PLUGIN = "/usr/lib/x86_64-linux-gnu/mosquitto_dynamic_security.so"
+from mqttbroker.protocol.fastpath import encode_properties
+
+PLUGIN = "mosquitto_dynamic_security.so"
 RESPONSE = "$CONTROL/dynamic-security/v1/response"
 COMMAND = "$CONTROL/dynamic-security/v1"
 
@@ -27,10 +35,25 @@ pytestmark = pytest.mark.needs_mosquitto
 
 
 def ctrl_path() -> str:
-    path = find("mosquitto_ctrl")
-    if path is None:
-        pytest.skip("mosquitto_ctrl not installed: apt-get install mosquitto-clients")
-    return path
+    return program("mosquitto_ctrl")
+
+
+def plugin_path() -> str | None:
+    """Mosquitto's dynamic-security plugin: where the mosquitto package put it (``dpkg -L``),
+    else in the library directories (this machine's multiarch one first); None if absent."""
+    if shutil.which("dpkg") is not None:
+        listed = subprocess.run(
+            ["dpkg", "-L", "mosquitto"], capture_output=True, text=True, timeout=30
+        ).stdout
+        for line in listed.splitlines():
+            if line.endswith("/" + PLUGIN) and os.path.exists(line):
+                return line
+    multiarch = sysconfig.get_config_var("MULTIARCH") or ""
+    for directory in (f"/usr/lib/{multiarch}", "/usr/lib", "/usr/local/lib"):
+        candidate = os.path.join(directory, PLUGIN)
+        if os.path.exists(candidate):
+            return candidate
+    return None
 
 
 def init_file(directory: Path) -> Path:
@@ -74,22 +97,25 @@ def ctrl(server: Any, *args: str, user: str = "admin", password: str = "adminpw"
     return "\n".join(lines)
 
 
-def start_ours(start_broker: Callable[..., BrokerProcess], tmp_path: Path, data: Path) -> Any:
+def start_ours(
+    start_broker: Callable[..., BrokerProcess], tmp_path: Path, data: Path, more: str = ""
+) -> Any:
     config = tmp_path / "dynsec.toml"
     if not config.exists():
         config.write_text(
             "[dynsec]\nenabled = true\niterations = 1000\n"
-            f'import_file = "{init_file(tmp_path / "init")}"\n'
+            f'import_file = "{init_file(tmp_path / "init")}"\n' + more
         )
     return start_broker(data_dir=data, extra_args=("--config", str(config)))
 
 
 def start_mosquitto(tmp_path: Path) -> Mosquitto:
-    if not os.path.exists(PLUGIN):
-        pytest.skip(f"Mosquitto's dynamic security plugin is not installed ({PLUGIN})")
+    plugin = plugin_path()
+    if plugin is None:
+        pytest.skip(f"Mosquitto's dynamic security plugin ({PLUGIN}) is not installed")
     work = tmp_path / "mosquitto"
     state = init_file(work)
-    return Mosquitto(work, extra=f"plugin {PLUGIN}\nplugin_opt_config_file {state}\n").start()
+    return Mosquitto(work, extra=f"plugin {plugin}\nplugin_opt_config_file {state}\n").start()
 
 
 SCRIPT = [
@@ -282,3 +308,95 @@ def test_a_non_admins_command_is_not_answered_and_is_logged(
     spy.sync()
     assert not any(m.topic == COMMAND for m in spy.received())
     assert os.path.exists(tmp_path / "data" / "dynamic-security.json")
+
+
+def login(server: Any, username: str, password: bytes, source: str = "127.0.0.1") -> int:
+    """A CONNECT from ``source`` (an address of this machine): the CONNACK's reason code."""
+    with RawClient(server.host, server.port, source=source) as raw:
+        raw.send(connect_bytes(unique("ds"), MQTT_5, username=username, password=password))
+        _, code, _ = parse_connack(raw.read_packet(), MQTT_5)
+        return code
+
+
+def test_wrong_passwords_lock_the_address_out(
+    start_broker: Callable[..., BrokerProcess], tmp_path: Path
+) -> None:
+    """As for the password file: past max_login_failures, an address is refused without a
+    check (0x9F), while the user logs in from elsewhere. (A window of a million seconds: the
+    count does not drain away during the test.)"""
+    more = "[security]\nmax_login_failures = 5\nlogin_failure_window = 1000000\n"
+    broker = start_ours(start_broker, tmp_path, tmp_path / "data", more)
+    codes = [login(broker, "admin", f"guess{n}".encode(), "127.0.0.2") for n in range(30)]
+    # the sixth may still be checked: the count drains from the fifth on, one try a window/5
+    assert codes[:5] == [0x86] * 5 and codes[6:] == [0x9F] * 24, codes
+    assert login(broker, "admin", b"adminpw", "127.0.0.2") == 0x9F
+    assert login(broker, "admin", b"adminpw") == 0
+    assert "login as 'admin' refused without a check (0x9F)" in broker.log_text()
+
+
+def test_a_state_that_cannot_be_written_changes_nothing(
+    start_broker: Callable[..., BrokerProcess],
+    paho: Callable[..., PahoClient],
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "data"
+    broker = start_ours(start_broker, tmp_path, data)
+    state = data / "dynamic-security.json"
+    kept = tmp_path / "kept.json"
+    state.rename(kept)
+    state.mkdir()  # the new state cannot replace a directory: the write fails (root too)
+    mark = broker.log_mark()
+    printed = ctrl(broker, "createClient", "ghost", "-p", "pw")
+    assert printed.startswith("createClient: Error: State not saved, nothing changed"), printed
+    assert "cannot write the state to" in broker.log_since(mark)
+    assert "createClient | username=ghost | error: State not saved" in broker.log_since(mark)
+    assert login(broker, "ghost", b"pw") == 0x86  # not in memory either
+    assert ctrl(broker, "getClient", "ghost") == "getClient: Error: Client not found"
+    state.rmdir()
+    kept.rename(state)
+    assert ctrl(broker, "createClient", "real", "-p", "pw") == ""
+    users = [c["username"] for c in json.loads(state.read_text())["clients"]]
+    assert users == ["admin", "real"]
+    assert paho(broker, user="real", password="pw").connack is not None
+
+
+def test_a_retained_command_is_run_and_not_kept(
+    start_broker: Callable[..., BrokerProcess],
+    paho: Callable[..., PahoClient],
+    tmp_path: Path,
+) -> None:
+    """Commands carry passwords: on $CONTROL/dynamic-security/ nothing is retained (nor
+    stored), as with Mosquitto. The command itself runs."""
+    data = tmp_path / "data"
+    broker = start_ours(start_broker, tmp_path, data)
+    secret = unique("plaintext-password")
+    admin = paho(broker, user="admin", password="adminpw")
+    assert admin.subscribe(RESPONSE, 1) == [1]
+    command = {"commands": [{"command": "createClient", "username": "r", "password": secret}]}
+    admin.publish(COMMAND, json.dumps(command).encode(), qos=1, retain=True)
+    admin.wait_messages(1)
+    assert paho(broker, user="r", password=secret).connack is not None
+    admin.publish(RESPONSE, b"a retained answer", qos=1, retain=True)
+    late = paho(broker, user="admin", password="adminpw")
+    assert late.subscribe("$CONTROL/dynamic-security/#", 1) == [1]
+    late.publish("$CONTROL/dynamic-security/v1/marker", b"marker", qos=1)
+    late.wait_payload(b"marker")
+    assert [m.payload for m in late.received()] == [b"marker"]  # nothing retained
+    broker.stop()
+    for path in data.rglob("*"):
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), path
+
+    # a retained command an older version stored is deleted at the start
+    with sqlite3.connect(data / "mqttbroker.db") as db:
+        for topic in (COMMAND, "kept/topic"):  # (properties: none, as the store writes it)
+            db.execute(
+                "INSERT INTO retained VALUES (?, ?, 1, ?, NULL)",
+                (topic, json.dumps(command).encode(), encode_properties({})),
+            )
+    broker = start_ours(start_broker, tmp_path, data)
+    assert f"deleting the retained message on {COMMAND!r}" in broker.log_text()
+    broker.stop()
+    with sqlite3.connect(data / "mqttbroker.db") as db:
+        topics = [row[0] for row in db.execute("SELECT topic FROM retained")]
+    assert topics == ["kept/topic"]
