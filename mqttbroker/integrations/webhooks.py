@@ -78,18 +78,20 @@ _HEADER_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%" and no
 
 def redact_url(url: str) -> str:
     """``url`` as it may be shown: the user name and password (all of the userinfo) become
-    ``***``, each query value becomes ``***`` (a query item without ``=`` becomes ``***`` as a
-    whole; the names of the others are kept), the fragment is dropped. Scheme, host, port and
-    path are kept as they are: put secrets in the userinfo or the query, not in the path."""
+    ``***``, a path beyond ``/`` becomes ``/***`` (Slack, Discord and Teams webhooks carry
+    their secret in the path), each query value becomes ``***`` (a query item without ``=``
+    becomes ``***`` as a whole; the names of the others are kept), the fragment is dropped.
+    Scheme, host and port are kept: they tell which endpoint it is."""
     parts = urlsplit(url)
     netloc = parts.netloc
     if "@" in netloc:
         netloc = REDACTED + "@" + netloc.rpartition("@")[2]
+    path = parts.path if parts.path in ("", "/") else "/" + REDACTED
     query = "&".join(
         f"{name}={REDACTED}" if eq else REDACTED
         for name, eq, _ in (item.partition("=") for item in parts.query.split("&") if item)
     )
-    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+    return urlunsplit((parts.scheme, netloc, path, query, ""))
 
 
 def header_value(value: str) -> str:

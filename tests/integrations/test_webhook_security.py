@@ -40,12 +40,17 @@ def secret_file(tmp_path: Path) -> Path:
 @pytest.mark.parametrize(
     ("url", "shown"),
     [
-        ("https://example.com/in", "https://example.com/in"),
-        ("https://u:p%40ss@example.com:8443/in", "https://***@example.com:8443/in"),
-        ("http://token@example.com/in", "http://***@example.com/in"),
-        ("https://example.com/in?key=abc&v=2", "https://example.com/in?key=***&v=***"),
-        ("https://example.com/in?s3cret&a=", "https://example.com/in?***&a=***"),
-        ("https://u:p@[::1]:80/a?k=v#frag", "https://***@[::1]:80/a?k=***"),
+        ("https://example.com/in", "https://example.com/***"),
+        ("https://example.com/", "https://example.com/"),
+        ("https://example.com", "https://example.com"),
+        ("https://u:p%40ss@example.com:8443/in", "https://***@example.com:8443/***"),
+        ("http://token@example.com/in", "http://***@example.com/***"),
+        ("https://example.com/in?key=abc&v=2", "https://example.com/***?key=***&v=***"),
+        ("https://example.com/?s3cret&a=", "https://example.com/?***&a=***"),
+        ("https://u:p@[::1]:80/a?k=v#frag", "https://***@[::1]:80/***?k=***"),
+        # the secret in the path: Slack, Discord, Teams
+        ("https://hooks.slack.com/services/T0/B0/XyZsecret", "https://hooks.slack.com/***"),
+        ("https://discord.com/api/webhooks/123/tok3n", "https://discord.com/***"),
     ],
 )
 def test_redact_url(url: str, shown: str) -> None:
@@ -69,7 +74,7 @@ def test_url_secrets_are_shown_nowhere(
     secrets = ("hookuser", "pa55w0rd", "t0ps3cret")
     try:
         url = f"http://hookuser:pa55w0rd@127.0.0.1:{endpoint.port}/hook?token=t0ps3cret&region=eu"
-        shown = f"http://***@127.0.0.1:{endpoint.port}/hook?token=***&region=***"
+        shown = f"http://***@127.0.0.1:{endpoint.port}/***?token=***&region=***"
         config = f"""
 [broker]
 sys_interval = 0.2
