@@ -19,8 +19,10 @@ With ``per_listener_settings true`` each listener's ``allow_anonymous`` is its o
 refused, Mosquitto 2's default). This broker has one password file and one ACL file for every
 listener, so the listeners must name the same ones (or none), as Mosquitto would check each
 listener's clients against that listener's own files; otherwise the configuration is refused,
-naming the file and line. A security directive before the first ``listener`` is refused too:
-Mosquitto gives it to its default listener (port 1883), not to the listeners below.
+naming the file and line. A security directive before the first ``listener`` is Mosquitto's
+default listener's (port 1883 on every interface, or the old ``port``/``bind_address``): it is
+kept for that listener when there is one (a ``port`` line, or no ``listener`` line at all), and
+refused when only ``listener`` lines follow, since it is not theirs.
 
 Mosquitto's ACL semantics are kept: its ``acl_file`` is read as it is, and a subscription that a
 ``topic deny`` reaches only in part is granted with the denied topics withheld (the default
@@ -160,6 +162,9 @@ class _Reader:
         self.anonymous: list[bool] = []  # allow_anonymous lines without per_listener_settings
         self.security_seen = ""  # where the first security directive was (per_listener_settings)
         self.last_listener: dict[str, Any] | None = None  # the last `listener` line's
+        # per_listener_settings true: security settings before any listener (name, value,
+        # where), the default listener's: given to it at the end, if there is one (finish)
+        self.early: list[tuple[str, bool | str, str]] = []
         # per_listener_settings true: each listener's password_file / acl_file, with where the
         # directive was, and where each listener was declared (keys: id of its table)
         self.files: dict[int, dict[str, tuple[str, str]]] = {}
@@ -241,17 +246,12 @@ class _Reader:
                     self.table("security")[name] = _convert(rest, "path", path)
                 return
             owner = self.last_listener or self.default
-            if owner is None:
-                raise ValueError(
-                    "with per_listener_settings true, a security setting before the first "
-                    "listener belongs to Mosquitto's default listener (port 1883 on every "
-                    "interface, which Mosquitto opens for a password_file even without a port "
-                    "line), not to the listeners below; move it under the listener it is for"
-                )
-            if name == "allow_anonymous":
-                owner["allow_anonymous"] = _bool(rest)
+            value = _bool(rest) if name == "allow_anonymous" else str(_convert(rest, "path", path))
+            if owner is None:  # the default listener's, if there is one: see finish
+                self.early.append((name, value, where))
+            elif isinstance(value, bool):
+                owner["allow_anonymous"] = value
             else:
-                value = _convert(rest, "path", path)
                 self.files.setdefault(id(owner), {})[name] = (value, where)
         elif name == "per_listener_settings":
             self.per_listener = _bool(rest)
@@ -347,7 +347,10 @@ class _Reader:
     def finish(self) -> Conversion:
         out = self.out
         if not self.listeners:
-            self.listeners.append({"host": "0.0.0.0", "port": 1883})  # Mosquitto's default
+            self.default = {"host": "0.0.0.0", "port": 1883}  # Mosquitto's default listener
+            self.listeners.append(self.default)
+        if self.per_listener and self.early:
+            self.give_early()
         if self.per_listener:
             for listener in self.listeners:
                 # Mosquitto 2's default on each listener: no anonymous clients. (Mosquitto
@@ -372,6 +375,25 @@ class _Reader:
                 "bridges; the [[bridge]] sections are shown, not run"
             )
         return out
+
+    def give_early(self) -> None:
+        """The security settings before any listener are Mosquitto's default listener's: the
+        one of ``port``/``bind_address``, or the one it opens when no ``listener`` line
+        follows. Settings given to it later win, as later lines do in Mosquitto."""
+        owner = self.default
+        if owner is None:
+            name, _, where = self.early[0]
+            raise ConfigError(
+                f"{where}: {name}: with per_listener_settings true, a security setting before "
+                "the first listener belongs to Mosquitto's default listener (port 1883 on every "
+                "interface, which Mosquitto opens for a password_file even without a port "
+                "line), not to the listeners below; move it under the listener it is for"
+            )
+        for name, value, where in self.early:
+            if isinstance(value, bool):
+                owner.setdefault("allow_anonymous", value)
+            else:
+                self.files.setdefault(id(owner), {}).setdefault(name, (value, where))
 
     def one_file_for_all(self, key: str) -> None:
         """``per_listener_settings true``: Mosquitto checks each listener's clients against that

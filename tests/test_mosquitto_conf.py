@@ -291,6 +291,22 @@ def test_per_listener_settings_not_carried_over_are_refused(
     assert expected.format(d=tmp_path) in str(info.value)
 
 
+def test_per_listener_settings_without_listener_lines_go_to_the_default_listener(
+    tmp_path: Path,
+) -> None:
+    """Security settings before any listener are Mosquitto's default listener's: with no
+    `listener` line that is the only one (1883 on every interface, or the `port` line's)."""
+    text = "per_listener_settings true\nallow_anonymous true\npassword_file passwd\n"
+    conv = convert(write(tmp_path, text))
+    assert conv.tables["listener"] == [{"host": "0.0.0.0", "port": 1883, "allow_anonymous": True}]
+    assert conv.tables["security"] == {"password_file": str(tmp_path / "passwd")}
+    # a `port` line after them: the same listener; a later setting for it wins
+    text += "port 1999\nallow_anonymous false\n"
+    conv = convert(write(tmp_path, text))
+    assert conv.tables["listener"] == [{"host": "0.0.0.0", "port": 1999, "allow_anonymous": False}]
+    assert conv.tables["security"] == {"password_file": str(tmp_path / "passwd")}
+
+
 def test_per_listener_settings_after_a_security_setting_is_refused(tmp_path: Path) -> None:
     """As Mosquitto refuses it (its error: must be set before any other security settings)."""
     path = write(tmp_path, "listener 1883\nallow_anonymous true\nper_listener_settings true\n")
@@ -419,3 +435,39 @@ def test_per_listener_password_files_refused_where_mosquitto_splits_them(
     assert done.returncode == 2, done.stderr
     line = conf.read_text().splitlines().index(f"password_file {second}") + 1
     assert f"{conf}:{line}: password_file: with per_listener_settings true" in done.stderr
+
+
+def _default_listener_conf(path: Path, port: int, passwd: Path) -> Path:
+    """per_listener_settings true and the security settings before any listener, with no
+    `listener` line: Mosquitto's default listener (here on a free loopback port) has them."""
+    text = ("user root\n" if os.geteuid() == 0 else "") + "per_listener_settings true\n"
+    text += f"allow_anonymous true\npassword_file {passwd}\nport {port}\nbind_address 127.0.0.1\n"
+    path.write_text(text)
+    return path
+
+
+def test_default_listener_settings_as_mosquitto_does(tmp_path: Path) -> None:
+    passwd = _password_file(tmp_path / "passwd", {"alice": "alice-pw", "bob": "bob-pw"})
+    port = free_port()
+    conf = _default_listener_conf(tmp_path / "mosquitto.conf", port, passwd)
+    proc = subprocess.Popen(
+        [mosquitto_binary(), "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        wait_port(port, proc)
+        expected = _logins([port])
+    finally:
+        stop_process(proc)
+    assert expected == {
+        (0, None, None): True,
+        (0, "alice", "alice-pw"): True,
+        (0, "alice", "wrong"): False,
+        (0, "bob", "bob-pw"): True,
+    }
+    conf = _default_listener_conf(tmp_path / "ours.conf", free_port(), passwd)
+    ours = BrokerProcess(tmp_path / "data", extra_args=("--mosquitto-conf", str(conf)))
+    try:
+        ours.start()
+        assert _logins([ours.port]) == expected
+    finally:
+        ours.stop()
