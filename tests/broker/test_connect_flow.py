@@ -17,9 +17,6 @@ def connect_bytes(client_id: str = "c", level: int = MQTT_5, **kwargs: object) -
     return grammar.encode(pk.Connect(client_id=client_id, protocol_level=level, **kwargs), level)  # type: ignore[arg-type]
 
 
-# -- accepted connections ------------------------------------------------------------------
-
-
 def test_connack_v5_properties(make_harness: Callable[..., Harness]) -> None:
     """[MQTT-3.1.4-5] [MQTT-3.2.2-2] A v5 CONNECT is accepted with CONNACK 0x00, Session Present 0,
     and the server's limits: Maximum Packet Size, Topic Alias Maximum, Receive Maximum."""
@@ -100,42 +97,6 @@ def test_v5_empty_client_id_clean_start_0_gets_an_id(h: Harness) -> None:
     """[MQTT-3.1.3-6] MQTT 5 allows an empty client id whatever Clean Start says."""
     client = h.connect("", clean_start=False)
     assert client.connack.properties[Prop.ASSIGNED_CLIENT_IDENTIFIER]  # type: ignore[union-attr]
-
-
-# -- refused connections -----------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "first_packet",
-    [
-        pytest.param(b"\xc0\x00", id="PINGREQ"),
-        pytest.param(grammar.encode(pk.Publish("t", b"x"), MQTT_5), id="PUBLISH"),
-        pytest.param(
-            grammar.encode(pk.Subscribe(1, [pk.SubscriptionRequest("t")]), MQTT_5), id="SUBSCRIBE"
-        ),
-        pytest.param(b"\xe0\x00", id="DISCONNECT"),
-    ],
-)
-def test_first_packet_not_connect(h: Harness, first_packet: bytes) -> None:
-    """[MQTT-3.1.0-1] [MQTT-4.13.1-1] A first packet other than CONNECT closes the connection. No
-    CONNACK: there is no CONNECT to acknowledge (a CONNACK may only answer an error in a CONNECT,
-    section 4.13.1), and the client's protocol version is not even known."""
-    client = h.client()
-    client.send_raw(first_packet)
-    h.broker.flush()
-    assert client.closed
-    assert client.link.data == b""
-    assert h.broker.sessions == {}
-
-
-def test_second_connect_is_a_protocol_error(h: Harness) -> None:
-    """[MQTT-3.1.0-2] A second CONNECT gets DISCONNECT 0x82 and the connection is closed."""
-    client = h.connect("c1")
-    client.send_raw(connect_bytes("c1"))
-    received = client.receive()
-    assert len(received) == 1 and isinstance(received[0], pk.Disconnect), received
-    assert received[0].reason_code == 0x82
-    assert client.closed
 
 
 @pytest.mark.parametrize("level", [6, 7, 255])
@@ -228,9 +189,6 @@ def test_connect_split_across_reads(h: Harness) -> None:
     assert len(received) == 1 and received[0].reason_code == 0
 
 
-# -- sessions ------------------------------------------------------------------------------
-
-
 def test_session_present_flag(h: Harness) -> None:
     """[MQTT-3.2.2-2] [MQTT-3.2.2-3] [MQTT-3.1.2-4] [MQTT-3.1.2-5] [MQTT-3.1.2-6] Session Present
     reflects whether a session was resumed; Clean Start 1 discards the old one."""
@@ -296,9 +254,6 @@ def test_takeover_publishes_will_of_old_connection(h: Harness) -> None:
     h.connect("same", will=pk.Will("will/same", b"gone"))
     h.connect("same")
     assert [p.payload for p in watcher.publishes()] == [b"gone"]
-
-
-# -- keep alive and PINGREQ ----------------------------------------------------------------
 
 
 def test_pingreq_pingresp(h: Harness) -> None:
@@ -373,9 +328,6 @@ def test_server_keep_alive(
     assert not client.closed
     h.tick(0.5)
     assert client.closed
-
-
-# -- CONNECT refused for its content ---------------------------------------------------------
 
 
 @pytest.mark.parametrize(

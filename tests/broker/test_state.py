@@ -1,6 +1,7 @@
-"""The connection state machine (broker/state.py): the tables are complete and consistent, and
-a real connection walks every transition they list, each by the event the table names, and
-answers a packet its state does not accept as that state says."""
+"""broker/state.py: the connection state machine: the tables are complete and consistent, and a
+real connection walks every transition they list, each by the event the table names, and answers a
+packet its state does not accept as that state says (a first packet that is not CONNECT, a second
+CONNECT)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,58 @@ from functools import partial
 from typing import Any
 
 import pytest
-from support.harness import METHOD, Harness, Offload, Prop, ToyAuthenticator, pk
+from support.harness import METHOD, MQTT_5, Harness, Offload, Prop, ToyAuthenticator, pk
 
 from mqttbroker.broker import state as st
 from mqttbroker.broker.backplane import Backplane
+from mqttbroker.protocol import grammar
 from mqttbroker.protocol.errors import MQTTError
 from mqttbroker.protocol.packets import PacketType
 
 ALL_STATES = (st.AWAIT_CONNECT, st.AUTHENTICATING, st.CONNECTED, st.CLOSED)
+
+
+class _Authenticator(ToyAuthenticator):
+    """The toy challenge/response method and passwords; clients without a user name too."""
+
+    def check_password(self, client_id: str, username: str | None, *args: Any) -> int:
+        return 0 if username is None else super().check_password(client_id, username, *args)
+
+
+@pytest.fixture
+def ha(make_harness: Any) -> Harness:
+    harness: Harness = make_harness()
+    harness.broker.authenticator = _Authenticator()
+    return harness
+
+
+def _auth_connect() -> pk.Connect:
+    return pk.Connect(client_id="a", properties={Prop.AUTHENTICATION_METHOD: METHOD})
+
+
+class _Claims(Backplane):
+    """A cluster's backplane that grants each claim when the test says so."""
+
+    def __init__(self) -> None:
+        self.pending: list[Callable[[], None]] = []
+
+    def claim(
+        self,
+        client_id: str,
+        clean_start: bool,
+        username: str | None,
+        done: Callable[[MQTTError | None], None],
+    ) -> None:
+        self.pending.append(partial(done, None))
+
+    def grant_all(self) -> None:
+        pending, self.pending = self.pending, []
+        for done in pending:
+            done()
+
+
+def connect_bytes(client_id: str = "c", level: int = MQTT_5, **kwargs: object) -> bytes:
+    return grammar.encode(pk.Connect(client_id=client_id, protocol_level=level, **kwargs), level)  # type: ignore[arg-type]
 
 
 def test_the_tables_cover_every_state_and_closed_is_final() -> None:
@@ -42,24 +87,6 @@ def test_the_tables_cover_every_state_and_closed_is_final() -> None:
     # what a client may never send, in any state
     never = {PacketType.CONNACK, PacketType.SUBACK, PacketType.UNSUBACK, PacketType.PINGRESP}
     assert not any(never & accepted for accepted in st.RECEIVES.values())
-
-
-class _Authenticator(ToyAuthenticator):
-    """The toy challenge/response method and passwords; clients without a user name too."""
-
-    def check_password(self, client_id: str, username: str | None, *args: Any) -> int:
-        return 0 if username is None else super().check_password(client_id, username, *args)
-
-
-@pytest.fixture
-def ha(make_harness: Any) -> Harness:
-    harness: Harness = make_harness()
-    harness.broker.authenticator = _Authenticator()
-    return harness
-
-
-def _auth_connect() -> pk.Connect:
-    return pk.Connect(client_id="a", properties={Prop.AUTHENTICATION_METHOD: METHOD})
 
 
 def test_a_connection_walks_every_transition(ha: Harness) -> None:
@@ -109,27 +136,6 @@ def test_a_connection_walks_every_transition(ha: Harness) -> None:
     assert walked == {(s, e) for s, events in st.TRANSITIONS.items() for e in events}
 
 
-class _Claims(Backplane):
-    """A cluster's backplane that grants each claim when the test says so."""
-
-    def __init__(self) -> None:
-        self.pending: list[Callable[[], None]] = []
-
-    def claim(
-        self,
-        client_id: str,
-        clean_start: bool,
-        username: str | None,
-        done: Callable[[MQTTError | None], None],
-    ) -> None:
-        self.pending.append(partial(done, None))
-
-    def grant_all(self) -> None:
-        pending, self.pending = self.pending, []
-        for done in pending:
-            done()
-
-
 def test_each_state_answers_a_packet_it_does_not_accept(ha: Harness) -> None:
     # before CONNECT: closed without a word (MQTT-3.1.0-1)
     first = ha.client()
@@ -149,3 +155,36 @@ def test_each_state_answers_a_packet_it_does_not_accept(ha: Harness) -> None:
     # closed: nothing more is read (MQTT-3.1.4-6)
     connected.send(pk.Pingreq())
     assert connected.receive() == []
+
+
+@pytest.mark.parametrize(
+    "first_packet",
+    [
+        pytest.param(b"\xc0\x00", id="PINGREQ"),
+        pytest.param(grammar.encode(pk.Publish("t", b"x"), MQTT_5), id="PUBLISH"),
+        pytest.param(
+            grammar.encode(pk.Subscribe(1, [pk.SubscriptionRequest("t")]), MQTT_5), id="SUBSCRIBE"
+        ),
+        pytest.param(b"\xe0\x00", id="DISCONNECT"),
+    ],
+)
+def test_first_packet_not_connect(h: Harness, first_packet: bytes) -> None:
+    """[MQTT-3.1.0-1] [MQTT-4.13.1-1] A first packet other than CONNECT closes the connection. No
+    CONNACK: there is no CONNECT to acknowledge (a CONNACK may only answer an error in a CONNECT,
+    section 4.13.1), and the client's protocol version is not even known."""
+    client = h.client()
+    client.send_raw(first_packet)
+    h.broker.flush()
+    assert client.closed
+    assert client.link.data == b""
+    assert h.broker.sessions == {}
+
+
+def test_second_connect_is_a_protocol_error(h: Harness) -> None:
+    """[MQTT-3.1.0-2] A second CONNECT gets DISCONNECT 0x82 and the connection is closed."""
+    client = h.connect("c1")
+    client.send_raw(connect_bytes("c1"))
+    received = client.receive()
+    assert len(received) == 1 and isinstance(received[0], pk.Disconnect), received
+    assert received[0].reason_code == 0x82
+    assert client.closed
