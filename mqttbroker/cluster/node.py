@@ -58,7 +58,20 @@ from ..protocol.packets import MQTT_5
 from ..protocol.reasons import ReasonCode
 from ..server import StartError
 from .handover import forget, from_hash, restore, serialise
+from .link import LEAVE_SCRIPT, RELEASE_SCRIPT, REPLY_SCRIPT, TAKE_SCRIPT, Link
 from .outbox import Outbox
+from .ownership import (
+    LEASE_GONE,
+    RENEWED,
+    Act,
+    Answer,
+    Lease,
+    Seen,
+    Step,
+    answer_kind,
+    claim_step,
+    serves_while_redis_down,
+)
 from .redis_client import redis_client
 from .routes import RouteTable
 from .store import FENCED_WRITE, ClusterStore, SessionChanges
@@ -87,83 +100,6 @@ ASK_SLICE = 0.5  # ... looking every so often whether it is gone meanwhile
 
 # Writes, in the order they were asked for.
 _XADD, _PUB, _ROUTE, _RETAIN, _XACK, _REPLY, _RELEASE = range(7)
-
-_RELEASE_SCRIPT = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
-
-# A session of the node ARGV[1] (gone) taken by ARGV[2]: its hash, or nothing if another node
-# owns the client id now (ARGV[3] "1": the client id ARGV[2] is claiming for a CONNECT).
-_TAKE_SCRIPT = """
-local owner = redis.call('GET', KEYS[1])
-if owner ~= ARGV[1] and (ARGV[3] ~= '1' or owner ~= ARGV[2]) then return false end
-redis.call('SET', KEYS[1], ARGV[2])
-return redis.call('HGETALL', KEYS[2])
-"""
-
-# The client id KEYS[1] claimed by the node ARGV[1] in one round trip when no node or this
-# one owns it (a CONNECT's usual case); else its owner, left as it is (see Node._claim).
-_CLAIM_SCRIPT = """
-local owner = redis.call('GET', KEYS[1])
-if owner and owner ~= ARGV[1] then return owner end
-redis.call('SET', KEYS[1], ARGV[1])
-return false
-"""
-
-# The client id KEYS[1], taken by the node ARGV[1] for a CONNECT the node ARGV[2] refused to hand
-# the session over to (another user's), given back to ARGV[2] unless another node took it since.
-_GIVE_BACK_SCRIPT = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('SET', KEYS[1], ARGV[2]) end
-return false
-"""
-
-# A lease (KEYS[1]) given back by the token ARGV[1] that holds it.
-_LEAVE_SCRIPT = """
-local lease = redis.call('GET', KEYS[1])
-if lease and string.match(lease, '^[^/]*') == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
-
-# A node's lease (KEYS[1]) is "<token>/<Redis CLIENT ID of its liveness connection>/<Redis
-# run_id>". Renewed by the node holding ARGV[1] (with its connection's id ARGV[2]): 1; 2 if it
-# is gone (expired, or adopted and released: the node takes a new one once resynchronised, see
-# _back); 0 if another token holds it (another process, or a node adopting this one).
-_RENEW = """
-local lease = redis.call('GET', KEYS[1])
-if not lease then return 2 end
-if string.match(lease, '^[^/]*') ~= ARGV[1] then return 0 end
-redis.call('SET', KEYS[1], ARGV[1] .. '/' .. ARGV[2], 'PX', ARGV[3])
-return 1
-"""
-
-# The lease KEYS[1] of a node found gone (ARGV[1]: its value as seen then; "" if there was
-# none) taken by the adopting node (its token ARGV[2]) unless it changed meanwhile.
-_TAKE_LEASE = """
-local lease = redis.call('GET', KEYS[1])
-if (lease or '') ~= ARGV[1] then return 0 end
-redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-return 1
-"""
-
-# A hand-over's requester (ARGV[1], asking the node ARGV[2]) gives up waiting: the reply list
-# KEYS[2] is marked abandoned (a late reply is then refused, and its node keeps the session),
-# the client id KEYS[1] goes back to ARGV[2] if still the requester's, and a reply that came
-# meanwhile is returned (to be used all the same).
-_ABANDON = """
-redis.call('SET', KEYS[3], '1', 'EX', 120)
-if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('SET', KEYS[1], ARGV[2]) end
-return redis.call('LPOP', KEYS[2])
-"""
-
-# A hand-over's reply (ARGV[1]) to the list KEYS[1], unless its requester gave up (KEYS[2]):
-# 0 then, and the session stays with the node that answered.
-_REPLY_SCRIPT = """
-if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
-redis.call('RPUSH', KEYS[1], ARGV[1])
-redis.call('EXPIRE', KEYS[1], 60)
-return 1
-"""
 
 
 async def kept_running(work: Callable[[], Awaitable[None]]) -> None:
@@ -271,12 +207,13 @@ class ClusterNode(Backplane):
         # The lease is renewed on a connection of its own, used for nothing else: its Redis
         # CLIENT ID is in the lease, and the other nodes take this node for gone once Redis has
         # closed it (a pub/sub connection would not do: Redis closes one that reads too slowly).
-        self._live = redis_client(config.redis, config.connect_timeout, 2 * HANDOVER_SECONDS)
-        self._valid_until = 0.0  # (loop time) the lease is surely this node's until then
-        self._no_client_list = False  # CLIENT LIST refused (logged once)
-        self._lapsed = False  # past _valid_until: this node's sessions may be elsewhere now
+        self._live = redis_client(
+            config.redis, config.connect_timeout, 2 * HANDOVER_SECONDS, single=True
+        )
+        self.link = Link(self.redis, self._live, PREFIX, self.node_id)
+        self.lease = Lease(config.node_ttl)  # this node's own, as it knows it (ownership.py)
         self._rewriting: set[str] = set()  # sessions to write whole again (see _send)
-        self._fence_next = False  # the next batch's acknowledgements are not sent (see _back)
+        self._fence_next = False  # the next batch's acknowledgements are not sent (_back)
         self.routes = RouteTable(broker.options.match_cache_size)
         self.token = secrets.token_hex(16)
         self._lease_key = f"{PREFIX}node:{self.node_id}"
@@ -325,27 +262,23 @@ class ClusterNode(Backplane):
         # While Redis is down, the node's own store is what counts; not once this node's lease
         # may have run out: what depends on a session here waits until it is known to be
         # this node's still (another node may have adopted it).
-        if not self._down or self._lapsed:
+        if not self._down or self.lease.lapsed:
             self._hold(1)
         self._wake.set()
 
     def lease_valid(self, now: float) -> bool:
         """Whether this node surely holds its lease (and the sessions it owns) at ``now``;
         once not, it stops serving them (``_lapse``) until Redis says."""
-        if now < self._valid_until:
-            return True
-        self._lapse()
-        return False
+        if self.lease.check(now) is Act.LAPSE:
+            self._on_lapse()
+        return self.lease.valid(now)
 
-    def _lapse(self) -> None:
+    def _on_lapse(self) -> None:
         """This node's lease may have run out (no renewal for node_ttl: frozen, or cut off
         from Redis), and another node may have adopted its sessions: their clients here are
         disconnected (0x8E) now, before anything is delivered to them, and what their
         changes hold (acknowledgements) waits until the lease is renewed or the sessions
         given up (``_fence``)."""
-        if self._lapsed:
-            return
-        self._lapsed = True
         log.warning(
             "cluster: the lease of node %r was not renewed for node_ttl (%g s): its persistent "
             "sessions may have moved; their clients here are disconnected until it is renewed",
@@ -387,8 +320,6 @@ class ClusterNode(Backplane):
         )
         self._cut(waiters)
         self._drop_clients("this node was fenced: the session is on another node")
-        self._lapsed = True
-        self._valid_until = 0.0
         if not self._down:
             self._down = True
             self._gone.set()
@@ -404,6 +335,7 @@ class ClusterNode(Backplane):
         except (RedisError, OSError) as exc:
             raise StartError(f"cluster.redis: cannot reach Redis at {self.url}: {exc}") from None
         try:
+            await self.link.liveness()
             taken = await self._take_lease()
             if not taken:
                 raise StartError(
@@ -538,7 +470,7 @@ class ClusterNode(Backplane):
         """The lease given back (so that this node_id may start again at once), connections
         closed."""
         if self._leased:
-            await self.redis.eval(_LEAVE_SCRIPT, 1, self._lease_key, self.token)
+            await self.link.release_lease(self._lease_key, self.token)
         await self._live.aclose()
         if self._pubsub is not None:
             await self._pubsub.aclose()
@@ -556,7 +488,7 @@ class ClusterNode(Backplane):
         if publisher is None:
             return 0, groups
         now = self.broker.clock()
-        if now >= self._valid_until:  # (one comparison per message: the fence's cost here)
+        if now >= self.lease.valid_until:  # (one comparison per message: the fence's cost)
             self.lease_valid(now)
         if message.retain:
             self._queue(_RETAIN, message.topic, (encode(message, now), not message.payload))
@@ -637,22 +569,20 @@ class ClusterNode(Backplane):
         first, this session among its own. A node alive that does not answer within
         HANDOVER_SECONDS (frozen, or not listening yet) keeps the session: the CONNECT is
         refused with 0x88 (Server unavailable), which the client retries; a new session never
-        starts over one another node has."""
+        starts over one another node has (ownership.py)."""
         key = f"{PREFIX}client:{client_id}"
         refusal: MQTTError | None = None
         try:
-            if not self.lease_valid(self.broker.clock()) and await self._renew_lease() != 1:
-                raise MQTTError(
-                    "this node's lease ran out; resynchronising", ReasonCode.SERVER_UNAVAILABLE
-                )
-            previous = await self.redis.eval(_CLAIM_SCRIPT, 1, key, self.node_id)
+            if not self.lease_valid(self.broker.clock()) and not await self._renewed():
+                raise MQTTError("this node's lease ran out; resynchronising")
+            previous = await self.link.claim(key)
             if previous is not None:  # another node's: taken from it (adopted if gone)
                 refusal = await self._take_over(
                     client_id, key, previous.decode(), clean_start, username
                 )
         except (RedisError, OSError) as exc:
-            if clean_start or (client_id in self.broker.sessions and not self._lapsed):
-                # (Clean Start: whatever session it had is not wanted; or its session is here)
+            here = client_id in self.broker.sessions
+            if serves_while_redis_down(clean_start, here, self.lease):
                 log.warning(
                     "cluster: client %s: owner not checked, Redis failed (%s); served here",
                     client_id,
@@ -677,20 +607,20 @@ class ClusterNode(Backplane):
         self, client_id: str, key: str, owner: str, clean: bool, username: str | None
     ) -> MQTTError | None:
         """``client_id`` is ``owner``'s: take it with its session (None), or the refusal the
-        CONNECT gets."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + HANDOVER_SECONDS
+        CONNECT gets; each step as ownership.claim_step says."""
+        link = self.link
+        deadline = link.now() + HANDOVER_SECONDS
         adopted: set[str] = set()
         while owner != self.node_id:
-            gone, lease = await self._holder_gone(owner)
-            if gone and owner not in adopted:
+            gone, lease, in_cluster, listening = await link.look(owner)
+            seen = Seen(gone, owner in adopted, in_cluster, listening, link.now() > deadline)
+            step = claim_step(seen)
+            if step is Step.ADOPT:
                 adopted.add(owner)
                 await self._adopt(owner, client_id, lease)
-            elif gone:
-                if not await self.redis.sismember(PREFIX + "nodes", owner):
-                    # Adopted (here or elsewhere), the client id not among its sessions: free.
-                    await self.redis.eval(_GIVE_BACK_SCRIPT, 1, key, owner, self.node_id)
-            elif loop.time() > deadline:
+            elif step is Step.TAKE_FREE:
+                await link.give_back(key, owner, self.node_id)
+            elif step is Step.REFUSE:
                 log.warning(
                     "cluster: client %s: node %r has its session and did not hand it over "
                     "within %g s: refused (0x88), the client retries",
@@ -702,21 +632,26 @@ class ClusterNode(Backplane):
                     f"cluster: node {owner!r} has this client's session and does not answer; retry",
                     ReasonCode.SERVER_UNAVAILABLE,
                 )
-            elif (await self.redis.pubsub_numsub(f"{PREFIX}ctl:{owner}"))[0][1]:
-                answer = await self._ask(client_id, key, owner, clean, username, deadline)
-                if answer is not None:
-                    if "refused" in answer:
-                        return MQTTError(answer["reason"], answer["refused"])
-                    if "session" in answer:
-                        self._restore(client_id, answer["session"])
-                        log.info(
-                            "cluster: client %s: session taken over from node %r", client_id, owner
-                        )
+            elif step is Step.ASK:
+                data = await self._ask(client_id, key, owner, clean, username, deadline)
+                kind = answer_kind(data)
+                if kind is Answer.REFUSED:
+                    assert data is not None
+                    await link.give_back(key, self.node_id, owner)
+                    state = _answer(client_id, data)
+                    return MQTTError(state["reason"], state["refused"])
+                if kind is Answer.SESSION:
+                    assert data is not None
+                    self._restore(client_id, _answer(client_id, data))
+                    log.info(
+                        "cluster: client %s: session taken over from node %r", client_id, owner
+                    )
+                if kind is not Answer.SILENT:
                     return None
-            found = await self.redis.eval(_CLAIM_SCRIPT, 1, key, self.node_id)
+            found = await link.claim(key)
             if found is None:
                 return None
-            if found.decode() == owner:
+            if found.decode() == owner and step is not Step.ADOPT:
                 await asyncio.sleep(0.1)
             owner = found.decode()
         return None
@@ -729,80 +664,30 @@ class ClusterNode(Backplane):
         clean: bool,
         username: str | None,
         deadline: float,
-    ) -> dict[str, Any] | None:
-        """Ask the live node ``owner`` to hand ``client_id``'s session over: its answer
-        (``session``: the session; nothing: none there; ``refused``...), or None if it did not
-        answer by ``deadline`` (the client id is then given back to it, and an answer that
-        comes later is refused in Redis: that node keeps the session, see _REPLY_SCRIPT)."""
+    ) -> bytes | None:
+        """Ask the live node ``owner`` to hand ``client_id``'s session over: its answer, or
+        None if it did not answer by ``deadline`` or was found gone meanwhile (the request is
+        then abandoned: the client id goes back to it, and an answer that comes later is
+        refused in Redis, so that node keeps the session; see link._ABANDON)."""
+        link = self.link
         previous = await self.redis.set(key, self.node_id, get=True)
         if previous is None or previous.decode() != owner:
             # Changed hands meanwhile: give it back, the caller looks again.
-            await self.redis.eval(
-                _GIVE_BACK_SCRIPT,
-                1,
-                key,
-                self.node_id,
-                owner if previous is None else previous.decode(),
-            )
+            back = owner if previous is None else previous.decode()
+            await link.give_back(key, self.node_id, back)
             return None
-        token = secrets.token_hex(8)
-        reply = f"{PREFIX}handover:{token}"
+        reply = f"{PREFIX}handover:{secrets.token_hex(8)}"
         request = json.dumps(
             {"client": client_id, "reply": reply, "clean": clean, "user": username}
         )
-        data: bytes | None = None
         if await self.redis.publish(f"{PREFIX}ctl:{owner}", request):
-            loop = asyncio.get_running_loop()
             while True:  # (in slices: a node found gone meanwhile is adopted at once)
-                wait = min(ASK_SLICE, deadline - loop.time())
-                found = await self.redis.blpop([reply], timeout=max(0.01, wait))
-                if found is not None:
-                    data = found[1]
+                data = await link.wait_reply(reply, min(ASK_SLICE, deadline - link.now()))
+                if data is not None:
+                    return data
+                if link.now() >= deadline or (await link.look(owner))[0]:
                     break
-                if loop.time() >= deadline or (await self._holder_gone(owner))[0]:
-                    break
-        if data is None:
-            data = await self.redis.eval(
-                _ABANDON, 3, key, reply, reply + ":gone", self.node_id, owner
-            )
-        if data is None:
-            return None
-        if not data:
-            return {}
-        state = _answer(client_id, data)
-        if "refused" in state:
-            await self.redis.eval(_GIVE_BACK_SCRIPT, 1, key, self.node_id, owner)
-            return state
-        return {"session": state}
-
-    async def _holder_gone(self, node: str) -> tuple[bool, str]:
-        """Whether ``node`` is gone: its lease expired, or the Redis connection it names (the
-        node's liveness connection, see _renew) is closed, as Redis sees at once when a node
-        is killed. With it, the lease as read ("" if none). A node frozen (SIGSTOP, a VM
-        paused) keeps its connection open: its lease has to run out."""
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.get(f"{PREFIX}node:{node}")
-        pipe.info("server")
-        value, info = await pipe.execute()
-        if value is None:
-            return True, ""
-        lease = value.decode()
-        _, _, rest = lease.partition("/")
-        conn_id, _, run_id = rest.partition("/")
-        if not conn_id or run_id != str(info.get("run_id")):
-            return False, lease  # (a Redis restarted since gives ids anew)
-        try:
-            listed = await self.redis.client_list(client_id=[conn_id])
-        except ResponseError as exc:  # (a Redis user without CLIENT LIST: the lease only)
-            if not self._no_client_list:
-                self._no_client_list = True
-                log.warning(
-                    "cluster: CLIENT LIST refused (%s): a node killed is found gone only once "
-                    "its lease (node_ttl) runs out",
-                    exc,
-                )
-            return False, lease
-        return not listed, lease
+        return await link.abandon(key, reply, owner)
 
     def _restore(self, client_id: str, data: bytes | dict[str, Any], away: bool = False) -> None:
         """A session from another node or from Redis, built here and written afresh there."""
@@ -818,10 +703,9 @@ class ClusterNode(Backplane):
         CONNECT (its session is adopted all the same)."""
         async with self._adopting:
             lease = f"{PREFIX}node:{node}"
-            ttl_ms = int(self.config.node_ttl * 1000)
             if not await self.redis.sismember(PREFIX + "nodes", node):
                 return  # adopted already
-            if not await self.redis.eval(_TAKE_LEASE, 1, lease, seen, self.token, ttl_ms):
+            if not await self.link.take_lease_of(node, seen, self.token, self.config.node_ttl):
                 return  # alive again, or adopted by another node now
             log.warning("cluster: node %r is gone: adopting its sessions and messages", node)
             owned = [c.decode() for c in await self.redis.smembers(f"{PREFIX}owned:{node}")]
@@ -831,7 +715,7 @@ class ClusterNode(Backplane):
                 pipe = self.redis.pipeline(transaction=False)
                 for client_id in part:
                     pipe.eval(
-                        _TAKE_SCRIPT,
+                        TAKE_SCRIPT,
                         2,
                         f"{PREFIX}client:{client_id}",
                         f"{PREFIX}session:{client_id}",
@@ -866,7 +750,7 @@ class ClusterNode(Backplane):
             await self._committed()
             pipe = self.redis.pipeline(transaction=False)
             pipe.delete(stream, f"{PREFIX}owned:{node}")
-            pipe.eval(_LEAVE_SCRIPT, 1, lease, self.token)
+            pipe.eval(LEAVE_SCRIPT, 1, lease, self.token)
             await pipe.execute()
             log.warning(
                 "cluster: node %r adopted: %d sessions, %d stream entries routed here",
@@ -1128,9 +1012,9 @@ class ClusterNode(Backplane):
                 pipe.xack(self._stream_key, GROUP, *data)
             elif kind == _REPLY:
                 replies.append((len(pipe.command_stack), data))
-                pipe.eval(_REPLY_SCRIPT, 2, name, name + ":gone", data[1])
+                pipe.eval(REPLY_SCRIPT, 2, name, name + ":gone", data[1])
             elif name not in self.broker.sessions:  # _RELEASE: not if it is back already
-                pipe.eval(_RELEASE_SCRIPT, 1, f"{PREFIX}client:{name}", me)
+                pipe.eval(RELEASE_SCRIPT, 1, f"{PREFIX}client:{name}", me)
         # The messages for one node go as few entries (or pub/sub messages) as their size allows.
         for node, frames in streams.items():
             key = self.stream_key(node)
@@ -1142,9 +1026,10 @@ class ClusterNode(Backplane):
                 pipe.publish(channel, entry)
         results = await pipe.execute()
         for index, client_id in written:
-            if results[index] == -1:
+            act = self.lease.written(results[index])
+            if act is Act.FENCE:
                 return False
-            if results[index] == 0:
+            if act is Act.REWRITE_LATER:
                 self._not_written(client_id, changes[client_id].session)
         for index, (client_id, answer) in replies:
             if not results[index] and answer and not answer.startswith(b'{"refused"'):
@@ -1190,7 +1075,7 @@ class ClusterNode(Backplane):
         no room), the session changes and acknowledgements wait for Redis; route changes and
         retained messages are written again when it is back, QoS 0 messages dropped."""
         self.store.put_back(changes)
-        if changes and self._lapsed:
+        if changes and self.lease.lapsed:
             return False  # (what they hold waits for Redis: see _session_changed)
         self._retry.extend(op for op in ops if op[0] in (_XACK, _RELEASE))
         for kind, _, data in ops:
@@ -1249,7 +1134,7 @@ class ClusterNode(Backplane):
         answer yet."""
         try:
             kept = await self._renew_lease()
-            if kept != 1:
+            if kept != RENEWED:
                 # Lost (expired, or this node was adopted): a new lease, of a new token, so
                 # that nothing sent under the old one passes a fence (see store.py).
                 self.token = secrets.token_hex(16)
@@ -1257,17 +1142,18 @@ class ClusterNode(Backplane):
                     return False  # (another node adopting this one holds it: later)
             await self._prepare()
             await self._resync()
-            if await self._owned_sessions() and self._lapsed:
-                # Adopted elsewhere while this node's lease had run out: what waited since
-                # (acknowledgements of messages queued in those sessions here) is not sent.
-                self._fence_next = True
+            given_up = await self._owned_sessions()
             async with self._keeping:  # (the writer keeps nothing more in the outbox meanwhile)
                 sent = await self._send_outbox()
                 if self._retry:
                     await self._send(self._retry, {})
                     self._retry = []
                 self._down = False
-                self._lapsed = False
+                if self.lease.resynchronised(given_up) is Act.CUT_WAITING:
+                    # Adopted elsewhere while this node's lease had run out: what waited
+                    # since (acknowledgements of messages queued here in those sessions) is
+                    # not sent.
+                    self._fence_next = True
         except (RedisError, OSError, sqlite3.Error) as exc:
             log.debug("cluster: resync failed: %s", exc)
             return False
@@ -1395,56 +1281,51 @@ class ClusterNode(Backplane):
             self.store.after_commit(partial(self._queue, _XACK, "", ids))
             await asyncio.sleep(0)  # let the deliveries flush before the next read
 
-    async def _liveness(self) -> str:
-        """``<id>/<run_id>``: the Redis CLIENT ID of this node's liveness connection, and the
-        run_id of that Redis (ids start again when it restarts)."""
-        pipe = self._live.pipeline(transaction=False)
-        pipe.client_id()
-        pipe.info("server")
-        conn_id, info = await pipe.execute()
-        return f"{conn_id}/{info.get('run_id')}"
-
     async def _take_lease(self) -> bool:
         """This node's lease, if nobody holds it."""
-        ttl = self.config.node_ttl
-        sent = asyncio.get_running_loop().time()
-        alive = await self._liveness()
-        value = f"{self.token}/{alive}"
-        if not await self._live.set(self._lease_key, value, nx=True, px=int(ttl * 1000)):
+        sent = self.broker.clock()
+        if not await self.link.take_lease(self.token, self.config.node_ttl):
             return False
-        self._valid_until = sent + ttl
+        self.lease.taken(sent)
         return True
 
     async def _renew_lease(self) -> int:
-        """1: renewed; 2: gone (expired, or adopted); 0: another token holds it."""
-        ttl = self.config.node_ttl
-        sent = asyncio.get_running_loop().time()
-        alive = await self._liveness()
-        kept: int = await self._live.eval(
-            _RENEW, 1, self._lease_key, self.token, alive, int(ttl * 1000)
-        )
-        if kept == 1:
-            self._valid_until = sent + ttl
+        """ownership.RENEWED, LEASE_GONE or LEASE_TAKEN; ``self.lease`` told."""
+        sent = self.broker.clock()
+        kept = await self.link.renew_lease(self.token, self.config.node_ttl)
+        if self.lease.renewed(kept, sent) is Act.LAPSE:
+            log.warning(
+                "cluster: the lease of node %r %s: resynchronising",
+                self.node_id,
+                "had expired" if kept == LEASE_GONE else "is held by another node (adopting it?)",
+            )
+            self._on_lapse()
         return kept
 
+    async def _renewed(self) -> bool:
+        """A renewal now (a CONNECT on a node whose lease may have run out): whether it held."""
+        return await self._renew_lease() == RENEWED
+
     async def _renew(self) -> None:
+        """Renew the lease every node_ttl / 3, the liveness connection held in a blocking read
+        in between: if Redis closes it, the node lapses at once (the others may take it for
+        gone from then on)."""
+        hold = min(self.config.node_ttl / 3, HANDOVER_SECONDS)
         while True:
-            await asyncio.sleep(self.config.node_ttl / 3)
             try:
-                kept = await self._renew_lease()
-                if self.config.adopt_after and not self._down:
-                    await self._sweep()
+                await self.link.liveness()
+                try:
+                    await self._renew_lease()
+                    if self.config.adopt_after and not self._down:
+                        await self._sweep()
+                except (RedisError, OSError) as exc:  # (not the liveness connection)
+                    self._lost(exc)
+                    await asyncio.sleep(RETRY_SECONDS)
+                    continue
+                await self.link.hold_liveness(hold)
             except (RedisError, OSError) as exc:
+                if self.lease.connection_lost() is Act.LAPSE:
+                    log.warning("cluster: the lease's connection to Redis was lost (%s)", exc)
+                    self._on_lapse()
                 self._lost(exc)
-                continue
-            if kept != 1 and not self._down:
-                # The lease had run out (this node did not reach Redis for node_ttl), or
-                # another node is adopting this one: its sessions may be elsewhere now.
-                # Resynchronise as after Redis was down (_back takes a new lease).
-                log.warning(
-                    "cluster: the lease of node %r %s: resynchronising",
-                    self.node_id,
-                    "had expired" if kept == 2 else "is held by another node (adopting it?)",
-                )
-                self._valid_until = 0.0
-                self._lapse()
+                await asyncio.sleep(RETRY_SECONDS)

@@ -34,10 +34,13 @@ class _ClosedIsConnectionError(AbstractConnection):
             raise RedisConnectionError(f"Error while writing to socket. {exc}.") from exc
 
 
-def redis_client(url: str, connect_timeout: float, read_timeout: float) -> Any:
+def redis_client(
+    url: str, connect_timeout: float, read_timeout: float, single: bool = False
+) -> Any:
     """A client of the Redis at ``url`` (redis://, rediss:// or unix://, with redis-py's query
     options); ``connect_timeout`` and ``read_timeout`` in seconds. Typed Any: redis-py's types
-    do not know that responses are bytes here."""
+    do not know that responses are bytes here. ``single``: every command on one connection, in
+    turn (a new one only once it is lost), not a pool's."""
     # (as redis-py's from_url: the URL's query options win)
     options: dict[str, Any] = {
         "socket_connect_timeout": connect_timeout,
@@ -46,4 +49,9 @@ def redis_client(url: str, connect_timeout: float, read_timeout: float) -> Any:
     }
     base: type[AbstractConnection] = options.pop("connection_class", aioredis.Connection)
     options["connection_class"] = type(base.__name__, (_ClosedIsConnectionError, base), {})
-    return aioredis.Redis.from_pool(aioredis.ConnectionPool(**options))
+    pool = aioredis.ConnectionPool(**options)
+    if single:
+        client = aioredis.Redis(connection_pool=pool, single_connection_client=True)
+        client.auto_close_connection_pool = True
+        return client
+    return aioredis.Redis.from_pool(pool)
