@@ -28,6 +28,7 @@ NON_NEGATIVE = [
     "max_connections_per_address",
 ]
 
+
 # (option, values allowed, values refused, message)
 BOUNDS: list[tuple[str, list[Any], list[Any], str]] = [
     ("max_packet_size", [1, 268_435_460], [0, 268_435_461], "between 1 and 268435460"),
