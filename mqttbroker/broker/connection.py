@@ -368,6 +368,8 @@ class Connection:
         """The packet at the start of ``rest`` asked a right the authorizer has no answer
         for yet: keep it and what follows, read nothing more, and handle it again once the
         answer is in (it is then found). Only this client waits."""
+        if rest[0] >> 4 == pk.PUBLISH:
+            self.publishes_received -= 1  # counted again when handled again
         self._pending = [rest]
         self._pending_len = len(rest)
         self._need = 0

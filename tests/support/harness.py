@@ -437,7 +437,7 @@ class Offload:
     """Stands in for the worker threads: holds each check until the test runs it."""
 
     def __init__(self) -> None:
-        self.pending: list[tuple[Any, Any]] = []
+        self.pending: list[tuple[Any, Any, Any]] = []
 
     def __call__(self, conn: Any, packet: Any, anonymous: Any) -> None:
         self.pending.append((conn, packet, anonymous))
