@@ -60,6 +60,7 @@ from ..config import AdminConfig, ConfigError, ListenerConfig
 from ..protocol.reasons import ReasonCode
 from ..security import FileAuthenticator, is_loopback
 from ..security.authenticator import FailureCounter, KdfBudget, source
+from ..security.dynsec import DynsecAuthorizer
 from .alerts import Survey
 from .api import API_CLIENT_ID, Api, ApiError
 from .metrics import CONTENT_TYPE_LATEST, Metrics
@@ -116,13 +117,30 @@ def mqtt_protection(
     authenticator: FileAuthenticator | None, broker: Broker, listeners: Sequence[object]
 ) -> str:
     """The setting that puts MQTT behind a login or an ACL ("": none, MQTT is open to every
-    local process, and so may the admin server be)."""
+    local process, and so may the admin server be): the password file, a login source of the
+    chain (the dynamic security, JWT, the HTTP service), the ACL file, client certificates
+    required, or taken as user names."""
     if authenticator is not None and authenticator.passwords is not None:
         return "security.password_file"
+    chain = getattr(broker.authenticator, "chain", None)  # security.chain's ChainAuthenticator
+    names = getattr(chain, "names", ())
+    for name, setting in (
+        ("dynsec", "dynsec.enabled"),
+        ("jwt", "jwt.enabled"),
+        ("http", "http_auth.enabled"),
+    ):
+        if name in names:
+            return setting
+    if isinstance(broker.authorizer, DynsecAuthorizer):
+        return "dynsec.enabled"
     if broker.authorizer is not None:
         return "security.acl_file"
     if any(getattr(listener, "tls_require_certificate", False) for listener in listeners):
         return "listener.tls_require_certificate"
+    if any(
+        getattr(listener, "tls_certificate_username", "none") != "none" for listener in listeners
+    ):
+        return "listener.tls_certificate_username"
     return ""
 
 

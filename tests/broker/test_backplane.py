@@ -1,7 +1,6 @@
-"""The hooks a cluster's backplane gets from one node (broker/backplane.py), with a recording
-backplane: a filter's first subscription and its last, every routed message with the node's
-shared groups (the backplane decides which deliver here), the client id claimed before CONNACK
-(or refused by the node that has its session), and a session's end."""
+"""broker/backplane.py: the hooks a cluster's backplane gets from one node, with a recording
+backplane: a filter's first subscription and its last, every routed message with the node's shared
+groups, the client id claimed before CONNACK, wills routed through it."""
 
 from __future__ import annotations
 

@@ -24,7 +24,10 @@ from support.clients import (
     unique,
 )
 
-from mqttbroker.ops.admin import FAILURES_ALLOWED, loopback_host
+from mqttbroker.broker.core import Broker
+from mqttbroker.broker.options import BrokerOptions
+from mqttbroker.config import ListenerConfig
+from mqttbroker.ops.admin import FAILURES_ALLOWED, loopback_host, mqtt_protection
 from mqttbroker.security.passwords import make_entry_line
 
 Paho = Callable[..., Any]
@@ -128,6 +131,25 @@ def test_with_mqtt_authentication_the_admin_needs_a_login(
     log = admin.broker.log_text()
     assert "admin server: everything but the dashboard's files" in log and expected in log
     assert "without login (loopback only)" not in log
+
+
+def test_with_dynamic_security_the_admin_needs_a_login(
+    admin_broker: Callable[..., Admin],
+) -> None:
+    admin = admin_broker("[dynsec]\nenabled = true\n")
+    reply = admin.get("/api/v1/retained")
+    assert reply.status == 403
+    assert "(dynsec.enabled is set)" in reply.body["error"]
+
+
+def test_certificate_user_names_are_a_login_too() -> None:
+    """A listener that takes user names from client certificates puts MQTT behind a login
+    even when it does not require a certificate of every client."""
+    broker = Broker(BrokerOptions())
+    plain = ListenerConfig()
+    named = ListenerConfig(tls_certificate_username="cn")
+    assert mqtt_protection(None, broker, [plain]) == ""
+    assert mqtt_protection(None, broker, [plain, named]) == "listener.tls_certificate_username"
 
 
 def test_without_mqtt_authentication_the_loopback_admin_stays_open(
