@@ -10,7 +10,11 @@ import pytest
 from support.harness import Harness, Prop, pk
 
 NOT_UTF8 = b"\xff\xfe"
+
+
 PFI = {Prop.PAYLOAD_FORMAT_INDICATOR: 1}
+
+
 PERSISTENT = {Prop.SESSION_EXPIRY_INTERVAL: 100}
 
 
@@ -118,34 +122,3 @@ def test_persistent_queue_expires_while_offline(h: Harness) -> None:
     h.tick(6)
     client = h.connect("s", clean_start=False, properties=PERSISTENT, expect_present=True)
     assert [p.payload for p in client.publishes()] == [b"fresh"]
-
-
-def test_cleared_retained_topic_leaves_no_empty_levels(h: Harness) -> None:
-    """Clearing a retained message removes the levels of its topic that hold nothing else,
-    so that retained topics come and go without the tree growing."""
-    client = h.connect("c")
-    client.publish("a/b/c", b"x", retain=True)
-    client.publish("a/d", b"y", retain=True)
-    retained = h.broker.router.retained
-    client.publish("a/b/c", b"", retain=True)
-    assert list(retained._root.children) == ["a"]
-    assert list(retained._root.children["a"].children) == ["d"]
-    client.publish("a/d", b"", retain=True)
-    assert retained._root.children == {} and len(retained) == 0
-
-
-def test_one_message_encoded_for_each_version_and_retain_flag(h: Harness) -> None:
-    """A QoS 0 message's encodings are cached per shape: the MQTT 5 live copy (retain 0) and
-    the MQTT 3.1 retained copy (retain 1) of one message are different bytes, each right for
-    its client."""
-    live = h.connect("live")
-    live.subscribe("t", 0)
-    h.connect("pub").publish("t", b"m", 0, retain=True)
-    (copy5,) = live.publishes()
-    assert (copy5.payload, copy5.retain) == (b"m", False)
-    old = h.client(version=3)
-    old.send(pk.Connect(client_id="old", protocol_name="MQIsdp", protocol_level=3))
-    assert old.one(pk.Connack).reason_code == 0
-    received = old.subscribe("t", 0)
-    (copy31,) = received[1:]
-    assert (copy31.topic, copy31.payload, copy31.retain) == ("t", b"m", True)

@@ -11,7 +11,6 @@ import pytest
 from support.harness import Harness, Prop, pk, split_raw
 
 from mqttbroker.broker.session import DROP_LOG_INTERVAL
-from mqttbroker.protocol import grammar
 
 MQTT_3_1_1 = 4
 
@@ -27,7 +26,10 @@ def pair(h: Harness, sub_qos: int = 2, topic_filter: str = "t", **connect: objec
     return subscriber, publisher
 
 
-# -- QoS 0 ---------------------------------------------------------------------------------
+def come_back(h: Harness, receive_maximum: int):  # type: ignore[no-untyped-def]
+    """The subscriber of ``pair`` back on its session, with a new Receive Maximum."""
+    properties = {**EXPIRY, Prop.RECEIVE_MAXIMUM: receive_maximum}
+    return h.connect("sub", clean_start=False, properties=properties, expect_present=True)
 
 
 def test_qos0_flow(h: Harness) -> None:
@@ -40,9 +42,6 @@ def test_qos0_flow(h: Harness) -> None:
     assert (message.topic, message.payload, message.qos, message.dup) == ("t", b"hello", 0, False)
     assert message.packet_id is None
     assert message.retain is False
-
-
-# -- QoS 1 ---------------------------------------------------------------------------------
 
 
 def test_qos1_flow(h: Harness) -> None:
@@ -84,9 +83,6 @@ def test_qos1_publisher_dup_not_forwarded(h: Harness) -> None:
     assert [type(p) for p in publisher.receive()] == [pk.Puback, pk.Puback]
     received = subscriber.publishes()
     assert [p.dup for p in received] == [False, False]
-
-
-# -- QoS 2 ---------------------------------------------------------------------------------
 
 
 def test_qos2_flow_both_sides(h: Harness) -> None:
@@ -158,9 +154,6 @@ def test_qos2_pubrec_error_ends_exchange(h: Harness) -> None:
     assert second.payload == b"2"
 
 
-# -- QoS downgrade -------------------------------------------------------------------------
-
-
 @pytest.mark.parametrize("sub_qos", [0, 1, 2])
 @pytest.mark.parametrize("pub_qos", [0, 1, 2])
 def test_qos_downgrade(h: Harness, sub_qos: int, pub_qos: int) -> None:
@@ -169,9 +162,6 @@ def test_qos_downgrade(h: Harness, sub_qos: int, pub_qos: int) -> None:
     publisher.publish("t", b"m", pub_qos)
     (message,) = subscriber.publishes()
     assert message.qos == min(sub_qos, pub_qos)
-
-
-# -- packet identifiers and the client's Receive Maximum ------------------------------------
 
 
 def test_packet_ids_nonzero_and_unique_in_flight(h: Harness) -> None:
@@ -268,9 +258,6 @@ def test_ordered_delivery(h: Harness) -> None:
     assert got == sent
 
 
-# -- resending after reconnect --------------------------------------------------------------
-
-
 def test_resend_with_dup_after_reconnect(h: Harness) -> None:
     """[MQTT-4.4.0-1] [MQTT-3.3.1-1] [MQTT-4.6.0-1] [MQTT-3.1.2-23] Unacknowledged PUBLISHes are
     sent again with DUP 1, the same ids, in order, when the session is resumed; messages queued
@@ -341,9 +328,6 @@ def test_inbound_qos2_state_survives_reconnect(h: Harness) -> None:
     assert [p.payload for p in subscriber.publishes()] == [b"once"]
 
 
-# -- overlapping subscriptions and subscription identifiers ---------------------------------
-
-
 def test_overlapping_subscriptions_one_copy_highest_qos(h: Harness) -> None:
     """[MQTT-3.3.4-2] [MQTT-3.3.4-3] [MQTT-3.3.4-4] A message matching several subscriptions of
     one client is delivered once, at the highest granted QoS, with every Subscription Identifier."""
@@ -389,9 +373,6 @@ def test_each_subscriber_gets_one_copy(h: Harness) -> None:
     assert [len(s.publishes()) for s in subscribers] == [1, 1, 1, 1, 1]
 
 
-# -- properties forwarded ------------------------------------------------------------------
-
-
 def test_properties_forwarded_unchanged(h: Harness) -> None:
     """[MQTT-3.3.2-4] [MQTT-3.3.2-15] [MQTT-3.3.2-16] [MQTT-3.3.2-17] [MQTT-3.3.2-18]
     [MQTT-3.3.2-20] Payload Format Indicator, Response Topic, Correlation Data, Content Type and
@@ -425,9 +406,6 @@ def test_message_expiry_reduced_and_expired_dropped(h: Harness) -> None:
     assert message.properties[Prop.MESSAGE_EXPIRY_INTERVAL] == 40
 
 
-# -- the client's Maximum Packet Size -------------------------------------------------------
-
-
 def test_outbound_message_larger_than_client_maximum_not_sent(h: Harness) -> None:
     """[MQTT-3.1.2-24] [MQTT-3.1.2-25] A PUBLISH larger than the client's Maximum Packet Size is
     not sent, and it is dropped as if delivered: it does not hold a Receive Maximum slot."""
@@ -457,9 +435,6 @@ def test_outbound_size_limit_counts_whole_packet(h: Harness) -> None:
     publisher.publish("t", b"z" * 23, 1)  # 31 bytes: does not
     received = subscriber.publishes()
     assert [len(p.payload) for p in received] == [22]
-
-
-# -- coalesced output ----------------------------------------------------------------------
 
 
 def test_deliveries_coalesced_into_one_write(h: Harness) -> None:
@@ -500,28 +475,6 @@ def test_partial_packets_across_reads(h: Harness) -> None:
         publisher.send_raw(stream[start : start + 7])
     assert [p.packet_id for p in publisher.receive()] == [1, 2, 3, 4, 5]
     assert [p.payload for p in subscriber.publishes()] == [b"p%d" % i * 20 for i in range(5)]
-
-
-def test_v311_subscriber_gets_v311_publish(h: Harness) -> None:
-    """A 3.1.1 subscriber gets PUBLISHes in the 3.1.1 format (no properties) from a v5
-    publisher, and a v5 subscriber gets them from a 3.1.1 publisher."""
-    old = h.connect("old", version=MQTT_3_1_1)
-    old.subscribe("t", 1)
-    new = h.connect("new")
-    new.subscribe("t", 1)
-    new.publish("t", b"from v5", 1, properties={Prop.USER_PROPERTY: [("a", "b")]})
-    new.receive()
-    (message,) = old.publishes()
-    assert (message.payload, message.qos) == (b"from v5", 1)
-    old.puback(message.packet_id)
-    old.publish("t", b"from 3.1.1", 1)
-    assert [p.payload for p in new.publishes()] == [b"from 3.1.1"]
-
-
-def come_back(h: Harness, receive_maximum: int):  # type: ignore[no-untyped-def]
-    """The subscriber of ``pair`` back on its session, with a new Receive Maximum."""
-    properties = {**EXPIRY, Prop.RECEIVE_MAXIMUM: receive_maximum}
-    return h.connect("sub", clean_start=False, properties=properties, expect_present=True)
 
 
 def test_resend_after_reconnect_respects_new_receive_maximum(h: Harness) -> None:
@@ -658,37 +611,6 @@ def test_paused_transport_queues_then_drains(h: Harness) -> None:
     assert subscriber.receive() == []
     subscriber.conn.resume_writing()
     assert [p.payload for p in subscriber.publishes()] == [b"a", b"b"]
-
-
-# Remaining Length is the payload plus 6 bytes in MQTT 5 ("t/a", property length), plus 5 in
-# 3.1.1: these sizes put it on both sides of 128, 16,384 and 2,097,152 in both versions.
-@pytest.mark.parametrize(
-    "size", [0, 121, 122, 123, 16_377, 16_378, 16_379, 2_097_145, 2_097_146, 2_097_147]
-)
-@pytest.mark.parametrize("version", [5, MQTT_3_1_1])
-def test_qos0_packet_forwarded_unchanged(
-    make_harness: Callable[..., Harness], size: int, version: int
-) -> None:
-    """A QoS 0 PUBLISH without properties reaches subscribers of the publisher's version as the
-    bytes received (the broker forwards them), across the 1-, 2-, 3- and 4-byte Remaining Length
-    boundaries; subscribers of the other version get it re-encoded. RETAIN is kept only where
-    Retain As Published asks for it [MQTT-3.3.1-12] [MQTT-3.3.1-13]."""
-    h = make_harness(max_packet_size=4_194_304)
-    same = h.connect("same", version=version)
-    same.subscribe("t/#", 0, retain_as_published=version == 5)
-    differ = h.connect("differ", version=5 if version == MQTT_3_1_1 else MQTT_3_1_1)
-    differ.subscribe("t/#", 0)
-    publisher = h.connect("pub", version=version)
-    payload = bytes(range(256)) * (size // 256) + b"p" * (size % 256)
-    for retain in (False, True):
-        publisher.send(pk.Publish("t/a", payload, 0, retain, False, None, {}))
-        kept = retain and version == 5
-        expected = grammar.encode(pk.Publish("t/a", payload, 0, kept, False, None, {}), version)
-        h.broker.flush()
-        assert same.link.data[same._read :] == expected
-        assert same.publishes()[0].retain is kept
-        got = differ.publishes()
-        assert len(got) == 1 and got[0].payload == payload and got[0].retain is False
 
 
 def test_queue_drops_logged_per_session_rate_limited(
