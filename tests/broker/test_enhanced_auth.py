@@ -9,7 +9,6 @@ import pytest
 from support.harness import METHOD, Harness, Offload, Prop, ToyAuthenticator, pk
 
 from mqttbroker.broker.auth import SUCCESS, AuthOutcome
-from mqttbroker.broker.policy import ListenerPolicy
 
 
 @pytest.fixture
@@ -26,6 +25,27 @@ def connect_with_method(h: Harness, method: str = METHOD, data: bytes | None = N
         props[Prop.AUTHENTICATION_DATA] = data
     client.send(pk.Connect(client_id="toy", properties=props))
     return client
+
+
+class NamedExchange:
+    """Succeeds at once, establishing the user name ``user``."""
+
+    def __init__(self, user: str) -> None:
+        self.user = user
+
+    def step(self, data: bytes | None) -> AuthOutcome:
+        return AuthOutcome(SUCCESS, None, username=self.user)
+
+
+class NamingAuthenticator(ToyAuthenticator):
+    def __init__(self) -> None:
+        super().__init__()
+        self.users = ["alice"]
+
+    def exchange(
+        self, method: str, client_id: str, username: str | None, address: str | None = None
+    ) -> NamedExchange | None:
+        return NamedExchange(self.users.pop(0)) if method == METHOD else None
 
 
 def test_challenge_response_then_connack(ha: Harness) -> None:
@@ -213,19 +233,6 @@ def test_certificate_user_replaces_the_password_check(ha: Harness) -> None:
     assert plain.one(pk.Connack).reason_code == 0x86
 
 
-@pytest.mark.parametrize(("allowed", "code"), [(False, 0x87), (True, 0)])
-def test_anonymous_access_per_listener(ha: Harness, allowed: bool, code: int) -> None:
-    """A listener's own anonymous rule decides for clients without a user name (the toy
-    authenticator alone would refuse them with 0x87); named users are still checked."""
-    policy = ListenerPolicy(allow_anonymous=allowed)
-    anonymous = ha.client(policy=policy)
-    anonymous.send(pk.Connect(client_id="anon"))
-    assert anonymous.one(pk.Connack).reason_code == code
-    named = ha.client(policy=policy)
-    named.send(pk.Connect(client_id="named", username="alice", password=b"wrong"))
-    assert named.one(pk.Connack).reason_code == 0x86
-
-
 def test_password_check_off_the_loop_holds_pipelined_packets(ha: Harness) -> None:
     """While the password is checked elsewhere, packets the client sent right after CONNECT
     wait; once accepted, CONNACK comes first and then their answers, in order."""
@@ -268,27 +275,6 @@ def test_connection_lost_during_the_check(ha: Harness) -> None:
     offload.run_all()  # the answer finds the connection closed: nothing happens
     assert "gone" not in ha.broker.sessions
     assert client.link.data == b""
-
-
-class NamedExchange:
-    """Succeeds at once, establishing the user name ``user``."""
-
-    def __init__(self, user: str) -> None:
-        self.user = user
-
-    def step(self, data: bytes | None) -> AuthOutcome:
-        return AuthOutcome(SUCCESS, None, username=self.user)
-
-
-class NamingAuthenticator(ToyAuthenticator):
-    def __init__(self) -> None:
-        super().__init__()
-        self.users = ["alice"]
-
-    def exchange(
-        self, method: str, client_id: str, username: str | None, address: str | None = None
-    ) -> NamedExchange | None:
-        return NamedExchange(self.users.pop(0)) if method == METHOD else None
 
 
 def test_reauthentication_must_keep_the_user(make_harness: Any) -> None:
