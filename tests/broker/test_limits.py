@@ -9,6 +9,40 @@ from support.harness import FakeLink, Harness, Prop, pk
 from mqttbroker.broker.policy import ListenerPolicy
 
 
+def _connect_as(h: Harness, client_id: str, user: str | None, expiry: int, clean: bool) -> Any:
+    """CONNECT as ``user``; the CONNACK."""
+    client = h.client(peer=f"peer-{client_id}")
+    client.send(
+        pk.Connect(
+            client_id=client_id,
+            clean_start=clean,
+            username=user,
+            properties={Prop.SESSION_EXPIRY_INTERVAL: expiry} if expiry else {},
+        )
+    )
+    (connack,) = client.receive(limit=1)
+    assert isinstance(connack, pk.Connack)
+    return client, connack
+
+
+class _PublishOnlyTo:
+    """An authorizer that lets clients publish only under ``prefix``."""
+
+    generation = 0
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+
+    def can_publish(self, client_id: str, username: str | None, topic: str) -> bool:
+        return topic.startswith(self.prefix)
+
+    def can_subscribe(self, client_id: str, username: str | None, topic_filter: str) -> bool:
+        return True
+
+    def can_read(self, client_id: str, username: str | None, topic: str) -> bool:
+        return True
+
+
 def test_max_connections_closes_the_extra_connection(make_harness: Any) -> None:
     h = make_harness(max_connections=2)
     first = h.connect("a")
@@ -28,24 +62,6 @@ def test_max_connections_per_address(make_harness: Any) -> None:
     one.lose()  # the slot is given back
     again = h.client(peer="10.0.0.1:1002")
     assert not again.closed
-
-
-def test_topic_levels_limit(make_harness: Any) -> None:
-    h = make_harness(max_topic_levels=3)
-    client = h.connect("c")
-    suback = client.subscribe("a/b/c/d")[0]
-    assert suback.reason_codes == [0x8F]
-    assert client.subscribe("a/b/c")[0].reason_codes == [0]
-    client.publish("a/b/c/d", b"x", 1)
-    disconnect = client.one(pk.Disconnect)
-    assert disconnect.reason_code == 0x90
-
-
-def test_topic_length_limit(make_harness: Any) -> None:
-    h = make_harness(max_topic_length=10)
-    client = h.connect("c")
-    assert client.subscribe("x" * 11)[0].reason_codes == [0x8F]
-    assert client.subscribe("x" * 10)[0].reason_codes == [0]
 
 
 def test_subscriptions_per_client(make_harness: Any) -> None:
@@ -89,22 +105,6 @@ def test_max_retained(make_harness: Any) -> None:
     assert client.one(pk.Puback).reason_code in (0, 0x10)
     assert len(h.broker.router.retained) == 1
     assert h.broker.router.retained.get("r/1").payload == b"uno"
-
-
-def _connect_as(h: Harness, client_id: str, user: str | None, expiry: int, clean: bool) -> Any:
-    """CONNECT as ``user``; the CONNACK."""
-    client = h.client(peer=f"peer-{client_id}")
-    client.send(
-        pk.Connect(
-            client_id=client_id,
-            clean_start=clean,
-            username=user,
-            properties={Prop.SESSION_EXPIRY_INTERVAL: expiry} if expiry else {},
-        )
-    )
-    (connack,) = client.receive(limit=1)
-    assert isinstance(connack, pk.Connack)
-    return client, connack
 
 
 def test_persistent_session_count_follows_every_way_a_session_ends(make_harness: Any) -> None:
@@ -230,24 +230,6 @@ def test_connections_per_address_by_default(make_harness: Any) -> None:
     for link in local:
         h.broker.connect(link, "127.0.0.1:1", policy=ListenerPolicy(local=True))
     assert not any(link.closed for link in local)
-
-
-class _PublishOnlyTo:
-    """An authorizer that lets clients publish only under ``prefix``."""
-
-    generation = 0
-
-    def __init__(self, prefix: str) -> None:
-        self.prefix = prefix
-
-    def can_publish(self, client_id: str, username: str | None, topic: str) -> bool:
-        return topic.startswith(self.prefix)
-
-    def can_subscribe(self, client_id: str, username: str | None, topic_filter: str) -> bool:
-        return True
-
-    def can_read(self, client_id: str, username: str | None, topic: str) -> bool:
-        return True
 
 
 def test_denied_topics_are_not_cached(make_harness: Any) -> None:

@@ -14,7 +14,6 @@ from support.harness import FakeClock, Harness, Prop, pk
 from mqttbroker import compiled
 from mqttbroker.broker.core import Broker
 from mqttbroker.broker.options import BrokerOptions
-from mqttbroker.broker.topics import Subscription, SubscriptionTrie
 from mqttbroker.protocol import grammar
 from mqttbroker.protocol.packets import MQTT_5
 
@@ -24,8 +23,6 @@ from mqttbroker.protocol.packets import MQTT_5
 # sessions never use is created on first use (about 800 bytes in all compiled, 880 pure, where
 # every field is a full pointer).
 IDLE_CONNECTION_BYTES = 900 if compiled.mode == "compiled" else 1000
-# What the trie keeps for one subscription to a topic of its own, two levels below a shared one.
-TRIE_BYTES_PER_TOPIC = 750
 
 
 class _Link:
@@ -222,27 +219,3 @@ def test_a_subscription_keeps_no_retained_backlog_once_sent(
     received = sub.subscribe("kept/+")[1:]
     assert sorted(p.payload for p in received) == [b"r1", b"r2"]
     assert sub.conn.retained is None
-
-
-def test_the_trie_keeps_little_per_subscription(make_harness: Callable[..., Harness]) -> None:
-    """A node creates its tables (children, subscriptions, shared groups) on first use: a
-    device's own topic costs its two levels' nodes and what they hold, not three tables each."""
-    h = make_harness()
-    session = h.connect("owner").session
-    subs = [Subscription(session, f"dev/{i:04d}/state") for i in range(500)]
-    trie = SubscriptionTrie()
-    trie.add(Subscription(session, "dev/warm/state"))
-    gc.collect()
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        for sub in subs:
-            trie.add(sub)
-        per_subscription = (tracemalloc.get_traced_memory()[0] - before) / len(subs)
-    finally:
-        tracemalloc.stop()
-    assert per_subscription < TRIE_BYTES_PER_TOPIC, per_subscription
-    assert [s.topic_filter for s in trie.match("dev/0007/state")[0][0][1]] == ["dev/0007/state"]
-    for sub in subs:
-        assert trie.remove(sub)
-    assert trie.count == 1 and [s.topic_filter for s in trie] == ["dev/warm/state"]
