@@ -7,58 +7,6 @@ from __future__ import annotations
 from typing import Any
 
 from support.harness import Harness, Prop, pk
-from test_aliases_and_sharing import raw_publishes, resolve
-
-
-def test_outbound_aliases_start_afresh_after_a_reconnect(h: Harness) -> None:
-    """Topic aliases belong to a network connection (MQTT-3.3.2-7): after the client
-    reconnects to its session, the first message on a topic carries the topic name again."""
-    props = {Prop.TOPIC_ALIAS_MAXIMUM: 4, Prop.SESSION_EXPIRY_INTERVAL: 60}
-    sub = h.connect("sub", properties=props)
-    sub.subscribe("t/#", 1)
-    pub = h.connect("pub")
-    pub.publish("t/a", b"1", 1)
-    pub.publish("t/a", b"2", 1)
-    first = raw_publishes(sub)
-    assert [p.topic for p in first] == ["t/a", ""]
-    for p in first:
-        sub.puback(p.packet_id)
-    sub.lose()
-    again = h.connect("sub", clean_start=False, properties=props, expect_present=True)
-    pub.publish("t/a", b"3", 1)
-    got = raw_publishes(again)
-    assert [p.topic for p in got] == ["t/a"]  # not the alias alone: the client forgot it
-    assert resolve(got, 4) == ["t/a"]
-
-
-def test_message_held_back_by_receive_maximum_expires(h: Harness) -> None:
-    """A message waiting for room in the client's Receive Maximum expires there: once room
-    comes after its Message Expiry Interval, it is not sent (MQTT-3.3.2-5)."""
-    sub = h.connect("sub", properties={Prop.RECEIVE_MAXIMUM: 1})
-    sub.subscribe("t", 1)
-    pub = h.connect("pub")
-    pub.publish("t", b"first", 1)
-    pub.publish("t", b"short-lived", 1, properties={Prop.MESSAGE_EXPIRY_INTERVAL: 5})
-    pub.publish("t", b"lasting", 1)
-    (first,) = sub.publishes()
-    assert first.payload == b"first"
-    h.tick(6.0)
-    sub.puback(first.packet_id)
-    assert [p.payload for p in sub.publishes()] == [b"lasting"]
-
-
-def test_message_held_back_sent_with_the_remaining_expiry(h: Harness) -> None:
-    """Sent before it expires, it carries the time it has left (MQTT-3.3.2-6)."""
-    sub = h.connect("sub", properties={Prop.RECEIVE_MAXIMUM: 1})
-    sub.subscribe("t", 1)
-    pub = h.connect("pub")
-    pub.publish("t", b"first", 1)
-    pub.publish("t", b"x", 1, properties={Prop.MESSAGE_EXPIRY_INTERVAL: 10})
-    (first,) = sub.publishes()
-    h.tick(4.0)
-    sub.puback(first.packet_id)
-    (held,) = sub.publishes()
-    assert held.properties[Prop.MESSAGE_EXPIRY_INTERVAL] == 6
 
 
 def test_server_keep_alive_enforced(make_harness: Any) -> None:

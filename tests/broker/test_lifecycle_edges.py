@@ -132,32 +132,6 @@ def test_shared_messages_handed_over_round_robin(h: Harness) -> None:
     assert (got_b, got_c) == (2, 2)
 
 
-def test_held_resend_keeps_its_expiry_running(h: Harness) -> None:
-    """[MQTT-4.4.0-1] [MQTT-3.3.2-6] A resend held back by a smaller Receive Maximum goes out
-    when room is made, with the expiry it has left then."""
-    props = {**PERSISTENT, Prop.RECEIVE_MAXIMUM: 2}
-    sub = h.connect("s", properties=props)
-    sub.subscribe("t", 1)
-    pub = h.connect("pub")
-    pub.publish("t", b"one", 1)
-    pub.publish("t", b"two", 1, properties={Prop.MESSAGE_EXPIRY_INTERVAL: 100})
-    assert len(sub.publishes()) == 2
-    sub.lose()
-    narrow = h.connect(
-        "s",
-        clean_start=False,
-        properties={**PERSISTENT, Prop.RECEIVE_MAXIMUM: 1},
-        expect_present=True,
-    )
-    (first,) = narrow.publishes()
-    assert (first.payload, first.dup) == (b"one", True)
-    h.clock.advance(30)
-    narrow.puback(first.packet_id)
-    (second,) = narrow.publishes()
-    assert (second.payload, second.dup) == (b"two", True)
-    assert second.properties[Prop.MESSAGE_EXPIRY_INTERVAL] == 70
-
-
 def test_recheck_does_not_send_what_it_is_about_to_drop(h: Harness) -> None:
     """The rules rechecked with a message in flight and others queued behind it, all now
     unreadable but one: dropping the one in flight must not send a queued unreadable one on

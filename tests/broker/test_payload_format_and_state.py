@@ -56,18 +56,6 @@ def test_will_not_utf8_refused_at_connect(h: Harness) -> None:
     )
 
 
-def test_pubrec_for_an_unknown_id(h: Harness) -> None:
-    """A PUBREC with a success code for no QoS 2 message in flight gets PUBREL 0x92; one with
-    an error code (0x80 included) is not answered."""
-    client = h.connect("c")
-    client.pubrec(77, 0x80)
-    assert client.receive() == []
-    client.pubrec(77, 0x00)
-    pubrel = client.one(pk.Pubrel)
-    assert (pubrel.packet_id, pubrel.reason_code) == (77, 0x92)
-    assert not client.closed
-
-
 def test_delayed_will_carries_its_expiry(h: Harness) -> None:
     """[MQTT-3.1.3-9] [MQTT-3.3.2-6] A will published after its delay carries its Message Expiry
     Interval, counted from its publication."""
@@ -108,17 +96,3 @@ def test_persistent_inbound_qos2_is_released_once(h: Harness) -> None:
     assert watcher.receive() == []
     client.pubrel(3)
     assert client.one(pk.Pubcomp).reason_code == 0
-
-
-def test_persistent_queue_expires_while_offline(h: Harness) -> None:
-    """[MQTT-3.3.2-5] A message queued for an offline persistent session whose expiry passes
-    is not delivered when the client returns; the one after it is."""
-    client = h.connect("s", properties=PERSISTENT)
-    client.subscribe("t", 1)
-    client.lose()
-    pub = h.connect("pub")
-    pub.publish("t", b"stale", 1, properties={Prop.MESSAGE_EXPIRY_INTERVAL: 5})
-    pub.publish("t", b"fresh", 1)
-    h.tick(6)
-    client = h.connect("s", clean_start=False, properties=PERSISTENT, expect_present=True)
-    assert [p.payload for p in client.publishes()] == [b"fresh"]

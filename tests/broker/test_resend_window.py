@@ -4,76 +4,7 @@ acknowledgements held for the store even when the same read closes the connectio
 
 from __future__ import annotations
 
-from typing import Any
-
-from support.harness import Client, GatedStore, Harness, Prop, pk, split_packets
-
-
-def resume(h: Harness, props: dict[int, int] | None = None) -> Client:
-    client = h.client(peer="s")
-    properties: dict[int, Any] = {Prop.SESSION_EXPIRY_INTERVAL: 100, **(props or {})}
-    client.send(pk.Connect(client_id="s", clean_start=False, properties=properties))
-    return client
-
-
-def three_in_flight(h: Harness, first: bytes = b"m1") -> Client:
-    sub = resume(h)
-    sub.receive()
-    sub.subscribe("t", 1)
-    pub = h.connect("p")
-    for payload in (first, b"m2", b"m3"):
-        pub.publish("t", payload, 1)
-    sub.receive()
-    sub.lose()
-    return pub
-
-
-def summary(packets: list[Any]) -> list[tuple[str, Any, Any]]:
-    return [
-        (type(p).__name__, getattr(p, "packet_id", None), getattr(p, "dup", None)) for p in packets
-    ]
-
-
-def test_a_message_too_large_now_does_not_let_the_queue_jump_ahead(h: Harness) -> None:
-    """[MQTT-4.4.0-1] In-flight messages are resent in their order before queued ones, also
-    when one of them is dropped for the client's new Maximum Packet Size."""
-    sub = resume(h, {Prop.RECEIVE_MAXIMUM: 2})
-    sub.receive()
-    sub.subscribe("t", 1)
-    pub = h.connect("p")
-    for payload in (b"A" * 500, b"m2", b"m3"):
-        pub.publish("t", payload, 1)
-    sub.receive()  # 1 and 2 in flight, m3 queued
-    sub.lose()
-    again = resume(h, {Prop.MAXIMUM_PACKET_SIZE: 200})
-    got = again.receive()
-    assert [getattr(p, "payload", None) for p in got[1:]] == [b"m2", b"m3"]
-    assert got[1].dup and got[1].packet_id == 2
-
-
-def test_each_held_message_is_resent_once(h: Harness) -> None:
-    three_in_flight(h, b"A" * 500)
-    narrow = resume(h, {Prop.RECEIVE_MAXIMUM: 1})
-    assert summary(narrow.receive()) == [("Connack", None, None), ("Publish", 1, True)]
-    narrow.lose()
-    small = resume(h, {Prop.MAXIMUM_PACKET_SIZE: 200})
-    assert summary(small.receive()) == [
-        ("Connack", None, None),
-        ("Publish", 2, True),
-        ("Publish", 3, True),
-    ]
-
-
-def test_acknowledging_a_held_message_does_not_open_the_window(h: Harness) -> None:
-    """[MQTT-3.3.4-9] A PUBACK for a message whose resend was still held frees no slot of the
-    new connection's window: nothing more is sent while message 1 is unacknowledged."""
-    three_in_flight(h)
-    narrow = resume(h, {Prop.RECEIVE_MAXIMUM: 1})
-    assert summary(narrow.receive()) == [("Connack", None, None), ("Publish", 1, True)]
-    narrow.puback(2)  # the client had it from the old connection
-    assert narrow.receive() == []
-    narrow.puback(1)
-    assert summary(narrow.receive()) == [("Publish", 3, True)]
+from support.harness import GatedStore, Harness, pk, split_packets
 
 
 def test_ack_waits_for_the_commit_when_the_same_read_disconnects() -> None:

@@ -9,7 +9,7 @@ import tracemalloc
 from collections.abc import Callable
 
 import pytest
-from support.harness import FakeClock, Harness, Prop, pk
+from support.harness import FakeClock, Harness, pk
 
 from mqttbroker import compiled
 from mqttbroker.broker.core import Broker
@@ -73,21 +73,6 @@ def test_an_idle_connection_keeps_little_memory() -> None:
     assert per_connection < IDLE_CONNECTION_BYTES, per_connection
 
 
-def test_idle_sessions_share_their_empty_tables(make_harness: Callable[..., Harness]) -> None:
-    """Until a session subscribes, queues or holds a QoS 2 id, it has no table of its own for
-    them; the first one it fills is its own, and the others stay empty."""
-    h = make_harness()
-    one, two = h.connect("one").session, h.connect("two").session
-    assert one.subscriptions is two.subscriptions
-    assert one.queue is two.queue
-    assert one.awaiting_release is two.awaiting_release
-    assert one.inflight is two.inflight
-    h.clients[0].subscribe("mine")
-    assert list(one.subscriptions) == ["mine"] and not two.subscriptions
-    h.clients[0].unsubscribe("mine")
-    assert not one.subscriptions
-
-
 def test_an_idle_connection_keeps_no_output_list(make_harness: Callable[..., Harness]) -> None:
     """The list of packets waiting to be written exists while some do: once its CONNACK is
     written, an idle connection has none; the next packet starts one, and its write ends it."""
@@ -108,33 +93,6 @@ def test_connections_from_one_address_share_its_string() -> None:
     second = broker.connect(_Link(), f"{host}:40002")
     assert first.address == second.address == "192.0.2.7"
     assert first.address is second.address
-
-
-def test_sessions_queue_and_hold_ids_after_starting_without(
-    make_harness: Callable[..., Harness],
-) -> None:
-    """The queue and the QoS 2 ids a session creates on first use work as before: two idle
-    sessions share nothing that one of them fills."""
-    h = make_harness()
-    sub = h.connect("sub", clean_start=False, properties={Prop.SESSION_EXPIRY_INTERVAL: 60})
-    sub.subscribe("q/t", qos=1)
-    other = h.connect("other")
-    sub.send(pk.Disconnect())
-    pub = h.connect("pub")
-    pub.publish("q/t", b"1", qos=1)
-    pub.publish("q/t", b"2", qos=2)
-    pub.receive()
-    assert len(h.broker.sessions["sub"].queue) == 2
-    assert len(other.session.queue) == 0 and len(pub.session.queue) == 0
-    assert set(pub.session.awaiting_release) == {2}
-    assert not other.session.awaiting_release
-    pub.send(pk.Pubrel(2))
-    assert pub.one(pk.Pubcomp).packet_id == 2
-    sub = h.connect("sub", clean_start=False, expect_present=True)
-    assert [p.payload for p in sub.publishes()] == [b"1", b"2"]
-    assert len(sub.session.inflight) == 2  # its own: the shared empty one stays empty
-    assert not other.session.inflight and not pub.session.inflight
-    assert not h.connect("later").session.inflight
 
 
 def test_connection_log_interval_counts_instead_of_a_line_each(
@@ -165,43 +123,6 @@ def test_without_connection_log_interval_each_connection_is_logged(
     messages = [r.getMessage() for r in caplog.records]
     assert any(m.startswith("client one connected from") for m in messages)
     assert "client one disconnected (reason 0x00)" in messages
-
-
-def test_a_subscription_without_wildcards_keeps_the_other_cached_matches(
-    make_harness: Callable[..., Harness],
-) -> None:
-    h = make_harness()
-    watcher = h.connect("watcher")
-    watcher.subscribe("busy/#")
-    pub = h.connect("pub")
-    pub.publish("busy/a", b"1")
-    cache = h.broker.router._cache
-    cached = set(cache)
-    assert cached
-    for i in range(3):  # a storm of own-topic subscribers
-        h.connect(f"own-{i}").subscribe(f"own/{i}")
-    assert set(cache) >= cached
-    pub.publish("busy/a", b"2")
-    assert [p.payload for p in watcher.publishes()] == [b"1", b"2"]
-
-
-@pytest.mark.parametrize("topic_filter", ["t/x", "$share/g/t/x", "t/+", "#"])
-def test_a_new_subscription_changes_the_cached_match_of_its_topic(
-    make_harness: Callable[..., Harness], topic_filter: str
-) -> None:
-    h = make_harness()
-    pub = h.connect("pub")
-    other = h.connect("other")
-    other.subscribe("t/x")
-    pub.publish("t/x", b"before")  # cached: one subscriber
-    late = h.connect("late")
-    late.subscribe(topic_filter)
-    pub.publish("t/x", b"after")
-    assert [p.payload for p in late.publishes()] == [b"after"]
-    assert [p.payload for p in other.publishes()] == [b"before", b"after"]
-    late.unsubscribe(topic_filter)
-    pub.publish("t/x", b"gone")
-    assert late.receive() == []
 
 
 def test_a_subscription_keeps_no_retained_backlog_once_sent(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 from support.harness import Client, Harness, Prop, pk
 
 MQTT_3_1_1 = 4
@@ -22,9 +21,6 @@ def will(delay: int | None = None, **kwargs: object) -> pk.Will:
 
 def expiry(seconds: int) -> dict[int, int]:
     return {Prop.SESSION_EXPIRY_INTERVAL: seconds}
-
-
-# -- when the will is published ------------------------------------------------------------
 
 
 def test_will_published_on_connection_lost(h: Harness) -> None:
@@ -122,9 +118,6 @@ def test_will_properties_forwarded(h: Harness) -> None:
     assert Prop.WILL_DELAY_INTERVAL not in message.properties
 
 
-# -- the Will Delay Interval ---------------------------------------------------------------
-
-
 def test_will_delay_honoured(h: Harness) -> None:
     """[MQTT-3.1.2-8] With a Will Delay Interval the will waits out the delay after the
     connection is lost, then is published on the next tick."""
@@ -188,9 +181,6 @@ def test_new_will_replaces_old_after_reconnect(h: Harness) -> None:
     second.lose()
     h.tick(50)
     assert [p.topic for p in w.publishes()] == ["will/second"]
-
-
-# -- session expiry ------------------------------------------------------------------------
 
 
 def test_session_expiry_after_disconnect(h: Harness) -> None:
@@ -264,17 +254,3 @@ def test_session_expiry_capped_by_server(make_harness) -> None:  # type: ignore[
     client.lose()
     h.tick(60)
     assert "s" not in h.broker.sessions
-
-
-@pytest.mark.parametrize("clean_start", [False, True])
-def test_offline_qos0_not_queued_by_default(h: Harness, clean_start: bool) -> None:
-    """QoS 0 messages for an offline session are dropped by default (queue_qos0 off); QoS 1 ones
-    are queued."""
-    client = h.connect("s", clean_start=clean_start, properties=expiry(100))
-    client.subscribe("t", 2)
-    client.lose()
-    publisher = h.connect("pub")
-    publisher.publish("t", b"q0", 0)
-    publisher.publish("t", b"q1", 1)
-    client = h.connect("s", clean_start=False, properties=expiry(100), expect_present=True)
-    assert [p.payload for p in client.publishes()] == [b"q1"]
