@@ -25,24 +25,6 @@ def _connect_as(h: Harness, client_id: str, user: str | None, expiry: int, clean
     return client, connack
 
 
-class _PublishOnlyTo:
-    """An authorizer that lets clients publish only under ``prefix``."""
-
-    generation = 0
-
-    def __init__(self, prefix: str) -> None:
-        self.prefix = prefix
-
-    def can_publish(self, client_id: str, username: str | None, topic: str) -> bool:
-        return topic.startswith(self.prefix)
-
-    def can_subscribe(self, client_id: str, username: str | None, topic_filter: str) -> bool:
-        return True
-
-    def can_read(self, client_id: str, username: str | None, topic: str) -> bool:
-        return True
-
-
 def test_max_connections_closes_the_extra_connection(make_harness: Any) -> None:
     h = make_harness(max_connections=2)
     first = h.connect("a")
@@ -73,38 +55,6 @@ def test_subscriptions_per_client(make_harness: Any) -> None:
     assert client.subscribe("a", 1)[0].reason_codes == [1]  # replacing one is no new one
     client.unsubscribe("b")
     assert client.subscribe("c")[0].reason_codes == [0]
-
-
-def test_publish_rate(make_harness: Any) -> None:
-    """A client publishing faster than max_publish_rate is disconnected with 0x96; others keep
-    publishing."""
-    h = make_harness(max_publish_rate=10.0, max_publish_burst=3)
-    fast = h.connect("fast")
-    calm = h.connect("calm")
-    sub = h.connect("sub")
-    sub.subscribe("t")
-    for _ in range(3):
-        fast.publish("t")
-    assert len(sub.publishes()) == 3
-    fast.publish("t")
-    assert fast.one(pk.Disconnect).reason_code == 0x96
-    h.clock.advance(0.2)  # two tokens back for everyone
-    calm.publish("t")
-    calm.publish("t")
-    assert len(sub.publishes()) == 2
-
-
-def test_max_retained(make_harness: Any) -> None:
-    h = make_harness(max_retained=1)
-    client = h.connect("c")
-    client.publish("r/1", b"one", 1, retain=True)
-    assert client.one(pk.Puback).reason_code in (0, 0x10)
-    client.publish("r/2", b"two", 1, retain=True)
-    assert client.one(pk.Puback).reason_code == 0x97
-    client.publish("r/1", b"uno", 1, retain=True)  # replacing the one there is fine
-    assert client.one(pk.Puback).reason_code in (0, 0x10)
-    assert len(h.broker.router.retained) == 1
-    assert h.broker.router.retained.get("r/1").payload == b"uno"
 
 
 def test_persistent_session_count_follows_every_way_a_session_ends(make_harness: Any) -> None:
@@ -208,16 +158,6 @@ def test_a_subscribe_past_the_subscription_limit_is_refused_whole(make_harness: 
     assert client.closed
 
 
-def test_match_cache_is_bounded_by_bytes(make_harness: Any) -> None:
-    h: Harness = make_harness(match_cache_bytes=100_000, max_topic_length=65535)
-    client = h.connect("c")
-    for index in range(50):
-        client.publish(f"{index}/" + "x" * 10_000)
-    router = h.broker.router
-    assert 0 < router._cache_bytes <= 100_000
-    assert len(router._cache) < 50
-
-
 def test_connections_per_address_by_default(make_harness: Any) -> None:
     """Unless configured: 64 per address on listeners other machines reach, no limit on
     local-only ones."""
@@ -230,16 +170,3 @@ def test_connections_per_address_by_default(make_harness: Any) -> None:
     for link in local:
         h.broker.connect(link, "127.0.0.1:1", policy=ListenerPolicy(local=True))
     assert not any(link.closed for link in local)
-
-
-def test_denied_topics_are_not_cached(make_harness: Any) -> None:
-    """Authorization comes before the match cache: topics a client may not publish to do not
-    fill it, nor its own cache of rights past its bound."""
-    h: Harness = make_harness(max_topic_length=65535)
-    h.broker.authorizer = _PublishOnlyTo("ok/")
-    client = h.connect("c")
-    for index in range(20):
-        client.publish(f"denied/{index}/" + "x" * 10_000)
-    client.publish("ok/1")
-    assert list(h.broker.router._cache) == [b"\x00\x04ok/1"]
-    assert client.conn._allowed_size <= 65_536 and len(client.conn._allowed) < 21

@@ -18,33 +18,6 @@ PFI = {Prop.PAYLOAD_FORMAT_INDICATOR: 1}
 PERSISTENT = {Prop.SESSION_EXPIRY_INTERVAL: 100}
 
 
-def test_qos0_publish_not_utf8_disconnects(h: Harness) -> None:
-    """[MQTT-3.3.2-4] A QoS 0 PUBLISH cannot be answered: DISCONNECT 0x99 saying why."""
-    client = h.connect("c")
-    client.publish("t", NOT_UTF8, 0, properties=PFI)
-    disconnect = client.one(pk.Disconnect)
-    assert disconnect.reason_code == 0x99
-    assert disconnect.properties[Prop.REASON_STRING] == (
-        "payload is not UTF-8 although its Payload Format Indicator says so"
-    )
-
-
-@pytest.mark.parametrize("qos", [1, 2])
-def test_qos1_2_publish_not_utf8_refused_in_the_ack(h: Harness, qos: int) -> None:
-    """The PUBACK/PUBREC says 0x99 with a Reason String; the connection stays, nothing is
-    forwarded."""
-    watcher = h.connect("w")
-    watcher.subscribe("t", 2)
-    client = h.connect("c")
-    client.publish("t", NOT_UTF8, qos, properties=PFI)
-    ack = client.one(pk.Puback if qos == 1 else pk.Pubrec)
-    assert ack.reason_code == 0x99
-    assert ack.properties[Prop.REASON_STRING] == (
-        "payload is not UTF-8 as its Payload Format Indicator says"
-    )
-    assert not client.closed and watcher.receive() == []
-
-
 def test_will_not_utf8_refused_at_connect(h: Harness) -> None:
     client = h.client()
     will = pk.Will("will/t", NOT_UTF8, properties=dict(PFI))
@@ -78,21 +51,3 @@ def test_session_expiry_is_logged(h: Harness, caplog: pytest.LogCaptureFixture) 
     h.connect("s", properties={Prop.SESSION_EXPIRY_INTERVAL: 5}).lose()
     h.tick(5)
     assert "session s expired" in [r.getMessage() for r in caplog.records]
-
-
-def test_persistent_inbound_qos2_is_released_once(h: Harness) -> None:
-    """[MQTT-4.3.3-10] A persistent session's unreleased inbound QoS 2 id outlives the
-    connection: the PUBLISH resent after a reconnect is not delivered twice."""
-    watcher = h.connect("w")
-    watcher.subscribe("t", 2)
-    client = h.connect("c", properties=PERSISTENT)
-    client.publish("t", b"once", 2, packet_id=3)
-    assert client.one(pk.Pubrec).reason_code == 0
-    assert [p.payload for p in watcher.publishes()] == [b"once"]
-    client.lose()
-    client = h.connect("c", clean_start=False, properties=PERSISTENT, expect_present=True)
-    client.publish("t", b"once", 2, packet_id=3, dup=True)
-    assert client.one(pk.Pubrec).reason_code == 0
-    assert watcher.receive() == []
-    client.pubrel(3)
-    assert client.one(pk.Pubcomp).reason_code == 0

@@ -4,8 +4,6 @@ reconnect, overlapping subscriptions, the client's Maximum Packet Size and coale
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
 from support.harness import Harness, Prop, pk, split_raw
 
@@ -62,17 +60,6 @@ def test_qos1_no_matching_subscribers(h: Harness) -> None:
     assert old.link.writes[-1] == b"\x40\x02\x00\x06"
 
 
-def test_qos1_publisher_dup_not_forwarded(h: Harness) -> None:
-    """[MQTT-3.3.1-3] [MQTT-4.3.2-5] DUP on the inbound PUBLISH does not carry over to the
-    outbound one; a QoS 1 resend after PUBACK is a new message."""
-    subscriber, publisher = pair(h)
-    publisher.publish("t", b"m", 1, packet_id=3, dup=True)
-    publisher.publish("t", b"m", 1, packet_id=3, dup=True)
-    assert [type(p) for p in publisher.receive()] == [pk.Puback, pk.Puback]
-    received = subscriber.publishes()
-    assert [p.dup for p in received] == [False, False]
-
-
 def test_qos2_flow_both_sides(h: Harness) -> None:
     """[MQTT-4.3.3-1] [MQTT-4.3.3-2] [MQTT-4.3.3-3] [MQTT-4.3.3-4] [MQTT-4.3.3-5] [MQTT-4.3.3-8]
     [MQTT-4.3.3-11] [MQTT-2.2.1-5] QoS 2: PUBREC/PUBREL/PUBCOMP with the right ids on both sides."""
@@ -101,33 +88,6 @@ def test_qos2_flow_both_sides(h: Harness) -> None:
     comp = publisher.one(pk.Pubcomp)
     assert (comp.packet_id, comp.reason_code) == (7, 0)
     assert subscriber.receive() == []
-
-
-def test_qos2_duplicate_before_pubrel_not_delivered_twice(h: Harness) -> None:
-    """[MQTT-4.3.3-10] [MQTT-4.3.3-12] A QoS 2 PUBLISH repeated before PUBREL is acknowledged
-    again but not delivered again; after PUBCOMP the same id starts a new message."""
-    subscriber, publisher = pair(h, sub_qos=0)
-    publisher.publish("t", b"first", 2, packet_id=9)
-    publisher.publish("t", b"first", 2, packet_id=9, dup=True)
-    publisher.publish("t", b"first", 2, packet_id=9, dup=True)
-    recs = publisher.receive()
-    assert [(type(p), p.packet_id) for p in recs] == [(pk.Pubrec, 9)] * 3
-    assert [p.payload for p in subscriber.publishes()] == [b"first"]
-    publisher.pubrel(9)
-    assert publisher.one(pk.Pubcomp).packet_id == 9
-    publisher.publish("t", b"second", 2, packet_id=9)
-    assert publisher.one(pk.Pubrec).packet_id == 9
-    assert [p.payload for p in subscriber.publishes()] == [b"second"]
-
-
-def test_pubrel_for_unknown_id(h: Harness) -> None:
-    """[MQTT-4.3.3-11] [MQTT-3.7.2-1] A PUBREL for an id not awaiting release still gets PUBCOMP
-    with that id (0x92 Packet Identifier not found)."""
-    client = h.connect("c1")
-    client.pubrel(77)
-    comp = client.one(pk.Pubcomp)
-    assert (comp.packet_id, comp.reason_code) == (77, 0x92)
-    assert not client.closed
 
 
 @pytest.mark.parametrize("sub_qos", [0, 1, 2])
@@ -165,25 +125,6 @@ def test_ordered_delivery(h: Harness) -> None:
             elif isinstance(p, pk.Pubrel):
                 subscriber.pubcomp(p.packet_id)
     assert got == sent
-
-
-def test_inbound_qos2_state_survives_reconnect(h: Harness) -> None:
-    """[MQTT-4.3.3-10] [MQTT-3.1.2-23] A publisher's QoS 2 id awaiting PUBREL is remembered across
-    a reconnect: the resent PUBLISH is not delivered again, and PUBREL gets PUBCOMP 0x00."""
-    subscriber = h.connect("sub")
-    subscriber.subscribe("t", 0)
-    expiry = {Prop.SESSION_EXPIRY_INTERVAL: 300}
-    publisher = h.connect("pub", properties=expiry)
-    publisher.publish("t", b"once", 2, packet_id=11)
-    publisher.receive()
-    publisher.lose()
-    publisher = h.connect("pub", clean_start=False, properties=expiry, expect_present=True)
-    publisher.publish("t", b"once", 2, packet_id=11, dup=True)
-    assert publisher.one(pk.Pubrec).packet_id == 11
-    publisher.pubrel(11)
-    comp = publisher.one(pk.Pubcomp)
-    assert (comp.packet_id, comp.reason_code) == (11, 0)
-    assert [p.payload for p in subscriber.publishes()] == [b"once"]
 
 
 def test_overlapping_subscriptions_one_copy_highest_qos(h: Harness) -> None:
@@ -276,44 +217,6 @@ def test_partial_packets_across_reads(h: Harness) -> None:
     assert [p.payload for p in subscriber.publishes()] == [b"p%d" % i * 20 for i in range(5)]
 
 
-def test_inbound_receive_maximum_exceeded(make_harness: Callable[..., Harness]) -> None:
-    """[MQTT-3.3.4-7] More unacknowledged QoS 2 PUBLISHes from a client than the server's Receive
-    Maximum: DISCONNECT 0x93."""
-    h = make_harness(receive_maximum=2)
-    publisher = h.connect("pub")
-    assert publisher.connack.properties[Prop.RECEIVE_MAXIMUM] == 2  # type: ignore[union-attr]
-    publisher.publish("t", b"1", 2)
-    publisher.publish("t", b"2", 2)
-    assert [type(p) for p in publisher.receive()] == [pk.Pubrec, pk.Pubrec]
-    publisher.pubrel(1)  # frees one
-    assert [type(p) for p in publisher.receive()] == [pk.Pubcomp]
-    publisher.publish("t", b"3", 2)
-    assert [type(p) for p in publisher.receive()] == [pk.Pubrec]
-    publisher.publish("t", b"4", 2)
-    received = publisher.receive()
-    assert [(type(p), p.reason_code) for p in received] == [(pk.Disconnect, 0x93)]
-    assert publisher.closed
-
-
-def test_payload_format_invalid(h: Harness) -> None:
-    """[MQTT-3.4.2-1] [MQTT-3.5.2-1] [MQTT-4.3.3-9] A payload that is not UTF-8 despite Payload
-    Format Indicator 1 is refused with 0x99 (PUBACK or PUBREC) and not delivered; after a PUBREC
-    >= 0x80 the same packet id starts a new message."""
-    subscriber, publisher = pair(h)
-    utf8 = {Prop.PAYLOAD_FORMAT_INDICATOR: 1}
-    publisher.publish("t", b"\xff\xfe", 1, packet_id=4, properties=utf8)
-    ack = publisher.one(pk.Puback)
-    assert (ack.packet_id, ack.reason_code) == (4, 0x99)
-    publisher.publish("t", b"\xff\xfe", 2, packet_id=5, properties=utf8)
-    rec = publisher.one(pk.Pubrec)
-    assert (rec.packet_id, rec.reason_code) == (5, 0x99)
-    assert subscriber.receive() == []
-    publisher.publish("t", "ok ✓".encode(), 2, packet_id=5, properties=utf8)
-    rec = publisher.one(pk.Pubrec)
-    assert (rec.packet_id, rec.reason_code) == (5, 0)
-    assert [p.payload for p in subscriber.publishes()] == ["ok ✓".encode()]
-
-
 def test_paused_transport_queues_then_drains(h: Harness) -> None:
     """Backpressure: while the transport is paused QoS 1/2 messages wait in the queue (QoS 0 is
     dropped), and flow in order when it resumes."""
@@ -325,15 +228,3 @@ def test_paused_transport_queues_then_drains(h: Harness) -> None:
     assert subscriber.receive() == []
     subscriber.conn.resume_writing()
     assert [p.payload for p in subscriber.publishes()] == [b"a", b"b"]
-
-
-def test_v311_qos1_publish_with_empty_payload(h: Harness) -> None:
-    """A 3.1.1 QoS 1 PUBLISH ends right after its packet identifier (no properties, no
-    payload): accepted, acknowledged and delivered with its empty payload."""
-    sub = h.connect("sub")
-    sub.subscribe("t", 1)
-    pub = h.connect("pub", version=MQTT_3_1_1)
-    pub.send_raw(b"\x32\x05\x00\x01t\x00\x07")
-    (puback,) = pub.receive()
-    assert isinstance(puback, pk.Puback) and puback.packet_id == 7
-    assert [p.payload for p in sub.publishes()] == [b""]

@@ -8,7 +8,7 @@ import logging
 from collections.abc import Callable
 
 import pytest
-from support.harness import AllowAll, Harness, Prop, pk
+from support.harness import AllowAll, Harness, Prop
 
 from mqttbroker.broker.sink import Outbox, Sink, retire
 from mqttbroker.protocol.reasons import ReasonCode
@@ -61,23 +61,6 @@ def test_refused_connections_logged_at_powers_of_two(
         assert h.client().closed
     assert h.broker.refused == 9
     assert counts_logged(caplog, "max_connections (1) reached") == POWERS_OF_TWO
-
-
-def test_denied_publishes_logged_at_powers_of_two(
-    h: Harness, caplog: pytest.LogCaptureFixture
-) -> None:
-    caplog.set_level(logging.INFO, logger="mqttbroker.connection")
-    h.broker.authorizer = Rules()
-    client = h.connect("c")
-    for _ in range(9):
-        client.publish("secret/x", b"no", 1)
-        assert client.one(pk.Puback).reason_code == ReasonCode.NOT_AUTHORIZED
-    lines = [r.getMessage() for r in caplog.records if "not authorized" in r.getMessage()]
-    assert counts_logged(caplog, "not authorized to publish to 'secret/x'") == POWERS_OF_TWO
-    assert "client c from peer-c (user None)" in lines[0]
-
-
-# -- an integration publishing -------------------------------------------------------------
 
 
 def test_integration_publish_is_authorized_as_its_session(h: Harness) -> None:
@@ -153,9 +136,6 @@ def test_retire_logs_what_it_removes(h: Harness, caplog: pytest.LogCaptureFixtur
     assert [r.getMessage() for r in caplog.records] == [
         "$bridge/old is no longer configured: its session and queue are removed"
     ]
-
-
-# -- the rules rechecked -------------------------------------------------------------------
 
 
 def test_recheck_drops_queued_messages_no_longer_readable(h: Harness) -> None:

@@ -4,7 +4,7 @@ refused."""
 
 from __future__ import annotations
 
-from support.harness import Harness, Prop, pk
+from support.harness import Harness, Prop
 
 
 def test_queued_share_of_an_expired_session_goes_to_another_member(h: Harness) -> None:
@@ -21,18 +21,6 @@ def test_queued_share_of_an_expired_session_goes_to_another_member(h: Harness) -
     h.tick(10)  # the away session expires with its queue
     handed = [p.payload for p in here.publishes()]
     assert sorted(mine + handed) == [b"m0", b"m1", b"m2", b"m3"]
-
-
-def test_empty_topic_without_alias_says_why(h: Harness) -> None:
-    """[MQTT-3.3.2-1] An empty Topic Name needs a Topic Alias: DISCONNECT 0x82
-    with the reason."""
-    client = h.connect("c")
-    client.publish("", b"x", 0)
-    disconnect = client.one(pk.Disconnect)
-    assert disconnect.reason_code == 0x82
-    assert disconnect.properties[Prop.REASON_STRING] == (
-        "PUBLISH with an empty topic and no topic alias"
-    )
 
 
 def test_share_queued_behind_a_full_window_is_handed_over(h: Harness) -> None:

@@ -71,20 +71,3 @@ def test_unsuback_names_the_filters_without_a_subscription(h: Harness) -> None:
     quiet = h.connect("quiet", properties={Prop.REQUEST_PROBLEM_INFORMATION: 0})
     (unsuback,) = quiet.unsubscribe("b")
     assert unsuback.reason_codes == [0x11] and not unsuback.properties
-
-
-def test_unknown_packet_identifiers_explained(h: Harness) -> None:
-    """PUBCOMP and PUBREL 0x92 say which packet identifier was not found. [MQTT-3.6.2-2]
-    [MQTT-3.7.2-2]"""
-    c = h.connect("c")
-    c.pubrel(7)
-    c.pubrec(8)
-    pubcomp, pubrel = c.receive()
-    assert isinstance(pubcomp, pk.Pubcomp) and pubcomp.reason_code == 0x92
-    assert "7" in pubcomp.properties[Prop.REASON_STRING]
-    assert isinstance(pubrel, pk.Pubrel) and pubrel.reason_code == 0x92
-    assert "8" in pubrel.properties[Prop.REASON_STRING]
-    small = h.connect("small", properties={Prop.MAXIMUM_PACKET_SIZE: 6})
-    small.pubrel(7)
-    (pubcomp,) = small.receive()
-    assert pubcomp.reason_code == 0x92 and not pubcomp.properties

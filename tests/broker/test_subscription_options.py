@@ -3,8 +3,6 @@ Handling; retained messages through the broker; shared subscriptions."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
 from support.harness import Harness, Prop, pk
 
@@ -99,9 +97,6 @@ def test_unsubscribe_finishes_messages_in_flight(h: Harness) -> None:
     assert not client.closed
 
 
-# -- No Local ------------------------------------------------------------------------------
-
-
 def test_no_local(h: Harness) -> None:
     """[MQTT-3.8.3-3] No Local: a client's own messages do not come back on that subscription;
     other subscribers still get them."""
@@ -151,9 +146,6 @@ def test_subscription_options_reserved_bits_malformed(h: Harness) -> None:
     assert "c1" not in h.broker.sessions
 
 
-# -- Retain As Published and retained messages ----------------------------------------------
-
-
 def test_retain_as_published(h: Harness) -> None:
     """[MQTT-3.3.1-12] [MQTT-3.3.1-13] Live messages: RETAIN is kept with Retain As Published,
     cleared without it."""
@@ -183,31 +175,6 @@ def test_retained_sent_on_subscribe_with_retain_flag(h: Harness) -> None:
     assert got == [("r/a", b"3", True, 1), ("r/b", b"2", True, 0)]
 
 
-def test_retained_cleared_by_empty_payload(h: Harness) -> None:
-    """[MQTT-3.3.1-6] [MQTT-3.3.1-7] An empty retained PUBLISH is delivered to current
-    subscribers as usual and removes the retained message; later subscribers get nothing."""
-    watcher = h.connect("watcher")
-    watcher.subscribe("r", 1)
-    publisher = h.connect("pub")
-    publisher.publish("r", b"value", 1, retain=True)
-    publisher.publish("r", b"", 1, retain=True)
-    assert [p.payload for p in watcher.publishes()] == [b"value", b""]
-    assert len(h.broker.router.retained) == 0
-    late = h.connect("late")
-    assert late.subscribe("r", 1)[1:] == []
-
-
-def test_non_retained_publish_leaves_retained_alone(h: Harness) -> None:
-    """[MQTT-3.3.1-8] RETAIN 0 neither stores nor replaces nor clears the retained message."""
-    publisher = h.connect("pub")
-    publisher.publish("r", b"kept", 1, retain=True)
-    publisher.publish("r", b"live", 1)
-    publisher.publish("r", b"", 1)
-    publisher.publish("fresh", b"live", 1)
-    client = h.connect("c1")
-    assert [p.payload for p in client.subscribe("#", 1)[1:]] == [b"kept"]
-
-
 def test_retained_not_sent_to_wildcard_for_dollar_topics(h: Harness) -> None:
     """[MQTT-4.7.2-1] '#' does not bring retained '$' topics; '$SYS/#' does."""
     publisher = h.connect("pub")
@@ -217,32 +184,6 @@ def test_retained_not_sent_to_wildcard_for_dollar_topics(h: Harness) -> None:
     assert [p.topic for p in client.subscribe("#")[1:]] == ["plain"]
     assert [p.topic for p in client.subscribe("+/x")[1:]] == []
     assert [p.topic for p in client.subscribe("$SYS/#")[1:]] == ["$SYS/x"]
-
-
-def test_live_dollar_topic_not_matched_by_wildcard(h: Harness) -> None:
-    """[MQTT-4.7.2-1] A live message on '$SYS/x' reaches '$SYS/#' but not '#' or '+/x'."""
-    everything = h.connect("all")
-    everything.subscribe("#")
-    everything.subscribe("+/x")
-    sys_sub = h.connect("sys")
-    sys_sub.subscribe("$SYS/#")
-    h.connect("pub").publish("$SYS/x", b"m")
-    assert everything.receive() == []
-    assert [p.topic for p in sys_sub.publishes()] == ["$SYS/x"]
-
-
-def test_retained_message_expiry(h: Harness) -> None:
-    """[MQTT-3.3.2-5] [MQTT-3.3.2-6] A retained message with a Message Expiry Interval is sent
-    with the remaining interval, and not at all once expired."""
-    publisher = h.connect("pub")
-    publisher.publish("r", b"v", 1, retain=True, properties={Prop.MESSAGE_EXPIRY_INTERVAL: 10})
-    h.tick(4)
-    early = h.connect("early")
-    (message,) = early.subscribe("r", 1)[1:]
-    assert message.properties[Prop.MESSAGE_EXPIRY_INTERVAL] == 6
-    h.tick(6)
-    late = h.connect("late")
-    assert late.subscribe("r", 1)[1:] == []
 
 
 @pytest.mark.parametrize(
@@ -267,47 +208,3 @@ def test_retain_handling_1_new_after_unsubscribe(h: Harness) -> None:
     assert len(client.subscribe("r", retain_handling=1)) == 2
     client.unsubscribe("r")
     assert len(client.subscribe("r", retain_handling=1)) == 2
-
-
-def test_retain_not_available(make_harness: Callable[..., Harness]) -> None:
-    """[MQTT-3.2.2-14] With retain unavailable a retained PUBLISH is answered with DISCONNECT
-    (0x9A Retain not supported) and the connection is closed."""
-    h = make_harness(retain_available=False)
-    client = h.connect("c1")
-    client.publish("t", b"v", 0, retain=True)
-    received = client.receive()
-    assert [(type(p), p.reason_code) for p in received] == [(pk.Disconnect, 0x9A)]
-    assert client.closed
-
-
-def test_publish_above_maximum_qos(make_harness: Callable[..., Harness]) -> None:
-    """[MQTT-3.2.2-11] A PUBLISH above the server's Maximum QoS: DISCONNECT 0x9B."""
-    h = make_harness(maximum_qos=1)
-    client = h.connect("c1")
-    client.publish("t", b"v", 2)
-    received = client.receive()
-    assert [(type(p), p.reason_code) for p in received] == [(pk.Disconnect, 0x9B)]
-    assert client.closed
-
-
-# -- shared subscriptions -------------------------------------------------------------------
-
-
-def test_shared_subscription_one_member_per_message(h: Harness) -> None:
-    """[MQTT-4.8.2-3] Each message goes to one member of the group, at that member's granted QoS;
-    no retained messages on subscribing."""
-    h.connect("pub").publish("t", b"retained", 1, retain=True)
-    first = h.connect("m1")
-    assert first.subscribe("$share/g/t", 1)[1:] == []
-    second = h.connect("m2")
-    assert second.subscribe("$share/g/t", 0)[1:] == []
-    publisher = h.connect("pub2")
-    for index in range(4):
-        publisher.publish("t", b"%d" % index, 2)
-    got1 = first.publishes()
-    got2 = second.publishes()
-    assert len(got1) + len(got2) == 4
-    assert got1 and got2
-    assert all(p.qos == 1 for p in got1)
-    assert all(p.qos == 0 for p in got2)
-    assert sorted(p.payload for p in got1 + got2) == [b"0", b"1", b"2", b"3"]

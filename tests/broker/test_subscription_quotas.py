@@ -8,7 +8,7 @@ import logging
 from typing import Any
 
 import pytest
-from support.harness import AllowAll, Harness, Prop, pk
+from support.harness import AllowAll, Harness, pk
 
 from mqttbroker.broker.session import filter_size
 
@@ -71,32 +71,3 @@ def test_denied_subscription_logged_once_per_packet(
         "client c from peer-c (user None): not authorized to subscribe to 'secret/1' "
         "(1 refused so far)"
     ]
-
-
-def test_overlapping_subscriptions_forward_the_expiry(h: Harness) -> None:
-    """[MQTT-3.3.4-2] [MQTT-3.3.2-6] One copy for two matching subscriptions, with the Message
-    Expiry Interval less the time it waited: sent at once to a connected client, and queued for
-    one that is away."""
-    props = {Prop.SESSION_EXPIRY_INTERVAL: 60}
-    here = h.connect("here")
-    away = h.connect("away", properties=props)
-    for client in (here, away):
-        client.subscribe("t/+", 1)
-        client.subscribe("t/#", 1)
-    away.lose()
-    h.connect("pub").publish("t/x", b"m", 1, properties={Prop.MESSAGE_EXPIRY_INTERVAL: 30})
-    (now,) = here.publishes()
-    assert now.properties[Prop.MESSAGE_EXPIRY_INTERVAL] == 30
-    h.clock.advance(10)
-    away = h.connect("away", clean_start=False, properties=props, expect_present=True)
-    (later,) = away.publishes()
-    assert later.properties[Prop.MESSAGE_EXPIRY_INTERVAL] == 20
-
-
-def test_topic_with_u0000_says_why(h: Harness) -> None:
-    """[MQTT-4.7.3-2] A Topic Name with U+0000 is a Malformed Packet: DISCONNECT 0x81."""
-    client = h.connect("c")
-    client.publish("a\x00b", b"x", 0)
-    disconnect = client.one(pk.Disconnect)
-    assert disconnect.reason_code == 0x81
-    assert disconnect.properties[Prop.REASON_STRING] == "topic name contains U+0000"

@@ -77,16 +77,6 @@ def test_take_over_says_why(h: Harness) -> None:
     )
 
 
-def test_retained_publish_refused_says_why(make_harness: Any) -> None:
-    client = make_harness(retain_available=False).connect("c")
-    client.publish("t", b"x", 0, retain=True)
-    disconnect = client.one(pk.Disconnect)
-    assert (disconnect.reason_code, disconnect.properties[Prop.REASON_STRING]) == (
-        0x9A,
-        "retained PUBLISH not supported",
-    )
-
-
 def test_auth_without_method_says_why(h: Harness) -> None:
     client = h.connect("c")
     client.send(pk.Auth(0x19, {Prop.AUTHENTICATION_METHOD: METHOD}))
