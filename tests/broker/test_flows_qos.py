@@ -1,6 +1,6 @@
-"""PUBLISH from a publisher to subscribers: the QoS 0/1/2 exchanges on both sides, QoS
-downgrade, packet identifiers, the client's Receive Maximum, ordering, resending with DUP after a
-reconnect, overlapping subscriptions, the client's Maximum Packet Size and coalesced output."""
+"""PUBLISH end to end through publish, router and deliver: the QoS 0/1/2 exchanges on both sides,
+QoS downgrade, ordering, one copy per subscriber at the highest QoS of its overlapping
+subscriptions, properties forwarded unchanged."""
 
 from __future__ import annotations
 
@@ -175,56 +175,3 @@ def test_properties_forwarded_unchanged(h: Harness) -> None:
     (message,) = subscriber.publishes()
     for key, value in props.items():
         assert message.properties[key] == value
-
-
-def test_deliveries_coalesced_into_one_write(h: Harness) -> None:
-    """Several deliveries before flush() reach the link in a single write call."""
-    subscriber, publisher = pair(h, sub_qos=1)
-    other = h.connect("pub2")
-    writes_before = len(subscriber.link.writes)
-    publisher.send(
-        *(pk.Publish("t", b"%d" % i, i % 2, packet_id=i + 1 if i % 2 else None) for i in range(5))
-    )
-    other.publish("t", b"other", 0)
-    assert len(subscriber.link.writes) == writes_before  # nothing written before the flush
-    h.broker.flush()
-    assert len(subscriber.link.writes) == writes_before + 1
-    assert len(split_raw(subscriber.link.writes[-1])) == 6
-    assert [p.payload for p in subscriber.publishes()] == [b"0", b"1", b"2", b"3", b"4", b"other"]
-
-
-def test_acks_coalesced_into_one_write(h: Harness) -> None:
-    """All the PUBACKs for one chunk of PUBLISHes go out in one write."""
-    publisher = h.connect("pub")
-    before = len(publisher.link.writes)
-    publisher.send(*(pk.Publish("t", b"m", 1, packet_id=i) for i in range(1, 8)))
-    h.broker.flush()
-    assert len(publisher.link.writes) == before + 1
-    assert [p.packet_id for p in publisher.receive()] == list(range(1, 8))
-
-
-def test_partial_packets_across_reads(h: Harness) -> None:
-    """Packets split anywhere across data_received calls are reassembled."""
-    subscriber, publisher = pair(h, sub_qos=1)
-    from mqttbroker.protocol import grammar
-
-    stream = b"".join(
-        grammar.encode(pk.Publish("t", b"p%d" % i * 20, 1, packet_id=i + 1), 5) for i in range(5)
-    )
-    for start in range(0, len(stream), 7):
-        publisher.send_raw(stream[start : start + 7])
-    assert [p.packet_id for p in publisher.receive()] == [1, 2, 3, 4, 5]
-    assert [p.payload for p in subscriber.publishes()] == [b"p%d" % i * 20 for i in range(5)]
-
-
-def test_paused_transport_queues_then_drains(h: Harness) -> None:
-    """Backpressure: while the transport is paused QoS 1/2 messages wait in the queue (QoS 0 is
-    dropped), and flow in order when it resumes."""
-    subscriber, publisher = pair(h, sub_qos=1)
-    subscriber.conn.pause_writing()
-    publisher.publish("t", b"a", 1)
-    publisher.publish("t", b"dropped", 0)
-    publisher.publish("t", b"b", 1)
-    assert subscriber.receive() == []
-    subscriber.conn.resume_writing()
-    assert [p.payload for p in subscriber.publishes()] == [b"a", b"b"]
