@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from .broker.options import BrokerOptions
+from .secret_source import joined, read_secret_text
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -706,29 +707,8 @@ def _check_cluster(cluster: ClusterConfig, where: str) -> None:
 def redis_password(cluster: ClusterConfig, where: str = "cluster") -> str | None:
     """The password of [cluster] password_file or password_env (None: neither is set);
     ConfigError names the key, and the file or variable."""
-    if cluster.password_file and cluster.password_env:
-        raise ConfigError(f"{where}.password_env: password_file is set too; choose one")
-    if cluster.password_file:
-        path = cluster.password_file
-        try:
-            password = Path(path).read_text(encoding="utf-8").rstrip("\r\n")
-        except OSError as exc:
-            raise ConfigError(
-                f"{where}.password_file: cannot read {path}: {exc.strerror or exc}"
-            ) from None
-        except UnicodeDecodeError:
-            raise ConfigError(f"{where}.password_file: {path} is not UTF-8 text") from None
-        if not password:
-            raise ConfigError(f"{where}.password_file: {path} is empty")
-        return password
-    if cluster.password_env:
-        name = cluster.password_env
-        if name not in os.environ:
-            raise ConfigError(f"{where}.password_env: the environment variable {name} is not set")
-        if not os.environ[name]:
-            raise ConfigError(f"{where}.password_env: the environment variable {name} is empty")
-        return os.environ[name]
-    return None
+    file, env = cluster.password_file, cluster.password_env
+    return read_secret_text(file, env, f"{where}.password", joined(ConfigError))
 
 
 def _with_password(url: str, password: str, where: str) -> str:
@@ -776,7 +756,7 @@ def _check_admin(config: Config, source: str) -> None:
 
 
 def _check_listener(listener: ListenerConfig, where: str) -> None:
-    """The values of one [[listener]], and that its files exist (``server.tls`` loads them)."""
+    """The values of one [[listener]], and that its files exist (``security.tls`` loads them)."""
     if not 0 <= listener.port <= 65535:
         raise ConfigError(f"{where}.port: must be between 0 and 65535")
     if listener.protocol not in ("mqtt", "ws"):

@@ -11,6 +11,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..broker.topics import valid_topic_filter, valid_topic_name
+from ..secret_source import joined, read_secret
 
 DIRECTIONS = ("out", "in", "both")
 EVENTS = (
@@ -118,25 +119,10 @@ def _unknown(table: dict[str, Any], known: tuple[str, ...] | list[str]) -> None:
 
 
 def _secret(table: dict[str, Any], prefix: str) -> bytes | None:
-    """``<prefix>_file`` (the file's content, without a final newline) or ``<prefix>_env``."""
+    """``<prefix>_file`` or ``<prefix>_env`` (see :mod:`mqttbroker.secret_source`)."""
     path = _get(table, f"{prefix}_file", str, "")
     env = _get(table, f"{prefix}_env", str, "")
-    if path and env:
-        raise SettingsError(f"{prefix}_file: set {prefix}_file or {prefix}_env, not both")
-    if path:
-        try:
-            with open(path, "rb") as fh:
-                return fh.read().rstrip(b"\r\n")
-        except FileNotFoundError:
-            raise SettingsError(f"{prefix}_file: file not found: {path}") from None
-        except OSError as exc:
-            raise SettingsError(f"{prefix}_file: cannot read {path}: {exc.strerror}") from None
-    if env:
-        value = os.environ.get(env)
-        if value is None:
-            raise SettingsError(f"{prefix}_env: environment variable {env} is not set")
-        return value.encode()
-    return None
+    return read_secret(path, env, prefix, joined(SettingsError))
 
 
 def _name(table: dict[str, Any], seen: set[str]) -> str:

@@ -44,7 +44,6 @@ import ipaddress
 import json
 import logging
 import math
-import os
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -58,6 +57,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from ..broker.core import Broker
 from ..config import AdminConfig, ConfigError, ListenerConfig
 from ..protocol.reasons import ReasonCode
+from ..secret_source import joined, read_secret
 from ..security import FileAuthenticator, is_loopback
 from ..security.authenticator import FailureCounter, KdfBudget, source
 from ..security.dynsec import DynsecAuthorizer
@@ -93,24 +93,9 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def read_token(admin: AdminConfig) -> bytes | None:
-    """The bearer token, from its file or environment variable (ConfigError if empty)."""
-    if admin.token_file:
-        try:
-            lines = Path(admin.token_file).read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"admin.token_file: cannot read {admin.token_file}: {exc}") from None
-        token = lines[0].strip() if lines else ""
-        if not token:
-            raise ConfigError(f"admin.token_file: {admin.token_file} is empty")
-        return token.encode()
-    if admin.token_env:
-        token = os.environ.get(admin.token_env, "").strip()
-        if not token:
-            raise ConfigError(
-                f"admin.token_env: the environment variable {admin.token_env} is not set"
-            )
-        return token.encode()
-    return None
+    """The bearer token, from its file or environment variable (see
+    :mod:`mqttbroker.secret_source`; ConfigError if it cannot be had)."""
+    return read_secret(admin.token_file, admin.token_env, "admin.token", joined(ConfigError))
 
 
 def mqtt_protection(

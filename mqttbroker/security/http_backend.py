@@ -27,7 +27,6 @@ import asyncio
 import hashlib
 import hmac
 import logging
-import os
 import secrets
 import time
 from collections import OrderedDict
@@ -35,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..secret_source import read_secret_text
 from .errors import SecurityFileError
 
 log = logging.getLogger("mqttbroker.security")
@@ -62,23 +62,10 @@ class HttpAuthSettings:
 
 
 def _token(settings: HttpAuthSettings) -> str:
-    if settings.token_file:
-        try:
-            with open(settings.token_file, encoding="utf-8") as file:
-                value = file.read().strip()
-        except OSError as exc:
-            raise SecurityFileError(settings.token_file, f"cannot read: {exc.strerror}") from None
-        if not value:
-            raise SecurityFileError(settings.token_file, "http_auth.token_file is empty")
-        return value
-    if settings.token_env:
-        value = os.environ.get(settings.token_env, "").strip()
-        if not value:
-            raise SecurityFileError(
-                f"${settings.token_env}", "http_auth.token_env: the variable is unset or empty"
-            )
-        return value
-    return ""
+    token = read_secret_text(
+        settings.token_file, settings.token_env, "http_auth.token", SecurityFileError
+    )
+    return token or ""
 
 
 class HttpBackend:

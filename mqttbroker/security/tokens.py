@@ -28,7 +28,6 @@ expires (DISCONNECT 0x87, :meth:`TokenVerifier.expired`).
 from __future__ import annotations
 
 import logging
-import os
 import re
 import time
 from collections.abc import Callable
@@ -36,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..secret_source import read_secret
 from .errors import SecurityFileError
 from .filters import covers, matches, split
 
@@ -121,15 +121,9 @@ def _load_keys(settings: TokenSettings) -> _Keys:
     import jwt
 
     keys = _Keys()
-    if settings.secret_file:
-        keys.secret = _read(settings.secret_file, "JWT secret").strip()
-    elif settings.secret_env:
-        value = os.environ.get(settings.secret_env, "")
-        if not value:
-            raise SecurityFileError(
-                f"${settings.secret_env}", "jwt.secret_env: the variable is unset or empty"
-            )
-        keys.secret = value.encode()
+    keys.secret = read_secret(
+        settings.secret_file, settings.secret_env, "jwt.secret", SecurityFileError
+    )
     if keys.secret is not None and len(keys.secret) < 32:
         where = settings.secret_file or f"${settings.secret_env}"
         raise SecurityFileError(where, "a JWT secret must have at least 32 bytes")

@@ -48,7 +48,7 @@ def write(tmp_path: Path, text: str) -> Path:
         ),
         (
             BRIDGE.format(extra='password_file = "/nonexistent/pw"', filter="a", direction="in"),
-            "bridge[0].password_file: file not found: /nonexistent/pw",
+            "bridge[0].password_file: cannot read /nonexistent/pw: No such file or directory",
         ),
         (
             BRIDGE.format(extra='protocol = "4"', filter="a", direction="in"),
@@ -68,11 +68,11 @@ def write(tmp_path: Path, text: str) -> Path:
         ),
         (
             WEBHOOK.format(url="http://127.0.0.1/x", extra='secret_file = "/nonexistent/s"'),
-            "webhook[0].secret_file: file not found: /nonexistent/s",
+            "webhook[0].secret_file: cannot read /nonexistent/s: No such file or directory",
         ),
         (
             WEBHOOK.format(url="http://127.0.0.1/x", extra='secret_env = "NO_SUCH_VARIABLE_X"'),
-            "webhook[0].secret_env: environment variable NO_SUCH_VARIABLE_X is not set",
+            "webhook[0].secret_env: the environment variable NO_SUCH_VARIABLE_X is not set",
         ),
         (
             WEBHOOK.format(url="http://127.0.0.1/x", extra='events = ["message.lost"]'),

@@ -261,5 +261,7 @@ def test_an_empty_token_variable_is_a_configuration_error(
     from mqttbroker.security.errors import SecurityFileError
 
     monkeypatch.setenv("AUTH_TOKEN", "")
-    with pytest.raises(SecurityFileError, match="token_env"):
+    with pytest.raises(
+        SecurityFileError, match="http_auth.token_env: the environment variable AUTH_TOKEN is empty"
+    ):
         HttpBackend(HttpAuthSettings(enabled=True, url="http://x", token_env="AUTH_TOKEN"))
