@@ -3,14 +3,15 @@
 When a client connects to a node and the lease of its client id (``client:<id>`` in Redis) names
 another node that is alive, the new node asks that one (on its control channel) to hand the
 session over, for the client's user (the request: client id, reply list, Clean Start, user
-name; what needs no session, ``client_id_pattern``, was checked before asking). The old node
-checks the session's owner as one node does (``Broker.check_owner``): another user's session
-is refused (the answer ``{"refused": <reason code>, "reason": <text>}``, its client and it left
-as they were, and the new node refuses the CONNECT with that code and gives the client id back)
-or, where the rules let that user have it, discarded. Otherwise it closes the client's
-connection there (DISCONNECT 0x8E), writes the session in this form to the reply list the new
-node waits on, and forgets it; the new node builds it again and then lets the client's CONNECT
-go on, which resumes it (Session Present 1).
+name, the asking node; what needs no session, ``client_id_pattern``, was checked before
+asking). The old node checks the session's owner as one node does (``Broker.check_owner``):
+another user's session is refused (the answer ``{"refused": <reason code>, "reason": <text>}``,
+its client and it left as they were, and the new node refuses the CONNECT with that code) or,
+where the rules let that user have it, discarded. Otherwise it closes the client's connection
+there (DISCONNECT 0x8E), writes the session in this form to the reply list the new node waits
+on, the client id moving to the new node in the same script (link.REPLY_SCRIPT), and forgets
+it; the new node builds it again and then lets the client's CONNECT go on, which resumes it
+(Session Present 1).
 
 The form is JSON: the session's owner, expiry, subscriptions with their options, its queued and
 in-flight QoS 1/2 messages (each an MQTT 5 PUBLISH, hex) with their packet ids and QoS 2 state,

@@ -73,21 +73,33 @@ redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 return 1
 """
 
-# A hand-over's requester (ARGV[1], asking the node ARGV[2]) gives up waiting: the reply list
-# KEYS[2] is marked abandoned (a late reply is then refused, and its node keeps the session),
-# the client id KEYS[1] goes back to ARGV[2] if still the requester's, and a reply that came
-# meanwhile is returned (to be used all the same).
+# A hand-over's requester gives up waiting: the reply list KEYS[1] is marked abandoned (KEYS[2]:
+# a late answer is then refused, and its node keeps the session), and a reply that came
+# meanwhile is returned (to be used all the same). The client id never moved meanwhile.
 _ABANDON = """
-redis.call('SET', KEYS[3], '1', 'EX', 120)
-if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('SET', KEYS[1], ARGV[2]) end
-return redis.call('LPOP', KEYS[2])
+redis.call('SET', KEYS[2], '1', 'EX', 120)
+return redis.call('LPOP', KEYS[1])
 """
 
-# A hand-over's reply (ARGV[1]) to the list KEYS[1], unless its requester gave up (KEYS[2]):
-# 0 then, and the session stays with the node that answered.
+# A hand-over's answer ARGV[1] from the node ARGV[2] to the node ARGV[3], to the reply list
+# KEYS[1] unless the requester gave up (KEYS[2]). With ARGV[4] "1" (a session, or none: not a
+# refusal) the client id KEYS[3] goes to the requester in the same step, the session with it;
+# if the client id is not the answering node's any more (handed over to another requester just
+# before), the answer is "moved" (the requester looks again). 0: not answered (abandoned, or a
+# session whose client id is not this node's): the session stays with the answering node.
 REPLY_SCRIPT = """
 if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
-redis.call('RPUSH', KEYS[1], ARGV[1])
+local answer = ARGV[1]
+if ARGV[4] == '1' then
+  if redis.call('GET', KEYS[3]) == ARGV[2] then
+    redis.call('SET', KEYS[3], ARGV[3])
+  elseif answer == '' then
+    answer = 'moved'
+  else
+    return 0
+  end
+end
+redis.call('RPUSH', KEYS[1], answer)
 redis.call('EXPIRE', KEYS[1], 60)
 return 1
 """
@@ -193,12 +205,10 @@ class Link:
         """``key`` to ``to`` if ``holder`` has it."""
         await self.redis.eval(_GIVE_BACK_SCRIPT, 1, key, holder, to)
 
-    async def abandon(self, key: str, reply: str, owner: str) -> bytes | None:
-        """A hand-over request to ``owner`` given up (see _ABANDON): a reply that came
-        meanwhile, or None."""
-        found: bytes | None = await self.redis.eval(
-            _ABANDON, 3, key, reply, reply + ":gone", self.node_id, owner
-        )
+    async def abandon(self, reply: str) -> bytes | None:
+        """A hand-over request given up (see _ABANDON): a reply that came meanwhile, or
+        None."""
+        found: bytes | None = await self.redis.eval(_ABANDON, 2, reply, reply + ":gone")
         return found
 
     async def wait_reply(self, reply: str, seconds: float) -> bytes | None:

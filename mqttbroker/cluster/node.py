@@ -633,11 +633,10 @@ class ClusterNode(Backplane):
                     ReasonCode.SERVER_UNAVAILABLE,
                 )
             elif step is Step.ASK:
-                data = await self._ask(client_id, key, owner, clean, username, deadline)
+                data = await self._ask(client_id, owner, clean, username, deadline)
                 kind = answer_kind(data)
                 if kind is Answer.REFUSED:
                     assert data is not None
-                    await link.give_back(key, self.node_id, owner)
                     state = _answer(client_id, data)
                     return MQTTError(state["reason"], state["refused"])
                 if kind is Answer.SESSION:
@@ -646,7 +645,7 @@ class ClusterNode(Backplane):
                     log.info(
                         "cluster: client %s: session taken over from node %r", client_id, owner
                     )
-                if kind is not Answer.SILENT:
+                if kind is not Answer.SILENT and kind is not Answer.MOVED:
                     return None
             found = await link.claim(key)
             if found is None:
@@ -659,26 +658,25 @@ class ClusterNode(Backplane):
     async def _ask(
         self,
         client_id: str,
-        key: str,
         owner: str,
         clean: bool,
         username: str | None,
         deadline: float,
     ) -> bytes | None:
-        """Ask the live node ``owner`` to hand ``client_id``'s session over: its answer, or
-        None if it did not answer by ``deadline`` or was found gone meanwhile (the request is
-        then abandoned: the client id goes back to it, and an answer that comes later is
-        refused in Redis, so that node keeps the session; see link._ABANDON)."""
+        """Ask the live node ``owner`` to hand ``client_id``'s session over: its answer (the
+        client id comes with it, see link.REPLY_SCRIPT), or None if it did not answer by
+        ``deadline`` or was found gone meanwhile (the request is then abandoned: an answer
+        that comes later is refused in Redis, and that node keeps the session)."""
         link = self.link
-        previous = await self.redis.set(key, self.node_id, get=True)
-        if previous is None or previous.decode() != owner:
-            # Changed hands meanwhile: give it back, the caller looks again.
-            back = owner if previous is None else previous.decode()
-            await link.give_back(key, self.node_id, back)
-            return None
         reply = f"{PREFIX}handover:{secrets.token_hex(8)}"
         request = json.dumps(
-            {"client": client_id, "reply": reply, "clean": clean, "user": username}
+            {
+                "client": client_id,
+                "reply": reply,
+                "clean": clean,
+                "user": username,
+                "node": self.node_id,
+            }
         )
         if await self.redis.publish(f"{PREFIX}ctl:{owner}", request):
             while True:  # (in slices: a node found gone meanwhile is adopted at once)
@@ -687,7 +685,7 @@ class ClusterNode(Backplane):
                     return data
                 if link.now() >= deadline or (await link.look(owner))[0]:
                     break
-        return await link.abandon(key, reply, owner)
+        return await link.abandon(reply)
 
     def _restore(self, client_id: str, data: bytes | dict[str, Any], away: bool = False) -> None:
         """A session from another node or from Redis, built here and written afresh there."""
@@ -843,8 +841,8 @@ class ClusterNode(Backplane):
         try:
             request = json.loads(data)
             client_id, reply, clean = request["client"], request["reply"], request["clean"]
-            user = request["user"]
-            if not isinstance(user, str | None):
+            user, requester = request["user"], request["node"]
+            if not isinstance(user, str | None) or not isinstance(requester, str):
                 raise TypeError(user)
         except (ValueError, KeyError, TypeError):
             log.warning("cluster: control request not readable, ignored")
@@ -869,7 +867,7 @@ class ClusterNode(Backplane):
                     exc.message,
                 )
                 refusal = {"refused": exc.reason_code, "reason": exc.message}
-                self._queue(_REPLY, reply, (client_id, json.dumps(refusal).encode()))
+                self._queue(_REPLY, reply, (client_id, json.dumps(refusal).encode(), requester))
                 return
             session = self._disconnect(session)
         if session is not None:
@@ -887,7 +885,7 @@ class ClusterNode(Backplane):
             else:
                 answer = serialise(session, now)
                 forget(broker, session)
-        self._queue(_REPLY, reply, (client_id, answer))
+        self._queue(_REPLY, reply, (client_id, answer, requester))
 
     def _disconnect(self, session: Session) -> Session | None:
         """Close the connection of ``session``'s client here, if any (0x8E: another node has
@@ -980,8 +978,25 @@ class ClusterNode(Backplane):
         routed: set[str] = set()
         streams: dict[str, list[bytes]] = {}  # node -> its QoS 1/2 frames in this batch
         channels: dict[str, list[bytes]] = {}  # node -> its QoS 0 frames
-        replies: list[tuple[int, tuple[str, bytes]]] = []  # hand-overs: (index, their op)
-        # Session changes first: a session handed over (_REPLY) is in Redis as it left here.
+        # Hand-overs first: the client id goes with the session (link.REPLY_SCRIPT), so that
+        # the end of the session here (below) leaves its hash to the node that has it now.
+        replies: list[tuple[int, tuple[str, bytes, str]]] = []  # (index, the op's data)
+        for kind, name, data in ops:
+            if kind == _REPLY:
+                client_id, answer, requester = data
+                gives = "" if answer.startswith(b'{"refused"') else "1"
+                replies.append((len(pipe.command_stack), data))
+                pipe.eval(
+                    REPLY_SCRIPT,
+                    3,
+                    name,
+                    name + ":gone",
+                    f"{PREFIX}client:{client_id}",
+                    answer,
+                    me,
+                    requester,
+                    gives,
+                )
         written = ClusterStore.write_changes(
             pipe, changes, me, PREFIX, self.broker.clock(), self.token
         )
@@ -1011,8 +1026,7 @@ class ClusterNode(Backplane):
             elif kind == _XACK:
                 pipe.xack(self._stream_key, GROUP, *data)
             elif kind == _REPLY:
-                replies.append((len(pipe.command_stack), data))
-                pipe.eval(REPLY_SCRIPT, 2, name, name + ":gone", data[1])
+                pass  # (above)
             elif name not in self.broker.sessions:  # _RELEASE: not if it is back already
                 pipe.eval(RELEASE_SCRIPT, 1, f"{PREFIX}client:{name}", me)
         # The messages for one node go as few entries (or pub/sub messages) as their size allows.
@@ -1031,7 +1045,7 @@ class ClusterNode(Backplane):
                 return False
             if act is Act.REWRITE_LATER:
                 self._not_written(client_id, changes[client_id].session)
-        for index, (client_id, answer) in replies:
+        for index, (client_id, answer, _) in replies:
             if not results[index] and answer and not answer.startswith(b'{"refused"'):
                 # Its requester had given up (see _ABANDON): the session stays here.
                 log.warning(

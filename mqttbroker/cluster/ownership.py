@@ -24,7 +24,9 @@ The protocol:
   :func:`claim_step`): a gone owner is adopted (all its persistent sessions, from Redis, and
   the messages left in its stream); a live owner that listens is asked to hand the session
   over; one that does not answer by the deadline keeps it, and the CONNECT is refused (0x88,
-  the client retries): a new session never starts over one another node has.
+  the client retries): a new session never starts over one another node has. The client id
+  moves with the session, in the script that writes the answer (link.REPLY_SCRIPT): until
+  then it names the node that has the session, so a second claim asks that one.
 - **Fence.** A node whose lease is not surely its own (past ``valid_until``, its liveness
   connection lost, a renewal that found the lease gone or another's) **lapses**: it
   disconnects the clients of its persistent sessions before delivering anything more, answers
@@ -150,6 +152,7 @@ class Answer(Enum):
     NONE = 1  # the node had none (or Clean Start): a new one here
     REFUSED = 2  # another user's: the CONNECT is refused with the node's code
     SILENT = 3  # no answer by the deadline: the request is abandoned, look again
+    MOVED = 4  # handed over to another node just before: look again
 
 
 def answer_kind(data: bytes | None) -> Answer:
@@ -158,6 +161,8 @@ def answer_kind(data: bytes | None) -> Answer:
         return Answer.SILENT
     if not data:
         return Answer.NONE
+    if data == b"moved":
+        return Answer.MOVED
     return Answer.REFUSED if data.startswith(b'{"refused"') else Answer.SESSION
 
 
