@@ -6,6 +6,8 @@ buffer around it; tests do, to build input and read output.
 
 from __future__ import annotations
 
+from typing import Any
+
 from mqttbroker.protocol import fastpath, grammar
 from mqttbroker.protocol import packets as pk
 
@@ -66,3 +68,9 @@ def encode_packet(packet: pk.Packet, version: int) -> bytes:
     if isinstance(packet, (pk.Suback, pk.Unsuback)):
         return fastpath.encode_suback(packet, version)
     return grammar.encode(packet, version)
+
+
+def connect_bytes(client_id: str = "c", level: int = pk.MQTT_5, **fields: Any) -> bytes:
+    """A CONNECT of ``client_id`` at protocol ``level`` (``fields``: those of pk.Connect),
+    encoded with the grammar."""
+    return grammar.encode(pk.Connect(client_id=client_id, protocol_level=level, **fields), level)

@@ -26,6 +26,8 @@ from support.codec import decode_packet
 
 __all__ = [
     "GatedStore",
+    "pair",
+    "window",
     "FakeClock",
     "FakeLink",
     "Harness",
@@ -60,7 +62,8 @@ class FakeClock:
 class FakeLink:
     """A transport that records every write and whether (and how often) it was closed."""
 
-    def __init__(self, on_write: Callable[[bytes], None] | None = None) -> None:
+    def __init__(self, on_write: Callable[[bytes], None] | None = None, keep: bool = True) -> None:
+        self.keep = keep  # False: what is written is dropped (memory measurements)
         self.writes: list[bytes] = []
         self.closed = False
         self.close_calls = 0
@@ -75,7 +78,8 @@ class FakeLink:
             self.writes_after_close += 1
         if self.on_write is not None:
             self.on_write(bytes(data))
-        self.writes.append(bytes(data))
+        if self.keep:
+            self.writes.append(bytes(data))
 
     def close(self) -> None:
         self.closed = True
@@ -389,6 +393,28 @@ class Harness:
         for client in self.clients:
             assert client.link.writes_after_close == 0, client.conn
             assert client.link.close_calls <= 1, client.conn
+
+
+def pair(
+    h: Harness, sub_qos: int = 2, topic_filter: str = "t", **connect: Any
+) -> tuple[Client, Client]:
+    """A subscriber on ``topic_filter`` (``connect``: its CONNECT's options) and a publisher."""
+    subscriber = h.connect("sub", **connect)
+    assert subscriber.subscribe(topic_filter, sub_qos)[0].reason_codes == [sub_qos]
+    publisher = h.connect("pub")
+    return subscriber, publisher
+
+
+def window(h: Harness, client_id: str = "sub", **props: int) -> Client:
+    """A subscriber to ``t`` at QoS 2 with a receive window of one message (``props``: more
+    CONNECT properties by name, ``maximum_packet_size=...``)."""
+    properties = {
+        Prop.RECEIVE_MAXIMUM: 1,
+        **{getattr(Prop, k.upper()): v for k, v in props.items()},
+    }
+    client = h.connect(client_id, properties=properties)
+    client.subscribe("t", 2)
+    return client
 
 
 # -- stand-ins for the security edge -----------------------------------------------------------
