@@ -5,17 +5,9 @@ subscriptions, properties forwarded unchanged."""
 from __future__ import annotations
 
 import pytest
-from support.harness import Harness, Prop, pk, split_raw
+from support.harness import Harness, Prop, pair, pk, split_raw
 
 MQTT_3_1_1 = 4
-
-
-def pair(h: Harness, sub_qos: int = 2, topic_filter: str = "t", **connect: object):  # type: ignore[no-untyped-def]
-    """A subscriber on ``topic_filter`` and a publisher."""
-    subscriber = h.connect("sub", **connect)  # type: ignore[arg-type]
-    assert subscriber.subscribe(topic_filter, sub_qos)[0].reason_codes == [sub_qos]
-    publisher = h.connect("pub")
-    return subscriber, publisher
 
 
 def test_qos0_flow(h: Harness) -> None:

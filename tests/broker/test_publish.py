@@ -14,6 +14,7 @@ from support.harness import (
     AllowAll,
     Harness,
     Prop,
+    pair,
     pk,
 )
 
@@ -27,14 +28,6 @@ def disconnected_with(client, code: int) -> None:  # type: ignore[no-untyped-def
     received = client.receive()
     assert [(type(p), p.reason_code) for p in received] == [(pk.Disconnect, code)], received
     assert client.closed
-
-
-def pair(h: Harness, sub_qos: int = 2, topic_filter: str = "t", **connect: object):  # type: ignore[no-untyped-def]
-    """A subscriber on ``topic_filter`` and a publisher."""
-    subscriber = h.connect("sub", **connect)  # type: ignore[arg-type]
-    assert subscriber.subscribe(topic_filter, sub_qos)[0].reason_codes == [sub_qos]
-    publisher = h.connect("pub")
-    return subscriber, publisher
 
 
 class _PublishOnlyTo:

@@ -1,10 +1,11 @@
-"""The retained-message store on its own (section 3.3.1.3): one message per topic, replaced by a
-newer one, cleared by an empty payload, matched by wildcard filters with the '$' rule, expired
-messages removed instead of returned."""
+"""broker/retained.py: retained messages (section 3.3.1.3): the store on its own (one message per
+topic, replaced, cleared by an empty payload, wildcard matching with the '$' rule, expiry) and
+through the broker."""
 
 from __future__ import annotations
 
 import pytest
+from support.harness import Harness, Prop
 
 from mqttbroker.broker.message import Message
 from mqttbroker.broker.retained import RetainedStore
@@ -16,6 +17,9 @@ def retained(topic: str, payload: bytes = b"v", expires_at: float | None = None)
 
 def topics(store: RetainedStore, topic_filter: str, now: float = 0.0) -> list[str]:
     return sorted(m.topic for m in store.match(topic_filter, now))
+
+
+TOPICS = ["a", "a/b", "a/b/c", "a//c", "/a", "a/", "/", "b", "$SYS/load", "$SYS", "$x/a", "x/$y"]
 
 
 def test_store_and_get() -> None:
@@ -73,9 +77,6 @@ def test_clear_keeps_parent_and_children() -> None:
     # Storing again after everything was pruned works.
     store.store(retained("a/b"))
     assert topics(store, "a/+") == ["a/b"]
-
-
-TOPICS = ["a", "a/b", "a/b/c", "a//c", "/a", "a/", "/", "b", "$SYS/load", "$SYS", "$x/a", "x/$y"]
 
 
 @pytest.mark.parametrize(
@@ -139,3 +140,56 @@ def test_expired_message_replaced_while_matching_stays_replaced() -> None:
     store.store(newer)
     assert list(found) == []
     assert store.get("a/old") is newer
+
+
+def test_retained_cleared_by_empty_payload(h: Harness) -> None:
+    """[MQTT-3.3.1-6] [MQTT-3.3.1-7] An empty retained PUBLISH is delivered to current
+    subscribers as usual and removes the retained message; later subscribers get nothing."""
+    watcher = h.connect("watcher")
+    watcher.subscribe("r", 1)
+    publisher = h.connect("pub")
+    publisher.publish("r", b"value", 1, retain=True)
+    publisher.publish("r", b"", 1, retain=True)
+    assert [p.payload for p in watcher.publishes()] == [b"value", b""]
+    assert len(h.broker.router.retained) == 0
+    late = h.connect("late")
+    assert late.subscribe("r", 1)[1:] == []
+
+
+def test_non_retained_publish_leaves_retained_alone(h: Harness) -> None:
+    """[MQTT-3.3.1-8] RETAIN 0 neither stores nor replaces nor clears the retained message."""
+    publisher = h.connect("pub")
+    publisher.publish("r", b"kept", 1, retain=True)
+    publisher.publish("r", b"live", 1)
+    publisher.publish("r", b"", 1)
+    publisher.publish("fresh", b"live", 1)
+    client = h.connect("c1")
+    assert [p.payload for p in client.subscribe("#", 1)[1:]] == [b"kept"]
+
+
+def test_retained_message_expiry(h: Harness) -> None:
+    """[MQTT-3.3.2-5] [MQTT-3.3.2-6] A retained message with a Message Expiry Interval is sent
+    with the remaining interval, and not at all once expired."""
+    publisher = h.connect("pub")
+    publisher.publish("r", b"v", 1, retain=True, properties={Prop.MESSAGE_EXPIRY_INTERVAL: 10})
+    h.tick(4)
+    early = h.connect("early")
+    (message,) = early.subscribe("r", 1)[1:]
+    assert message.properties[Prop.MESSAGE_EXPIRY_INTERVAL] == 6
+    h.tick(6)
+    late = h.connect("late")
+    assert late.subscribe("r", 1)[1:] == []
+
+
+def test_cleared_retained_topic_leaves_no_empty_levels(h: Harness) -> None:
+    """Clearing a retained message removes the levels of its topic that hold nothing else,
+    so that retained topics come and go without the tree growing."""
+    client = h.connect("c")
+    client.publish("a/b/c", b"x", retain=True)
+    client.publish("a/d", b"y", retain=True)
+    retained = h.broker.router.retained
+    client.publish("a/b/c", b"", retain=True)
+    assert list(retained._root.children) == ["a"]
+    assert list(retained._root.children["a"].children) == ["d"]
+    client.publish("a/d", b"", retain=True)
+    assert retained._root.children == {} and len(retained) == 0

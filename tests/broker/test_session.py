@@ -13,20 +13,14 @@ from support.harness import (
     Client,
     Harness,
     Prop,
+    pair,
     pk,
+    window,
 )
 
 from mqttbroker.broker.session import DROP_LOG_INTERVAL
 
 EXPIRY = {Prop.SESSION_EXPIRY_INTERVAL: 300}  # a session that outlives its connection
-
-
-def pair(h: Harness, sub_qos: int = 2, topic_filter: str = "t", **connect: object):  # type: ignore[no-untyped-def]
-    """A subscriber on ``topic_filter`` and a publisher."""
-    subscriber = h.connect("sub", **connect)  # type: ignore[arg-type]
-    assert subscriber.subscribe(topic_filter, sub_qos)[0].reason_codes == [sub_qos]
-    publisher = h.connect("pub")
-    return subscriber, publisher
 
 
 def come_back(h: Harness, receive_maximum: int):  # type: ignore[no-untyped-def]
@@ -58,17 +52,6 @@ def summary(packets: list[Any]) -> list[tuple[str, Any, Any]]:
     return [
         (type(p).__name__, getattr(p, "packet_id", None), getattr(p, "dup", None)) for p in packets
     ]
-
-
-def window(h: Harness, client_id: str = "sub", **props: int) -> Client:
-    """A subscriber to ``t`` at QoS 2 with a receive window of one message."""
-    properties = {
-        Prop.RECEIVE_MAXIMUM: 1,
-        **{getattr(Prop, k.upper()): v for k, v in props.items()},
-    }
-    client = h.connect(client_id, properties=properties)
-    client.subscribe("t", 2)
-    return client
 
 
 PERSISTENT = {Prop.SESSION_EXPIRY_INTERVAL: 100}

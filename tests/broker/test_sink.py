@@ -1,17 +1,45 @@
-"""Integrations as sinks (broker/sink.py): a session under a reserved client id that queues what
-its subscriptions match, QoS 0 too, wakes its sink, and lets go of a delivery only when told;
-and no network client may take such a client id."""
+"""broker/sink.py: integrations as sinks: a session under a reserved client id that queues what its
+subscriptions match, wakes its sink and lets go of a delivery only when told, publishes through the
+same checks as a client, and retires."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import pytest
-from support.harness import MQTT_5, AllowAll, Harness, pk
+from support.harness import (
+    MQTT_5,
+    AllowAll,
+    Harness,
+    Prop,
+    pk,
+)
 
 from mqttbroker.broker.sink import Outbox, Sink, retire
 from mqttbroker.protocol import grammar
 from mqttbroker.protocol.reasons import ReasonCode
+
+
+class Rules(AllowAll):
+    """An authorizer: ``users`` may publish and read everything but ``secret/#``."""
+
+    generation = 0
+
+    def __init__(self) -> None:
+        self.denied = "secret/"
+        self.calls: list[tuple[str, str | None, str]] = []
+
+    def can_publish(self, client_id: str, username: str | None, topic: str) -> bool:
+        self.calls.append((client_id, username, topic))
+        return not topic.startswith(self.denied)
+
+    def can_subscribe(self, client_id: str, username: str | None, topic_filter: str) -> bool:
+        return not topic_filter.startswith(self.denied)
+
+    def can_read(self, client_id: str, username: str | None, topic: str) -> bool:
+        self.calls.append((client_id, username, topic))
+        return not topic.startswith(self.denied)
 
 
 class Recorder(Sink):
@@ -20,6 +48,93 @@ class Recorder(Sink):
 
     def wake(self) -> None:
         self.wakes += 1
+
+
+class NothingReadable(AllowAll):
+    generation = 1
+
+    def can_subscribe(self, client_id: str, username: str | None, topic_filter: str) -> bool:
+        return False
+
+
+class Quiet(Sink):
+    def wake(self) -> None:
+        pass
+
+
+def test_integration_publish_is_authorized_as_its_session(h: Harness) -> None:
+    rules = Rules()
+    h.broker.authorizer = rules
+    outbox = Outbox(h.broker, "$bridge/b", Recorder(), 10, 1 << 20)
+    outbox.session.username = "bridge-user"
+    denied = h.broker.denied
+    assert outbox.publish("secret/in", b"x", 1, False, None) == ReasonCode.NOT_AUTHORIZED
+    assert h.broker.denied == denied + 1
+    assert rules.calls == [("$bridge/b", "bridge-user", "secret/in")]
+    assert outbox.publish("open/in", b"x", 1, False, None) == ReasonCode.NO_MATCHING_SUBSCRIBERS
+
+
+def test_integration_retain_follows_retain_available(make_harness: Callable[..., Harness]) -> None:
+    """Retain Available 0: an integration's retained message is forwarded, not kept."""
+    h = make_harness(retain_available=False)
+    outbox = Outbox(h.broker, "$bridge/b", Recorder(), 10, 1 << 20)
+    assert outbox.publish("r", b"x", 1, True, None) == ReasonCode.NO_MATCHING_SUBSCRIBERS
+    assert len(h.broker.router.retained) == 0
+    h = make_harness()
+    outbox = Outbox(h.broker, "$bridge/b", Recorder(), 10, 1 << 20)
+    outbox.publish("r", b"x", 1, True, None)
+    assert len(h.broker.router.retained) == 1
+
+
+def test_integration_retained_limit(make_harness: Callable[..., Harness]) -> None:
+    """max_retained: the integration may replace or clear a retained topic at the limit, not
+    add one (0x97)."""
+    h = make_harness(max_retained=2)
+    outbox = Outbox(h.broker, "$bridge/b", Recorder(), 10, 1 << 20)
+    assert outbox.publish("r/1", b"x", 0, True, None) < 0x80
+    assert outbox.publish("r/2", b"x", 0, True, None) < 0x80
+    assert outbox.publish("r/3", b"x", 0, True, None) == ReasonCode.QUOTA_EXCEEDED
+    assert outbox.publish("r/1", b"new", 0, True, None) < 0x80
+    assert outbox.publish("r/2", b"", 0, True, None) < 0x80  # cleared
+    assert outbox.publish("r/3", b"x", 0, True, None) < 0x80
+    assert sorted(m.topic for m in h.broker.router.retained.match("r/#", h.clock())) == [
+        "r/1",
+        "r/3",
+    ]
+
+
+def test_outbox_done_refills_nothing_but_frees_its_id(h: Harness) -> None:
+    outbox = Outbox(h.broker, "$webhook/w", Recorder(), 10, 1 << 20)
+    outbox.subscribe({"a": 1})
+    h.connect("pub").publish("a", b"1", 1)
+    taken = outbox.take()
+    assert taken is not None
+    assert outbox.done(taken[0]) and not outbox.done(taken[0])
+    assert outbox.pending == 0
+
+
+def test_outbox_take_drops_expired(h: Harness) -> None:
+    """[MQTT-3.3.2-5] A queued message whose expiry passed is not handed to the integration."""
+    outbox = Outbox(h.broker, "$webhook/w", Recorder(), 10, 1 << 20)
+    outbox.subscribe({"a": 1})
+    pub = h.connect("pub")
+    pub.publish("a", b"old", 1, properties={Prop.MESSAGE_EXPIRY_INTERVAL: 5})
+    pub.publish("a", b"new", 1)
+    h.clock.advance(6)
+    taken = outbox.take()
+    assert taken is not None and taken[1].message.payload == b"new"
+    assert outbox.take() is None and outbox.session.queued_bytes == 0
+
+
+def test_retire_logs_what_it_removes(h: Harness, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="mqttbroker.sink")
+    Outbox(h.broker, "$bridge/old", Recorder(), 10, 1 << 20)
+    Outbox(h.broker, "$bridge/kept", Recorder(), 10, 1 << 20)
+    retire(h.broker, {"$bridge/kept"})
+    assert "$bridge/old" not in h.broker.sessions and "$bridge/kept" in h.broker.sessions
+    assert [r.getMessage() for r in caplog.records] == [
+        "$bridge/old is no longer configured: its session and queue are removed"
+    ]
 
 
 @pytest.mark.parametrize("client_id", ["$bridge/x", "$webhook/hook"])
@@ -101,13 +216,6 @@ def test_publisher_recorded_only_when_asked(h: Harness) -> None:
     ]
 
 
-class NothingReadable(AllowAll):
-    generation = 1
-
-    def can_subscribe(self, client_id: str, username: str | None, topic_filter: str) -> bool:
-        return False
-
-
 def test_rules_reload_leaves_integration_subscriptions(h: Harness) -> None:
     """SIGHUP rechecks what clients subscribed; an integration's rules are the operator's."""
     outbox = Outbox(h.broker, "$bridge/b", Recorder(), 10, 1 << 20)
@@ -115,3 +223,31 @@ def test_rules_reload_leaves_integration_subscriptions(h: Harness) -> None:
     h.broker.authorizer = NothingReadable()
     assert h.broker.recheck_subscriptions() == 0
     assert list(outbox.session.subscriptions) == ["a/#"]
+
+
+def test_integration_subscribes_at_its_qos_and_publishes_properties(h: Harness) -> None:
+    outbox = Outbox(h.broker, "$bridge/b", Quiet(), 10, 1 << 20)
+    outbox.subscribe({"in/#": 1})
+    h.connect("pub").publish("in/1", b"x", 2)
+    taken = outbox.take()
+    assert taken is not None and taken[1].qos == 1
+    watcher = h.connect("w")
+    watcher.subscribe("out/#", 1)
+    props = {Prop.USER_PROPERTY: [("origin", "remote")], Prop.CONTENT_TYPE: "text/plain"}
+    assert outbox.publish("out/1", b"y", 1, False, props) == 0
+    (message,) = watcher.publishes()
+    assert message.properties[Prop.USER_PROPERTY] == [("origin", "remote")]
+    assert message.properties[Prop.CONTENT_TYPE] == "text/plain"
+
+
+def test_integration_message_with_expiry(h: Harness) -> None:
+    class Quiet(Sink):
+        def wake(self) -> None:
+            pass
+
+    watcher = h.connect("w")
+    watcher.subscribe("out", 1)
+    outbox = Outbox(h.broker, "$bridge/b", Quiet(), 10, 1 << 20)
+    outbox.publish("out", b"x", 1, False, {Prop.MESSAGE_EXPIRY_INTERVAL: 30})
+    (message,) = watcher.publishes()
+    assert message.properties[Prop.MESSAGE_EXPIRY_INTERVAL] == 30

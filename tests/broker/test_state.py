@@ -10,6 +10,7 @@ from functools import partial
 from typing import Any
 
 import pytest
+from support.codec import connect_bytes
 from support.harness import METHOD, MQTT_5, Harness, Offload, Prop, ToyAuthenticator, pk
 
 from mqttbroker.broker import state as st
@@ -58,10 +59,6 @@ class _Claims(Backplane):
         pending, self.pending = self.pending, []
         for done in pending:
             done()
-
-
-def connect_bytes(client_id: str = "c", level: int = MQTT_5, **kwargs: object) -> bytes:
-    return grammar.encode(pk.Connect(client_id=client_id, protocol_level=level, **kwargs), level)  # type: ignore[arg-type]
 
 
 def test_the_tables_cover_every_state_and_closed_is_final() -> None:
