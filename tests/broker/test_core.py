@@ -13,6 +13,7 @@ import pytest
 from support.harness import (
     AllowAll,
     Client,
+    DenySecret,
     FakeClock,
     FakeLink,
     Harness,
@@ -114,27 +115,6 @@ def _connect(h: Harness, client_id: str, certificate: str | None, claimed: str |
 class Recorder(Sink):
     def wake(self) -> None:
         pass
-
-
-class Rules(AllowAll):
-    """An authorizer: ``users`` may publish and read everything but ``secret/#``."""
-
-    generation = 0
-
-    def __init__(self) -> None:
-        self.denied = "secret/"
-        self.calls: list[tuple[str, str | None, str]] = []
-
-    def can_publish(self, client_id: str, username: str | None, topic: str) -> bool:
-        self.calls.append((client_id, username, topic))
-        return not topic.startswith(self.denied)
-
-    def can_subscribe(self, client_id: str, username: str | None, topic_filter: str) -> bool:
-        return not topic_filter.startswith(self.denied)
-
-    def can_read(self, client_id: str, username: str | None, topic: str) -> bool:
-        self.calls.append((client_id, username, topic))
-        return not topic.startswith(self.denied)
 
 
 def test_will_published_on_connection_lost(h: Harness) -> None:
@@ -1019,7 +999,7 @@ def test_session_of_another_user_discarded_and_logged(
 def test_recheck_drops_queued_messages_no_longer_readable(h: Harness) -> None:
     """A session with only queued messages (none in flight): those it may no longer read go,
     the others stay; an integration's session before it does not stop the recheck."""
-    rules = Rules()
+    rules = DenySecret()
     rules.denied = "nothing/"
     h.broker.authorizer = rules
     outbox = Outbox(h.broker, "$bridge/b", Recorder(), 10, 1 << 20)

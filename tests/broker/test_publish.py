@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from support.harness import (
     AllowAll,
+    DenySecret,
     Harness,
     Prop,
     pair,
@@ -58,27 +59,6 @@ PERSISTENT = {Prop.SESSION_EXPIRY_INTERVAL: 100}
 
 
 POWERS_OF_TWO = [1, 2, 4, 8]
-
-
-class Rules(AllowAll):
-    """An authorizer: ``users`` may publish and read everything but ``secret/#``."""
-
-    generation = 0
-
-    def __init__(self) -> None:
-        self.denied = "secret/"
-        self.calls: list[tuple[str, str | None, str]] = []
-
-    def can_publish(self, client_id: str, username: str | None, topic: str) -> bool:
-        self.calls.append((client_id, username, topic))
-        return not topic.startswith(self.denied)
-
-    def can_subscribe(self, client_id: str, username: str | None, topic_filter: str) -> bool:
-        return not topic_filter.startswith(self.denied)
-
-    def can_read(self, client_id: str, username: str | None, topic: str) -> bool:
-        self.calls.append((client_id, username, topic))
-        return not topic.startswith(self.denied)
 
 
 def counts_logged(caplog: pytest.LogCaptureFixture, marker: str) -> list[int]:
@@ -486,7 +466,7 @@ def test_denied_publishes_logged_at_powers_of_two(
     h: Harness, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="mqttbroker.connection")
-    h.broker.authorizer = Rules()
+    h.broker.authorizer = DenySecret()
     client = h.connect("c")
     for _ in range(9):
         client.publish("secret/x", b"no", 1)

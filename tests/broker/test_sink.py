@@ -11,6 +11,7 @@ import pytest
 from support.harness import (
     MQTT_5,
     AllowAll,
+    DenySecret,
     Harness,
     Prop,
     pk,
@@ -19,27 +20,6 @@ from support.harness import (
 from mqttbroker.broker.sink import Outbox, Sink, retire
 from mqttbroker.protocol import grammar
 from mqttbroker.protocol.reasons import ReasonCode
-
-
-class Rules(AllowAll):
-    """An authorizer: ``users`` may publish and read everything but ``secret/#``."""
-
-    generation = 0
-
-    def __init__(self) -> None:
-        self.denied = "secret/"
-        self.calls: list[tuple[str, str | None, str]] = []
-
-    def can_publish(self, client_id: str, username: str | None, topic: str) -> bool:
-        self.calls.append((client_id, username, topic))
-        return not topic.startswith(self.denied)
-
-    def can_subscribe(self, client_id: str, username: str | None, topic_filter: str) -> bool:
-        return not topic_filter.startswith(self.denied)
-
-    def can_read(self, client_id: str, username: str | None, topic: str) -> bool:
-        self.calls.append((client_id, username, topic))
-        return not topic.startswith(self.denied)
 
 
 class Recorder(Sink):
@@ -63,7 +43,7 @@ class Quiet(Sink):
 
 
 def test_integration_publish_is_authorized_as_its_session(h: Harness) -> None:
-    rules = Rules()
+    rules = DenySecret()
     h.broker.authorizer = rules
     outbox = Outbox(h.broker, "$bridge/b", Recorder(), 10, 1 << 20)
     outbox.session.username = "bridge-user"

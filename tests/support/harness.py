@@ -26,6 +26,8 @@ from support.codec import decode_packet
 
 __all__ = [
     "GatedStore",
+    "AllowAll",
+    "DenySecret",
     "pair",
     "window",
     "FakeClock",
@@ -494,6 +496,27 @@ class AllowAll:
 
     def needs_read_check(self, client_id: str, username: str | None, topic_filter: str) -> bool:
         return False
+
+
+class DenySecret(AllowAll):
+    """An authorizer: ``users`` may publish and read everything but ``secret/#``."""
+
+    generation = 0
+
+    def __init__(self) -> None:
+        self.denied = "secret/"
+        self.calls: list[tuple[str, str | None, str]] = []
+
+    def can_publish(self, client_id: str, username: str | None, topic: str) -> bool:
+        self.calls.append((client_id, username, topic))
+        return not topic.startswith(self.denied)
+
+    def can_subscribe(self, client_id: str, username: str | None, topic_filter: str) -> bool:
+        return not topic_filter.startswith(self.denied)
+
+    def can_read(self, client_id: str, username: str | None, topic: str) -> bool:
+        self.calls.append((client_id, username, topic))
+        return not topic.startswith(self.denied)
 
 
 class GatedStore(Store):
