@@ -32,7 +32,7 @@ five actions:
 - ``drop_node``: HAProxy's ``shutdown sessions server`` for one node: all its connections cut.
 
 Then every process is made whole (running, not stopped) and the run drains: until every
-device is connected with nothing left to acknowledge and nothing delivered for 5 s, at most
+device is connected with nothing left to acknowledge and nothing delivered for 10 s, at most
 ``--drain`` seconds. The checker (chaos_check.py) then reports; the figures go to
 ``benchmarks/results/chaos-<time>-<broker>.json`` and a table, the exit status is 1 when a
 goal was missed (lost, QoS 2 duplicates, order violations, double owners) or a nemesis kind
@@ -67,7 +67,7 @@ from .runner import RESULTS
 NEMESIS_KINDS = ("kill_node", "pause_node", "restart_redis", "kill_redis", "drop_node")
 NODES = ("n1", "n2", "n3")
 START_TIMEOUT = 60.0  # a node's start, retried while its old lease holds its id
-QUIET = 5.0  # the drain ends once nothing was delivered for this long (and all is acknowledged)
+QUIET = 10.0  # the drain ends once nothing was delivered for this long (and all is acknowledged)
 AEDES_DIR = REPO / "benchmarks" / "aedes"
 
 
@@ -114,6 +114,7 @@ class Cluster:
     haproxy: subprocess.Popen[bytes] | None = None
     log_port: int = 0
     starts: dict[str, int] = field(default_factory=dict)
+    busy: set[str] = field(default_factory=set)  # nodes the nemesis or supervisor is handling
 
     # -- Redis --------------------------------------------------------------------------------
 
@@ -331,6 +332,23 @@ class Options:
     history: bool = True
 
 
+async def supervise(cluster: Cluster, recorder: Recorder) -> None:
+    """A node that ended on its own (not by the nemesis) is recorded as a crash and started
+    again, as a service manager would."""
+    while True:
+        await asyncio.sleep(0.5)
+        for name, proc in list(cluster.nodes.items()):
+            if name in cluster.busy or proc.poll() is None:
+                continue
+            recorder.add("crash", name, proc.returncode)
+            print(f"  {recorder.clock():7.1f} s node {name} ended by itself ({proc.returncode})")
+            cluster.busy.add(name)
+            try:
+                await cluster.start_node(name)
+            finally:
+                cluster.busy.discard(name)
+
+
 async def nemesis(
     cluster: Cluster,
     recorder: Recorder,
@@ -347,7 +365,8 @@ async def nemesis(
             kinds = list(NEMESIS_KINDS)
             rng.shuffle(kinds)
         kind = kinds.pop()
-        node = rng.choice(NODES)
+        node = rng.choice([n for n in NODES if n not in cluster.busy] or list(NODES))
+        cluster.busy.add(node)
         target = "redis" if "redis" in kind else node
         started = recorder.clock()
         ok = False
@@ -385,6 +404,8 @@ async def nemesis(
                     detail["answer"] = answer
         except Exception as exc:  # recorded, and the run goes on
             detail["error"] = repr(exc)
+        finally:
+            cluster.busy.discard(node)
         recorder.events.append((started, "nemesis", kind, target, recorder.clock(), ok, detail))
         print(
             f"  {started:7.1f} s nemesis {kind} {target}: {'ok' if ok else 'FAILED'} {detail}",
@@ -454,8 +475,12 @@ async def run(opts: Options) -> dict[str, Any]:
         timings["setup_s"] = recorder.clock()
         until = time.monotonic() + opts.duration
         publishers = [asyncio.ensure_future(d.publish_loop(until)) for d in devices]
-        await nemesis(cluster, recorder, until, opts, rng)
-        await asyncio.gather(*publishers)
+        supervisor = asyncio.ensure_future(supervise(cluster, recorder))
+        try:
+            await nemesis(cluster, recorder, until, opts, rng)
+            await asyncio.gather(*publishers)
+        finally:
+            supervisor.cancel()
         await cluster.heal()
         timings["chaos_end_s"] = recorder.clock()
         timings["drain_s"] = round(await drain(devices, recorder, opts.drain), 1)
@@ -469,6 +494,7 @@ async def run(opts: Options) -> dict[str, Any]:
         transport.close()
     end = recorder.clock()
     nodes = attribute_nodes(recorder.events, log.lines)
+    recorder.events += [(0.0, "node", c, conn, node) for (c, conn), node in nodes.items()]
     result = chaos_check.check(recorder.events, end=end, nodes=nodes)
     result["broker"] = opts.broker
     result["config"] = {
@@ -503,6 +529,15 @@ async def run(opts: Options) -> dict[str, Any]:
     if not keep:
         shutil.rmtree(workdir, ignore_errors=True)
     return result
+
+
+async def _main(opts: Options) -> dict[str, Any]:
+    """``run``, cancelled (so that it stops all it started) on SIGTERM or SIGINT."""
+    task = asyncio.ensure_future(run(opts))
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
+    return await task
 
 
 GOALS = ("lost", "qos2_duplicates", "order_violations", "double_owners")
@@ -557,7 +592,7 @@ def main(argv: list[str] | None = None) -> int:
         out=args.out,
         history=not args.no_history,
     )
-    result = asyncio.run(run(opts))
+    result = asyncio.run(_main(opts))
     print()
     print(chaos_check.table({opts.broker: result}))
     examples = result["examples"]

@@ -16,6 +16,8 @@ A history is a list of tuples, each ``(t, kind, ...)`` with ``t`` on one monoton
     ("zombie_deliver", subscriber, topic, publisher, seq, qos, conn)  # on a given-up conn
     ("session_end", client)                          # the device ended its session itself
     ("nemesis", kind, target, t_end, ok, detail)
+    ("node", client, conn, node)                     # which node the connection went to
+    ("crash", node, exit_code)                       # a node ended by itself (restarted)
 
 Definitions:
 
@@ -64,6 +66,20 @@ def _nemesis_at(nemesis: list[Event], t: float, before: float = 30.0) -> str | N
     return best
 
 
+def _node_at(
+    connacks: dict[str, list[tuple[float, int]]],
+    nodes: dict[tuple[str, int], str],
+    client: str,
+    t: float,
+) -> str | None:
+    """The node of ``client``'s connection at ``t`` (its last CONNACK before), when known."""
+    conn = None
+    for t_c, c in connacks.get(client, ()):
+        if t_c <= t:
+            conn = c
+    return None if conn is None else nodes.get((client, conn))
+
+
 def check(
     history: Sequence[Event],
     end: float | None = None,
@@ -74,7 +90,10 @@ def check(
     events = sorted(history, key=lambda e: e[0])
     if end is None:
         end = float(events[-1][0]) if events else 0.0
-    nodes = nodes or {}
+    nodes = dict(nodes or {})
+    for event in events:
+        if event[1] == "node":  # ("node", client, conn, node): saved with the history
+            nodes.setdefault((event[2], event[3]), event[4])
     nemesis = [e for e in events if e[1] == "nemesis"]
 
     first_send: dict[tuple[str, int], float] = {}
@@ -91,9 +110,11 @@ def check(
     highest: dict[tuple[str, str], int] = {}
     wrong_sp: list[dict[str, Any]] = []
     connacks: dict[str, list[tuple[float, int]]] = defaultdict(list)
+    session_lost: dict[str, list[float]] = defaultdict(list)  # Session Present 0, expected 1
     lost_conn: dict[str, list[float]] = defaultdict(list)
     connect_fails: list[float] = []
     zombies: list[Event] = []
+    crashes = 0
     deliveries = 0
     abandoned = 0
     sends = 0
@@ -143,6 +164,8 @@ def check(
         elif kind == "connack":
             _, _, client, conn, sp, expected, _port = event
             connacks[client].append((t, conn))
+            if expected and not sp:
+                session_lost[client].append(t)
             if bool(sp) != bool(expected):
                 wrong_sp.append(
                     {
@@ -161,6 +184,8 @@ def check(
             connect_fails.append(t - event[3])
         elif kind == "zombie_deliver":
             zombies.append(event)
+        elif kind == "crash":
+            crashes += 1
 
     # Lost: acknowledged, the subscriber's session alive, never delivered.
     lost: list[dict[str, Any]] = []
@@ -174,6 +199,7 @@ def check(
             if subscribed_at[sub] > sent or session_end.get(sub, end + 1) <= end:
                 continue
             if delivered.get((sub, topic, seq), 0) == 0:
+                publisher = topic.split("/")[1] if topic.count("/") == 2 else topic
                 lost.append(
                     {
                         "subscriber": sub,
@@ -183,6 +209,9 @@ def check(
                         "sent": round(sent, 3),
                         "acked": round(t_ack, 3),
                         "nemesis": _nemesis_at(nemesis, t_ack),
+                        "subscriber_node": _node_at(connacks, nodes, sub, sent),
+                        "publisher_node": _node_at(connacks, nodes, publisher, sent),
+                        "session_lost_after": any(t >= sent for t in session_lost.get(sub, ())),
                     }
                 )
 
@@ -250,6 +279,7 @@ def check(
         "deliveries": deliveries,
         "lost": len(lost),
         "lost_messages": len({(x["topic"], x["seq"]) for x in lost}),
+        "lost_session_kept": sum(not x["session_lost_after"] for x in lost),
         "qos2_duplicates": len(qos2_dups),
         "qos1_duplicates": qos1_dups,
         "order_violations": len(order),
@@ -262,11 +292,16 @@ def check(
         "double_owners": len(doubles),
         "zombie_deliveries": len(zombies),
         "nemesis": nemesis_summary,
+        "node_crashes": crashes,
         "examples": {
             "lost": lost[:EXAMPLES],
             "lost_by_subscriber": _count(x["subscriber"] for x in lost),
             "lost_by_publisher": _count(x["topic"] for x in lost),
             "lost_by_nemesis": _count(str(x["nemesis"]) for x in lost),
+            "lost_session_kept_by_nemesis": _count(
+                str(x["nemesis"]) for x in lost if not x["session_lost_after"]
+            ),
+            "lost_by_subscriber_node": _count(str(x["subscriber_node"]) for x in lost),
             "qos2_duplicates": qos2_dups[:EXAMPLES],
             "order_violations": order[:EXAMPLES],
             "wrong_session_present": wrong_sp[:EXAMPLES],
@@ -287,6 +322,7 @@ TABLE_ROWS = [
     ("  of them QoS 1 / QoS 2", None),
     ("lost (acknowledged, never delivered)", "lost"),
     ("  distinct messages", "lost_messages"),
+    ("  of them, session kept (Session Present 1)", "lost_session_kept"),
     ("QoS 2 duplicates", "qos2_duplicates"),
     ("order violations (MQTT 4.6)", "order_violations"),
     ("wrong Session Present", "wrong_session_present"),
@@ -296,6 +332,7 @@ TABLE_ROWS = [
     ("QoS 1 duplicates (allowed)", "qos1_duplicates"),
     ("reconnects", "reconnects"),
     ("connect attempts failed", "connect_failures"),
+    ("nodes that ended by themselves", "node_crashes"),
 ]
 
 
@@ -322,3 +359,23 @@ def table(results: dict[str, dict[str, Any]]) -> str:
             cells.append(f"{row['done']}" + (f" ({row['failed']} failed)" if row["failed"] else ""))
         lines.append(f"{'nemesis: ' + kind:{width}}" + "".join(f"{c:>14}" for c in cells))
     return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m benchmarks.chaos_check HISTORY.jsonl.gz``: check a saved history again."""
+    import gzip
+    import json
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    with gzip.open(args[0], "rt") as fh:
+        history = [tuple(json.loads(line)) for line in fh]
+    result = check(history)
+    print(table({"history": result}))
+    for key in ("lost_by_nemesis", "lost_session_kept_by_nemesis", "lost_by_subscriber_node"):
+        print(f"  {key}: {result['examples'][key]}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

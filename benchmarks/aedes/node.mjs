@@ -14,9 +14,13 @@ const redisEmitter = require('mqemitter-redis')
 const [port, redisPort, nodeId] = process.argv.slice(2)
 const redis = { host: '127.0.0.1', port: Number(redisPort), db: 0 }
 
+// Without a listener, mqemitter-redis's 'error' (Redis gone) ends the process: log it instead,
+// ioredis reconnects by itself.
+const mq = redisEmitter(redis)
+mq.state.on('error', (err) => console.error(`mqemitter-redis: ${err.message}`))
 const broker = await Aedes.createBroker({
   id: nodeId,
-  mq: redisEmitter(redis),
+  mq,
   persistence: redisPersistence(redis)
 })
 broker.on('clientError', () => {})
