@@ -30,7 +30,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import procfs
+from . import procfs, tlscerts
 from .wire import MQTT_5, MQTT_311
 
 REPO = Path(__file__).resolve().parent.parent
@@ -39,6 +39,9 @@ GENERATOR_CORE = 1
 START_TIMEOUT = 20.0
 SCRAPE_METRICS = False  # --scrape-metrics: our brokers run their admin server, scraped each second
 SCRAPE_INTERVAL = 1.0
+# --tls: the server certificate and key (benchmarks/tlscerts.py) that the shared brokers' one
+# listener serves TLS with (None: plain TCP)
+TLS: tuple[str, str] | None = None
 
 MOSQUITTO_CONF = """\
 listener {port} 127.0.0.1
@@ -287,6 +290,9 @@ def start_ours(
     ]
     admin_port = free_port() if SCRAPE_METRICS else 0
     cmd += ["--admin-port", str(admin_port)]
+    if TLS is not None and config is None:
+        config = tlscerts.listener_toml(*TLS)
+        description += ", TLS listener"
     if config is not None:
         path = os.path.join(workdir, "mqttbroker.toml")
         Path(path).write_text(config)
@@ -353,7 +359,10 @@ def start_mosquitto(pin: bool, version: int = MQTT_5, persistent: bool = False) 
         os.mkdir(data)
         os.chmod(data, 0o777)  # written by the user mosquitto drops root for
         persistence = MOSQUITTO_PERSISTENT.format(dir=data)
-    Path(conf).write_text(MOSQUITTO_CONF.format(port=port, persistence=persistence))
+    text = MOSQUITTO_CONF.format(port=port, persistence=persistence)
+    if TLS is not None and not persistent:
+        text = text.replace("\n", f"\ncertfile {TLS[0]}\nkeyfile {TLS[1]}\n", 1)
+    Path(conf).write_text(text)
     os.chmod(workdir, 0o755)  # mosquitto drops root for its own user and must read the config
     os.chmod(conf, 0o644)
     proc, log_path = _spawn("mosquitto", pinned(BROKER_CORE, [binary, "-c", conf], pin), workdir)

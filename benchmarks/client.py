@@ -33,6 +33,7 @@ import json
 import os
 import select
 import socket
+import ssl
 import struct
 import subprocess
 import sys
@@ -42,6 +43,9 @@ from typing import Any, NamedTuple
 
 from . import procfs, wire
 from .wire import CONNACK, DISCONNECT, PUBLISH, SUBACK
+
+# --tls: the context of every connection open_client makes (None: plain TCP)
+TLS_CONTEXT: ssl.SSLContext | None = None
 
 SETUP_TIMEOUT = 30.0
 # Below this many frames a chunk of PUBLISHes goes through the loop: the strided checks cost
@@ -476,7 +480,7 @@ async def open_client(
 ) -> Client:
     loop = asyncio.get_running_loop()
     _, client = await asyncio.wait_for(
-        loop.create_connection(lambda: Client(version), host, port), timeout
+        loop.create_connection(lambda: Client(version), host, port, ssl=TLS_CONTEXT), timeout
     )
     assert client.transport is not None
     client.transport.write(
@@ -561,14 +565,21 @@ _CONNECTING, _AWAIT_CONNACK, _AWAIT_SUBACK = range(3)
 
 
 class _Opening:
-    __slots__ = ("sock", "index", "phase", "buf", "out", "subscribing", "receive_max")
+    __slots__ = ("sock", "index", "phase", "buf", "out", "later", "subscribing", "receive_max")
 
-    def __init__(self, sock: socket.socket, index: int, out: bytes, subscribing: bool) -> None:
+    def __init__(
+        self, sock: socket.socket, index: int, out: bytes, subscribing: bool, split: bool = False
+    ) -> None:
         self.sock = sock
         self.index = index
         self.phase = _CONNECTING
         self.buf = b""
         self.out = out  # what is still to be written: the CONNECT, and the SUBSCRIBE if any
+        self.later = b""  # split: the SUBSCRIBE, written once the CONNACK has come
+        if split and subscribing:
+            frame = wire.next_frame(out)
+            assert frame is not None
+            self.out, self.later = out[: frame[2]], out[frame[2] :]
         self.subscribing = subscribing
         self.receive_max = 65535
 
@@ -624,9 +635,11 @@ def open_many(
     concurrency: int = 64,
     timeout: float = 120.0,
     opener: str | None = None,
+    split: bool = False,
 ) -> Opened:
     """Open one connection per client id (CONNECT, then SUBSCRIBE to ``filters(i)`` if given),
-    at most ``concurrency`` being set up at once: one write and one or two reads per connection.
+    at most ``concurrency`` being set up at once: one write and one or two reads per connection
+    (with ``split``, the SUBSCRIBE is written only once the CONNACK has come: two writes).
 
     With ``opener`` (the C program benchmarks/c/open_many.c, built by the runner) that program
     does the setting up, on sockets made here and inherited, so that setting up thousands of
@@ -636,7 +649,9 @@ def open_many(
     it opened."""
     requests = _requests(client_ids, version, filters)
     if opener is not None:
-        return _open_many_c(opener, host, port, requests, version, frame_len, concurrency, timeout)
+        return _open_many_c(
+            opener, host, port, requests, version, frame_len, concurrency, timeout, split
+        )
     t0, c0 = time.perf_counter(), procfs.own_cpu_seconds()
     n = len(client_ids)
     ep = select.epoll()
@@ -667,6 +682,10 @@ def open_many(
                 if state.subscribing:
                     state.phase = _AWAIT_SUBACK
                     buf = buf[end:]
+                    if state.later:  # split: the SUBSCRIBE goes now
+                        state.out, state.later = state.later, b""
+                        if not state.send():
+                            fail(f"{name}: the SUBSCRIBE did not fit the socket")
                     continue
             elif state.phase == _AWAIT_SUBACK and kind == SUBACK:
                 codes = wire.suback_codes(buf[body:end], version)
@@ -689,7 +708,7 @@ def open_many(
                     sock.close()
                     fail(f"connect to {host}:{port} failed: {os.strerror(err)}")
                 _nodelay(sock)
-                state = _Opening(sock, next_index, *requests[next_index])
+                state = _Opening(sock, next_index, *requests[next_index], split)
                 pending[sock.fileno()] = state
                 if state.send():  # on loopback the connection is usually made already
                     state.phase = _AWAIT_CONNACK
@@ -737,6 +756,7 @@ def _open_many_c(
     frame_len: int,
     concurrency: int,
     timeout: float,
+    split: bool = False,
 ) -> Opened:
     """:func:`open_many` by the C opener: the sockets are made here and inherited by it; it
     reads their requests from stdin (descriptor, whether it subscribes, length, bytes) and
@@ -755,6 +775,8 @@ def _open_many_c(
         # resolved here, as connect_ex resolves it for the Python loop)
         address = socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
         cmd = [opener, str(address), str(port), str(version), str(concurrency), str(timeout)]
+        if split:
+            cmd.append("split")
         proc = subprocess.run(
             cmd,
             input=b"".join(records),

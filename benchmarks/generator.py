@@ -15,7 +15,7 @@ import traceback
 from dataclasses import fields
 from typing import Any
 
-from . import procfs
+from . import client, procfs, tlscerts
 from .scenarios import SCENARIOS, Ctx, Sizes, run
 
 
@@ -29,6 +29,9 @@ def _sizes(raw: dict[str, Any] | None) -> Sizes:
 
 async def _main(spec: dict[str, Any]) -> dict[str, Any]:
     scenario = SCENARIOS[spec["scenario"]]
+    tls = spec.get("tls")
+    if tls:
+        client.TLS_CONTEXT = tlscerts.client_context(tls["ca"], tls["version"])
     ctx = Ctx(
         host=spec["host"],
         port=int(spec["port"]),

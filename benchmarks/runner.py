@@ -9,6 +9,7 @@ runs for each broker and the ratio ours/peer.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import platform
@@ -23,9 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from . import brokers as br
-from . import ceiling, cprograms, procfs, windowed
+from . import ceiling, cprograms, procfs, tlscerts, windowed
 from .scenarios import SCENARIOS, Scenario, Sizes, pick, resume_limit, titled
 from .wire import MQTT_5, MQTT_311
+
+# --tls: the scenarios whose clients are the generator's asyncio ones (open_client), which speak
+# TLS; the others set up raw sockets (the C programs, the latency probe) that do not
+TLS_SCENARIOS = frozenset({"1", "1b", "2", "3", "4"})
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SMOKE_DURATION = 0.3
@@ -78,6 +83,27 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--connections", type=int, help="idle connections, scenario 6 (default 5000)")
     p.add_argument("--topics", type=int, help="own-topic subscribers, scenario 7 (default 10000)")
+    p.add_argument(
+        "--connect-concurrency",
+        type=int,
+        help="connections being set up at once, scenarios 6, 7 and 9 (default 64)",
+    )
+    p.add_argument(
+        "--tls",
+        choices=sorted(tlscerts.KINDS),
+        help="serve scenarios 1-4 over TLS with an ECDSA P-256 (ec) or RSA 2048 (rsa) server key",
+    )
+    p.add_argument(
+        "--tls-version",
+        choices=sorted(tlscerts.VERSIONS),
+        default="1.3",
+        help="the TLS version the generator speaks with --tls (default 1.3)",
+    )
+    p.add_argument(
+        "--subscribe-after-connack",
+        action="store_true",
+        help="scenario 7: write each SUBSCRIBE once its CONNACK has come (default: with it)",
+    )
     p.add_argument("--subscribers", type=int, help="fan-out subscribers, scenario 2 (default 100)")
     p.add_argument("--devices", type=int, help="paced devices, scenario 9 (default 1000)")
     p.add_argument(
@@ -254,6 +280,7 @@ def run_one(
         "c_publisher": args.c_publisher,
         "c_opener": args.c_opener,
         "c_one_per_write": args.c_one_per_write,
+        "tls": args.tls_spec,
     }
     cmd = br.pinned(
         br.GENERATOR_CORE, [sys.executable, "-m", "benchmarks.generator", json.dumps(spec)], pin
@@ -438,6 +465,9 @@ def main(argv: list[str] | None = None) -> int:
         sizes.idle_connections = args.connections
     if args.topics:
         sizes.spray_topics = args.topics
+    if args.connect_concurrency:
+        sizes.connect_concurrency = args.connect_concurrency
+    sizes.subscribe_after_connack = args.subscribe_after_connack
     if args.subscribers:
         sizes.fanout_subscribers = args.subscribers
     if args.devices:
@@ -447,6 +477,18 @@ def main(argv: list[str] | None = None) -> int:
     version = MQTT_5 if args.mqtt == "5" else MQTT_311
     pin = br.pinning_available() and not args.no_pin
     br.SCRAPE_METRICS = args.scrape_metrics
+    args.tls_spec = None
+    if args.tls:
+        plain = [s.key for s in scenarios if s.key not in TLS_SCENARIOS]
+        if plain or args.broker:
+            parser().error(
+                f"--tls serves scenarios {','.join(sorted(TLS_SCENARIOS))} on brokers it starts"
+                + (f", not {','.join(plain)}" if plain else ", not with --broker")
+            )
+        tls_dir = tempfile.mkdtemp(prefix="bench-tls-")
+        atexit.register(shutil.rmtree, tls_dir, True)
+        br.TLS = tlscerts.make(tls_dir, args.tls)
+        args.tls_spec = {"ca": br.TLS[0], "version": args.tls_version}
     fds = procfs.raise_fd_limit()  # inherited by the brokers and the generators
     suite = time.strftime("%Y%m%d-%H%M%S")
     out = Path(args.out) if args.out else RESULTS / f"{suite}.jsonl"
@@ -512,6 +554,11 @@ def main(argv: list[str] | None = None) -> int:
             + ("brokers pinned to core 0, generator to core 1" if pin else "no pinning")
             + f", fd limit {fds}"
         )
+        if args.tls:
+            key = "ECDSA P-256" if args.tls == "ec" else "RSA 2048"
+            print(
+                f"  TLS {args.tls_version}, {key} server key, certificate verified by the clients"
+            )
         for h in handles:
             pid = f"pid {h.pid}" if h.pid else "pid unknown"
             print(f"  {h.name:<14} {h.host}:{h.port} ({pid}) {h.description}")

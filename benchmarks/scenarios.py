@@ -43,6 +43,8 @@ class Sizes:
     spray_wildcards: int = 10
     connect_concurrency: int = 64
     storm_concurrency: int = 1000  # scenario 6's second wave: connections set up at once
+    # scenario 7: each subscriber writes its SUBSCRIBE only once its CONNACK has come
+    subscribe_after_connack: bool = False
     persist_publishers: int = 4
     session_expiry: int = 3600
     devices: int = 1000
@@ -192,6 +194,7 @@ class Ctx:
             concurrency or self.sizes.connect_concurrency,
             timeout=60 + len(names) / 100,
             opener=self.c_opener,
+            split=self.sizes.subscribe_after_connack,
         )
         self.raw.extend(opened.clients)
         return opened
@@ -959,6 +962,8 @@ def titled(scenario: Scenario, sizes: Sizes) -> str:
         )
     elif scenario.key == "7":
         title = f"{sizes.spray_topics} topics spray +{sizes.spray_wildcards} wildcards"
+        if sizes.subscribe_after_connack:
+            title += f", SUBSCRIBE after CONNACK, {sizes.connect_concurrency} at a time"
     elif scenario.key == "8":
         title = title.replace("4->", f"{sizes.persist_publishers}->").replace(
             "32 in", f"{sizes.window} in"

@@ -1,7 +1,7 @@
 /* Connection set-up in C: connects sockets the caller made, sends each its request, reads
  * each its CONNACK (and SUBACK), and leaves the connections open for the caller.
  *
- *   open_many HOST PORT VERSION CONCURRENCY TIMEOUT_S < requests
+ *   open_many HOST PORT VERSION CONCURRENCY TIMEOUT_S [split] < requests
  *
  * The caller (benchmarks/client.py, open_many) creates the sockets, non-blocking, and passes
  * them to this process as inherited descriptors; stdin holds one record per connection, in
@@ -12,7 +12,8 @@
  * write the whole request as soon as the connection is made (one send, unless the socket takes
  * part of it; a client need not wait for the CONNACK before it subscribes), read until the
  * CONNACK has reason code 0 (anything else is a refusal) and, when subscribing, the SUBACK has
- * only codes below 0x80. HOST is an IPv4 address (the caller resolves names). The clock stops
+ * only codes below 0x80. With "split" a subscribing connection writes its SUBSCRIBE only once its
+ * CONNACK has come (two round trips, as clients that wait for the CONNACK do). HOST is an IPv4 address (the caller resolves names). The clock stops
  * when the last connection is set up. The result is one JSON line on stdout:
  *   {"elapsed_s": ..., "cpu_s": ..., "receive_max": [per connection],
  *    "rest": {"<index>": "<hex of bytes read after the last awaited packet>", ...}}
@@ -44,7 +45,7 @@ struct conn {
     int fd;
     uint8_t subscribing;
     uint8_t phase;
-    uint32_t out_len, out_sent;
+    uint32_t out_len, out_sent, out_limit; /* out_limit: what may be written yet */
     uint8_t *out;
     uint32_t in_len;
     uint8_t in[IN_MAX];
@@ -106,6 +107,8 @@ static uint16_t receive_maximum(const uint8_t *p, uint32_t pos, uint32_t end) {
     return 65535;
 }
 
+static int send_request(struct conn *c, long index);
+
 /* Handle the complete packets in c->in; 1 when the connection is set up. */
 static int received(struct conn *c, long index, int version) {
     uint32_t pos = 0;
@@ -125,6 +128,11 @@ static int received(struct conn *c, long index, int version) {
             if (version == 5)
                 c->receive_max = receive_maximum(c->in, body + 2, end);
             c->phase = c->subscribing ? AWAIT_SUBACK : DONE;
+            if (c->out_limit < c->out_len) { /* split: the SUBSCRIBE goes now */
+                c->out_limit = c->out_len;
+                if (!send_request(c, index))
+                    fail("connection %ld: the SUBSCRIBE did not fit the socket", index);
+            }
         } else if (c->phase == AWAIT_SUBACK && first >> 4 == 9 && len >= 3) {
             uint32_t at = body + 2;
             if (version == 5) {
@@ -151,8 +159,8 @@ static int received(struct conn *c, long index, int version) {
 
 /* Write what is left of the request; 1 when all of it is written. */
 static int send_request(struct conn *c, long index) {
-    while (c->out_sent < c->out_len) {
-        ssize_t n = send(c->fd, c->out + c->out_sent, c->out_len - c->out_sent, MSG_NOSIGNAL);
+    while (c->out_sent < c->out_limit) {
+        ssize_t n = send(c->fd, c->out + c->out_sent, c->out_limit - c->out_sent, MSG_NOSIGNAL);
         if (n < 0) {
             if (errno == EAGAIN || errno == EINTR || errno == ENOTCONN)
                 return 0;
@@ -164,8 +172,9 @@ static int send_request(struct conn *c, long index) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 6)
-        fail("usage: open_many HOST PORT VERSION CONCURRENCY TIMEOUT_S < requests");
+    if (argc != 6 && !(argc == 7 && strcmp(argv[6], "split") == 0))
+        fail("usage: open_many HOST PORT VERSION CONCURRENCY TIMEOUT_S [split] < requests");
+    int split = argc == 7;
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(argv[2]))};
     if (inet_pton(AF_INET, argv[1], &addr.sin_addr) != 1)
         fail("not an IPv4 address: %s", argv[1]);
@@ -191,6 +200,14 @@ int main(int argc, char **argv) {
         stdin_rest(&c->out_len, sizeof c->out_len);
         c->out = malloc(c->out_len);
         stdin_rest(c->out, c->out_len);
+        c->out_limit = c->out_len;
+        if (split && c->subscribing) { /* the CONNECT alone first */
+            uint32_t pos = 1;
+            long len = varint(c->out, &pos, c->out_len);
+            if (len < 0 || pos + (uint32_t)len > c->out_len)
+                fail("request %ld: malformed CONNECT", n - 1);
+            c->out_limit = pos + (uint32_t)len;
+        }
     }
     /* the connection of a descriptor, for epoll: descriptors are small integers */
     int max_fd = 0;

@@ -1,0 +1,165 @@
+"""Shapes of the benchmark added for fleets: scenarios 1-4 over TLS (``--tls``: a smoke run
+on our broker with each server key, the clients verifying its certificate), and connections that
+write their SUBSCRIBE only once the CONNACK has come (``--subscribe-after-connack``: against a
+stand-in broker that answers the CONNECT before it reads on, by the C opener and by the Python
+loop, and a smoke run of scenario 7), and the TLS handshake run (tls_handshakes.py) on our
+broker. No speed is asserted here."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from support import benchmark_c  # noqa: E402
+
+from benchmarks import wire  # noqa: E402
+from benchmarks.client import open_many  # noqa: E402
+
+TIMEOUT = 180
+CONNACK = b"\x20\x03\x00\x00\x00"
+SUBACK = b"\x90\x04\x00\x01\x00\x00"
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+
+
+@pytest.fixture(scope="module")
+def opener(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return benchmark_c.build("open_many", tmp_path_factory)
+
+
+@pytest.fixture(params=["c", "python"])
+def which(request: pytest.FixtureRequest) -> str | None:
+    """The C opener, or None for the Python loop."""
+    return str(request.getfixturevalue("opener")) if request.param == "c" else None
+
+
+def _read_exactly(conn: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = conn.recv(n - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def test_split_writes_the_subscribe_after_the_connack(which: str | None) -> None:
+    names = [f"split-{i}" for i in range(3)]
+    connects = [wire.connect(name) for name in names]
+    subscribes = [wire.subscribe(1, [(f"s/{i}", 0)]) for i in range(3)]
+    listener = socket.create_server(("127.0.0.1", 0))
+    problems: list[str] = []
+    conns: list[socket.socket] = []
+
+    def serve() -> None:
+        for i in range(3):
+            conn, _ = listener.accept()
+            conns.append(conn)
+            conn.settimeout(10)
+            if _read_exactly(conn, len(connects[i])) != connects[i]:
+                problems.append(f"{i}: not the CONNECT")
+            conn.settimeout(0.1)  # nothing more may come before the CONNACK
+            try:
+                early = conn.recv(1)
+            except TimeoutError:
+                early = b""
+            if early:
+                problems.append(f"{i}: bytes before the CONNACK")
+            conn.settimeout(10)
+            conn.sendall(CONNACK)
+            if early + _read_exactly(conn, len(subscribes[i]) - len(early)) != subscribes[i]:
+                problems.append(f"{i}: not the SUBSCRIBE")
+            conn.sendall(SUBACK)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        opened = open_many(
+            "127.0.0.1",
+            listener.getsockname()[1],
+            names,
+            wire.MQTT_5,
+            lambda i: [(f"s/{i}", 0)],
+            concurrency=1,
+            timeout=10,
+            opener=which,
+            split=True,
+        )
+        thread.join(10)
+        assert not problems, problems
+        assert len(opened.clients) == 3 and all(c.rest == b"" for c in opened.clients)
+        for client in opened.clients:
+            client.sock.close()
+    finally:
+        listener.close()
+        for conn in conns:
+            conn.close()
+
+
+def _smoke(tmp_path: Path, *args: str) -> list[dict[str, object]]:
+    out = tmp_path / "smoke.jsonl"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    cmd = [sys.executable, "-m", "benchmarks", "--smoke", "--no-mosquitto", "--out", str(out)]
+    proc = subprocess.run(
+        [*cmd, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT
+    )
+    report = f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert proc.returncode == 0, report
+    records = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+    for record in records:
+        assert not record.get("error"), f"{record['scenario']}: {record.get('error')}\n{report}"
+        assert int(str(record.get("delivered", 0))) > 0, f"{record['scenario']}\n{report}"
+    return records
+
+
+@linux_only
+@pytest.mark.parametrize(("key", "version"), [("ec", "1.3"), ("rsa", "1.2")])
+def test_tls_smoke(tmp_path: Path, key: str, version: str) -> None:
+    records = _smoke(tmp_path, "--scenarios", "1,3", "--tls", key, "--tls-version", version)
+    assert {str(r["scenario"]) for r in records} == {"1", "3"}
+
+
+@linux_only
+def test_tls_refuses_raw_scenarios(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--smoke", "--scenarios", "6", "--tls", "ec"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode != 0 and "--tls" in proc.stderr
+
+
+@linux_only
+def test_subscribe_after_connack_smoke(tmp_path: Path) -> None:
+    records = _smoke(
+        tmp_path, "--scenarios", "7", "--subscribe-after-connack", "--connect-concurrency", "100"
+    )
+    assert [str(r["scenario"]) for r in records] == ["7"]
+
+
+@linux_only
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_tls_handshakes_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "hs.jsonl"
+    cmd = [sys.executable, "-m", "benchmarks.tls_handshakes", "--runs", "1", "--seconds", "1"]
+    cmd += ["--keys", "ec", "--versions", "1.3", "--no-mosquitto", "--out", str(out)]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["resumption"], r["broker"]) for r in records] == [(False, "ours"), (True, "ours")]
+    assert all(r["handshakes"] > 0 and r["cpu_us_per_handshake"] for r in records)
