@@ -5,9 +5,10 @@ For each server key (ECDSA P-256, RSA 2048; benchmarks/tlscerts.py) it starts ou
 TLS listener and Mosquitto with the same certificate (brokers.py, pinned to core 0), and runs
 ``openssl s_time`` against each (pinned to core 1) for every TLS version, with session
 resumption off (``-new``: a full handshake per connection) and on (``-reuse``: the session of the
-first connection resumed; with TLS 1.3 s_time closes before the server's session ticket is read,
-so there it is a full handshake too and the row says so). s_time connects, completes the
-handshake, and closes: no MQTT is spoken. It waits for each handshake before the next, so the
+first connection offered again each time; ``resumed`` is the share the server did resume, from
+s_time's ``r``/``*`` marks: with TLS 1.3 a server whose session ticket is not sent with its last
+handshake flight resumes nothing, as s_time closes right after the handshake). s_time connects,
+completes the handshake, and closes: no MQTT is spoken. It waits for each handshake before the next, so the
 client, not the broker, sets the pace: the figure is the broker's CPU per handshake (the schedstat
 of its threads over the run, divided by the handshakes s_time counted), and
 handshakes per second per core is one second over it. Medians of the runs; one JSON line per run
@@ -32,8 +33,11 @@ from . import procfs, tlscerts
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def s_time(port: int, version: str, reuse: bool, seconds: float, pin: bool) -> tuple[int, float]:
-    """Handshakes s_time completed and the seconds it took."""
+def s_time(
+    port: int, version: str, reuse: bool, seconds: float, pin: bool
+) -> tuple[int, float, float | None]:
+    """Handshakes s_time completed, the seconds it took, and with ``reuse`` the share of them
+    resumed."""
     cmd = ["openssl", "s_time", "-connect", f"127.0.0.1:{port}", "-time", f"{seconds:g}"]
     cmd += ["-tls1_3" if version == "1.3" else "-tls1_2", "-reuse" if reuse else "-new"]
     out = subprocess.run(
@@ -46,7 +50,12 @@ def s_time(port: int, version: str, reuse: bool, seconds: float, pin: bool) -> t
     found = re.findall(r"(\d+) connections in (\d+) real seconds", out)
     if not found:
         raise RuntimeError(f"openssl s_time printed no count: {out[-300:]!r}")
-    return int(found[-1][0]), float(found[-1][1])
+    resumed = None
+    if reuse:
+        marks = out.rpartition("session id reuse")[2]
+        new, again = marks.count("*"), marks.count("r")
+        resumed = round(again / (new + again), 3) if new + again else None
+    return int(found[-1][0]), float(found[-1][1]), resumed
 
 
 def measure(
@@ -54,12 +63,13 @@ def measure(
 ) -> dict[str, Any]:
     handle.wait_idle(10.0)
     ns0 = procfs.threads_cpu_ns(handle.pid)
-    count, real = s_time(handle.port, version, reuse, seconds, pin)
+    count, real, resumed = s_time(handle.port, version, reuse, seconds, pin)
     ns1 = procfs.threads_cpu_ns(handle.pid)
     cpu = None if ns0 is None or ns1 is None else (ns1 - ns0) / 1e9
     return {
         "handshakes": count,
         "per_s": round(count / real, 1),
+        "resumed": resumed,
         "broker_cpu_s": cpu,
         "cpu_us_per_handshake": round(cpu / count * 1e6, 1) if cpu and count else None,
     }
@@ -110,17 +120,20 @@ def _median(ms: list[dict[str, Any]], field: str) -> float | None:
 
 
 def table(rows: dict[tuple[str, str, bool, str], list[dict[str, Any]]], names: list[str]) -> str:
-    head = "key  TLS  resumption       " + "".join(
-        f"{n + ' us/hs':>18}{'hs/s/core':>11}" for n in names
+    head = (
+        "key  TLS  res."
+        + "".join(f"{n[:4] + ' resumed':>13}" for n in names)
+        + "".join(f"{n + ' us/hs':>18}{'hs/s/core':>11}" for n in names)
     )
     if len(names) == 2:
         head += "  ours/mosquitto (CPU per handshake)"
     lines = [head]
     for key, version, reuse in dict.fromkeys((k[0], k[1], k[2]) for k in rows):
         label = "on" if reuse else "off"
-        if reuse and version == "1.3":
-            label = "on (not resumed)"
-        cells = f"{key:<4} {version:<4} {label:<17}"
+        cells = f"{key:<4} {version:<4} {label:<4}"
+        for n in names:
+            share = _median(rows.get((key, version, reuse, n), []), "resumed")
+            cells += f"{'' if share is None else f'{share:.0%}':>13}"
         cpu = [
             _median(rows.get((key, version, reuse, n), []), "cpu_us_per_handshake") for n in names
         ]

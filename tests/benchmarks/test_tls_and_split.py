@@ -163,3 +163,4 @@ def test_tls_handshakes_smoke(tmp_path: Path) -> None:
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(r["resumption"], r["broker"]) for r in records] == [(False, "ours"), (True, "ours")]
     assert all(r["handshakes"] > 0 and r["cpu_us_per_handshake"] for r in records)
+    assert records[0]["resumed"] is None and 0 <= records[1]["resumed"] <= 1
