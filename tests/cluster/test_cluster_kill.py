@@ -9,6 +9,7 @@ not wait for a lease to run out before reconnecting."""
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from typing import Any
 
@@ -150,3 +151,42 @@ def test_a_frozen_node_is_refused_then_adopted_and_fenced_when_it_wakes(start_no
     assert b"after" not in payloads(first)
     for x in (moved, first, pub, local):
         x.close()
+
+
+def test_a_device_retrying_on_two_nodes_while_its_node_is_frozen_never_gets_an_empty_session(
+    start_node,
+) -> None:
+    """The device's session is on c, frozen; the device (behind a load balancer) tries a and b
+    at the same time. Neither may start it an empty session: each is refused with 0x88 while
+    c holds its lease, or resumes the session (Session Present 1) once c is adopted. The
+    client id moves only with the session: a node asking for it does not own it meanwhile."""
+    a = start_node("a")
+    b = start_node("b")
+    c = start_node("c")
+    client_id = unique("twice")
+    topic = unique("twice")
+    first = device(c, client_id, clean=True)
+    first.connect()
+    first.subscribe(topic, qos=1)
+    first.close()
+    c.send_signal(signal.SIGSTOP)
+    try:
+        results: list[tuple[int, bool]] = []
+
+        def attempt(node: Any) -> None:
+            d = device(node, client_id, clean=False)
+            code = d.connect(timeout=30, expect_success=False)
+            results.append((code, d.session_present))
+            d.close()
+
+        threads = [threading.Thread(target=attempt, args=(n,)) for n in (a, b)]
+        for t in threads:
+            t.start()
+            time.sleep(0.2)  # (the second asks while the first waits for c)
+        for t in threads:
+            t.join(60)
+        assert len(results) == 2
+        for code, present in results:
+            assert (code, present) in ((SERVER_UNAVAILABLE, False), (0, True)), results
+    finally:
+        c.send_signal(signal.SIGCONT)
