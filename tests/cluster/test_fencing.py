@@ -6,6 +6,7 @@ writes nothing; nor does one whose client id another node has taken."""
 from __future__ import annotations
 
 import pytest
+import redis
 from cluster_support import RedisServer
 
 from mqttbroker.cluster.store import END, FENCED_WRITE, KEEP, REWRITE
@@ -18,8 +19,18 @@ SESSION = "mqttbroker:session:dev"
 OWNED = "mqttbroker:owned:n1"
 
 
-def write(r, token: str, wipe: int, removed: list[str], fields: dict[str, bytes]) -> int:
-    args: list[object] = [token, "n1", "dev", wipe, b'["u", 3600]', len(removed), *removed]
+def write(
+    r: redis.Redis, token: str, wipe: int, removed: list[str], fields: dict[str, bytes]
+) -> int:
+    args: list[str | int | bytes] = [
+        token,
+        "n1",
+        "dev",
+        wipe,
+        b'["u", 3600]',
+        len(removed),
+        *removed,
+    ]
     for name, value in fields.items():
         args += [name, value]
     return int(r.eval(FENCED_WRITE, 4, LEASE, CLIENT, SESSION, OWNED, *args))
