@@ -44,3 +44,7 @@ def setup(level: str) -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(EscapingFormatter(FORMAT))
     logging.basicConfig(level=level.upper(), handlers=[handler])
+    # Neither format (this one, ops/logjson.py's) names the thread or the process: records need
+    # not look them up, about a quarter of an info line's cost, which a connection storm pays
+    # once per client connected and once per client gone (benchmarks/README.md, "Fleets").
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
