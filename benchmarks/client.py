@@ -636,6 +636,7 @@ def open_many(
     timeout: float = 120.0,
     opener: str | None = None,
     split: bool = False,
+    given: Sequence[tuple[bytes, bool]] | None = None,
 ) -> Opened:
     """Open one connection per client id (CONNECT, then SUBSCRIBE to ``filters(i)`` if given),
     at most ``concurrency`` being set up at once: one write and one or two reads per connection
@@ -646,8 +647,8 @@ def open_many(
     connections measures the broker rather than the generator; without it, an epoll loop in
     Python does the same. Either blocks the event loop while it works: it is only called before
     the load starts. Raises on the first refusal, timeout or connection failure, closing what
-    it opened."""
-    requests = _requests(client_ids, version, filters)
+    it opened. ``given``: each connection's request itself (see :func:`open_many_requests`)."""
+    requests = _requests(client_ids, version, filters) if given is None else given
     if opener is not None:
         return _open_many_c(
             opener, host, port, requests, version, frame_len, concurrency, timeout, split
@@ -745,6 +746,25 @@ def open_many(
     finally:
         ep.close()
     return Opened(done, time.perf_counter() - t0, procfs.own_cpu_seconds() - c0)
+
+
+def open_many_requests(
+    host: str,
+    port: int,
+    requests: Sequence[tuple[bytes, bool]],
+    concurrency: int,
+    opener: str | None,
+    version: int = wire.MQTT_5,
+    timeout: float = 120.0,
+) -> Opened:
+    """:func:`open_many` with each connection's request given (its bytes, and whether it ends
+    with a SUBSCRIBE), e.g. a CONNECT with Clean Start 0; by the C opener when given."""
+    if opener is not None:
+        return _open_many_c(opener, host, port, requests, version, 0, concurrency, timeout)
+    names = [f"r{i}" for i in range(len(requests))]
+    return open_many(
+        host, port, names, version, None, 0, concurrency, timeout, None, False, requests
+    )
 
 
 def _open_many_c(

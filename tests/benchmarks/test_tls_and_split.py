@@ -2,7 +2,8 @@
 on our broker with each server key, the clients verifying its certificate), and connections that
 write their SUBSCRIBE only once the CONNACK has come (``--subscribe-after-connack``: against a
 stand-in broker that answers the CONNECT before it reads on, by the C opener and by the Python
-loop, and a smoke run of scenario 7), and the TLS handshake run (tls_handshakes.py) on our
+loop, and a smoke run of scenario 7), the TLS handshake run (tls_handshakes.py) and the
+reconnection after a restart (reconnect_storm.py) on our
 broker. No speed is asserted here."""
 
 from __future__ import annotations
@@ -164,3 +165,15 @@ def test_tls_handshakes_smoke(tmp_path: Path) -> None:
     assert [(r["resumption"], r["broker"]) for r in records] == [(False, "ours"), (True, "ours")]
     assert all(r["handshakes"] > 0 and r["cpu_us_per_handshake"] for r in records)
     assert records[0]["resumed"] is None and 0 <= records[1]["resumed"] <= 1
+
+
+@linux_only
+def test_reconnect_storm_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "reconnect.jsonl"
+    cmd = [sys.executable, "-m", "benchmarks.reconnect_storm", "--clients", "100", "--runs", "1"]
+    cmd += ["--concurrency", "50", "--no-mosquitto", "--out", str(out)]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [record] = [json.loads(line) for line in out.read_text().splitlines()]
+    assert record["broker"] == "ours" and record["reconnect_s"] > 0
+    assert record["received_3s"] == record["queued"] == 300  # every queued message after it
