@@ -111,16 +111,29 @@ class Listening:
         )
         self.port = self.server.sockets[0].getsockname()[1]
 
-    async def client(self) -> tuple[socket.socket, Any]:
-        """A connected client socket and its connection's protocol."""
+    async def client(self, rcvbuf: int = 0) -> tuple[socket.socket, Any]:
+        """A connected client socket (its receive buffer ``rcvbuf`` bytes, when given) and its
+        connection's protocol."""
         count = len(self.protocols)
         sock = socket.socket()
+        if rcvbuf:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
         sock.setblocking(False)
         await self.loop.sock_connect(sock, ("127.0.0.1", self.port))
         async with asyncio.timeout(GUARD):
             while len(self.protocols) == count:
                 await asyncio.sleep(0.005)
         return sock, self.protocols[count]
+
+    async def read_exactly(self, sock: socket.socket, size: int, piece: int = 1 << 20) -> bytes:
+        """``size`` bytes from ``sock``, read ``piece`` bytes at most at a time."""
+        data = bytearray()
+        async with asyncio.timeout(GUARD):
+            while len(data) < size:
+                chunk = await self.loop.sock_recv(sock, min(piece, size - len(data)))
+                assert chunk, f"EOF after {len(data)} of {size} bytes"
+                data += chunk
+        return bytes(data)
 
     async def read_until_eof(self, sock: socket.socket) -> bytes:
         data = bytearray()
@@ -475,6 +488,157 @@ def test_close_sends_what_is_buffered_first_and_abort_drops_it(loop: str) -> Non
     assert buffered > 0
     assert complete and lost_on_close is None
     assert cut < 8 << 20 and lost_on_abort is None
+
+
+# More than a loopback socket takes at once (tcp_wmem's 4 MiB at most, and the client's small
+# receive buffer): a write this large leaves most of itself unsent.
+BEYOND_SOCKET = 16 << 20
+
+
+def _pattern(size: int, seed: int) -> bytes:
+    """``size`` bytes that differ from any other seed's and shift every 251 bytes: a byte out
+    of place or order shows."""
+    return bytes((seed + i) % 251 for i in range(251)) * (size // 251) + bytes(size % 251)
+
+
+def test_unsent_large_bytes_are_kept_by_reference_in_order_with_copied_writes() -> None:
+    """Behind a full socket, a bytes object of 16 KiB or more is kept by reference (its reference
+    count says so: no copy, whoever else holds it), smaller writes and mutable ones (bytearray,
+    memoryview) are copied (changed after write(), they are sent as they were), the buffer's
+    size counts them all, and the client reads every byte in the order written; each reference
+    goes once its bytes are sent. (A bytes object nobody else holds, made for the write, is
+    copied: it is last here.)"""
+
+    async def scenario() -> tuple[Any, ...]:
+        listening = Listening(Recorder)
+        sock, protocol = await listening.client(rcvbuf=16384)
+        stream = protocol.transport
+        stream.set_write_buffer_limits(high=1 << 30)  # no pause: not what this test is about
+        filler = _pattern(BEYOND_SOCKET, 1)
+        large, other = _pattern(1 << 20, 2), _pattern(64 << 10, 3)
+        mutable, viewed = bytearray(_pattern(256 << 10, 4)), bytearray(_pattern(128 << 10, 5))
+        view = memoryview(viewed)
+        writes = [b"small 1", large, b"small 2", mutable, other, view, b"x" * 100, large, b"end"]
+        expected = filler + b"".join(bytes(data) for data in writes) + _pattern(32 << 10, 6)
+        objects = (filler, large, other, mutable, view)
+        base = [sys.getrefcount(obj) for obj in objects]
+        stream.write(filler)
+        filled = stream.get_write_buffer_size()
+        for data in writes:  # all behind the filler: none is sent at once
+            stream.write(data)
+        stream.write(_pattern(32 << 10, 6))
+        held = [sys.getrefcount(obj) for obj in objects]
+        size = stream.get_write_buffer_size()
+        mutable[:] = bytes(len(mutable))  # changed after write(): what was written is sent
+        viewed[:] = bytes(len(viewed))
+        received = await listening.read_exactly(sock, len(expected))
+        after = [sys.getrefcount(obj) for obj in objects]
+        left = stream.get_write_buffer_size()
+        sock.close()
+        listening.server.close()
+        held = [count - before for count, before in zip(held, base, strict=True)]
+        after = [count - before for count, before in zip(after, base, strict=True)]
+        return filled, held, size, len(expected), received == expected, after, left
+
+    filled, held, size, total, in_order, after, left = asyncio.run(scenario())
+    assert 0 < filled < BEYOND_SOCKET  # the socket took part of the filler, not all
+    assert held == [1, 2, 1, 0, 0]  # filler, large (written twice), other; not the mutable
+    assert size == filled + total - BEYOND_SOCKET  # every write counted, kept or copied
+    assert in_order
+    assert after == [0, 0, 0, 0, 0] and left == 0
+
+
+def test_a_bytes_object_partly_sent_is_kept_from_where_the_socket_stopped() -> None:
+    """One large write the socket takes part of: the rest is kept by reference from there, and
+    sent as the client reads, a little at a time (many partial sends), every byte once and in
+    order; the reference goes with the last byte."""
+
+    async def scenario() -> tuple[Any, ...]:
+        listening = Listening(Recorder)
+        sock, protocol = await listening.client(rcvbuf=16384)
+        stream = protocol.transport
+        stream.set_write_buffer_limits(high=1 << 30)
+        data = _pattern(BEYOND_SOCKET, 7)
+        base = sys.getrefcount(data)
+        stream.write(data)
+        unsent = stream.get_write_buffer_size()
+        held = sys.getrefcount(data) - base
+        # What the socket took, and 1 MiB more, which the transport sent since, in parts.
+        taken = len(data) - unsent
+        received = bytearray(await listening.read_exactly(sock, taken + (1 << 20), 16384))
+        partly = stream.get_write_buffer_size()  # less now, still some
+        held_partly = sys.getrefcount(data) - base
+        received += await listening.read_exactly(sock, len(data) - len(received), 65536)
+        after = sys.getrefcount(data) - base
+        sock.close()
+        listening.server.close()
+        return unsent, held, partly, held_partly, bytes(received) == data, after
+
+    unsent, held, partly, held_partly, complete, after = asyncio.run(scenario())
+    assert 0 < unsent < BEYOND_SOCKET and held == 1
+    assert 0 < partly < unsent and held_partly == 1
+    assert complete and after == 0
+
+
+@pytest.mark.parametrize("end", ["close", "write_eof"])
+def test_close_and_write_eof_send_the_bytes_kept_by_reference_first(end: str) -> None:
+    """close() or write_eof() while all that is left to send is kept by reference (nothing
+    copied): the client reads it all, then EOF; the references go once sent."""
+
+    async def scenario() -> tuple[Any, ...]:
+        listening = Listening(lambda: Recorder(keep_open=True))
+        sock, protocol = await listening.client(rcvbuf=16384)
+        stream = protocol.transport
+        stream.set_write_buffer_limits(high=1 << 30)
+        first, second = _pattern(BEYOND_SOCKET, 11), _pattern(1 << 20, 12)
+        base = sys.getrefcount(first), sys.getrefcount(second)
+        stream.write(first)
+        stream.write(second)
+        held = sys.getrefcount(first) - base[0], sys.getrefcount(second) - base[1]
+        getattr(stream, end)()
+        received = await listening.read_until_eof(sock)
+        after = sys.getrefcount(first) - base[0], sys.getrefcount(second) - base[1]
+        if end == "write_eof":  # still open: the client ends it
+            sock.shutdown(socket.SHUT_WR)
+            protocol.keep_open = False
+        lost = await asyncio.wait_for(protocol.lost, GUARD)
+        sock.close()
+        listening.server.close()
+        return held, received == first + second, after, lost
+
+    held, complete, after, lost = asyncio.run(scenario())
+    assert held == (1, 1)
+    assert complete and after == (0, 0) and lost is None
+
+
+def test_abort_drops_the_bytes_kept_by_reference_and_lets_them_go_at_once() -> None:
+    async def scenario() -> tuple[Any, ...]:
+        listening = Listening(Recorder)
+        sock, protocol = await listening.client(rcvbuf=16384)
+        stream = protocol.transport
+        stream.set_write_buffer_limits(high=1 << 30)
+        first, second = _pattern(BEYOND_SOCKET, 13), _pattern(1 << 20, 14)
+        base = sys.getrefcount(first), sys.getrefcount(second)
+        stream.write(first)
+        stream.write(b"between")
+        stream.write(second)
+        held = sys.getrefcount(first) - base[0], sys.getrefcount(second) - base[1]
+        stream.abort()
+        after = sys.getrefcount(first) - base[0], sys.getrefcount(second) - base[1]
+        left = stream.get_write_buffer_size()
+        lost = await asyncio.wait_for(protocol.lost, GUARD)
+        try:
+            cut = len(await listening.read_until_eof(sock))
+        except ConnectionResetError:
+            cut = 0
+        sock.close()
+        listening.server.close()
+        return held, after, left, lost, cut
+
+    held, after, left, lost, cut = asyncio.run(scenario())
+    assert held == (1, 1)
+    assert after == (0, 0) and left == 0  # released by abort() itself, not later
+    assert lost is None and cut < BEYOND_SOCKET
 
 
 def test_write_eof_ends_the_output_and_reading_goes_on() -> None:
