@@ -707,7 +707,7 @@ class ClusterNode(Backplane):
                 return  # alive again, or adopted by another node now
             log.warning("cluster: node %r is gone: adopting its sessions and messages", node)
             owned = [c.decode() for c in await self.redis.smembers(f"{PREFIX}owned:{node}")]
-            taken = 0
+            taken: set[str] = set()  # the client ids of the sessions adopted
             for start in range(0, len(owned), chunk):
                 part = owned[start : start + chunk]
                 pipe = self.redis.pipeline(transaction=False)
@@ -727,12 +727,12 @@ class ClusterNode(Backplane):
                     fields = dict(zip(found[::2], found[1::2], strict=True))
                     try:
                         self._restore(client_id, from_hash(client_id, fields), away=True)
-                        taken += 1
+                        taken.add(client_id)
                     except MQTTError as exc:
                         log.warning("cluster: %s; not adopted", exc)
             await self._committed()  # the sessions' routes announced before the stream is read
             stream = self.stream_key(node)
-            routed = await self._drain(stream)
+            routed = await self._drain(stream, taken)
             filters = [f.decode() for f in await self.redis.hkeys(f"{PREFIX}routes:{node}")]
             pipe = self.redis.pipeline(transaction=False)
             for topic_filter in filters:
@@ -744,7 +744,7 @@ class ClusterNode(Backplane):
             # A node that had not heard of the routes above yet may still have written to
             # the stream: read it once more after a moment, then it goes.
             await asyncio.sleep(RETRY_SECONDS)
-            routed += await self._drain(stream)
+            routed += await self._drain(stream, taken)
             await self._committed()
             pipe = self.redis.pipeline(transaction=False)
             pipe.delete(stream, f"{PREFIX}owned:{node}")
@@ -753,7 +753,7 @@ class ClusterNode(Backplane):
             log.warning(
                 "cluster: node %r adopted: %d sessions, %d stream entries routed here",
                 node,
-                taken,
+                len(taken),
                 routed,
             )
 
@@ -784,9 +784,11 @@ class ClusterNode(Backplane):
         except (RedisError, OSError) as exc:
             self._lost(exc)  # (the next sweep tries again)
 
-    async def _drain(self, stream: str) -> int:
+    async def _drain(self, stream: str, sessions: set[str]) -> int:
         """Route here the entries of another node's stream it has not acknowledged (pending,
-        then never read); this node's consumer acknowledges them once committed."""
+        then never read), to the ``sessions`` adopted from it only: they were sent for that
+        node's subscribers, and this node's own had each message already (from its own stream,
+        or from its publisher here); this node's consumer acknowledges them once committed."""
         entries: list[Any] = []
         try:
             cursor = "0-0"
@@ -813,7 +815,7 @@ class ClusterNode(Backplane):
         for entry_id, fields in entries:
             ids.append(entry_id)
             if fields:
-                self._arrived(fields[b"m"])
+                self._arrived(fields[b"m"], sessions)
         if ids:
             await self._committed()
             await self.redis.xack(stream, GROUP, *ids)
@@ -1222,20 +1224,21 @@ class ClusterNode(Backplane):
             return
         self.router.retained.store(message)
 
-    def _arrived(self, data: bytes) -> None:
-        """Messages from another node: an entry of frames (see :func:`pack`)."""
+    def _arrived(self, data: bytes, sessions: set[str] | None = None) -> None:
+        """Messages from another node: an entry of frames (see :func:`pack`). ``sessions``:
+        only to these client ids' plain subscriptions (a gone node's stream, see _drain)."""
         self.lease_valid(self.broker.clock())
         pos = 0
         end = len(data)
         while pos + 4 <= end:
             size = int.from_bytes(data[pos : pos + 4], "big")
-            self._arrived_one(data[pos + 4 : pos + 4 + size])
+            self._arrived_one(data[pos + 4 : pos + 4 + size], sessions)
             pos += 4 + size
 
-    def _arrived_one(self, data: bytes) -> None:
+    def _arrived_one(self, data: bytes, sessions: set[str] | None = None) -> None:
         """A message from another node, framed as ``<1 or 0><shares>\\0<PUBLISH>``: routed to
-        this node's plain subscribers if the first byte is 1, and to those of its shared groups
-        named (separated by 0x1F) whose turn it is here."""
+        this node's plain subscribers if the first byte is 1 (of ``sessions`` only, if given),
+        and to those of its shared groups named (separated by 0x1F) whose turn it is here."""
         now = self.broker.clock()
         header, _, packet = data.partition(b"\0")
         try:
@@ -1248,10 +1251,14 @@ class ClusterNode(Backplane):
             return
         targets, groups = match
         shares = set(header[1:].decode().split("\x1f")) if len(header) > 1 else set()
+        if header[:1] != b"1":
+            targets = []
+        elif sessions is not None:
+            targets = [t for t in targets if t[0].client_id in sessions]
         self.router.publish(
             message,
             (
-                targets if header[:1] == b"1" else [],
+                targets,
                 [g for g in groups if g.members and g.members[0].topic_filter in shares],
             ),
             None,
