@@ -63,6 +63,7 @@ from ..security.authenticator import FailureCounter, KdfBudget, source
 from ..security.dynsec import DynsecAuthorizer
 from .alerts import Survey
 from .api import API_CLIENT_ID, Api, ApiError
+from .dynsec_api import DynsecApi
 from .metrics import CONTENT_TYPE_LATEST, Metrics
 from .sys_tree import delivered
 
@@ -400,6 +401,7 @@ class AdminServer:
         self.origins = {o.strip() for o in config.cors_origins.split(",") if o.strip()}
         self.websockets: list[dict[str, Any]] = []
         self.api = Api(broker, survey, self.websockets, self.history.recent)
+        self.dynsec = DynsecApi()  # its service set by the server once the broker runs
         self.runner: web.AppRunner | None = None
         self.addresses: list[tuple[str, int]] = []
 
@@ -418,6 +420,7 @@ class AdminServer:
                 web.get("/api/v1/openapi.json", self._openapi),
                 web.static("/static", Path(str(static))),
                 *self.api.routes(),
+                *self.dynsec.routes(),
             ]
         )
         return app
@@ -519,12 +522,13 @@ class AdminServer:
             return await handler(request)
         user, with_token = await self.auth.check(request)
         request["user"] = user
-        if request.method not in STATE_CHANGING:
-            return await handler(request)
         if user is not None:
             who = f"user {user!r}"
         else:
             who = "the bearer token" if with_token else "no login (loopback)"
+        request["who"] = who
+        if request.method not in STATE_CHANGING:
+            return await handler(request)
         try:
             if not with_token and CSRF_HEADER not in request.headers:
                 raise ApiError(

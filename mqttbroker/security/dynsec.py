@@ -24,6 +24,7 @@ other subscriber (they may carry passwords).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import copy
 import hashlib
@@ -1128,6 +1129,7 @@ class DynsecService(Sink):
         self.spawn = spawn
         self.run_blocking = run_blocking
         self._busy = False
+        self._lock = asyncio.Lock()  # one message at a time (MQTT's and the admin API's)
         self._task: Any = None  # the running drain (a reference keeps it alive)
         session = Session(SERVICE_CLIENT_ID, replace(broker.options, queue_qos0=True))
         session.sink = self
@@ -1172,11 +1174,33 @@ class DynsecService(Sink):
             self.wake()
 
     async def _run(self, payload: bytes, client_id: str | None, username: str | None) -> None:
-        """One command message. Commands that change something run on a copy of the state,
-        written to disk first: only once it is there does the copy become the state and the
-        answer go out. A copy that cannot be written changes nothing, and each of the
-        message's commands is answered with an error (logged)."""
-        document = decode(payload)
+        """One command message from MQTT: run (:meth:`execute`), then answered."""
+        response = await self.execute(
+            decode(payload), f"{client_id}/{username}", self._address(client_id)
+        )
+        self._respond(response)
+
+    async def run_commands(
+        self, commands: list[dict[str, Any]], who: str, where: str
+    ) -> list[dict[str, Any]]:
+        """Commands of another front end (the admin API) through the same path as those of
+        MQTT (saved before the answer, applied to live connections, audited with ``who`` and
+        ``where``); their answers, as in a response payload's ``responses``. Nothing is
+        published on the response topic."""
+        response = await self.execute({"commands": commands}, who, where)
+        answers: list[dict[str, Any]] = json.loads(response)["responses"]
+        return answers
+
+    async def execute(self, document: Any, who: str, where: str) -> bytes:
+        """One command message (decoded). Commands that change something run on a copy of the
+        state, written to disk first: only once it is there does the copy become the state and
+        the answer go out. A copy that cannot be written changes nothing, and each of the
+        message's commands is answered with an error (logged). Messages run one at a time,
+        whichever front end sent them. Returns the response payload."""
+        async with self._lock:
+            return await self._execute(document, who, where)
+
+    async def _execute(self, document: Any, who: str, where: str) -> bytes:
         await self._prehash(document)
         state = self.state
         work = state.copy() if _mutates(document) else state
@@ -1193,23 +1217,20 @@ class DynsecService(Sink):
                 detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
                 unsaved = f"{path}: {detail}"
                 log.error(
-                    "dynsec: cannot write the state to %s; the commands of %s/%s change "
+                    "dynsec: cannot write the state to %s; the commands of %s change "
                     "nothing and are answered with an error",
                     unsaved,
-                    client_id,
-                    username,
+                    who,
                 )
                 response = _failed(response, f"{SAVE_ERROR}: {unsaved}")
-        where = self._address(client_id)
         for outcome in outcomes:
             error = outcome["error"]
             if unsaved and not error:
                 error = f"{SAVE_ERROR}: {unsaved}"
             if outcome["command"] in MUTATING or error:
                 audit.info(
-                    "dynsec: %s/%s from %s | %s | %s%s",
-                    client_id,
-                    username,
+                    "dynsec: %s from %s | %s | %s%s",
+                    who,
                     where,
                     outcome["command"],
                     audit_arguments(outcome["args"]),
@@ -1219,7 +1240,7 @@ class DynsecService(Sink):
             if work is not state:
                 state.adopt(work)
             self._apply(users - set(state.clients))
-        self._respond(response)
+        return response
 
     async def _prehash(self, document: Any) -> None:
         """Hash the passwords of the commands off the event loop (PBKDF2 takes milliseconds)."""

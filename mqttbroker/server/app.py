@@ -152,6 +152,8 @@ class Server:
                 loop.create_task,
                 partial(loop.run_in_executor, None),
             )
+            if self.admin is not None:
+                self.admin.dynsec.service = self.dynsec  # the admin API's dynsec operations
         broker.tick()  # expire what expired while the broker was down
         if self.cluster is not None:
             await self.cluster.start()

@@ -190,3 +190,32 @@ def test_dashboard_pages_in_chromium(
     target = os.environ.get("MQTTBROKER_DASHBOARD_SCREENSHOT")
     if target:
         shutil.copyfile(overview, target)
+
+
+def test_security_page_lists_and_disables_dynsec_clients(
+    admin_broker: Callable[..., Admin], browser: Any, tmp_path: Path
+) -> None:
+    from test_dynsec_api import TOKEN, dynsec_admin
+
+    admin, _ = dynsec_admin(admin_broker, tmp_path)
+    name = unique("api-made")
+    admin.ok("POST", "/api/v1/dynsec/clients", {"username": name, "password": "pw"})
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+    ui = Page(browser, admin, shots)
+    ui.page.add_init_script(f"sessionStorage.setItem('mqttbroker-token', {TOKEN!r})")
+    page = ui.open("security")
+    row = f'#dynsec-table tr[data-username="{name}"]'
+    page.wait_for_selector(row, timeout=WAIT_MS)
+    assert page.inner_text(f"{row} td.state") == "enabled"
+    # created on the page, then disabled on the page
+    other = unique("page-made")
+    page.fill("#dynsec-username", other)
+    page.fill("#dynsec-password", "pw2")
+    page.click("#dynsec-create")
+    page.wait_for_selector(f'#dynsec-table tr[data-username="{other}"]', timeout=WAIT_MS)
+    page.click(f"{row} button")
+    page.wait_for_selector(f'{row} td.state:text-is("disabled")', timeout=WAIT_MS)
+    assert admin.ok("GET", f"/api/v1/dynsec/clients/{name}")["disabled"] is True
+    ui.shot("security")
+    assert ui.errors == [], "\n".join(ui.errors)

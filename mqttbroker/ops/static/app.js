@@ -233,9 +233,38 @@ function stopLive() {
   $("live-stop").disabled = true;
 }
 
+// -- security: the dynamic security's clients ------------------------------------------------
+
+async function showSecurity() {
+  const page = await api("/api/v1/dynsec/clients");
+  fill("dynsec-table", page.items, (tr, c) => {
+    tr.dataset.username = c.username;
+    cell(tr, c.username); cell(tr, c.clientid);
+    cell(tr, c.roles.map((r) => r.rolename).join(", "));
+    cell(tr, c.groups.map((g) => g.groupname).join(", "));
+    cell(tr, c.disabled ? "disabled" : "enabled", "state");
+    const path = "/api/v1/dynsec/clients/" + encodeURIComponent(c.username) + (c.disabled ? "/enable" : "/disable");
+    button(tr, c.disabled ? "Enable" : "Disable", () => api(path, { method: "POST" }));
+  });
+}
+
+async function createDynsecClient(event) {
+  event.preventDefault();
+  const roles = $("dynsec-roles").value.split(",").map((r) => r.trim()).filter((r) => r);
+  const body = { username: $("dynsec-username").value, password: $("dynsec-password").value, roles };
+  try {
+    await api("/api/v1/dynsec/clients", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
+    $("dynsec-form").reset();
+    status("");
+  } catch (e) {
+    status(e.message);
+  }
+  refresh();
+}
+
 // -- navigation ------------------------------------------------------------------------------
 
-const VIEWS = { overview: showOverview, clients: showClients, sessions: showSessions, subscriptions: showSubscriptions, retained: showRetained, live: showOverview };
+const VIEWS = { overview: showOverview, clients: showClients, sessions: showSessions, subscriptions: showSubscriptions, retained: showRetained, live: showOverview, security: showSecurity };
 
 async function refresh() {
   try {
@@ -263,6 +292,7 @@ $("login-form").addEventListener("submit", (event) => {
 });
 $("live-form").addEventListener("submit", startLive);
 $("live-stop").addEventListener("click", stopLive);
+$("dynsec-form").addEventListener("submit", createDynsecClient);
 for (const id of ["client-search", "sub-filter", "retained-filter"]) $(id).addEventListener("input", refresh);
 window.addEventListener("hashchange", select);
 select();

@@ -1,0 +1,143 @@
+"""The dynamic security through the admin API (``/api/v1/dynsec``), against a real broker
+process with ``[dynsec] enabled``: a client created by the API logs in over MQTT, disabling it
+disconnects it at once, an ACL added to a role lets it publish, each change is a dynsec audit
+line (who, from where, what) beside the admin audit line, the state file holds every change,
+bad input is refused naming the field, and nothing is served without the admin login."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ops_support import Admin, check
+from support.clients import unique
+
+from mqttbroker.security.dynsec import Dynsec
+
+TOKEN = "dynsec-api-token"
+BEARER = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def dynsec_admin(admin_broker: Callable[..., Admin], tmp_path: Path) -> tuple[Admin, Path]:
+    """A broker with the dynamic security (an ``admin`` client and role, as ``dynsec init``
+    makes) and an admin server behind a bearer token; its Admin (logged in) and state file."""
+    initial = tmp_path / "init.json"
+    initial.write_text(json.dumps(Dynsec.initial("admin", "adminpw", 1000).to_json()))
+    token = tmp_path / "token"
+    token.write_text(TOKEN + "\n")
+    state = tmp_path / "dynamic-security.json"
+    admin = admin_broker(
+        f"[admin]\ntoken_file = {str(token)!r}\n"
+        f"[dynsec]\nenabled = true\niterations = 1000\nfile = {str(state)!r}\n"
+        f"import_file = {str(initial)!r}\n"
+    )
+    admin.headers = dict(BEARER)
+    return admin, state
+
+
+def test_clients_created_disabled_and_roles_edited_through_the_api(
+    admin_broker: Callable[..., Admin], paho: Callable[..., Any], tmp_path: Path
+) -> None:
+    admin, state = dynsec_admin(admin_broker, tmp_path)
+    broker = admin.broker
+    name = unique("sensor")
+
+    # create: it logs in over MQTT with that password, and the state file has it at once
+    mark = broker.log_mark()
+    created = admin.ok("POST", "/api/v1/dynsec/clients", {"username": name, "password": "s3cret"})
+    assert created["username"] == name and "disabled" not in created
+    assert name in {c["username"] for c in json.loads(state.read_text())["clients"]}
+    log = broker.log_since(mark)
+    assert (
+        f"dynsec: admin-api/the bearer token from 127.0.0.1 | createClient | username={name}" in log
+    )
+    assert "s3cret" not in log
+    assert "admin audit: the bearer token from 127.0.0.1: POST /api/v1/dynsec/clients -> 200" in log
+    listed = admin.ok("GET", "/api/v1/dynsec/clients")
+    assert {"admin", name} <= {c["username"] for c in listed["items"]}
+    assert admin.ok("GET", f"/api/v1/dynsec/clients/{name}")["username"] == name
+    client = paho(admin, user=name, password="s3cret")
+
+    # a role's ACL added through the API, then removed
+    role = admin.ok(
+        "POST",
+        "/api/v1/dynsec/roles/admin/acls",
+        {"acltype": "publishClientSend", "topic": "sensors/#", "allow": True, "priority": 3},
+    )
+    assert {"acltype": "publishClientSend", "topic": "sensors/#", "priority": 3, "allow": True} in (
+        role["acls"]
+    )
+    roles = admin.ok("GET", "/api/v1/dynsec/roles")
+    assert "sensors/#" in json.dumps(roles)
+    body = {"acltype": "publishClientSend", "topic": "sensors/#"}
+    role = admin.ok("DELETE", "/api/v1/dynsec/roles/admin/acls", body)
+    assert "sensors/#" not in json.dumps(role)
+    missing = admin.request("DELETE", "/api/v1/dynsec/roles/admin/acls", body)
+    assert missing.status == 404 and "ACL not found" in missing.body["error"]
+
+    # disabled while connected: disconnected at once, refused from then on, audited
+    mark = broker.log_mark()
+    disabled = admin.ok("POST", f"/api/v1/dynsec/clients/{name}/disable")
+    assert disabled["disabled"] is True
+    gone = client.wait_disconnected()
+    assert gone.from_server
+    refused = paho(admin, user=name, password="s3cret", connect=False)
+    assert refused.connect(expect_success=False) == 0x87
+    assert f"| disableClient | username={name}" in broker.log_since(mark)
+    assert json.loads(state.read_text())["clients"][1].get("disabled") is True
+    enabled = admin.ok("POST", f"/api/v1/dynsec/clients/{name}/enable")
+    assert "disabled" not in enabled
+    paho(admin, user=name, password="s3cret")
+
+    # deleted: gone from the listing and the file
+    assert admin.ok("DELETE", f"/api/v1/dynsec/clients/{name}") == {"deleted": name}
+    assert admin.request("GET", f"/api/v1/dynsec/clients/{name}").status == 404
+    assert name not in state.read_text()
+
+
+def test_bad_input_and_logins_are_refused(
+    admin_broker: Callable[..., Admin], tmp_path: Path
+) -> None:
+    admin, _ = dynsec_admin(admin_broker, tmp_path)
+    for body, field in (
+        ({"password": "x"}, "username"),
+        ({"username": "u"}, "password"),
+        ({"username": "u", "password": "x", "roles": "admin"}, "roles"),
+        ({"username": "u", "password": "x", "roles": [3]}, "roles[0]"),
+    ):
+        reply = admin.request("POST", "/api/v1/dynsec/clients", body)
+        assert reply.status == 400 and reply.body["error"].startswith(field + ":"), reply.body
+        check("POST", "/api/v1/dynsec/clients", 400, reply.body)
+    unknown = admin.request(
+        "POST", "/api/v1/dynsec/clients", {"username": "u", "password": "x", "roles": ["nope"]}
+    )
+    assert unknown.status == 404 and unknown.body["error"] == "createClient: Role not found"
+    twice = admin.request("POST", "/api/v1/dynsec/clients", {"username": "admin", "password": "x"})
+    assert twice.status == 400 and "Client already exists" in twice.body["error"]
+    acl = admin.request("POST", "/api/v1/dynsec/roles/admin/acls", {"acltype": "x", "topic": "t"})
+    assert acl.status == 400 and acl.body["error"].startswith("acltype:")
+    assert admin.request("POST", "/api/v1/dynsec/clients/nobody/disable").status == 404
+
+    # without the token: refused, and nothing was created
+    anonymous = {"Authorization": ""}
+    for method, path in (("GET", "/api/v1/dynsec/clients"), ("POST", "/api/v1/dynsec/clients")):
+        reply = admin.request(
+            method, path, {"username": "intruder", "password": "x"}, headers=anonymous
+        )
+        assert reply.status == 401, (method, reply.body)
+    names = [c["username"] for c in admin.ok("GET", "/api/v1/dynsec/clients")["items"]]
+    assert names == ["admin"]
+
+
+def test_404_without_the_dynamic_security(admin_broker: Callable[..., Admin]) -> None:
+    admin = admin_broker()
+    for method, path in (
+        ("GET", "/api/v1/dynsec/clients"),
+        ("POST", "/api/v1/dynsec/clients"),
+        ("GET", "/api/v1/dynsec/roles"),
+        ("POST", "/api/v1/dynsec/clients/someone/disable"),
+    ):
+        reply = admin.request(method, path, {"username": "u", "password": "x"})
+        assert reply.status == 404 and "not enabled" in reply.body["error"], (path, reply.body)
