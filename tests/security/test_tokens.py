@@ -26,7 +26,8 @@ from mqttbroker.security.tokens import (
     TokenVerifier,
 )
 
-NOW = time.time()  # PyJWT reads the real clock: margins below are minutes wide
+# PyJWT reads the real clock: each test takes the time anew (fresh_now), margins are minutes wide.
+NOW = time.time()
 SECRET = b"s" * 40
 
 
@@ -34,6 +35,13 @@ def _pem(key: Any) -> bytes:
     return key.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
     )
+
+
+@pytest.fixture(autouse=True)
+def fresh_now() -> None:
+    """The time of this test, not of the import: a long suite run would age the tokens."""
+    global NOW
+    NOW = time.time()
 
 
 @pytest.fixture(scope="module")
@@ -93,9 +101,9 @@ def test_a_token_signed_with_another_key_is_refused(tmp_path: Path, keys: dict[s
 @pytest.mark.parametrize(
     ("claims", "why"),
     [
-        ({"exp": NOW - 400}, "ExpiredSignature"),
-        ({"nbf": NOW + 400}, "ImmatureSignature"),
-        ({"iat": NOW + 400}, "ImmatureSignature"),
+        ({"exp": -400}, "ExpiredSignature"),
+        ({"nbf": 400}, "ImmatureSignature"),
+        ({"iat": 400}, "ImmatureSignature"),
     ],
 )
 def test_time_claims_are_checked_with_the_leeway(
@@ -103,10 +111,11 @@ def test_time_claims_are_checked_with_the_leeway(
 ) -> None:
     (tmp_path / "k.pem").write_bytes(_pem(keys["ES256"]))
     verifier = _verifier(public_key_file=str(tmp_path / "k.pem"), leeway=300)
-    verdict = verifier.verify("dev-1", _token(keys["ES256"], "ES256", **claims))
+    offsets = {name: NOW + value for name, value in claims.items()}
+    verdict = verifier.verify("dev-1", _token(keys["ES256"], "ES256", **offsets))
     assert verdict.status == REFUSED and why in verdict.reason
     # Within the leeway (200 s off instead of 400) the same claims are fine.
-    within = {name: value + (200 if value < NOW else -200) for name, value in claims.items()}
+    within = {name: NOW + value + (200 if value < 0 else -200) for name, value in claims.items()}
     assert verifier.verify("dev-1", _token(keys["ES256"], "ES256", **within)).status == ACCEPTED
 
 
