@@ -107,11 +107,16 @@ async def kept_running(work: Callable[[], Awaitable[None]]) -> None:
     it did not expect: logged with its traceback, and the node goes on (a node whose writer
     stopped would hold every acknowledgement, one whose reader stopped would miss every
     message from the other nodes, and nothing would say why)."""
+    task = asyncio.current_task()
     while True:
         try:
             await work()
             return
         except Exception:
+            if task is not None and task.cancelling():
+                # Stopping: a Redis call cut short by the cancel may surface as its own error
+                # (redis-py turns a connection closed under a blocking read into one).
+                return
             log.exception("cluster: error in %s, started again", work.__name__.strip("_"))
             await asyncio.sleep(RETRY_SECONDS)
 
