@@ -103,7 +103,7 @@ def _broker(workdir: str, port: int, *extra: str) -> subprocess.Popen[bytes]:
         fh.write(CONFIG)
     return subprocess.Popen(
         [sys.executable, "-m", "mqttbroker", "--port", str(port), "--memory", "--config", config]
-        + ["--log-level", "warning", "--data-dir", workdir, *extra],
+        + ["--log-level", "warning", "--data-dir", workdir, "--admin-port", "0", *extra],
         stdout=subprocess.DEVNULL,
         stderr=log,
         cwd=workdir,

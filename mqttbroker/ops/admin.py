@@ -444,13 +444,13 @@ class AdminServer:
         site = web.TCPSite(runner, config.host, config.port, ssl_context=context)
         try:
             await site.start()
-        except OSError as exc:
+        except (OSError, AttributeError) as exc:  # aiohttp on uvloop: a server without socket
             await runner.cleanup()
             log.error(
                 "admin server: cannot listen on %s:%d (%s); running without it",
                 config.host,
                 config.port,
-                exc.strerror or exc,
+                getattr(exc, "strerror", None) or exc,
             )
             return
         self.runner = runner
