@@ -41,6 +41,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .wire import s16, vbi
+
 MQTT_5 = 5
 MQTT_311 = 4
 
@@ -53,23 +55,6 @@ ZOMBIE_HOLD = 30.0  # a connection given up unclosed is read this long (longer t
 BACKOFF = (0.05, 0.5)  # seconds, uniform, before each reconnection attempt
 MAX_INFLIGHT = 20
 SESSION_EXPIRY = 3600
-
-
-def vbi(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-def s16(text: str) -> bytes:
-    raw = text.encode()
-    return len(raw).to_bytes(2, "big") + raw
 
 
 def packet(first: int, body: bytes) -> bytes:
