@@ -45,6 +45,6 @@ def setup(level: str) -> None:
     handler.setFormatter(EscapingFormatter(FORMAT))
     logging.basicConfig(level=level.upper(), handlers=[handler])
     # Neither format (this one, ops/logjson.py's) names the thread or the process: records need
-    # not look them up, about a quarter of an info line's cost, which a connection storm pays
-    # once per client connected and once per client gone (benchmarks/README.md, "Fleets").
+    # not look them up: a sizeable share of an info line's cost, which a connection storm pays
+    # once per client connected and once per client gone.
     logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False

@@ -76,7 +76,7 @@ class Message:
         self.stored = 0  # the store's handle (0: none); only the store reads it (broker/store.py)
         # The store's deliveries that refer to it, while it has a handle; only the store keeps it
         # (on the message, not in a table of the store's: such a table, one entry per message
-        # queued, stopped the broker to copy itself each time it doubled: 24 ms at 700,000).
+        # queued, stops the broker to copy itself each time it doubles).
         self.store_refs = 0
         # The client id and user name of its publisher, recorded by Router.publish only while
         # an integration needs them (a webhook names the publisher); None otherwise, for the

@@ -26,10 +26,8 @@ RETAINED_PER_PASS = 1_048_576
 # Bytes of retained messages a later pass buffers before it writes them to the transport: the
 # transport says pause_writing from within the write that takes it past its high-water mark,
 # and the replay stops there, within one message and this much of the mark. It is also the
-# share sent with the SUBACK, which is written at the pass's end. Written at the pass's end,
-# a whole share of a pass went past the mark: 200 clients that subscribed to "#" and did not
-# read took 5.9 MB of resident memory each with ten retained messages of 1 MB (a mark of
-# 4 MB, the broker's own transport), now 5.2.
+# share sent with the SUBACK, which is written at the pass's end. Written only at the pass's
+# end, a whole share of a pass would go past the mark for every client that does not read.
 REPLAY_WRITE = 65_536
 
 # Why a SUBSCRIBE refused a filter or an UNSUBSCRIBE found none, for the Reason String.

@@ -39,7 +39,7 @@ def _encode_vbi(value: int) -> bytes:
 
 _VBI_TABLE = [_encode_vbi(n) for n in range(16384)]
 # Every one-byte bytes object: a table lookup, where building one from a tuple costs a generic
-# call of the bytes type (a CONNACK took some 840 instructions fewer without its two). The
+# call of the bytes type (a CONNACK would pay two). The
 # first byte of a PUBLISH by its flags (DUP, QoS, RETAIN) is one of them.
 _BYTES = [bytes((value,)) for value in range(256)]
 _PUBLISH_FIRST = _BYTES[0x30:0x40]

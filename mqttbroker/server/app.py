@@ -232,8 +232,8 @@ class Server:
                     # Age what is young: the collector walks a young container whole each time
                     # it runs, and one can grow large while young, since most of what the
                     # broker keeps per message is not tracked and hardly advances the count
-                    # that starts a collection (a session's queue of 300,000 deliveries,
-                    # walked by the first collection: 11 ms). Walked now, it is small; then old.
+                    # that starts a collection (a long offline queue, walked whole by the
+                    # first collection that sees it). Walked now, it is small; then old.
                     gc.collect(1)
                 self.broker.tick()
                 self._security_tick()
@@ -417,9 +417,9 @@ def run(config: Config, stop_requested: Sequence[int] = ()) -> int:
 
 def _tune_gc(threshold: int) -> None:
     """Pace the cycle collector (``gc_threshold``): the youngest generation every ``threshold``
-    net allocations, the middle one every fifth of those (it walks what survived them: at the
-    default, at most about 50,000 objects, some 4 ms, so that a growing queue of stored messages
-    never stops the broker for long), a full collection at most every thousandth. And keep what
+    net allocations, the middle one every fifth of those (it walks what survived them, a bounded
+    number of objects, so that a growing queue of stored messages never stops the broker for
+    long), a full collection at most every thousandth. And keep what
     exists when the broker starts (modules, configuration) out of its collections for good
     (what starting builds joins it: Server.run_until_signalled)."""
     if threshold:

@@ -2,10 +2,8 @@
 
 Between two messages an idle broker sleeps in the kernel's poll, and the next message pays for
 the wake-up: the scheduler, the CPU leaving its idle state and, on a virtual machine, the host
-giving the virtual CPU back. On this project's 2-core VM that wake-up is most of the delivery
-latency at 1,000 msg/s and all of its tail: p99 from 0.14 to 2 ms from run to run, for Mosquitto
-as for this broker, against medians of 95-116 µs for this broker with ``busy_poll_us = 2000``
-(scenario 5 of benchmarks/README.md; the README's Performance section has the runs).
+giving the virtual CPU back. At light load that wake-up is most of the delivery latency and all
+of its tail, for any broker (benchmarks/README.md, scenario 5, has the figures).
 
 With ``busy_poll_us`` set, every loop pass that produced output (or left input over for the next
 pass) keeps the loop polling its sockets without sleeping (a zero-timeout poll per pass) for that
@@ -15,9 +13,8 @@ core at 100% while it spins, so it is off unless set.
 
 The broker's own threads (the SQLite store's writer, password checks) share the core: each spin
 pass yields it (``sched_yield``), and the loop lets go of the GIL in every poll, so a thread that
-is ready runs at once. Without the yield, QoS 1 into an offline session with the SQLite store
-(benchmark scenario 8, sync normal, one core) fell from 28-34k to 23-24k msg/s; with it,
-31-35k.
+is ready runs at once: a spin that did not yield would starve the SQLite writer that the
+acknowledgements of persistent sessions wait for.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The broker's own TCP transport, for plain MQTT over TCP listeners (not TLS, WebSocket or
 PROXY protocol ones, which stay on the event loop's transports).
 
-An idle connection on uvloop's transport costs about 1,250 bytes of the event loop's alone (the
-transport object, libuv's handle, the entry in the loop's weak dictionary of transports), against
-about 0.7 KiB for the whole of an idle connection in Mosquitto. ``_streams`` (C, Linux) serves the
+An idle connection on an event loop's transport carries the loop's own objects (on uvloop: the
+transport object, libuv's handle, the entry in the loop's weak dictionary of transports), more
+than a small C broker spends on its whole connection. ``_streams`` (C, Linux) serves the
 sockets of a listener on one epoll instance that the loop watches as a single descriptor: each
 connection is a 64-byte transport with asyncio's methods and callbacks, so the protocol (tcp.py) is
 the same on either. Reading a socket is a ``recv`` and a call of ``data_received`` (repeated while a
@@ -13,14 +13,13 @@ stream's buffer when small (under 16 KiB) or mutable (bytearray, memoryview), an
 when it is a ``bytes`` object someone else holds too (one made for the write alone, a join, is
 copied: the allocator reuses its block at once): the one encoding of a large message written to many
 clients that do not read (a retained message replayed to 200 subscribers of ``#``, say) is then
-shared by all of them, where a copy each would hold up to the high-water mark per client (measured:
-0.04 MB per such client instead of 5). ``get_write_buffer_size`` counts both, so pause_writing and
+shared by all of them, where a copy each would hold up to the high-water mark per client.
+``get_write_buffer_size`` counts both, so pause_writing and
 resume_writing come as before. The listening sockets defer accepting until a client's first bytes
 arrive (TCP_DEFER_ACCEPT), and a new connection is read at once. When one socket is ready after a
 quiet spell (100 µs since the last pass), its TCP acknowledgement is held (TCP_QUICKACK off) until
-the protocol has handled the read: the kernel would otherwise send it from within recv(), and a
-forwarded message would wait for that (measured at about 2 µs of the 60 µs publish-to-delivery at
-1,000 msg/s).
+the protocol has handled the read: the kernel would otherwise send it from within recv(), and on
+loopback a forwarded message would wait for the peer's handling of that ACK.
 
 A listener's poller calls the broker's ``pass_begin`` and ``pass_end`` around each of its passes
 (``hooks``): the pass's output is flushed at its end, without a callback of the loop.
@@ -30,7 +29,7 @@ load: after a pass that found two or more sockets ready, the poller sleeps (the 
 until ``gather`` seconds after that pass began, and the next pass reads what arrived meanwhile.
 Not after a pass that read a socket written to since its previous read: that client may be
 waiting for the answer (a PUBACK, a reply) before it sends more, and would only be slowed.
-See the README's Architecture section for what it saves and costs.
+benchmarks/README.md has what it saves and costs.
 
 It is used when the compiled modules are (``mqttbroker.compiled``; ``MQTTBROKER_PURE`` turns
 both off) on a loop with ``add_reader`` on descriptors; otherwise the listener is the loop's

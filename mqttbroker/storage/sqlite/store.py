@@ -113,7 +113,7 @@ class SQLiteStore(Recorder, Store):
         self._writer: asyncio.Task[None] | None = None
         self._taken = 0  # ``writes`` when the last batch was taken for a commit
         # Gathering (_write_loop) pays where each commit waits for an fsync; without one, the
-        # wait for the next messages costs more than the commits it saves (measured).
+        # wait for the next messages costs more than the commits it saves.
         self._gathers = sync == "full" and not commit_interval
         self._closing = False
         self._stopped = asyncio.Event()  # set by close(): a retry waits no longer
@@ -434,7 +434,7 @@ class SQLiteStore(Recorder, Store):
         # Once the transaction is in the database thread's queue, the event loop gives up the
         # processor (after the callbacks already due): on a core the two threads share, the
         # loop would otherwise go on until it has nothing to do, and the commit everything
-        # waits for would start only then (37-40 µs later per commit, traced with `full`).
+        # waits for would start only then.
         # The call returns at once when nothing else is runnable on this core.
         if _yield_processor is not None:
             asyncio.get_running_loop().call_soon(_yield_processor)
@@ -485,10 +485,10 @@ class SQLiteStore(Recorder, Store):
         """Copy the log into the database, then what commits added to it meanwhile, and again,
         until a copy finds at most TAIL_FRAMES new frames (pages) or after CHECKPOINT_PASSES
         copies: what the writer copies itself before its next commit is then what a short
-        copy let through, not what the first, long one did. Measured with `normal` under load:
-        the first copy takes about 40 ms and 13,000 frames, the writer's copy after it was
-        about 600 frames and 10 ms (the worst PUBACK), after a second and third copy (3.5 and
-        1.5 ms) about 30 frames, which still take it 1.5-9 ms."""
+        copy let through, not what the first, long one did. Under load the first copy is long
+        and commits add many frames meanwhile; the writer's own copy holds back the
+        acknowledgements of its next commit, so it is kept to the few frames the last short
+        copy left."""
         logged = 0  # the log's frames the last copy saw
         for _ in range(self.CHECKPOINT_PASSES):
             async with db.execute("PRAGMA wal_checkpoint(PASSIVE)") as cursor:
