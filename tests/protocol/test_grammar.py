@@ -1,18 +1,40 @@
-"""Malformed and forbidden inputs, one codec rule at a time: each body is built by hand, and every
+"""protocol/grammar.py, the construct codec of every packet type, checked beside the fast path
+wherever that handles the same packet.
+
+Round trips: encode then decode gives the packet back, and decode then encode gives the bytes
+back, for every packet type at both protocol levels. A table of hand-picked packets first, then
+hypothesis over everything support.strategies can generate.
+
+Variable Byte Integers (1.5.5) and the fixed header's Remaining Length (2.1.4), in both codecs:
+fastpath.encode_vbi / decode_vbi / read_fixed_header and grammar.VBI.
+
+Malformed and forbidden inputs, one codec rule at a time: each body is built by hand, and every
 decoder of the packet type (grammar, plus the fast path for hot packets) must raise the spec's
 error class with its reason code (MalformedPacket 0x81, ProtocolError 0x82,
-UnsupportedProtocolVersion 0x84)."""
+UnsupportedProtocolVersion 0x84).
+"""
 
 from __future__ import annotations
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from protocol_helpers import assert_rejects, decode_all, props, s, split
-from protocol_strategies import any_packet
-from support.codec import decode_packet
+from support.clients import vbi
+from support.codec import (
+    HOT,
+    assert_rejects,
+    check_golden,
+    decode_all,
+    decode_hot,
+    decode_packet,
+    encode_hot,
+    props,
+    s,
+    split,
+)
+from support.strategies import any_packet, hot_packet
 
-from mqttbroker.protocol import grammar
+from mqttbroker.protocol import fastpath, grammar
 from mqttbroker.protocol import packets as pk
 from mqttbroker.protocol.errors import (
     MalformedPacket,
@@ -21,6 +43,245 @@ from mqttbroker.protocol.errors import (
     UnsupportedProtocolVersion,
 )
 from mqttbroker.protocol.packets import MQTT_3_1_1, MQTT_5, PacketType
+from mqttbroker.protocol.properties import PropertyId as P
+
+V4, V5 = MQTT_3_1_1, MQTT_5
+SR = pk.SubscriptionRequest
+
+CASES: list[tuple[pk.Packet, int]] = [
+    (pk.Connect(), V5),
+    (pk.Connect(protocol_level=4), V4),
+    (pk.Connect(protocol_level=3, protocol_name="MQIsdp", client_id="a" * 23), V4),
+    (
+        pk.Connect(
+            "ç",
+            username="",
+            password=b"",
+            will=pk.Will("", b"", 0, False, {P.USER_PROPERTY: [("", "")]}),
+            properties={P.AUTHENTICATION_METHOD: "m", P.AUTHENTICATION_DATA: b"\x00"},
+        ),
+        V5,
+    ),
+    (
+        pk.Connect("x", protocol_level=4, username="u", will=pk.Will("t", b"\x00" * 300, 2, True)),
+        V4,
+    ),
+    (pk.Connack(True, 0, {P.USER_PROPERTY: [("a", "1"), ("a", "1")]}), V5),
+    (pk.Connack(False, 0x9F), V5),
+    (pk.Connack(False, 3), V4),
+    (pk.Publish("", b""), V5),
+    (pk.Publish("a" * 65535, b"p"), V5),
+    (pk.Publish("t", b"\x00" * 70000, 1, packet_id=65535), V4),
+    (pk.Publish("t", b"", 2, True, True, 1, {P.SUBSCRIPTION_IDENTIFIER: [268_435_455]}), V5),
+    (pk.Puback(0), V5),
+    (pk.Pubrec(65535, 0x99), V5),
+    (pk.Pubrel(1, 0, {P.REASON_STRING: "r" * 1000}), V5),
+    (pk.Pubcomp(1), V4),
+    (pk.Subscribe(1, [SR("#", 2, True, True, 2)] * 3), V5),
+    (pk.Subscribe(65535, [SR("$SYS/#", 1)]), V4),
+    (pk.Suback(1, [0x00] * 200), V5),
+    (pk.Suback(1, [0x80]), V4),
+    (pk.Unsubscribe(1, ["a", "b", "c"]), V5),
+    (pk.Unsubscribe(1, [""]), V4),
+    (pk.Unsuback(2, [0x8F], {P.USER_PROPERTY: [("k", "v")]}), V5),
+    (pk.Unsuback(2), V4),
+    (pk.Pingreq(), V4),
+    (pk.Pingresp(), V5),
+    (pk.Disconnect(0x98, {P.SERVER_REFERENCE: "other"}), V5),
+    (pk.Disconnect(), V4),
+    (pk.Auth(0x19, {P.REASON_STRING: "again"}), V5),
+]
+
+
+def round_trip(packet: pk.Packet, version: int) -> None:
+    """What the grammar encodes, every codec of the packet encodes alike and decodes back."""
+    check_golden(packet, version, grammar.encode(packet, version))
+
+
+@pytest.mark.parametrize(
+    ("packet", "version"),
+    CASES,
+    ids=[f"{type(p).__name__}-v{v}-{i}" for i, (p, v) in enumerate(CASES)],
+)
+def test_round_trip_cases(packet: pk.Packet, version: int) -> None:
+    round_trip(packet, version)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_round_trip_any_packet_v5(data: st.DataObject) -> None:
+    """Every MQTT 5 packet type, with any properties the spec allows in it."""
+    round_trip(data.draw(any_packet(V5)), V5)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.data())
+def test_round_trip_any_packet_v311(data: st.DataObject) -> None:
+    """Every MQTT 3.1.1 packet type (and 3.1 CONNECT)."""
+    round_trip(data.draw(any_packet(V4)), V4)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data(), st.sampled_from([V4, V5]))
+def test_several_packets_in_one_buffer(data: st.DataObject, version: int) -> None:
+    """Packets back to back in one buffer split on their Remaining Lengths and decode in order;
+    the fast path decodes the hot ones in place."""
+    packets = data.draw(st.lists(any_packet(version), min_size=1, max_size=5))
+    buffer = b"".join(grammar.encode(p, version) for p in packets)
+    pos = 0
+    for packet in packets:
+        header = fastpath.read_fixed_header(buffer, pos, len(buffer))
+        assert header is not None
+        length, start = header
+        end = start + length
+        ptype, flags = buffer[pos] >> 4, buffer[pos] & 15
+        assert grammar.decode(ptype, flags, buffer[start:end], version) == packet
+        if ptype in HOT:
+            assert decode_hot(ptype, flags, buffer, start, end, version) == packet
+        pos = end
+    assert pos == len(buffer)
+    # A cut anywhere inside the first fixed header asks for more bytes.
+    assert fastpath.read_fixed_header(buffer, 0, 1) is None
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.data(), st.sampled_from([V4, V5]))
+def test_hot_packet_round_trip_through_fast_path_only(data: st.DataObject, version: int) -> None:
+    packet = data.draw(hot_packet(version))
+    encoded = encode_hot(packet, version)
+    header = fastpath.read_fixed_header(encoded, 0, len(encoded))
+    assert header is not None
+    length, start = header
+    assert start + length == len(encoded)
+    decoded = decode_hot(encoded[0] >> 4, encoded[0] & 15, encoded, start, len(encoded), version)
+    assert decoded == packet
+
+
+# Table 1.5.5 of the spec: the boundaries of each encoded length.
+VBI_TABLE = [
+    (0, b"\x00"),
+    (127, b"\x7f"),
+    (128, b"\x80\x01"),
+    (16_383, b"\xff\x7f"),
+    (16_384, b"\x80\x80\x01"),
+    (2_097_151, b"\xff\xff\x7f"),
+    (2_097_152, b"\x80\x80\x80\x01"),
+    (268_435_455, b"\xff\xff\xff\x7f"),
+    (321, b"\xc1\x02"),
+]
+
+
+@pytest.mark.parametrize(("value", "raw"), VBI_TABLE)
+def test_vbi_table(value: int, raw: bytes) -> None:
+    """[MQTT-1.5.5-1] The spec's table of Variable Byte Integer sizes, in both codecs."""
+    assert fastpath.encode_vbi(value) == raw
+    assert grammar.VBI.build(value) == raw
+    assert fastpath.decode_vbi(raw, 0, len(raw)) == (value, len(raw))
+    assert fastpath.decode_vbi(b"\xaa" + raw + b"\x80", 1, len(raw) + 1) == (value, len(raw) + 1)
+    assert grammar.VBI.parse(raw) == value
+
+
+@given(st.integers(0, 268_435_455))
+def test_vbi_round_trip(value: int) -> None:
+    """[MQTT-1.5.5-1] Both encoders give the same, shortest encoding (7 bits of the value a
+    byte, the continuation bit on every byte but the last) and both decoders read it back."""
+    raw = fastpath.encode_vbi(value)
+    assert grammar.VBI.build(value) == raw
+    assert len(raw) == max(1, -(-value.bit_length() // 7))
+    assert [byte >> 7 for byte in raw] == [1] * (len(raw) - 1) + [0]
+    assert fastpath.decode_vbi(raw, 0, len(raw)) == (value, len(raw))
+    assert grammar.VBI.parse(raw) == value
+
+
+@pytest.mark.parametrize("value", [-1, 268_435_456, 2**32])
+def test_vbi_out_of_range_is_not_encoded(value: int) -> None:
+    with pytest.raises(ValueError):
+        fastpath.encode_vbi(value)
+    with pytest.raises(ValueError):
+        grammar.VBI.build(value)
+
+
+NON_MINIMAL = [b"\x80\x00", b"\xff\x00", b"\x80\x80\x00", b"\x81\x80\x00", b"\x80\x80\x80\x00"]
+TOO_LONG = [b"\x80\x80\x80\x80\x01", b"\xff\xff\xff\xff\x7f", b"\x80\x80\x80\x80\x00"]
+
+
+@pytest.mark.parametrize("raw", NON_MINIMAL + TOO_LONG)
+def test_vbi_malformed(raw: bytes) -> None:
+    """[MQTT-1.5.5-1] A non-minimal encoding, or more than 4 bytes, is a Malformed Packet."""
+    with pytest.raises(MalformedPacket) as info:
+        fastpath.decode_vbi(raw, 0, len(raw))
+    assert info.value.reason_code == 0x81
+    with pytest.raises(MalformedPacket) as info:
+        grammar.VBI.parse(raw)
+    assert info.value.reason_code == 0x81
+
+
+def test_vbi_truncated() -> None:
+    for raw in (b"", b"\x80", b"\xff\xff\xff"):
+        with pytest.raises(MalformedPacket):
+            fastpath.decode_vbi(raw, 0, len(raw))
+    # the bytes exist in the buffer but lie beyond ``end``
+    with pytest.raises(MalformedPacket):
+        fastpath.decode_vbi(b"\x80\x01", 0, 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# read_fixed_header
+
+
+@pytest.mark.parametrize(("value", "raw"), VBI_TABLE)
+def test_read_fixed_header(value: int, raw: bytes) -> None:
+    """Returns (remaining length, position of the body), ignoring what follows."""
+    data = b"\x30" + raw
+    assert fastpath.read_fixed_header(data, 0, len(data)) == (value, len(data))
+    data = b"junk\x30" + raw + b"\x00body"
+    assert fastpath.read_fixed_header(data, 4, len(data)) == (value, 5 + len(raw))
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"\x30", b"\x30\x80", b"\x30\xff\xff", b"\x30\x80\x80\x80", b""],
+    ids=["no-length", "1-of-2", "2-of-3", "3-of-4", "nothing"],
+)
+def test_read_fixed_header_incomplete(data: bytes) -> None:
+    """None while the Remaining Length is incomplete: more bytes are needed."""
+    assert fastpath.read_fixed_header(data, 0, len(data)) is None
+
+
+def test_read_fixed_header_respects_end() -> None:
+    """Bytes at or beyond ``end`` are not read yet."""
+    data = b"\x30\x80\x01"
+    assert fastpath.read_fixed_header(data, 0, 2) is None
+    assert fastpath.read_fixed_header(data, 0, 3) == (128, 3)
+
+
+@pytest.mark.parametrize("raw", NON_MINIMAL + TOO_LONG)
+def test_read_fixed_header_malformed(raw: bytes) -> None:
+    """[MQTT-1.5.5-1] Remaining Length not minimal or longer than 4 bytes: Malformed Packet."""
+    data = b"\x30" + raw
+    with pytest.raises(MalformedPacket) as info:
+        fastpath.read_fixed_header(data, 0, len(data))
+    assert info.value.reason_code == 0x81
+
+
+def test_read_fixed_header_too_long_without_fifth_byte() -> None:
+    """Four bytes all with the continuation bit are already known to be malformed."""
+    data = b"\x30\x80\x80\x80\x80"
+    with pytest.raises(MalformedPacket):
+        fastpath.read_fixed_header(data, 0, len(data))
+
+
+def test_grammar_remaining_length_of_encoded_packets() -> None:
+    """The encoders write the Remaining Length as the shortest VBI of the body size."""
+    from mqttbroker.protocol import packets as pk
+
+    for size in (0, 1, 120, 121, 122, 16_379, 16_380, 16_381):
+        packet = pk.Publish("t", b"\x00" * size)
+        for data in (grammar.encode(packet, 5), encode_hot(packet, 5)):
+            body_len = 3 + 1 + size
+            assert data[1 : 1 + len(vbi(body_len))] == vbi(body_len)
+            assert len(data) == 1 + len(vbi(body_len)) + body_len
+
 
 T = PacketType
 V4, V5 = MQTT_3_1_1, MQTT_5
@@ -303,15 +564,6 @@ TRUNCATED = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("ptype", "flags", "body", "version"), [c[:4] for c in TRUNCATED], ids=[c[4] for c in TRUNCATED]
-)
-def test_content_runs_past_the_end(ptype: int, flags: int, body: bytes, version: int) -> None:
-    """A field, string or property block longer than what remains of the packet (its Remaining
-    Length is too small for its content) is a Malformed Packet."""
-    assert_rejects(MalformedPacket, 0x81, ptype, flags, body, version)
-
-
 TRAILING = [
     (T.PUBACK, 0, b"\x00\x01\x00\x00\x00", V5, "PUBACK after empty properties"),
     (T.PUBREC, 0, b"\x00\x01\x10\x04\x1f\x00\x01x" + b"!", V5, "PUBREC after properties"),
@@ -329,11 +581,16 @@ TRAILING = [
 
 
 @pytest.mark.parametrize(
-    ("ptype", "flags", "body", "version"), [c[:4] for c in TRAILING], ids=[c[4] for c in TRAILING]
+    ("ptype", "flags", "body", "version"),
+    [c[:4] for c in TRUNCATED + TRAILING],
+    ids=[f"past the end: {c[4]}" for c in TRUNCATED] + [f"trailing: {c[4]}" for c in TRAILING],
 )
-def test_trailing_bytes(ptype: int, flags: int, body: bytes, version: int) -> None:
-    """Bytes after the last field of a packet with a fixed layout (Remaining Length too large)
-    are a Malformed Packet."""
+def test_remaining_length_that_does_not_fit_the_content_is_malformed(
+    ptype: int, flags: int, body: bytes, version: int
+) -> None:
+    """A field, string or property block longer than what remains of the packet (Remaining
+    Length too small), or bytes after the last field of a packet with a fixed layout (Remaining
+    Length too large), is a Malformed Packet."""
     assert_rejects(MalformedPacket, 0x81, ptype, flags, body, version)
 
 

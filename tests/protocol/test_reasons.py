@@ -1,4 +1,4 @@
-"""MQTT 5 CONNACK reason codes mapped onto the 3.1.1 return codes (3.1.1 section 3.2.2.3), which
+"""protocol/reasons.py: MQTT 5 CONNACK reason codes mapped onto the 3.1.1 return codes (3.1.1 section 3.2.2.3), which
 a 3.1.1 client gets for the same refusal."""
 
 from __future__ import annotations
@@ -23,5 +23,5 @@ from mqttbroker.protocol.reasons import ReasonCode, v311_connack_code
         (ReasonCode.BANNED, 5),
     ],
 )
-def test_v311_connack_code(reason: int, code: int) -> None:
+def test_v311_client_gets_the_return_code_of_the_refusal(reason: int, code: int) -> None:
     assert v311_connack_code(reason) == code

@@ -5,7 +5,7 @@ protocol level they are drawn for: MQTT 3.1.1 packets carry no properties and no
 that 3.1.1 cannot express, repeatable properties are non-empty lists, and property values obey the
 value rules the spec gives (0/1 bytes, non-zero Receive Maximum, and so on).
 
-Imported by sibling test modules (pytest puts this directory on sys.path; there is no package).
+Imported as ``support.strategies``.
 """
 
 from __future__ import annotations
