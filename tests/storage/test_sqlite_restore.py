@@ -1,4 +1,6 @@
-"""SQLiteStore against a real file: what one broker wrote, a new Broker + SQLiteStore on the same
+"""storage/sqlite/restore.py: what one broker wrote, the next one on the same file reads back.
+
+SQLiteStore against a real file: what one broker wrote, a new Broker + SQLiteStore on the same
 file restores. Sessions with their expiry, subscriptions with options and identifiers, queued and
 in-flight messages, inbound QoS 2 ids, retained messages, message expiry, shared payloads, queue
 limits, and the schema version.
@@ -6,6 +8,11 @@ limits, and the schema version.
 "Restart" is a clean stop (``Node.close``) unless the test says "crash": then the next node opens
 ``snapshot()``, a copy of the file and its WAL taken while the first store is still open, which is
 what a SIGKILL leaves on the disk.
+
+Pending wills across a restart: a will waiting out its Will Delay Interval is published after
+the delay (by ``broker.tick()`` with the fake clock), at once if the delay ran out while the broker
+was down, or when the session ends first; a reconnect in time cancels it. A will of a client that
+was connected when the broker died is armed again on restart.
 """
 
 from __future__ import annotations
@@ -16,7 +23,17 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from support.sqlite_harness import MQTT_5, FakeTime, Node, Prop, async_test, pk, rows, snapshot
+from support.sqlite_harness import (
+    MQTT_5,
+    Client,
+    FakeTime,
+    Node,
+    Prop,
+    async_test,
+    pk,
+    rows,
+    snapshot,
+)
 
 from mqttbroker.broker.session import NEVER
 from mqttbroker.broker.store import Restored, SessionRecord
@@ -715,3 +732,177 @@ async def test_the_store_hands_back_records_without_a_broker(db_path: Path, fake
         (b"kept", None),
     ]
     assert record.expires_at is not None and record.expires_at > fake_time.clock()
+
+
+def will(delay: int | None, *, qos: int = 1, retain: bool = False) -> pk.Will:
+    props: dict[int, object] = {
+        Prop.CONTENT_TYPE: "text/plain",
+        Prop.USER_PROPERTY: [("why", "gone")],
+    }
+    if delay is not None:
+        props[Prop.WILL_DELAY_INTERVAL] = delay
+    return pk.Will("will/w", b"w is gone", qos, retain, props)
+
+
+async def watch(node: Node, name: str = "observer") -> Client:
+    observer = await node.connect(name)
+    await observer.subscribe("will/#", 1)
+    return observer
+
+
+async def published(observer: Client) -> list[pk.Publish]:
+    got = await observer.receive()
+    return [p for p in got if isinstance(p, pk.Publish)]
+
+
+async def restarted_with_a_pending_will(
+    db_path: Path, fake_time: FakeTime, *, expiry: int, delay: int, downtime: float
+) -> tuple[Node, Client]:
+    """A node whose client ``w`` dropped (no DISCONNECT) with a will delayed by ``delay``, stopped
+    and started again ``downtime`` later; and an observer of the wills on the new node."""
+    node = await Node(db_path, fake_time).start()
+    w = await node.connect("w", expiry=expiry, will=will(delay))
+    await w.lose()
+    await node.close()
+    fake_time.reboot(downtime=downtime)
+    node = await Node(db_path, fake_time).start()
+    return node, await watch(node)
+
+
+async def assert_no_will_after_a_restart(
+    db_path: Path, fake_time: FakeTime, observer_name: str = "observer"
+) -> None:
+    """A node started on ``db_path`` publishes no will, even a minute later."""
+    node = await Node(db_path, fake_time).start()
+    observer = await watch(node, observer_name)
+    node.tick(advance=60)
+    assert await published(observer) == []
+
+
+@async_test
+async def test_delayed_will_published_after_the_delay_across_a_crash(
+    db_path: Path, fake_time: FakeTime
+):
+    node = await Node(db_path, fake_time).start()
+    w = await node.connect("w", expiry=300, will=will(30, retain=True))
+    await w.lose()  # no DISCONNECT: the will waits 30 s
+    assert rows(db_path, "SELECT client_id FROM wills WHERE due_at IS NOT NULL") == [("w",)]
+    fake_time.advance(5)
+    crashed = snapshot(db_path)
+
+    fake_time.reboot(downtime=10)  # 15 s of the 30 s have passed
+    node2 = await Node(crashed, fake_time).start()
+    observer = await watch(node2)
+    node2.tick()
+    assert await published(observer) == []
+    node2.tick(advance=14.5)
+    assert await published(observer) == []
+    node2.tick(advance=0.5)
+    got = await published(observer)
+    assert [(p.topic, p.payload, p.qos) for p in got] == [("will/w", b"w is gone", 1)]
+    assert got[0].properties[Prop.CONTENT_TYPE] == "text/plain"
+    assert got[0].properties[Prop.USER_PROPERTY] == [("why", "gone")]
+    assert Prop.WILL_DELAY_INTERVAL not in got[0].properties
+    await node2.committed()
+    assert rows(crashed, "SELECT count(*) FROM wills") == [(0,)]
+    assert rows(crashed, "SELECT topic, payload FROM retained") == [("will/w", b"w is gone")]
+    assert "w" in node2.b.sessions  # the session outlives its will
+
+
+@async_test
+async def test_will_whose_delay_ran_out_while_down_is_published_on_the_first_tick(
+    db_path: Path, fake_time: FakeTime
+):
+    node, observer = await restarted_with_a_pending_will(
+        db_path, fake_time, expiry=300, delay=30, downtime=60
+    )
+    node.tick()
+    assert [p.payload for p in await published(observer)] == [b"w is gone"]
+
+
+@async_test
+async def test_pending_will_cancelled_by_a_reconnect_after_restart(
+    db_path: Path, fake_time: FakeTime
+):
+    node, observer = await restarted_with_a_pending_will(
+        db_path, fake_time, expiry=300, delay=30, downtime=5
+    )
+    back = await node.connect("w", clean_start=False, expiry=300)
+    assert back.connack is not None and back.connack.session_present
+    node.tick(advance=60)
+    assert await published(observer) == []
+    await node.committed()
+    assert rows(db_path, "SELECT count(*) FROM wills") == [(0,)]
+    await back.disconnect()
+    await node.close()
+    await assert_no_will_after_a_restart(db_path, fake_time)
+
+
+@async_test
+async def test_pending_will_published_when_the_session_ends_first(
+    db_path: Path, fake_time: FakeTime
+):
+    node, observer = await restarted_with_a_pending_will(
+        db_path, fake_time, expiry=10, delay=60, downtime=4
+    )
+    node.tick()
+    assert await published(observer) == []
+    node.tick(advance=6)  # the session expires 10 s after the drop, before the will's 60 s
+    assert [p.payload for p in await published(observer)] == [b"w is gone"]
+    assert "w" not in node.b.sessions
+    await node.committed()
+    assert rows(db_path, "SELECT count(*) FROM wills") == [(0,)]
+    assert rows(db_path, "SELECT count(*) FROM sessions") == [(0,)]
+
+
+@async_test
+async def test_will_of_a_client_connected_at_the_crash_is_published_after_its_delay(
+    db_path: Path, fake_time: FakeTime
+):
+    node = await Node(db_path, fake_time).start()
+    await node.connect("w", expiry=300, will=will(20))
+    assert rows(db_path, "SELECT client_id, due_at FROM wills") == [("w", None)]
+    crashed = snapshot(db_path)  # killed with the client connected
+
+    node2 = await Node(crashed, fake_time).start()
+    observer = await watch(node2)
+    node2.tick(advance=19)
+    assert await published(observer) == []
+    node2.tick(advance=1)
+    assert [p.payload for p in await published(observer)] == [b"w is gone"]
+
+
+@async_test
+async def test_will_of_a_311_client_connected_at_the_crash_is_published_at_once(
+    db_path: Path, fake_time: FakeTime
+):
+    node = await Node(db_path, fake_time).start()
+    await node.connect("w", version=MQTT_311, clean_start=False, will=will(None))
+    crashed = snapshot(db_path)
+
+    node2 = await Node(crashed, fake_time).start()
+    observer = await watch(node2)
+    node2.tick()
+    assert [p.payload for p in await published(observer)] == [b"w is gone"]
+
+
+@async_test
+async def test_normal_disconnect_removes_the_stored_will(db_path: Path, fake_time: FakeTime):
+    node = await Node(db_path, fake_time).start()
+    w = await node.connect("w", expiry=300, will=will(5))
+    await w.disconnect()
+    assert rows(db_path, "SELECT count(*) FROM wills") == [(0,)]
+    await node.close()
+    await assert_no_will_after_a_restart(db_path, fake_time)
+
+
+@async_test
+async def test_will_delay_0_is_published_at_once_and_not_stored(db_path: Path, fake_time: FakeTime):
+    node = await Node(db_path, fake_time).start()
+    observer = await watch(node)
+    w = await node.connect("w", expiry=300, will=will(0))
+    await w.lose()
+    assert [p.payload for p in await published(observer)] == [b"w is gone"]
+    assert rows(db_path, "SELECT count(*) FROM wills") == [(0,)]
+    await node.close()
+    await assert_no_will_after_a_restart(db_path, fake_time, "observer2")
