@@ -212,21 +212,43 @@ def send_retained(conn: Connection, write: bool = True) -> None:
 
 
 def on_unsubscribe(conn: Connection, packet: pk.Unsubscribe) -> None:
-    """UNSUBSCRIBE: filters compared literally; UNSUBACK (with reason codes in MQTT 5)."""
+    """UNSUBSCRIBE: filters compared literally; UNSUBACK (with reason codes in MQTT 5). An
+    authorizer with ``can_unsubscribe`` (the dynamic security's unsubscribe ACLs) may refuse
+    a filter, as Mosquitto does: the subscription stays, 0x87 in MQTT 5 (MQTT 3.1.1's UNSUBACK
+    has no codes). Other authorizers have no such method and cost nothing here."""
     session = conn.session
     assert session is not None
     codes: list[int] = []
+    check = getattr(conn.broker.authorizer, "can_unsubscribe", None)
+    denied: str | None = None  # the first filter the authorizer refused
     for topic_filter in packet.topic_filters:
+        if check is not None and not check(conn.client_id, conn.username, _unshared(topic_filter)):
+            if denied is None:
+                denied = topic_filter
+            codes.append(ReasonCode.NOT_AUTHORIZED)
+            continue
         sub = session.remove_subscription(topic_filter)  # literal compare, MQTT-3.10.4-1
         if sub is not None:
             conn.broker.router.unsubscribe(sub)
             codes.append(ReasonCode.SUCCESS)
         else:
             codes.append(ReasonCode.NO_SUBSCRIPTION_EXISTED)
+    if denied is not None:  # one line per packet, as for SUBSCRIBE
+        conn.log_denied("unsubscribe from", denied)
     if conn.version != MQTT_5:
         codes = []
     unsuback = pk.Unsuback(packet.packet_id, codes)
     conn.send(_encode_explained(conn, unsuback, packet.topic_filters))
+
+
+def _unshared(topic_filter: str) -> str:
+    """The filter an authorizer is asked about: a shared subscription's own filter (as for
+    SUBSCRIBE); a filter that is not valid as such, as written."""
+    try:
+        shared = parse_shared(topic_filter)
+    except ValueError:
+        return topic_filter
+    return shared[1] if shared else topic_filter
 
 
 def _encode_explained(conn: Connection, ack: pk.Suback | pk.Unsuback, filters: list[str]) -> bytes:

@@ -213,6 +213,91 @@ def test_mosquitto_ctrl_drives_this_broker_as_it_drives_mosquitto(
     assert ours["rights"] == theirs["rights"]
 
 
+UNSUBSCRIBE_SCRIPT = [
+    ("createClient", "dev", "-p", "pw"),
+    ("createRole", "r"),
+    ("addRoleACL", "r", "subscribePattern", "#", "allow"),
+    ("addRoleACL", "r", "unsubscribePattern", "deny/#", "deny"),
+    ("addRoleACL", "r", "unsubscribeLiteral", "lit/x", "deny"),
+    # %c and %u are not substituted by the dynamic security: matched as written
+    ("addRoleACL", "r", "publishClientSend", "dev/%c/#", "allow"),
+    ("addRoleACL", "r", "publishClientSend", "usr/%u/#", "allow"),
+    ("addClientRole", "dev", "r"),
+    ("createClient", "feeder", "-p", "pw"),
+    ("createRole", "feed"),
+    ("addRoleACL", "feed", "publishClientSend", "#", "allow"),
+    ("addClientRole", "feeder", "feed"),
+]
+
+
+def unsubscribe_script(server: Any, paho: Callable[..., PahoClient]) -> dict[str, Any]:
+    """UNSUBSCRIBE_SCRIPT, then in MQTT 5 and 3.1.1: subscribe, unsubscribe (some refused by
+    the unsubscribe ACLs), which subscriptions still deliver; and publishing to topics with
+    %c and %u, substituted or as written."""
+    for command in UNSUBSCRIBE_SCRIPT:
+        assert ctrl(server, *command) == "", command
+    feeder = paho(server, user="feeder", password="pw")
+    result: dict[str, Any] = {}
+    for version in (5, 4):
+        dev = paho(server, version, user="dev", password="pw", client_id=f"cid{version}")
+        for topic_filter in ("deny/a", "lit/x", "ok/a", "deny/#", "end"):
+            assert dev.subscribe(topic_filter, 1) == [1]
+        result[f"v{version} unsubscribe"] = {
+            topic_filter: dev.unsubscribe(topic_filter)
+            for topic_filter in ("deny/a", "lit/x", "ok/a", "deny/#", "none/x", "deny/zzz")
+        }
+        for topic in ("deny/a", "lit/x", "ok/a"):
+            feeder.publish(topic, topic.encode(), qos=1)
+        feeder.publish("end", b"end", qos=1)
+        dev.wait_payload(b"end")
+        result[f"v{version} still delivered"] = sorted({m.topic for m in dev.received()})
+        if version == 5:
+            result["publish"] = {
+                topic: dev.wait_published(dev.publish(topic, b"p", qos=1, wait=False))
+                for topic in (
+                    f"dev/cid{version}/x",
+                    "dev/%c/x",
+                    "usr/dev/x",
+                    "usr/%u/x",
+                )
+            }
+        dev.close()
+    return result
+
+
+def test_unsubscribe_acls_and_no_substitution_as_in_mosquitto(
+    start_broker: Callable[..., BrokerProcess],
+    paho: Callable[..., PahoClient],
+    tmp_path: Path,
+) -> None:
+    """An UNSUBSCRIBE the unsubscribe ACLs refuse keeps the subscription: 0x87 in MQTT 5, the
+    plain UNSUBACK in 3.1.1 (as Mosquitto 2.0). ACL topics are matched as written: %c and %u
+    are not the client id and user name in the dynamic security (they are in an ACL file)."""
+    ours = unsubscribe_script(start_ours(start_broker, tmp_path, tmp_path / "data"), paho)
+    assert ours == {
+        "v5 unsubscribe": {
+            "deny/a": [0x87],
+            "lit/x": [0x87],
+            "ok/a": [0],
+            "deny/#": [0x87],
+            "none/x": [0x11],
+            "deny/zzz": [0x87],
+        },
+        "v5 still delivered": ["deny/a", "end", "lit/x"],
+        "publish": {"dev/cid5/x": 0x87, "dev/%c/x": 0x10, "usr/dev/x": 0x87, "usr/%u/x": 0x10},
+        "v4 unsubscribe": {
+            f: [] for f in ("deny/a", "lit/x", "ok/a", "deny/#", "none/x", "deny/zzz")
+        },
+        "v4 still delivered": ["deny/a", "end", "lit/x"],
+    }
+    mosquitto = start_mosquitto(tmp_path)
+    try:
+        theirs = unsubscribe_script(mosquitto, paho)
+    finally:
+        mosquitto.stop()
+    assert ours == theirs
+
+
 def test_live_changes_restart_and_sigkill(
     start_broker: Callable[..., BrokerProcess],
     paho: Callable[..., PahoClient],
