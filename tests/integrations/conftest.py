@@ -1,5 +1,5 @@
 """Fixtures of the integration tests: Mosquitto brokers and paho collectors stopped after the
-test (both from tests/support)."""
+test (both from tests/support), and ``rig``, all of one test's fixtures in one."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.clients import Collector
-from support.launcher import Mosquitto
+from support.clients import Collector, PahoClient
+from support.integrations import SECRET, Rig
+from support.launcher import BrokerProcess, Mosquitto
 
 
 @pytest.fixture
@@ -40,3 +41,22 @@ def collect() -> Iterator[Callable[..., Collector]]:
     yield make
     for collector in made:
         collector.close()
+
+
+@pytest.fixture
+def rig(
+    tmp_path: Path,
+    start_broker: Callable[..., BrokerProcess],
+    mosquitto: Callable[..., Mosquitto],
+    collect: Callable[..., Collector],
+    paho: Callable[..., PahoClient],
+) -> Rig:
+    return Rig(tmp_path, start_broker, mosquitto, collect, paho)
+
+
+@pytest.fixture
+def secret_file(tmp_path: Path) -> Path:
+    """The webhooks' signing secret in a file, as ``secret_file`` names it."""
+    path = tmp_path / "webhook.secret"
+    path.write_bytes(SECRET + b"\n")
+    return path

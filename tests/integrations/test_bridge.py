@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from integration_support import write_config
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from support.certs import make_certificates
-from support.clients import Collector, wait_for
+from support.clients import wait_for
+from support.integrations import Rig, write_config
 from support.launcher import Mosquitto, free_port
 
 pytestmark = pytest.mark.needs_mosquitto
@@ -69,23 +69,16 @@ def bridged(
 
 
 @pytest.mark.parametrize("protocol", ["5", "3.1.1"])
-def test_both_directions_with_properties(
-    tmp_path: Path,
-    start_broker: Callable[..., object],
-    mosquitto: Callable[..., Mosquitto],
-    collect: Callable[..., Collector],
-    protocol: str,
-    paho: Callable[..., Any],
-) -> None:
-    remote = mosquitto()
+def test_both_directions_with_properties(rig: Rig, protocol: str) -> None:
+    remote = rig.mosquitto()
     head = "[broker]\nsys_interval = 0.2\n\n"
     args = write_config(
-        tmp_path / "b.toml", bridge_toml("m", remote.port, protocol, RULES, head=head)
+        rig.tmp_path / "b.toml", bridge_toml("m", remote.port, protocol, RULES, head=head)
     )
-    ours = start_broker(extra_args=args)
+    ours = rig.start_broker(extra_args=args)
     assert ours.wait_for_log(SUBSCRIBED.format(name="m"), 20), ours.log_text()  # type: ignore[attr-defined]
-    far = collect(remote.port, ["site-a/#"])
-    near = collect(ours.port, ["cloud/#"])  # type: ignore[attr-defined]
+    far = rig.collect(remote.port, ["site-a/#"])
+    near = rig.collect(ours.port, ["cloud/#"])  # type: ignore[attr-defined]
 
     props = Properties(PacketTypes.PUBLISH)
     props.UserProperty = [("k", "v")]
@@ -93,7 +86,7 @@ def test_both_directions_with_properties(
     props.ResponseTopic = "reply/here"
     props.CorrelationData = b"\x01\x02"
     props.MessageExpiryInterval = 300
-    local = paho(ours)
+    local = rig.paho(ours)
     info = local.publish("up/temp", b"21.5", 1, properties=props)
     info.wait_for_publish(10)
     far.wait_count(1)
@@ -106,7 +99,7 @@ def test_both_directions_with_properties(
         assert got.properties.CorrelationData == b"\x01\x02"
         assert 0 < got.properties.MessageExpiryInterval <= 300
 
-    cloud = paho(remote)
+    cloud = rig.paho(remote)
     cloud_props = Properties(PacketTypes.PUBLISH)
     cloud_props.UserProperty = [("from", "cloud")]
     cloud.publish("down/cmd", b"on", 1, properties=cloud_props).wait_for_publish(10)
@@ -123,7 +116,7 @@ def test_both_directions_with_properties(
     assert far.payloads() == [b"21.5", b"last"]
     assert near.payloads() == [b"on"]
     # the bridge's status in $SYS
-    status = collect(ours.port, ["$SYS/broker/bridges/m/#"], qos=0)  # type: ignore[attr-defined]
+    status = rig.collect(ours.port, ["$SYS/broker/bridges/m/#"], qos=0)  # type: ignore[attr-defined]
 
     def figure(name: str) -> bytes | None:
         found = [m for m in status.received() if m.topic == f"$SYS/broker/bridges/m/{name}"]
@@ -138,17 +131,11 @@ def test_both_directions_with_properties(
         client.close()
 
 
-def test_remote_restarted_while_1000_qos1_messages_flow(
-    tmp_path: Path,
-    start_broker: Callable[..., object],
-    mosquitto: Callable[..., Mosquitto],
-    collect: Callable[..., Collector],
-    paho: Callable[..., Any],
-) -> None:
-    remote = mosquitto(persistence=True)
-    ours = bridged(tmp_path, start_broker, remote)
-    far = collect(remote.port, ["site-a/#"], persistent=True, client_id="far-collector")
-    local = paho(ours)
+def test_remote_restarted_while_1000_qos1_messages_flow(rig: Rig) -> None:
+    remote = rig.mosquitto(persistence=True)
+    ours = bridged(rig.tmp_path, rig.start_broker, remote)
+    far = rig.collect(remote.port, ["site-a/#"], persistent=True, client_id="far-collector")
+    local = rig.paho(ours)
     payloads = [b"m%04d" % n for n in range(1000)]
     local.publish_all(("up/flow", p, 1, False) for p in payloads[:300])
     far.wait_count(1)
@@ -160,21 +147,15 @@ def test_remote_restarted_while_1000_qos1_messages_flow(
     local.close()
 
 
-def test_outbound_flow_keeps_within_the_remote_receive_maximum(
-    tmp_path: Path,
-    start_broker: Callable[..., object],
-    mosquitto: Callable[..., Mosquitto],
-    collect: Callable[..., Collector],
-    paho: Callable[..., Any],
-) -> None:
+def test_outbound_flow_keeps_within_the_remote_receive_maximum(rig: Rig) -> None:
     """[MQTT-3.3.4-9] The remote's CONNACK says Receive Maximum 2 (Mosquitto's
     max_inflight_messages); the bridge keeps at most 2 QoS 2 messages unacknowledged there, so
     Mosquitto, which disconnects a client past it (0x93), keeps the bridge's one connection while
     300 messages queued at once all pass."""
-    remote = mosquitto(extra="max_inflight_messages 2\n")
-    ours = bridged(tmp_path, start_broker, remote, OUT_QOS2)
-    far = collect(remote.port, ["site-a/#"], qos=2)
-    local = paho(ours)
+    remote = rig.mosquitto(extra="max_inflight_messages 2\n")
+    ours = bridged(rig.tmp_path, rig.start_broker, remote, OUT_QOS2)
+    far = rig.collect(remote.port, ["site-a/#"], qos=2)
+    local = rig.paho(ours)
     payloads = [b"w%04d" % n for n in range(300)]
     local.publish_all(("up/window", p, 2, False) for p in payloads)
     far.wait_until(lambda: len(far.payloads(b"w")) >= len(payloads), 30, "all 300 messages")
@@ -184,49 +165,38 @@ def test_outbound_flow_keeps_within_the_remote_receive_maximum(
     local.close()
 
 
-def test_our_broker_killed_with_outbound_messages_queued(
-    tmp_path: Path,
-    start_broker: Callable[..., object],
-    mosquitto: Callable[..., Mosquitto],
-    collect: Callable[..., Collector],
-    paho: Callable[..., Any],
-) -> None:
-    remote = mosquitto(start=False)  # down: everything published waits in our store
-    args = write_config(tmp_path / "b.toml", bridge_toml("m", remote.port, "5", RULES))
-    data = tmp_path / "ours"
-    ours = start_broker(data_dir=data, extra_args=args)
-    local = paho(ours)
+def test_our_broker_killed_with_outbound_messages_queued(rig: Rig) -> None:
+    remote = rig.mosquitto(start=False)  # down: everything published waits in our store
+    args = write_config(rig.tmp_path / "b.toml", bridge_toml("m", remote.port, "5", RULES))
+    data = rig.tmp_path / "ours"
+    ours = rig.start_broker(data_dir=data, extra_args=args)
+    local = rig.paho(ours)
     payloads = [b"k%03d" % n for n in range(200)]
     local.publish_all(("up/queued", p, 1, False) for p in payloads)  # acknowledged: committed
     local.client.loop_stop()
     ours.send_signal(signal.SIGKILL)  # type: ignore[attr-defined]
     ours.wait_exit()  # type: ignore[attr-defined]
     remote.start()
-    far = collect(remote.port, ["site-a/#"])
-    again = start_broker(data_dir=data, extra_args=args)
+    far = rig.collect(remote.port, ["site-a/#"])
+    again = rig.start_broker(data_dir=data, extra_args=args)
     far.wait_count(200, b"k")
     assert sorted(far.payloads(b"k")) == payloads
     assert "restored 1 sessions, 200 queued" in again.log_text()  # type: ignore[attr-defined]
 
 
-def test_two_of_our_brokers_bridged_both_ways_no_loops(
-    tmp_path: Path,
-    start_broker: Callable[..., object],
-    collect: Callable[..., Collector],
-    paho: Callable[..., Any],
-) -> None:
+def test_two_of_our_brokers_bridged_both_ways_no_loops(rig: Rig) -> None:
     """One bridge with direction "both": each message once on each side. Then a chain of
     bridges through several brokers: the marks against loops do not stop a message that has
     not been somewhere before."""
     rules = '\n[[bridge.topic]]\nfilter = "chat/#"\ndirection = "both"\nqos = 1\n'
-    b2 = start_broker()
-    args = write_config(tmp_path / "b1.toml", bridge_toml("to-b2", b2.port, "5", rules))  # type: ignore[attr-defined]
-    b1 = start_broker(extra_args=args)
+    b2 = rig.start_broker()
+    args = write_config(rig.tmp_path / "b1.toml", bridge_toml("to-b2", b2.port, "5", rules))  # type: ignore[attr-defined]
+    b1 = rig.start_broker(extra_args=args)
     assert b1.wait_for_log(SUBSCRIBED.format(name="to-b2"), 20)  # type: ignore[attr-defined]
-    on1 = collect(b1.port, ["chat/#"])  # type: ignore[attr-defined]
-    on2 = collect(b2.port, ["chat/#"])  # type: ignore[attr-defined]
-    p1 = paho(b1)
-    p2 = paho(b2)
+    on1 = rig.collect(b1.port, ["chat/#"])  # type: ignore[attr-defined]
+    on2 = rig.collect(b2.port, ["chat/#"])  # type: ignore[attr-defined]
+    p1 = rig.paho(b1)
+    p2 = rig.paho(b2)
     p1.publish("chat/a", b"from-1", 1).wait_for_publish(10)
     p2.publish("chat/b", b"from-2", 1).wait_for_publish(10)
     for side in (on1, on2):
@@ -245,17 +215,17 @@ def test_two_of_our_brokers_bridged_both_ways_no_loops(
     port = free_port()
     head = f"[[listener]]\nport = 0\n\n[[listener]]\nport = {port}\n\n"
     args3 = write_config(
-        tmp_path / "b3.toml",
+        rig.tmp_path / "b3.toml",
         head + bridge_toml("b3-to-b2", b2.port, "5", rules),  # type: ignore[attr-defined]
     )
-    b3 = start_broker(extra_args=args3)
-    args4 = write_config(tmp_path / "b4.toml", bridge_toml("to-b3", port, "5", rules))
-    b4 = start_broker(extra_args=args4)
+    b3 = rig.start_broker(extra_args=args3)
+    args4 = write_config(rig.tmp_path / "b4.toml", bridge_toml("to-b3", port, "5", rules))
+    b4 = rig.start_broker(extra_args=args4)
     # a chain b4 -> b3 -> b2 <- b1: a message crosses three bridges
     for proc, name in ((b3, "b3-to-b2"), (b4, "to-b3")):
         assert proc.wait_for_log(SUBSCRIBED.format(name=name), 20)  # type: ignore[attr-defined]
-    on4 = collect(b4.port, ["chat/#"])  # type: ignore[attr-defined]
-    p4 = paho(b4)
+    on4 = rig.collect(b4.port, ["chat/#"])  # type: ignore[attr-defined]
+    p4 = rig.paho(b4)
     p4.publish("chat/c", b"from-4", 1).wait_for_publish(10)
     on1.wait_count(1, b"from-4")
     on4.wait_count(1, b"from-4")
@@ -269,12 +239,7 @@ def test_two_of_our_brokers_bridged_both_ways_no_loops(
         client.close()
 
 
-def test_mutual_bridges_do_not_loop(
-    tmp_path: Path,
-    start_broker: Callable[..., object],
-    collect: Callable[..., Collector],
-    paho: Callable[..., Any],
-) -> None:
+def test_mutual_bridges_do_not_loop(rig: Rig) -> None:
     """Each of two brokers has a bridge to the other, both ways on the same topics: two paths,
     so a message may reach the far side twice, but it never circulates."""
     rules = '\n[[bridge.topic]]\nfilter = "loop/#"\ndirection = "both"\nqos = 1\n'
@@ -283,15 +248,15 @@ def test_mutual_bridges_do_not_loop(
     def config(name: str, own: int, peer: int) -> tuple[str, ...]:
         head = f"[[listener]]\nport = 0\n\n[[listener]]\nport = {own}\n\n"
         text = head + bridge_toml(f"to-{peer}", peer, "5", rules)
-        return write_config(tmp_path / f"{name}.toml", text)
+        return write_config(rig.tmp_path / f"{name}.toml", text)
 
-    a = start_broker(extra_args=config("a", port_a, port_b))
-    b = start_broker(extra_args=config("b", port_b, port_a))
+    a = rig.start_broker(extra_args=config("a", port_a, port_b))
+    b = rig.start_broker(extra_args=config("b", port_b, port_a))
     for proc, peer in ((a, port_b), (b, port_a)):
         assert proc.wait_for_log(SUBSCRIBED.format(name=f"to-{peer}"), 20)  # type: ignore[attr-defined]
-    on_a = collect(a.port, ["loop/#"])  # type: ignore[attr-defined]
-    on_b = collect(b.port, ["loop/#"])  # type: ignore[attr-defined]
-    pa = paho(a)
+    on_a = rig.collect(a.port, ["loop/#"])  # type: ignore[attr-defined]
+    on_b = rig.collect(b.port, ["loop/#"])  # type: ignore[attr-defined]
+    pa = rig.paho(a)
     for n in range(5):
         pa.publish("loop/x", b"once-%d" % n, 1).wait_for_publish(10)
     on_b.wait_count(5, b"once")
@@ -306,16 +271,10 @@ def test_mutual_bridges_do_not_loop(
     pa.close()
 
 
-def test_tls_to_a_mosquitto_tls_listener(
-    tmp_path: Path,
-    start_broker: Callable[..., object],
-    mosquitto: Callable[..., Mosquitto],
-    collect: Callable[..., Collector],
-    paho: Callable[..., Any],
-) -> None:
-    certs = make_certificates(tmp_path / "certs")
+def test_tls_to_a_mosquitto_tls_listener(rig: Rig) -> None:
+    certs = make_certificates(rig.tmp_path / "certs")
     tls_port = free_port()
-    remote = mosquitto(
+    remote = rig.mosquitto(
         extra=(
             f"listener {tls_port} 127.0.0.1\n"
             f"cafile {certs.ca}\ncertfile {certs.server_cert}\nkeyfile {certs.server_key}\n"
@@ -334,13 +293,13 @@ def test_tls_to_a_mosquitto_tls_listener(
         RULES.replace("site-a/", "site-b/"),
         f'tls_ca_file = "{certs.rogue_cert}"\ntls_server_name = "localhost"\n',
     )
-    args = write_config(tmp_path / "b.toml", good + "\n" + wrong_ca)
-    ours = start_broker(extra_args=args)
+    args = write_config(rig.tmp_path / "b.toml", good + "\n" + wrong_ca)
+    ours = rig.start_broker(extra_args=args)
     assert ours.wait_for_log(CONNECTED.format(name="secure"), 20), ours.log_text()  # type: ignore[attr-defined]
     failed = ours.wait_for_log(r"bridge untrusted: cannot connect: .*(certificate|CERTIFICATE)", 20)  # type: ignore[attr-defined]
     assert failed, ours.log_text()  # type: ignore[attr-defined]
-    far = collect(remote.port, ["site-a/#", "site-b/#"])
-    local = paho(ours)
+    far = rig.collect(remote.port, ["site-a/#", "site-b/#"])
+    local = rig.paho(ours)
     local.publish("up/secret", b"over-tls", 1).wait_for_publish(10)
     far.wait_count(1)
     assert far.messages[0].topic == "site-a/up/secret"
@@ -348,52 +307,40 @@ def test_tls_to_a_mosquitto_tls_listener(
     local.close()
 
 
-def test_remote_keeps_the_bridge_session_across_our_outage(
-    tmp_path: Path,
-    start_broker: Callable[..., object],
-    mosquitto: Callable[..., Mosquitto],
-    collect: Callable[..., Collector],
-    paho: Callable[..., Any],
-) -> None:
+def test_remote_keeps_the_bridge_session_across_our_outage(rig: Rig) -> None:
     """MQTT 5, Clean Start 0 and a Session Expiry Interval: while our broker is down the remote
     keeps the bridge's subscription and queues for it; it all comes in after our restart."""
-    remote = mosquitto()
-    args = write_config(tmp_path / "b.toml", bridge_toml("m", remote.port, "5", RULES))
-    data = tmp_path / "ours"
-    first = start_broker(data_dir=data, extra_args=args)
+    remote = rig.mosquitto()
+    args = write_config(rig.tmp_path / "b.toml", bridge_toml("m", remote.port, "5", RULES))
+    data = rig.tmp_path / "ours"
+    first = rig.start_broker(data_dir=data, extra_args=args)
     assert first.wait_for_log(SUBSCRIBED.format(name="m"), 20)  # type: ignore[attr-defined]
-    near = collect(first.port, ["cloud/#"], persistent=True, client_id="near")  # type: ignore[attr-defined]
+    near = rig.collect(first.port, ["cloud/#"], persistent=True, client_id="near")  # type: ignore[attr-defined]
     near.close()
     first.stop()  # type: ignore[attr-defined]
-    cloud = paho(remote)
+    cloud = rig.paho(remote)
     payloads = [b"while-away-%02d" % n for n in range(50)]
     cloud.publish_all(("down/cmd", p, 1, False) for p in payloads)
-    second = start_broker(data_dir=data, extra_args=args)
+    second = rig.start_broker(data_dir=data, extra_args=args)
     assert second.wait_for_log("remote session resumed", 20)  # type: ignore[attr-defined]
-    back = collect(second.port, ["cloud/#"], persistent=True, client_id="near")  # type: ignore[attr-defined]
+    back = rig.collect(second.port, ["cloud/#"], persistent=True, client_id="near")  # type: ignore[attr-defined]
     back.wait_count(50, b"while-away")
     assert sorted(back.payloads(b"while-away")) == payloads
     cloud.close()
 
 
-def test_mqtt311_remote_echo_is_dropped(
-    tmp_path: Path,
-    start_broker: Callable[..., object],
-    mosquitto: Callable[..., Mosquitto],
-    collect: Callable[..., Collector],
-    paho: Callable[..., Any],
-) -> None:
+def test_mqtt311_remote_echo_is_dropped(rig: Rig) -> None:
     """MQTT 3.1.1 has no No Local: with direction "both" the remote sends the bridge its own
     messages back, and the bridge recognises and drops them (one copy here, one there)."""
-    remote = mosquitto()
+    remote = rig.mosquitto()
     rules = '\n[[bridge.topic]]\nfilter = "both/#"\ndirection = "both"\nqos = 1\n'
-    args = write_config(tmp_path / "b.toml", bridge_toml("m", remote.port, "3.1.1", rules))
-    ours = start_broker(extra_args=args)
+    args = write_config(rig.tmp_path / "b.toml", bridge_toml("m", remote.port, "3.1.1", rules))
+    ours = rig.start_broker(extra_args=args)
     assert ours.wait_for_log(SUBSCRIBED.format(name="m"), 20)  # type: ignore[attr-defined]
-    near = collect(ours.port, ["both/#"])  # type: ignore[attr-defined]
-    far = collect(remote.port, ["both/#"])
-    local = paho(ours)
-    cloud = paho(remote)
+    near = rig.collect(ours.port, ["both/#"])  # type: ignore[attr-defined]
+    far = rig.collect(remote.port, ["both/#"])
+    local = rig.paho(ours)
+    cloud = rig.paho(remote)
     local.publish_all(("both/a", p, 1, False) for p in [b"here-1", b"here-2"])
     cloud.publish("both/b", b"there-1", 1)
     local.publish("both/z", b"marker", 1)

@@ -10,8 +10,8 @@ from support.harness import GatedStore
 from mqttbroker.broker.core import Broker
 from mqttbroker.broker.message import Message
 from mqttbroker.broker.store import Store
+from mqttbroker.config import BridgeConfig, TopicRule
 from mqttbroker.integrations.bridge import Bridge
-from mqttbroker.integrations.settings import BridgeConfig, TopicRule
 from mqttbroker.protocol import fastpath
 from mqttbroker.protocol import packets as pk
 from mqttbroker.protocol.packets import PacketType

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from integration_support import write_config
 from support.clients import wait_for
+from support.integrations import write_config
 
 
 class DroppingRemote:

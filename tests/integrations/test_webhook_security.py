@@ -13,28 +13,20 @@ import json
 import re
 import time
 import tomllib
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
 import pytest
-from integration_support import SECRET, Endpoint, verify, write_config
-from support.clients import Collector, wait_for
+from support.clients import wait_for
+from support.integrations import Endpoint, Rig, verify, write_config
 
 from mqttbroker.broker.core import Broker
 from mqttbroker.broker.message import Message
-from mqttbroker.integrations.settings import parse
+from mqttbroker.config.integrations import parse
 from mqttbroker.integrations.webhooks import Webhook, redact_url
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def secret_file(tmp_path: Path) -> Path:
-    path = tmp_path / "webhook.secret"
-    path.write_bytes(SECRET + b"\n")
-    return path
 
 
 @pytest.mark.parametrize(
@@ -57,12 +49,7 @@ def test_redact_url(url: str, shown: str) -> None:
     assert redact_url(url) == shown
 
 
-def test_url_secrets_are_shown_nowhere(
-    tmp_path: Path,
-    start_broker: Callable[..., Any],
-    collect: Callable[..., Collector],
-    paho: Callable[..., Any],
-) -> None:
+def test_url_secrets_are_shown_nowhere(rig: Rig) -> None:
     """The endpoint gets the URL as configured (Basic credentials, the query); $SYS (which
     the admin API's retained listing shows too), the dead letter and the log lines (a failure,
     a dead letter, "answers again") show it redacted."""
@@ -87,10 +74,10 @@ retry_delay = 0.02
 retry_max_delay = 0.05
 dead_letter_topic = "webhooks/dead"
 """
-        broker = start_broker(extra_args=write_config(tmp_path / "w.toml", config))
-        status = collect(broker.port, ["$SYS/broker/webhooks/#"], qos=0)
-        dead = collect(broker.port, ["webhooks/dead"])
-        client = paho(broker)
+        broker = rig.start_broker(extra_args=write_config(rig.tmp_path / "w.toml", config))
+        status = rig.collect(broker.port, ["$SYS/broker/webhooks/#"], qos=0)
+        dead = rig.collect(broker.port, ["webhooks/dead"])
+        client = rig.paho(broker)
         client.publish("data/1", b"refused", 1)  # 503, then 400: a dead letter
         dead.wait_count(1)
         client.publish("data/2", b"taken", 1)
@@ -127,12 +114,7 @@ dead_letter_topic = "webhooks/dead"
         endpoint.close()
 
 
-def test_cr_lf_in_topic_and_client_id_are_percent_encoded(
-    tmp_path: Path,
-    secret_file: Path,
-    start_broker: Callable[..., Any],
-    paho: Callable[..., Any],
-) -> None:
+def test_cr_lf_in_topic_and_client_id_are_percent_encoded(rig: Rig, secret_file: Path) -> None:
     """MQTT allows CR and LF in topics and client ids: in format "raw" they travel in headers,
     percent-encoded, so they add no header; the signature covers them as sent; the webhook goes
     on with the next deliveries."""
@@ -148,9 +130,9 @@ secret_file = "{secret_file}"
 retry_delay = 0.05
 retry_max_delay = 300.0
 """
-        broker = start_broker(extra_args=write_config(tmp_path / "w.toml", config))
+        broker = rig.start_broker(extra_args=write_config(rig.tmp_path / "w.toml", config))
         client_id = "dev\r\nX-Injected: client"
-        client = paho(broker, client_id=client_id)
+        client = rig.paho(broker, client_id=client_id)
         topics = ["lines/a\r\nX-Injected: topic", "lines/100% é;x", "lines/plain"]
         for n, topic in enumerate(topics):
             client.publish(topic, b"%d" % n, 1)
@@ -171,13 +153,7 @@ retry_max_delay = 300.0
         endpoint.close()
 
 
-def test_redirects_are_not_followed(
-    tmp_path: Path,
-    secret_file: Path,
-    start_broker: Callable[..., Any],
-    collect: Callable[..., Collector],
-    paho: Callable[..., Any],
-) -> None:
+def test_redirects_are_not_followed(rig: Rig, secret_file: Path) -> None:
     """A 307 would POST the body and its signature to another address, a 302 GET it: neither
     is followed; the delivery is a dead letter at once, like a 4xx."""
     endpoint = Endpoint(
@@ -203,9 +179,9 @@ topics = ["a/#"]
 secret_file = "{secret_file}"
 dead_letter_topic = "webhooks/dead/to302"
 """
-        broker = start_broker(extra_args=write_config(tmp_path / "w.toml", config))
-        dead = collect(broker.port, ["webhooks/dead/#"])
-        paho(broker).publish("a/1", b"secret stuff", 1)
+        broker = rig.start_broker(extra_args=write_config(rig.tmp_path / "w.toml", config))
+        dead = rig.collect(broker.port, ["webhooks/dead/#"])
+        rig.paho(broker).publish("a/1", b"secret stuff", 1)
         dead.wait_count(2)
         reasons = sorted(json.loads(p)["reason"] for p in dead.payloads())
         assert reasons == [

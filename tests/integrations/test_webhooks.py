@@ -8,29 +8,13 @@ import base64
 import json
 import signal
 import threading
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-import pytest
-from integration_support import SECRET, Endpoint, verify, write_config
-from support.clients import Collector, wait_for
+from support.clients import wait_for
+from support.integrations import SECRET, Endpoint, Rig, verify, write_config
 
 
-@pytest.fixture
-def secret_file(tmp_path: Path) -> Path:
-    path = tmp_path / "webhook.secret"
-    path.write_bytes(SECRET + b"\n")
-    return path
-
-
-def test_retries_429_retry_after_signatures_and_dead_letters(
-    tmp_path: Path,
-    secret_file: Path,
-    start_broker: Callable[..., Any],
-    collect: Callable[..., Collector],
-    paho: Callable[..., Any],
-) -> None:
+def test_retries_429_retry_after_signatures_and_dead_letters(rig: Rig, secret_file: Path) -> None:
     def answer(path: str, body: bytes, count: int) -> tuple[int, dict[str, str]]:
         if path == "hook":  # 500 for a while, then 429 with Retry-After, then 200
             if count < 8:
@@ -71,9 +55,9 @@ retry_delay = 0.02
 retry_max_delay = 0.05
 dead_letter_topic = "webhooks/dead/strict"
 """
-        broker = start_broker(extra_args=write_config(tmp_path / "w.toml", config))
-        dead = collect(broker.port, ["webhooks/dead/#"])
-        client = paho(broker)
+        broker = rig.start_broker(extra_args=write_config(rig.tmp_path / "w.toml", config))
+        dead = rig.collect(broker.port, ["webhooks/dead/#"])
+        client = rig.paho(broker)
         payloads = [b"reading-%02d" % n for n in range(20)] + [b"\xff\xfe binary"]
         client.publish_all(("data/t", p, 1, False) for p in payloads)
         jobs = [b"good-1", b"bad-1", b"good-2", b"reject-1", b"bad-2", b"good-3"]
@@ -126,7 +110,7 @@ dead_letter_topic = "webhooks/dead/strict"
             "good-3",
         ]
         # visible like a session's: in $SYS
-        status = collect(broker.port, ["$SYS/broker/webhooks/#"], qos=0)
+        status = rig.collect(broker.port, ["$SYS/broker/webhooks/#"], qos=0)
 
         def figure(name: str) -> bytes | None:
             found = [m for m in status.received() if m.topic == f"$SYS/broker/webhooks/{name}"]
@@ -141,12 +125,7 @@ dead_letter_topic = "webhooks/dead/strict"
         endpoint.close()
 
 
-def test_a_broker_restart_loses_no_pending_delivery(
-    tmp_path: Path,
-    secret_file: Path,
-    start_broker: Callable[..., Any],
-    paho: Callable[..., Any],
-) -> None:
+def test_a_broker_restart_loses_no_pending_delivery(rig: Rig, secret_file: Path) -> None:
     up = threading.Event()
 
     def answer(path: str, body: bytes, count: int) -> tuple[int, dict[str, str]]:
@@ -164,21 +143,21 @@ retry_delay = 0.05
 retry_max_delay = 0.1
 max_attempts = 1000
 """
-        args = write_config(tmp_path / "w.toml", config)
-        data = tmp_path / "data"
+        args = write_config(rig.tmp_path / "w.toml", config)
+        data = rig.tmp_path / "data"
         import os
 
         os.environ["MQTTBROKER_TEST_WEBHOOK_SECRET"] = SECRET.decode()
         try:
-            first = start_broker(data_dir=data, extra_args=args)
-            client = paho(first)
+            first = rig.start_broker(data_dir=data, extra_args=args)
+            client = rig.paho(first)
             payloads = [b"p-%02d" % n for n in range(30)]
             client.publish_all(("data/x", p, 1, False) for p in payloads)
             client.client.loop_stop()
             wait_for(lambda: len(endpoint.all("hook")) >= 3, "attempts while the endpoint fails")
             first.send_signal(signal.SIGKILL)
             first.wait_exit()
-            second = start_broker(data_dir=data, extra_args=args)
+            second = rig.start_broker(data_dir=data, extra_args=args)
             up.set()
             wait_for(lambda: len({r.delivery_id for r in endpoint.ok("hook")}) == 30, "all 30")
         finally:
@@ -197,12 +176,7 @@ max_attempts = 1000
         endpoint.close()
 
 
-def test_events_and_raw_format(
-    tmp_path: Path,
-    start_broker: Callable[..., Any],
-    collect: Callable[..., Collector],
-    paho: Callable[..., Any],
-) -> None:
+def test_events_and_raw_format(rig: Rig) -> None:
     endpoint = Endpoint(lambda path, body, count: (200, {}))
     try:
         config = f"""
@@ -225,8 +199,8 @@ url = "{endpoint.url}/raw"
 topics = ["raw/#"]
 format = "raw"
 """
-        broker = start_broker(extra_args=write_config(tmp_path / "w.toml", config))
-        client = paho(broker)
+        broker = rig.start_broker(extra_args=write_config(rig.tmp_path / "w.toml", config))
+        client = rig.paho(broker)
         client.publish("raw/bytes", b"\x00\x01binary", 1)
         client.close()
         wait_for(lambda: len(endpoint.ok("events")) == 2, "connected and disconnected")
@@ -240,9 +214,9 @@ format = "raw"
         assert "X-Mqttbroker-Signature" not in endpoint.ok("events")[0].headers  # no secret
 
         # an offline session with room for 2 messages gets 5: 3 dropped, told as events
-        away = collect(broker.port, ["drop/#"], persistent=True, client_id="away")
+        away = rig.collect(broker.port, ["drop/#"], persistent=True, client_id="away")
         away.close()
-        again = paho(broker)
+        again = rig.paho(broker)
         again.publish_all(("drop/x", p, 1, False) for p in [b"%d" % n for n in range(5)])
         wait_for(lambda: sum(r.envelope()["dropped"] for r in endpoint.ok("drops")) >= 3, "3 drops")
         drops = [r.envelope() for r in endpoint.ok("drops")]
@@ -259,12 +233,7 @@ format = "raw"
         endpoint.close()
 
 
-def test_a_hung_endpoint_slows_nobody_else(
-    tmp_path: Path,
-    start_broker: Callable[..., Any],
-    collect: Callable[..., Collector],
-    paho: Callable[..., Any],
-) -> None:
+def test_a_hung_endpoint_slows_nobody_else(rig: Rig) -> None:
     """An endpoint that never answers: publishers are acknowledged and subscribers served as
     usual, while the webhook's deliveries wait in its own queue."""
     endpoint = Endpoint(lambda path, body, count: (200, {}))
@@ -280,14 +249,14 @@ url = "{endpoint.url}/hook"
 topics = ["data/#"]
 timeout = 60.0
 """
-        broker = start_broker(extra_args=write_config(tmp_path / "w.toml", config))
-        subscriber = collect(broker.port, ["data/#"])
-        client = paho(broker)
+        broker = rig.start_broker(extra_args=write_config(rig.tmp_path / "w.toml", config))
+        subscriber = rig.collect(broker.port, ["data/#"])
+        client = rig.paho(broker)
         payloads = [b"v-%03d" % n for n in range(200)]
         client.publish_all(("data/x", p, 1, False) for p in payloads)  # every PUBACK came
         subscriber.wait_count(200, b"v-")
         assert endpoint.ok("hook") == []
-        status = collect(broker.port, ["$SYS/broker/webhooks/stuck/queued"], qos=0)
+        status = rig.collect(broker.port, ["$SYS/broker/webhooks/stuck/queued"], qos=0)
         wait_for(
             lambda: bool(status.payloads()) and int(status.payloads()[-1]) >= 196,
             "the webhook's own queue holding the rest",

@@ -1,5 +1,5 @@
-"""Support for the integration tests: our broker started from a TOML file, and a webhook
-endpoint (a real aiohttp server on its own thread) with the receiver's signature check written
+"""Support for the integration tests: ``Rig``, the fixtures an integration test starts its brokers
+and clients with; our broker started from a TOML file, and a webhook endpoint (a real aiohttp server on its own thread) with the receiver's signature check written
 out from the format the README gives. Mosquitto (``support.launcher.Mosquitto``), the
 collecting subscriber (``support.clients.Collector``) and the publishers (the ``paho`` fixture)
 come from tests/support."""
@@ -19,6 +19,9 @@ from typing import Any
 
 from aiohttp import web
 
+from support.clients import Collector, PahoClient
+from support.launcher import BrokerProcess, Mosquitto
+
 SECRET = b"s3cret-for-tests"
 # The metadata headers the signature covers, in the order of the signed string (README).
 SIGNED_HEADERS = ("Event", "Delivery-Id", "Topic", "Qos", "Retain", "Client-Id")
@@ -28,6 +31,19 @@ def write_config(path: Path, text: str) -> tuple[str, ...]:
     """The arguments that start our broker from this TOML text."""
     path.write_text(text)
     return ("--config", str(path))
+
+
+@dataclass
+class Rig:
+    """What an integration test starts its brokers and clients with: its temporary folder, our
+    broker (``start_broker``), Mosquittos, collecting subscribers and paho clients, each stopped
+    after the test."""
+
+    tmp_path: Path
+    start_broker: Callable[..., BrokerProcess]
+    mosquitto: Callable[..., Mosquitto]
+    collect: Callable[..., Collector]
+    paho: Callable[..., PahoClient]
 
 
 @dataclass
