@@ -106,26 +106,27 @@ def service() -> Iterator[Service]:
         running.close()
 
 
+@pytest.fixture
 def start(
-    start_broker: Callable[..., BrokerProcess],
-    tmp_path: Path,
-    service: Service,
-    extra: str = "",
-    admin_port: int = 0,
-    http_extra: str = "",
-) -> BrokerProcess:
-    path = tmp_path / "http.toml"
-    path.write_text(
-        f"{extra}\n[http_auth]\nenabled = true\n"
-        f'url = "http://127.0.0.1:{service.port}/auth"\n'
-        f'acl_url = "http://127.0.0.1:{service.port}/acl"\n'
-        "timeout = 20\n"
-        f"{http_extra}\n"
-    )
-    args: tuple[str, ...] = ("--config", str(path))
-    if admin_port:
-        args += ("--admin-port", str(admin_port))
-    return start_broker(extra_args=args)
+    start_broker: Callable[..., BrokerProcess], tmp_path: Path, service: Service
+) -> Callable[..., BrokerProcess]:
+    """``start(extra="", admin_port=0, http_extra="")``: our broker asking ``service``."""
+
+    def run(extra: str = "", admin_port: int = 0, http_extra: str = "") -> BrokerProcess:
+        path = tmp_path / "http.toml"
+        path.write_text(
+            f"{extra}\n[http_auth]\nenabled = true\n"
+            f'url = "http://127.0.0.1:{service.port}/auth"\n'
+            f'acl_url = "http://127.0.0.1:{service.port}/acl"\n'
+            "timeout = 20\n"
+            f"{http_extra}\n"
+        )
+        args: tuple[str, ...] = ("--config", str(path))
+        if admin_port:
+            args += ("--admin-port", str(admin_port))
+        return start_broker(extra_args=args)
+
+    return run
 
 
 def metrics(port: int) -> dict[str, float]:
@@ -156,12 +157,9 @@ def raw_login(server: BrokerProcess, client_id: str, user: str, password: bytes)
 
 
 def test_logins_allowed_denied_ignored(
-    start_broker: Callable[..., BrokerProcess],
-    tmp_path: Path,
-    service: Service,
-    paho: Callable[..., PahoClient],
+    start: Callable[..., BrokerProcess], service: Service, paho: Callable[..., PahoClient]
 ) -> None:
-    server = start(start_broker, tmp_path, service)
+    server = start()
     alice = paho(server, user="alice", password="pw", connect=False, client_id="alice-1")
     assert alice.connect(expect_success=False) == 0
     assert service.logins[0] == {
@@ -176,12 +174,9 @@ def test_logins_allowed_denied_ignored(
 
 
 def test_a_slow_service_delays_only_its_own_client(
-    start_broker: Callable[..., BrokerProcess],
-    tmp_path: Path,
-    service: Service,
-    paho: Callable[..., PahoClient],
+    start: Callable[..., BrokerProcess], service: Service, paho: Callable[..., PahoClient]
 ) -> None:
-    server = start(start_broker, tmp_path, service)
+    server = start()
     slow = paho(server, user="slow", password="pw", connect=False)
     slow.client.connect(server.host, server.port)
     slow.client.loop_start()
@@ -199,16 +194,15 @@ def test_a_slow_service_delays_only_its_own_client(
 
 
 def test_the_service_down_denies_and_is_counted(
+    start: Callable[..., BrokerProcess],
     monkeypatch: pytest.MonkeyPatch,
-    start_broker: Callable[..., BrokerProcess],
-    tmp_path: Path,
     service: Service,
     paho: Callable[..., PahoClient],
 ) -> None:
     monkeypatch.setenv("ADMIN_TEST_TOKEN", ADMIN_TOKEN)
     admin = free_port()
     extra = '[admin]\ntoken_env = "ADMIN_TEST_TOKEN"\n'
-    server = start(start_broker, tmp_path, service, extra=extra, admin_port=admin)
+    server = start(extra=extra, admin_port=admin)
     assert (
         paho(server, user="alice", password="pw", connect=False).connect(expect_success=False) == 0
     )
@@ -225,11 +219,9 @@ def test_the_service_down_denies_and_is_counted(
 
 
 def test_a_thousand_connections_cost_one_call_per_ttl(
-    start_broker: Callable[..., BrokerProcess],
-    tmp_path: Path,
-    service: Service,
+    start: Callable[..., BrokerProcess], service: Service
 ) -> None:
-    server = start(start_broker, tmp_path, service, http_extra="cache_ttl = 3600")
+    server = start(http_extra="cache_ttl = 3600")
     device = unique("flapping")
     codes = [raw_login(server, device, "alice", b"pw") for _ in range(1000)]
     assert codes == [0] * 1000
@@ -239,12 +231,9 @@ def test_a_thousand_connections_cost_one_call_per_ttl(
 
 
 def test_rights_from_the_service(
-    start_broker: Callable[..., BrokerProcess],
-    tmp_path: Path,
-    service: Service,
-    paho: Callable[..., PahoClient],
+    start: Callable[..., BrokerProcess], service: Service, paho: Callable[..., PahoClient]
 ) -> None:
-    server = start(start_broker, tmp_path, service)
+    server = start()
     client = paho(server, user="alice", password="pw")
     assert client.subscribe("allowed/#", 1) == [1]
     assert client.subscribe("denied/#", 1) == [0x87]
@@ -265,12 +254,9 @@ def test_rights_from_the_service(
 
 
 def test_a_slow_right_holds_only_its_own_client(
-    start_broker: Callable[..., BrokerProcess],
-    tmp_path: Path,
-    service: Service,
-    paho: Callable[..., PahoClient],
+    start: Callable[..., BrokerProcess], service: Service, paho: Callable[..., PahoClient]
 ) -> None:
-    server = start(start_broker, tmp_path, service)
+    server = start()
     slow = paho(server, user="alice", password="pw")
     watcher = paho(server, user="alice", password="pw")
     assert watcher.subscribe("#", 1) == [1]
@@ -290,12 +276,9 @@ def test_a_slow_right_holds_only_its_own_client(
 
 
 def test_rights_denied_while_the_service_is_down(
-    start_broker: Callable[..., BrokerProcess],
-    tmp_path: Path,
-    service: Service,
-    paho: Callable[..., PahoClient],
+    start: Callable[..., BrokerProcess], service: Service, paho: Callable[..., PahoClient]
 ) -> None:
-    server = start(start_broker, tmp_path, service)
+    server = start()
     client = paho(server, user="alice", password="pw")
     service.stop()
     assert client.acked[client.publish("allowed/y", b"1", qos=1).mid] == 0x87

@@ -107,35 +107,41 @@ def secret_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("JWT_TEST_SECRET", SECRET)  # the broker process inherits it
 
 
+@pytest.fixture
 def start(
-    start_broker: Callable[..., BrokerProcess], tmp_path: Path, keys: Keys, **kwargs: Any
-) -> BrokerProcess:
-    return start_broker(extra_args=("--config", str(config_file(tmp_path, keys, **kwargs))))
+    start_broker: Callable[..., BrokerProcess], tmp_path: Path, keys: Keys
+) -> Callable[..., BrokerProcess]:
+    """``start(extra="", jwt_extra="")``: our broker checking tokens against ``keys``."""
+
+    def run(**kwargs: Any) -> BrokerProcess:
+        return start_broker(extra_args=("--config", str(config_file(tmp_path, keys, **kwargs))))
+
+    return run
 
 
-def login(
-    paho: Callable[..., PahoClient],
-    server: BrokerProcess,
-    password: bytes,
-    client_id: str,
-    version: int = MQTT_5,
-) -> PahoClient:
-    client = paho(server, version, user="ignored", password=password, connect=False,
-                  client_id=client_id)  # fmt: skip
-    client.connect(expect_success=False)
-    return client
+@pytest.fixture
+def login(paho: Callable[..., PahoClient]) -> Callable[..., PahoClient]:
+    """``login(server, password, client_id, version=5)``: a client that sent its CONNECT with
+    ``password`` as the token, whatever the CONNACK."""
+
+    def run(
+        server: BrokerProcess, password: bytes, client_id: str, version: int = MQTT_5
+    ) -> PahoClient:
+        client = paho(server, version, user="ignored", password=password, connect=False,
+                      client_id=client_id)  # fmt: skip
+        client.connect(expect_success=False)
+        return client
+
+    return run
 
 
 @pytest.mark.usefixtures("secret_env")
 def test_valid_tokens_log_in_with_their_claims(
-    start_broker: Callable[..., BrokerProcess],
-    tmp_path: Path,
-    keys: Keys,
-    paho: Callable[..., PahoClient],
+    start: Callable[..., BrokerProcess], login: Callable[..., PahoClient], keys: Keys
 ) -> None:
-    server = start(start_broker, tmp_path, keys)
+    server = start()
     device = unique("rsa")
-    client = login(paho, server, token(keys.rsa, "RS256", device), device)
+    client = login(server, token(keys.rsa, "RS256", device), device)
     assert client.connack is not None and client.connack[0] == 0
     assert server.wait_for_log(f"client {device} connected from .* user 'user-{device}'")
     # the acl claim: its own topics only
@@ -146,21 +152,18 @@ def test_valid_tokens_log_in_with_their_claims(
     # a device key from the key directory (ES256), the HMAC secret (HS256)
     # a device's own key speaks for that device only: its sub is its client id
     signed = token(keys.ec, "ES256", "ec-device", sub="ec-device")
-    ec_client = login(paho, server, signed, "ec-device")
+    ec_client = login(server, signed, "ec-device")
     assert ec_client.connack is not None and ec_client.connack[0] == 0
     hs = unique("hs")
-    hs_client = login(paho, server, token(SECRET, "HS256", hs), hs, MQTT_311)
+    hs_client = login(server, token(SECRET, "HS256", hs), hs, MQTT_311)
     assert hs_client.connack is not None and hs_client.connack[0] == 0
 
 
 @pytest.mark.usefixtures("secret_env")
 def test_bad_tokens_are_refused(
-    start_broker: Callable[..., BrokerProcess],
-    tmp_path: Path,
-    keys: Keys,
-    paho: Callable[..., PahoClient],
+    start: Callable[..., BrokerProcess], login: Callable[..., PahoClient], keys: Keys
 ) -> None:
-    server = start(start_broker, tmp_path, keys)
+    server = start()
     device = unique("bad")
     public_pem = keys.public_file.read_bytes()
     header = jwt.utils.base64url_encode(b'{"alg":"none","typ":"JWT"}')
@@ -191,29 +194,26 @@ def test_bad_tokens_are_refused(
     }
     for index, (what, password) in enumerate(cases.items()):
         client_id = f"{device}-{index}"  # the log line of its own
-        client = login(paho, server, password, client_id)
+        client = login(server, password, client_id)
         assert client.connack is not None and client.connack[0] == 0x86, what
         assert server.wait_for_log(f"client {client_id} from .*: token refused"), what
     # the good one still works
-    client = login(paho, server, token(keys.rsa, "RS256", device), device)
+    client = login(server, token(keys.rsa, "RS256", device), device)
     assert client.connack is not None and client.connack[0] == 0
 
 
 @pytest.mark.usefixtures("secret_env")
 def test_connections_are_closed_when_their_token_expires(
-    start_broker: Callable[..., BrokerProcess],
-    tmp_path: Path,
-    keys: Keys,
-    paho: Callable[..., PahoClient],
+    start: Callable[..., BrokerProcess], login: Callable[..., PahoClient], keys: Keys
 ) -> None:
-    server = start(start_broker, tmp_path, keys, jwt_extra="leeway = 0")
-    v5 = login(paho, server, token(keys.rsa, "RS256", "short-v5", lifetime=2), "short-v5")
-    v3 = login(paho, server, token(keys.rsa, "RS256", "short-v3", lifetime=2), "short-v3", MQTT_311)
+    server = start(jwt_extra="leeway = 0")
+    v5 = login(server, token(keys.rsa, "RS256", "short-v5", lifetime=2), "short-v5")
+    v3 = login(server, token(keys.rsa, "RS256", "short-v3", lifetime=2), "short-v3", MQTT_311)
     # the same client id twice: the second connection, with a token of its own, stays
-    login(paho, server, token(keys.rsa, "RS256", "taken", lifetime=2), "taken")
-    later = login(paho, server, token(keys.rsa, "RS256", "taken", lifetime=600), "taken")
+    login(server, token(keys.rsa, "RS256", "taken", lifetime=2), "taken")
+    later = login(server, token(keys.rsa, "RS256", "taken", lifetime=600), "taken")
     # a witness whose token expires after the others': once it is gone, they were due too
-    witness = login(paho, server, token(keys.rsa, "RS256", "witness", lifetime=4), "witness")
+    witness = login(server, token(keys.rsa, "RS256", "witness", lifetime=4), "witness")
     assert all(c.connack is not None and c.connack[0] == 0 for c in (v5, v3, later, witness))
     gone = v5.wait_disconnected(timeout=30)
     assert gone.from_server and gone.reason_code == 0x87
@@ -230,26 +230,24 @@ def test_connections_are_closed_when_their_token_expires(
 
 @pytest.mark.usefixtures("secret_env")
 def test_sighup_reloads_the_jwks(
-    start_broker: Callable[..., BrokerProcess],
-    tmp_path: Path,
-    keys: Keys,
-    paho: Callable[..., PahoClient],
+    start: Callable[..., BrokerProcess], login: Callable[..., PahoClient], keys: Keys
 ) -> None:
-    server = start(start_broker, tmp_path, keys)
+    server = start()
     signed = token(keys.ed, "EdDSA", "ed-device", headers={"kid": "k2"})
-    client = login(paho, server, signed, "ed-device")
+    client = login(server, signed, "ed-device")
     assert client.connack is not None and client.connack[0] == 0x86
     keys.write_jwks(["k2"])
     mark = server.log_mark()
     server.send_signal(signal.SIGHUP)
     assert server.wait_for_log("reloaded the JWT keys", since=mark)
-    client = login(paho, server, signed, "ed-device")
+    client = login(server, signed, "ed-device")
     assert client.connack is not None and client.connack[0] == 0
 
 
 @pytest.mark.usefixtures("secret_env")
 def test_the_chain_passes_what_is_no_token_to_the_password_file(
-    start_broker: Callable[..., BrokerProcess],
+    start: Callable[..., BrokerProcess],
+    login: Callable[..., PahoClient],
     tmp_path: Path,
     keys: Keys,
     paho: Callable[..., PahoClient],
@@ -257,13 +255,13 @@ def test_the_chain_passes_what_is_no_token_to_the_password_file(
     passwords = tmp_path / "passwd"
     passwords.write_text(mosquitto_pbkdf2_line("alice", b"alice-pw") + "\n")
     extra = f'[security]\npassword_file = "{passwords}"\nchain = ["jwt", "password_file"]\n'
-    server = start(start_broker, tmp_path, keys, extra=extra)
+    server = start(extra=extra)
     alice = paho(server, user="alice", password="alice-pw", connect=False)
     assert alice.connect(expect_success=False) == 0
     stranger = paho(server, user="bob", password="nope", connect=False)
     assert stranger.connect(expect_success=False) == 0x86
     device = unique("chain")
-    client = login(paho, server, token(keys.rsa, "RS256", device, sub="alice"), device)
+    client = login(server, token(keys.rsa, "RS256", device, sub="alice"), device)
     assert client.connack is not None and client.connack[0] == 0
     assert client.acked[client.publish("elsewhere/x", b"x", qos=1).mid] == 0x87  # its acl
     # alice (the token's sub) takes the client id over with her password: the token's
