@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..broker.router import UNRETAINED
 from ..broker.sink import Sink
@@ -134,6 +134,12 @@ class Role:
         """By kind (Mosquitto's order), then highest priority first (ties: as added)."""
         return sorted(self.acls, key=lambda a: (ACL_TYPES.index(a.acltype), -a.priority))
 
+    def acls_json(self) -> list[dict[str, Any]]:
+        return [
+            {"acltype": a.acltype, "topic": a.topic, "priority": a.priority, "allow": a.allow}
+            for a in self.ordered_acls()
+        ]
+
 
 @dataclass(slots=True)
 class Client:
@@ -166,11 +172,38 @@ def _named(key: str, name: str, priority: int) -> dict[str, Any]:
     return entry
 
 
-def _texts(target: dict[str, Any], textname: str | None, textdescription: str | None) -> None:
-    if textname is not None:
-        target["textname"] = textname
-    if textdescription is not None:
-        target["textdescription"] = textdescription
+def _named_list(key: str, links: dict[str, int]) -> list[dict[str, Any]]:
+    """Links (roles, groups, clients) as JSON, highest priority first."""
+    return [_named(key, name, priority) for name, priority in _by_priority(links)]
+
+
+def _texts(
+    target: dict[str, Any],
+    item: Client | Group | Role,
+    name_key: str = "textname",
+    description_key: str = "textdescription",
+) -> None:
+    """The text name and description of ``item`` that are set, into ``target``."""
+    if item.textname is not None:
+        target[name_key] = item.textname
+    if item.textdescription is not None:
+        target[description_key] = item.textdescription
+
+
+def _file_entry(key: str, name: str, item: Client | Group | Role) -> dict[str, Any]:
+    """The start of a client's, group's or role's entry in the state file."""
+    entry: dict[str, Any] = {key: name}
+    _texts(entry, item, "textName", "textDescription")
+    return entry
+
+
+def _links(raw: dict[str, Any], key: str, name: str, known: dict[str, Any]) -> dict[str, int]:
+    """A state file's list of roles, groups or clients with priorities (names in ``known``)."""
+    return {
+        item[name]: int(item.get("priority", -1))
+        for item in raw.get(key, [])
+        if item[name] in known
+    }
 
 
 @dataclass(slots=True)
@@ -291,18 +324,12 @@ class Dynsec:
                         base64.b64decode(raw["salt"], validate=True),
                         iters,
                     )
-                for item in raw.get("roles", []):
-                    if item["rolename"] in state.roles:
-                        client.roles[item["rolename"]] = int(item.get("priority", -1))
+                client.roles = _links(raw, "roles", "rolename", state.roles)
                 state.clients[client.username] = client
             for raw in data.get("groups", []):
                 group = Group(raw["groupname"], raw.get("textName"), raw.get("textDescription"))
-                for item in raw.get("roles", []):
-                    if item["rolename"] in state.roles:
-                        group.roles[item["rolename"]] = int(item.get("priority", -1))
-                for item in raw.get("clients", []):
-                    if item["username"] in state.clients:
-                        group.clients[item["username"]] = int(item.get("priority", -1))
+                group.roles = _links(raw, "roles", "rolename", state.roles)
+                group.clients = _links(raw, "clients", "username", state.clients)
                 state.groups[group.groupname] = group
             anonymous = data.get("anonymousGroup")
             if isinstance(anonymous, str) and anonymous in state.groups:
@@ -315,11 +342,7 @@ class Dynsec:
         """The state as Mosquitto's plugin writes it (its own file loads it)."""
         clients = []
         for client in self._sorted(self.clients):
-            entry: dict[str, Any] = {"username": client.username}
-            if client.textname is not None:
-                entry["textName"] = client.textname
-            if client.textdescription is not None:
-                entry["textDescription"] = client.textdescription
+            entry = _file_entry("username", client.username, client)
             if client.clientid is not None:
                 entry["clientid"] = client.clientid
             if client.password is not None:
@@ -328,30 +351,20 @@ class Dynsec:
                 entry["iterations"] = client.password.iterations
             if client.disabled:
                 entry["disabled"] = True
-            entry["roles"] = [_named("rolename", n, p) for n, p in _by_priority(client.roles)]
+            entry["roles"] = _named_list("rolename", client.roles)
             clients.append(entry)
-        groups = []
-        for group in self._sorted(self.groups):
-            g: dict[str, Any] = {"groupname": group.groupname}
-            if group.textname is not None:
-                g["textName"] = group.textname
-            if group.textdescription is not None:
-                g["textDescription"] = group.textdescription
-            g["roles"] = [_named("rolename", n, p) for n, p in _by_priority(group.roles)]
-            g["clients"] = [_named("username", n, p) for n, p in _by_priority(group.clients)]
-            groups.append(g)
-        roles = []
-        for role in self._sorted(self.roles):
-            r: dict[str, Any] = {"rolename": role.rolename}
-            if role.textname is not None:
-                r["textName"] = role.textname
-            if role.textdescription is not None:
-                r["textDescription"] = role.textdescription
-            r["acls"] = [
-                {"acltype": a.acltype, "topic": a.topic, "priority": a.priority, "allow": a.allow}
-                for a in role.ordered_acls()
-            ]
-            roles.append(r)
+        groups = [
+            {
+                **_file_entry("groupname", group.groupname, group),
+                "roles": _named_list("rolename", group.roles),
+                "clients": _named_list("username", group.clients),
+            }
+            for group in self._sorted(self.groups)
+        ]
+        roles = [
+            {**_file_entry("rolename", role.rolename, role), "acls": role.acls_json()}
+            for role in self._sorted(self.roles)
+        ]
         result: dict[str, Any] = {
             "defaultACLAccess": dict(self.default_access),
             "clients": clients,
@@ -577,22 +590,13 @@ class Dynsec:
     # one method per command: the response's data (None: none), or _Refused(error)
 
     def _client(self, command: dict[str, Any]) -> Client:
-        client = self.clients.get(_name(command, "username"))
-        if client is None:
-            raise _Refused("Client not found")
-        return client
+        return _find(self.clients, command, "username", "Client not found")
 
     def _group(self, command: dict[str, Any]) -> Group:
-        group = self.groups.get(_name(command, "groupname"))
-        if group is None:
-            raise _Refused("Group not found")
-        return group
+        return _find(self.groups, command, "groupname", "Group not found")
 
     def _role(self, command: dict[str, Any]) -> Role:
-        role = self.roles.get(_name(command, "rolename"))
-        if role is None:
-            raise _Refused("Role not found")
-        return role
+        return _find(self.roles, command, "rolename", "Role not found")
 
     def _password(self, command: dict[str, Any]) -> PasswordHash:
         made = command.get(PREHASHED)
@@ -671,10 +675,9 @@ class Dynsec:
         self.changed()
 
     def cmd_deleteClient(self, command: dict[str, Any]) -> None:
-        client = self._client(command)
-        del self.clients[client.username]
-        for group in self.groups.values():
-            group.clients.pop(client.username, None)
+        username = self._client(command).username
+        del self.clients[username]
+        _unlink(username, [group.clients for group in self.groups.values()])
         self.changed()
 
     def cmd_enableClient(self, command: dict[str, Any]) -> None:
@@ -702,10 +705,7 @@ class Dynsec:
         password = self._password(command) if "password" in command else None
         if "clientid" in command:
             client.clientid = _text(command, "clientid") or None
-        if "textname" in command:
-            client.textname = _text(command, "textname")
-        if "textdescription" in command:
-            client.textdescription = _text(command, "textdescription")
+        _set_texts(client, command)
         if password is not None:
             client.password = password
         if roles is not None:
@@ -717,47 +717,21 @@ class Dynsec:
                 self.groups[groupname].clients[client.username] = priority
         self.changed()
 
-    def cmd_addClientRole(self, command: dict[str, Any]) -> None:
-        client = self._client(command)
-        role = self._role(command)
-        if role.rolename in client.roles:
-            raise _Refused("Client is already in this role")
-        client.roles[role.rolename] = _priority(command)
-        self.changed()
-
-    def cmd_removeClientRole(self, command: dict[str, Any]) -> None:
-        client = self._client(command)
-        role = self._role(command)
-        client.roles.pop(role.rolename, None)
-        self.changed()
-
     def _client_json(self, client: Client) -> dict[str, Any]:
         entry: dict[str, Any] = {"username": client.username}
         if client.clientid is not None:
             entry["clientid"] = client.clientid
-        _texts(entry, client.textname, client.textdescription)
+        _texts(entry, client)
         if client.disabled:
             entry["disabled"] = True
-        entry["roles"] = [_named("rolename", n, p) for n, p in _by_priority(client.roles)]
+        entry["roles"] = _named_list("rolename", client.roles)
         memberships = {
             g.groupname: g.clients[client.username]
             for g in self.groups.values()
             if client.username in g.clients
         }
-        entry["groups"] = [_named("groupname", n, p) for n, p in _by_priority(memberships)]
+        entry["groups"] = _named_list("groupname", memberships)
         return entry
-
-    def cmd_getClient(self, command: dict[str, Any]) -> dict[str, Any]:
-        return {"client": self._client_json(self._client(command))}
-
-    def cmd_listClients(self, command: dict[str, Any]) -> dict[str, Any]:
-        names, total = _page(self.clients, command)
-        if command.get("verbose") is True:
-            return {
-                "totalCount": total,
-                "clients": [self._client_json(self.clients[n]) for n in names],
-            }
-        return {"totalCount": total, "clients": names}
 
     # groups
 
@@ -781,112 +755,55 @@ class Dynsec:
     def cmd_modifyGroup(self, command: dict[str, Any]) -> None:
         group = self._group(command)
         roles = self._role_list(command, "roles")
-        if "textname" in command:
-            group.textname = _text(command, "textname")
-        if "textdescription" in command:
-            group.textdescription = _text(command, "textdescription")
+        _set_texts(group, command)
         if roles is not None:
             group.roles = roles
         self.changed()
 
-    def cmd_addGroupClient(self, command: dict[str, Any]) -> None:
-        client = self._client(command)
-        group = self._group(command)
-        if client.username in group.clients:
-            raise _Refused("Client is already in this group")
-        group.clients[client.username] = _priority(command)
-        self.changed()
-
-    def cmd_removeGroupClient(self, command: dict[str, Any]) -> None:
-        client = self._client(command)
-        group = self._group(command)
-        group.clients.pop(client.username, None)
-        self.changed()
-
-    def cmd_addGroupRole(self, command: dict[str, Any]) -> None:
-        group = self._group(command)
-        role = self._role(command)
-        if role.rolename in group.roles:
-            raise _Refused("Group is already in this role")
-        group.roles[role.rolename] = _priority(command)
-        self.changed()
-
-    def cmd_removeGroupRole(self, command: dict[str, Any]) -> None:
-        group = self._group(command)
-        role = self._role(command)
-        group.roles.pop(role.rolename, None)
-        self.changed()
-
     def _group_json(self, group: Group) -> dict[str, Any]:
         entry: dict[str, Any] = {"groupname": group.groupname}
-        _texts(entry, group.textname, group.textdescription)
+        _texts(entry, group)
         entry["clients"] = [{"username": n} for n, _ in _by_priority(group.clients)]
-        entry["roles"] = [_named("rolename", n, p) for n, p in _by_priority(group.roles)]
+        entry["roles"] = _named_list("rolename", group.roles)
         return entry
-
-    def cmd_getGroup(self, command: dict[str, Any]) -> dict[str, Any]:
-        return {"group": self._group_json(self._group(command))}
-
-    def cmd_listGroups(self, command: dict[str, Any]) -> dict[str, Any]:
-        names, total = _page(self.groups, command)
-        if command.get("verbose") is True:
-            return {
-                "totalCount": total,
-                "groups": [self._group_json(self.groups[n]) for n in names],
-            }
-        return {"totalCount": total, "groups": names}
 
     # roles
 
     def _acl(self, command: dict[str, Any]) -> Acl:
-        acltype = command.get("acltype")
-        if not isinstance(acltype, str):
-            raise _Refused("Invalid/missing acltype")
-        if acltype not in ACL_TYPES:
-            raise _Refused("Unknown acltype")
-        topic = command.get("topic")
-        if not isinstance(topic, str):
-            raise _Refused("Invalid/missing topic")
+        acltype, topic = _acl_key(command)
         if not valid_topic_filter(topic):
             raise _Refused("Invalid ACL topic")
         return Acl(acltype, topic, command.get("allow") is True, _priority(command, 0))
+
+    def _acls(self, command: dict[str, Any]) -> list[Acl] | None:
+        """The ``acls`` of a create/modify role command, each checked (None: absent)."""
+        acls = command.get("acls")
+        if acls is None:
+            return None
+        if not isinstance(acls, list) or not all(isinstance(a, dict) for a in acls):
+            raise _Refused("Invalid/missing acls")
+        return [self._acl(acl) for acl in acls]
 
     def cmd_createRole(self, command: dict[str, Any]) -> None:
         rolename = _name(command, "rolename")
         if rolename in self.roles:
             raise _Refused("Role already exists")
         role = Role(rolename, _text(command, "textname"), _text(command, "textdescription"))
-        acls = command.get("acls", [])
-        if not isinstance(acls, list):
-            raise _Refused("Invalid/missing acls")
-        for acl in acls:
-            if not isinstance(acl, dict):
-                raise _Refused("Invalid/missing acls")
-            role.acls.append(self._acl(acl))
+        role.acls = self._acls(command) or []
         self.roles[rolename] = role
         self.changed()
 
     def cmd_deleteRole(self, command: dict[str, Any]) -> None:
-        role = self._role(command)
-        del self.roles[role.rolename]
-        for client in self.clients.values():
-            client.roles.pop(role.rolename, None)
-        for group in self.groups.values():
-            group.roles.pop(role.rolename, None)
+        rolename = self._role(command).rolename
+        del self.roles[rolename]
+        _unlink(rolename, [client.roles for client in self.clients.values()])
+        _unlink(rolename, [group.roles for group in self.groups.values()])
         self.changed()
 
     def cmd_modifyRole(self, command: dict[str, Any]) -> None:
         role = self._role(command)
-        acls = command.get("acls")
-        new: list[Acl] | None = None
-        if acls is not None:
-            if not isinstance(acls, list) or not all(isinstance(a, dict) for a in acls):
-                raise _Refused("Invalid/missing acls")
-            new = [self._acl(acl) for acl in acls]
-        if "textname" in command:
-            role.textname = _text(command, "textname")
-        if "textdescription" in command:
-            role.textdescription = _text(command, "textdescription")
+        new = self._acls(command)
+        _set_texts(role, command)
         if new is not None:
             role.acls = new
         self.changed()
@@ -901,14 +818,7 @@ class Dynsec:
 
     def cmd_removeRoleACL(self, command: dict[str, Any]) -> None:
         role = self._role(command)
-        acltype = command.get("acltype")
-        if not isinstance(acltype, str):
-            raise _Refused("Invalid/missing acltype")
-        if acltype not in ACL_TYPES:
-            raise _Refused("Unknown acltype")
-        topic = command.get("topic")
-        if not isinstance(topic, str):
-            raise _Refused("Invalid/missing topic")
+        acltype, topic = _acl_key(command)
         kept = [a for a in role.acls if not (a.acltype == acltype and a.topic == topic)]
         if len(kept) == len(role.acls):
             raise _Refused("ACL not found")
@@ -917,25 +827,54 @@ class Dynsec:
 
     def _role_json(self, role: Role) -> dict[str, Any]:
         entry: dict[str, Any] = {"rolename": role.rolename}
-        _texts(entry, role.textname, role.textdescription)
-        entry["acls"] = [
-            {"acltype": a.acltype, "topic": a.topic, "priority": a.priority, "allow": a.allow}
-            for a in role.ordered_acls()
-        ]
+        _texts(entry, role)
+        entry["acls"] = role.acls_json()
         return entry
 
-    def cmd_getRole(self, command: dict[str, Any]) -> dict[str, Any]:
-        return {"role": self._role_json(self._role(command))}
+    # the commands that are alike for clients, groups and roles (registered in _HANDLERS)
 
-    def cmd_listRoles(self, command: dict[str, Any]) -> dict[str, Any]:
-        names, total = _page(self.roles, command)
+    def _linked(self, command: dict[str, Any], kind: str) -> tuple[dict[str, int], str]:
+        """For add/remove ``kind`` (ClientRole, GroupClient, GroupRole): the table of links
+        the command changes and the name it adds or removes, looked up in Mosquitto's order."""
+        if kind == "ClientRole":
+            client = self._client(command)
+            return client.roles, self._role(command).rolename
+        if kind == "GroupClient":
+            name = self._client(command).username
+            return self._group(command).clients, name
+        group = self._group(command)
+        return group.roles, self._role(command).rolename
+
+    def _add_link(self, command: dict[str, Any], kind: str, already: str) -> None:
+        links, name = self._linked(command, kind)
+        if name in links:
+            raise _Refused(already)
+        links[name] = _priority(command)
+        self.changed()
+
+    def _remove_link(self, command: dict[str, Any], kind: str) -> None:
+        links, name = self._linked(command, kind)
+        links.pop(name, None)
+        self.changed()
+
+    def _get(self, command: dict[str, Any], kind: str) -> dict[str, Any]:
+        table, single, find, show = _KINDS[kind]
+        return {single: getattr(self, show)(getattr(self, find)(command))}
+
+    def _list(self, command: dict[str, Any], kind: str) -> dict[str, Any]:
+        table, _single, _find, show = _KINDS[kind]
+        items: dict[str, Any] = getattr(self, table)
+        names, total = _page(items, command)
         if command.get("verbose") is True:
-            return {"totalCount": total, "roles": [self._role_json(self.roles[n]) for n in names]}
-        return {"totalCount": total, "roles": names}
+            return {"totalCount": total, table: [getattr(self, show)(items[n]) for n in names]}
+        return {"totalCount": total, table: names}
 
 
 # The key under which the service hands a password hashed off the event loop to the model.
 PREHASHED = "\x00hash"
+
+
+_T = TypeVar("_T")
 
 
 class _Refused(Exception):
@@ -956,6 +895,14 @@ def _name(command: dict[str, Any], key: str) -> str:
     return value
 
 
+def _find(table: dict[str, _T], command: dict[str, Any], key: str, missing: str) -> _T:
+    """The client, group or role a command names by ``key``; _Refused(``missing``) if none."""
+    item = table.get(_name(command, key))
+    if item is None:
+        raise _Refused(missing)
+    return item
+
+
 def _text(command: dict[str, Any], key: str) -> str | None:
     value = command.get(key)
     if value is None:
@@ -963,6 +910,33 @@ def _text(command: dict[str, Any], key: str) -> str | None:
     if not isinstance(value, str):
         raise _Refused(f"Invalid/missing {key}")
     return value
+
+
+def _unlink(name: str, tables: list[dict[str, int]]) -> None:
+    """A deleted client or role out of the links that name it."""
+    for table in tables:
+        table.pop(name, None)
+
+
+def _set_texts(item: Client | Group | Role, command: dict[str, Any]) -> None:
+    """The text name and description a modify command gives, if it gives them."""
+    if "textname" in command:
+        item.textname = _text(command, "textname")
+    if "textdescription" in command:
+        item.textdescription = _text(command, "textdescription")
+
+
+def _acl_key(command: dict[str, Any]) -> tuple[str, str]:
+    """The ACL type and topic of an add/remove ACL command, checked as Mosquitto does."""
+    acltype = command.get("acltype")
+    if not isinstance(acltype, str):
+        raise _Refused("Invalid/missing acltype")
+    if acltype not in ACL_TYPES:
+        raise _Refused("Unknown acltype")
+    topic = command.get("topic")
+    if not isinstance(topic, str):
+        raise _Refused("Invalid/missing topic")
+    return acltype, topic
 
 
 def _priority(item: dict[str, Any], default: int = -1) -> int:
@@ -983,9 +957,28 @@ def _page(table: dict[str, Any], command: dict[str, Any]) -> tuple[list[str], in
     return page, len(names)
 
 
-_HANDLERS: dict[str, Callable[[Dynsec, dict[str, Any]], dict[str, Any] | None]] = {
+# kind -> (the table's attribute and list key, get's key, the lookup, the JSON of one)
+_KINDS = {
+    "Client": ("clients", "client", "_client", "_client_json"),
+    "Group": ("groups", "group", "_group", "_group_json"),
+    "Role": ("roles", "role", "_role", "_role_json"),
+}
+# add/remove kind -> the error of adding a link that exists
+_LINKS = {
+    "ClientRole": "Client is already in this role",
+    "GroupClient": "Client is already in this group",
+    "GroupRole": "Group is already in this role",
+}
+_Handler = Callable[[Dynsec, dict[str, Any]], dict[str, Any] | None]
+_HANDLERS: dict[str, _Handler] = {
     name[len("cmd_") :]: getattr(Dynsec, name) for name in dir(Dynsec) if name.startswith("cmd_")
 }
+for _kind in _KINDS:
+    _HANDLERS["get" + _kind] = partial(Dynsec._get, kind=_kind)
+    _HANDLERS["list" + _kind + "s"] = partial(Dynsec._list, kind=_kind)
+for _kind, _already in _LINKS.items():
+    _HANDLERS["add" + _kind] = partial(Dynsec._add_link, kind=_kind, already=_already)
+    _HANDLERS["remove" + _kind] = partial(Dynsec._remove_link, kind=_kind)
 COMMANDS = frozenset(_HANDLERS)
 MUTATING = frozenset(n for n in COMMANDS if not n.startswith(("get", "list")))
 
