@@ -11,19 +11,26 @@ from pathlib import Path
 
 import pytest
 
-from mqttbroker.config import AdminConfig, ClusterConfig, ConfigError, redis_password
-from mqttbroker.integrations.settings import SettingsError, _secret
+from mqttbroker.config import (
+    AdminConfig,
+    ClusterConfig,
+    ConfigError,
+    HttpAuthConfig,
+    JwtConfig,
+    redis_password,
+)
+from mqttbroker.config.keys import secret
 from mqttbroker.ops.admin import read_token
 from mqttbroker.secret_source import read_secret
-from mqttbroker.security.http_backend import HttpAuthSettings, _token
-from mqttbroker.security.tokens import TokenSettings, _load_keys
+from mqttbroker.security.http_backend import _token
+from mqttbroker.security.tokens import _load_keys
 
 SECRET = " a secret of more than thirty-two bytes, spaces kept "
 VARIABLE = "MQTTBROKER_TEST_SECRET_SOURCE"
 
 
 def _jwt(file: str, env: str) -> bytes | None:
-    return _load_keys(TokenSettings(secret_file=file, secret_env=env)).secret
+    return _load_keys(JwtConfig(secret_file=file, secret_env=env)).secret
 
 
 # Each consumer: (file, variable) -> the secret as bytes, and how its messages name the key.
@@ -34,11 +41,14 @@ READERS: dict[str, tuple[Callable[[str, str], bytes | str | None], str]] = {
         "cluster.password",
     ),
     "http_auth": (
-        lambda f, e: _token(HttpAuthSettings(token_file=f, token_env=e)),
+        lambda f, e: _token(HttpAuthConfig(token_file=f, token_env=e)),
         "http_auth.token",
     ),
     "jwt": (_jwt, "jwt.secret"),
-    "integration": (lambda f, e: _secret({"secret_file": f, "secret_env": e}, "secret"), "secret"),
+    "integration": (
+        lambda f, e: secret({"secret_file": f, "secret_env": e}, "secret", ""),
+        "secret",
+    ),
 }
 
 
@@ -66,7 +76,6 @@ def test_one_trimming_rule(name: str, tmp_path: Path, variable: str) -> None:
 @pytest.mark.parametrize("name", sorted(READERS))
 def test_errors_name_the_key_and_the_source(name: str, tmp_path: Path, variable: str) -> None:
     read, key = READERS[name]
-    error = SettingsError if name == "integration" else ConfigError
     empty = tmp_path / "empty"
     empty.write_text("\n")
     gone = tmp_path / "gone"
@@ -78,11 +87,11 @@ def test_errors_name_the_key_and_the_source(name: str, tmp_path: Path, variable:
         (str(empty), variable, f"{key}_env: {key.rpartition('.')[2]}_file is set too"),
     ]
     for file, env, message in cases:
-        with pytest.raises(error) as raised:
+        with pytest.raises(ConfigError) as raised:
             read(file, env)
         assert message in str(raised.value)
     os.environ[variable] = "\n"
-    with pytest.raises(error, match=f"the environment variable {variable} is empty"):
+    with pytest.raises(ConfigError, match=f"the environment variable {variable} is empty"):
         read("", variable)
 
 

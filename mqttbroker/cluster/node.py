@@ -52,11 +52,11 @@ from redis.exceptions import RedisError, ResponseError
 
 from ..broker.backplane import Backplane
 from ..broker.message import Message
+from ..config import StartError
 from ..protocol import fastpath
 from ..protocol.errors import MQTTError
 from ..protocol.packets import MQTT_5
 from ..protocol.reasons import ReasonCode
-from ..server import StartError
 from .handover import forget, from_hash, restore, serialise
 from .link import LEAVE_SCRIPT, RELEASE_SCRIPT, REPLY_SCRIPT, TAKE_SCRIPT, Link
 from .outbox import Outbox

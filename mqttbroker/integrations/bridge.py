@@ -37,6 +37,7 @@ from ..broker.core import Broker
 from ..broker.session import Delivery
 from ..broker.sink import Outbox, Sink
 from ..broker.topics import matches
+from ..config import BridgeConfig, TopicRule
 from ..protocol import fastpath, grammar
 from ..protocol import packets as pk
 from ..protocol.errors import MQTTError
@@ -44,7 +45,6 @@ from ..protocol.fastpath import encode_properties, encode_publish_raw, encode_to
 from ..protocol.packets import MQTT_5, PacketType
 from ..protocol.properties import PropertyId as Prop
 from ..protocol.reasons import ReasonCode
-from .settings import BridgeConfig, TopicRule
 
 log = logging.getLogger("mqttbroker.bridge")
 

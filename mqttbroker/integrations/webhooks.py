@@ -51,8 +51,8 @@ from ..broker.core import Broker
 from ..broker.message import Message
 from ..broker.session import Delivery, Session
 from ..broker.sink import Outbox, Sink
+from ..config import WebhookConfig
 from ..protocol.properties import PropertyId as Prop
-from .settings import WebhookConfig
 
 log = logging.getLogger("mqttbroker.webhook")
 

@@ -25,7 +25,6 @@ existed behaves as it did.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 from collections.abc import Iterable
@@ -34,6 +33,7 @@ from typing import TYPE_CHECKING
 
 from ..broker.auth import Authenticator, Authorizer
 from ..broker.policy import ListenerPolicy
+from ..config import configured_sources, is_loopback
 from .acl import AclAuthorizer, AclRules
 from .authenticator import FileAuthenticator, LoginFailures, load_secret
 from .chain import AskingAuthorizer, AuthChain, ChainAuthenticator, ChainAuthorizer
@@ -68,17 +68,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("mqttbroker.security")
-
-
-def is_loopback(host: str) -> bool:
-    """Whether a listener bound to ``host`` is reachable from this machine only."""
-    host = host.strip().strip("[]").split("%", 1)[0]
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a name, or "" (every interface): assume it is reachable from outside
 
 
 def local_only(listener: ListenerConfig) -> bool:
@@ -247,8 +236,6 @@ def build_security(config: Config) -> Security:
     ]
     certificates = any(lst.tls_certificate_username != "none" for lst in config.listeners)
     dynsec, dynsec_path = _build_dynsec(config)
-    from ..config import configured_sources
-
     chain = settings.chain or configured_sources(config)
     tokens = http = None
     if "jwt" in chain:

@@ -44,7 +44,6 @@ from .tokens import ACCEPTED, REFUSED, TokenVerifier, Verdict
 
 log = logging.getLogger("mqttbroker.security")
 
-SOURCES = ("password_file", "dynsec", "jwt", "http")
 NOT_MINE = "not mine"
 
 

@@ -31,9 +31,9 @@ import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
+from ..config import HttpAuthConfig
 from ..secret_source import read_secret_text
 from .errors import SecurityFileError
 
@@ -45,23 +45,7 @@ IGNORE = "ignore"
 ACTIONS = ("publish", "subscribe", "read")
 
 
-@dataclass(frozen=True, slots=True)
-class HttpAuthSettings:
-    """The ``[http_auth]`` section (config.py reads and checks it)."""
-
-    enabled: bool = False
-    url: str = ""
-    acl_url: str = ""
-    timeout: float = 2.0
-    cache_ttl: float = 60.0
-    cache_size: int = 100_000
-    max_concurrent: int = 64
-    when_down: str = DENY
-    token_file: str = ""
-    token_env: str = ""
-
-
-def _token(settings: HttpAuthSettings) -> str:
+def _token(settings: HttpAuthConfig) -> str:
     token = read_secret_text(
         settings.token_file, settings.token_env, "http_auth.token", SecurityFileError
     )
@@ -73,7 +57,7 @@ class HttpBackend:
     the event loop that asks."""
 
     def __init__(
-        self, settings: HttpAuthSettings, clock: Callable[[], float] = time.monotonic
+        self, settings: HttpAuthConfig, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.settings = settings
         self.clock = clock

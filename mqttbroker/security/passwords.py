@@ -46,6 +46,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..config import MAX_ITERATIONS as MAX_ITERATIONS  # the bound of every iteration count
 from .errors import SecurityFileError, read_file
 from .saslprep import normalize_password
 
@@ -54,7 +55,6 @@ SCRAM_HASHES = {"SCRAM-SHA-512": "sha512", "SCRAM-SHA-256": "sha256"}
 # OWASP's figures for PBKDF2 (2023): what `mqttbroker passwd` uses unless told otherwise.
 DEFAULT_ITERATIONS = {"SCRAM-SHA-512": 210_000, "SCRAM-SHA-256": 600_000}
 MIN_ITERATIONS = 4096  # RFC 7677's floor for SCRAM; entries below it are reported as weak
-MAX_ITERATIONS = 10_000_000  # a bound, so a typo in a file cannot stall every login
 SALT_BYTES = 16
 
 

@@ -35,16 +35,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..config import SYMMETRIC_ALGORITHMS, JwtConfig
 from ..secret_source import read_secret
 from .errors import SecurityFileError
 from .filters import covers, matches, split
 
 log = logging.getLogger("mqttbroker.security")
 
-ASYMMETRIC = frozenset(
-    {"RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"}
-)
-SYMMETRIC = frozenset({"HS256", "HS384", "HS512"})
 # A compact JWS: three base64url parts (the signature may be empty only for "none", refused).
 _COMPACT = re.compile(rb"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*")
 _CLIENT_FILE = re.compile(r"[A-Za-z0-9_.:@-]{1,200}")
@@ -52,25 +49,6 @@ _CLIENT_FILE = re.compile(r"[A-Za-z0-9_.:@-]{1,200}")
 ACCEPTED = "accepted"
 REFUSED = "refused"
 NOT_MINE = "not mine"
-
-
-@dataclass(frozen=True, slots=True)
-class TokenSettings:
-    """The ``[jwt]`` section (config.py reads and checks it)."""
-
-    enabled: bool = False
-    algorithms: tuple[str, ...] = ("RS256", "ES256", "EdDSA")
-    public_key_file: str = ""
-    public_key_dir: str = ""
-    jwks_file: str = ""
-    secret_file: str = ""
-    secret_env: str = ""
-    audience: str = ""
-    issuer: str = ""
-    leeway: float = 30.0
-    max_token_size: int = 8192
-    username_claim: str = "sub"
-    acl_claim: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +95,7 @@ def _read(path: str, what: str) -> bytes:
         raise SecurityFileError(path, f"cannot read the {what}: {exc.strerror}") from None
 
 
-def _load_keys(settings: TokenSettings) -> _Keys:
+def _load_keys(settings: JwtConfig) -> _Keys:
     import jwt
 
     keys = _Keys()
@@ -177,7 +155,7 @@ def _algorithms_for(key: Any, wanted: tuple[str, ...]) -> list[str]:
 class TokenVerifier:
     """Verifies the tokens of CONNECT passwords and remembers when each client's expires."""
 
-    def __init__(self, settings: TokenSettings, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, settings: JwtConfig, clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
         self.clock = clock
         self.keys = _load_keys(settings)
@@ -242,10 +220,10 @@ class TokenVerifier:
         keys = self.keys
         wanted = self.settings.algorithms
         alg = header.get("alg")
-        if alg in SYMMETRIC:
+        if alg in SYMMETRIC_ALGORITHMS:
             if keys.secret is None:
                 return None, [f"algorithm {alg!r}: no JWT secret configured"], False
-            return keys.secret, [a for a in wanted if a in SYMMETRIC], False
+            return keys.secret, [a for a in wanted if a in SYMMETRIC_ALGORITHMS], False
         kid = header.get("kid")
         if kid is not None and keys.by_kid:
             jwk = keys.by_kid.get(kid)

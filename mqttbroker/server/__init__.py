@@ -1,5 +1,5 @@
 """The asyncio edges: sockets in, bytes to the sans-I/O core, bytes out."""
 
+from ..config import StartError
 
-class StartError(Exception):
-    """The broker cannot start (a listener that cannot listen); the message names it and why."""
+__all__ = ["StartError"]

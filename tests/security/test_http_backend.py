@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from mqttbroker.security.http_backend import ALLOW, DENY, IGNORE, HttpAuthSettings, HttpBackend
+from mqttbroker.config import HttpAuthConfig
+from mqttbroker.security.http_backend import ALLOW, DENY, IGNORE, HttpBackend
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -69,7 +70,7 @@ def run(
 
         def backend(**settings: Any) -> HttpBackend:
             values = {"url": service.url("/auth"), "acl_url": service.url("/acl"), **settings}
-            made.append(HttpBackend(HttpAuthSettings(enabled=True, **values)))
+            made.append(HttpBackend(HttpAuthConfig(enabled=True, **values)))
             return made[-1]
 
         try:
@@ -264,4 +265,4 @@ def test_an_empty_token_variable_is_a_configuration_error(
     with pytest.raises(
         SecurityFileError, match="http_auth.token_env: the environment variable AUTH_TOKEN is empty"
     ):
-        HttpBackend(HttpAuthSettings(enabled=True, url="http://x", token_env="AUTH_TOKEN"))
+        HttpBackend(HttpAuthConfig(enabled=True, url="http://x", token_env="AUTH_TOKEN"))

@@ -17,14 +17,9 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
+from mqttbroker.config import JwtConfig
 from mqttbroker.security.errors import SecurityFileError
-from mqttbroker.security.tokens import (
-    ACCEPTED,
-    NOT_MINE,
-    REFUSED,
-    TokenSettings,
-    TokenVerifier,
-)
+from mqttbroker.security.tokens import ACCEPTED, NOT_MINE, REFUSED, TokenVerifier
 
 # PyJWT reads the real clock: each test takes the time anew (fresh_now), margins are minutes wide.
 NOW = time.time()
@@ -61,7 +56,7 @@ def _token(key: Any, alg: str, **claims: Any) -> bytes:
 
 
 def _verifier(**settings: Any) -> TokenVerifier:
-    return TokenVerifier(TokenSettings(enabled=True, **settings), clock=lambda: NOW)
+    return TokenVerifier(JwtConfig(enabled=True, **settings), clock=lambda: NOW)
 
 
 @pytest.mark.parametrize("alg", ["RS256", "ES256", "EdDSA"])
@@ -230,7 +225,7 @@ def test_a_logged_in_client_s_token_expires(tmp_path: Path, keys: dict[str, Any]
     (tmp_path / "k.pem").write_bytes(_pem(keys["ES256"]))
     now = [NOW]
     verifier = TokenVerifier(
-        TokenSettings(enabled=True, public_key_file=str(tmp_path / "k.pem"), leeway=30),
+        JwtConfig(enabled=True, public_key_file=str(tmp_path / "k.pem"), leeway=30),
         clock=lambda: now[0],
     )
     for client, lifetime in (("short", 60), ("long", 3600)):
