@@ -28,7 +28,7 @@ def parse(kind: str, value: Any, source: str) -> list[Any]:
 
 def _name(table: dict[str, Any], seen: set[str], prefix: str) -> str:
     """The required, unique ``name`` (a topic level of $SYS/broker/bridges/<name>)."""
-    name = table.get("name")
+    name: str = table.get("name", "")
     if not name:
         raise ConfigError(f"{prefix}name: required (it names the integration in logs and $SYS)")
     if "/" in name or "+" in name or "#" in name or not valid_topic_name(name):

@@ -2,41 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tomllib
 from pathlib import Path
 from typing import Any
 
-from ..broker.options import BrokerOptions
 from . import integrations
 from .check import check
 from .errors import ConfigError
 from .keys import table_of, tables_of, values
-from .sections import (
-    LOG_LEVELS,
-    AdminConfig,
-    AlertsConfig,
-    ClusterConfig,
-    Config,
-    DynsecConfig,
-    HttpAuthConfig,
-    JwtConfig,
-    ListenerConfig,
-    SecurityConfig,
-    StorageConfig,
-)
+from .sections import LOG_LEVELS, Config, ListenerConfig
 
-# The tables [name] and their settings classes.
+# The tables [name] and their settings classes: the fields of Config that hold one.
 TABLES: dict[str, Any] = {
-    "broker": BrokerOptions,
-    "storage": StorageConfig,
-    "security": SecurityConfig,
-    "dynsec": DynsecConfig,
-    "jwt": JwtConfig,
-    "http_auth": HttpAuthConfig,
-    "cluster": ClusterConfig,
-    "admin": AdminConfig,
-    "alerts": AlertsConfig,
+    f.name: f.default_factory
+    for f in dataclasses.fields(Config)
+    if isinstance(f.default_factory, type) and dataclasses.is_dataclass(f.default_factory)
 }
 # The top level's keys that are not Config's plain fields: tables and arrays of tables.
 _NESTED = {**{name: dict for name in TABLES}, "listener": list, "bridge": list, "webhook": list}

@@ -1,6 +1,6 @@
 """Integrations with the world beyond MQTT clients: bridges to other brokers (bridge.py) and
 webhooks (webhooks.py), both sinks of the broker (broker/sink.py), configured by ``[[bridge]]``
-and ``[[webhook]]`` sections (settings.py)."""
+and ``[[webhook]]`` sections (read by mqttbroker.config)."""
 
 from __future__ import annotations
 

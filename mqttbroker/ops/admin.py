@@ -55,10 +55,10 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from ..broker.core import Broker
-from ..config import AdminConfig, ConfigError, ListenerConfig
+from ..config import AdminConfig, ConfigError, ListenerConfig, is_loopback
 from ..protocol.reasons import ReasonCode
 from ..secret_source import joined, read_secret
-from ..security import FileAuthenticator, is_loopback
+from ..security import FileAuthenticator
 from ..security.authenticator import FailureCounter, KdfBudget, source
 from ..security.dynsec import DynsecAuthorizer
 from .alerts import Survey
