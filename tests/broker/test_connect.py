@@ -13,13 +13,19 @@ import pytest
 from support.codec import connect_bytes
 from support.harness import (
     METHOD,
+    MQTT_3_1_1,
     MQTT_5,
+    NOT_UTF8,
+    PFI,
+    POWERS_OF_TWO,
     GatedStore,
     Harness,
     Offload,
     Prop,
     ToyAuthenticator,
     ToyExchange,
+    counts_logged,
+    disconnected_with,
     pk,
     split_packets,
 )
@@ -46,6 +52,22 @@ def connect_with_method(h: Harness, method: str = METHOD, data: bytes | None = N
     return client
 
 
+def answer(client: Any) -> None:
+    """The client's answer to the toy challenge ("nonce" reversed)."""
+    client.send(
+        pk.Auth(0x18, {Prop.AUTHENTICATION_METHOD: METHOD, Prop.AUTHENTICATION_DATA: b"ecnon"})
+    )
+
+
+def logged_in_with_method(h: Harness) -> Any:
+    """A client that answered the toy challenge and got its CONNACK."""
+    client = connect_with_method(h)
+    assert client.one(pk.Auth).reason_code == 0x18
+    answer(client)
+    assert client.one(pk.Connack).reason_code == 0
+    return client
+
+
 class NamedExchange:
     """Succeeds at once, establishing the user name ``user``."""
 
@@ -65,9 +87,6 @@ class NamingAuthenticator(ToyAuthenticator):
         self, method: str, client_id: str, username: str | None, address: str | None = None
     ) -> NamedExchange | None:
         return NamedExchange(self.users.pop(0)) if method == METHOD else None
-
-
-MQTT_3_1_1 = 4
 
 
 def refused(h: Harness, packet: pk.Connect) -> pk.Connack:
@@ -96,9 +115,7 @@ def authenticated(h: Harness, client_id: str = "toy") -> Any:
     client = h.client(peer="10.1.2.3:4000")
     client.send(pk.Connect(client_id=client_id, properties={Prop.AUTHENTICATION_METHOD: METHOD}))
     assert client.one(pk.Auth).reason_code == 0x18
-    client.send(
-        pk.Auth(0x18, {Prop.AUTHENTICATION_METHOD: METHOD, Prop.AUTHENTICATION_DATA: b"ecnon"})
-    )
+    answer(client)
     assert client.one(pk.Connack).reason_code == 0
     return client
 
@@ -116,30 +133,6 @@ def lines(caplog: pytest.LogCaptureFixture) -> Any:
     return lambda: [r.getMessage() for r in caplog.records]
 
 
-def disconnected_with(client, code: int) -> None:  # type: ignore[no-untyped-def]
-    received = client.receive()
-    assert [(type(p), p.reason_code) for p in received] == [(pk.Disconnect, code)], received
-    assert client.closed
-
-
-NOT_UTF8 = b"\xff\xfe"
-
-
-PFI = {Prop.PAYLOAD_FORMAT_INDICATOR: 1}
-
-
-POWERS_OF_TWO = [1, 2, 4, 8]
-
-
-def counts_logged(caplog: pytest.LogCaptureFixture, marker: str) -> list[int]:
-    """The "(N refused so far)" counts of the log lines containing ``marker``."""
-    return [
-        int(r.getMessage().rsplit("(", 1)[1].split()[0])
-        for r in caplog.records
-        if marker in r.getMessage()
-    ]
-
-
 def test_challenge_response_then_connack(ha: Harness) -> None:
     """[MQTT-4.12.0-2] [MQTT-4.12.0-5] The server's AUTH continues with 0x18; every AUTH and the
     successful CONNACK carry the method named in CONNECT."""
@@ -148,9 +141,7 @@ def test_challenge_response_then_connack(ha: Harness) -> None:
     assert auth.reason_code == 0x18
     assert auth.properties[Prop.AUTHENTICATION_METHOD] == METHOD
     assert auth.properties[Prop.AUTHENTICATION_DATA] == b"nonce"
-    client.send(
-        pk.Auth(0x18, {Prop.AUTHENTICATION_METHOD: METHOD, Prop.AUTHENTICATION_DATA: b"ecnon"})
-    )
+    answer(client)
     connack = client.one(pk.Connack)
     assert connack.reason_code == 0
     assert connack.properties[Prop.AUTHENTICATION_METHOD] == METHOD
@@ -201,17 +192,10 @@ def test_auth_with_another_method_is_a_protocol_error(ha: Harness) -> None:
 def test_re_authentication(ha: Harness) -> None:
     """[MQTT-4.12.1-1] Re-authentication (AUTH 0x19) uses the original method; it ends with
     AUTH 0x00 on success."""
-    client = connect_with_method(ha)
-    client.one(pk.Auth)
-    client.send(
-        pk.Auth(0x18, {Prop.AUTHENTICATION_METHOD: METHOD, Prop.AUTHENTICATION_DATA: b"ecnon"})
-    )
-    client.one(pk.Connack)
+    client = logged_in_with_method(ha)
     client.send(pk.Auth(0x19, {Prop.AUTHENTICATION_METHOD: METHOD}))
     assert client.one(pk.Auth).reason_code == 0x18
-    client.send(
-        pk.Auth(0x18, {Prop.AUTHENTICATION_METHOD: METHOD, Prop.AUTHENTICATION_DATA: b"ecnon"})
-    )
+    answer(client)
     done = client.one(pk.Auth)
     assert done.reason_code == 0
     assert done.properties[Prop.AUTHENTICATION_METHOD] == METHOD
@@ -220,12 +204,7 @@ def test_re_authentication(ha: Harness) -> None:
 
 def test_failed_re_authentication_disconnects(ha: Harness) -> None:
     """[MQTT-4.12.1-2] A failed re-authentication ends with DISCONNECT and a closed connection."""
-    client = connect_with_method(ha)
-    client.one(pk.Auth)
-    client.send(
-        pk.Auth(0x18, {Prop.AUTHENTICATION_METHOD: METHOD, Prop.AUTHENTICATION_DATA: b"ecnon"})
-    )
-    client.one(pk.Connack)
+    client = logged_in_with_method(ha)
     client.send(pk.Auth(0x19, {Prop.AUTHENTICATION_METHOD: METHOD}))
     client.one(pk.Auth)
     client.send(
@@ -237,12 +216,7 @@ def test_failed_re_authentication_disconnects(ha: Harness) -> None:
 
 
 def test_re_authentication_with_another_method_is_refused(ha: Harness) -> None:
-    client = connect_with_method(ha)
-    client.one(pk.Auth)
-    client.send(
-        pk.Auth(0x18, {Prop.AUTHENTICATION_METHOD: METHOD, Prop.AUTHENTICATION_DATA: b"ecnon"})
-    )
-    client.one(pk.Connack)
+    client = logged_in_with_method(ha)
     client.send(pk.Auth(0x19, {Prop.AUTHENTICATION_METHOD: "OTHER"}))
     assert client.one(pk.Disconnect).reason_code == 0x82
 

@@ -5,9 +5,7 @@ subscriptions, properties forwarded unchanged."""
 from __future__ import annotations
 
 import pytest
-from support.harness import Harness, Prop, pair, pk, split_raw
-
-MQTT_3_1_1 = 4
+from support.harness import MQTT_3_1_1, Harness, Prop, pair, pk, split_raw
 
 
 def test_qos0_flow(h: Harness) -> None:

@@ -6,11 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from support.harness import Harness, Prop, pk
+from support.harness import MQTT_3_1_1, Harness, Prop, pk
 
 from mqttbroker.protocol import grammar
-
-MQTT_3_1_1 = 4
 
 
 def test_v311_subscriber_gets_v311_publish(h: Harness) -> None:

@@ -11,24 +11,23 @@ from typing import Any
 
 import pytest
 from support.harness import (
+    MQTT_3_1_1,
+    NOT_UTF8,
+    PERSISTENT,
+    PFI,
+    POWERS_OF_TWO,
     AllowAll,
     DenySecret,
     Harness,
     Prop,
+    counts_logged,
+    disconnected_with,
     pair,
     pk,
 )
 
 from mqttbroker.protocol import grammar
 from mqttbroker.protocol.reasons import ReasonCode
-
-MQTT_3_1_1 = 4
-
-
-def disconnected_with(client, code: int) -> None:  # type: ignore[no-untyped-def]
-    received = client.receive()
-    assert [(type(p), p.reason_code) for p in received] == [(pk.Disconnect, code)], received
-    assert client.closed
 
 
 class _PublishOnlyTo:
@@ -47,27 +46,6 @@ class _PublishOnlyTo:
 
     def can_read(self, client_id: str, username: str | None, topic: str) -> bool:
         return True
-
-
-NOT_UTF8 = b"\xff\xfe"
-
-
-PFI = {Prop.PAYLOAD_FORMAT_INDICATOR: 1}
-
-
-PERSISTENT = {Prop.SESSION_EXPIRY_INTERVAL: 100}
-
-
-POWERS_OF_TWO = [1, 2, 4, 8]
-
-
-def counts_logged(caplog: pytest.LogCaptureFixture, marker: str) -> list[int]:
-    """The "(N refused so far)" counts of the log lines containing ``marker``."""
-    return [
-        int(r.getMessage().rsplit("(", 1)[1].split()[0])
-        for r in caplog.records
-        if marker in r.getMessage()
-    ]
 
 
 def test_topic_alias_set_and_reuse(h: Harness) -> None:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from support.harness import Client, Harness, Prop, pk
+from support.harness import Client, Harness, Prop, disconnected_with, pk
 
 
 def shared_setup(
@@ -25,12 +25,6 @@ def shared_setup(
 
 def counts(subs: list[Client]) -> list[int]:
     return [len(s.publishes()) for s in subs]
-
-
-def disconnected_with(client, code: int) -> None:  # type: ignore[no-untyped-def]
-    received = client.receive()
-    assert [(type(p), p.reason_code) for p in received] == [(pk.Disconnect, code)], received
-    assert client.closed
 
 
 def test_round_robin_goes_in_member_order(make_harness: Any) -> None:

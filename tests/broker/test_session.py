@@ -9,14 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from support.harness import (
-    Client,
-    Harness,
-    Prop,
-    pair,
-    pk,
-    window,
-)
+from support.harness import PERSISTENT, Client, Harness, Prop, pair, pk, window
 
 from mqttbroker.broker.session import DROP_LOG_INTERVAL
 
@@ -52,9 +45,6 @@ def summary(packets: list[Any]) -> list[tuple[str, Any, Any]]:
     return [
         (type(p).__name__, getattr(p, "packet_id", None), getattr(p, "dup", None)) for p in packets
     ]
-
-
-PERSISTENT = {Prop.SESSION_EXPIRY_INTERVAL: 100}
 
 
 def expiry(seconds: int) -> dict[int, int]:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from support.harness import AllowAll, Harness, Prop, pk
+from support.harness import MQTT_3_1_1, PERSISTENT, AllowAll, Harness, Prop, pk
 
 from mqttbroker.broker.core import Broker
 from mqttbroker.broker.message import Message
@@ -23,8 +23,6 @@ from mqttbroker.broker.store import (
 )
 from mqttbroker.broker.topics import Subscription
 from mqttbroker.protocol.packets import Will
-
-MQTT_3_1_1 = 4
 
 
 def record(client_id: str = "s", expiry: int = 100, **fields: object) -> SessionRecord:
@@ -64,9 +62,6 @@ def resume(h: Harness, client_id: str = "s", expiry: int = 100, **kw: object) ->
         properties={Prop.SESSION_EXPIRY_INTERVAL: expiry},
         **kw,  # type: ignore[arg-type]
     )
-
-
-PERSISTENT = {Prop.SESSION_EXPIRY_INTERVAL: 100}
 
 
 class MirrorStore(Store):
@@ -557,14 +552,22 @@ def test_queued_qos0_leaves_the_store_when_sent(make_harness: Any) -> None:
     assert store.payloads("s") == []
 
 
+def stored_session(
+    client_id: str,
+    expiry: int,
+    subscriptions: list[SubscriptionRecord],
+    deliveries: list[DeliveryRecord],
+) -> SessionRecord:
+    """A session as the store reads it back: offline, no user name, the store's handle 1 (its
+    deliveries are numbered from it)."""
+    return SessionRecord(client_id, expiry, None, None, 1, subscriptions, deliveries)
+
+
 def test_restored_in_flight_delivery_keeps_ids_and_packet_id(make_harness: Any) -> None:
     h, store = mirrored(make_harness)
-    record = SessionRecord(
+    record = stored_session(
         "s",
         100,
-        None,
-        None,
-        1,  # the store's handle: its deliveries are numbered from it
         [SubscriptionRecord("t", 2, False, False, 0, 7)],
         [DeliveryRecord(1, Message("t", b"m", 2), 2, False, (7,), 4, False, None)],
     )
@@ -583,12 +586,9 @@ def test_restored_queued_share_is_handed_over(make_harness: Any) -> None:
     """A message queued for a member when the broker stopped still belongs to its shared
     subscription: when that session ends, another member gets it."""
     h, _ = mirrored(make_harness)
-    record = SessionRecord(
+    record = stored_session(
         "away",
         5,
-        None,
-        None,
-        1,  # the store's handle: its deliveries are numbered from it
         [SubscriptionRecord("$share/g/job", 1, False, False, 0, None)],
         [DeliveryRecord(1, Message("job", b"kept", 1), 1, False, (), None, False, "$share/g/job")],
     )
@@ -617,14 +617,8 @@ def test_stored_message_too_large_for_the_returning_client(make_harness: Any) ->
 
 def test_pubrec_of_restored_qos2_alone(make_harness: Any) -> None:
     h, _ = mirrored(make_harness)
-    record = SessionRecord(
-        "s",
-        100,
-        None,
-        None,
-        1,  # the store's handle: its deliveries are numbered from it
-        [],
-        [DeliveryRecord(1, Message("t", b"m", 2), 2, False, (), 9, False, None)],
+    record = stored_session(
+        "s", 100, [], [DeliveryRecord(1, Message("t", b"m", 2), 2, False, (), 9, False, None)]
     )
     h.broker.restore(Restored([record], []))
     client = h.connect("s", clean_start=False, properties=PERSISTENT, expect_present=True)

@@ -10,23 +10,12 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from support.harness import (
-    MQTT_5,
-    AllowAll,
-    FakeLink,
-    Harness,
-    LinkClient,
-    Prop,
-    pk,
-)
+from support.harness import MQTT_3_1_1, MQTT_5, AllowAll, FakeLink, Harness, LinkClient, Prop, pk
 
 from mqttbroker.broker.session import filter_size
 from mqttbroker.broker.subscribe import REPLAY_WRITE, RETAINED_PER_PASS
 from mqttbroker.protocol import grammar
 from mqttbroker.security import AclAuthorizer, AclRules
-
-MQTT_3_1_1 = 4
-
 
 # Everyone may read and write everything; the subscribers "sub" and "member" may not read (nor
 # write) secret/x.

@@ -6,17 +6,26 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from support.harness import Harness
+from support.harness import Client, Harness
 
 from mqttbroker.ops.sys_tree import SysTree
 from mqttbroker.protocol.properties import PropertyId as Prop
 
 
-def test_counters_published_on_interval(make_harness: Any) -> None:
-    h: Harness = make_harness(sys_interval=5.0)
-    tree = SysTree(h.broker, 5.0)
+def watched(
+    make_harness: Any, interval: float, topic_filter: str, **options: Any
+) -> tuple[Harness, SysTree, Client]:
+    """A broker publishing its $SYS tree every ``interval`` seconds, the tree, and a client
+    subscribed to ``topic_filter`` of it."""
+    h: Harness = make_harness(sys_interval=interval, **options)
+    tree = SysTree(h.broker, interval)
     watcher = h.connect("watcher")
-    watcher.subscribe("$SYS/broker/#")
+    watcher.subscribe(topic_filter)
+    return h, tree, watcher
+
+
+def test_counters_published_on_interval(make_harness: Any) -> None:
+    h, tree, watcher = watched(make_harness, 5.0, "$SYS/broker/#")
     everything = h.connect("everything")
     everything.subscribe("#")
     pub = h.connect("pub")
@@ -51,10 +60,9 @@ def test_zero_interval_publishes_nothing(h: Harness) -> None:
 def test_own_topics_are_not_retained_messages(make_harness: Any) -> None:
     """The $SYS topics are retained for new subscribers, but they are not counted as retained
     messages, nor against max_retained."""
-    h: Harness = make_harness(sys_interval=5.0, max_retained=1)
-    tree = SysTree(h.broker, 5.0)
-    watcher = h.connect("watcher")
-    watcher.subscribe("$SYS/broker/retained messages/count")
+    h, tree, watcher = watched(
+        make_harness, 5.0, "$SYS/broker/retained messages/count", max_retained=1
+    )
     tree.tick()
     assert [p.payload for p in watcher.publishes()] == [b"0"]
     pub = h.connect("pub")
@@ -69,10 +77,7 @@ def test_own_topics_are_not_retained_messages(make_harness: Any) -> None:
 def test_delivered_counts_publish_packets_sent(make_harness: Any) -> None:
     """messages/delivered counts PUBLISH packets sent to subscribers: a message queued for an
     offline session counts when it is sent, a dropped one never."""
-    h: Harness = make_harness(sys_interval=1.0)
-    tree = SysTree(h.broker, 1.0)
-    watcher = h.connect("watcher")
-    watcher.subscribe("$SYS/broker/messages/delivered")
+    h, tree, watcher = watched(make_harness, 1.0, "$SYS/broker/messages/delivered")
     online = h.connect("online")
     online.subscribe("t", 1)
     away = h.connect("away", clean_start=False, properties={Prop.SESSION_EXPIRY_INTERVAL: 600})
@@ -104,10 +109,7 @@ def test_delivered_counts_publish_packets_sent(make_harness: Any) -> None:
 def test_uptime_and_loads(make_harness: Any) -> None:
     """uptime in seconds; load/.../1min, 5min, 15min: the rate per minute, averaged
     exponentially over that period, as Mosquitto's are."""
-    h: Harness = make_harness(sys_interval=10.0)
-    tree = SysTree(h.broker, 10.0)
-    watcher = h.connect("watcher")
-    watcher.subscribe("$SYS/broker/uptime")
+    h, tree, watcher = watched(make_harness, 10.0, "$SYS/broker/uptime")
     watcher.subscribe("$SYS/broker/load/messages/received/+")
     watcher.subscribe("$SYS/broker/load/connections/+")
     pub = h.connect("pub")
@@ -137,10 +139,7 @@ def test_uptime_and_loads(make_harness: Any) -> None:
 
 def test_names_mosquitto_dashboards_read(make_harness: Any) -> None:
     """The topics a dashboard made for Mosquitto subscribes to are there, with its meaning."""
-    h: Harness = make_harness(sys_interval=5.0)
-    tree = SysTree(h.broker, 5.0)
-    watcher = h.connect("watcher")
-    watcher.subscribe("$SYS/broker/#")
+    h, tree, watcher = watched(make_harness, 5.0, "$SYS/broker/#")
     sub = h.connect("sub")
     sub.subscribe("a/#")
     h.connect("pub").publish("a/b", b"x")

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from mqttbroker.broker.auth import CONTINUE, FAIL, SUCCESS, AuthOutcome
 from mqttbroker.broker.connection import Connection
 from mqttbroker.broker.core import Broker
@@ -20,7 +22,7 @@ from mqttbroker.broker.session import Session
 from mqttbroker.broker.store import Store
 from mqttbroker.protocol import fastpath, grammar
 from mqttbroker.protocol import packets as pk
-from mqttbroker.protocol.packets import MQTT_5
+from mqttbroker.protocol.packets import MQTT_3_1_1, MQTT_5
 from mqttbroker.protocol.properties import PropertyId as Prop
 from support.codec import decode_packet
 
@@ -44,6 +46,13 @@ __all__ = [
     "Prop",
     "pk",
     "MQTT_5",
+    "MQTT_3_1_1",
+    "PERSISTENT",
+    "NOT_UTF8",
+    "PFI",
+    "POWERS_OF_TWO",
+    "counts_logged",
+    "disconnected_with",
 ]
 
 
@@ -420,6 +429,29 @@ def window(h: Harness, client_id: str = "sub", **props: int) -> Client:
 
 
 # -- stand-ins for the security edge -----------------------------------------------------------
+
+# Values and a log reader the broker tests share.
+PERSISTENT = {Prop.SESSION_EXPIRY_INTERVAL: 100}  # CONNECT properties of a persistent session
+NOT_UTF8 = b"\xff\xfe"
+PFI = {Prop.PAYLOAD_FORMAT_INDICATOR: 1}  # the payload says it is UTF-8
+POWERS_OF_TWO = [1, 2, 4, 8]
+
+
+def disconnected_with(client: Client, code: int) -> None:
+    """The broker's last word to ``client`` was a DISCONNECT with ``code``, and it closed."""
+    received = client.receive()
+    assert [(type(p), p.reason_code) for p in received] == [(pk.Disconnect, code)], received
+    assert client.closed
+
+
+def counts_logged(caplog: pytest.LogCaptureFixture, marker: str) -> list[int]:
+    """The "(N refused so far)" counts of the log lines containing ``marker``."""
+    return [
+        int(r.getMessage().rsplit("(", 1)[1].split()[0])
+        for r in caplog.records
+        if marker in r.getMessage()
+    ]
+
 
 METHOD = "TOY-CHALLENGE"
 
