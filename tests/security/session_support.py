@@ -20,6 +20,7 @@ from support.clients import (
     connect_packet,
     parse_connack,
     prop,
+    unique,
 )
 
 from mqttbroker.security.passwords import make_entry_line
@@ -146,3 +147,23 @@ def connack(
             raw.send(b"\xe0\x00")
             raw.read_until_closed()
         return present, code
+
+
+def offline_alice(server: Any, filters: list[str], topic: str, payload: bytes, version: int) -> str:
+    """alice's persistent session, subscribed to ``filters`` and offline, with ``payload``
+    published to ``topic`` by admin while she is away. Her client id."""
+    client_id = unique("alice")
+    alice = paho_client(server, "alice", client_id, version)
+    try:
+        alice.connect()
+        for topic_filter in filters:
+            assert alice.subscribe(topic_filter, 1) == [1]
+    finally:
+        alice.close()
+    admin = paho_client(server, "admin", unique("admin"), clean=True, expiry=0)
+    try:
+        admin.connect()
+        admin.publish(topic, payload, 1)
+    finally:
+        admin.close()
+    return client_id

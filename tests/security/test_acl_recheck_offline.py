@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from session_support import ACL, SecureBroker, paho_client
-from support.clients import unique
+from session_support import ACL, SecureBroker, offline_alice, paho_client
+from support.clients import MQTT_5, unique
 
 REVOKED = ACL.replace("topic read data/#\n", "")
 
@@ -23,21 +23,9 @@ def secure(tmp_path: Path, start_broker: Callable[..., Any]) -> SecureBroker:
 def offline_reader(server: Any) -> str:
     """alice's persistent session, subscribed to data/# and alice/#, offline, with data/1
     queued for it."""
-    client_id = unique("alice")
-    alice = paho_client(server, "alice", client_id)
-    try:
-        alice.connect()
-        assert alice.subscribe("data/#", 1) == [1]
-        assert alice.subscribe("alice/#", 1) == [1]
-    finally:
-        alice.close()
-    admin = paho_client(server, "admin", unique("admin"), clean=True, expiry=0)
-    try:
-        admin.connect()
-        admin.publish("data/1", b"queued before the change", 1)
-    finally:
-        admin.close()
-    return client_id
+    return offline_alice(
+        server, ["data/#", "alice/#"], "data/1", b"queued before the change", MQTT_5
+    )
 
 
 def assert_nothing_from_data(server: Any, client_id: str) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from session_support import SecureBroker, assert_logged, connack, paho_client
+from session_support import SecureBroker, assert_logged, connack, offline_alice, paho_client
 from support.clients import MQTT_5, MQTT_311, unique
 
 NOT_AUTHORIZED = {MQTT_5: 0x87, MQTT_311: 0x05}
@@ -23,20 +23,7 @@ def secure(tmp_path: Path, start_broker: Callable[..., Any]) -> SecureBroker:
 
 def alice_session_with_a_queued_message(server: Any, version: int) -> str:
     """alice's persistent session, subscribed to alice/# and offline, with one message queued."""
-    client_id = unique("alice")
-    alice = paho_client(server, "alice", client_id, version)
-    try:
-        alice.connect()
-        assert alice.subscribe("alice/#", 1) == [1]
-    finally:
-        alice.close()
-    admin = paho_client(server, "admin", unique("admin"), clean=True, expiry=0)
-    try:
-        admin.connect()
-        admin.publish("alice/inbox", b"for alice only", 1)
-    finally:
-        admin.close()
-    return client_id
+    return offline_alice(server, ["alice/#"], "alice/inbox", b"for alice only", version)
 
 
 def assert_alice_resumes(server: Any, client_id: str, version: int) -> None:
