@@ -24,6 +24,13 @@ def persistent() -> Properties:
     return props
 
 
+def mosquitto_pub(admin: Admin, *args: str) -> None:
+    """mosquitto_pub with ``args`` against the admin's broker."""
+    broker = admin.broker
+    command = [program("mosquitto_pub"), "-h", broker.host, "-p", str(broker.port), *args]
+    subprocess.run(command, check=True, timeout=TIMEOUT)
+
+
 def test_the_openapi_document_is_valid_and_served(admin_broker: Callable[..., Admin]) -> None:
     validate(OPENAPI)
     admin = admin_broker()
@@ -92,23 +99,7 @@ def test_offline_sessions_show_their_backlog_and_can_be_deleted(
     client.disconnect()
     client.wait_disconnected()
     for n in range(3):
-        subprocess.run(
-            [
-                program("mosquitto_pub"),
-                "-h",
-                admin.broker.host,
-                "-p",
-                str(admin.broker.port),
-                "-q",
-                "1",
-                "-t",
-                topic,
-                "-m",
-                f"m{n}",
-            ],
-            check=True,
-            timeout=TIMEOUT,
-        )
+        mosquitto_pub(admin, "-q", "1", "-t", topic, "-m", f"m{n}")
     session = admin.ok("GET", f"/api/v1/sessions/{client.client_id}")
     assert session["online"] is False
     assert session["queued"] == 3
@@ -145,22 +136,7 @@ def test_subscriptions_and_shared_groups(admin_broker: Callable[..., Admin], pah
 def test_retained_messages_browse_and_delete(admin_broker: Callable[..., Admin]) -> None:
     admin = admin_broker()
     topic = unique("kept") + "/temp"
-    subprocess.run(
-        [
-            program("mosquitto_pub"),
-            "-h",
-            admin.broker.host,
-            "-p",
-            str(admin.broker.port),
-            "-r",
-            "-t",
-            topic,
-            "-m",
-            "21.5",
-        ],
-        check=True,
-        timeout=TIMEOUT,
-    )
+    mosquitto_pub(admin, "-r", "-t", topic, "-m", "21.5")
     items = admin.ok("GET", f"/api/v1/retained?filter={topic.split('/')[0]}/%23")["items"]
     assert items == [
         {

@@ -126,24 +126,34 @@ def test_subscription_pages_cover_every_match_once(fleet: tuple[Broker, Api, Clo
         assert sorted(found) == sorted(expected), pattern
 
 
-def test_a_sparse_retained_filter_pages_with_bounded_work(
-    fleet: tuple[Broker, Api, Clock],
-) -> None:
-    _, api, _ = fleet
-    listing = list(pages(api, "retained", "/api/v1/retained?filter=dev/%2B/alarm/%23"))
-    assert len(listing) >= DEVICES // BOUND
-    topics = [item["topic"] for page in listing for item in page["items"]]
-    assert sorted(topics) == sorted(f"dev/{n}/alarm/last" for n in RARE)
+SPARSE = [
+    (
+        "retained",
+        "/api/v1/retained?filter=dev/%2B/alarm/%23",
+        "topic",
+        sorted(f"dev/{n}/alarm/last" for n in RARE),
+    ),
+    (
+        "sessions",
+        "/api/v1/sessions?client_id=device-299",
+        "client_id",
+        ["device-299", *(f"device-{n}" for n in range(2990, 3000))],
+    ),
+]
 
 
-def test_a_sparse_session_prefix_pages_with_bounded_work(
-    fleet: tuple[Broker, Api, Clock],
+@pytest.mark.parametrize(
+    ("listing", "url", "key", "expected"), SPARSE, ids=["retained filter", "session prefix"]
+)
+def test_a_sparse_listing_pages_with_bounded_work(
+    fleet: tuple[Broker, Api, Clock], listing: str, url: str, key: str, expected: list[str]
 ) -> None:
+    """A listing whose few matches are spread over many entries comes in many pages, each of
+    bounded work, and every match comes once."""
     _, api, _ = fleet
-    listing = list(pages(api, "sessions", "/api/v1/sessions?client_id=device-299"))
-    assert len(listing) >= DEVICES // BOUND
-    ids = [item["client_id"] for page in listing for item in page["items"]]
-    assert sorted(ids) == ["device-299", *(f"device-{n}" for n in range(2990, 3000))]
+    got = list(pages(api, listing, url))
+    assert len(got) >= DEVICES // BOUND
+    assert sorted(item[key] for page in got for item in page["items"]) == expected
 
 
 class Unwalkable(dict[str, Session]):
