@@ -233,34 +233,82 @@ function stopLive() {
   $("live-stop").disabled = true;
 }
 
-// -- security: the dynamic security's clients ------------------------------------------------
+// -- security: the dynamic security's clients and roles ---------------------------------------
+
+const DYNSEC = "/api/v1/dynsec/";
+
+function sendJson(path, body, method = "POST") {
+  return api(path, { method, headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
+}
+
+function aclItem(rolename, acl) {
+  const item = document.createElement("span");
+  item.className = "acl";
+  item.dataset.acltype = acl.acltype;
+  item.dataset.topic = acl.topic;
+  item.textContent = acl.acltype + " " + (acl.allow ? "allow" : "deny") + " " + acl.topic + " (" + acl.priority + ") ";
+  const remove = document.createElement("button");
+  remove.textContent = "✕";
+  remove.title = "Remove this ACL";
+  remove.className = "danger";
+  remove.addEventListener("click", async () => {
+    remove.disabled = true;
+    try { await sendJson(DYNSEC + "roles/" + encodeURIComponent(rolename) + "/acls", { acltype: acl.acltype, topic: acl.topic }, "DELETE"); status(""); } catch (e) { status(e.message); }
+    refresh();
+  });
+  item.appendChild(remove);
+  return item;
+}
 
 async function showSecurity() {
-  const page = await api("/api/v1/dynsec/clients");
-  fill("dynsec-table", page.items, (tr, c) => {
+  const [clients, roles] = await Promise.all([api(DYNSEC + "clients"), api(DYNSEC + "roles")]);
+  fill("dynsec-table", clients.items, (tr, c) => {
     tr.dataset.username = c.username;
     cell(tr, c.username); cell(tr, c.clientid);
     cell(tr, c.roles.map((r) => r.rolename).join(", "));
     cell(tr, c.groups.map((g) => g.groupname).join(", "));
     cell(tr, c.disabled ? "disabled" : "enabled", "state");
-    const path = "/api/v1/dynsec/clients/" + encodeURIComponent(c.username) + (c.disabled ? "/enable" : "/disable");
+    const path = DYNSEC + "clients/" + encodeURIComponent(c.username) + (c.disabled ? "/enable" : "/disable");
     button(tr, c.disabled ? "Enable" : "Disable", () => api(path, { method: "POST" }));
+  });
+  $("dynsec-role-names").replaceChildren(...roles.items.map((r) => new Option(r.rolename)));
+  fill("dynsec-roles-table", roles.items, (tr, r) => {
+    tr.dataset.rolename = r.rolename;
+    cell(tr, r.rolename);
+    const acls = cell(tr, "no ACLs", "acls");
+    if (r.acls.length) acls.replaceChildren(...r.acls.map((a) => aclItem(r.rolename, a)));
+    button(tr, "Delete", () => api(DYNSEC + "roles/" + encodeURIComponent(r.rolename), { method: "DELETE" }));
   });
 }
 
-async function createDynsecClient(event) {
-  event.preventDefault();
-  const roles = $("dynsec-roles").value.split(",").map((r) => r.trim()).filter((r) => r);
-  const body = { username: $("dynsec-username").value, password: $("dynsec-password").value, roles };
-  try {
-    await api("/api/v1/dynsec/clients", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
-    $("dynsec-form").reset();
-    status("");
-  } catch (e) {
-    status(e.message);
-  }
-  refresh();
+// A form of the Security tab: its request, then the form cleared; an error stays shown (and
+// the form as it was) until the next change succeeds.
+function onSubmit(form, request) {
+  $(form).addEventListener("submit", async (event) => {
+    event.preventDefault();
+    try {
+      await request();
+      $(form).reset();
+      $("dynsec-error").textContent = "";
+    } catch (e) {
+      $("dynsec-error").textContent = e.message;
+    }
+    refresh();
+  });
 }
+
+onSubmit("dynsec-form", () => sendJson(DYNSEC + "clients", {
+  username: $("dynsec-username").value,
+  password: $("dynsec-password").value,
+  roles: $("dynsec-roles").value.split(",").map((r) => r.trim()).filter((r) => r),
+}));
+onSubmit("dynsec-role-form", () => sendJson(DYNSEC + "roles", { rolename: $("dynsec-rolename").value }));
+onSubmit("dynsec-acl-form", () => sendJson(DYNSEC + "roles/" + encodeURIComponent($("dynsec-acl-role").value) + "/acls", {
+  acltype: $("dynsec-acltype").value,
+  topic: $("dynsec-acl-topic").value,
+  allow: $("dynsec-acl-access").value === "allow",
+  priority: parseInt($("dynsec-acl-priority").value || "0", 10),
+}));
 
 // -- navigation ------------------------------------------------------------------------------
 
@@ -292,7 +340,6 @@ $("login-form").addEventListener("submit", (event) => {
 });
 $("live-form").addEventListener("submit", startLive);
 $("live-stop").addEventListener("click", stopLive);
-$("dynsec-form").addEventListener("submit", createDynsecClient);
 for (const id of ["client-search", "sub-filter", "retained-filter"]) $(id).addEventListener("input", refresh);
 window.addEventListener("hashchange", select);
 select();
