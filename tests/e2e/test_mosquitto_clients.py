@@ -15,6 +15,7 @@ import time
 import pytest
 from external_tools import program
 from support.clients import TIMEOUT, unique
+from support.launcher import mosquitto_client
 
 pytestmark = pytest.mark.needs_mosquitto
 
@@ -129,26 +130,11 @@ def mosquitto_pub(broker, topic, message, qos, version, retain=False, null=False
     DISCONNECT that mosquitto_pub sends after it (at QoS 0 nothing else tells)."""
     client_id = unique("mpub")
     mark = broker.log_mark()
-    args = [
-        program("mosquitto_pub"),
-        "-h",
-        broker.host,
-        "-p",
-        str(broker.port),
-        "-V",
-        version,
-        "-q",
-        str(qos),
-        "-i",
-        client_id,
-        "-t",
-        topic,
-    ]
+    args = ["-V", version, "-q", str(qos), "-i", client_id, "-t", topic]
     args += ["-n"] if null else ["-m", message]
     if retain:
         args.append("-r")
-    done = subprocess.run(args, capture_output=True, text=True, timeout=TIMEOUT)
-    assert done.returncode == 0, f"mosquitto_pub failed ({done.returncode}): {done.stderr}"
+    mosquitto_client("mosquitto_pub", broker.host, broker.port, *args, timeout=TIMEOUT)
     logged = broker.wait_for_log(rf"\b{re.escape(client_id)}\b.*disconnected", TIMEOUT, mark)
     assert logged, f"the broker did not log the disconnection of {client_id}:\n{broker.log_text()}"
 

@@ -99,36 +99,42 @@ def test_delivered_qos_is_the_lower_of_publish_and_subscription(make_client, top
 # Wildcards
 
 
-@pytest.mark.parametrize("qos", QOS)
-@pytest.mark.parametrize("version", VERSIONS)
-def test_single_level_wildcard(make_client, topic, version, qos):
-    """[MQTT-4.7.1-2] '+' matches exactly one level, an empty one included, and nothing else."""
-    sub = make_client(version)
-    assert sub.subscribe(f"{topic}/+/temp", qos) == [qos]
-    pub = make_client(version)
-    matching = [f"{topic}/a/temp", f"{topic}/b/temp", f"{topic}//temp"]
-    other = [f"{topic}/a/b/temp", f"{topic}/temp", f"{topic}/a/temp/x", f"{topic}/a/humid", topic]
-    for name in matching + other:
-        pub.publish(name, name.encode(), qos)
-    marker = f"{topic}/end/temp"
-    pub.publish(marker, b"end", qos)
-    got = sub.wait_payload(b"end")
-    assert sorted(m.topic for m in got[:-1]) == sorted(matching)
-    assert all(m.payload == m.topic.encode() and m.qos == qos for m in got[:-1])
+# (filter, topics it matches, topics it does not match, the last topic published); "{t}" stands
+# for the test's own topic.
+WILDCARDS = {
+    # [MQTT-4.7.1-2] '+' matches exactly one level, an empty one included, and nothing else.
+    "single-level": (
+        "{t}/+/temp",
+        ["{t}/a/temp", "{t}/b/temp", "{t}//temp"],
+        ["{t}/a/b/temp", "{t}/temp", "{t}/a/temp/x", "{t}/a/humid", "{t}"],
+        "{t}/end/temp",
+    ),
+    # [MQTT-4.7.1-1] 'x/#' matches 'x' itself and every topic below it, and nothing else.
+    "multi-level": (
+        "{t}/x/#",
+        ["{t}/x", "{t}/x/y", "{t}/x/y/z", "{t}/x/"],
+        ["{t}/xy", "{t}/y/x", "{t}", "{t}/y"],
+        "{t}/x/end",
+    ),
+}
 
 
+@pytest.mark.parametrize("wildcard", WILDCARDS)
 @pytest.mark.parametrize("qos", QOS)
 @pytest.mark.parametrize("version", VERSIONS)
-def test_multi_level_wildcard(make_client, topic, version, qos):
-    """[MQTT-4.7.1-1] 'x/#' matches 'x' itself and every topic below it, and nothing else."""
+def test_wildcard_matches_what_the_spec_says(make_client, topic, version, qos, wildcard):
+    """A subscriber to a wildcard filter gets every matching topic published, once each, at the
+    QoS used, and none of the others."""
+    pattern, matching_patterns, other_patterns, end_pattern = WILDCARDS[wildcard]
+    topic_filter, end = pattern.format(t=topic), end_pattern.format(t=topic)
+    matching = [name.format(t=topic) for name in matching_patterns]
+    other = [name.format(t=topic) for name in other_patterns]
     sub = make_client(version)
-    assert sub.subscribe(f"{topic}/x/#", qos) == [qos]
+    assert sub.subscribe(topic_filter, qos) == [qos]
     pub = make_client(version)
-    matching = [f"{topic}/x", f"{topic}/x/y", f"{topic}/x/y/z", f"{topic}/x/"]
-    other = [f"{topic}/xy", f"{topic}/y/x", topic, f"{topic}/y"]
     for name in matching + other:
         pub.publish(name, name.encode(), qos)
-    pub.publish(f"{topic}/x/end", b"end", qos)
+    pub.publish(end, b"end", qos)
     got = sub.wait_payload(b"end")
     assert sorted(m.topic for m in got[:-1]) == sorted(matching)
     assert all(m.payload == m.topic.encode() and m.qos == qos for m in got[:-1])

@@ -3,17 +3,16 @@ checked against the OpenAPI document the broker serves; bad input gets a 4xx JSO
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from external_tools import program
 from openapi_spec_validator import validate
 from ops_support import OPENAPI, Admin, check
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from support.clients import MQTT_311, TIMEOUT, unique
+from support.launcher import mosquitto_client
 
 Paho = Callable[..., Any]
 
@@ -26,9 +25,7 @@ def persistent() -> Properties:
 
 def mosquitto_pub(admin: Admin, *args: str) -> None:
     """mosquitto_pub with ``args`` against the admin's broker."""
-    broker = admin.broker
-    command = [program("mosquitto_pub"), "-h", broker.host, "-p", str(broker.port), *args]
-    subprocess.run(command, check=True, timeout=TIMEOUT)
+    mosquitto_client("mosquitto_pub", admin.broker.host, admin.broker.port, *args, timeout=TIMEOUT)
 
 
 def test_the_openapi_document_is_valid_and_served(admin_broker: Callable[..., Admin]) -> None:

@@ -12,15 +12,13 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from external_tools import program
 from support.clients import MQTT_5, MQTT_311, PahoClient, RawClient, Received, parse_connack
-from support.launcher import BrokerProcess
+from support.launcher import BrokerProcess, mosquitto_client
 
 from mqttbroker.protocol import grammar
 from mqttbroker.protocol import packets as pk
@@ -123,10 +121,7 @@ def test_sigkill_while_publishing_loses_no_acknowledged_message(
     config = tmp_path / "big-queues.toml"
     config.write_text("[broker]\nmax_queued_messages = 100000\n")
     first = brokers("--config", str(config))
-    sub = persistent(clients, first, "midstream-sub", MQTT_5)
-    sub.connect()
-    assert sub.subscribe("mid/#", 1) == [1]
-    sub.disconnect()
+    subscribed_offline(clients, first, "midstream-sub", MQTT_5, "mid/#", 1)
 
     pub = PahoClient(first.host, first.port, MQTT_5, "midstream-pub")
     clients.append(pub)
@@ -193,6 +188,21 @@ def test_sigkill_keeps_retained_messages_and_their_removal(
     ]
 
 
+def subscribed_offline(
+    clients: list[PahoClient],
+    broker: BrokerProcess,
+    client_id: str,
+    version: int,
+    topic_filter: str,
+    qos: int,
+) -> None:
+    """A persistent session of ``client_id`` subscribed to ``topic_filter``, left offline."""
+    client = persistent(clients, broker, client_id, version)
+    client.connect()
+    assert client.subscribe(topic_filter, qos) == [qos]
+    client.disconnect()
+
+
 def drop_with_delayed_will(broker: BrokerProcess, client_id: str, topic: str, delay: int) -> float:
     """A client with a will (Will Delay Interval ``delay``, Session Expiry 300) whose network
     connection fails; returns when the broker has seen it go, with the time it was dropped."""
@@ -218,10 +228,7 @@ def test_pending_delayed_will_published_after_the_delay_across_sigkill(
 ):
     delay = 3
     first = brokers()
-    observer = persistent(clients, first, "will-observer", MQTT_5)
-    observer.connect()
-    assert observer.subscribe("will/dev", 1) == [1]
-    observer.disconnect()
+    subscribed_offline(clients, first, "will-observer", MQTT_5, "will/dev", 1)
 
     dropped_at = drop_with_delayed_will(first, "will-dev", "will/dev", delay)
     # The observer's CONNACK is held until its session is committed, in a batch no earlier than
@@ -246,14 +253,8 @@ def test_sigterm_restart_keeps_sessions_queues_retained_and_pending_wills(
 ):
     delay = 2
     first = brokers()
-    sub = persistent(clients, first, "term-sub", MQTT_5)
-    sub.connect()
-    assert sub.subscribe("term/#", 2) == [2]
-    sub.disconnect()
-    watcher = persistent(clients, first, "term-watcher", MQTT_5)
-    watcher.connect()
-    assert watcher.subscribe("lastwill/#", 1) == [1]
-    watcher.disconnect()
+    subscribed_offline(clients, first, "term-sub", MQTT_5, "term/#", 2)
+    subscribed_offline(clients, first, "term-watcher", MQTT_5, "lastwill/#", 1)
     dropped_at = drop_with_delayed_will(first, "term-dev", "lastwill/term-dev", delay)
     pub = plain(clients, first, "term-pub")
     sent = [(f"term/{i % 3}", b"term-%02d" % i, 1 + i % 2, i == 5) for i in range(30)]
@@ -325,54 +326,16 @@ def test_session_whose_expiry_passed_before_the_restart_is_gone(
 
 
 def mosquitto_sub(broker: BrokerProcess, *args: str, timeout: float = TIMEOUT) -> str:
-    result = subprocess.run(
-        [
-            program("mosquitto_sub"),
-            "-h",
-            broker.host,
-            "-p",
-            str(broker.port),
-            "-V",
-            "mqttv5",
-            "-c",
-            "-i",
-            "mosq-resume",
-            "-x",
-            "300",
-            "-q",
-            "1",
-            "-t",
-            "mosq/#",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
+    common = ("-V", "mqttv5", "-c", "-i", "mosq-resume", "-x", "300", "-q", "1", "-t", "mosq/#")
+    done = mosquitto_client(
+        "mosquitto_sub", broker.host, broker.port, *common, *args, timeout=timeout
     )
-    assert result.returncode == 0, result.stderr
-    return result.stdout
+    return done.stdout
 
 
 def mosquitto_pub(broker: BrokerProcess, message: str) -> None:
-    result = subprocess.run(
-        [
-            program("mosquitto_pub"),
-            "-h",
-            broker.host,
-            "-p",
-            str(broker.port),
-            "-q",
-            "1",
-            "-t",
-            "mosq/t",
-            "-m",
-            message,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-    )
-    assert result.returncode == 0, result.stderr
+    args = ("-q", "1", "-t", "mosq/t", "-m", message)
+    mosquitto_client("mosquitto_pub", broker.host, broker.port, *args, timeout=TIMEOUT)
 
 
 @pytest.mark.needs_mosquitto

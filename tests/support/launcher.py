@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from external_tools import find, in_ci
+from external_tools import find, in_ci, program
 
 ROOT = Path(__file__).resolve().parents[2]
 LISTENING = re.compile(r"listening on (\S+):(\d+) \((MQTT over [A-Za-z+]+)\)")
@@ -337,6 +337,27 @@ class ProgramProcess(BrokerProcess):
         super().__init__(workdir)
         self.args = args
         self.ready = re.compile(ready)
+
+
+CLIENT_TIMEOUT = 10.0  # a guard: a client program that runs longer has hung
+
+
+def mosquitto_client(
+    name: str,
+    host: str,
+    port: int,
+    *args: str,
+    timeout: float = CLIENT_TIMEOUT,
+    check: bool = True,
+) -> subprocess.CompletedProcess[str]:
+    """Run Mosquitto's client program ``name`` (mosquitto_pub, mosquitto_sub) against
+    ``host``:``port`` with ``args`` to its end; with ``check``, it must succeed (the assertion
+    shows its stderr)."""
+    command = [program(name), "-h", host, "-p", str(port), *args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    if check:
+        assert done.returncode == 0, f"{name} failed ({done.returncode}): {done.stderr}"
+    return done
 
 
 def mosquitto_binary() -> str:

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import socket
 import ssl
-import subprocess
 
 import paho.mqtt.client as mqtt
 import pytest
-from external_tools import program
 from support.certs import Certificates, client_context
 from support.clients import CONNACK_OK, MQTT_311, TIMEOUT, PahoClient, connect_packet, unique
+from support.launcher import mosquitto_client
 from transport_support import Listeners, RawWebSocket
 
 
@@ -68,47 +67,21 @@ def test_client_certificate_accepted_and_refused(
 def test_mosquitto_pub_with_and_without_a_client_certificate(
     listeners: Listeners, certs: Certificates
 ) -> None:
-    tool = program("mosquitto_pub")
     topic = f"mtls/{unique()}"
     subscriber = PahoClient(listeners.tcp.host, listeners.tcp.port)
     try:
         subscriber.connect()
         assert subscriber.subscribe(topic, 1) == [1]
-        common = [
-            tool,
-            "-h",
-            "localhost",
-            "-p",
-            str(listeners.mtls.port),
-            "--cafile",
-            str(certs.ca),
-        ]
-        refused = subprocess.run(
-            [*common, "-t", topic, "-m", "no certificate", "-q", "1"],
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT,
+        common = ("localhost", listeners.mtls.port, "--cafile", str(certs.ca))
+        message = ("-t", topic, "-q", "1", "-m")
+        refused = mosquitto_client(
+            "mosquitto_pub", *common, *message, "no certificate", timeout=TIMEOUT, check=False
         )
         assert refused.returncode != 0
-        sent = subprocess.run(
-            [
-                *common,
-                "--cert",
-                str(certs.client_cert),
-                "--key",
-                str(certs.client_key),
-                "-t",
-                topic,
-                "-m",
-                "certificate",
-                "-q",
-                "1",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT,
+        certificate = ("--cert", str(certs.client_cert), "--key", str(certs.client_key))
+        mosquitto_client(
+            "mosquitto_pub", *common, *certificate, *message, "certificate", timeout=TIMEOUT
         )
-        assert sent.returncode == 0, sent.stderr
         [message] = subscriber.wait_messages(1)
         assert message.payload == b"certificate"
     finally:

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import socket
 import ssl
-import subprocess
 
 import paho.mqtt.client as mqtt
 import pytest
-from external_tools import program
 from support.certs import Certificates, client_context
 from support.clients import CONNACK_OK, MQTT_311, TIMEOUT, PahoClient, connect_packet, unique
+from support.launcher import mosquitto_client
 from transport_support import TLS12_CIPHER, Listeners
 
 VERSIONS = [pytest.param(mqtt.MQTTv5, id="v5"), pytest.param(mqtt.MQTTv311, id="v311")]
@@ -52,54 +51,15 @@ def test_mosquitto_clients_with_cafile(listeners: Listeners, certs: Certificates
     """mosquitto_pub --cafile leaves a retained message; mosquitto_sub --cafile receives it (so the
     subscriber needs no synchronisation with the publisher), both over TLS."""
     topic = f"tls/{unique()}"
-    common = ["-h", "localhost", "-p", str(listeners.tls.port), "--cafile", str(certs.ca)]
-    pub = subprocess.run(
-        [
-            program("mosquitto_pub"),
-            *common,
-            "-V",
-            "mqttv5",
-            "-t",
-            topic,
-            "-m",
-            "via mosquitto",
-            "-q",
-            "1",
-            "-r",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-    )
-    assert pub.returncode == 0, pub.stderr
-    sub = subprocess.run(
-        [
-            program("mosquitto_sub"),
-            *common,
-            "-V",
-            "mqttv311",
-            "-t",
-            topic,
-            "-C",
-            "1",
-            "-W",
-            "10",
-            "-F",
-            "%r %t %p",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT + 5,
-    )
-    assert sub.returncode == 0, sub.stderr
-    assert sub.stdout.strip() == f"1 {topic} via mosquitto"
-    clear = subprocess.run(
-        [program("mosquitto_pub"), *common, "-t", topic, "-n", "-r"],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-    )
-    assert clear.returncode == 0, clear.stderr
+    port = listeners.tls.port
+    ca = ("--cafile", str(certs.ca))
+    pub = ("-V", "mqttv5", "-t", topic, "-m", "via mosquitto", "-q", "1", "-r")
+    mosquitto_client("mosquitto_pub", "localhost", port, *ca, *pub, timeout=TIMEOUT)
+    sub = ("-V", "mqttv311", "-t", topic, "-C", "1", "-W", "10", "-F", "%r %t %p")
+    got = mosquitto_client("mosquitto_sub", "localhost", port, *ca, *sub, timeout=TIMEOUT + 5)
+    assert got.stdout.strip() == f"1 {topic} via mosquitto"
+    clear = ("-t", topic, "-n", "-r")
+    mosquitto_client("mosquitto_pub", "localhost", port, *ca, *clear, timeout=TIMEOUT)
 
 
 @pytest.mark.needs_mosquitto
@@ -108,25 +68,15 @@ def test_mosquitto_sub_refuses_a_server_it_does_not_trust(
 ) -> None:
     """The same client with the server certificate as its CA file fails: the test above really
     verified the chain."""
-    sub = subprocess.run(
-        [
-            program("mosquitto_sub"),
-            "-h",
-            "localhost",
-            "-p",
-            str(listeners.tls.port),
-            "--cafile",
-            str(certs.rogue_cert),
-            "-t",
-            "x",
-            "-C",
-            "1",
-            "-W",
-            "5",
-        ],
-        capture_output=True,
-        text=True,
+    rogue = ("--cafile", str(certs.rogue_cert))
+    sub = mosquitto_client(
+        "mosquitto_sub",
+        "localhost",
+        listeners.tls.port,
+        *rogue,
+        *("-t", "x", "-C", "1", "-W", "5"),
         timeout=TIMEOUT + 5,
+        check=False,
     )
     assert sub.returncode != 0
 
