@@ -8,7 +8,7 @@ import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 
-from lifecycle_support import as_another_user, error_lines, exits, foreign
+from support.lifecycle import as_another_user, error_lines, exits, foreign, refused_to_start
 
 from mqttbroker.storage.lock import LOCK_NAME
 
@@ -20,13 +20,10 @@ def test_second_broker_on_the_same_data_dir_refuses_naming_the_first(
     first = start_broker(data)
     assert first.proc is not None
     second = start_broker(data, wait=False)
-    code, log = exits(second)
-    assert code == 2, log
-    errors = error_lines(log)
-    assert len(errors) == 1, log
+    error, log = refused_to_start(second)
     assert (
         f"cannot start: data directory {data} is in use by another mqttbroker "
-        f"(pid {first.proc.pid}, lock {data / LOCK_NAME})" in errors[0]
+        f"(pid {first.proc.pid}, lock {data / LOCK_NAME})" in error
     ), log
     assert "store" not in log, "the second broker must not touch the database"
     assert first.returncode is None, "the first broker runs on"
@@ -61,12 +58,9 @@ def test_read_only_database_is_a_start_error_not_damage(
     foreign(db_path, 0o644)
     before = db_path.read_bytes()
     process = start_broker(data, wait=False, preexec_fn=as_another_user)
-    code, log = exits(process)
-    assert code == 2, log
-    errors = error_lines(log)
-    assert len(errors) == 1, log
-    assert f"cannot start: {db_path}: cannot open the database: " in errors[0], log
-    assert "readonly" in errors[0] and "must be able to read and write it" in errors[0], log
+    error, log = refused_to_start(process)
+    assert f"cannot start: {db_path}: cannot open the database: " in error, log
+    assert "readonly" in error and "must be able to read and write it" in error, log
     assert "DAMAGED" not in log, log
     assert db_path.read_bytes() == before
     assert sorted(p.name for p in data.iterdir()) == sorted([LOCK_NAME, "mqttbroker.db"])
@@ -98,9 +92,6 @@ def test_data_dir_that_is_a_file_is_a_start_error(start_broker: Callable, tmp_pa
     data = tmp_path / "data-file"
     data.write_bytes(b"not a directory")
     process = start_broker(tmp_path, extra_args=("--data-dir", str(data)), wait=False)
-    code, log = exits(process)
-    assert code == 2, log
-    errors = error_lines(log)
-    assert len(errors) == 1, log
-    assert f"cannot start: data directory {data}: not a directory" in errors[0], log
+    error, log = refused_to_start(process)
+    assert f"cannot start: data directory {data}: not a directory" in error, log
     assert data.read_bytes() == b"not a directory"

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from lifecycle_support import error_lines, exits
+from support.lifecycle import error_lines, exits, refused_to_start
 
 from mqttbroker.storage.sqlite import MIGRATIONS
 
@@ -29,13 +29,10 @@ def busy_port() -> Iterator[int]:
 
 def test_port_in_use_exits_2_naming_the_listener(start_broker: Callable, busy_port: int) -> None:
     process = start_broker(extra_args=("--port", str(busy_port)), wait=False)
-    code, log = exits(process)
-    assert code == 2, log
-    errors = error_lines(log)
-    assert len(errors) == 1, log
+    error, log = refused_to_start(process)
     assert (
         f"cannot start: listener[0] 127.0.0.1:{busy_port} (MQTT over TCP): cannot listen: "
-        "address already in use" in errors[0]
+        "address already in use" in error
     ), log
 
 
@@ -55,13 +52,9 @@ def test_unresolvable_host_exits_2_naming_the_host(start_broker: Callable, tmp_p
     config = tmp_path / "broker.toml"
     config.write_text('[[listener]]\nhost = "no.such.host"\nport = 0\n')
     process = start_broker(extra_args=("--config", str(config)), wait=False)
-    code, log = exits(process)
-    assert code == 2, log
-    errors = error_lines(log)
-    assert len(errors) == 1, log
-    assert (
-        "listener[0] no.such.host:0 (MQTT over TCP): cannot listen: cannot resolve host "
-        in (errors[0])
+    error, log = refused_to_start(process)
+    assert "listener[0] no.such.host:0 (MQTT over TCP): cannot listen: cannot resolve host " in (
+        error
     ), log
 
 
@@ -138,12 +131,9 @@ def test_row_that_cannot_be_restored_exits_2_and_leaves_the_file(
     db.execute("INSERT INTO retained VALUES ('t', x'00', 0, ?, NULL)", (garbage,))
     db.close()
     process = start_broker(data, wait=False)
-    code, log = exits(process)
-    assert code == 2, log
-    errors = error_lines(log)
-    assert len(errors) == 1, log
-    assert (
-        f"cannot start: {db_path}: cannot restore the stored state (table retained: " in (errors[0])
+    error, log = refused_to_start(process)
+    assert f"cannot start: {db_path}: cannot restore the stored state (table retained: " in (
+        error
     ), log
     assert not list(data.glob("*.damaged-*"))
     db = sqlite3.connect(db_path)

@@ -1,4 +1,4 @@
-"""Helpers of the lifecycle tests (the broker as a real process that may not start).
+"""Helpers of the lifecycle tests: the broker as a real process that may not start.
 
 - ``exits(process)``: wait (bounded) for a broker that must end by itself; its exit status and
   log, and the log has no traceback.
@@ -8,7 +8,8 @@
   user like any other; ``foreign(path, mode)`` then gives a file or directory to another user
   (nobody) with ``mode``. Run as another user, permissions apply anyway and ``foreign`` gives
   the owner only what ``mode`` gives others.
-- ``error_lines(log)``: the ERROR lines of a log.
+- ``error_lines(log)``: the ERROR lines of a log; ``refused_to_start(process)``: the one ERROR
+  line of a broker that must exit with status 2, and its log.
 """
 
 from __future__ import annotations
@@ -41,6 +42,16 @@ def exits(process: Any, timeout: float = EXIT_TIMEOUT) -> tuple[int, str]:
 
 def error_lines(log: str) -> list[str]:
     return [line for line in log.splitlines() if " ERROR " in line]
+
+
+def refused_to_start(process: Any) -> tuple[str, str]:
+    """A broker that must exit with status 2 saying why in exactly one ERROR line: that line and
+    the whole log."""
+    code, log = exits(process)
+    assert code == 2, log
+    errors = error_lines(log)
+    assert len(errors) == 1, log
+    return errors[0], log
 
 
 def as_another_user() -> None:
