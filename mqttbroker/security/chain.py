@@ -22,10 +22,20 @@ the HTTP service is asked on it with aiohttp: nothing waits on a thread for I/O.
 Rights (:class:`ChainAuthorizer`): a JWT client whose token carries the ``acl_claim`` has those
 rights and no others; for every other client the rule sources decide in chain order: the ACL
 file (``security.acl_file``, in the place of ``password_file``), the dynamic security's roles
-(``dynsec``), the HTTP service's ``acl_url`` (``http``, publish and subscribe only). The ACL
-file and the dynamic security answer for everyone; the HTTP service may say *ignore*: the next
-rule source decides, and without one the right is denied. A broker without rule sources lets
-everyone publish and subscribe anywhere, as before.
+(``dynsec``), the HTTP service's ``acl_url`` (``http``: publish and subscribe, and with
+``check_reads`` each delivery too). The ACL file and the dynamic security answer for everyone;
+the HTTP service may say *ignore*: the next rule source decides, and without one the right is
+denied. A broker without rule sources lets everyone publish and subscribe anywhere, as before.
+
+Reads from the HTTP service (``check_reads = true``): every message to every client of such a
+broker is checked (``action: "read"``), from the backend's cache (``cache_ttl``, at most
+``cache_size`` answers in all, least recently stored dropped first). A delivery cannot wait for
+the service: a message on a topic whose answer is not in yet is withheld from that client while
+the question goes out (at most ``4 * max_concurrent`` such questions at once; past that, later
+ones are asked on a later message), and later messages get the answer. A SUBSCRIBE to a filter
+without wildcards (one topic) waits for that topic's read right with its subscribe right, so
+its retained message and first deliveries are not withheld. Without ``check_reads`` (the
+default) the service is not asked about reads: what a client may subscribe to, it receives.
 """
 
 from __future__ import annotations
@@ -267,6 +277,11 @@ class ChainAuthorizer:
         self.addresses: dict[str, str | None] = {}  # client id -> address (the HTTP service's)
         self._fresh: dict[tuple[Any, ...], str] = {}
         self._asking: set[tuple[Any, ...]] = set()
+        asks = http is not None and any(part is None for _, part in rules)
+        # [http_auth] check_reads: each delivery asks the service's "read" right too
+        self.reads = asks and http is not None and http.settings.check_reads
+        # questions started without a packet waiting for them (reads, wills...) at once
+        self.max_asking = 4 * http.settings.max_concurrent if http is not None else 0
 
     @property
     def generation(self) -> int:
@@ -301,12 +316,16 @@ class ChainAuthorizer:
         rights = self._rights(client_id)
         if rights is not None:
             return bool(rights.may_read(topic))
-        parts = self._parts  # the HTTP service answers publish and subscribe only
+        if self.reads:
+            return self._decide(client_id, username, topic, "read", False)
+        parts = self._parts  # the HTTP service is not asked about reads
         return bool(parts[0].can_read(client_id, username, topic)) if parts else True
 
     def needs_read_check(self, client_id: str, username: str | None, topic_filter: str) -> bool:
         if self._rights(client_id) is not None:
             return False  # a granted filter is covered by a subscribe filter of the token
+        if self.reads:
+            return True  # the service may refuse any topic
         parts = self._parts
         return (
             bool(parts[0].needs_read_check(client_id, username, topic_filter)) if parts else False
@@ -338,6 +357,8 @@ class ChainAuthorizer:
                 return answer == ALLOW
             if action == "publish":
                 return bool(part.can_publish(client_id, username, what))
+            if action == "read":
+                return bool(part.can_read(client_id, username, what))
             return bool(part.can_subscribe(client_id, username, what))
         return self.default
 
@@ -372,8 +393,8 @@ class ChainAuthorizer:
         address: str | None,
         resume: Callable[[], None] | None,
     ) -> None:
-        if resume is None and key in self._asking:
-            return
+        if resume is None and (key in self._asking or len(self._asking) >= self.max_asking):
+            return  # asked already, or too many questions out: asked again another time
         assert self.spawn is not None
         self._asking.add(key)
         self.spawn(self._fetch(key, client_id, username, address, resume))
@@ -409,4 +430,8 @@ class AskingAuthorizer(ChainAuthorizer):
         return self._decide(client_id, username, topic, "publish", True)
 
     def ask_subscribe(self, client_id: str, username: str | None, topic_filter: str) -> bool:
-        return self._decide(client_id, username, topic_filter, "subscribe", True)
+        allowed = self._decide(client_id, username, topic_filter, "subscribe", True)
+        if allowed and self.reads and "+" not in topic_filter and "#" not in topic_filter:
+            # one topic: its read right now, so that its first deliveries are not withheld
+            self._decide(client_id, username, topic_filter, "read", True)
+        return allowed
