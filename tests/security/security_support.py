@@ -26,11 +26,9 @@ from support.clients import (
     utf8,
     vbi,
 )
+from support.sessions import ITERATIONS as ITERATIONS  # password files' cost, one for all tests
 
 HASHES = {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}
-
-# A fast iteration count for the tests (RFC 7677's minimum).
-ITERATIONS = 4096
 
 
 def b64(data: bytes) -> str:

@@ -1,4 +1,4 @@
-"""Helpers of the session security tests (ownership, caps, rules rechecked on restart, drops):
+"""Helpers of the session tests (tests/sessions: ownership, limits, rules rechecked on restart):
 a broker with a password file (alice, bob, admin), an ACL file and extra ``[broker]`` keys, run
 as a real subprocess; persistent-session clients over paho and over raw sockets (for exact
 CONNACK codes, 3.1.1 included)."""
@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from security_support import ITERATIONS
+from mqttbroker.security.passwords import make_entry_line
 from support.clients import (
     MQTT_5,
     TIMEOUT,
@@ -22,8 +22,6 @@ from support.clients import (
     prop,
     unique,
 )
-
-from mqttbroker.security.passwords import make_entry_line
 
 PASSWORDS = {"alice": b"alice-pw", "bob": b"bob-pw", "admin": b"admin-pw"}
 
@@ -42,6 +40,8 @@ topic readwrite #
 """
 
 HOUR = 3600
+# A fast iteration count for the tests' password files (RFC 7677's minimum).
+ITERATIONS = 4096
 
 
 class SecureBroker:

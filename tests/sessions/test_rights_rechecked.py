@@ -4,20 +4,12 @@ file and when it reloads it on SIGHUP."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-import pytest
-from session_support import ACL, SecureBroker, offline_alice, paho_client
 from support.clients import MQTT_5, unique
+from support.sessions import ACL, SecureBroker, offline_alice, paho_client
 
 REVOKED = ACL.replace("topic read data/#\n", "")
-
-
-@pytest.fixture
-def secure(tmp_path: Path, start_broker: Callable[..., Any]) -> SecureBroker:
-    return SecureBroker(tmp_path, start_broker)
 
 
 def offline_reader(server: Any) -> str:

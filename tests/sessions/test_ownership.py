@@ -4,21 +4,14 @@ not take it after a restart either; client ids can be bound to user names."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
-from session_support import SecureBroker, assert_logged, connack, offline_alice, paho_client
 from support.clients import MQTT_5, MQTT_311, unique
+from support.sessions import SecureBroker, assert_logged, connack, offline_alice, paho_client
 
 NOT_AUTHORIZED = {MQTT_5: 0x87, MQTT_311: 0x05}
 ID_NOT_VALID = {MQTT_5: 0x85, MQTT_311: 0x02}
-
-
-@pytest.fixture
-def secure(tmp_path: Path, start_broker: Callable[..., Any]) -> SecureBroker:
-    return SecureBroker(tmp_path, start_broker)
 
 
 def alice_session_with_a_queued_message(server: Any, version: int) -> str:
