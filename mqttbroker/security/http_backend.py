@@ -3,7 +3,9 @@ decides who logs in and what they may do, as EMQX's HTTP authn/authz and mosquit
 
 A login is a POST of ``{"client_id", "username", "password", "address"}`` as JSON to ``url``;
 a right (``acl_url``) is a POST of ``{"client_id", "username", "address", "topic", "action"}``
-with ``action`` one of ``publish``, ``subscribe``, ``read``. The answer:
+with ``action`` one of ``publish``, ``subscribe``, and with ``check_reads``, ``read`` (may a
+message on ``topic`` be delivered to this client: see :mod:`.chain` for when it is asked). The
+answer:
 
 * 200 or 204 with no body, or a JSON body ``{"result": "allow"}``: allowed;
 * ``{"result": "deny"}``, or a 4xx status: denied;
