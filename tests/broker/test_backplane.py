@@ -8,52 +8,13 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from support.harness import Harness, pk
+from support.harness import Harness, RecordingBackplane, pk
 
-from mqttbroker.broker.backplane import Backplane
 from mqttbroker.broker.message import Message
-from mqttbroker.broker.session import Session
-from mqttbroker.broker.topics import SharedGroup
 from mqttbroker.protocol.errors import MQTTError
 
 
-class Recorder(Backplane):
-    def __init__(self, remote_nodes: int = 0, keep_groups: bool = True) -> None:
-        self.events: list[tuple[Any, ...]] = []
-        self.users: list[str | None] = []  # the user of each claim
-        self.remote_nodes = remote_nodes
-        self.keep_groups = keep_groups
-        self.claims: list[Callable[[MQTTError | None], None]] = []
-
-    def publish(
-        self, message: Message, groups: list[SharedGroup], publisher: Session | None
-    ) -> tuple[int, list[SharedGroup]]:
-        who = publisher.client_id if publisher is not None else None
-        self.events.append(("publish", message.topic, who, len(groups)))
-        return self.remote_nodes, groups if self.keep_groups else []
-
-    def route_added(self, topic_filter: str) -> None:
-        self.events.append(("added", topic_filter))
-
-    def route_removed(self, topic_filter: str) -> None:
-        self.events.append(("removed", topic_filter))
-
-    def claim(
-        self,
-        client_id: str,
-        clean_start: bool,
-        username: str | None,
-        done: Callable[[MQTTError | None], None],
-    ) -> None:
-        self.events.append(("claim", client_id, clean_start))
-        self.users.append(username)
-        self.claims.append(done)
-
-    def session_ended(self, client_id: str) -> None:
-        self.events.append(("ended", client_id))
-
-
-def joined(h: Harness, client_id: str, backplane: Recorder, **props: Any) -> Any:
+def joined(h: Harness, client_id: str, backplane: RecordingBackplane, **props: Any) -> Any:
     """A client connected through the backplane's claim."""
     client = h.client()
     client.send(pk.Connect(client_id=client_id, properties=props))
@@ -66,13 +27,13 @@ def joined(h: Harness, client_id: str, backplane: Recorder, **props: Any) -> Any
 
 
 @pytest.fixture
-def hb(h: Harness) -> tuple[Harness, Recorder]:
-    backplane = Recorder()
+def hb(h: Harness) -> tuple[Harness, RecordingBackplane]:
+    backplane = RecordingBackplane()
     h.broker.router.backplane = backplane
     return h, backplane
 
 
-def test_routes_counted_per_filter(hb: tuple[Harness, Recorder]) -> None:
+def test_routes_counted_per_filter(hb: tuple[Harness, RecordingBackplane]) -> None:
     h, bp = hb
     a = joined(h, "a", bp)
     b = joined(h, "b", bp)
@@ -89,7 +50,7 @@ def test_routes_counted_per_filter(hb: tuple[Harness, Recorder]) -> None:
     assert bp.events[-1] == ("added", "t/#")
 
 
-def test_claim_then_session_end(hb: tuple[Harness, Recorder]) -> None:
+def test_claim_then_session_end(hb: tuple[Harness, RecordingBackplane]) -> None:
     h, bp = hb
     client = joined(h, "c", bp)
     assert bp.events == [("claim", "c", True)]
@@ -97,7 +58,9 @@ def test_claim_then_session_end(hb: tuple[Harness, Recorder]) -> None:
     assert bp.events[-1] == ("ended", "c")
 
 
-def test_a_claim_refused_refuses_the_connect_with_its_code(hb: tuple[Harness, Recorder]) -> None:
+def test_a_claim_refused_refuses_the_connect_with_its_code(
+    hb: tuple[Harness, RecordingBackplane],
+) -> None:
     """The node that has the session (another user's) refused to hand it over: the CONNECT
     gets that node's reason code, and nothing is attached here."""
     h, bp = hb
@@ -113,7 +76,7 @@ def test_a_client_id_against_the_pattern_is_refused_before_any_claim(
     make_harness: Callable[..., Harness],
 ) -> None:
     h = make_harness(client_id_pattern="%u-*")
-    bp = Recorder()
+    bp = RecordingBackplane()
     h.broker.router.backplane = bp
     client = h.client()
     client.send(pk.Connect(client_id="alice-1", username="bob"))
@@ -121,7 +84,7 @@ def test_a_client_id_against_the_pattern_is_refused_before_any_claim(
     assert bp.events == []  # no other node asked for the session
 
 
-def test_pipelined_packets_wait_for_the_claim(hb: tuple[Harness, Recorder]) -> None:
+def test_pipelined_packets_wait_for_the_claim(hb: tuple[Harness, RecordingBackplane]) -> None:
     h, bp = hb
     client = h.client()
     client.send(pk.Connect(client_id="c"), pk.Subscribe(1, [pk.SubscriptionRequest("a")]))
@@ -130,7 +93,7 @@ def test_pipelined_packets_wait_for_the_claim(hb: tuple[Harness, Recorder]) -> N
     assert [type(p) for p in client.receive()] == [pk.Connack, pk.Suback]
 
 
-def test_publish_counts_other_nodes(hb: tuple[Harness, Recorder]) -> None:
+def test_publish_counts_other_nodes(hb: tuple[Harness, RecordingBackplane]) -> None:
     """The backplane hears of every routed message with its publisher; the nodes it went to
     count as subscribers (no 0x10 on the PUBACK)."""
     h, bp = hb
@@ -144,7 +107,7 @@ def test_publish_counts_other_nodes(hb: tuple[Harness, Recorder]) -> None:
     assert pub.one(pk.Puback).reason_code == 0x10
 
 
-def test_router_count_adds_local_deliveries(hb: tuple[Harness, Recorder]) -> None:
+def test_router_count_adds_local_deliveries(hb: tuple[Harness, RecordingBackplane]) -> None:
     h, bp = hb
     bp.remote_nodes = 2
     for name in ("a", "b"):
@@ -160,7 +123,7 @@ def test_router_count_adds_local_deliveries(hb: tuple[Harness, Recorder]) -> Non
 
 
 def test_shared_groups_deliver_here_only_when_the_backplane_says(
-    hb: tuple[Harness, Recorder],
+    hb: tuple[Harness, RecordingBackplane],
 ) -> None:
     h, bp = hb
     member = joined(h, "m", bp)
@@ -175,7 +138,7 @@ def test_shared_groups_deliver_here_only_when_the_backplane_says(
     assert ("publish", "t", "pub", 1) in bp.events
 
 
-def test_will_routed_through_the_backplane(hb: tuple[Harness, Recorder]) -> None:
+def test_will_routed_through_the_backplane(hb: tuple[Harness, RecordingBackplane]) -> None:
     h, bp = hb
     client = h.client()
     will = pk.Will("will/c", b"gone")

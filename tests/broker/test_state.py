@@ -5,18 +5,23 @@ CONNECT)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 import pytest
 from support.codec import connect_bytes
-from support.harness import METHOD, MQTT_5, Harness, Offload, Prop, ToyAuthenticator, pk
+from support.harness import (
+    METHOD,
+    MQTT_5,
+    Harness,
+    Offload,
+    Prop,
+    RecordingBackplane,
+    ToyAuthenticator,
+    pk,
+)
 
 from mqttbroker.broker import state as st
-from mqttbroker.broker.backplane import Backplane
 from mqttbroker.protocol import grammar
-from mqttbroker.protocol.errors import MQTTError
 from mqttbroker.protocol.packets import PacketType
 
 ALL_STATES = (st.AWAIT_CONNECT, st.AUTHENTICATING, st.CONNECTED, st.CLOSED)
@@ -38,27 +43,6 @@ def ha(make_harness: Any) -> Harness:
 
 def _auth_connect() -> pk.Connect:
     return pk.Connect(client_id="a", properties={Prop.AUTHENTICATION_METHOD: METHOD})
-
-
-class _Claims(Backplane):
-    """A cluster's backplane that grants each claim when the test says so."""
-
-    def __init__(self) -> None:
-        self.pending: list[Callable[[], None]] = []
-
-    def claim(
-        self,
-        client_id: str,
-        clean_start: bool,
-        username: str | None,
-        done: Callable[[MQTTError | None], None],
-    ) -> None:
-        self.pending.append(partial(done, None))
-
-    def grant_all(self) -> None:
-        pending, self.pending = self.pending, []
-        for done in pending:
-            done()
 
 
 def test_the_tables_cover_every_state_and_closed_is_final() -> None:
@@ -121,7 +105,7 @@ def test_a_connection_walks_every_transition(ha: Harness) -> None:
     )
     step(checked, st.Event.ACCEPT, offload.run_all)
     # a cluster node claims the client id before CONNACK, after the password check too
-    claims = ha.broker.router.backplane = _Claims()
+    claims = ha.broker.router.backplane = RecordingBackplane()
     claimed = ha.client()
     step(
         claimed,

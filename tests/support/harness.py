@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from mqttbroker.broker.auth import CONTINUE, FAIL, SUCCESS, AuthOutcome
+from mqttbroker.broker.backplane import Backplane
 from mqttbroker.broker.connection import Connection
 from mqttbroker.broker.core import Broker
 from mqttbroker.broker.message import Message
@@ -20,8 +21,10 @@ from mqttbroker.broker.options import BrokerOptions
 from mqttbroker.broker.policy import OPEN, ListenerPolicy
 from mqttbroker.broker.session import Session
 from mqttbroker.broker.store import Store
+from mqttbroker.broker.topics import SharedGroup
 from mqttbroker.protocol import fastpath, grammar
 from mqttbroker.protocol import packets as pk
+from mqttbroker.protocol.errors import MQTTError
 from mqttbroker.protocol.packets import MQTT_3_1_1, MQTT_5
 from mqttbroker.protocol.properties import PropertyId as Prop
 from support.codec import decode_packet
@@ -53,6 +56,7 @@ __all__ = [
     "POWERS_OF_TWO",
     "counts_logged",
     "disconnected_with",
+    "RecordingBackplane",
 ]
 
 
@@ -429,6 +433,52 @@ def window(h: Harness, client_id: str = "sub", **props: int) -> Client:
 
 
 # -- stand-ins for the security edge -----------------------------------------------------------
+
+
+class RecordingBackplane(Backplane):
+    """A cluster's backplane that records what the broker tells it and holds each claim until
+    the test answers it (``claims``, or ``grant_all``)."""
+
+    def __init__(self, remote_nodes: int = 0, keep_groups: bool = True) -> None:
+        self.events: list[tuple[Any, ...]] = []
+        self.users: list[str | None] = []  # the user of each claim
+        self.remote_nodes = remote_nodes
+        self.keep_groups = keep_groups
+        self.claims: list[Callable[[MQTTError | None], None]] = []
+
+    def publish(
+        self, message: Message, groups: list[SharedGroup], publisher: Session | None
+    ) -> tuple[int, list[SharedGroup]]:
+        who = publisher.client_id if publisher is not None else None
+        self.events.append(("publish", message.topic, who, len(groups)))
+        return self.remote_nodes, groups if self.keep_groups else []
+
+    def route_added(self, topic_filter: str) -> None:
+        self.events.append(("added", topic_filter))
+
+    def route_removed(self, topic_filter: str) -> None:
+        self.events.append(("removed", topic_filter))
+
+    def claim(
+        self,
+        client_id: str,
+        clean_start: bool,
+        username: str | None,
+        done: Callable[[MQTTError | None], None],
+    ) -> None:
+        self.events.append(("claim", client_id, clean_start))
+        self.users.append(username)
+        self.claims.append(done)
+
+    def session_ended(self, client_id: str) -> None:
+        self.events.append(("ended", client_id))
+
+    def grant_all(self) -> None:
+        """Grant every claim not answered yet."""
+        claims, self.claims = self.claims, []
+        for done in claims:
+            done(None)
+
 
 # Values and a log reader the broker tests share.
 PERSISTENT = {Prop.SESSION_EXPIRY_INTERVAL: 100}  # CONNECT properties of a persistent session
