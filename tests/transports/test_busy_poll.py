@@ -14,7 +14,7 @@ from support.clients import (
     publish_packet,
     subscribe_packet,
 )
-from transport_support import LOOPS, SUBACK_QOS0, open_311, run_on
+from support.transports import LOOPS, SUBACK_QOS0, open_311, run_on
 
 from mqttbroker.config import Config, ListenerConfig
 from mqttbroker.server.app import Server

@@ -24,7 +24,7 @@ from support.clients import (
     subscribe_packet,
     unique,
 )
-from transport_support import LOOPS, SUBACK_QOS0, open_311, run_on
+from support.transports import LOOPS, SUBACK_QOS0, open_311, run_on
 
 from mqttbroker.config import Config, ListenerConfig
 from mqttbroker.server import streams, tcp

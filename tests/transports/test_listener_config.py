@@ -12,7 +12,7 @@ from cryptography.hazmat.primitives import serialization
 from support.certs import Certificates
 from support.clients import PahoClient
 from support.launcher import BrokerProcess, run_broker
-from transport_support import toml_listener
+from support.transports import toml_listener
 
 from mqttbroker.config import ConfigError, ListenerConfig, load
 

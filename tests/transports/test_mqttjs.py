@@ -14,7 +14,7 @@ import pytest
 from external_tools import program
 from support.certs import Certificates
 from support.clients import PahoClient, unique
-from transport_support import Listeners
+from support.transports import Listeners
 
 
 @pytest.mark.needs_node

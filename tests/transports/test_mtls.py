@@ -12,7 +12,7 @@ import pytest
 from support.certs import Certificates, client_context
 from support.clients import CONNACK_OK, MQTT_311, TIMEOUT, PahoClient, connect_packet, unique
 from support.launcher import mosquitto_client
-from transport_support import Listeners, RawWebSocket
+from support.transports import Listeners, RawWebSocket, echoes
 
 
 @pytest.mark.parametrize("version", [mqtt.MQTTv5, mqtt.MQTTv311], ids=["v5", "v311"])
@@ -23,14 +23,7 @@ def test_paho_with_a_client_certificate_is_accepted(
     client = PahoClient(
         listeners.mtls.host, listeners.mtls.port, version, tls=client_context(certs, with_cert=True)
     )
-    try:
-        client.connect()
-        assert client.subscribe(topic, 1) == [1]
-        client.publish(topic, b"with a certificate", 1)
-        [message] = client.wait_messages(1)
-        assert message.payload == b"with a certificate"
-    finally:
-        client.close()
+    echoes(client, topic, b"with a certificate")
 
 
 def _mqtt_connect_answer(port: int, context: ssl.SSLContext) -> bytes | Exception:

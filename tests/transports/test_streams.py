@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 from support.clients import CONNACK_OK, MQTT_311, connect_packet, unique
-from transport_support import LOOPS, run_on
+from support.transports import LOOPS, run_on
 
 from mqttbroker import compiled
 from mqttbroker.config import Config, ListenerConfig

@@ -11,7 +11,7 @@ import pytest
 from support.certs import Certificates, client_context
 from support.clients import CONNACK_OK, MQTT_311, TIMEOUT, PahoClient, connect_packet, unique
 from support.launcher import mosquitto_client
-from transport_support import TLS12_CIPHER, Listeners
+from support.transports import TLS12_CIPHER, Listeners, echoes
 
 VERSIONS = [pytest.param(mqtt.MQTTv5, id="v5"), pytest.param(mqtt.MQTTv311, id="v311")]
 
@@ -20,14 +20,7 @@ VERSIONS = [pytest.param(mqtt.MQTTv5, id="v5"), pytest.param(mqtt.MQTTv311, id="
 def test_paho_over_tls(listeners: Listeners, certs: Certificates, version: int) -> None:
     topic = f"tls/{unique()}"
     client = PahoClient(listeners.tls.host, listeners.tls.port, version, tls=client_context(certs))
-    try:
-        client.connect()
-        assert client.subscribe(topic, 1) == [1]
-        client.publish(topic, b"over tls", 1)
-        [message] = client.wait_messages(1)
-        assert (message.topic, message.payload, message.qos) == (topic, b"over tls", 1)
-    finally:
-        client.close()
+    echoes(client, topic, b"over tls")
 
 
 def test_tls_and_plain_tcp_share_one_broker(listeners: Listeners, certs: Certificates) -> None:

@@ -9,7 +9,7 @@ import socket
 import pytest
 from support.certs import Certificates, client_context
 from support.clients import unique
-from transport_support import Listeners
+from support.transports import Listeners
 
 from conformance.mqtt import CONNACK, PUBREC, PUBREL, Client, P, ack, connect, publish
 

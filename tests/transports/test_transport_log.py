@@ -8,7 +8,7 @@ import re
 import pytest
 from support.certs import Certificates, client_context
 from support.clients import PahoClient, unique
-from transport_support import Listeners
+from support.transports import Listeners
 
 
 @pytest.mark.parametrize(

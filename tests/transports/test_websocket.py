@@ -12,7 +12,7 @@ import pytest
 from support.certs import Certificates, client_context
 from support.clients import CONNACK_OK, MQTT_311, TIMEOUT, PahoClient, connect_packet, unique
 from support.launcher import BrokerProcess
-from transport_support import CUSTOM_PATH, Listeners, RawWebSocket, toml_listener
+from support.transports import CUSTOM_PATH, Listeners, RawWebSocket, echoes, toml_listener
 
 from conformance.websocket import HandshakeRefused
 
@@ -28,14 +28,7 @@ def test_paho_over_websocket(
     topic = f"ws/{unique()}"
     tls = client_context(certs) if secure else None
     client = PahoClient(address.host, address.port, version, transport="websockets", tls=tls)
-    try:
-        client.connect()
-        assert client.subscribe(topic, 1) == [1]
-        client.publish(topic, b"over websocket", 1)
-        [message] = client.wait_messages(1)
-        assert (message.topic, message.payload, message.qos) == (topic, b"over websocket", 1)
-    finally:
-        client.close()
+    echoes(client, topic, b"over websocket")
 
 
 def test_large_messages_both_ways_and_across_transports(listeners: Listeners) -> None:

@@ -19,7 +19,7 @@ from support.clients import (
     subscribe_packet,
     unique,
 )
-from transport_support import OP_BINARY, OP_CONTINUATION, OP_TEXT, Listeners, RawWebSocket
+from support.transports import OP_BINARY, OP_CONTINUATION, OP_TEXT, Listeners, RawWebSocket, echoes
 
 SUBACK, PUBLISH = 9, 3
 
@@ -117,12 +117,5 @@ def test_broker_still_serves_after_frame_errors(listeners: Listeners) -> None:
         bad.close()
     topic = f"frames/{unique()}"
     client = PahoClient(listeners.ws.host, listeners.ws.port, transport="websockets")
-    try:
-        client.connect()
-        assert client.subscribe(topic, 0) == [0]
-        client.publish(topic, b"still here", 1)
-        [message] = client.wait_messages(1)
-        assert message.payload == b"still here"
-    finally:
-        client.close()
+    echoes(client, topic, b"still here", qos=0)
     listeners.broker.assert_clean_log()

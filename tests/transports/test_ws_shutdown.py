@@ -10,7 +10,7 @@ import pytest
 from support.certs import Certificates, client_context
 from support.clients import connect_packet, packet_type, unique
 from support.launcher import BrokerProcess
-from transport_support import RawWebSocket, toml_listener
+from support.transports import RawWebSocket, toml_listener
 
 CONNACK, DISCONNECT = 2, 14
 

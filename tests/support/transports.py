@@ -19,21 +19,15 @@ import json
 import socket
 import ssl
 import struct
-import sys
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from support.clients import CONNACK_OK, MQTT_311, TIMEOUT, connect_packet, unique
-from support.launcher import ROOT, Address, BrokerProcess
-
-from mqttbroker.protocol import fastpath
-
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
 # The conformance suite's WebSocket handshake and client frames serve the transport tests too.
-from conformance.websocket import client_frame, open_handshake  # noqa: E402
+from conformance.websocket import client_frame, open_handshake
+from mqttbroker.protocol import fastpath
+from support.clients import CONNACK_OK, MQTT_311, TIMEOUT, PahoClient, connect_packet, unique
+from support.launcher import Address, BrokerProcess
 
 SUBACK_QOS0 = b"\x90\x03\x00\x01\x00"  # packet id 1, QoS 0 granted (3.1.1)
 LOOPS = ["asyncio", "uvloop"]
@@ -181,3 +175,16 @@ class RawWebSocket:
             self.sock.close()
         except OSError:
             pass
+
+
+def echoes(client: PahoClient, topic: str, payload: bytes, qos: int = 1) -> None:
+    """``client`` connects, subscribes to ``topic`` at ``qos``, publishes ``payload`` there at QoS
+    1 and gets it back (topic, payload and QoS), then closes."""
+    try:
+        client.connect()
+        assert client.subscribe(topic, qos) == [qos]
+        client.publish(topic, payload, 1)
+        [message] = client.wait_messages(1)
+        assert (message.topic, message.payload, message.qos) == (topic, payload, qos)
+    finally:
+        client.close()
