@@ -2,16 +2,29 @@
 
 from __future__ import annotations
 
+import re
 import resource
 import subprocess
 import sys
+import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from support.launcher import BrokerProcess, run_broker
 
-from mqttbroker.config import Config, ConfigError, load
+from mqttbroker.config import (
+    BridgeConfig,
+    Config,
+    ConfigError,
+    ListenerConfig,
+    TopicRule,
+    WebhookConfig,
+    load,
+)
+from mqttbroker.config.integrations import EXTRA_KEYS
+from mqttbroker.config.keys import key_types
+from mqttbroker.config.read import TABLES
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -19,6 +32,24 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_example_config_lists_the_defaults() -> None:
     """config/mqttbroker.toml documents every key; its values must be the real defaults."""
     assert load(ROOT / "config" / "mqttbroker.toml") == Config()
+
+
+def test_example_config_names_every_key() -> None:
+    """Each key the configuration reads stands in config/mqttbroker.toml: set in its table, or
+    as a commented-out line (keys without a default value, [[bridge]] and [[webhook]])."""
+    text = (ROOT / "config" / "mqttbroker.toml").read_text()
+    data = tomllib.loads(text)
+    commented = set(re.findall(r"^# (\w+) = ", text, re.MULTILINE))
+    tables: dict[str, tuple[set[str], set[str]]] = {
+        name: (set(key_types(cls)), set(data.get(name, {}))) for name, cls in TABLES.items()
+    }
+    tables["listener"] = (set(key_types(ListenerConfig)), set(data["listener"][0]))
+    tables["top level"] = (set(key_types(Config)) - set(TABLES), set(data))
+    for kind, cls in (("bridge", BridgeConfig), ("webhook", WebhookConfig)):
+        tables[kind] = ((set(key_types(cls)) | set(EXTRA_KEYS[kind])) - {"topic"}, set())
+    tables["bridge.topic"] = (set(key_types(TopicRule)), set())
+    for name, (keys, set_there) in tables.items():
+        assert keys - set_there - commented == set(), name
 
 
 def test_no_file_gives_defaults() -> None:

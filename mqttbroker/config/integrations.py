@@ -13,9 +13,11 @@ from .errors import ConfigError
 from .keys import files_exist, secret, tables_of, values
 from .sections import BRIDGE_DIRECTIONS, WEBHOOK_EVENTS, BridgeConfig, TopicRule, WebhookConfig
 
-# Keys that are not fields of their class: they give a DERIVED field.
-_BRIDGE_KEYS = {"address": str, "password_file": str, "password_env": str, "topic": object}
-_WEBHOOK_KEYS = {"secret_file": str, "secret_env": str}
+# Keys that are not fields of their class: they give a DERIVED field (topic: TopicRule tables).
+EXTRA_KEYS: dict[str, dict[str, type]] = {
+    "bridge": {"address": str, "password_file": str, "password_env": str, "topic": object},
+    "webhook": {"secret_file": str, "secret_env": str},
+}
 
 
 def parse(kind: str, value: Any, source: str) -> list[Any]:
@@ -46,7 +48,7 @@ def _at_least(section: Any, key: str, prefix: str, minimum: float = 1) -> None:
 
 
 def _bridge(table: dict[str, Any], seen: set[str], prefix: str) -> BridgeConfig:
-    given = values(BridgeConfig, table, prefix, _BRIDGE_KEYS)
+    given = values(BridgeConfig, table, prefix, EXTRA_KEYS["bridge"])
     _name(given, seen, prefix)
     address = given.pop("address", "")
     if not address:
@@ -108,7 +110,7 @@ def _rule(table: dict[str, Any], prefix: str) -> TopicRule:
 
 
 def _webhook(table: dict[str, Any], seen: set[str], prefix: str) -> WebhookConfig:
-    given = values(WebhookConfig, table, prefix, _WEBHOOK_KEYS)
+    given = values(WebhookConfig, table, prefix, EXTRA_KEYS["webhook"])
     _name(given, seen, prefix)
     url = given.get("url")
     if not url:
