@@ -146,11 +146,12 @@ def _check_jwt(config: Config, source: str) -> None:
     where = f"{source}: jwt"
     if not jwt.algorithms:
         raise ConfigError(f"{where}.algorithms: give at least one")
+    accepted = ASYMMETRIC_ALGORITHMS | SYMMETRIC_ALGORITHMS
     for alg in jwt.algorithms:
-        if alg not in ASYMMETRIC_ALGORITHMS | SYMMETRIC_ALGORITHMS:
+        if alg not in accepted:
             raise ConfigError(
                 f"{where}.algorithms: {alg!r} is not accepted (one of "
-                f"{', '.join(sorted(ASYMMETRIC_ALGORITHMS | SYMMETRIC_ALGORITHMS))}; never none)"
+                f"{', '.join(sorted(accepted))}; never none)"
             )
     files_exist(jwt, ("public_key_file", "jwks_file", "secret_file"), f"{where}.")
     if jwt.public_key_dir and not Path(jwt.public_key_dir).is_dir():
@@ -160,9 +161,10 @@ def _check_jwt(config: Config, source: str) -> None:
     public = jwt.public_key_file or jwt.public_key_dir or jwt.jwks_file
     if any(alg in SYMMETRIC_ALGORITHMS for alg in jwt.algorithms) and not secret:
         raise ConfigError(f"{where}.algorithms: HS* needs jwt.secret_file or jwt.secret_env")
-    if any(alg in ASYMMETRIC_ALGORITHMS for alg in jwt.algorithms) and not public:
+    asymmetric = [alg for alg in jwt.algorithms if alg in ASYMMETRIC_ALGORITHMS]
+    if asymmetric and not public:
         raise ConfigError(
-            f"{where}.algorithms: {', '.join(a for a in jwt.algorithms if a in ASYMMETRIC_ALGORITHMS)} "
+            f"{where}.algorithms: {', '.join(asymmetric)} "
             "need jwt.public_key_file, public_key_dir or jwks_file"
         )
     if not secret and not public:
