@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from example_support import EXAMPLES
 from support.clients import Collector
+from support.examples import EXAMPLES
 from support.launcher import Mosquitto
 
 from mqttbroker.config import load

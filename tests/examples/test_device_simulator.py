@@ -9,8 +9,8 @@ import signal
 from collections.abc import Callable
 from typing import Any
 
-from example_support import simulator
 from support.clients import PahoClient, unique
+from support.examples import simulator
 
 
 def latest(watcher: PahoClient, topic: str) -> Any:

@@ -7,17 +7,16 @@ from __future__ import annotations
 import importlib.util
 import json
 import subprocess
-import sys
 import threading
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 import pytest
-from example_support import EXAMPLES, example
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from support.clients import PahoClient, unique
+from support.examples import EXAMPLES, example, run_example
 
 
 def load_rpc() -> ModuleType:
@@ -29,21 +28,15 @@ def load_rpc() -> ModuleType:
 
 
 def rpc_command(broker: Any, service: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            sys.executable,
-            str(EXAMPLES / "rpc.py"),
-            "--host",
-            broker.host,
-            "--port",
-            str(broker.port),
-            "--service",
-            service,
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
+    return run_example(
+        "rpc.py",
+        "--host",
+        broker.host,
+        "--port",
+        str(broker.port),
+        "--service",
+        service,
+        *args,
     )
 
 

@@ -14,8 +14,6 @@ import hmac
 import json
 import re
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -24,8 +22,8 @@ from typing import Any
 
 import aiohttp
 import pytest
-from example_support import EXAMPLES, example
 from support.clients import Collector, wait_for
+from support.examples import example, run_example
 
 SECRET = b"correct horse battery staple"
 
@@ -159,17 +157,12 @@ def test_signed_deduplicated_and_forgeries_refused(
 
 
 def test_without_a_secret_it_does_not_start(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(EXAMPLES / "webhook_receiver.py"),
-            "--port",
-            "0",
-            "--secret-file",
-            str(tmp_path / "missing"),
-        ],
-        capture_output=True,
-        text=True,
+    result = run_example(
+        "webhook_receiver.py",
+        "--port",
+        "0",
+        "--secret-file",
+        str(tmp_path / "missing"),
         timeout=30,
     )
     assert result.returncode != 0

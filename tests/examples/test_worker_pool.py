@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import signal
 import sqlite3
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from example_support import EXAMPLES, example
 from support.clients import unique
+from support.examples import example, run_example
 
 JOBS = 200
 
@@ -61,20 +59,14 @@ def test_killed_worker_jobs_processed_exactly_once(
     crasher = worker("crasher", "--crash-after", "5")
     victim = worker("victim")
     worker("survivor")
-    published = subprocess.run(
-        [
-            sys.executable,
-            str(EXAMPLES / "worker_pool.py"),
-            "publish",
-            *common,
-            "--jobs",
-            str(JOBS),
-            "--run",
-            run,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
+    published = run_example(
+        "worker_pool.py",
+        "publish",
+        *common,
+        "--jobs",
+        str(JOBS),
+        "--run",
+        run,
     )
     assert published.returncode == 0, published.stderr
 
@@ -122,22 +114,17 @@ def poll_until(predicate: Callable[[], bool], what: str, timeout: float = 30) ->
 
 
 def test_demo_runs_with_one_command(fresh_broker: Any) -> None:
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(EXAMPLES / "worker_pool.py"),
-            "demo",
-            "--host",
-            fresh_broker.host,
-            "--port",
-            str(fresh_broker.port),
-            "--jobs",
-            "60",
-            "--topic",
-            unique("demo"),
-        ],
-        capture_output=True,
-        text=True,
+    result = run_example(
+        "worker_pool.py",
+        "demo",
+        "--host",
+        fresh_broker.host,
+        "--port",
+        str(fresh_broker.port),
+        "--jobs",
+        "60",
+        "--topic",
+        unique("demo"),
         timeout=120,
     )
     assert result.returncode == 0, result.stderr

@@ -1,9 +1,10 @@
-"""What the tests of examples/ share: where the examples are and how to start one (as a user
+"""What the tests of examples/ (tests/examples) share: where the examples are and how to start one (as a user
 would, ``python examples/NAME.py ...``). Clients, Mosquitto and the rest come from
 tests/support."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -16,6 +17,13 @@ EXAMPLES = ROOT / "examples"
 def example(start_program: Callable[..., Any], script: str, *args: str, ready: str) -> Any:
     """Start ``examples/<script>`` with ``args``; waits until it logs ``ready``."""
     return start_program([sys.executable, str(EXAMPLES / script), *args], ready)
+
+
+def run_example(script: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run ``examples/<script>`` with ``args`` to its end (``timeout``: a guard), as a user
+    would; its exit status and output."""
+    command = [sys.executable, str(EXAMPLES / script), *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
 
 
 def simulator(start_program: Callable[..., Any], broker: Any, prefix: str, *extra: str) -> Any:
