@@ -14,7 +14,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from support.clients import PahoClient, unique
+from support.clients import PahoClient, closed_by_peer, unique
+from support.codec import connect_bytes
+from support.launcher import rss_bytes
 
 from mqttbroker.protocol import grammar
 from mqttbroker.protocol import packets as pk
@@ -30,33 +32,6 @@ ATTACKERS_PER_KIND = 12
 DEADLINE = 20.0  # failure guard: each attacker gives up after this
 
 
-def rss_kib(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise AssertionError("no VmRSS")
-
-
-def closed_by_peer(sock: socket.socket, until: float) -> bool:
-    """Read (and discard) until the broker closes the connection or the deadline passes."""
-    while time.monotonic() < until:
-        sock.settimeout(max(0.05, until - time.monotonic()))
-        try:
-            data = sock.recv(65536)
-        except TimeoutError:
-            return False
-        except OSError:  # reset: closed too
-            return True
-        if not data:
-            return True
-    return False
-
-
-def connect_bytes(client_id: str) -> bytes:
-    return grammar.encode(pk.Connect(client_id=client_id, keep_alive=5), 5)
-
-
 def garbage(sock: socket.socket) -> None:
     rng = random.Random(os.getpid())
     for _ in range(20):
@@ -64,18 +39,18 @@ def garbage(sock: socket.socket) -> None:
 
 
 def oversized(sock: socket.socket) -> None:
-    sock.sendall(connect_bytes(unique("big")))
+    sock.sendall(connect_bytes(unique("big"), keep_alive=5))
     sock.sendall(b"\x30\xff\xff\xff\x7f")  # a PUBLISH announcing 256 MB
 
 
 def truncated_then_garbage(sock: socket.socket) -> None:
-    sock.sendall(connect_bytes(unique("trunc")))
+    sock.sendall(connect_bytes(unique("trunc"), keep_alive=5))
     sock.sendall(grammar.encode(pk.Publish("a/b", b"x" * 100, 1, packet_id=1), 5)[:20])
     sock.sendall(b"\x62\x05\x00")  # ...and then something that cannot continue it well
 
 
 def subscribe_flood(sock: socket.socket) -> None:
-    sock.sendall(connect_bytes(unique("flood")))
+    sock.sendall(connect_bytes(unique("flood"), keep_alive=5))
     filters = [pk.SubscriptionRequest(f"flood/{i}/#", 1) for i in range(20)]
     for packet_id in range(1, 11):  # 200 filters, past the limit of 50
         sock.sendall(grammar.encode(pk.Subscribe(packet_id, filters), 5))
@@ -112,7 +87,7 @@ def test_attackers_are_closed_and_the_control_client_loses_nothing(
     sender.connect()
     sender.publish(topic, b"warm-up", 1)
     receiver.wait_messages(1)
-    baseline = rss_kib(pid)
+    baseline = rss_bytes(pid)
 
     results: dict[str, list[bool]] = {attack.__name__: [] for attack in ATTACKS}
     lock = threading.Lock()
@@ -146,8 +121,8 @@ def test_attackers_are_closed_and_the_control_client_loses_nothing(
     for name, closed in results.items():
         assert len(closed) == ATTACKERS_PER_KIND, name
         assert all(closed), f"{name}: {closed.count(False)} attackers were never closed"
-    growth = rss_kib(pid) - baseline
-    assert growth < 64 * 1024, f"broker memory grew by {growth} KiB under attack"
+    growth = rss_bytes(pid) - baseline
+    assert growth < 64 << 20, f"broker memory grew by {growth >> 10} KiB under attack"
     assert "Traceback" not in server.log_text()  # type: ignore[attr-defined]
     sender.close()
     receiver.close()

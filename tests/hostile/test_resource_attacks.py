@@ -16,6 +16,7 @@ import pytest
 from support.clients import (
     PahoClient,
     RawClient,
+    closed_by_peer,
     connect_packet,
     packet,
     parse_connack,
@@ -26,7 +27,7 @@ from support.clients import (
     utf8,
     vbi,
 )
-from test_live_attack import closed_by_peer, rss_kib
+from support.launcher import rss_bytes
 
 MIB = 1024 * 1024
 RSS_BOUND = 100 * MIB  # growth allowed while an attack runs
@@ -86,9 +87,9 @@ def under_attack(server: Any, control: Control, baseline: int) -> int:
     until = time.monotonic() + ATTACK_SECONDS
     while time.monotonic() < until:
         control.round_trip()
-        peak = max(peak, rss_kib(pid) * 1024 - baseline)
+        peak = max(peak, rss_bytes(pid) - baseline)
         time.sleep(0.05)
-    return max(peak, rss_kib(pid) * 1024 - baseline)
+    return max(peak, rss_bytes(pid) - baseline)
 
 
 def non_reader(host: str, port: int) -> socket.socket:
@@ -117,7 +118,7 @@ def test_subscribes_of_a_non_reader_do_not_copy_the_retained_set(
     base = f"ret/{unique()}"
     for index in range(50):
         publisher.publish(f"{base}/{index}", bytes([index]) * 100_000, 1, retain=True)
-    baseline = rss_kib(server.proc.pid) * 1024
+    baseline = rss_bytes(server.proc.pid)
 
     attacker = non_reader(server.host, server.port)
     attacker.sendall(connect_packet(unique("amp"), 5, 60, True))
@@ -146,7 +147,7 @@ def test_a_client_that_never_reads_its_replies_is_no_longer_read(
     high-water mark the broker stops reading from it (its sends stall) instead of buffering
     every answer; the control client is served meanwhile."""
     server, control = run_broker("")
-    baseline = rss_kib(server.proc.pid) * 1024
+    baseline = rss_bytes(server.proc.pid)
     attacker = non_reader(server.host, server.port)
     attacker.sendall(connect_packet(unique("ping"), 5, 0, True))
     chunk = b"\xc0\x00" * 262_144  # 512 KiB of PINGREQ
@@ -236,7 +237,7 @@ def test_partial_large_connects_hold_nothing(
     """150 connections each sending most of a 1 MB CONNECT used to hold 150 MB until the
     CONNECT timeout; each is now refused from its fixed header."""
     server, control = run_broker("[broker]\nconnect_timeout = 30.0\n")
-    baseline = rss_kib(server.proc.pid) * 1024
+    baseline = rss_bytes(server.proc.pid)
     body = b"\x00\x04MQTT\x05\x02\x00\x3c" + b"\x00" * (1_000_000 - 10)
     partial = (b"\x10" + vbi(1_000_000) + body)[:-1]  # one byte short
     sockets: list[socket.socket] = []
@@ -254,7 +255,7 @@ def test_partial_large_connects_hold_nothing(
     thread.start()
     growth = under_attack(server, control, baseline)
     thread.join(60)
-    growth = max(growth, rss_kib(server.proc.pid) * 1024 - baseline)
+    growth = max(growth, rss_bytes(server.proc.pid) - baseline)
     assert growth < RSS_BOUND, f"RSS grew by {growth // MIB} MiB"
     until = time.monotonic() + 10
     assert all(closed_by_peer(sock, until) for sock in sockets)
@@ -288,7 +289,7 @@ def test_long_topics_do_not_fill_memory(
         f"[security]\nacl_file = '{acl}'\nallow_anonymous = true\n"
         "[broker]\nmax_topic_length = 65535\nmatch_cache_bytes = 16777216\n"
     )
-    baseline = rss_kib(server.proc.pid) * 1024
+    baseline = rss_bytes(server.proc.pid)
     level = "x" * 60_000
 
     def attack(prefix: str) -> None:
@@ -313,7 +314,7 @@ def test_long_topics_do_not_fill_memory(
     growth = under_attack(server, control, baseline)
     for thread in threads:
         thread.join(60)
-    growth = max(growth, rss_kib(server.proc.pid) * 1024 - baseline)
+    growth = max(growth, rss_bytes(server.proc.pid) - baseline)
     assert growth < RSS_BOUND, f"RSS grew by {growth // MIB} MiB"
 
 

@@ -10,7 +10,7 @@ import socket
 import time
 from collections.abc import Callable
 
-from support.launcher import BrokerProcess
+from support.launcher import BrokerProcess, rss_bytes
 
 from mqttbroker.broker.subscribe import REPLAY_WRITE
 from mqttbroker.server import streams
@@ -77,21 +77,13 @@ def _read_packet(sock: socket.socket) -> tuple[int, bytes]:
     return first, exactly(length)
 
 
-def _rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
-
-
 def _settled_rss(pid: int, timeout: float = 60.0) -> int:
     """The resident size once it stops moving (eight samples a quarter second apart within
     2 MB): the replays went as far as they go."""
     samples: list[int] = []
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        samples.append(_rss(pid))
+        samples.append(rss_bytes(pid))
         last = samples[-8:]
         if len(last) == 8 and max(last) - min(last) <= 2 * MB:
             return last[-1]

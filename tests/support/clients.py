@@ -466,6 +466,22 @@ def assert_broker_healthy(server: Server, version: int = MQTT_5, since: int = 0)
 # Raw bytes
 
 
+def closed_by_peer(sock: socket.socket, until: float) -> bool:
+    """Read (and discard) until the broker closes the connection (True) or the monotonic
+    deadline ``until`` passes (False)."""
+    while time.monotonic() < until:
+        sock.settimeout(max(0.05, until - time.monotonic()))
+        try:
+            data = sock.recv(65536)
+        except TimeoutError:
+            return False
+        except OSError:  # reset: closed too
+            return True
+        if not data:
+            return True
+    return False
+
+
 def utf8(text: str) -> bytes:
     data = text.encode()
     return len(data).to_bytes(2, "big") + data

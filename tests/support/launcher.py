@@ -360,6 +360,15 @@ def mosquitto_client(
     return done
 
 
+def rss_bytes(pid: int) -> int:
+    """The resident memory of process ``pid`` (VmRSS), in bytes."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for process {pid}")
+
+
 def mosquitto_binary() -> str:
     """The path of Debian's ``mosquitto`` broker; skips the test (fails it under CI) if missing."""
     path = find("mosquitto")
