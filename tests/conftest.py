@@ -19,14 +19,22 @@ form is installed, with the reason the install gave.
 from __future__ import annotations
 
 import itertools
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from external_tools import TOOLS, in_ci, require, require_compiled
-from support.clients import MQTT_5, PahoClient
-from support.launcher import BrokerProcess, ProgramProcess
+
+# The repository's root, for the tests that import the benchmarks and conformance packages (the
+# tests folder itself is on sys.path as this file's folder, for ``support`` and friends).
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from external_tools import TOOLS, in_ci, require, require_compiled  # noqa: E402
+from support.clients import MQTT_5, PahoClient  # noqa: E402
+from support.launcher import BrokerProcess, ProgramProcess  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -8,21 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
+from support import benchmark_c
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from support import benchmark_c  # noqa: E402
-
-from benchmarks import devices, wire  # noqa: E402
-from benchmarks.client import RawClient  # noqa: E402
+from benchmarks import devices, wire
+from benchmarks.client import RawClient
 
 
 @pytest.fixture(scope="module")

@@ -14,23 +14,16 @@ import os
 import socket
 import struct
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
+from support import benchmark_c
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from support import benchmark_c  # noqa: E402
-
-from benchmarks import wire  # noqa: E402
-from benchmarks.client import close_raw, open_many  # noqa: E402
+from benchmarks import wire
+from benchmarks.client import close_raw, open_many
 
 
 @pytest.fixture(scope="module")

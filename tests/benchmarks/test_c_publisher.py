@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import sys
 import threading
 import time
 from collections import Counter
@@ -18,11 +17,7 @@ from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from benchmarks import cprograms, windowed, wire  # noqa: E402
+from benchmarks import cprograms, windowed, wire
 
 TOPIC = "bench/persist"
 RECEIVE_MAXIMUM = 8  # the stand-in's CONNACK limits the publisher's window of 32 to this

@@ -4,16 +4,10 @@ a QoS 1 duplicate, a QoS 2 resend with the same packet identifier) is not."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from benchmarks.chaos import NEMESIS_KINDS, verdict  # noqa: E402
-from benchmarks.chaos_check import check, table  # noqa: E402
+from benchmarks.chaos import NEMESIS_KINDS, verdict
+from benchmarks.chaos_check import check, table
 
 A, B = "chaos/a/q1", "chaos/a/q2"  # device a's topics; b subscribes to both
 

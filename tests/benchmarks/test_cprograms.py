@@ -5,16 +5,11 @@ test_benchmark_c_opener.py and test_benchmark_c_one_per_write.py."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from benchmarks import cprograms  # noqa: E402
+from benchmarks import cprograms
 
 PROGRAMS = sorted(p.stem for p in cprograms.SOURCES.glob("*.c"))
 

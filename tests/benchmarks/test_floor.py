@@ -14,12 +14,10 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from benchmarks import brokers as br
+from benchmarks import floor, runner, wire
 
-from benchmarks import brokers as br  # noqa: E402
-from benchmarks import floor, runner, wire  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 TIMEOUT = 10.0
 

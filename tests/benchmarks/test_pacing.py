@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import random
 import socket
-import sys
 import threading
 import time
 from pathlib import Path
@@ -16,12 +15,8 @@ from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from benchmarks import ceiling, devices, procfs, windowed, wire  # noqa: E402
-from benchmarks.client import RawClient  # noqa: E402
+from benchmarks import ceiling, devices, procfs, windowed, wire
+from benchmarks.client import RawClient
 
 TOPIC = "bench/persist"
 

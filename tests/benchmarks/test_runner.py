@@ -4,19 +4,13 @@ again is left down without ending the benchmark. Stub handles, no processes."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from benchmarks import brokers as br  # noqa: E402
-from benchmarks import runner  # noqa: E402
-from benchmarks.scenarios import SCENARIOS  # noqa: E402
+from benchmarks import brokers as br
+from benchmarks import runner
+from benchmarks.scenarios import SCENARIOS
 
 
 class StubHandle(br.BrokerHandle):

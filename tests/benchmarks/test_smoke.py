@@ -14,12 +14,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+
 TIMEOUT = 300
 
 
 def scenario_keys() -> set[str]:
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))
     from benchmarks.scenarios import SCENARIOS
 
     return set(SCENARIOS)

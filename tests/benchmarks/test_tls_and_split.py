@@ -18,15 +18,12 @@ import threading
 from pathlib import Path
 
 import pytest
+from support import benchmark_c
+
+from benchmarks import wire
+from benchmarks.client import open_many
 
 REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from support import benchmark_c  # noqa: E402
-
-from benchmarks import wire  # noqa: E402
-from benchmarks.client import open_many  # noqa: E402
 
 TIMEOUT = 180
 CONNACK = b"\x20\x03\x00\x00\x00"

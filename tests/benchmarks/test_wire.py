@@ -11,20 +11,14 @@ from __future__ import annotations
 import asyncio
 import random
 import socket
-import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from benchmarks import client as bc  # noqa: E402
-from benchmarks import wire  # noqa: E402
+from benchmarks import client as bc
+from benchmarks import wire
 
 MQTT_5, MQTT_311 = wire.MQTT_5, wire.MQTT_311
 PINGRESP = b"\xd0\x00"

@@ -2,16 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from benchmarks import cprograms  # noqa: E402
+from benchmarks import cprograms
 
 
 def build(name: str, tmp_path_factory: pytest.TempPathFactory) -> str:
