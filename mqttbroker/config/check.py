@@ -184,6 +184,8 @@ def _check_http_auth(config: Config, source: str) -> None:
     where = f"{source}: http_auth"
     if not http.url and not http.acl_url:
         raise ConfigError(f"{where}: give url (logins), acl_url (rights) or both")
+    if http.check_reads and not http.acl_url:
+        raise ConfigError(f"{where}.check_reads: needs acl_url, the service that answers rights")
     for key in ("url", "acl_url"):
         url = getattr(http, key)
         if url and (urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname):

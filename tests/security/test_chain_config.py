@@ -36,6 +36,10 @@ def write(tmp_path: Path, text: str) -> Path:
         ("[http_auth]\nenabled = true\n", "http_auth: give url"),
         ("[http_auth]\nenabled = true\nurl = 'ftp://x/'\n", "http_auth.url: expected an http"),
         ("[http_auth]\nenabled = true\nurl = 'http://x/'\nwhen_down = 'allow'\n", "when_down"),
+        (
+            "[http_auth]\nenabled = true\nurl = 'http://x/'\ncheck_reads = true\n",
+            "http_auth.check_reads: needs acl_url",
+        ),
         ("[security]\nchain = ['ldap']\n", "security.chain: unknown source 'ldap'"),
         ("[security]\nchain = ['jwt']\n", "security.chain: 'jwt' needs jwt.enabled"),
         (
