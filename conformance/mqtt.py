@@ -843,20 +843,11 @@ class Client:
         """The broker closes the connection, optionally sending DISCONNECT first (it SHOULD,
         section 4.13). If it does, its reason code must be one of ``reasons``, and nothing may
         follow it [MQTT-3.14.4-1, -2]. Any other packet fails the test."""
-        allowed = {reasons} if isinstance(reasons, int) else set(reasons or ())
-        try:
-            pkt = self.read(timeout)
-        except ConnectionClosed:
-            assert not required, f"{self!r}: closed without the DISCONNECT the spec requires"
+        pkt = self._last_packet("the DISCONNECT the spec requires", required, timeout)
+        if pkt is None:
             return None
-        except NoPacket:
-            raise AssertionError(f"{self!r}: connection still open after {timeout}s") from None
         assert pkt.type == DISCONNECT, f"{self!r}: expected DISCONNECT or close, got {pkt!r}"
-        if allowed:
-            assert pkt.reason_code in allowed, (
-                f"{self!r}: DISCONNECT reason 0x{pkt.reason_code:02X}, expected one of "
-                + ", ".join(f"0x{c:02X}" for c in sorted(allowed))
-            )
+        self._check_reason(pkt, "DISCONNECT", reasons)
         self.expect_closed(timeout)
         return pkt
 
@@ -869,14 +860,9 @@ class Client:
     ) -> Packet | None:
         """A refused CONNECT: maybe a CONNACK with one of ``reasons`` (0x80 or above, Session
         Present 0), then the connection closed. Never a DISCONNECT [MQTT-3.14.0-1]."""
-        allowed = {reasons} if isinstance(reasons, int) else set(reasons or ())
-        try:
-            pkt = self.read(timeout)
-        except ConnectionClosed:
-            assert not required, f"{self!r}: closed without a CONNACK"
+        pkt = self._last_packet("a CONNACK", required, timeout)
+        if pkt is None:
             return None
-        except NoPacket:
-            raise AssertionError(f"{self!r}: connection still open after {timeout}s") from None
         assert pkt.type == CONNACK, f"{self!r}: expected CONNACK or close, got {pkt!r}"
         assert pkt.reason_code is not None
         if self.version == MQTT_5:
@@ -884,13 +870,29 @@ class Client:
         else:
             assert pkt.reason_code != 0, f"{self!r}: CONNECT accepted: {pkt!r}"
         assert not pkt.session_present, "refusing CONNACK with Session Present 1 [MQTT-3.2.2-6]"
-        if allowed:
-            assert pkt.reason_code in allowed, (
-                f"{self!r}: CONNACK reason 0x{pkt.reason_code:02X}, expected one of "
-                + ", ".join(f"0x{c:02X}" for c in sorted(allowed))
-            )
+        self._check_reason(pkt, "CONNACK", reasons)
         self.expect_closed(timeout)
         return pkt
+
+    def _last_packet(self, missing: str, required: bool, timeout: float) -> Packet | None:
+        """The packet the broker sends before it closes the connection, or None if it closes
+        without one (a failure when ``required``: the spec requires ``missing``)."""
+        try:
+            return self.read(timeout)
+        except ConnectionClosed:
+            assert not required, f"{self!r}: closed without {missing}"
+            return None
+        except NoPacket:
+            raise AssertionError(f"{self!r}: connection still open after {timeout}s") from None
+
+    def _check_reason(self, pkt: Packet, name: str, reasons: int | Iterable[int] | None) -> None:
+        """``pkt``'s reason code is one of ``reasons`` (any, when none are given)."""
+        allowed = {reasons} if isinstance(reasons, int) else set(reasons or ())
+        if allowed:
+            assert pkt.reason_code in allowed, (
+                f"{self!r}: {name} reason 0x{pkt.reason_code:02X}, expected one of "
+                + ", ".join(f"0x{c:02X}" for c in sorted(allowed))
+            )
 
     # MQTT operations
 

@@ -85,15 +85,22 @@ def test_other_packets_not_held_back_by_receive_maximum(clients, topic):
     s.acknowledge(second)
 
 
-def test_client_exceeding_receive_maximum(clients, topic):
-    """A client with more unacknowledged QoS 2 PUBLISHes than the broker's Receive Maximum
-    (no PUBREL sent) is disconnected with 0x93 (Receive Maximum exceeded). [MQTT-3.3.4-7]"""
+def _one_past_receive_maximum(clients, topic):
+    """A connected client, the broker's Receive Maximum, and that many QoS 2 PUBLISHes plus one,
+    never released."""
     c = clients.connected()
     assert c.connack is not None
     maximum = c.connack.prop(P.RECEIVE_MAXIMUM, 65535)
     if maximum > 5000:
         pytest.skip(f"Receive Maximum {maximum} too large to exceed quickly")
     burst = b"".join(publish(topic, b"x", qos=2, packet_id=i + 1) for i in range(maximum + 1))
+    return c, maximum, burst
+
+
+def test_client_exceeding_receive_maximum(clients, topic):
+    """A client with more unacknowledged QoS 2 PUBLISHes than the broker's Receive Maximum
+    (no PUBREL sent) is disconnected with 0x93 (Receive Maximum exceeded). [MQTT-3.3.4-7]"""
+    c, maximum, burst = _one_past_receive_maximum(clients, topic)
     c.send(burst)
     for _ in range(maximum):
         assert c.expect(PUBREC).reason_code < 0x80
@@ -107,12 +114,7 @@ def test_receive_maximum_exceeded_heard_while_still_sending(clients, topic):
     next write fails (broken pipe) before it reads the DISCONNECT, or the reset discards what
     it has not read. A lingering close (as nginx's) avoids both: shut down the sending side,
     read and discard for a bounded time, then close. [MQTT-3.3.4-7]"""
-    c = clients.connected()
-    assert c.connack is not None
-    maximum = c.connack.prop(P.RECEIVE_MAXIMUM, 65535)
-    if maximum > 5000:
-        pytest.skip(f"Receive Maximum {maximum} too large to exceed quickly")
-    burst = b"".join(publish(topic, b"x", qos=2, packet_id=i + 1) for i in range(maximum + 1))
+    c, maximum, burst = _one_past_receive_maximum(clients, topic)
     c.recv_size = 4  # one PUBREC per read, as a client reading packet by packet does
     c.send(burst)
     for _ in range(maximum):

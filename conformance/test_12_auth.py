@@ -195,19 +195,26 @@ def test_auth_fits_maximum_packet_size(clients, creds, unchecked):
     assert len(challenge.raw) <= 160, f"{len(challenge.raw)}-byte AUTH"
 
 
-def test_reauthentication(clients, creds):
-    """Re-authentication: the client's AUTH 0x19 with the original method starts it, the broker
-    answers AUTH 0x18 then AUTH 0x00, all with the same Authentication Method.
-    [MQTT-4.12.1-1] [MQTT-4.12.0-5] [MQTT-4.12.0-2]"""
+def _reauthenticate(c, creds):
+    """Start a re-authentication (AUTH 0x19 with SCRAM's client-first message); the SCRAM
+    exchange and the broker's challenge."""
     method, user, password = creds
-    c = _authenticated(clients, creds)
     scram = Scram(user, password)
     c.send(
         auth(
             0x19, [(P.AUTHENTICATION_METHOD, method), (P.AUTHENTICATION_DATA, scram.client_first())]
         )
     )
-    challenge = c.expect(AUTH)
+    return scram, c.expect(AUTH)
+
+
+def test_reauthentication(clients, creds):
+    """Re-authentication: the client's AUTH 0x19 with the original method starts it, the broker
+    answers AUTH 0x18 then AUTH 0x00, all with the same Authentication Method.
+    [MQTT-4.12.1-1] [MQTT-4.12.0-5] [MQTT-4.12.0-2]"""
+    method = creds[0]
+    c = _authenticated(clients, creds)
+    scram, challenge = _reauthenticate(c, creds)
     assert challenge.reason_code == 0x18 and challenge.prop(P.AUTHENTICATION_METHOD) == method
     done = _finish(c, creds, scram, challenge)
     assert done.type == AUTH and done.reason_code == 0x00, done
@@ -226,15 +233,9 @@ def test_reauthentication_with_other_method(clients, creds):
 def test_failed_reauthentication_disconnects(clients, creds):
     """A failed re-authentication ends the connection (DISCONNECT with a fitting reason code if
     one is sent). [MQTT-4.12.1-2]"""
-    method, user, password = creds
+    method = creds[0]
     c = _authenticated(clients, creds)
-    scram = Scram(user, password)
-    c.send(
-        auth(
-            0x19, [(P.AUTHENTICATION_METHOD, method), (P.AUTHENTICATION_DATA, scram.client_first())]
-        )
-    )
-    challenge = c.expect(AUTH)
+    scram, challenge = _reauthenticate(c, creds)
     final = scram.client_final(challenge.prop(P.AUTHENTICATION_DATA), "not-the-password")
     c.send(auth(0x18, [(P.AUTHENTICATION_METHOD, method), (P.AUTHENTICATION_DATA, final)]))
     pkt = c.expect_disconnect({0x86, 0x87, 0x8C, 0x80})
