@@ -1,9 +1,19 @@
-"""``gather_us`` with a real Server on both event loops: publishers writing at the same moment make
+"""server/polling.py: the poller's busy polling (busy_poll_us) and gathering (gather_us), with a
+real Server.
+
+``busy_poll_us`` with a real Server on both event loops: output starts the spin, the loop keeps
+polling while the window lasts (spin passes go on while the test's own coroutine sleeps), stops
+once it is over, starts again with the next output, and ends for good when the server stops. The
+poller's clock is replaced by one the test moves, so the window ends when the test says, never by
+timing.
+
+``gather_us`` with a real Server on both event loops: publishers writing at the same moment make
 a pass that finds several sockets ready, and the poller then sleeps before its next pass (its
 ``holds`` counter says so); every message still reaches the subscriber. Publishers that the
 broker answers (QoS 1: a PUBACK since their last read) are never held back, and without the key
 the poller never sleeps. The poller's own arguments are checked too. Nothing here is timed: the
-key's effect on CPU and latency is measured in benchmarks/ (scenarios 3, 8 and 9)."""
+key's effect on CPU and latency is measured in benchmarks/ (scenarios 3, 8 and 9).
+"""
 
 from __future__ import annotations
 
@@ -11,20 +21,113 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from support.clients import (
-    MQTT_311,
-    publish_packet,
-    subscribe_packet,
-)
+from support.clients import MQTT_311, publish_packet, subscribe_packet
 from support.transports import LOOPS, SUBACK_QOS0, open_311, run_on
 
 from mqttbroker.config import Config, ListenerConfig
 from mqttbroker.server.app import Server
 from mqttbroker.server.streams import StreamServer
 
-pytestmark = pytest.mark.needs_compiled  # the C transport
-
 GUARD = 10.0  # seconds: a failure guard, never a measured time
+WINDOW_US = 5000
+LOOP_TIME = 0.05  # seconds the test's coroutine sleeps while the loop runs without it
+
+
+class StillClock:
+    """Stands still until moved; counts the poller's reads, one per spin pass."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.reads = 0
+
+    def __call__(self) -> float:
+        self.reads += 1
+        return self.now
+
+
+def _config(tmp_path: Path, busy_poll_us: int) -> Config:
+    config = Config(  # gather_us off, as a file with busy_poll_us alone has it
+        listeners=[ListenerConfig(port=0)],
+        data_dir=str(tmp_path),
+        busy_poll_us=busy_poll_us,
+        gather_us=0,
+    )
+    config.storage.backend = "memory"
+    return config
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_output_keeps_the_loop_polling_for_the_window(tmp_path: Path, loop: str) -> None:
+    message = publish_packet("bp/t", b"payload", version=MQTT_311)
+
+    async def scenario() -> None:
+        server = Server(_config(tmp_path, WINDOW_US))
+        await server.start()
+        poll = server.busy_poll
+        assert poll is not None and poll.window == WINDOW_US / 1_000_000
+        clock = poll.clock = StillClock()
+        writers = []
+        stopped = False
+        try:
+            sub_reader, sub = await open_311(server.addresses[0][1], "bp-sub")
+            _, pub = await open_311(server.addresses[0][1], "bp-pub")
+            writers += [sub, pub]
+            sub.write(subscribe_packet(1, [("bp/t", 0)], MQTT_311))
+            assert await asyncio.wait_for(sub_reader.readexactly(5), GUARD) == SUBACK_QOS0
+
+            pub.write(message)
+            assert await asyncio.wait_for(sub_reader.readexactly(len(message)), GUARD) == message
+            assert poll.spinning
+            before = clock.reads
+            await asyncio.sleep(LOOP_TIME)
+            assert clock.reads - before > 1, "the loop slept inside the window"
+            assert poll.spinning
+
+            clock.now += WINDOW_US / 1_000_000  # the window is over
+            await asyncio.sleep(LOOP_TIME)
+            assert not poll.spinning
+            stopped = clock.reads
+            await asyncio.sleep(LOOP_TIME)
+            assert clock.reads == stopped, "still spinning after the window"
+
+            pub.write(message)  # the next output starts it again
+            assert await asyncio.wait_for(sub_reader.readexactly(len(message)), GUARD) == message
+            assert poll.spinning
+            before = clock.reads
+            await asyncio.sleep(LOOP_TIME)
+            assert clock.reads - before > 1
+
+            # Shutting down (its DISCONNECTs are output too) ends the spin for good, although
+            # the test's clock never reaches the window's end.
+            await server.stop()
+            stopped = True
+            assert not poll.spinning
+            reads = clock.reads
+            await asyncio.sleep(LOOP_TIME)
+            assert clock.reads == reads
+        finally:
+            for writer in writers:
+                writer.close()
+            if not stopped:
+                await server.stop()
+
+    run_on(loop, scenario)
+
+
+def test_off_by_default(tmp_path: Path) -> None:
+    """Without busy_poll_us the broker's wake only schedules the flush: nothing spins."""
+
+    async def scenario() -> None:
+        server = Server(_config(tmp_path, Config().busy_poll_us))
+        await server.start()
+        try:
+            assert server.busy_poll is None
+        finally:
+            await server.stop()
+
+    asyncio.run(scenario())
+
+
 GATHER_US = 10_000  # the most allowed: a pass of a few messages ends well before it
 PUBLISHERS = 8
 ROUNDS = 5
@@ -77,6 +180,7 @@ def _run(loop: str, tmp_path: Path, gather_us: int, qos: int = 0) -> int:
     return result
 
 
+@pytest.mark.needs_compiled  # the C transport
 @pytest.mark.parametrize("loop", LOOPS)
 def test_a_busy_pass_is_followed_by_a_sleep_and_every_message_arrives(
     tmp_path: Path, loop: str
@@ -84,6 +188,7 @@ def test_a_busy_pass_is_followed_by_a_sleep_and_every_message_arrives(
     assert _run(loop, tmp_path, GATHER_US) >= 1
 
 
+@pytest.mark.needs_compiled  # the C transport
 @pytest.mark.parametrize("loop", LOOPS)
 def test_publishers_waiting_for_an_answer_are_never_held_back(tmp_path: Path, loop: str) -> None:
     """Each read of a QoS 1 publisher follows the PUBACK (or CONNACK) the broker wrote it: a
@@ -91,10 +196,12 @@ def test_publishers_waiting_for_an_answer_are_never_held_back(tmp_path: Path, lo
     assert _run(loop, tmp_path, GATHER_US, qos=1) == 0
 
 
+@pytest.mark.needs_compiled  # the C transport
 def test_without_gather_us_the_poller_never_sleeps(tmp_path: Path) -> None:
     assert _run("uvloop", tmp_path, 0) == 0
 
 
+@pytest.mark.needs_compiled  # the C transport
 def test_the_poller_refuses_a_gather_outside_0_to_1_second() -> None:
     from mqttbroker.server import _streams
 
