@@ -1,4 +1,4 @@
-"""``mqttbroker passwd`` as a subprocess: add, change, delete, create, prompts on a terminal, and
+"""security/passwd.py, ``mqttbroker passwd``, as a subprocess: add, change, delete, create, prompts on a terminal, and
 files it must not touch."""
 
 from __future__ import annotations
