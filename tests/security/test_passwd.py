@@ -1,5 +1,5 @@
-"""security/passwd.py, ``mqttbroker passwd``, as a subprocess: add, change, delete, create, prompts on a terminal, and
-files it must not touch."""
+"""security/passwd.py, ``mqttbroker passwd``, as a subprocess: add, change, delete, create,
+prompts on a terminal, and files it must not touch."""
 
 from __future__ import annotations
 
