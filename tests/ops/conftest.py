@@ -1,5 +1,5 @@
 """Fixtures of the admin-server tests: a broker with its admin server on a port of the test's
-own, and a small HTTP client."""
+own, and a small HTTP client; ``make_harness`` and ``h`` (support.harness) for the $SYS tree tests."""
 
 from __future__ import annotations
 
@@ -10,6 +10,9 @@ from typing import Any
 import pytest
 from ops_support import Admin, start_admin
 from support.clients import PahoClient
+from support.harness import h, make_harness
+
+__all__ = ["admin_broker", "h", "make_harness", "paho"]
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
-"""The broker's periodic pass (keep-alive, expiry, delayed wills, $SYS, the survey) survives an
-error in one of its parts: it is logged, and the next pass runs."""
+"""server/app.py: the broker's periodic pass (keep-alive, expiry, delayed wills, $SYS, the
+survey) survives an error in one of its parts: it is logged, and the next pass runs."""
 
 from __future__ import annotations
 

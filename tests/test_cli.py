@@ -10,9 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ops_support import ROOT
 from support.clients import RawClient, connect_packet
-from support.launcher import run_broker
+from support.launcher import ROOT, run_broker
 
 
 def check_config(path: Path) -> subprocess.CompletedProcess[str]:

@@ -1,20 +1,35 @@
-"""The admin server against local processes and guessers: on loopback it answers only loopback
+"""ops/admin.py, the admin server: who may use it, how it resists guessers and local processes,
+TLS and readiness.
+
+Who may use the admin server: off loopback only with a login configured; a wrong token, an
+unknown user and a wrong password get the same answer; failed logins are logged and limited;
+state-changing calls need the token or the CSRF header; no CORS unless configured.
+
+The admin server against local processes and guessers: on loopback it answers only loopback
 host names (DNS rebinding); it needs a login while MQTT has one; every state-changing call is
 logged; parallel wrong passwords are limited and spend a password-check budget of their own,
-not the MQTT logins'; an oversized request line is logged in one line, not a traceback each."""
+not the MQTT logins'; an oversized request line is logged in one line, not a traceback each.
+
+The admin server over TLS (the listeners' keys), and /readyz: 200 while the broker can serve,
+503 with the reason when the store cannot commit or the broker is shutting down.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import socket
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-from ops_support import Admin, basic, check
+from ops_support import ADMIN_LINE, Admin, basic, check, free_port
+from support.certs import client_context, make_certificates
 from support.clients import (
     TIMEOUT,
     RawClient,
@@ -22,16 +37,143 @@ from support.clients import (
     parse_connack,
     subscribe_packet,
     unique,
+    wait_for,
 )
+from support.launcher import run_broker
 
 from mqttbroker.broker.core import Broker
 from mqttbroker.broker.options import BrokerOptions
-from mqttbroker.config import ListenerConfig
+from mqttbroker.config import Config, ListenerConfig
 from mqttbroker.ops.admin import FAILURES_ALLOWED, loopback_host, mqtt_protection
 from mqttbroker.security.passwords import make_entry_line
+from mqttbroker.server.app import Server
+
+TOKEN = "s3cret-token-for-tests"
+
+
+def test_non_loopback_without_login_is_refused_at_start(tmp_path: Path) -> None:
+    config = tmp_path / "open.toml"
+    config.write_text('[admin]\nhost = "0.0.0.0"\n')
+    for args in (("check-config", str(config)), ("--config", str(config), "--memory")):
+        result = run_broker(*args)
+        assert result.returncode == 2, result
+        assert f"{config}: admin.host: '0.0.0.0' is not a loopback address" in result.stderr
+        assert "token_file" in result.stderr
+
+
+def test_a_token_variable_that_is_not_set_stops_the_start(tmp_path: Path) -> None:
+    config = tmp_path / "env.toml"
+    config.write_text('[admin]\nhost = "0.0.0.0"\ntoken_env = "MQTTBROKER_TEST_UNSET_TOKEN"\n')
+    result = run_broker("--config", str(config), "--memory", "--port", "0")
+    assert result.returncode == 2
+    assert "admin.token_env: the environment variable MQTTBROKER_TEST_UNSET_TOKEN is not set" in (
+        result.stderr
+    )
+
+
+@pytest.fixture
+def guarded(admin_broker: Callable[..., Admin], tmp_path: Path) -> Admin:
+    """Bound to every interface (not loopback), with a token file and one admin user."""
+    token = tmp_path / "token"
+    token.write_text(TOKEN + "\n")
+    passwords = tmp_path / "passwd"
+    passwords.write_text(
+        make_entry_line("ops", b"ops-pw", 1000)
+        + "\n"
+        + make_entry_line("viewer", b"v-pw", 1000)
+        + "\n"
+    )
+    return admin_broker(
+        f'[admin]\nhost = "0.0.0.0"\ntoken_file = {str(token)!r}\nadmin_users = "ops"\n'
+        f"[security]\npassword_file = {str(passwords)!r}\nallow_anonymous = true\n"
+    )
+
+
+def test_unauthenticated_and_wrong_credentials_are_refused_alike(guarded: Admin) -> None:
+    refused = [
+        guarded.get("/api/v1/clients"),
+        guarded.get("/metrics"),
+        guarded.get("/api/v1/clients", headers={"Authorization": "Bearer wrong"}),
+        guarded.get("/api/v1/clients", headers=basic("ops", "wrong-pw")),  # a user, wrong password
+        guarded.get("/api/v1/clients", headers=basic("nobody", "ops-pw")),  # no such user
+    ]
+    for reply in refused:
+        assert reply.status == 401
+        assert reply.body == {"error": "authentication required", "status": 401}
+        assert reply.headers["WWW-Authenticate"] == 'Basic realm="mqttbroker"'
+        check("GET", "/api/v1/clients", 401, reply.body)
+    # A user of the password file who is not in admin_users: the same answer too.
+    assert guarded.get("/api/v1/clients", headers=basic("viewer", "v-pw")).body == refused[0].body
+    log = guarded.broker.log_text()
+    assert "admin: failed login from 127.0.0.1: wrong bearer token" in log
+    assert "admin: failed login from 127.0.0.1: wrong user name or password (user 'nobody')" in log
+
+
+def test_the_token_and_admin_users_get_in(guarded: Admin) -> None:
+    assert (
+        guarded.get("/api/v1/clients", headers={"Authorization": f"Bearer {TOKEN}"}).status == 200
+    )
+    assert guarded.get("/metrics", headers=basic("ops", "ops-pw")).status == 200
+    # The health checks and the dashboard's files need no login (probes, the sign-in page).
+    assert guarded.get("/healthz").status == 200
+    assert guarded.get("/readyz").status == 200
+    assert guarded.get("/").status == 200
+
+
+def test_failed_logins_are_limited(guarded: Admin) -> None:
+    for _ in range(5):
+        assert guarded.get("/api/v1/sessions", headers={"Authorization": "Bearer no"}).status == 401
+    blocked = guarded.get("/api/v1/sessions", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert blocked.status == 429  # even the right token, until the window has passed
+    assert int(blocked.headers["Retry-After"]) > 0
+
+
+def test_state_changing_calls_need_the_token_or_the_csrf_header(guarded: Admin) -> None:
+    body = {"topic": "csrf/test"}
+    login = basic("ops", "ops-pw")
+    reply = guarded.request("POST", "/api/v1/publish", body, headers=login, csrf=False)
+    assert reply.status == 403 and "X-MQTTBroker-CSRF" in reply.body["error"]
+    assert guarded.request("POST", "/api/v1/publish", body, headers=login).status == 200
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    assert (
+        guarded.request("POST", "/api/v1/publish", body, headers=bearer, csrf=False).status == 200
+    )
+
+
+def test_no_cors_unless_configured(admin_broker: Callable[..., Admin]) -> None:
+    plain = admin_broker()
+    origin = {"Origin": "https://elsewhere.example"}
+    reply = plain.get("/api/v1/overview", headers=origin)
+    assert "Access-Control-Allow-Origin" not in reply.headers
+    assert plain.request("OPTIONS", "/api/v1/publish", headers=origin).status == 403
+    allowed = admin_broker('[admin]\ncors_origins = "https://elsewhere.example"\n')
+    preflight = allowed.request("OPTIONS", "/api/v1/publish", headers=origin)
+    assert preflight.status == 204
+    assert preflight.headers["Access-Control-Allow-Origin"] == "https://elsewhere.example"
+    assert "X-MQTTBroker-CSRF" in preflight.headers["Access-Control-Allow-Headers"]
+    other = allowed.get("/api/v1/overview", headers={"Origin": "https://evil.example"})
+    assert "Access-Control-Allow-Origin" not in other.headers
+
+
+def test_the_acl_of_the_api_user_applies_to_publish(
+    admin_broker: Callable[..., Admin], tmp_path: Path
+) -> None:
+    passwords = tmp_path / "passwd"
+    passwords.write_text(make_entry_line("ops", b"ops-pw", 1000) + "\n")
+    acl = tmp_path / "acl"
+    acl.write_text("user ops\ntopic write ops/#\n")
+    admin = admin_broker(
+        f'[admin]\nadmin_users = "ops"\n[security]\npassword_file = {str(passwords)!r}\n'
+        f"acl_file = {str(acl)!r}\n"
+    )
+    login = basic("ops", "ops-pw")
+    assert admin.request("POST", "/api/v1/publish", {"topic": "ops/x"}, headers=login).status == 200
+    denied = admin.request("POST", "/api/v1/publish", {"topic": "other/x"}, headers=login)
+    assert denied.status == 403 and "ACL" in denied.body["error"]
+
 
 Paho = Callable[..., Any]
-TOKEN = "audit-token-for-tests"
+AUDIT_TOKEN = "audit-token-for-tests"
 # Costly enough (tens of ms a check) that parallel checks overlap, as real ones do.
 ITERATIONS = 200_000
 
@@ -90,9 +232,9 @@ def test_an_admin_off_loopback_takes_any_host_name(
     admin_broker: Callable[..., Admin], tmp_path: Path
 ) -> None:
     token = tmp_path / "token"
-    token.write_text(TOKEN + "\n")
+    token.write_text(AUDIT_TOKEN + "\n")
     admin = admin_broker(f'[admin]\nhost = "0.0.0.0"\ntoken_file = {str(token)!r}\n')
-    bearer = {"Authorization": f"Bearer {TOKEN}", "Host": "broker.example:18083"}
+    bearer = {"Authorization": f"Bearer {AUDIT_TOKEN}", "Host": "broker.example:18083"}
     assert admin.get("/api/v1/overview", headers=bearer).status == 200
 
 
@@ -165,7 +307,10 @@ def test_without_mqtt_authentication_the_loopback_admin_stays_open(
 AUDIT = re.compile(r"admin audit: .*")
 
 
-def audit_lines(admin: Admin, mark: int) -> list[str]:
+def audit_lines(admin: Admin, mark: int, count: int) -> list[str]:
+    """The audit lines logged since ``mark``, once there are ``count`` of them (the log comes
+    through a pipe, after the HTTP answers)."""
+    wait_for(lambda: len(AUDIT.findall(admin.broker.log_since(mark))) >= count, "the audit lines")
     return [m.group(0) for m in AUDIT.finditer(admin.broker.log_since(mark))]
 
 
@@ -173,13 +318,13 @@ def test_every_state_changing_call_is_logged_once(
     admin_broker: Callable[..., Admin], paho: Paho, tmp_path: Path
 ) -> None:
     token = tmp_path / "token"
-    token.write_text(TOKEN + "\n")
+    token.write_text(AUDIT_TOKEN + "\n")
     passwords = write_passwords(tmp_path)
     admin = admin_broker(
         f'[admin]\ntoken_file = {str(token)!r}\nadmin_users = "ops"\n'
         f"[security]\npassword_file = {str(passwords)!r}\nallow_anonymous = true\n"
     )
-    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    bearer = {"Authorization": f"Bearer {AUDIT_TOKEN}"}
     login = basic("ops", "ops-pw")
     topic = unique("audit")
     kicked = paho(admin, client_id=unique("kicked"))
@@ -196,7 +341,7 @@ def test_every_state_changing_call_is_logged_once(
     assert missing.status == 404
     no_csrf = admin.request("POST", "/api/v1/publish", {"topic": topic}, headers=login, csrf=False)
     assert no_csrf.status == 403
-    lines = audit_lines(admin, mark)
+    lines = audit_lines(admin, mark, 6)
     assert lines == [
         f"admin audit: user 'ops' from 127.0.0.1: POST /api/v1/clients/{kicked.client_id}/kick"
         f" -> 200: client '{kicked.client_id}' disconnected (0x98)",
@@ -220,7 +365,7 @@ def test_calls_without_login_are_logged_as_such(
     client = paho(admin, client_id=unique("open"))
     mark = admin.broker.log_mark()
     admin.ok("POST", f"/api/v1/clients/{client.client_id}/kick")
-    assert audit_lines(admin, mark) == [
+    assert audit_lines(admin, mark, 1) == [
         f"admin audit: no login (loopback) from 127.0.0.1: POST "
         f"/api/v1/clients/{client.client_id}/kick -> 200: client '{client.client_id}' "
         "disconnected (0x98)"
@@ -292,8 +437,10 @@ def test_parallel_wrong_passwords_are_limited(
     # ended more than a failure's drain time after the first), the rest 429 at once.
     assert statuses.count(401) <= FAILURES_ALLOWED + 1, statuses
     assert statuses.count(429) >= 40 - FAILURES_ALLOWED - 1, statuses
-    log = admin.broker.log_text()
-    assert log.count("admin: failed login from 127.0.0.1") == statuses.count(401)
+    # The log comes through a pipe, after the answers: wait for the lines, then count them.
+    failed = "admin: failed login from 127.0.0.1"
+    wait_for(lambda: admin.broker.log_text().count(failed) >= statuses.count(401), "the log")
+    assert admin.broker.log_text().count(failed) == statuses.count(401)
 
 
 def test_guessing_admin_passwords_leaves_mqtt_logins_their_budget(
@@ -341,3 +488,65 @@ def test_an_oversized_request_line_is_logged_in_one_line(
     assert len(lines) == 1, log
     assert "admin server: bad HTTP request from 127.0.0.1, answered 400: " in lines[0]
     assert "Traceback" not in log and "Error handling request" not in log
+
+
+def test_admin_over_tls(start_broker: Callable[..., Any], tmp_path: Path) -> None:
+    certs = make_certificates(tmp_path / "certs")
+    port = free_port()
+    config = tmp_path / "tls.toml"
+    config.write_text(
+        f"[admin]\nport = {port}\ntls_cert_file = {str(certs.server_cert)!r}\n"
+        f"tls_key_file = {str(certs.server_key)!r}\n"
+    )
+    broker = start_broker(
+        extra_args=("--config", str(config), "--memory", "--admin-port", str(port))
+    )
+    found = broker.wait_for_log(ADMIN_LINE, TIMEOUT)
+    assert found is not None and found.group(1) == "https"
+    context = client_context(certs)
+    url = f"https://localhost:{port}/healthz"
+    with urllib.request.urlopen(url, context=context, timeout=TIMEOUT) as response:
+        assert json.loads(response.read()) == {"status": "alive"}
+
+
+def test_a_bad_admin_certificate_is_a_configuration_error(tmp_path: Path) -> None:
+    certs = make_certificates(tmp_path / "certs")
+    config = tmp_path / "bad.toml"
+    config.write_text(f"[admin]\ntls_cert_file = {str(certs.garbage)!r}\n")
+    result = run_broker("check-config", str(config))
+    assert result.returncode == 2
+    assert f"{config}: admin.tls_cert_file" in result.stderr, result.stderr
+
+
+def test_readyz_follows_the_store_and_the_shutdown() -> None:
+    async def scenario() -> list[tuple[int, dict[str, Any]]]:
+        config = Config()
+        config.storage.backend = "memory"
+        config.listeners[0].port = 0
+        config.admin.port = free_port()
+        server = Server(config)
+        assert server.ready() == "not every listener is bound yet"
+        await server.start()
+        url = f"http://127.0.0.1:{config.admin.port}/readyz"
+        loop = asyncio.get_running_loop()
+
+        def get() -> tuple[int, dict[str, Any]]:
+            try:
+                with urllib.request.urlopen(url, timeout=TIMEOUT) as response:
+                    return response.status, json.loads(response.read())
+            except urllib.error.HTTPError as exc:
+                return exc.code, json.loads(exc.read())
+
+        answers = [await loop.run_in_executor(None, get)]
+        server.store.failing = True  # type: ignore[attr-defined]  # as SQLiteStore sets it
+        answers.append(await loop.run_in_executor(None, get))
+        server.store.failing = False  # type: ignore[attr-defined]
+        server.stopping = True
+        answers.append(await loop.run_in_executor(None, get))
+        await server.stop()
+        return answers
+
+    ready, store, stopping = asyncio.run(scenario())
+    assert ready == (200, {"ready": True})
+    assert store == (503, {"ready": False, "reason": "the store cannot commit (see the log)"})
+    assert stopping == (503, {"ready": False, "reason": "shutting down"})
