@@ -10,6 +10,7 @@ import socket
 import time
 from collections.abc import Callable
 
+from support.clients import MQTT_5, binary, connect_packet, packet
 from support.launcher import BrokerProcess, rss_bytes
 
 from mqttbroker.broker.subscribe import REPLAY_WRITE
@@ -34,27 +35,6 @@ HELD = WRITE_HIGH_WATER + SIZE + REPLAY_WRITE
 # client; 4.9 to 5.6 when that transport copied what it could not send into its own buffer, up
 # to the mark (5.9-6.2 before the replay wrote as it went).
 SHARED = SIZE + MB // 2
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n % 128, n // 128
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _packet(first: int, body: bytes) -> bytes:
-    return bytes([first]) + _varint(len(body)) + body
-
-
-def _str(data: bytes) -> bytes:
-    return len(data).to_bytes(2, "big") + data
-
-
-def _connect(client_id: str) -> bytes:
-    return _packet(0x10, _str(b"MQTT") + b"\x05\x02\x00\x00\x00" + _str(client_id.encode()))
 
 
 def _read_packet(sock: socket.socket) -> tuple[int, bytes]:
@@ -99,11 +79,11 @@ def test_clients_that_do_not_read_hold_the_mark_and_a_message_each(
     pid = broker.proc.pid
     address = (broker.host, broker.port)
     with socket.create_connection(address, timeout=30) as pub:
-        pub.sendall(_connect("pub"))
+        pub.sendall(connect_packet("pub", MQTT_5, keep_alive=0))
         assert _read_packet(pub)[0] == 0x20
         for i in range(COUNT):  # QoS 1: the PUBACK says it is stored
-            body = _str(f"r/{i:02d}".encode()) + (i + 1).to_bytes(2, "big") + b"\x00"
-            pub.sendall(_packet(0x33, body + bytes([i]) * SIZE))
+            body = binary(f"r/{i:02d}".encode()) + (i + 1).to_bytes(2, "big") + b"\x00"
+            pub.sendall(packet(0x33, body + bytes([i]) * SIZE))
         acks = [_read_packet(pub) for _ in range(COUNT)]
         assert all(first == 0x40 for first, _ in acks), acks
     base = _settled_rss(pid)
@@ -115,9 +95,9 @@ def test_clients_that_do_not_read_hold_the_mark_and_a_message_each(
             sock = socket.create_connection(address, timeout=30)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
             clients.append(sock)
-            sock.sendall(_connect(f"slow-{n}"))
+            sock.sendall(connect_packet(f"slow-{n}", MQTT_5, keep_alive=0))
             assert _read_packet(sock)[0] == 0x20
-            sock.sendall(_packet(0x82, b"\x00\x01\x00" + _str(b"#") + b"\x00"))
+            sock.sendall(packet(0x82, b"\x00\x01\x00" + binary(b"#") + b"\x00"))
         peak = _settled_rss(pid)
         per_client = (peak - base) / CLIENTS
         assert per_client <= bound, (
