@@ -105,6 +105,17 @@ return 1
 """
 
 
+# This node's counters of the messages it routed (sequence.Seen), written with the session
+# changes they are in, fenced like them: KEYS the node's lease, seen:<node>; ARGV its token,
+# then origin, counter pairs. -1: fenced, nothing written.
+SEEN_SCRIPT = """
+local lease = redis.call('GET', KEYS[1])
+if not lease or string.match(lease, '^[^/]*') ~= ARGV[1] then return -1 end
+redis.call('HSET', KEYS[2], unpack(ARGV, 2))
+return 1
+"""
+
+
 class Link:
     """The Redis commands of one node's ownership protocol. ``redis``: the node's client;
     ``live``: a client of its own for the liveness connection (one connection, used for the

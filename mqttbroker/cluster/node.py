@@ -58,7 +58,7 @@ from ..protocol.errors import MQTTError
 from ..protocol.packets import MQTT_5
 from ..protocol.reasons import ReasonCode
 from .handover import forget, from_hash, restore, serialise
-from .link import LEAVE_SCRIPT, RELEASE_SCRIPT, REPLY_SCRIPT, TAKE_SCRIPT, Link
+from .link import LEAVE_SCRIPT, RELEASE_SCRIPT, REPLY_SCRIPT, SEEN_SCRIPT, TAKE_SCRIPT, Link
 from .outbox import Outbox
 from .ownership import (
     LEASE_GONE,
@@ -74,6 +74,7 @@ from .ownership import (
 )
 from .redis_client import redis_client
 from .routes import RouteTable
+from .sequence import Routed, new_origin, parse_id
 from .store import FENCED_WRITE, ClusterStore, SessionChanges
 
 if TYPE_CHECKING:
@@ -241,6 +242,11 @@ class ClusterNode(Backplane):
         self._down = False  # in an episode of Redis being unreachable
         self._leased = False
         self._qos0_waiting = 0  # QoS 0 copies queued for the next write
+        # Message ids (sequence.py): this run's origin and counter, the counters routed here of
+        # each origin.
+        self.origin = new_origin(self.node_id)
+        self._counter = 0
+        self.seen = Routed()
         self._dropping = False  # dropping QoS 0 copies (logged once until they flow again)
 
     def unready(self) -> str | None:
@@ -497,6 +503,10 @@ class ClusterNode(Backplane):
             self.lease_valid(now)
         if message.retain:
             self._queue(_RETAIN, message.topic, (encode(message, now), not message.payload))
+        qos = message.qos
+        if qos:
+            self._counter += 1
+            self.seen.changed = True  # (its counter is written with the session changes)
         plain, shares = self.routes.match(message.topic)
         if not plain and not shares:
             return 0, groups
@@ -515,7 +525,6 @@ class ClusterNode(Backplane):
                     local.pop(share, None)  # its turn is elsewhere
             groups = list(local.values())
         targets = set(plain).union(chosen)
-        qos = message.qos
         if not qos:
             if self._qos0_waiting >= MAX_QOS0_WAITING:  # Redis (or the writer) is behind
                 if not self._dropping:
@@ -528,9 +537,11 @@ class ClusterNode(Backplane):
                 return 0, groups
             self._qos0_waiting += len(targets)
         packet = encode(message, now)
+        # (QoS 1/2: the message's id, then 0x1E, before the shared subscriptions)
+        ident = f"{self.origin}\x1d{self._counter}\x1e".encode() if qos else b""
         for node in targets:
             header = b"1" if node in plain else b"0"
-            data = header + "\x1f".join(chosen.get(node, ())).encode() + b"\0" + packet
+            data = header + ident + "\x1f".join(chosen.get(node, ())).encode() + b"\0" + packet
             self._queue(_XADD if qos else _PUB, node, data)
         if qos:
             self._hold(len(targets))  # the publisher's acknowledgement waits for Redis
@@ -711,6 +722,9 @@ class ClusterNode(Backplane):
             if not await self.link.take_lease_of(node, seen, self.token, self.config.node_ttl):
                 return  # alive again, or adopted by another node now
             log.warning("cluster: node %r is gone: adopting its sessions and messages", node)
+            # What its sessions in Redis hold of its stream (written with them, fenced: it
+            # writes nothing more now), so that its stream is routed to them without copies.
+            routed_there = Routed.from_redis(await self.redis.hgetall(f"{PREFIX}seen:{node}"))
             owned = [c.decode() for c in await self.redis.smembers(f"{PREFIX}owned:{node}")]
             taken: set[str] = set()  # the client ids of the sessions adopted
             for start in range(0, len(owned), chunk):
@@ -737,7 +751,7 @@ class ClusterNode(Backplane):
                         log.warning("cluster: %s; not adopted", exc)
             await self._committed()  # the sessions' routes announced before the stream is read
             stream = self.stream_key(node)
-            routed = await self._drain(stream, taken)
+            routed = await self._drain(stream, taken, routed_there)
             filters = [f.decode() for f in await self.redis.hkeys(f"{PREFIX}routes:{node}")]
             pipe = self.redis.pipeline(transaction=False)
             for topic_filter in filters:
@@ -749,10 +763,10 @@ class ClusterNode(Backplane):
             # A node that had not heard of the routes above yet may still have written to
             # the stream: read it once more after a moment, then it goes.
             await asyncio.sleep(RETRY_SECONDS)
-            routed += await self._drain(stream, taken)
+            routed += await self._drain(stream, taken, routed_there)
             await self._committed()
             pipe = self.redis.pipeline(transaction=False)
-            pipe.delete(stream, f"{PREFIX}owned:{node}")
+            pipe.delete(stream, f"{PREFIX}owned:{node}", f"{PREFIX}seen:{node}")
             pipe.eval(LEAVE_SCRIPT, 1, lease, self.token)
             await pipe.execute()
             log.warning(
@@ -789,11 +803,12 @@ class ClusterNode(Backplane):
         except (RedisError, OSError) as exc:
             self._lost(exc)  # (the next sweep tries again)
 
-    async def _drain(self, stream: str, sessions: set[str]) -> int:
+    async def _drain(self, stream: str, sessions: set[str], seen: Routed) -> int:
         """Route here the entries of another node's stream it has not acknowledged (pending,
         then never read), to the ``sessions`` adopted from it only: they were sent for that
         node's subscribers, and this node's own had each message already (from its own stream,
-        or from its publisher here); this node's consumer acknowledges them once committed."""
+        or from its publisher here); this node's consumer acknowledges them once committed.
+        Not those its sessions in Redis hold (``seen``: what it wrote it had routed)."""
         entries: list[Any] = []
         try:
             cursor = "0-0"
@@ -820,7 +835,7 @@ class ClusterNode(Backplane):
         for entry_id, fields in entries:
             ids.append(entry_id)
             if fields:
-                self._arrived(fields[b"m"], sessions)
+                self._arrived(fields[b"m"], sessions, seen)
         if ids:
             await self._committed()
             await self.redis.xack(stream, GROUP, *ids)
@@ -923,11 +938,14 @@ class ClusterNode(Backplane):
             while self._ops or store.redis_waiters or (store.changes and not self._down):
                 ops, self._ops = self._ops, []
                 changes = store.take_changes()
+                seen = self._take_seen()  # (what those changes hold of the stream)
                 counted, self._counted = self._counted, 0
                 self._qos0_waiting = 0
                 self._dropping = False
                 waiters, store.redis_waiters = store.redis_waiters, []
-                kept = await self._try_send(ops, changes)
+                kept = await self._try_send(ops, changes, seen)
+                if seen is not None and not kept:
+                    self.seen.changed = True  # (written with the changes put back)
                 if kept is None:  # fenced: nothing of it counts; resynchronised, then on
                     self._unconfirmed -= counted
                     self._fence(waiters)
@@ -937,7 +955,7 @@ class ClusterNode(Backplane):
                     # (while Redis is unreachable, _back sends the outbox and says Redis is
                     # back as one step: nothing kept here after it can wait there unseen)
                     async with self._keeping:
-                        kept = await self._try_send(ops, changes)
+                        kept = await self._try_send(ops, changes, seen)
                         if kept is False:
                             kept = await self._keep(ops, changes)
                 if kept is None:
@@ -957,15 +975,30 @@ class ClusterNode(Backplane):
                     self._cut(waiters)
                 store.redis_done(waiters)
 
+    def _take_seen(self) -> dict[str, int] | None:
+        """This node's counters of what it routed (sequence.py), if they changed: written
+        with the session changes taken at the same time."""
+        seen = self.seen
+        if not seen.changed:
+            return None
+        seen.changed = False
+        taken = seen.snapshot()
+        if self._counter:
+            taken[self.origin] = self._counter  # (its own messages, routed here at once)
+        return taken
+
     async def _try_send(
-        self, ops: list[tuple[int, str, Any]], changes: dict[str, SessionChanges]
+        self,
+        ops: list[tuple[int, str, Any]],
+        changes: dict[str, SessionChanges],
+        seen: dict[str, int] | None = None,
     ) -> bool | None:
         """Send a batch to Redis if it is reachable: False if it is not (or stopped being),
         None if its session writes were fenced (this node's lease is not its own)."""
         if self._down:
             return False
         try:
-            if not await self._send(ops, changes):
+            if not await self._send(ops, changes, seen):
                 return None
         except (RedisError, OSError) as exc:
             self._lost(exc)
@@ -973,10 +1006,14 @@ class ClusterNode(Backplane):
         return True
 
     async def _send(
-        self, ops: list[tuple[int, str, Any]], changes: dict[str, SessionChanges]
+        self,
+        ops: list[tuple[int, str, Any]],
+        changes: dict[str, SessionChanges],
+        seen: dict[str, int] | None = None,
     ) -> bool:
-        """Send a batch: False if its session writes were fenced (see store.FENCED_WRITE)."""
-        if not ops and not changes:
+        """Send a batch: False if its session writes were fenced (see store.FENCED_WRITE).
+        ``seen``: this node's counters when ``changes`` were taken, written after them."""
+        if not ops and not changes and not seen:
             return True
         pipe = self.redis.pipeline(transaction=False)
         me = self.node_id
@@ -1007,6 +1044,9 @@ class ClusterNode(Backplane):
         written = ClusterStore.write_changes(
             pipe, changes, me, PREFIX, self.broker.clock(), self.token
         )
+        if seen:
+            pairs = [x for item in seen.items() for x in item]
+            pipe.eval(SEEN_SCRIPT, 2, self._lease_key, f"{PREFIX}seen:{me}", self.token, *pairs)
         for kind, name, data in ops:
             if kind == _XADD:
                 streams.setdefault(name, []).append(data)
@@ -1229,23 +1269,40 @@ class ClusterNode(Backplane):
             return
         self.router.retained.store(message)
 
-    def _arrived(self, data: bytes, sessions: set[str] | None = None) -> None:
+    def _arrived(
+        self, data: bytes, sessions: set[str] | None = None, seen: Routed | None = None
+    ) -> None:
         """Messages from another node: an entry of frames (see :func:`pack`). ``sessions``:
-        only to these client ids' plain subscriptions (a gone node's stream, see _drain)."""
+        only to these client ids' plain subscriptions (a gone node's stream, see _drain), and
+        ``seen`` what that node routed of it (default: this node's)."""
         self.lease_valid(self.broker.clock())
+        if seen is None:
+            seen = self.seen
         pos = 0
         end = len(data)
         while pos + 4 <= end:
             size = int.from_bytes(data[pos : pos + 4], "big")
-            self._arrived_one(data[pos + 4 : pos + 4 + size], sessions)
+            self._arrived_one(data[pos + 4 : pos + 4 + size], sessions, seen)
             pos += 4 + size
 
-    def _arrived_one(self, data: bytes, sessions: set[str] | None = None) -> None:
-        """A message from another node, framed as ``<1 or 0><shares>\\0<PUBLISH>``: routed to
-        this node's plain subscribers if the first byte is 1 (of ``sessions`` only, if given),
-        and to those of its shared groups named (separated by 0x1F) whose turn it is here."""
+    def _arrived_one(
+        self, data: bytes, sessions: set[str] | None = None, seen: Routed | None = None
+    ) -> None:
+        """A message from another node, framed as ``<1 or 0>[<id>\\x1e]<shares>\\0<PUBLISH>``:
+        routed to this node's plain subscribers if the first byte is 1 (of ``sessions`` only,
+        if given), and to those of its shared groups named (separated by 0x1F) whose turn it
+        is here. A QoS 1/2 message's id (sequence.py) that ``seen`` has already is a copy of
+        one routed before (a batch sent again): skipped."""
         now = self.broker.clock()
         header, _, packet = data.partition(b"\0")
+        ident, sep, names = header[1:].partition(b"\x1e")
+        found = None
+        if not sep:
+            names = ident  # (QoS 0: no id)
+        else:
+            found = parse_id(ident)
+            if found is not None and not (self.seen if seen is None else seen).first(*found):
+                return
         try:
             message = decode(packet, now)
         except MQTTError as exc:
@@ -1255,7 +1312,7 @@ class ClusterNode(Backplane):
         if match is None:
             return
         targets, groups = match
-        shares = set(header[1:].decode().split("\x1f")) if len(header) > 1 else set()
+        shares = set(names.decode().split("\x1f")) if names else set()
         if header[:1] != b"1":
             targets = []
         elif sessions is not None:
