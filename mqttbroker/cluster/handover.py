@@ -15,7 +15,9 @@ it; the new node builds it again and then lets the client's CONNECT go on, which
 
 The form is JSON: the session's owner, expiry, subscriptions with their options, its queued and
 in-flight QoS 1/2 messages (each an MQTT 5 PUBLISH, hex) with their packet ids and QoS 2 state,
-and the QoS 2 packet ids it has not released.
+and the QoS 2 packet ids it has not released; and the old node's counters of the messages it
+routed (``seen``, see sequence.py: the new node routes the session what it routed itself
+meanwhile and the old node had not).
 
 A persistent session is also kept in Redis while it lives (``session:<client id>``, a hash
 written by store.py, one field per part, so that a change is one field written): ``s`` its
@@ -66,7 +68,9 @@ def _subscription_state(sub: Subscription) -> list[Any]:
     ]
 
 
-def serialise(session: Session, now: float) -> bytes:
+def serialise(session: Session, now: float, seen: dict[str, int] | None = None) -> bytes:
+    """The session as a hand-over's answer; ``seen``: the counters of each origin the
+    session got every message up to (sequence.py), for the new node to route it the rest."""
     from .node import encode
 
     deliveries = []
@@ -82,6 +86,7 @@ def serialise(session: Session, now: float) -> bytes:
             "deliveries": deliveries,
             "releases": sorted(session.awaiting_release),
             "next_packet_id": session.next_packet_id,
+            "seen": seen or {},
         }
     ).encode()
 

@@ -74,7 +74,7 @@ from .ownership import (
 )
 from .redis_client import redis_client
 from .routes import RouteTable
-from .sequence import Routed, new_origin, parse_id
+from .sequence import REPLAY_SECONDS, Recent, Routed, new_origin, parse_id
 from .store import FENCED_WRITE, ClusterStore, SessionChanges
 
 if TYPE_CHECKING:
@@ -243,10 +243,20 @@ class ClusterNode(Backplane):
         self._leased = False
         self._qos0_waiting = 0  # QoS 0 copies queued for the next write
         # Message ids (sequence.py): this run's origin and counter, the counters routed here of
-        # each origin.
+        # each origin, what was routed here lately, and the counters sessions came with.
         self.origin = new_origin(self.node_id)
         self._counter = 0
         self.seen = Routed()
+        self.recent = Recent()
+        self._inherited: dict[str, tuple[float, dict[str, int]]] = {}
+        # Sessions handed to other nodes lately: their plain filters (client id as the "node"),
+        # and until when / to which node what this node routes for them is forwarded.
+        self._leaving = RouteTable(1024)
+        self._left: dict[str, tuple[float, str]] = {}
+        self._forwards = Recent()  # forwarded messages routed here (their ids only)
+        # ... and to which sessions (also the messages of a gone node's stream, see _drain)
+        self._forwarded_to: dict[tuple[str, int], set[str]] = {}
+        self._early: dict[str, list[tuple[float, str, int, Message]]] = {}  # before the session
         self._dropping = False  # dropping QoS 0 copies (logged once until they flow again)
 
     def unready(self) -> str | None:
@@ -505,10 +515,14 @@ class ClusterNode(Backplane):
             self._queue(_RETAIN, message.topic, (encode(message, now), not message.payload))
         qos = message.qos
         if qos:
-            self._counter += 1
+            self._counter = counter = self._counter + 1
+            self.recent.add(now, self.origin, counter, message)
             self.seen.changed = True  # (its counter is written with the session changes)
         plain, shares = self.routes.match(message.topic)
         if not plain and not shares:
+            if qos and self._left:
+                ident = f"{self.origin}\x1d{self._counter}".encode()
+                self._forward(message.topic, ident, encode(message, now), now, ())
             return 0, groups
         chosen: dict[str, list[str]] = {}  # node -> the shared subscriptions it serves
         if shares:
@@ -545,6 +559,8 @@ class ClusterNode(Backplane):
             self._queue(_XADD if qos else _PUB, node, data)
         if qos:
             self._hold(len(targets))  # the publisher's acknowledgement waits for Redis
+            if self._left:  # (after: a node gets the message itself before a forward)
+                self._forward(message.topic, ident[:-1], packet, now, plain)
         return len(targets), groups
 
     def route_added(self, topic_filter: str) -> None:
@@ -657,7 +673,9 @@ class ClusterNode(Backplane):
                     return MQTTError(state["reason"], state["refused"])
                 if kind is Answer.SESSION:
                     assert data is not None
-                    self._restore(client_id, _answer(client_id, data))
+                    state = _answer(client_id, data)
+                    self._restore(client_id, state)
+                    self._replay(client_id, state.get("seen"))
                     log.info(
                         "cluster: client %s: session taken over from node %r", client_id, owner
                     )
@@ -703,9 +721,147 @@ class ClusterNode(Backplane):
                     break
         return await link.abandon(reply)
 
+    def _seen_for(self, client_id: str, now: float) -> dict[str, int]:
+        """The counters of each origin (sequence.py) that ``client_id``'s session, leaving
+        this node now, got every message up to: what this node routed (its own messages
+        among it), and what the session came here with."""
+        seen = self.seen.snapshot()
+        seen[self.origin] = self._counter
+        came = self._inherited.pop(client_id, None)
+        if came is not None and came[0] > now - REPLAY_SECONDS:
+            for origin, counter in came[1].items():
+                if counter > seen.get(origin, 0):
+                    seen[origin] = counter
+        return seen
+
+    def _replay(self, client_id: str, seen: Any) -> None:
+        """The session of ``client_id`` came from a node that had routed each origin's
+        messages up to ``seen``: route it what this node routed lately above that (the
+        messages that reached this node before the session did, and that node after it was
+        gone), before anything newer."""
+        session = self.broker.sessions.get(client_id)
+        if session is None or not isinstance(seen, dict):
+            return
+        now = self.broker.clock()
+        inherited = self._inherited
+        if len(inherited) > 1000:
+            for key in [k for k, (t, _) in inherited.items() if t < now - REPLAY_SECONDS]:
+                del inherited[key]
+        inherited[client_id] = (now, seen)
+        count = 0
+        for message in list(self.recent.missed(client_id, seen, now)):
+            count += self._deliver_to(client_id, message, now)
+        for when, origin, counter, message in self._early.pop(client_id, ()):
+            if when > now - REPLAY_SECONDS and not self._routed(origin, counter):
+                self._got_forward(client_id, origin, counter, now)
+                count += self._deliver_to(client_id, message, now)
+        if count:
+            log.info(
+                "cluster: client %s: %d messages routed here before its session came",
+                client_id,
+                count,
+            )
+
+    def _deliver_to(self, client_id: str, message: Message, now: float) -> int:
+        """``message`` to the plain subscriptions of ``client_id``'s session here: 1 if any."""
+        router = self.router
+        match = router.lookup(message.topic)
+        if match is None:
+            return 0
+        targets = [t for t in match[0] if t[0].client_id == client_id]
+        if not targets:
+            return 0
+        router.publish(message, (targets, []), None, now)
+        return 1
+
+    def _got_forward(self, client_id: str, origin: str, counter: int, now: float) -> None:
+        """A forwarded message went to ``client_id``'s session: if its own copy comes to this
+        node later, it is not routed to that session again (_arrived_one)."""
+        self._got_message({client_id}, origin, counter, now)
+
+    def _got_message(self, sessions: set[str], origin: str, counter: int, now: float) -> None:
+        forwards = self._forwards
+        forwards.add(now, origin, counter, None)
+        got = self._forwarded_to
+        got[(origin, counter)] = sessions
+        if len(got) > len(forwards.ids):
+            for key in [k for k in got if k not in forwards.ids]:
+                del got[key]
+
+    def _routed(self, origin: str, counter: int) -> bool:
+        return self.recent.has(origin, counter) or self._forwards.has(origin, counter)
+
+    def _went(self, client_id: str, node: str, session: Session, now: float) -> None:
+        """``client_id``'s session was handed to ``node``: for REPLAY_SECONDS, what this node
+        routes for its plain subscriptions goes there too (_forward). A publisher's node
+        learns of the new node's route a moment after the session got there; until then it
+        sends only here."""
+        left = self._left
+        if len(left) > 1000:
+            for gone in [k for k, (until, _) in left.items() if until < now]:
+                self._stop_forwarding(gone)
+        filters = {s.topic_filter for s in session.subscriptions.values()}
+        self._leaving.replace(client_id, {f for f in filters if not f.startswith("$share/")})
+        left[client_id] = (now + REPLAY_SECONDS, node)
+
+    def _stop_forwarding(self, client_id: str) -> None:
+        if self._left.pop(client_id, None) is not None:
+            self._leaving.replace(client_id, set())
+
+    def _forward(self, topic: str, ident: bytes, packet: bytes, now: float, sent: Any = ()) -> None:
+        """A QoS 1/2 message routed here (``ident`` its id, ``packet`` its PUBLISH): to the
+        nodes that sessions matching it went to lately, for them only (``f`` frames), but
+        those ``sent`` it for their plain subscriptions already. Their node routes it to the
+        session unless it routed it itself (_forwarded)."""
+        plain, _ = self._leaving.match(topic)
+        for client_id in plain:
+            left = self._left.get(client_id)
+            if left is None:
+                continue
+            until, node = left
+            if now > until:
+                self._stop_forwarding(client_id)
+                continue
+            if client_id in self.broker.sessions or node in sent:
+                continue  # (back here, or the node has the message anyway)
+            frame = b"f" + ident + b"\x1e" + client_id.encode() + b"\0" + packet
+            self._queue(_XADD, node, frame)
+            self._hold(1)  # (the acknowledgement of what it came with waits for it)
+
+    def _forwarded(
+        self, client_id: str, found: tuple[str, int], data: bytes, packet: bytes, now: float
+    ) -> None:
+        """A message forwarded by the node ``client_id``'s session came from (_forward):
+        routed to that session unless this node routed it itself (before the session came,
+        it was routed to it then, see _replay, or not needed; after, directly). Before the
+        session is here, it waits for it a moment; a session gone on is forwarded on."""
+        origin, counter = found
+        if self._routed(origin, counter):
+            return
+        try:
+            message = decode(packet, now)
+        except MQTTError as exc:
+            log.warning("cluster: message from Redis not readable, skipped: %s", exc)
+            return
+        if client_id in self.broker.sessions:
+            self._got_forward(client_id, origin, counter, now)
+            self._deliver_to(client_id, message, now)
+            return
+        left = self._left.get(client_id)
+        if left is not None and now <= left[0]:
+            self._queue(_XADD, left[1], data)
+            self._hold(1)
+            return
+        early = self._early
+        if len(early) > 1000:
+            for key in [k for k, v in early.items() if v[-1][0] < now - REPLAY_SECONDS]:
+                del early[key]
+        early.setdefault(client_id, []).append((now, origin, counter, message))
+
     def _restore(self, client_id: str, data: bytes | dict[str, Any], away: bool = False) -> None:
         """A session from another node or from Redis, built here and written afresh there."""
         session = restore(self.broker, client_id, data, away)
+        self._stop_forwarding(client_id)
         if session.persistent:
             self.store.rewrite_all(session)
 
@@ -749,9 +905,10 @@ class ClusterNode(Backplane):
                         taken.add(client_id)
                     except MQTTError as exc:
                         log.warning("cluster: %s; not adopted", exc)
+            restored = self.broker.clock()  # (what this node routes from now on, they get)
             await self._committed()  # the sessions' routes announced before the stream is read
             stream = self.stream_key(node)
-            routed = await self._drain(stream, taken, routed_there)
+            routed = await self._drain(stream, taken, routed_there, restored)
             filters = [f.decode() for f in await self.redis.hkeys(f"{PREFIX}routes:{node}")]
             pipe = self.redis.pipeline(transaction=False)
             for topic_filter in filters:
@@ -763,8 +920,13 @@ class ClusterNode(Backplane):
             # A node that had not heard of the routes above yet may still have written to
             # the stream: read it once more after a moment, then it goes.
             await asyncio.sleep(RETRY_SECONDS)
-            routed += await self._drain(stream, taken, routed_there)
+            routed += await self._drain(stream, taken, routed_there, restored)
             await self._committed()
+            # What the sessions got there (and here from its stream), for their next move.
+            now = self.broker.clock()
+            got = routed_there.snapshot()
+            for client_id in taken:
+                self._inherited[client_id] = (now, got)
             pipe = self.redis.pipeline(transaction=False)
             pipe.delete(stream, f"{PREFIX}owned:{node}", f"{PREFIX}seen:{node}")
             pipe.eval(LEAVE_SCRIPT, 1, lease, self.token)
@@ -803,12 +965,14 @@ class ClusterNode(Backplane):
         except (RedisError, OSError) as exc:
             self._lost(exc)  # (the next sweep tries again)
 
-    async def _drain(self, stream: str, sessions: set[str], seen: Routed) -> int:
+    async def _drain(self, stream: str, sessions: set[str], seen: Routed, since: float) -> int:
         """Route here the entries of another node's stream it has not acknowledged (pending,
         then never read), to the ``sessions`` adopted from it only: they were sent for that
         node's subscribers, and this node's own had each message already (from its own stream,
         or from its publisher here); this node's consumer acknowledges them once committed.
-        Not those its sessions in Redis hold (``seen``: what it wrote it had routed)."""
+        Not those its sessions in Redis hold (``seen``: what it wrote it had routed), nor
+        those this node routed itself ``since`` the sessions came (they had them then); one
+        of this node's own copies coming later is not routed to them again."""
         entries: list[Any] = []
         try:
             cursor = "0-0"
@@ -835,7 +999,7 @@ class ClusterNode(Backplane):
         for entry_id, fields in entries:
             ids.append(entry_id)
             if fields:
-                self._arrived(fields[b"m"], sessions, seen)
+                self._arrived(fields[b"m"], sessions, seen, since)
         if ids:
             await self._committed()
             await self.redis.xack(stream, GROUP, *ids)
@@ -905,7 +1069,9 @@ class ClusterNode(Backplane):
                     )
                 broker.end_session(session, now)
             else:
-                answer = serialise(session, now)
+                answer = serialise(session, now, self._seen_for(client_id, now))
+                self.recent.left(client_id, now)
+                self._went(client_id, requester, session, now)
                 forget(broker, session)
         self._queue(_REPLY, reply, (client_id, answer, requester))
 
@@ -1270,7 +1436,11 @@ class ClusterNode(Backplane):
         self.router.retained.store(message)
 
     def _arrived(
-        self, data: bytes, sessions: set[str] | None = None, seen: Routed | None = None
+        self,
+        data: bytes,
+        sessions: set[str] | None = None,
+        seen: Routed | None = None,
+        since: float = 0.0,
     ) -> None:
         """Messages from another node: an entry of frames (see :func:`pack`). ``sessions``:
         only to these client ids' plain subscriptions (a gone node's stream, see _drain), and
@@ -1282,11 +1452,15 @@ class ClusterNode(Backplane):
         end = len(data)
         while pos + 4 <= end:
             size = int.from_bytes(data[pos : pos + 4], "big")
-            self._arrived_one(data[pos + 4 : pos + 4 + size], sessions, seen)
+            self._arrived_one(data[pos + 4 : pos + 4 + size], sessions, seen, since)
             pos += 4 + size
 
     def _arrived_one(
-        self, data: bytes, sessions: set[str] | None = None, seen: Routed | None = None
+        self,
+        data: bytes,
+        sessions: set[str] | None = None,
+        seen: Routed | None = None,
+        since: float = 0.0,
     ) -> None:
         """A message from another node, framed as ``<1 or 0>[<id>\\x1e]<shares>\\0<PUBLISH>``:
         routed to this node's plain subscribers if the first byte is 1 (of ``sessions`` only,
@@ -1297,21 +1471,39 @@ class ClusterNode(Backplane):
         header, _, packet = data.partition(b"\0")
         ident, sep, names = header[1:].partition(b"\x1e")
         found = None
+        flag = header[:1]
         if not sep:
             names = ident  # (QoS 0: no id)
         else:
             found = parse_id(ident)
+            if flag == b"f":  # forwarded for a session that came here (_forward)
+                if found is not None and sessions is None:
+                    self._forwarded(names.decode(), found, data, packet, now)
+                return
             if found is not None and not (self.seen if seen is None else seen).first(*found):
                 return
+            if found is not None and sessions is not None:  # (a gone node's stream)
+                at = self.recent.when(*found)
+                if at is not None and at >= since:
+                    return  # routed here (to those sessions too) after they came
+                self._got_message(sessions, found[0], found[1], now)
         try:
             message = decode(packet, now)
         except MQTTError as exc:
             log.warning("cluster: message from Redis not readable, skipped: %s", exc)
             return
+        if found is not None and sessions is None and flag == b"1":
+            self.recent.add(now, found[0], found[1], message)
+            if self._left:
+                self._forward(message.topic, ident, packet, now)
         match = self.router.lookup(message.topic)
         if match is None:
             return
         targets, groups = match
+        if found is not None and sessions is None and self._forwarded_to:
+            got = self._forwarded_to.get(found)
+            if got is not None:  # (those sessions had it forwarded already)
+                targets = [t for t in targets if t[0].client_id not in got]
         shares = set(names.decode().split("\x1f")) if names else set()
         if header[:1] != b"1":
             targets = []

@@ -1,5 +1,5 @@
-"""Which QoS 1/2 message is which across nodes: an id given where it was published, and what a
-node routed of each origin. Sans I/O, like ownership.py.
+"""Which QoS 1/2 message is which across nodes: an id given where it was published, what a node
+routed of each origin, and the messages it routed lately. Sans I/O, like ownership.py.
 
 A QoS 1/2 message that leaves its node carries an id: ``<origin>`` (the node id and a random
 word new each run) and a counter, ``<origin>\\x1d<n>`` in its frame (node.py). One origin adds
@@ -13,12 +13,24 @@ reading a stream sees each origin's counters rise, and:
   after a crash. Routing it again would deliver a QoS 2 message twice. A node writes its
   ``Routed`` to Redis with the session changes it covers (``seen:<node>``, fenced like them):
   a node adopting it routes from its stream only what its sessions in Redis do not hold.
+- **A session that moves misses nothing.** When node A hands a session over to node B, the
+  messages for it that B read before it had the session and A reads only after it gave the
+  session up would reach it from neither (both have the route: each publisher's node sends a
+  copy to each). A's answer carries A's ``Routed``: every message of an origin up to its
+  counter there went to the session at A (or before, to where it was then). B keeps the
+  messages it routed lately (:class:`Recent`) and routes to the session those above A's
+  counters, before anything newer.
 """
 
 from __future__ import annotations
 
 import secrets
+from collections import deque
+from collections.abc import Iterator
 from typing import Any
+
+REPLAY_SECONDS = 10.0  # how long a node keeps what it routed, for a session arriving
+REPLAY_MAX = 50_000  # ... at most this many messages
 
 
 def new_origin(node_id: str) -> str:
@@ -67,3 +79,60 @@ class Routed:
             except (TypeError, ValueError):
                 continue
         return Routed(highest)
+
+
+class Recent:
+    """The messages a node routed for its plain subscriptions lately (from its stream, or from
+    its own publishers): ``(when, origin, counter, message)``, oldest first; and the sessions
+    it handed to other nodes lately (what it routed before that went to them here)."""
+
+    __slots__ = ("entries", "ids", "away", "seconds", "limit")
+
+    def __init__(self, seconds: float = REPLAY_SECONDS, limit: int = REPLAY_MAX) -> None:
+        self.entries: deque[tuple[float, str, int, Any]] = deque()
+        self.ids: dict[tuple[str, int], float] = {}  # (origin, counter) -> when
+        self.away: dict[str, float] = {}  # client id -> when it left this node
+        self.seconds = seconds
+        self.limit = limit
+
+    def add(self, now: float, origin: str, counter: int, message: Any) -> None:
+        entries = self.entries
+        entries.append((now, origin, counter, message))
+        self.ids[(origin, counter)] = now
+        if len(entries) > self.limit or entries[0][0] < now - self.seconds:
+            self._trim(now)
+
+    def has(self, origin: str, counter: int) -> bool:
+        """Whether this node routed that message lately."""
+        return (origin, counter) in self.ids
+
+    def when(self, origin: str, counter: int) -> float | None:
+        """When this node routed that message, if lately."""
+        return self.ids.get((origin, counter))
+
+    def _trim(self, now: float) -> None:
+        entries = self.entries
+        ids = self.ids
+        oldest = now - self.seconds
+        while entries and (len(entries) > self.limit or entries[0][0] < oldest):
+            _, origin, counter, _ = entries.popleft()
+            ids.pop((origin, counter), None)
+
+    def left(self, client_id: str, now: float) -> None:
+        """``client_id``'s session went to another node at ``now``."""
+        away = self.away
+        away[client_id] = now
+        if len(away) > 1000:
+            oldest = now - self.seconds
+            for key in [k for k, t in away.items() if t < oldest]:
+                del away[key]
+
+    def missed(self, client_id: str, seen: dict[str, int], now: float) -> Iterator[Any]:
+        """The messages routed here lately that the session of ``client_id``, coming from a
+        node whose ``Routed`` was ``seen``, did not get there: above that node's counter of
+        their origin, and routed here after the session was last here. Oldest first."""
+        self._trim(now)
+        since = self.away.pop(client_id, float("-inf"))
+        for when, origin, counter, message in self.entries:
+            if when > since and counter > seen.get(origin, 0):
+                yield message

@@ -1,9 +1,10 @@
 """Message ids across nodes (mqttbroker/cluster/sequence.py), sans I/O: a copy of a message
-routed already is known by its id."""
+routed already is known by its id, and a session arriving from another node is routed what
+this node routed meanwhile and the other had not."""
 
 from __future__ import annotations
 
-from mqttbroker.cluster.sequence import Routed, new_origin, parse_id
+from mqttbroker.cluster.sequence import Recent, Routed, new_origin, parse_id
 
 
 def test_an_id_is_read_back_and_a_frame_without_one_is_not() -> None:
@@ -23,3 +24,30 @@ def test_a_copy_of_a_message_routed_already_is_not_new() -> None:
     assert routed.first("a.1", 3)
     assert routed.changed
     assert Routed.from_redis({b"a.1": b"3", b"b.1": b"1"}).highest == {"a.1": 3, "b.1": 1}
+
+
+def test_a_session_arriving_gets_what_it_missed_oldest_first() -> None:
+    recent = Recent(seconds=10.0)
+    for counter in range(1, 6):
+        recent.add(float(counter), "a.1", counter, f"a{counter}")
+    recent.add(5.5, "b.1", 1, "b1")
+    # The node it comes from had routed a's messages up to 3, none of b's.
+    assert list(recent.missed("dev", {"a.1": 3}, 6.0)) == ["a4", "a5", "b1"]
+
+
+def test_what_was_routed_while_the_session_was_here_is_not_routed_again() -> None:
+    recent = Recent(seconds=10.0)
+    recent.add(1.0, "a.1", 1, "a1")  # routed here to the session itself
+    recent.left("dev", 2.0)  # handed over to another node
+    recent.add(3.0, "a.1", 2, "a2")
+    assert list(recent.missed("dev", {}, 4.0)) == ["a2"]
+
+
+def test_only_the_last_seconds_are_kept() -> None:
+    recent = Recent(seconds=10.0, limit=3)
+    recent.add(0.0, "a.1", 1, "a1")
+    recent.add(11.0, "a.1", 2, "a2")
+    assert list(recent.missed("dev", {}, 11.0)) == ["a2"]
+    for counter in range(3, 7):
+        recent.add(12.0, "a.1", counter, f"a{counter}")
+    assert list(recent.missed("dev", {}, 12.0)) == ["a4", "a5", "a6"]
