@@ -233,6 +233,8 @@ class ClusterNode(Backplane):
         self._counted = 0  # ... of them, those not yet taken by the writer
         self._retry: list[tuple[int, str, Any]] = []  # writes to send once Redis is back
         self._adopting = asyncio.Lock()
+        self._holding: set[str] = set()  # client ids of sessions being adopted here
+        self._deferred: list[bytes] = []  # hand-over requests for them, answered after
         self._missing: dict[str, float] = {}  # other node -> when it was first seen gone
         self._wake = asyncio.Event()  # the writer has something to do
         self._gone = asyncio.Event()  # Redis was lost (or the lease): resynchronise once back
@@ -882,61 +884,70 @@ class ClusterNode(Backplane):
             # writes nothing more now), so that its stream is routed to them without copies.
             routed_there = Routed.from_redis(await self.redis.hgetall(f"{PREFIX}seen:{node}"))
             owned = [c.decode() for c in await self.redis.smembers(f"{PREFIX}owned:{node}")]
-            taken: set[str] = set()  # the client ids of the sessions adopted
-            for start in range(0, len(owned), chunk):
-                part = owned[start : start + chunk]
+            # Hand-overs of these sessions wait until their messages are routed to them here
+            # (_hand_over): a session handed on before would miss what is in its stream.
+            self._holding.update(owned)
+            try:
+                taken: set[str] = set()  # the client ids of the sessions adopted
+                for start in range(0, len(owned), chunk):
+                    part = owned[start : start + chunk]
+                    pipe = self.redis.pipeline(transaction=False)
+                    for client_id in part:
+                        pipe.eval(
+                            TAKE_SCRIPT,
+                            2,
+                            f"{PREFIX}client:{client_id}",
+                            f"{PREFIX}session:{client_id}",
+                            node,
+                            self.node_id,
+                            "1" if client_id == claiming else "",
+                        )
+                    for client_id, found in zip(part, await pipe.execute(), strict=True):
+                        if not found:
+                            continue
+                        fields = dict(zip(found[::2], found[1::2], strict=True))
+                        try:
+                            self._restore(client_id, from_hash(client_id, fields), away=True)
+                            taken.add(client_id)
+                        except MQTTError as exc:
+                            log.warning("cluster: %s; not adopted", exc)
+                restored = self.broker.clock()  # (what this node routes from now on, they get)
+                await self._committed()  # the sessions' routes announced before the stream is read
+                stream = self.stream_key(node)
+                routed = await self._drain(stream, taken, routed_there, restored)
+                filters = [f.decode() for f in await self.redis.hkeys(f"{PREFIX}routes:{node}")]
                 pipe = self.redis.pipeline(transaction=False)
-                for client_id in part:
-                    pipe.eval(
-                        TAKE_SCRIPT,
-                        2,
-                        f"{PREFIX}client:{client_id}",
-                        f"{PREFIX}session:{client_id}",
-                        node,
-                        self.node_id,
-                        "1" if client_id == claiming else "",
-                    )
-                for client_id, found in zip(part, await pipe.execute(), strict=True):
-                    if not found:
-                        continue
-                    fields = dict(zip(found[::2], found[1::2], strict=True))
-                    try:
-                        self._restore(client_id, from_hash(client_id, fields), away=True)
-                        taken.add(client_id)
-                    except MQTTError as exc:
-                        log.warning("cluster: %s; not adopted", exc)
-            restored = self.broker.clock()  # (what this node routes from now on, they get)
-            await self._committed()  # the sessions' routes announced before the stream is read
-            stream = self.stream_key(node)
-            routed = await self._drain(stream, taken, routed_there, restored)
-            filters = [f.decode() for f in await self.redis.hkeys(f"{PREFIX}routes:{node}")]
-            pipe = self.redis.pipeline(transaction=False)
-            for topic_filter in filters:
-                pipe.publish(ROUTES, f"-{node}\0{topic_filter}")
-            pipe.delete(f"{PREFIX}routes:{node}")
-            pipe.srem(PREFIX + "nodes", node)
-            await pipe.execute()
-            self.routes.replace(node, set())
-            # A node that had not heard of the routes above yet may still have written to
-            # the stream: read it once more after a moment, then it goes.
-            await asyncio.sleep(RETRY_SECONDS)
-            routed += await self._drain(stream, taken, routed_there, restored)
-            await self._committed()
-            # What the sessions got there (and here from its stream), for their next move.
-            now = self.broker.clock()
-            got = routed_there.snapshot()
-            for client_id in taken:
-                self._inherited[client_id] = (now, got)
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.delete(stream, f"{PREFIX}owned:{node}", f"{PREFIX}seen:{node}")
-            pipe.eval(LEAVE_SCRIPT, 1, lease, self.token)
-            await pipe.execute()
-            log.warning(
-                "cluster: node %r adopted: %d sessions, %d stream entries routed here",
-                node,
-                len(taken),
-                routed,
-            )
+                for topic_filter in filters:
+                    pipe.publish(ROUTES, f"-{node}\0{topic_filter}")
+                pipe.delete(f"{PREFIX}routes:{node}")
+                pipe.srem(PREFIX + "nodes", node)
+                await pipe.execute()
+                self.routes.replace(node, set())
+                # A node that had not heard of the routes above yet may still have written to
+                # the stream: read it once more after a moment, then it goes.
+                await asyncio.sleep(RETRY_SECONDS)
+                routed += await self._drain(stream, taken, routed_there, restored)
+                await self._committed()
+                # What the sessions got there (and here from its stream), for their next move.
+                now = self.broker.clock()
+                got = routed_there.snapshot()
+                for client_id in taken:
+                    self._inherited[client_id] = (now, got)
+                pipe = self.redis.pipeline(transaction=False)
+                pipe.delete(stream, f"{PREFIX}owned:{node}", f"{PREFIX}seen:{node}")
+                pipe.eval(LEAVE_SCRIPT, 1, lease, self.token)
+                await pipe.execute()
+                log.warning(
+                    "cluster: node %r adopted: %d sessions, %d stream entries routed here",
+                    node,
+                    len(taken),
+                    routed,
+                )
+            finally:
+                self._holding.difference_update(owned)
+                waiting, self._deferred = self._deferred, []
+                for request in waiting:
+                    self._hand_over(request)
 
     async def _sweep(self) -> None:
         """Adopt the nodes gone for ``adopt_after`` seconds (as seen from here)."""
@@ -1032,6 +1043,9 @@ class ClusterNode(Backplane):
                 raise TypeError(user)
         except (ValueError, KeyError, TypeError):
             log.warning("cluster: control request not readable, ignored")
+            return
+        if client_id in self._holding:
+            self._deferred.append(data)  # (answered once its adoption here is done)
             return
         broker = self.broker
         if not self.lease_valid(broker.clock()):
