@@ -553,12 +553,14 @@ class ClusterNode(Backplane):
                 return 0, groups
             self._qos0_waiting += len(targets)
         packet = encode(message, now)
+        # (a persistent session's: given up if the session moved meanwhile, see _back)
+        moves = publisher.client_id if publisher.persistent else None
         # (QoS 1/2: the message's id, then 0x1E, before the shared subscriptions)
         ident = f"{self.origin}\x1d{self._counter}\x1e".encode() if qos else b""
         for node in targets:
             header = b"1" if node in plain else b"0"
             data = header + ident + "\x1f".join(chosen.get(node, ())).encode() + b"\0" + packet
-            self._queue(_XADD if qos else _PUB, node, data)
+            self._queue(_XADD, node, (data, moves)) if qos else self._queue(_PUB, node, data)
         if qos:
             self._hold(len(targets))  # the publisher's acknowledgement waits for Redis
             if self._left:  # (after: a node gets the message itself before a forward)
@@ -827,7 +829,7 @@ class ClusterNode(Backplane):
             if client_id in self.broker.sessions or node in sent:
                 continue  # (back here, or the node has the message anyway)
             frame = b"f" + ident + b"\x1e" + client_id.encode() + b"\0" + packet
-            self._queue(_XADD, node, frame)
+            self._queue(_XADD, node, (frame, None))
             self._hold(1)  # (the acknowledgement of what it came with waits for it)
 
     def _forwarded(
@@ -851,7 +853,7 @@ class ClusterNode(Backplane):
             return
         left = self._left.get(client_id)
         if left is not None and now <= left[0]:
-            self._queue(_XADD, left[1], data)
+            self._queue(_XADD, left[1], (data, None))
             self._hold(1)
             return
         early = self._early
@@ -1117,6 +1119,9 @@ class ClusterNode(Backplane):
             self._wake.clear()
             while self._ops or store.redis_waiters or (store.changes and not self._down):
                 ops, self._ops = self._ops, []
+                # (a node that wakes up past its lease sends nothing before it is resynchronised:
+                # its sessions may be another node's, and their messages with them, see _back)
+                self.lease_valid(self.broker.clock())
                 changes = store.take_changes()
                 seen = self._take_seen()  # (what those changes hold of the stream)
                 counted, self._counted = self._counted, 0
@@ -1229,7 +1234,7 @@ class ClusterNode(Backplane):
             pipe.eval(SEEN_SCRIPT, 2, self._lease_key, f"{PREFIX}seen:{me}", self.token, *pairs)
         for kind, name, data in ops:
             if kind == _XADD:
-                streams.setdefault(name, []).append(data)
+                streams.setdefault(name, []).append(data[0])
             elif kind == _PUB:
                 channels.setdefault(name, []).append(data)
             elif kind == _ROUTE:
@@ -1324,7 +1329,7 @@ class ClusterNode(Backplane):
                 # Its requester gets no answer (it gives the client id back): the session
                 # handed over stays here (if Redis took it after all, _owned_sessions sees).
                 self._restore(data[0], data[1])
-        frames = [(name, data) for kind, name, data in ops if kind == _XADD]
+        frames = [(name, data[0]) for kind, name, data in ops if kind == _XADD]
         if not frames:
             return True
         if not self.outbox.has_room(sum(len(data) for _, data in frames)):
@@ -1337,6 +1342,27 @@ class ClusterNode(Backplane):
             )
             return False
         return True
+
+    def _give_up_moved(self) -> None:
+        """The messages waiting to be sent that clients of sessions now on other nodes
+        published here: not sent (their acknowledgements were not: the clients send them
+        again there, where the session is; sent from here too, they would come twice)."""
+        sessions = self.broker.sessions
+        kept = []
+        for op in self._ops:
+            if op[0] == _XADD and op[2][1] is not None and op[2][1] not in sessions:
+                continue
+            kept.append(op)
+        dropped = len(self._ops) - len(kept)
+        if dropped:
+            self._ops = kept
+            self._unconfirmed -= dropped
+            self._counted -= dropped
+            log.warning(
+                "cluster: %d messages for other nodes not sent: their publishers' sessions "
+                "moved to other nodes while this one's lease had run out",
+                dropped,
+            )
 
     async def _send_outbox(self) -> int:
         """Send what the outbox kept while Redis was unreachable, oldest first."""
@@ -1384,6 +1410,8 @@ class ClusterNode(Backplane):
             await self._prepare()
             await self._resync()
             given_up = await self._owned_sessions()
+            if given_up:
+                self._give_up_moved()
             async with self._keeping:  # (the writer keeps nothing more in the outbox meanwhile)
                 sent = await self._send_outbox()
                 if self._retry:

@@ -2,11 +2,13 @@
 entry written twice (a batch sent again after Redis took it and its answer was lost) or read
 twice (a node killed between committing a delivery and acknowledging the entry) delivers a
 QoS 2 message once; a session handed over gets the messages that reached its new node before
-it did and its old node only after it had gone (sequence.py)."""
+it did and its old node only after it had gone (sequence.py); a node woken past its lease does
+not send what the clients of sessions adopted meanwhile published there."""
 
 from __future__ import annotations
 
 import signal
+import time
 from collections import Counter
 from typing import Any
 
@@ -255,4 +257,46 @@ def test_a_message_of_an_adopted_stream_is_not_routed_again_from_the_adopters_ow
     assert Counter(payloads(again)) == {b"m1": 1, b"m2": 1}
     assert Counter(payloads(local)) == {b"m1": 1, b"m2": 1}
     for c in (again, local, pub):
+        c.close()
+
+
+def test_a_node_woken_past_its_lease_does_not_send_what_a_moved_session_published(
+    start_node: Any,
+) -> None:
+    """The publisher's QoS 2 message reaches b while b is frozen (SIGSTOP) past its lease;
+    its session is adopted by a, where the publisher sends the message again (b never
+    answered it). When b wakes (SIGCONT) it reads the stale copy: the session is a's now,
+    so b does not send it on, and the subscriber gets the message once."""
+    a = start_node("a")
+    b = start_node("b")
+    client_id = unique("stale-pub")
+    topic = unique("stale")
+    sub = client(a)
+    sub.subscribe(topic, qos=2)
+    first = device(b, client_id, clean=True)
+    first.connect()
+    until_routed(first, sub, topic)
+    b.send_signal(signal.SIGSTOP)
+    try:
+        first.publish(topic, b"m1", qos=2, wait=False)  # (b reads it when it wakes)
+        moved = None
+        deadline = time.monotonic() + 60
+        while moved is None:  # b's lease runs out, then a adopts it
+            again = device(a, client_id, clean=False)
+            if again.connect(expect_success=False) == 0:
+                moved = again
+                break
+            assert time.monotonic() < deadline, "a never adopted b"
+            again.close()
+            time.sleep(1)
+        assert moved.session_present, a.log_text()
+        assert moved.wait_published(moved.publish(topic, b"m1", qos=2, wait=False)) == 0
+        wait_for(lambda: b"m1" in payloads(sub), "m1, sent again on a")
+    finally:
+        b.send_signal(signal.SIGCONT)
+    assert b.wait_for_log(r"reachable again; routes resynchronised", 30) is not None
+    assert moved.wait_published(moved.publish(topic, b"m2", qos=2, wait=False)) == 0
+    wait_for(lambda: b"m2" in payloads(sub), "m2")
+    assert Counter(payloads(sub)) == {b"m1": 1, b"m2": 1}
+    for c in (moved, sub):
         c.close()
