@@ -4,13 +4,10 @@ asserted here."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support.launcher import read_jsonl, run_module
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -18,20 +15,11 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.needs_redis
 def test_cluster_benchmark_smoke(tmp_path: Path) -> None:
     out = tmp_path / "cluster.jsonl"
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.cluster", "--smoke", "--scenarios", "3"]
-        + ["--setups", "cross-node", "--out", str(out)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    args = ("--smoke", "--scenarios", "3", "--setups", "cross-node", "--out", str(out))
+    proc = run_module("benchmarks.cluster", *args, timeout=180)
     report = f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     assert proc.returncode == 0, report
-    (record,) = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+    (record,) = read_jsonl(out)
     assert record["setup"] == "cross-node" and not record.get("error"), report
     assert record["delivered"] > 0, report
     assert record["redis_ops_per_msg"] is not None and record["redis_ops"] > 0, report

@@ -4,14 +4,12 @@ delivers something. No speed is asserted here."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from external_tools import find
+from support.launcher import read_jsonl, run_module
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT = 300
@@ -23,19 +21,10 @@ def test_integrations_benchmark_smoke(tmp_path: Path) -> None:
     if find("mosquitto") is None:
         pytest.skip("mosquitto not installed: apt-get install mosquitto")
     out = tmp_path / "smoke.jsonl"
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.integrations", "--smoke", "--out", str(out)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-    )
+    proc = run_module("benchmarks.integrations", "--smoke", "--out", str(out), timeout=TIMEOUT)
     report = f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     assert proc.returncode == 0, report
-    records = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+    records = read_jsonl(out)
     seen = {(r["scenario"], r["broker"]) for r in records}
     assert seen == {
         ("bridge QoS 0", "ours"),

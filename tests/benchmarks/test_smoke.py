@@ -5,13 +5,12 @@ No speed is asserted here."""
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from support.launcher import read_jsonl, run_module
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -27,26 +26,15 @@ def scenario_keys() -> set[str]:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the generator reads /proc")
 def test_benchmark_smoke(tmp_path: Path) -> None:
     out = tmp_path / "smoke.jsonl"
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    args = ("--smoke", "--no-mosquitto", "--device-rates", "20,40", "--out", str(out))
     try:
-        proc = subprocess.run(
-            [
-                *(sys.executable, "-m", "benchmarks", "--smoke", "--no-mosquitto"),
-                *("--device-rates", "20,40", "--out", str(out)),
-            ],
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT,
-        )
+        proc = run_module("benchmarks", *args, timeout=TIMEOUT)
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"benchmark smoke run took over {TIMEOUT} s: {exc.stdout!r} {exc.stderr!r}")
     report = f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     assert proc.returncode == 0, report
 
-    records = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+    records = read_jsonl(out)
     assert {r["scenario"] for r in records} == scenario_keys(), report
     for record in records:
         key = f"scenario {record['scenario']} on {record['broker']}"

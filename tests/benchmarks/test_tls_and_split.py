@@ -8,17 +8,15 @@ broker. No speed is asserted here."""
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import socket
-import subprocess
 import sys
 import threading
 from pathlib import Path
 
 import pytest
 from support import benchmark_c
+from support.launcher import read_jsonl, run_module
 
 from benchmarks import wire
 from benchmarks.client import open_many
@@ -108,15 +106,12 @@ def test_split_writes_the_subscribe_after_the_connack(which: str | None) -> None
 
 def _smoke(tmp_path: Path, *args: str) -> list[dict[str, object]]:
     out = tmp_path / "smoke.jsonl"
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    cmd = [sys.executable, "-m", "benchmarks", "--smoke", "--no-mosquitto", "--out", str(out)]
-    proc = subprocess.run(
-        [*cmd, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT
+    proc = run_module(
+        "benchmarks", "--smoke", "--no-mosquitto", "--out", str(out), *args, timeout=TIMEOUT
     )
     report = f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     assert proc.returncode == 0, report
-    records = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+    records = read_jsonl(out)
     for record in records:
         assert not record.get("error"), f"{record['scenario']}: {record.get('error')}\n{report}"
         assert int(str(record.get("delivered", 0))) > 0, f"{record['scenario']}\n{report}"
@@ -132,13 +127,7 @@ def test_tls_smoke(tmp_path: Path, key: str, version: str) -> None:
 
 @linux_only
 def test_tls_refuses_raw_scenarios(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--smoke", "--scenarios", "6", "--tls", "ec"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = run_module("benchmarks", "--smoke", "--scenarios", "6", "--tls", "ec", timeout=60)
     assert proc.returncode != 0 and "--tls" in proc.stderr
 
 
@@ -154,11 +143,11 @@ def test_subscribe_after_connack_smoke(tmp_path: Path) -> None:
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 def test_tls_handshakes_smoke(tmp_path: Path) -> None:
     out = tmp_path / "hs.jsonl"
-    cmd = [sys.executable, "-m", "benchmarks.tls_handshakes", "--runs", "1", "--seconds", "1"]
-    cmd += ["--keys", "ec", "--versions", "1.3", "--no-mosquitto", "--out", str(out)]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT)
+    args = ["--runs", "1", "--seconds", "1", "--keys", "ec", "--versions", "1.3"]
+    args += ["--no-mosquitto", "--out", str(out)]
+    proc = run_module("benchmarks.tls_handshakes", *args, timeout=TIMEOUT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    records = [json.loads(line) for line in out.read_text().splitlines()]
+    records = read_jsonl(out)
     assert [(r["resumption"], r["broker"]) for r in records] == [(False, "ours"), (True, "ours")]
     assert all(r["handshakes"] > 0 and r["cpu_us_per_handshake"] for r in records)
     assert records[0]["resumed"] is None and 0 <= records[1]["resumed"] <= 1
@@ -167,10 +156,9 @@ def test_tls_handshakes_smoke(tmp_path: Path) -> None:
 @linux_only
 def test_reconnect_storm_smoke(tmp_path: Path) -> None:
     out = tmp_path / "reconnect.jsonl"
-    cmd = [sys.executable, "-m", "benchmarks.reconnect_storm", "--clients", "100", "--runs", "1"]
-    cmd += ["--concurrency", "50", "--no-mosquitto", "--out", str(out)]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT)
+    args = ["--clients", "100", "--runs", "1", "--concurrency", "50", "--no-mosquitto"]
+    proc = run_module("benchmarks.reconnect_storm", *args, "--out", str(out), timeout=TIMEOUT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    [record] = [json.loads(line) for line in out.read_text().splitlines()]
+    [record] = read_jsonl(out)
     assert record["broker"] == "ours" and record["reconnect_s"] > 0
     assert record["received_3s"] == record["queued"] == 300  # every queued message after it

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -358,6 +359,22 @@ def mosquitto_client(
     if check:
         assert done.returncode == 0, f"{name} failed ({done.returncode}): {done.stderr}"
     return done
+
+
+def run_module(module: str, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``python -m module args`` from the repository's root with the root on PYTHONPATH (as the
+    benchmark suite runs), to its end; its exit status and output."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    command = [sys.executable, "-m", module, *args]
+    return subprocess.run(
+        command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def read_jsonl(path: Path) -> list[Any]:
+    """The records of a JSON-lines file (one object a line; blank lines skipped)."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def rss_bytes(pid: int) -> int:
