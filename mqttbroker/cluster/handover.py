@@ -23,9 +23,11 @@ A persistent session is also kept in Redis while it lives (``session:<client id>
 written by store.py, one field per part, so that a change is one field written): ``s`` its
 owner and expiry, ``f:<filter>`` a subscription, ``d:<seq>`` a queued or in-flight message (its
 state in JSON, a newline, the MQTT 5 PUBLISH), ``r:<packet id>`` an unreleased QoS 2 id, ``w``
-its will (armed while its client is connected, or waiting out its delay: wall-clock time).
-:func:`from_hash` turns that hash into the form above, so that a node adopting the sessions
-of a node that is gone builds them as it builds a session handed over.
+its will (armed while its client is connected, or waiting out its delay: wall-clock time),
+``p`` its next packet id as of the last write of its messages. :func:`from_hash` turns that
+hash into the form above, so that a node adopting the sessions of a node that is gone builds
+them as it builds a session handed over; its new packet ids start PACKET_ID_MARGIN past ``p``
+(the node gone may have sent messages under the next ones before it wrote them).
 """
 
 from __future__ import annotations
@@ -44,6 +46,11 @@ from ..protocol.properties import PropertyId as Prop
 
 if TYPE_CHECKING:
     from ..broker.core import Broker
+
+
+# How far past the next packet id a node last wrote (the ``p`` field) the node adopting the
+# session starts: more than the ids a node gives out between two writes.
+PACKET_ID_MARGIN = 4096
 
 
 def _delivery_state(delivery: Delivery) -> list[Any]:
@@ -144,6 +151,7 @@ def from_hash(client_id: str, fields: dict[bytes, bytes]) -> dict[str, Any]:
         deliveries: list[tuple[int, list[Any]]] = []
         releases = []
         next_packet_id = 1
+        written_next = int(fields.get(b"p", b"0"))
         will = json.loads(fields[b"w"]) if b"w" in fields else None
         for name, value in fields.items():
             kind, _, key = name.partition(b":")
@@ -157,6 +165,10 @@ def from_hash(client_id: str, fields: dict[bytes, bytes]) -> dict[str, Any]:
                     next_packet_id = max(next_packet_id, delivery[4] % 65535 + 1)
             elif kind == b"r":
                 releases.append(int(key))
+        if written_next:
+            # The node may have sent PUBLISHes under the ids after it before it wrote them
+            # (its client holds the QoS 2 ones it has not seen released): new ones start past.
+            next_packet_id = (max(next_packet_id, written_next) + PACKET_ID_MARGIN - 1) % 65535 + 1
     except (KeyError, ValueError, TypeError) as exc:
         raise MQTTError(f"session of {client_id} in Redis not readable: {exc}") from None
     return {

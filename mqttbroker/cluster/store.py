@@ -173,12 +173,14 @@ class ClusterStore(Store):
                 meta = session_value(session)
             removed: list[str] = []
             values: list[Any] = []
+            delivered = False
             for name, thing in change.fields.items():
                 if thing is None:
                     removed.append(name)
                     continue
                 values.append(name)
                 if name[0] == "d":
+                    delivered = True
                     values.append(delivery_value(thing, now))
                 elif name[0] == "f":
                     values.append(subscription_value(thing))
@@ -188,6 +190,9 @@ class ClusterStore(Store):
                     values.append(b"1")
             if wipe == KEEP and not meta and not removed and not values:
                 continue
+            if delivered or (removed and wipe != END):
+                # (the next packet id: see handover.from_hash)
+                values += ["p", str(session.next_packet_id)]
             written.append((len(pipe.command_stack), client_id))
             pipe.evalsha(
                 FENCED_WRITE_SHA,
