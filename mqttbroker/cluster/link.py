@@ -8,6 +8,7 @@ and the set. The scripts compare a lease by its token, the part before its first
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from typing import Any
 
@@ -114,6 +115,7 @@ if not lease or string.match(lease, '^[^/]*') ~= ARGV[1] then return -1 end
 redis.call('HSET', KEYS[2], unpack(ARGV, 2))
 return 1
 """
+SEEN_SHA = hashlib.sha1(SEEN_SCRIPT.encode()).hexdigest()
 
 
 class Link:

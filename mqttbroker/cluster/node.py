@@ -58,7 +58,15 @@ from ..protocol.errors import MQTTError
 from ..protocol.packets import MQTT_5
 from ..protocol.reasons import ReasonCode
 from .handover import forget, from_hash, restore, serialise
-from .link import LEAVE_SCRIPT, RELEASE_SCRIPT, REPLY_SCRIPT, SEEN_SCRIPT, TAKE_SCRIPT, Link
+from .link import (
+    LEAVE_SCRIPT,
+    RELEASE_SCRIPT,
+    REPLY_SCRIPT,
+    SEEN_SCRIPT,
+    SEEN_SHA,
+    TAKE_SCRIPT,
+    Link,
+)
 from .outbox import Outbox
 from .ownership import (
     LEASE_GONE,
@@ -249,13 +257,14 @@ class ClusterNode(Backplane):
         self.origin = new_origin(self.node_id)
         self._counter = 0
         self.seen = Routed()
+        self._touched = False  # a persistent session changed since the counters were taken
         self.recent = Recent()
         self._inherited: dict[str, tuple[float, dict[str, int]]] = {}
         # Sessions handed to other nodes lately: their plain filters (client id as the "node"),
         # and until when / to which node what this node routes for them is forwarded.
         self._leaving = RouteTable(1024)
         self._left: dict[str, tuple[float, str]] = {}
-        self._forwards = Recent()  # forwarded messages routed here (their ids only)
+        self._forwards = Recent(indexed=True)  # forwarded messages routed here (ids only)
         # ... and to which sessions (also the messages of a gone node's stream, see _drain)
         self._forwarded_to: dict[tuple[str, int], set[str]] = {}
         self._early: dict[str, list[tuple[float, str, int, Message]]] = {}  # before the session
@@ -287,6 +296,7 @@ class ClusterNode(Backplane):
         # this node's still (another node may have adopted it).
         if not self._down or self.lease.lapsed:
             self._hold(1)
+        self._touched = True
         self._wake.set()
 
     def lease_valid(self, now: float) -> bool:
@@ -376,6 +386,7 @@ class ClusterNode(Backplane):
         """This node's entries as they must be before it routes: registered, routes rewritten
         from the router's, its stream's consumer group there."""
         await self.redis.script_load(FENCED_WRITE)  # (sent by its SHA: see store.py)
+        await self.redis.script_load(SEEN_SCRIPT)
         pipe = self.redis.pipeline(transaction=True)
         pipe.sadd(PREFIX + "nodes", self.node_id)
         pipe.delete(self._routes_key)
@@ -517,8 +528,7 @@ class ClusterNode(Backplane):
             self._queue(_RETAIN, message.topic, (encode(message, now), not message.payload))
         qos = message.qos
         if qos:
-            self._counter = counter = self._counter + 1
-            self.recent.add(now, self.origin, counter, message)
+            self._counter += 1
             self.seen.changed = True  # (its counter is written with the session changes)
         plain, shares = self.routes.match(message.topic)
         if not plain and not shares:
@@ -553,6 +563,8 @@ class ClusterNode(Backplane):
                 return 0, groups
             self._qos0_waiting += len(targets)
         packet = encode(message, now)
+        if qos:  # (its PUBLISH, not the message: nothing more for the garbage collector)
+            self.recent.add(now, self.origin, self._counter, packet)
         # (a persistent session's: given up if the session moved meanwhile, see _back)
         moves = publisher.client_id if publisher.persistent else None
         # (QoS 1/2: the message's id, then 0x1E, before the shared subscriptions)
@@ -753,10 +765,10 @@ class ClusterNode(Backplane):
                 del inherited[key]
         inherited[client_id] = (now, seen)
         count = 0
-        for message in list(self.recent.missed(client_id, seen, now)):
-            count += self._deliver_to(client_id, message, now)
+        for packet in list(self.recent.missed(client_id, seen, now)):
+            count += self._deliver_to(client_id, decode(packet, now), now)
         for when, origin, counter, message in self._early.pop(client_id, ()):
-            if when > now - REPLAY_SECONDS and not self._routed(origin, counter):
+            if when > now - REPLAY_SECONDS and not self._routed(origin, counter, now):
                 self._got_forward(client_id, origin, counter, now)
                 count += self._deliver_to(client_id, message, now)
         if count:
@@ -792,8 +804,8 @@ class ClusterNode(Backplane):
             for key in [k for k in got if k not in forwards.ids]:
                 del got[key]
 
-    def _routed(self, origin: str, counter: int) -> bool:
-        return self.recent.has(origin, counter) or self._forwards.has(origin, counter)
+    def _routed(self, origin: str, counter: int, now: float) -> bool:
+        return self.recent.has(origin, counter, now) or self._forwards.has(origin, counter, now)
 
     def _went(self, client_id: str, node: str, session: Session, now: float) -> None:
         """``client_id``'s session was handed to ``node``: for REPLAY_SECONDS, what this node
@@ -840,7 +852,7 @@ class ClusterNode(Backplane):
         it was routed to it then, see _replay, or not needed; after, directly). Before the
         session is here, it waits for it a moment; a session gone on is forwarded on."""
         origin, counter = found
-        if self._routed(origin, counter):
+        if self._routed(origin, counter, now):
             return
         try:
             message = decode(packet, now)
@@ -1162,11 +1174,13 @@ class ClusterNode(Backplane):
 
     def _take_seen(self) -> dict[str, int] | None:
         """This node's counters of what it routed (sequence.py), if they changed: written
-        with the session changes taken at the same time."""
+        with the session changes taken at the same time. Only when a persistent session
+        changed since they were last taken (a delivery stored, even if gone again since): what
+        reached no such session is not routed again by a node adopting this one anyway."""
         seen = self.seen
-        if not seen.changed:
+        if not seen.changed or not self._touched:
             return None
-        seen.changed = False
+        seen.changed = self._touched = False
         taken = seen.snapshot()
         if self._counter:
             taken[self.origin] = self._counter  # (its own messages, routed here at once)
@@ -1231,7 +1245,7 @@ class ClusterNode(Backplane):
         )
         if seen:
             pairs = [x for item in seen.items() for x in item]
-            pipe.eval(SEEN_SCRIPT, 2, self._lease_key, f"{PREFIX}seen:{me}", self.token, *pairs)
+            pipe.evalsha(SEEN_SHA, 2, self._lease_key, f"{PREFIX}seen:{me}", self.token, *pairs)
         for kind, name, data in ops:
             if kind == _XADD:
                 streams.setdefault(name, []).append(data[0])
@@ -1525,7 +1539,7 @@ class ClusterNode(Backplane):
             if found is not None and not (self.seen if seen is None else seen).first(*found):
                 return
             if found is not None and sessions is not None:  # (a gone node's stream)
-                at = self.recent.when(*found)
+                at = self.recent.when(found[0], found[1], now)
                 if at is not None and at >= since:
                     return  # routed here (to those sessions too) after they came
                 self._got_message(sessions, found[0], found[1], now)
@@ -1535,7 +1549,7 @@ class ClusterNode(Backplane):
             log.warning("cluster: message from Redis not readable, skipped: %s", exc)
             return
         if found is not None and sessions is None and flag == b"1":
-            self.recent.add(now, found[0], found[1], message)
+            self.recent.add(now, found[0], found[1], packet)
             if self._left:
                 self._forward(message.topic, ident, packet, now)
         match = self.router.lookup(message.topic)

@@ -38,12 +38,24 @@ def new_origin(node_id: str) -> str:
     return f"{node_id}.{secrets.token_hex(4)}"
 
 
+_ORIGINS: dict[bytes, str] = {}  # (decoded once each)
+
+
 def parse_id(ident: bytes) -> tuple[str, int] | None:
     """``<origin>\\x1d<counter>`` as (origin, counter); None if it is not one."""
     origin, sep, counter = ident.rpartition(b"\x1d")
-    if not sep or not counter.isdigit():
+    if not sep:
         return None
-    return origin.decode(), int(counter)
+    try:
+        number = int(counter)
+    except ValueError:
+        return None
+    name = _ORIGINS.get(origin)
+    if name is None:
+        if len(_ORIGINS) > 10_000:
+            _ORIGINS.clear()
+        name = _ORIGINS[origin] = origin.decode()
+    return name, number
 
 
 class Routed:
@@ -83,32 +95,47 @@ class Routed:
 
 class Recent:
     """The messages a node routed for its plain subscriptions lately (from its stream, or from
-    its own publishers): ``(when, origin, counter, message)``, oldest first; and the sessions
-    it handed to other nodes lately (what it routed before that went to them here)."""
+    its own publishers, for other nodes too): ``(when, origin, counter, message)`` (the message
+    as its PUBLISH), oldest first; and the sessions
+    it handed to other nodes lately (what it routed before that went to them here). Looking
+    one up by its id (``has``, ``when``) keeps an index of them for ``seconds`` from then
+    (``indexed``: always): a node that hands nothing over pays only the append."""
 
-    __slots__ = ("entries", "ids", "away", "seconds", "limit")
+    __slots__ = ("entries", "ids", "away", "seconds", "limit", "index_until", "indexed")
 
-    def __init__(self, seconds: float = REPLAY_SECONDS, limit: int = REPLAY_MAX) -> None:
+    def __init__(
+        self, seconds: float = REPLAY_SECONDS, limit: int = REPLAY_MAX, indexed: bool = False
+    ) -> None:
         self.entries: deque[tuple[float, str, int, Any]] = deque()
-        self.ids: dict[tuple[str, int], float] = {}  # (origin, counter) -> when
+        self.ids: dict[tuple[str, int], float] = {}  # (origin, counter) -> when, see above
         self.away: dict[str, float] = {}  # client id -> when it left this node
         self.seconds = seconds
         self.limit = limit
+        self.indexed = indexed
+        self.index_until = float("inf") if indexed else float("-inf")
 
     def add(self, now: float, origin: str, counter: int, message: Any) -> None:
         entries = self.entries
         entries.append((now, origin, counter, message))
-        self.ids[(origin, counter)] = now
+        if now < self.index_until:
+            self.ids[(origin, counter)] = now
         if len(entries) > self.limit or entries[0][0] < now - self.seconds:
             self._trim(now)
 
-    def has(self, origin: str, counter: int) -> bool:
-        """Whether this node routed that message lately."""
-        return (origin, counter) in self.ids
+    def _index(self, now: float) -> dict[tuple[str, int], float]:
+        if now >= self.index_until:  # (not kept meanwhile: built again)
+            self.ids = {(origin, counter): at for at, origin, counter, _ in self.entries}
+        if not self.indexed:
+            self.index_until = now + self.seconds
+        return self.ids
 
-    def when(self, origin: str, counter: int) -> float | None:
+    def has(self, origin: str, counter: int, now: float) -> bool:
+        """Whether this node routed that message lately."""
+        return (origin, counter) in self._index(now)
+
+    def when(self, origin: str, counter: int, now: float) -> float | None:
         """When this node routed that message, if lately."""
-        return self.ids.get((origin, counter))
+        return self._index(now).get((origin, counter))
 
     def _trim(self, now: float) -> None:
         entries = self.entries
@@ -116,7 +143,8 @@ class Recent:
         oldest = now - self.seconds
         while entries and (len(entries) > self.limit or entries[0][0] < oldest):
             _, origin, counter, _ = entries.popleft()
-            ids.pop((origin, counter), None)
+            if ids:
+                ids.pop((origin, counter), None)
 
     def left(self, client_id: str, now: float) -> None:
         """``client_id``'s session went to another node at ``now``."""

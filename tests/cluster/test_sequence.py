@@ -51,3 +51,13 @@ def test_only_the_last_seconds_are_kept() -> None:
     for counter in range(3, 7):
         recent.add(12.0, "a.1", counter, f"a{counter}")
     assert list(recent.missed("dev", {}, 12.0)) == ["a4", "a5", "a6"]
+
+
+def test_a_message_is_found_by_its_id_whether_or_not_it_was_looked_for_before() -> None:
+    recent = Recent(seconds=10.0)
+    recent.add(1.0, "a.1", 1, "a1")  # (no index kept yet)
+    assert recent.has("a.1", 1, 2.0) and recent.when("a.1", 1, 2.0) == 1.0
+    recent.add(3.0, "a.1", 2, "a2")  # (kept in the index now)
+    assert recent.has("a.1", 2, 4.0) and not recent.has("a.1", 3, 4.0)
+    recent.add(20.0, "a.1", 3, "a3")  # (the first two are too old; the index was let go)
+    assert recent.has("a.1", 3, 30.0) and not recent.has("a.1", 1, 30.0)
