@@ -53,6 +53,8 @@ MODULES = (
     "mqttbroker.broker.publish",
     "mqttbroker.broker.subscribe",
     "mqttbroker.broker.deliver",
+    "mqttbroker.broker.passes",
+    "mqttbroker.broker.stats",
     "mqttbroker.broker.core",
     "mqttbroker.storage.sqlite.batch",
     "mqttbroker.server.tcp",

@@ -40,7 +40,7 @@ _V311_REFUSALS = (
 def on_connect(conn: Connection, packet: pk.Connect) -> None:
     """Check a CONNECT; accept it at once, or after an enhanced-authentication exchange."""
     broker = conn.broker
-    broker.connects += 1
+    broker.stats.connects += 1
     opts = broker.options
     conn.version = version = packet.protocol_level
     v5 = version == MQTT_5
@@ -259,7 +259,7 @@ def accept(conn: Connection, packet: pk.Connect, auth_props: dict[int, Any] | No
     else:
         conn.send(fastpath.encode_connack(pk.Connack(present, 0), version))
     if opts.connection_log_interval:
-        broker.unlogged_connected += 1  # counted in a line every so often (Broker.tick)
+        broker.stats.unlogged_connected += 1  # counted in a line every so often (Broker.tick)
     elif log.isEnabledFor(logging.INFO):
         log.info(
             "client %s connected from %s (MQTT %s over %s, user %r, keep alive %ds, session %s)",
@@ -296,7 +296,7 @@ def on_disconnect(conn: Connection, packet: pk.Disconnect) -> None:
         if session.persistent:
             conn.broker.store.delete_will(session)
     if conn.broker.options.connection_log_interval:
-        conn.broker.unlogged_disconnected += 1
+        conn.broker.stats.unlogged_disconnected += 1
     else:
         log.info("client %s disconnected (reason 0x%02X)", conn.client_id, packet.reason_code)
     conn.close()

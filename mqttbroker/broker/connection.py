@@ -9,7 +9,7 @@ Sans-I/O. The transport edge calls :meth:`Connection.data_received` with whateve
 and :meth:`Connection.connection_lost` when the socket closes; the connection writes through a
 :class:`Link` (``write``, ``close``). Output is not written per packet: it is appended to a
 per-connection buffer and the broker flushes every buffer once per event-loop pass (the output
-of a pass's first read goes out at once while the loop is not under load: Broker.handle_read).
+of a pass's first read goes out at once while the loop is not under load: passes.py).
 """
 
 from __future__ import annotations
@@ -229,7 +229,7 @@ class Connection:
         loop (and everyone's output) for seconds."""
         size = len(data)
         self.bytes_received += size  # this client's, and (the only place) the broker's
-        self.broker.bytes_received += size
+        self.broker.stats.bytes_received += size
         if self.state == CLOSED:
             return  # MQTT-3.1.4-6: nothing after a refused CONNECT is processed
         pending = self._pending
@@ -260,8 +260,8 @@ class Connection:
         store = broker.store
         writes = self._writes_seen = store.writes
         budget = opts.input_budget
-        if self.work_pass != broker.passes:  # the budget is per event-loop pass
-            self.work_pass = broker.passes
+        if self.work_pass != broker.scheduler.passes:  # the budget is per event-loop pass
+            self.work_pass = broker.scheduler.passes
             self.work = 0
         try:
             while pos < end:
@@ -325,7 +325,7 @@ class Connection:
                 self._need = 0  # parse the rest when resumed
                 self.pause_input()
                 if not self.paused and not self.retained:  # else deferred already, or
-                    self.broker.defer(self)  # resume_writing goes on
+                    self.broker.scheduler.defer(self)  # resume_writing goes on
                 return
         if self.input_paused and not self.paused and not self.retained:
             self.input_paused = False
@@ -565,7 +565,7 @@ class Connection:
         out = self.out
         if out is None:
             self.out = [data]
-            self.broker.mark_dirty(self)
+            self.broker.scheduler.mark_dirty(self)
         else:
             out.append(data)
 
@@ -597,7 +597,7 @@ class Connection:
         # Batches commit in order, so the oldest mark is the one committed now.
         self._free_upto = marks.pop(0)
         if self.out:
-            self.broker.mark_dirty(self)
+            self.broker.scheduler.mark_dirty(self)
 
     def flush(self) -> None:
         """Write what is buffered (up to what still waits for a commit) in one call."""
@@ -617,7 +617,7 @@ class Connection:
         self._out_base += count
         size = len(data)
         self.bytes_sent += size  # this client's, and (the only place) the broker's
-        self.broker.bytes_sent += size
+        self.broker.stats.bytes_sent += size
         self.link.write(data)
         if self.paused:
             bound = self.broker.options.max_output_buffer
@@ -659,7 +659,7 @@ class Connection:
                 code,
             )
         if self.state in (AWAIT_CONNECT, AUTHENTICATING):
-            refusals = self.broker.refusals
+            refusals = self.broker.stats.refusals
             refusals[code] = refusals.get(code, 0) + 1
             connect.refuse(self, code, exc.message)
             self.close(publish_will=False)
@@ -718,7 +718,7 @@ class Connection:
         if self.state != CLOSED:
             if self.state == CONNECTED:
                 if self.broker.options.connection_log_interval:
-                    self.broker.unlogged_lost += 1
+                    self.broker.stats.unlogged_lost += 1
                 else:
                     log.info("client %s: connection lost", self.client_id)
             self.to(CLOSE)

@@ -1,8 +1,9 @@
 """The broker's state and the rules that span connections: the session registry (takeover, Clean
-Start, expiry), wills, keep alive, and the once-per-loop-pass flush of every connection's output.
+Start, expiry), wills, keep alive and the connection limits. When output is written is the
+scheduler's (``passes.py``); the running totals are ``stats.py``'s.
 
 Sans-I/O: time comes from the injected ``clock``; the transport edge calls :meth:`Broker.tick`
-about once a second and sets :attr:`Broker.wake` to schedule :meth:`Broker.flush`.
+about once a second and sets the scheduler's ``wake`` to schedule its flush.
 """
 
 from __future__ import annotations
@@ -27,11 +28,13 @@ from .auth import AllowAll, Authenticator, Authorizer
 from .connection import Connection, Link
 from .message import Message
 from .options import PER_ADDRESS_DEFAULT, BrokerOptions
+from .passes import PassScheduler
 from .policy import OPEN, ListenerPolicy
 from .router import Router
 from .session import NEVER, Session
 from .sink import RESERVED_PREFIXES
 from .state import AUTHENTICATING, AWAIT_CONNECT
+from .stats import BrokerStats
 from .store import Restored, Store
 from .topics import SharedGroup, Subscription
 
@@ -45,7 +48,44 @@ def _user(username: str | None) -> str:
     return "anonymous" if username is None else f"user {username!r}"
 
 
+def connack_properties(opts: BrokerOptions) -> dict[int, Any]:
+    """What every MQTT 5 CONNACK tells the client about this broker (section 3.2.2.3);
+    properties at their default value are left out."""
+    props: dict[int, Any] = {}
+    if opts.receive_maximum != 65535:
+        props[prop.RECEIVE_MAXIMUM] = opts.receive_maximum
+    if opts.maximum_qos < 2:
+        props[prop.MAXIMUM_QOS] = opts.maximum_qos  # MQTT-3.2.2-9
+    if not opts.retain_available:
+        props[prop.RETAIN_AVAILABLE] = 0
+    props[prop.MAXIMUM_PACKET_SIZE] = opts.max_packet_size
+    if opts.topic_alias_maximum:
+        props[prop.TOPIC_ALIAS_MAXIMUM] = opts.topic_alias_maximum
+    if not opts.wildcard_subscriptions:
+        props[prop.WILDCARD_SUBSCRIPTION_AVAILABLE] = 0
+    if not opts.subscription_identifiers:
+        props[prop.SUBSCRIPTION_IDENTIFIER_AVAILABLE] = 0
+    if not opts.shared_subscriptions:
+        props[prop.SHARED_SUBSCRIPTION_AVAILABLE] = 0
+    return props
+
+
+def _check_pattern(pattern: str, client_id: str, username: str | None) -> None:
+    """MQTTError (0x85) unless ``client_id`` matches ``client_id_pattern`` for ``username``: "%u"
+    the user name, "*" any characters."""
+    if username is not None:
+        parts = (re.escape(part).replace(r"\*", ".*") for part in pattern.split("%u"))
+        if re.fullmatch(re.escape(username).join(parts), client_id, re.DOTALL):
+            return
+    raise MQTTError(
+        f"client id does not match client_id_pattern for {_user(username)}",
+        ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
+    )
+
+
 class Broker:
+    """The sessions and connections of one broker, and what spans them (see the module)."""
+
     def __init__(
         self,
         options: BrokerOptions | None = None,
@@ -61,29 +101,10 @@ class Broker:
         self.store = store or Store()
         self.authenticator: Authenticator = authenticator or AllowAll()
         self.authorizer = authorizer  # None: everyone may publish and subscribe anywhere
-        # PUBLISHes accepted from clients, per QoS: three native ints (a list's items would be
-        # boxed again at every increment, on the hot path)
-        self.received_q0 = 0
-        self.received_q1 = 0
-        self.received_q2 = 0
-        self.denied = 0  # PUBLISHes refused by the authorizer
-        self.refused = 0  # connections refused by the connection limits
-        self.refusals: dict[int, int] = {}  # CONNECTs refused, per reason code (Connection.fail)
-        self.connects = 0  # CONNECT packets received
-        self.delivered_closed = 0  # PUBLISH packets sent on connections now closed
-        self.dropped_ended = 0  # messages dropped by sessions that have ended
-        # With connection_log_interval: clients connected, disconnected and lost since the
-        # last line counting them, and when the next such line is due.
-        self.unlogged_connected = 0
-        self.unlogged_disconnected = 0
-        self.unlogged_lost = 0
-        self._connection_log_due = 0.0
-        # Bytes read from and written to clients (MQTT bytes: inside TLS and WebSocket frames),
-        # counted by the connections per read and per write (Connection.data_received, flush).
-        self.bytes_received = 0
-        self.bytes_sent = 0
+        self.stats = BrokerStats()  # the running totals every report reads
+        self._connection_log_due = 0.0  # when the next connection_log_interval line is due
         self._per_address: dict[str, int] = {}  # open connections per source address
-        self.connack_properties = self._connack_properties()
+        self.connack_properties = connack_properties(self.options)
         # The MQTT 5 CONNACK most clients get (success, nothing particular to the client),
         # indexed by Session Present.
         self.connack_v5: tuple[bytes, bytes] = (
@@ -99,73 +120,18 @@ class Broker:
         self._user_sessions: dict[str, int] = {}  # user name -> its persistent sessions
         self.connections: set[Connection] = set()
         self.router = Router(self.options, self.store)
-        # Called when the first connection of a loop pass has output (or deferred input); the
-        # edge schedules flush() for the end of the pass. None: the caller flushes (tests do).
-        self.wake: Callable[[], object] | None = None
+        self.scheduler = PassScheduler()  # when the connections' output is written
         # Checks a CONNECT's user name and password elsewhere (the edge's chain of login
         # sources: hashing on worker threads, an HTTP service...), called with the connection,
         # the CONNECT and the listener's anonymous rule; the answer comes back on the event
         # loop through conn.password_checked(code, username). None: the authenticator's
         # check_password, here (tests do).
         self.offload: Callable[[Connection, pk.Connect, bool | None], None] | None = None
-        self._dirty: list[Connection] = []
-        self._deferred: list[Connection] = []  # input left for the next pass
-        self._flush_due = False  # the pass has output or deferred input: flush() will run
-        self._crowded = False  # a read came after the pass's first output (see handle_read)
-        self._busy = False  # the last pass that flushed was crowded
-        # The edge's own transport (server/streams.py) calls pass_begin and pass_end around
-        # each pass over its ready sockets when this is set (by the edge, unless it busy-polls,
-        # which needs every flush asked for through wake): that pass's output is flushed at its
-        # end, without a loop callback.
-        self.hook_passes = False
-        self._in_pass = False  # between pass_begin and pass_end
-        self.passes = 0  # flushes so far: one per event-loop pass with output
         # Told of client.connected (before the CONNACK: the connection sets the session's user
         # name right after), client.disconnected and session.expired (webhooks use these).
         self.observers: list[Callable[[str, Session], None]] = []
 
-    @property
-    def received(self) -> int:
-        """PUBLISHes accepted from clients (and from the integrations), all QoS together."""
-        return self.received_q0 + self.received_q1 + self.received_q2
-
-    @property
-    def received_by_qos(self) -> list[int]:
-        """PUBLISHes accepted, per QoS (index 0, 1, 2)."""
-        return [self.received_q0, self.received_q1, self.received_q2]
-
-    def count_received(self, qos: int) -> None:
-        """One more PUBLISH accepted at ``qos``."""
-        if qos == 0:
-            self.received_q0 += 1
-        elif qos == 1:
-            self.received_q1 += 1
-        else:
-            self.received_q2 += 1
-
-    def _connack_properties(self) -> dict[int, Any]:
-        """What every MQTT 5 CONNACK tells the client about this broker (section 3.2.2.3);
-        properties at their default value are left out."""
-        opts = self.options
-        props: dict[int, Any] = {}
-        if opts.receive_maximum != 65535:
-            props[prop.RECEIVE_MAXIMUM] = opts.receive_maximum
-        if opts.maximum_qos < 2:
-            props[prop.MAXIMUM_QOS] = opts.maximum_qos  # MQTT-3.2.2-9
-        if not opts.retain_available:
-            props[prop.RETAIN_AVAILABLE] = 0
-        props[prop.MAXIMUM_PACKET_SIZE] = opts.max_packet_size
-        if opts.topic_alias_maximum:
-            props[prop.TOPIC_ALIAS_MAXIMUM] = opts.topic_alias_maximum
-        if not opts.wildcard_subscriptions:
-            props[prop.WILDCARD_SUBSCRIPTION_AVAILABLE] = 0
-        if not opts.subscription_identifiers:
-            props[prop.SUBSCRIPTION_IDENTIFIER_AVAILABLE] = 0
-        if not opts.shared_subscriptions:
-            props[prop.SHARED_SUBSCRIPTION_AVAILABLE] = 0
-        return props
-
-    # -- connections and output -------------------------------------------------------------
+    # -- connections -----------------------------------------------------------------------
 
     def connect(
         self,
@@ -186,7 +152,7 @@ class Broker:
         if address is None:
             address = peer.rpartition(":")[0] or peer
         # One string per address, however many of its clients are connected (it lives as long
-        # as they do): the address of an idle connection is not ~60 bytes of its own.
+        # as they do): an idle connection keeps no copy of its own.
         address = sys.intern(address)
         if opts.max_connections and len(self.connections) >= opts.max_connections:
             self._refuse(conn, f"max_connections ({opts.max_connections}) reached")
@@ -207,91 +173,13 @@ class Broker:
         return conn
 
     def _refuse(self, conn: Connection, why: str) -> None:
-        self.refused += 1
-        if self.refused & (self.refused - 1) == 0:  # 1st, 2nd, 4th, 8th... refusal
+        stats = self.stats
+        stats.refused += 1
+        if stats.refused & (stats.refused - 1) == 0:  # 1st, 2nd, 4th, 8th... refusal
             log.warning(
-                "connection from %s refused: %s (%d refused so far)", conn.peer, why, self.refused
+                "connection from %s refused: %s (%d refused so far)", conn.peer, why, stats.refused
             )
         conn.close(publish_will=False)
-
-    def handle_read(self, conn: Connection, data: bytes) -> None:
-        """A read from ``conn``'s transport. While the loop is not under load, the output of
-        the pass's first read that has any (the PUBLISH it forwards, its acknowledgement) is
-        written at once, not at the end of the pass: the loop would otherwise poll its sockets
-        once more before writing it, and a forwarded message would wait for that. Later reads
-        of the pass leave their output for the flush at its end, and so does every read once a
-        pass has had more than one (under load): one write per connection per pass then, as
-        when nothing is written early.
-
-        The flush at the pass's end is scheduled after that early write, not when the read
-        marks its first output: a forwarded message does not wait for the loop's callback."""
-        if self._flush_due:  # an earlier read of this pass had output
-            conn.data_received(data)
-            self._crowded = True
-            return
-        self._flush_due = True  # what the read marks is written below: no wake meanwhile
-        try:
-            conn.data_received(data)
-        finally:
-            if self._dirty or self._deferred:
-                try:
-                    if not self._busy:
-                        self._write_output()
-                finally:  # a write that raised still leaves a flush due: it must come
-                    self._schedule_flush()
-            else:
-                self._flush_due = False  # no output: the pass's next read is no crowd
-
-    def mark_dirty(self, conn: Connection) -> None:
-        if not self._flush_due:
-            self._schedule_flush()
-        self._dirty.append(conn)
-
-    def defer(self, conn: Connection) -> None:
-        """``conn`` has input left over after its budget: resume it after the next flush."""
-        if not self._flush_due:
-            self._schedule_flush()
-        self._deferred.append(conn)
-
-    def _schedule_flush(self) -> None:
-        self._flush_due = True
-        if not self._in_pass and self.wake is not None:
-            self.wake()
-
-    def pass_begin(self) -> None:
-        """A transport's pass over its ready sockets begins: the output of its reads is flushed
-        by :meth:`pass_end`, not by a loop callback that ``wake`` would ask for. (Scheduling that
-        callback and the loop's running it cost about 2,500 instructions per pass: measured with
-        callgrind at one message per pass, 11,721 instructions per message with it, 9,185
-        without.)"""
-        self._in_pass = True
-
-    def pass_end(self) -> None:
-        """The pass :meth:`pass_begin` announced is over: flush what it left due."""
-        self._in_pass = False
-        if self._flush_due:
-            self.flush()
-
-    def flush(self) -> None:
-        """Write each connection's buffered output in one call, then go on with deferred input
-        (whose output is flushed on the next pass)."""
-        self.passes += 1
-        self._flush_due = False
-        self._busy = self._crowded
-        self._crowded = False
-        self._write_output()
-        if self._deferred:
-            deferred = self._deferred
-            self._deferred = []
-            for conn in deferred:
-                conn.resume_input()
-
-    def _write_output(self) -> None:
-        dirty = self._dirty
-        if dirty:
-            self._dirty = []
-            for conn in dirty:
-                conn.flush()
 
     # -- sessions ---------------------------------------------------------------------------
 
@@ -377,7 +265,7 @@ class Broker:
                 ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
             )
         if self.options.client_id_pattern and not conn.assigned_id:
-            self._check_client_id(client_id, username)
+            _check_pattern(self.options.client_id_pattern, client_id, username)
 
     def check_owner(self, session: Session, username: str | None) -> bool:
         """Whether a client of ``username`` taking ``session`` over (the session of its client
@@ -398,20 +286,6 @@ class Broker:
                 "client id taken by a session of another user", ReasonCode.NOT_AUTHORIZED
             )
         return True
-
-    def _check_client_id(self, client_id: str, username: str | None) -> None:
-        """``client_id_pattern``: "%u" the user name, "*" any characters."""
-        if username is not None:
-            parts = (
-                re.escape(part).replace(r"\*", ".*")
-                for part in self.options.client_id_pattern.split("%u")
-            )
-            if re.fullmatch(re.escape(username).join(parts), client_id, re.DOTALL):
-                return
-        raise MQTTError(
-            f"client id does not match client_id_pattern for {_user(username)}",
-            ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
-        )
 
     def _check_session_caps(
         self, existing: Session | None, username: str | None, replaced: bool
@@ -511,7 +385,7 @@ class Broker:
 
     def connection_closed(self, conn: Connection, publish_will: bool) -> None:
         self.connections.discard(conn)
-        self.delivered_closed += conn.publishes_sent
+        self.stats.delivered_closed += conn.publishes_sent
         conn.publishes_sent = 0
         if conn.address is not None:
             left = self._per_address.get(conn.address, 1) - 1
@@ -561,7 +435,7 @@ class Broker:
             if backplane is not None:
                 backplane.session_ended(session.client_id)
         self._count(session, False)
-        self.dropped_ended += session.dropped  # $SYS dropped never goes down
+        self.stats.dropped_ended += session.dropped  # the total dropped never goes down
         session.dropped = 0
         if session.stored:  # a session the store never recorded (clean) costs it nothing
             self.store.delete_session(session)
@@ -703,7 +577,8 @@ class Broker:
         now = self.clock()
         opts = self.options
         if opts.connection_log_interval and now >= self._connection_log_due:
-            self._log_connections(now)
+            self.stats.log_connections(opts.connection_log_interval)
+            self._connection_log_due = now + opts.connection_log_interval
         for conn in list(self.connections):
             if conn.state in (AWAIT_CONNECT, AUTHENTICATING):
                 if now - conn.opened_at > opts.connect_timeout:
@@ -735,24 +610,10 @@ class Broker:
                     self.notify("session.expired", session)
                 self.end_session(session, now)
 
-    def _log_connections(self, now: float) -> None:
-        """connection_log_interval: one line counting the clients connected, disconnected and
-        lost since the last one (none when there were none)."""
-        if self.unlogged_connected or self.unlogged_disconnected or self.unlogged_lost:
-            log.info(
-                "in the last %gs: %d clients connected, %d disconnected, %d connections lost",
-                self.options.connection_log_interval,
-                self.unlogged_connected,
-                self.unlogged_disconnected,
-                self.unlogged_lost,
-            )
-            self.unlogged_connected = self.unlogged_disconnected = self.unlogged_lost = 0
-        self._connection_log_due = now + self.options.connection_log_interval
-
     def shutdown(self) -> None:
         """Tell every MQTT 5 client the server is shutting down (0x8B) and close them all."""
         for conn in list(self.connections):
             conn.disconnect(
                 ReasonCode.SERVER_SHUTTING_DOWN, "server shutting down", publish_will=False
             )
-        self.flush()
+        self.scheduler.flush()

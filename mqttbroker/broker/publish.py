@@ -129,7 +129,7 @@ def route(
         raise MQTTError("invalid topic name", ReasonCode.TOPIC_NAME_INVALID)  # 3.3.2-2
     topic, match = found
     if authorizer is not None and not conn.may_publish(topic):
-        broker.denied += 1
+        broker.stats.denied += 1
         conn.log_denied("publish to", topic)
         if qos:  # QoS 0 is dropped silently (and counted)
             refuse(
@@ -142,7 +142,7 @@ def route(
         return
     session = conn.session
     assert session is not None
-    broker.count_received(qos)
+    broker.stats.count_received(qos)
     if opts.max_publish_rate:
         tokens = min(
             float(opts.max_publish_burst),
@@ -167,7 +167,7 @@ def route(
             topic,
             opts.max_retained,
         )
-        broker.denied += 1
+        broker.stats.denied += 1
         if qos:
             refuse(conn, qos, packet_id, ReasonCode.QUOTA_EXCEEDED, "too many retained messages")
         return

@@ -147,7 +147,7 @@ class Outbox:
         if authorizer is not None and not authorizer.can_publish(
             session.client_id, session.username, topic
         ):
-            broker.denied += 1
+            broker.stats.denied += 1
             return ReasonCode.NOT_AUTHORIZED
         match = router.lookup(topic)
         if match is None:
@@ -160,10 +160,10 @@ class Outbox:
             and len(router.retained) >= broker.options.max_retained
             and router.retained.get(topic) is None
         ):
-            broker.denied += 1
+            broker.stats.denied += 1
             return ReasonCode.QUOTA_EXCEEDED
         now = broker.clock()
-        broker.count_received(qos)
+        broker.stats.count_received(qos)
         message = Message.received(
             topic, encode_topic(topic), payload, qos, retain, properties, now
         )

@@ -173,8 +173,8 @@ def send_retained(conn: Connection, write: bool = True) -> None:
     session = conn.session
     assert backlog is not None and session is not None
     broker = conn.broker
-    if conn.work_pass != broker.passes:
-        conn.work_pass = broker.passes
+    if conn.work_pass != broker.scheduler.passes:
+        conn.work_pass = broker.scheduler.passes
         conn.work = 0
     budget = broker.options.input_budget
     authorizer = broker.authorizer
@@ -206,7 +206,7 @@ def send_retained(conn: Connection, write: bool = True) -> None:
         conn.work = budget
         conn.pause_input()
         if not conn.paused:
-            broker.defer(conn)
+            broker.scheduler.defer(conn)
     else:
         conn.retained = None  # an empty deque still takes 760 bytes
 

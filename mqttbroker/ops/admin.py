@@ -65,7 +65,6 @@ from .alerts import Survey
 from .api import API_CLIENT_ID, Api, ApiError
 from .dynsec_api import DynsecApi
 from .metrics import CONTENT_TYPE_LATEST, Metrics
-from .sys_tree import delivered
 
 log = logging.getLogger("mqttbroker.admin")
 
@@ -352,13 +351,14 @@ class History:
             return
         self._next = now + HISTORY_STEP
         figures = self.survey.current()
+        snap = broker.stats.snapshot(broker.connections, figures.census.dropped)
         times = getattr(broker.store, "commit_times", None)
         self.samples.append(
             {
                 "t": round(time.time(), 3),
-                "received": broker.received,
-                "delivered": delivered(broker),
-                "dropped": figures.census.dropped + broker.denied,
+                "received": snap.received,
+                "delivered": snap.delivered,
+                "dropped": snap.dropped,
                 "connections": sum(figures.census.connections.values()),
                 "queued": figures.queued,
                 "oldest_queued_age": round(figures.oldest_age, 3),

@@ -106,7 +106,7 @@ class Survey:
         if not self._sessions and not self._connections:
             self._sessions = list(broker.sessions.values())
             self._connections = list(broker.connections)
-            partial.dropped = broker.dropped_ended
+            partial.dropped = broker.stats.dropped_ended
         sessions = self._sessions
         take = min(budget, len(sessions))
         for session in sessions[len(sessions) - take :]:

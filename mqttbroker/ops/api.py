@@ -31,9 +31,7 @@ from ..protocol.packets import MQTT_5
 from ..protocol.properties import PropertyId as Prop
 from ..protocol.reasons import ReasonCode
 from .alerts import Survey, oldest_queued_age
-from .metrics import refusals
 from .paging import format_cursor, parse_cursor, scan, scan_tree
-from .sys_tree import delivered
 
 MAX_LIMIT = 1000
 DEFAULT_LIMIT = 100
@@ -223,6 +221,7 @@ class Api:
     async def overview(self, request: web.Request) -> web.Response:
         broker = self.broker
         figures = self.survey.current()
+        snap = broker.stats.snapshot(broker.connections, figures.census.dropped)
         times = getattr(broker.store, "commit_times", None)
         return web.json_response(
             {
@@ -239,15 +238,15 @@ class Api:
                 "oldest_queued_age": round(figures.oldest_age, 3),
                 "stuck_sessions": sorted(figures.stuck),
                 "alert_threshold": self.survey.threshold,
-                "messages_received": broker.received,
+                "messages_received": snap.received,
                 "messages_received_by_qos": {
-                    str(qos): count for qos, count in enumerate(broker.received_by_qos)
+                    str(qos): count for qos, count in enumerate(snap.received_by_qos)
                 },
-                "messages_delivered": delivered(broker),
-                "messages_dropped": figures.census.dropped + broker.denied,
-                "bytes_received": broker.bytes_received,
-                "bytes_sent": broker.bytes_sent,
-                "connections_refused": refusals(broker),
+                "messages_delivered": snap.delivered,
+                "messages_dropped": snap.dropped,
+                "bytes_received": snap.bytes_received,
+                "bytes_sent": snap.bytes_sent,
+                "connections_refused": snap.refusals_by_reason(),
                 "store_commits": times.count if times is not None else 0,
                 "store_commit_seconds": round(times.total, 6) if times is not None else 0.0,
                 "websocket_listeners": self.websockets,

@@ -1,7 +1,8 @@
 """``/metrics``: the broker's figures in the Prometheus text format, through prometheus-client.
 
-A custom Collector reads, when scraped, the counters the broker keeps anyway (``Broker.received``,
-``bytes_received``, the store's commit histogram...) and the figures of the last
+A custom Collector reads, when scraped, the counters the broker keeps anyway (a
+:class:`~mqttbroker.broker.stats.Snapshot` of them, the store's commit histogram...) and the
+figures of the last
 :class:`~mqttbroker.ops.alerts.Survey` (at most one walk over the sessions a second, however
 often it is scraped). Nothing is counted per message for it: no locks, no label lookups. The
 registry also has prometheus-client's process and platform collectors (CPU, memory, open files).
@@ -23,29 +24,10 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
 from ..broker.core import Broker
-from ..protocol.reasons import CONNACK_CODES, ReasonCode
+from ..broker.stats import REFUSAL_REASONS
 from .alerts import Survey
-from .sys_tree import delivered
 
-__all__ = ["CONTENT_TYPE_LATEST", "REFUSAL_REASONS", "BrokerCollector", "Metrics", "refusals"]
-
-# The ``reason`` label of a refused CONNECT: its CONNACK reason code's name in the spec, in
-# lower case (0x86 "bad_user_name_or_password", 0x87 "not_authorized", 0x8A "banned"...); a
-# 3.1.1 client is counted under the same reason, whatever return code (if any) it was sent.
-REFUSAL_REASONS = {code: ReasonCode(code).name.lower() for code in sorted(CONNACK_CODES) if code}
-CONNECTION_LIMIT = "connection_limit"  # closed at once: max_connections or per address
-OTHER = "other"  # a refusal without a CONNACK reason code of its own (none so far)
-
-
-def refusals(broker: Broker) -> dict[str, int]:
-    """Refused connections by reason label, every label present (0 when none)."""
-    counts = dict.fromkeys(REFUSAL_REASONS.values(), 0)
-    counts[CONNECTION_LIMIT] = broker.refused
-    counts[OTHER] = 0
-    for code, count in broker.refusals.items():
-        reason = REFUSAL_REASONS.get(code, OTHER)
-        counts[reason] = counts.get(reason, 0) + count
-    return counts
+__all__ = ["CONTENT_TYPE_LATEST", "REFUSAL_REASONS", "BrokerCollector", "Metrics"]
 
 
 class BrokerCollector(Collector):
@@ -60,6 +42,7 @@ class BrokerCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         broker = self.broker
         figures = self.survey.current()
+        snap = broker.stats.snapshot(broker.connections, figures.census.dropped)
         router = broker.router
 
         def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
@@ -73,32 +56,32 @@ class BrokerCollector(Collector):
             "PUBLISH packets accepted from clients, by QoS",
             labels=["qos"],
         )
-        for qos, count in enumerate(broker.received_by_qos):
+        for qos, count in enumerate(snap.received_by_qos):
             received.add_metric([str(qos)], count)
         yield received
         yield counter(
             "messages_delivered",
             "PUBLISH packets sent to subscribers (resends included)",
-            delivered(broker),
+            snap.delivered,
         )
         dropped = CounterMetricFamily(
             "mqttbroker_messages_dropped", "Messages not delivered, by reason", labels=["reason"]
         )
         # "queue": a session's queue was full, or a QoS 0 message found its client not reading.
-        dropped.add_metric(["queue"], figures.census.dropped)
-        dropped.add_metric(["not_authorized"], broker.denied)
+        dropped.add_metric(["queue"], snap.queue_dropped)
+        dropped.add_metric(["not_authorized"], snap.denied)
         yield dropped
         refused = CounterMetricFamily(
             "mqttbroker_connections_refused",
             "Connections refused: by the connection limits, or their CONNECT, by reason",
             labels=["reason"],
         )
-        for reason, count in refusals(broker).items():
+        for reason, count in snap.refusals_by_reason().items():
             refused.add_metric([reason], count)
         yield refused
-        yield counter("connects", "CONNECT packets received", broker.connects)
-        yield counter("bytes_received", "MQTT bytes read from clients", broker.bytes_received)
-        yield counter("bytes_sent", "MQTT bytes written to clients", broker.bytes_sent)
+        yield counter("connects", "CONNECT packets received", snap.connects)
+        yield counter("bytes_received", "MQTT bytes read from clients", snap.bytes_received)
+        yield counter("bytes_sent", "MQTT bytes written to clients", snap.bytes_sent)
         connections = GaugeMetricFamily(
             "mqttbroker_connections", "Connected clients, by listener", labels=["listener"]
         )

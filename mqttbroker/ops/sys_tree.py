@@ -27,39 +27,42 @@ from .. import __version__
 from ..broker.core import Broker
 from ..broker.message import Message
 from ..broker.state import CONNECTED
+from ..broker.stats import Snapshot
 
 PREFIX = "$SYS/broker/"
 # Name -> seconds the moving average spans.
 PERIODS = {"1min": 60.0, "5min": 300.0, "15min": 900.0}
 
 
-def delivered(broker: Broker) -> int:
-    """PUBLISH packets sent to subscribers since the broker started."""
-    return broker.delivered_closed + sum(c.publishes_sent for c in broker.connections)
+def snapshot(broker: Broker) -> Snapshot:
+    """The broker's totals now, its sessions' drops counted exactly (a walk over them all)."""
+    return broker.stats.snapshot(
+        broker.connections, broker.stats.queue_dropped(broker.sessions.values())
+    )
 
 
-def totals(broker: Broker) -> dict[str, int]:
+def totals(snap: Snapshot) -> dict[str, int]:
     """The running totals the ``load/...`` figures are rates of, by their name there."""
     return {
-        "messages/received": broker.received,
-        "messages/sent": delivered(broker),
-        "publish/received": broker.received,
-        "publish/sent": delivered(broker),
-        "bytes/received": broker.bytes_received,
-        "bytes/sent": broker.bytes_sent,
-        "connections": broker.connects,
+        "messages/received": snap.received,
+        "messages/sent": snap.delivered,
+        "publish/received": snap.received,
+        "publish/sent": snap.delivered,
+        "bytes/received": snap.bytes_received,
+        "bytes/sent": snap.bytes_sent,
+        "connections": snap.connects,
     }
 
 
-def stats(broker: Broker, uptime: float) -> dict[str, Any]:
+def stats(broker: Broker, snap: Snapshot, uptime: float) -> dict[str, Any]:
     """The broker's counters, by the name they are published under (the loads aside)."""
     sessions = broker.sessions.values()
     router = broker.router
     offline = sum(1 for s in sessions if s.connection is None)
-    sent = delivered(broker)
+    sent = snap.delivered
     queued = sum(len(s.queue) for s in sessions)
     inflight = sum(len(s.inflight) for s in sessions)
-    dropped = broker.dropped_ended + sum(s.dropped for s in sessions)
+    dropped = snap.queue_dropped
     return {
         "version": f"mqttbroker version {__version__}",
         "uptime": f"{int(uptime)} seconds",
@@ -70,20 +73,20 @@ def stats(broker: Broker, uptime: float) -> dict[str, Any]:
         "sessions/offline": offline,
         "subscriptions/count": router.trie.count,
         "retained messages/count": len(router.retained),
-        "messages/received": broker.received,
+        "messages/received": snap.received,
         "messages/delivered": sent,
         "messages/sent": sent,
         "messages/queued": queued,
         "messages/inflight": inflight,
         "messages/dropped": dropped,
-        "publish/messages/received": broker.received,
+        "publish/messages/received": snap.received,
         "publish/messages/sent": sent,
         "publish/messages/dropped": dropped,
         "store/messages/count": queued + inflight,
-        "messages/denied": broker.denied,
-        "connections/refused": broker.refused,
-        "bytes/received": broker.bytes_received,
-        "bytes/sent": broker.bytes_sent,
+        "messages/denied": snap.denied,
+        "connections/refused": snap.refused,
+        "bytes/received": snap.bytes_received,
+        "bytes/sent": snap.bytes_sent,
     }
 
 
@@ -94,18 +97,18 @@ class SysTree:
         self.started = broker.clock()
         self._next = 0.0
         self._sampled_at = self.started
-        self._totals = totals(broker)
+        self._totals = totals(snapshot(broker))
         # load name ("messages/received/1min") -> messages (bytes, ...) per minute
         self.loads = {f"{name}/{period}": 0.0 for name in self._totals for period in PERIODS}
         # More figures, by name under $SYS/broker/ (the integrations' status).
         self.sources: list[Callable[[], dict[str, Any]]] = []
 
-    def _sample(self, now: float) -> None:
+    def _sample(self, snap: Snapshot, now: float) -> None:
         """Fold the counts since the last sample into the moving averages."""
         elapsed = now - self._sampled_at
         if elapsed <= 0:
             return
-        current = totals(self.broker)
+        current = totals(snap)
         for name, total in current.items():
             rate = (total - self._totals[name]) * 60.0 / elapsed
             for period, span in PERIODS.items():
@@ -124,8 +127,9 @@ class SysTree:
         if now < self._next:
             return
         self._next = now + self.interval
-        self._sample(now)
-        figures = stats(broker, now - self.started)
+        snap = snapshot(broker)
+        self._sample(snap, now)
+        figures = stats(broker, snap, now - self.started)
         figures.update((f"load/{key}", f"{load:.2f}") for key, load in self.loads.items())
         for source in self.sources:
             figures.update(source())

@@ -160,12 +160,13 @@ class Server:
 
         window = self.config.busy_poll_us
         if window:
-            self.busy_poll = BusyPoll(loop, broker.flush, window / 1_000_000)
-            broker.wake = self.busy_poll.wake
+            self.busy_poll = BusyPoll(loop, broker.scheduler.flush, window / 1_000_000)
+            broker.scheduler.wake = self.busy_poll.wake
             log.info("busy polling for %d microseconds after each pass that sends", window)
         else:
-            broker.wake = partial(loop.call_soon, broker.flush)  # a C call, once per pass
-            broker.hook_passes = True  # the own transport's passes flush at their end
+            scheduler = broker.scheduler
+            scheduler.wake = partial(loop.call_soon, scheduler.flush)  # a C call, once per pass
+            scheduler.hook_passes = True  # the own transport's passes flush at their end
         if self.config.gather_us and streams.available():
             log.info(
                 "gathering input for up to %d microseconds after each busy pass (plain TCP)",

@@ -175,7 +175,8 @@ async def _start_listener(
         )
     server: asyncio.base_events.Server | StreamServer
     if listener.protocol != "ws" and context is None and streams.available():
-        hooks = (broker.pass_begin, broker.pass_end) if broker.hook_passes else None
+        passes = broker.scheduler
+        hooks = (passes.pass_begin, passes.pass_end) if passes.hook_passes else None
         sockets = bind(listener.host, listener.port, reuse_port, listener.backlog)
         server = StreamServer(loop, sockets, factory, hooks=hooks, gather=gather)
     else:

@@ -28,9 +28,9 @@ _yield_cpu: Callable[[], None] = getattr(os, "sched_yield", lambda: None)  # not
 
 
 class BusyPoll:
-    """The broker's :attr:`~mqttbroker.broker.core.Broker.wake` when ``busy_poll_us`` is set:
-    schedules the flush, as the plain wake does, and keeps the loop spinning for ``window``
-    seconds after the last wake."""
+    """The scheduler's :attr:`~mqttbroker.broker.passes.PassScheduler.wake` when
+    ``busy_poll_us`` is set: schedules the flush, as the plain wake does, and keeps the loop
+    spinning for ``window`` seconds after the last wake."""
 
     __slots__ = ("loop", "flush", "window", "clock", "spinning", "woken", "deadline", "_spin_cb")
 

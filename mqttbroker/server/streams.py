@@ -21,8 +21,9 @@ quiet spell (100 µs since the last pass), its TCP acknowledgement is held (TCP_
 the protocol has handled the read: the kernel would otherwise send it from within recv(), and on
 loopback a forwarded message would wait for the peer's handling of that ACK.
 
-A listener's poller calls the broker's ``pass_begin`` and ``pass_end`` around each of its passes
-(``hooks``): the pass's output is flushed at its end, without a callback of the loop.
+A listener's poller calls the broker's ``pass_begin`` and ``pass_end`` (broker/passes.py) around
+each of its passes (``hooks``): the pass's output is flushed at its end, without a callback of the
+loop.
 
 ``gather`` (``gather_us`` of the configuration, 200 µs by default) trades latency for CPU under
 load: after a pass that found two or more sockets ready, the poller sleeps (the GIL released)
@@ -65,7 +66,7 @@ class StreamServer:
     """A plain TCP listener on ``_streams``: it accepts on ``sockets`` (bound, listening, non
     blocking) and calls ``factory()`` for each connection's protocol; ``defer_accept``: seconds
     of TCP_DEFER_ACCEPT (0: none; default DEFER_ACCEPT); ``hooks``: (begin, end), called
-    before and after each pass over the sockets ready (Broker.pass_begin and pass_end);
+    before and after each pass over the sockets ready (PassScheduler.pass_begin and pass_end);
     ``gather``: seconds from the start of a pass with two or more sockets ready to the next
     pass, at least (0: off; see the module's docstring). It has
     what the Server needs of an asyncio server: ``sockets``, ``close()`` and ``wait_closed()``."""

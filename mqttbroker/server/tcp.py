@@ -97,7 +97,7 @@ class MQTTProtocol:
         if conn is None:
             self._discard(len(data))
             return
-        self.broker.handle_read(conn, data)
+        self.broker.scheduler.handle_read(conn, data)
 
     def eof_received(self) -> bool:
         # The client sends nothing more: the transport closes once what is buffered is written.

@@ -95,7 +95,7 @@ def test_a_denied_answer_refuses_the_publish(h: Harness) -> None:
     packet_id = client.publish("secret", b"1", qos=1)
     rights.answer("secret", False)
     assert acks(client) == [(packet_id, 0x87)]
-    assert h.broker.denied == 1
+    assert h.broker.stats.denied == 1
 
 
 def test_a_subscribe_waits_whole(h: Harness) -> None:

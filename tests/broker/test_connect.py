@@ -406,7 +406,7 @@ def test_connect_v311(h: Harness) -> None:
     """[MQTT-3.1.4-5] A 3.1.1 CONNECT gets the 4-byte 3.1.1 CONNACK: flags 0, return code 0."""
     client = h.client(version=MQTT_3_1_1)
     client.send_raw(connect_bytes("c311", MQTT_3_1_1))
-    h.broker.flush()
+    h.broker.scheduler.flush()
     assert client.link.data == b"\x20\x02\x00\x00"
     assert not client.closed
 
@@ -425,7 +425,7 @@ def test_v311_empty_client_id_persistent_session_rejected(h: Harness) -> None:
     CONNACK return code 2 (identifier rejected) and the connection is closed."""
     client = h.client(version=MQTT_3_1_1)
     client.send_raw(connect_bytes("", MQTT_3_1_1, clean_start=False))
-    h.broker.flush()
+    h.broker.scheduler.flush()
     assert client.link.data == b"\x20\x02\x00\x02"
     assert client.closed
     assert h.broker.sessions == {}
@@ -462,7 +462,7 @@ def test_unsupported_old_protocol_level(h: Harness, level: int) -> None:
     data[8] = level
     client = h.client(version=MQTT_3_1_1)
     client.send_raw(bytes(data))
-    h.broker.flush()
+    h.broker.scheduler.flush()
     assert client.link.data == b"\x20\x02\x00\x01"
     assert client.closed
 
@@ -871,12 +871,12 @@ def test_connack_after_password_check(make_harness: Any, expiry: int, waits: boo
     props = {Prop.SESSION_EXPIRY_INTERVAL: expiry} if expiry else {}
     client.send(pk.Connect(client_id="c", username="alice", password=b"secret", properties=props))
     offload.run_all()
-    h.broker.flush()
+    h.broker.scheduler.flush()
     sent = split_packets(client.link.data, 5)
     if waits:
         assert sent == []
         store.commit()
-        h.broker.flush()
+        h.broker.scheduler.flush()
         sent = split_packets(client.link.data, 5)
     assert [type(p) for p in sent] == [pk.Connack]
 
@@ -925,7 +925,7 @@ def test_refused_connections_logged_at_powers_of_two(
     h.connect("a")
     for _ in range(9):
         assert h.client().closed
-    assert h.broker.refused == 9
+    assert h.broker.stats.refused == 9
     assert counts_logged(caplog, "max_connections (1) reached") == POWERS_OF_TWO
 
 

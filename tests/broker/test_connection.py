@@ -302,9 +302,9 @@ def test_deferred_input_wakes_the_loop_without_output(make_harness: Any) -> None
     pass (``wake``), or the rest would wait for some unrelated event."""
     h: Harness = make_harness(input_budget=2)
     client = h.connect("c")
-    h.broker.flush()
+    h.broker.scheduler.flush()
     wakes: list[int] = []
-    h.broker.wake = lambda: wakes.append(1)
+    h.broker.scheduler.wake = lambda: wakes.append(1)
     raw = b"\x30\x04\x00\x01t\x00" * 5  # QoS 0, nobody subscribed
     client.send_raw(raw)
     assert wakes == [1]
@@ -337,7 +337,7 @@ def test_deliveries_coalesced_into_one_write(h: Harness) -> None:
     )
     other.publish("t", b"other", 0)
     assert len(subscriber.link.writes) == writes_before  # nothing written before the flush
-    h.broker.flush()
+    h.broker.scheduler.flush()
     assert len(subscriber.link.writes) == writes_before + 1
     assert len(split_raw(subscriber.link.writes[-1])) == 6
     assert [p.payload for p in subscriber.publishes()] == [b"0", b"1", b"2", b"3", b"4", b"other"]
@@ -348,7 +348,7 @@ def test_acks_coalesced_into_one_write(h: Harness) -> None:
     publisher = h.connect("pub")
     before = len(publisher.link.writes)
     publisher.send(*(pk.Publish("t", b"m", 1, packet_id=i) for i in range(1, 8)))
-    h.broker.flush()
+    h.broker.scheduler.flush()
     assert len(publisher.link.writes) == before + 1
     assert [p.packet_id for p in publisher.receive()] == list(range(1, 8))
 
@@ -427,13 +427,13 @@ def test_acks_released_one_commit_at_a_time(make_harness: Any) -> None:
     client = h.connect("c")
     client.publish("r/1", b"x", 1, retain=True)
     client.publish("r/2", b"x", 1, retain=True)
-    h.broker.flush()
+    h.broker.scheduler.flush()
     assert split_packets(client.link.data[client._read :], 5) == []
     store.commit_one()
-    h.broker.flush()
+    h.broker.scheduler.flush()
     assert [p.packet_id for p in split_packets(client.link.data[client._read :], 5)] == [1]
     store.commit_one()
-    h.broker.flush()
+    h.broker.scheduler.flush()
     assert [p.packet_id for p in split_packets(client.link.data[client._read :], 5)] == [1, 2]
 
 
@@ -461,9 +461,9 @@ def test_keep_alive_timeout_is_logged(h: Harness, caplog: pytest.LogCaptureFixtu
 def test_deferral_with_output_pending_wakes_once(make_harness: Any) -> None:
     h: Harness = make_harness(input_budget=2)
     client = h.connect("c")
-    h.broker.flush()
+    h.broker.scheduler.flush()
     wakes: list[int] = []
-    h.broker.wake = lambda: wakes.append(1)
+    h.broker.scheduler.wake = lambda: wakes.append(1)
     client.send_raw(b"\xc0\x00" * 5)  # PINGRESPs to write, and input left for later
     assert wakes == [1]
 
@@ -522,7 +522,7 @@ def test_an_idle_connection_keeps_little_memory() -> None:
         before = tracemalloc.get_traced_memory()[0]
         for peer, data in zip(peers[20:], connects[20:], strict=True):
             broker.connect(link, peer).data_received(data)
-        broker.flush()
+        broker.scheduler.flush()
         gc.collect()
         per_connection = (tracemalloc.get_traced_memory()[0] - before) / (count - 20)
     finally:
@@ -539,7 +539,7 @@ def test_an_idle_connection_keeps_no_output_list(make_harness: Callable[..., Har
     assert client.conn.out is None
     client.send(pk.Pingreq())
     assert client.conn.out is not None  # waits for the flush at the end of the pass
-    h.broker.flush()
+    h.broker.scheduler.flush()
     assert client.conn.out is None
     assert isinstance(client.receive()[-1], pk.Pingresp)
 
@@ -581,10 +581,10 @@ def test_ack_waits_for_the_commit_when_the_same_read_disconnects() -> None:
         h.broker.router.retained._store = store
         client = h.connect("p")
         client.send(pk.Publish("r", b"x", 1, True, False, 1, {}), tail)
-        h.broker.flush()
+        h.broker.scheduler.flush()
         assert split_packets(client.link.data[client._read :], 5) == []
         store.commit()
-        h.broker.flush()
+        h.broker.scheduler.flush()
         got = split_packets(client.link.data[client._read :], 5)
         assert isinstance(got[0], pk.Puback) and got[0].packet_id == 1
         assert client.link.closed
@@ -606,7 +606,7 @@ def test_packet_size_measured_from_its_own_start(make_harness: Any) -> None:
 def test_input_budget_is_per_pass_not_per_read(make_harness: Any) -> None:
     h: Harness = make_harness(input_budget=2)
     client = h.connect("c")
-    h.broker.flush()
+    h.broker.scheduler.flush()
     client.send_raw(b"\xc0\x00" * 2)
     assert not client.link.reading_paused
     client.send_raw(b"\xc0\x00")  # a second read in the same pass: over the budget

@@ -86,7 +86,9 @@ class ReadableFilters(AllowAll):
 
 def read(h: Harness, client: Client, payload: bytes) -> None:
     """One transport read from ``client``: a QoS 0 PUBLISH to "t"."""
-    h.broker.handle_read(client.conn, grammar.encode(pk.Publish(topic="t", payload=payload), 5))
+    h.broker.scheduler.handle_read(
+        client.conn, grammar.encode(pk.Publish(topic="t", payload=payload), 5)
+    )
 
 
 def connect_as(h: Harness, client_id: str, username: str | None) -> pk.Connack:
@@ -562,7 +564,7 @@ def test_max_connections_closes_the_extra_connection(make_harness: Any) -> None:
     h.connect("b")
     extra = h.client()
     assert extra.closed  # closed on accept, before any byte
-    assert h.broker.refused == 1
+    assert h.broker.stats.refused == 1
     first.subscribe("t")  # the others are unharmed
 
 
@@ -833,7 +835,7 @@ def test_first_read_of_an_idle_pass_is_written_at_once_later_ones_at_the_flush(
     sub = h.connect("sub")
     sub.subscribe("t")
     a, b = h.connect("a"), h.connect("b")
-    h.broker.flush()
+    h.broker.scheduler.flush()
 
     def written() -> list[bytes]:
         return [p.payload for p in sub.unread()]
@@ -842,11 +844,11 @@ def test_first_read_of_an_idle_pass_is_written_at_once_later_ones_at_the_flush(
     assert written() == [b"1"]
     read(h, b, b"2")  # a second read in the same pass: waits for the pass's flush
     assert written() == []
-    h.broker.flush()
+    h.broker.scheduler.flush()
     assert written() == [b"2"]
     read(h, a, b"3")  # that pass was crowded: even the next pass's first read waits
     assert written() == []
-    h.broker.flush()
+    h.broker.scheduler.flush()
     assert written() == [b"3"]
     read(h, a, b"4")  # a pass of one read is not crowded: the next one is idle again
     assert written() == [b"4"]
@@ -859,11 +861,11 @@ def test_the_broker_counts_each_byte_read_and_written_once(h: Harness) -> None:
     sub.subscribe("t")
     pub = h.connect("pub")
     read(h, pub, b"x" * 100)
-    h.broker.flush()
+    h.broker.scheduler.flush()
     clients = [sub, pub]
-    assert h.broker.bytes_sent == sum(len(c.link.data) for c in clients)
-    assert h.broker.bytes_sent == sum(c.conn.bytes_sent for c in clients) > 100
-    assert h.broker.bytes_received == sum(c.conn.bytes_received for c in clients) > 100
+    assert h.broker.stats.bytes_sent == sum(len(c.link.data) for c in clients)
+    assert h.broker.stats.bytes_sent == sum(c.conn.bytes_sent for c in clients) > 100
+    assert h.broker.stats.bytes_received == sum(c.conn.bytes_received for c in clients) > 100
 
 
 def test_session_expiry_bracketed(h: Harness) -> None:
@@ -926,13 +928,8 @@ def test_taking_over_another_users_client_id_counts_for_the_cap(make_harness: An
 
 
 def test_fresh_broker_counters(h: Harness) -> None:
-    broker = h.broker
-    assert (broker.bytes_sent, broker.bytes_received, broker.received, broker.denied) == (
-        0,
-        0,
-        0,
-        0,
-    )
+    snap = h.broker.stats.snapshot(h.broker.connections, 0)
+    assert (snap.bytes_sent, snap.bytes_received, snap.received, snap.denied) == (0, 0, 0, 0)
 
 
 def test_queued_share_of_an_expired_session_goes_to_another_member(h: Harness) -> None:

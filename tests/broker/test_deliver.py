@@ -10,7 +10,7 @@ from support.harness import Client, Harness, Prop, pair, pk, split_packets, wind
 
 def raw_publishes(client: Client) -> list[pk.Publish]:
     """What the client was sent, decoded without the harness's no-alias check."""
-    client.h.broker.flush()
+    client.h.broker.scheduler.flush()
     packets = split_packets(client.link.data[client._read :], client.version)
     client._read = len(client.link.data)
     return [p for p in packets if isinstance(p, pk.Publish)]

@@ -64,7 +64,7 @@ def test_qos2_flow_both_sides(h: Harness) -> None:
     # The subscriber side.
     subscriber.pubrec(sub_id)
     subscriber.receive(limit=0)
-    h.broker.flush()
+    h.broker.scheduler.flush()
     raw = split_raw(subscriber.link.data[subscriber._read :])
     assert raw == [bytes((0x62, 2, sub_id >> 8, sub_id & 0xFF))]  # PUBREL, flags 0010
     rel = subscriber.one(pk.Pubrel)

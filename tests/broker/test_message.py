@@ -51,7 +51,7 @@ def test_qos0_packet_forwarded_unchanged(
         publisher.send(pk.Publish("t/a", payload, 0, retain, False, None, {}))
         kept = retain and version == 5
         expected = grammar.encode(pk.Publish("t/a", payload, 0, kept, False, None, {}), version)
-        h.broker.flush()
+        h.broker.scheduler.flush()
         assert same.link.data[same._read :] == expected
         assert same.publishes()[0].retain is kept
         got = differ.publishes()

@@ -407,13 +407,13 @@ def test_retained_refusal_is_logged(make_harness: Any, caplog: pytest.LogCapture
     h: Harness = make_harness(max_retained=1)
     client = h.connect("c")
     client.publish("r/1", b"x", retain=True)
-    denied = h.broker.denied
+    denied = h.broker.stats.denied
     client.publish("r/2", b"x", 1, retain=True)
     ack = client.one(pk.Puback)
     assert ack.reason_code == 0x97
-    assert h.broker.denied == denied + 1  # counted ($SYS), once per refusal
+    assert h.broker.stats.denied == denied + 1  # counted ($SYS), once per refusal
     client.publish("r/3", b"x", 0, retain=True)  # QoS 0: dropped, counted
-    assert h.broker.denied == denied + 2
+    assert h.broker.stats.denied == denied + 2
     assert "client c: retained message on 'r/2' refused: max_retained (1) reached" in [
         r.getMessage() for r in caplog.records
     ]

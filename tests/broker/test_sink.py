@@ -47,9 +47,9 @@ def test_integration_publish_is_authorized_as_its_session(h: Harness) -> None:
     h.broker.authorizer = rules
     outbox = Outbox(h.broker, "$bridge/b", Recorder(), 10, 1 << 20)
     outbox.session.username = "bridge-user"
-    denied = h.broker.denied
+    denied = h.broker.stats.denied
     assert outbox.publish("secret/in", b"x", 1, False, None) == ReasonCode.NOT_AUTHORIZED
-    assert h.broker.denied == denied + 1
+    assert h.broker.stats.denied == denied + 1
     assert rules.calls == [("$bridge/b", "bridge-user", "secret/in")]
     assert outbox.publish("open/in", b"x", 1, False, None) == ReasonCode.NO_MATCHING_SUBSCRIBERS
 

@@ -155,7 +155,7 @@ def test_first_packet_not_connect(h: Harness, first_packet: bytes) -> None:
     section 4.13.1), and the client's protocol version is not even known."""
     client = h.client()
     client.send_raw(first_packet)
-    h.broker.flush()
+    h.broker.scheduler.flush()
     assert client.closed
     assert client.link.data == b""
     assert h.broker.sessions == {}

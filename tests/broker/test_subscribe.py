@@ -83,7 +83,7 @@ def marked_client(h: Harness, client_id: str, **connect: Any) -> tuple[LinkClien
     client = LinkClient(h.broker, MQTT_5, link, f"peer-{client_id}")
     link.client = client
     client.send(pk.Connect(client_id=client_id, protocol_level=MQTT_5, **connect))
-    h.broker.flush()
+    h.broker.scheduler.flush()
     (connack,) = client.unread()
     assert isinstance(connack, pk.Connack) and connack.reason_code == 0
     link.read_all()
@@ -92,7 +92,7 @@ def marked_client(h: Harness, client_id: str, **connect: Any) -> tuple[LinkClien
 
 def passes(h: Harness) -> None:
     for _ in range(PASSES):
-        h.broker.flush()
+        h.broker.scheduler.flush()
 
 
 def held(client: LinkClient, link: MarkedLink) -> int:
@@ -497,7 +497,7 @@ def test_the_replay_after_the_suback_is_a_small_share(
     client, link = marked_client(h, "slow")
     link.unread = HIGH - 1  # just under the mark: live traffic it has not read yet
     client.send_subscribe("#", 0)
-    h.broker.flush()
+    h.broker.scheduler.flush()
     assert link.unread - (HIGH - 1) <= REPLAY_WRITE + SIZE + 64, link.unread
     passes(h)
     assert link.peak <= HIGH + REPLAY_WRITE + SIZE + 64

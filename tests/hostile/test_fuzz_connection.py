@@ -110,7 +110,7 @@ def test_connection_survives_any_input(chunks: list[bytes]) -> None:
     conn = broker.connect(link, "fuzz")
     for chunk in chunks:
         conn.data_received(chunk)  # must not raise
-    broker.flush()
+    broker.scheduler.flush()
     broker.tick()
     written = split(bytes(link.data))
     for index, (first, body) in enumerate(written):
@@ -124,7 +124,7 @@ def test_connection_survives_any_input(chunks: list[bytes]) -> None:
     other = broker.connect(Link(), "other")
     other.data_received(grammar.encode(pk.Connect(client_id="other"), 5))
     other.data_received(grammar.encode(pk.Publish("obs/x", b"still here", 0), 5))
-    broker.flush()
+    broker.scheduler.flush()
     assert b"still here" in bytes(observer_link.data[before:])
 
 

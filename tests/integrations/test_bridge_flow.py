@@ -70,7 +70,7 @@ def test_inbound_acknowledged_only_after_the_local_commit() -> None:
     store = DeferredStore()
     broker, bridge, writer = make_bridge(store)
     feed(bridge, writer, encode_hot(pk.Publish("in/x", b"v", 1, packet_id=7), 5))
-    assert broker.received == 1 and bridge.forwarded_in == 1
+    assert broker.stats.received_q1 == 1 and bridge.forwarded_in == 1
     assert writer.data == []  # not before the commit
     store.commit()
     assert writer.data == [fastpath.encode_ack(PacketType.PUBACK, 7, 0x10, None, 5)]

@@ -97,7 +97,7 @@ async def test_puback_is_written_only_after_the_commit(db_path: Path, fake_time:
     commits = node.s.commits
 
     packet_id = pub.publish("d/1", b"durable", 1)
-    node.b.flush()
+    node.b.scheduler.flush()
     assert pub.written()[before:] == []  # held: nothing is committed yet
     assert node.s.commits == commits
     assert rows(db_path, "SELECT count(*) FROM deliveries") == [(0,)]
@@ -105,7 +105,7 @@ async def test_puback_is_written_only_after_the_commit(db_path: Path, fake_time:
     await node.committed()
     assert node.s.commits > commits
     assert rows(db_path, "SELECT count(*) FROM deliveries WHERE client_id = 'sub'") == [(1,)]
-    node.b.flush()
+    node.b.scheduler.flush()
     after = pub.written()[before:]
     assert [(type(p), p.packet_id) for p in after] == [(pk.Puback, packet_id)]
 
@@ -129,9 +129,9 @@ async def test_the_loop_yields_the_processor_once_per_commit_while_it_runs(
 
     monkeypatch.setattr(sqlite_store, "_yield_processor", record)
     pub.publish("d/1", b"durable", 1)
-    node.b.flush()
+    node.b.scheduler.flush()
     await node.committed()
-    node.b.flush()
+    node.b.scheduler.flush()
     assert yields == [(commits, 0)]
     assert node.s.commits == commits + 1
     assert len(pub.written()) - before == 1  # the PUBACK, after the commit
@@ -145,13 +145,13 @@ async def test_pubrec_is_written_only_after_the_commit(db_path: Path, fake_time:
     before = len(pub.written())
 
     pub.publish("d/2", b"durable two", 2, packet_id=9)
-    node.b.flush()
+    node.b.scheduler.flush()
     assert pub.written()[before:] == []
     assert rows(db_path, "SELECT count(*) FROM releases") == [(0,)]
 
     await node.committed()
     assert rows(db_path, "SELECT client_id, packet_id FROM releases") == [("pub", 9)]
-    node.b.flush()
+    node.b.scheduler.flush()
     assert [(type(p), p.packet_id) for p in pub.written()[before:]] == [(pk.Pubrec, 9)]
 
 
@@ -163,11 +163,11 @@ async def test_suback_of_a_persistent_session_is_written_after_the_commit(
     client = await node.connect("s", expiry=300)
     before = len(client.written())
     client.send(pk.Subscribe(1, [pk.SubscriptionRequest("a/#", 1)]))
-    node.b.flush()
+    node.b.scheduler.flush()
     assert client.written()[before:] == []
     await node.committed()
     assert rows(db_path, "SELECT topic_filter FROM subscriptions") == [("a/#",)]
-    node.b.flush()
+    node.b.scheduler.flush()
     assert [type(p) for p in client.written()[before:]] == [pk.Suback]
 
 
@@ -234,7 +234,7 @@ async def test_puback_before_a_disconnect_in_the_same_read_waits_for_the_commit(
     pub = await node.connect("pub", on_write=audit)
     pub.send(pk.Publish("bye/x", b"last words", 1, False, False, 1), pk.Disconnect(0))
     await node.committed()
-    node.b.flush()
+    node.b.scheduler.flush()
     assert rows(db_path, "SELECT count(*) FROM deliveries") == [(1,)]
     assert audit.violations == []
 
@@ -564,7 +564,7 @@ async def publisher_facing_a_full_disk(node: Node, attempts: list[int]) -> tuple
     packet_id = pub.publish("full/x", os.urandom(100_000), 1)
     assert packet_id is not None
     await until(lambda: len(attempts) >= start + 3, "three failed commits")
-    node.b.flush()
+    node.b.scheduler.flush()
     assert pub.written()[before:] == [], "acknowledged although not stored"
     return pub, before, packet_id
 
@@ -600,7 +600,7 @@ async def test_stop_while_the_disk_is_full_gives_up_without_acknowledging(
     pub, before, _ = await publisher_facing_a_full_disk(node, attempts)
     with caplog.at_level(logging.ERROR, logger="mqttbroker.storage"):
         await asyncio.wait_for(node.close(), TIMEOUT)
-    node.b.flush()
+    node.b.scheduler.flush()
     assert pub.written()[before:] == []
     assert "stopping with changes that could not be written" in caplog.text
     assert FULL in caplog.text

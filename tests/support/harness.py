@@ -289,7 +289,7 @@ class Client(LinkClient):
     def receive(self, limit: int | None = None) -> list[Any]:
         """Flush the broker and decode whatever this client was sent since the last call (at
         most ``limit`` packets; the rest stay for the next call)."""
-        self.h.broker.flush()
+        self.h.broker.scheduler.flush()
         packets = self.unread(limit)
         self._check(packets)
         return packets

@@ -127,7 +127,7 @@ class Node:
         if self.auto_flush:  # as the TCP edge does: flush at the end of the loop pass
             loop = asyncio.get_running_loop()
             broker = self.broker
-            broker.wake = lambda: loop.call_soon(broker.flush)
+            broker.scheduler.wake = lambda: loop.call_soon(broker.scheduler.flush)
         return self
 
     @property
@@ -205,7 +205,7 @@ class Client(LinkClient):
     async def receive(self) -> list[Any]:
         """Wait for the commit, flush, and decode what arrived since the last call."""
         await self.node.committed()
-        self.node.b.flush()
+        self.node.b.scheduler.flush()
         return self.unread()
 
     async def connect(

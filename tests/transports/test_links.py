@@ -17,6 +17,7 @@ from aiohttp import WSMsgType
 from support.certs import Certificates, client_context
 from support.clients import CONNACK_OK, MQTT_311, connect_packet, unique
 
+from mqttbroker.broker.stats import BrokerStats
 from mqttbroker.config import Config, ListenerConfig
 from mqttbroker.server.app import Server
 from mqttbroker.server.tcp import WRITE_HIGH_WATER, MQTTProtocol
@@ -83,8 +84,7 @@ class FakeConnection:
 class FakeBroker:
     def __init__(self, conn: FakeConnection) -> None:
         self.conn = conn
-        self.bytes_received = 0
-        self.bytes_sent = 0
+        self.stats = BrokerStats()  # the link must leave the byte counts to the connection
 
     def connect(
         self,
@@ -154,7 +154,7 @@ def test_close_sends_what_was_written_first() -> None:
         await asyncio.wait_for(task, GUARD)
         assert ws.frames == [b"\x20\x02\x00\x00\xe0\x00"]
         # counted once, by the connection (Connection.flush), not again by the link
-        assert link.broker is not None and link.broker.bytes_sent == 0
+        assert link.broker is not None and link.broker.stats.bytes_sent == 0
         assert ws.close_code == 1000
         assert conn.events == ["lost"]  # the connection is told (it ignores it once closed)
 
@@ -177,7 +177,7 @@ def test_paused_reading_stops_receiving() -> None:
         link.resume_reading()
         await until(lambda: conn.received == [b"one", b"two"])
         # counted once, by the connection (Connection.data_received), not again by the link
-        assert link.broker is not None and link.broker.bytes_received == 0
+        assert link.broker is not None and link.broker.stats.bytes_received == 0
         ws.incoming.put_nowait(aiohttp.WSMessage(WSMsgType.CLOSED, None, None))
         await asyncio.wait_for(task, GUARD)
         assert conn.events == ["lost"]

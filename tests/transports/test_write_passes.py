@@ -1,7 +1,7 @@
 """When the TCP link writes what a read produced: at once while the loop is not under load (the
 pass's first read with output), at the end of the pass otherwise, one write per connection per
-pass. The loop is played by hand: ``broker.flush()`` is the end of a pass, as the event loop runs
-it once per pass that ``broker.wake`` asked for."""
+pass. The loop is played by hand: ``broker.scheduler.flush()`` is the end of a pass, as the event
+loop runs it once per pass that ``broker.scheduler.wake`` asked for."""
 
 from __future__ import annotations
 
@@ -53,14 +53,14 @@ class _Loop:
     def __init__(self) -> None:
         self.broker = Broker(BrokerOptions(), clock=FakeClock())
         self.wakes = 0
-        self.broker.wake = self._wake
+        self.broker.scheduler.wake = self._wake
         self.clients: dict[str, tuple[MQTTProtocol, _Transport]] = {}
 
     def _wake(self) -> None:
         self.wakes += 1
 
     def end_pass(self) -> None:
-        self.broker.flush()
+        self.broker.scheduler.flush()
 
     def connect(self, client_id: str) -> _Transport:
         protocol = MQTTProtocol(self.broker)
@@ -149,7 +149,7 @@ def test_the_flush_is_asked_for_after_the_early_write_and_not_for_a_read_without
     loop = _Loop()
     sub = loop.subscribed("a")
     order: list[tuple[str, int]] = []
-    loop.broker.wake = lambda: order.append(("wake", len(sub.writes)))
+    loop.broker.scheduler.wake = lambda: order.append(("wake", len(sub.writes)))
     written = len(sub.writes)
 
     loop.publish("a", b"1")
@@ -191,15 +191,15 @@ def test_a_hooked_pass_asks_for_no_callback_and_is_flushed_at_its_end() -> None:
     seen = len(sub.writes)
     wakes = loop.wakes
 
-    loop.broker.pass_begin()
+    loop.broker.scheduler.pass_begin()
     loop.publish("a", b"1")  # the pass's first read: still written at once
     loop.publish("b", b"2")
     loop.publish("a", b"3")
     assert [_payloads(w) for w in sub.writes[seen:]] == [[b"1"]]
-    loop.broker.pass_end()
+    loop.broker.scheduler.pass_end()
     assert [_payloads(w) for w in sub.writes[seen:]] == [[b"1"], [b"2", b"3"]]
     assert loop.wakes == wakes  # no loop callback asked for
-    loop.broker.pass_end()  # nothing due: nothing written
+    loop.broker.scheduler.pass_end()  # nothing due: nothing written
     assert len(sub.writes) == seen + 2
 
     loop.publish("a", b"4")  # outside a pass: the flush is asked of the loop, as before
