@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl
 from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, cast
@@ -35,6 +36,7 @@ from . import StartError, streams
 from .proxy import ProxyAcceptor, bind
 from .streams import StreamServer
 from .tcp import MQTTProtocol
+from .tlslayer import TLSLayer
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -122,6 +124,12 @@ async def start_listener(
         ) from None
 
 
+def _tls_protocol(
+    context: ssl.SSLContext, timeout: float, app: Callable[[], asyncio.BaseProtocol]
+) -> asyncio.BaseProtocol:
+    return cast(asyncio.BaseProtocol, TLSLayer(context, timeout, app()))
+
+
 async def _start_listener(
     broker: Broker,
     listener: ListenerConfig,
@@ -173,6 +181,9 @@ async def _start_listener(
             Callable[[], asyncio.BaseProtocol],
             partial(MQTTProtocol, broker, listener, None, policy),
         )
+        if context is not None:  # TLS over the plain transport (tlslayer.py)
+            factory = partial(_tls_protocol, context, broker.options.connect_timeout, factory)
+            context = handshake_timeout = None
     server: asyncio.base_events.Server | StreamServer
     if listener.protocol != "ws" and context is None and streams.available():
         passes = broker.scheduler

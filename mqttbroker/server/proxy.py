@@ -35,10 +35,11 @@ import logging
 import socket
 import ssl
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from ..config import IPNetwork
 from .tcp import peer_name
+from .tlslayer import TLSLayer
 
 log = logging.getLogger("mqttbroker.proxy")
 
@@ -304,15 +305,21 @@ class ProxyAcceptor:
             name = f"{header.client[0]}:{header.client[1]} (via {balancer})"
             address = header.client[0]
         self._held.discard(sock)  # the loop's now, closed with its transport
+        context = self.context
+        if context is None:
+            factory = functools.partial(self.factory, name, address)
+        else:  # TLS over the plain transport, after the header (tlslayer.py)
+            factory = functools.partial(self._tls, context, name, address)
         try:
-            await self.loop.connect_accepted_socket(
-                lambda: self.factory(name, address),
-                sock,
-                ssl=self.context,
-                ssl_handshake_timeout=self.timeout if self.context is not None else None,
-            )
-        except (OSError, ssl.SSLError, TimeoutError) as exc:
-            log.debug("TLS handshake with %s failed: %s", name, exc)
+            await self.loop.connect_accepted_socket(factory, sock)
+        except OSError as exc:
+            log.debug("connection from %s failed: %s", name, exc)
+
+    def _tls(
+        self, context: ssl.SSLContext, name: str, address: str | None
+    ) -> asyncio.BaseProtocol:
+        app = self.factory(name, address)
+        return cast(asyncio.BaseProtocol, TLSLayer(context, self.timeout, app))
 
     def _refuse(self, balancer: str, why: str) -> None:
         self.refused += 1

@@ -1,5 +1,6 @@
-"""The broker's own TCP transport, for plain MQTT over TCP listeners (not TLS, WebSocket or
-PROXY protocol ones, which stay on the event loop's transports).
+"""The broker's own TCP transport, for MQTT over TCP listeners, plain and TLS (the TLS layer,
+tlslayer.py, is its protocol); not WebSocket or PROXY protocol ones, which stay on the event
+loop's transports.
 
 An idle connection on an event loop's transport carries the loop's own objects (on uvloop: the
 transport object, libuv's handle, the entry in the loop's weak dictionary of transports), more

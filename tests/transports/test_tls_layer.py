@@ -1,0 +1,216 @@
+"""TLS over a plain transport (server/tlslayer.py): TLS listeners on the broker's own transport,
+what the MQTT protocol above the layer sees (the connection only after the handshake, the
+client's close_notify as its EOF), the handshake timeout, and close() as a close_notify."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.certs import Certificates, client_context
+from support.clients import CONNACK_OK, MQTT_311, connect_packet, unique
+
+from mqttbroker.config import Config, ListenerConfig
+from mqttbroker.security.tls import server_context
+from mqttbroker.server import streams
+from mqttbroker.server.app import Server
+from mqttbroker.server.tlslayer import TLSLayer
+
+GUARD = 10.0  # seconds: a failure guard, never a measured time
+
+
+def _context(certs: Certificates) -> ssl.SSLContext:
+    listener = ListenerConfig(tls_cert_file=str(certs.server_cert), tls_key_file=str(certs.server_key))
+    context = server_context(listener, "test")
+    assert context is not None
+    return context
+
+
+class App:
+    """The protocol above the layer, recording what it is told."""
+
+    def __init__(self, close_on_data: bool = False) -> None:
+        self.events: list[Any] = []
+        self.transport: Any = None
+        self.close_on_data = close_on_data
+        self.lost = asyncio.Event()
+        self.eof = asyncio.Event()
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        self.events.append(("made", type(transport.get_extra_info("ssl_object")).__name__))
+
+    def data_received(self, data: bytes) -> None:
+        self.events.append(("data", data))
+        if self.close_on_data:
+            self.transport.close()
+        else:
+            self.transport.write(data.upper())
+
+    def eof_received(self) -> bool:
+        self.events.append("eof")
+        self.eof.set()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.events.append("lost")
+        self.lost.set()
+
+    def pause_writing(self) -> None:
+        pass
+
+    def resume_writing(self) -> None:
+        pass
+
+
+async def _serve(context: ssl.SSLContext, app: App, timeout: float = GUARD) -> asyncio.Server:
+    loop = asyncio.get_running_loop()
+    return await loop.create_server(lambda: TLSLayer(context, timeout, app), "127.0.0.1", 0)
+
+
+def _port(server: asyncio.Server) -> int:
+    return int(server.sockets[0].getsockname()[1])
+
+
+@pytest.mark.parametrize("built", [True, False])
+def test_tls_listeners_run_the_layer_on_the_own_transport_when_built(
+    tmp_path: Path, certs: Certificates, monkeypatch: pytest.MonkeyPatch, built: bool
+) -> None:
+    if not built:
+        monkeypatch.setattr(streams, "available", lambda: False)
+    tls = ListenerConfig(
+        host="127.0.0.1",
+        port=0,
+        tls_cert_file=str(certs.server_cert),
+        tls_key_file=str(certs.server_key),
+    )
+    config = Config(listeners=[tls], data_dir=str(tmp_path))
+    config.storage.backend = "memory"
+
+    async def scenario() -> tuple[bytes, str, str, str]:
+        server = Server(config)
+        await server.start()
+        try:
+            port = server.addresses[0][1]
+            reader, writer = await asyncio.open_connection(
+                "127.0.0.1", port, ssl=client_context(certs), server_hostname="localhost"
+            )
+            writer.write(connect_packet(unique("tlslayer"), MQTT_311))
+            answer = await asyncio.wait_for(reader.readexactly(4), GUARD)
+            (conn,) = server.broker.connections
+            layer = conn.link.transport  # type: ignore[attr-defined]
+            kinds = type(layer).__name__, type(layer.transport).__name__
+            writer.close()
+        finally:
+            await server.stop()
+        return answer, *kinds, type(server.listeners[0].server).__name__
+
+    answer, layer, transport, listener = asyncio.run(scenario())
+    assert answer == CONNACK_OK
+    assert layer == "TLSLayer"
+    if built:
+        assert (transport, listener) == ("Stream", "StreamServer")
+    else:
+        assert transport != "Stream" and listener == "Server"
+
+
+def test_the_app_has_the_connection_after_the_handshake_and_the_close_notify_as_eof(
+    certs: Certificates,
+) -> None:
+    async def scenario() -> tuple[list[Any], bytes]:
+        app = App()
+        server = await _serve(_context(certs), app)
+        try:
+            reader, writer = await asyncio.open_connection(
+                "127.0.0.1", _port(server), ssl=client_context(certs), server_hostname="localhost"
+            )
+            writer.write(b"hello")
+            echoed = await asyncio.wait_for(reader.readexactly(5), GUARD)
+            writer.close()  # a close_notify, then the FIN
+            await asyncio.wait_for(app.lost.wait(), GUARD)
+        finally:
+            server.close()
+        return app.events, echoed
+
+    events, echoed = asyncio.run(scenario())
+    assert echoed == b"HELLO"
+    assert events[:2] == [("made", "SSLObject"), ("data", b"hello")]
+    assert events[2:] == ["eof", "lost"]
+
+
+def test_close_sends_a_close_notify_and_the_app_hears_of_the_end_when_the_client_closes(
+    certs: Certificates,
+) -> None:
+    def client(port: int) -> tuple[bytes, bool]:
+        with socket.create_connection(("127.0.0.1", port), timeout=GUARD) as raw:
+            tls = client_context(certs).wrap_socket(raw, server_hostname="localhost")
+            tls.sendall(b"bye")
+            got = tls.recv(100)  # b"": the server's close_notify
+            tls.unwrap()  # our close_notify back: a clean TLS shutdown (or an error raised)
+            return got, True
+
+    async def scenario() -> tuple[list[Any], bytes, bool]:
+        app = App(close_on_data=True)
+        server = await _serve(_context(certs), app)
+        try:
+            got, clean = await asyncio.to_thread(client, _port(server))
+            await asyncio.wait_for(app.lost.wait(), GUARD)
+        finally:
+            server.close()
+        return app.events, got, clean
+
+    events, got, clean = asyncio.run(scenario())
+    assert (got, clean) == (b"", True)
+    assert events[0] == ("made", "SSLObject")
+    assert events[-1] == "lost"
+    assert "eof" not in events  # closing already: the client's close_notify is not news
+
+
+def test_a_failed_handshake_never_reaches_the_app(certs: Certificates) -> None:
+    def client(port: int) -> bytes:
+        with socket.create_connection(("127.0.0.1", port), timeout=GUARD) as raw:
+            raw.sendall(b"\x10\x10\x00\x04MQTT\x04\x02\x00\x3c\x00\x04abcd")  # MQTT, not TLS
+            got = b""
+            while chunk := raw.recv(100):
+                got += chunk
+            return got
+
+    async def scenario() -> tuple[list[Any], bytes]:
+        app = App()
+        server = await _serve(_context(certs), app)
+        try:
+            got = await asyncio.to_thread(client, _port(server))
+        finally:
+            server.close()
+        return app.events, got
+
+    events, got = asyncio.run(scenario())
+    assert events == []
+    assert got == b"" or got[:1] == b"\x15"  # closed (after an alert, if one was sent)
+
+
+def test_a_client_that_does_not_finish_its_handshake_is_cut_off_after_the_timeout(
+    certs: Certificates,
+) -> None:
+    def client(port: int) -> bytes:
+        with socket.create_connection(("127.0.0.1", port), timeout=GUARD) as raw:
+            try:
+                return raw.recv(100)  # nothing sent: b"" (or a reset) once the layer gives up
+            except ConnectionResetError:
+                return b""
+
+    async def scenario() -> tuple[list[Any], bytes]:
+        app = App()
+        server = await _serve(_context(certs), app, timeout=0.2)
+        try:
+            got = await asyncio.to_thread(client, _port(server))
+        finally:
+            server.close()
+        return app.events, got
+
+    events, got = asyncio.run(scenario())
+    assert (events, got) == ([], b"")
