@@ -315,9 +315,7 @@ class ProxyAcceptor:
         except OSError as exc:
             log.debug("connection from %s failed: %s", name, exc)
 
-    def _tls(
-        self, context: ssl.SSLContext, name: str, address: str | None
-    ) -> asyncio.BaseProtocol:
+    def _tls(self, context: ssl.SSLContext, name: str, address: str | None) -> asyncio.BaseProtocol:
         app = self.factory(name, address)
         return cast(asyncio.BaseProtocol, TLSLayer(context, self.timeout, app))
 

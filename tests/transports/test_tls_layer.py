@@ -24,7 +24,9 @@ GUARD = 10.0  # seconds: a failure guard, never a measured time
 
 
 def _context(certs: Certificates) -> ssl.SSLContext:
-    listener = ListenerConfig(tls_cert_file=str(certs.server_cert), tls_key_file=str(certs.server_key))
+    listener = ListenerConfig(
+        tls_cert_file=str(certs.server_cert), tls_key_file=str(certs.server_key)
+    )
     context = server_context(listener, "test")
     assert context is not None
     return context
@@ -76,7 +78,7 @@ def _port(server: asyncio.Server) -> int:
     return int(server.sockets[0].getsockname()[1])
 
 
-@pytest.mark.parametrize("built", [True, False])
+@pytest.mark.parametrize("built", [pytest.param(True, marks=pytest.mark.needs_compiled), False])
 def test_tls_listeners_run_the_layer_on_the_own_transport_when_built(
     tmp_path: Path, certs: Certificates, monkeypatch: pytest.MonkeyPatch, built: bool
 ) -> None:
