@@ -90,6 +90,8 @@ class TLSLayer:
                 self.timer = None
             self._flush()  # the last flight and, in TLS 1.3, the session tickets
             self.app.connection_made(self)
+            if not self.incoming.pending:
+                return  # nothing more (a read would only raise SSLWantReadError)
         self._read(sslobj)
 
     def _read(self, sslobj: ssl.SSLObject) -> None:
@@ -106,6 +108,8 @@ class TLSLayer:
                     app.data_received(chunk)
                 if self.sslobj is None:
                     return
+                if not self.incoming.pending and not sslobj.pending():
+                    break  # all read: no read that would only raise SSLWantReadError
         except ssl.SSLWantReadError:
             pass
         except ssl.SSLError as exc:
