@@ -1,7 +1,7 @@
 """The TCP listener: an asyncio Protocol per socket that hands bytes to a broker Connection.
 
 It is the Link the connection writes through. Nothing here parses or decides anything. On a TLS
-listener asyncio's SSL transport sits underneath (the Protocol sees plain bytes, after the
+listener the TLS layer (tlslayer.py) sits underneath (the Protocol sees plain bytes, after the
 handshake); the user name the client's verified certificate gives, when the listener has
 ``tls_certificate_username`` (see ``tls.py``), is handed to the broker with the listener's
 policy when the connection is made.
@@ -165,9 +165,9 @@ class MQTTProtocol:
             loop.call_later(LINGER_SECONDS, transport.close)
         else:
             # TLS: close() sends the close_notify after what is buffered, then waits for the
-            # client's close_notify or EOF (for the loop's SSL shutdown timeout, 30 s: cut short
-            # here). uvloop discards what the client still sends meanwhile; asyncio's own TLS
-            # resets the connection instead, so there the lingering comes first.
+            # client's close_notify or EOF (the TLS layer, tlslayer.py, drops what the client
+            # still sends meanwhile; cut short here). asyncio's own TLS transport resets the
+            # connection instead, so there the lingering comes first.
             asyncio_tls = isinstance(transport, asyncio.sslproto._SSLProtocolTransport)
             delay = LINGER_SECONDS if asyncio_tls else 0.0
             loop.call_later(delay, transport.close)
