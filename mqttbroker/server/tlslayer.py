@@ -1,10 +1,9 @@
 """TLS over a plain transport: an ``ssl.SSLObject`` over two memory BIOs, driven by the socket's
 reads (MQTT over TLS listeners, the PROXY protocol's included; not WebSocket ones).
 
-The event loop's own SSL transport (uvloop's or asyncio's) costs, per connection, about 40 µs of
-CPU more per handshake and 7 KiB more memory when idle than OpenSSL itself does (a 256 KiB read
-buffer, of which the pages read into stay resident, its own objects and timers, a shutdown
-pass; benchmarks/README.md has the figures). Here a ``TLSLayer`` is the protocol of the
+The event loop's own SSL transport (uvloop's or asyncio's) keeps, per connection, more than
+OpenSSL itself does: a 256 KiB read buffer, of which the pages read into stay resident, and its
+own objects beside the loop's transport (benchmarks/README.md has the figures). Here a ``TLSLayer`` is the protocol of the
 socket's transport (the broker's own, streams.py, where it is available, otherwise the loop's)
 and the transport of the MQTT protocol (tcp.py) above it, which sees it as it saw the loop's
 SSL transport: plain bytes, ``connection_made`` once the handshake is done, the
