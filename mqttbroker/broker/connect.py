@@ -1,10 +1,12 @@
-"""CONNECT, enhanced authentication (AUTH, section 4.12) and DISCONNECT from the client: who it
-is, which session it gets, the CONNACK, and what ends the connection on its side."""
+"""CONNECT, enhanced authentication (AUTH, section 4.12), PINGREQ and DISCONNECT from the client:
+who it is, which session it gets, the CONNACK, keep alive, and what ends the connection on its
+side. What a CONNECT settled that the connection keeps (the exchange under way, the CONNECT held
+while an answer is awaited, the Session Expiry Interval asked for) is its :class:`Login`."""
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, final
 
 from ..protocol import fastpath, grammar
 from ..protocol import packets as pk
@@ -13,8 +15,7 @@ from ..protocol.errors import MQTTError, ProtocolError
 from ..protocol.packets import MQTT_5
 from ..protocol.reasons import CONNACK_CODES, ReasonCode, v311_connack_code
 from . import publish
-from .auth import CONTINUE, SUCCESS
-from .state import ACCEPT, AUTHENTICATE, AUTHENTICATING, CLOSED, CONNECTED
+from .auth import CONTINUE, SUCCESS, AuthExchange
 from .topics import valid_topic_name
 
 if TYPE_CHECKING:
@@ -37,6 +38,39 @@ _V311_REFUSALS = (
 )
 
 
+@final
+class Login:
+    """How a connection's client proved who it is, and what its CONNECT settled for later."""
+
+    __slots__ = (
+        "certificate_user",
+        "exchange",
+        "method",
+        "held",
+        "expiry",
+        "assigned_id",
+        "claimed",
+    )
+
+    def __init__(self, certificate_user: str | None = None) -> None:
+        # The user name a client certificate the listener verified gives (mutual TLS with
+        # tls_certificate_username): then the credential that counts.
+        self.certificate_user = certificate_user
+        self.exchange: AuthExchange | None = None  # an enhanced-authentication exchange
+        self.method: str | None = None  # its Authentication Method (re-authentication too)
+        self.held: pk.Connect | None = None  # the CONNECT, while its answer is awaited
+        self.expiry = 0  # the Session Expiry Interval CONNECT set (DISCONNECT may not raise 0)
+        self.assigned_id = False  # the broker chose the client id
+        self.claimed = False  # in a cluster: the client id is this node's now
+
+
+def _login(conn: Connection) -> Login:
+    login = conn.login
+    if login is None:
+        login = conn.login = Login()
+    return login
+
+
 def on_connect(conn: Connection, packet: pk.Connect) -> None:
     """Check a CONNECT; accept it at once, or after an enhanced-authentication exchange."""
     broker = conn.broker
@@ -53,7 +87,7 @@ def on_connect(conn: Connection, packet: pk.Connect) -> None:
                 "empty client id with a persistent session",
                 ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
             )  # 3.1.1 MQTT-3.1.3-8
-        conn.assigned_id = True
+        _login(conn).assigned_id = True
         packet.client_id = broker.new_client_id()  # MQTT-3.1.3-6, -7
     conn.client_id = packet.client_id
     will = packet.will
@@ -93,9 +127,8 @@ def on_connect(conn: Connection, packet: pk.Connect) -> None:
             # Hashing a password takes milliseconds, an HTTP service longer: checked by the
             # edge while this connection waits (state AUTHENTICATING, input held) for the
             # answer, conn.password_checked.
-            conn.to(AUTHENTICATE)
-            conn.checking = True
-            conn.held_connect = packet
+            _login(conn).held = packet
+            conn.authenticate(wait=True)
             broker.offload(conn, packet, anonymous)
             return
         else:
@@ -115,30 +148,32 @@ def on_connect(conn: Connection, packet: pk.Connect) -> None:
             f"authentication method {method!r} not supported",
             ReasonCode.BAD_AUTHENTICATION_METHOD,
         )  # MQTT-4.12.0-1
-    conn.auth = exchange
-    conn.auth_method = method
-    conn.held_connect = packet
-    conn.to(AUTHENTICATE)
+    login = _login(conn)
+    login.exchange = exchange
+    login.method = method
+    login.held = packet
+    conn.authenticate(wait=False)
     auth_step(conn, props.get(prop.AUTHENTICATION_DATA))
 
 
 def auth_step(conn: Connection, data: bytes | None) -> None:
     """Run one step of the enhanced-authentication exchange (section 4.12)."""
-    assert conn.auth is not None
-    outcome = conn.auth.step(data)
-    auth_props: dict[int, Any] = {prop.AUTHENTICATION_METHOD: conn.auth_method}
+    login = conn.login
+    assert login is not None and login.exchange is not None
+    outcome = login.exchange.step(data)
+    auth_props: dict[int, Any] = {prop.AUTHENTICATION_METHOD: login.method}
     if outcome.data is not None:
         auth_props[prop.AUTHENTICATION_DATA] = outcome.data
     if outcome.status == CONTINUE:  # MQTT-4.12.0-2, -5
         conn.send(grammar.encode(pk.Auth(ReasonCode.CONTINUE_AUTHENTICATION, auth_props)))
         return
-    conn.auth = None
+    login.exchange = None
     if outcome.status != SUCCESS:
         raise MQTTError("authentication failed", outcome.reason_code)  # MQTT-4.12.0-4
-    if conn.state == AUTHENTICATING:
-        packet = conn.held_connect
+    if not conn.connected:
+        packet = login.held
         assert packet is not None
-        conn.held_connect = None
+        login.held = None
         if outcome.username is not None:
             packet.username = outcome.username
         accept(conn, packet, auth_props)
@@ -151,19 +186,20 @@ def auth_step(conn: Connection, data: bytes | None) -> None:
 
 def on_auth(conn: Connection, packet: pk.Auth) -> None:
     method = packet.properties.get(prop.AUTHENTICATION_METHOD)
-    if conn.auth_method is None:
+    login = conn.login
+    if login is None or login.method is None:
         raise ProtocolError("AUTH without an Authentication Method in CONNECT")  # 4.12.0-7
-    if method != conn.auth_method:
+    if method != login.method:
         raise ProtocolError("AUTH with another Authentication Method")  # MQTT-4.12.1-1
     code = packet.reason_code
-    if conn.state == CONNECTED and code == ReasonCode.RE_AUTHENTICATE and conn.auth is None:
+    if conn.connected and code == ReasonCode.RE_AUTHENTICATE and login.exchange is None:
         exchange = conn.broker.authenticator.exchange(
             method, conn.client_id, conn.username, conn.address
         )
         if exchange is None:
             raise MQTTError("re-authentication refused", ReasonCode.NOT_AUTHORIZED)
-        conn.auth = exchange
-    elif code != ReasonCode.CONTINUE_AUTHENTICATION or conn.auth is None:
+        login.exchange = exchange
+    elif code != ReasonCode.CONTINUE_AUTHENTICATION or login.exchange is None:
         raise ProtocolError(f"unexpected AUTH reason code 0x{code:02X}")
     auth_step(conn, packet.properties.get(prop.AUTHENTICATION_DATA))
 
@@ -176,8 +212,8 @@ def _claim(
 ) -> None:
     """A cluster node first takes the client id over (see accept); not a closure in accept,
     for the same reason."""
-    conn.claimed = conn.checking = True
-    conn.to(AUTHENTICATE)
+    _login(conn).claimed = True
+    conn.authenticate(wait=True)
     backplane.claim(
         packet.client_id,
         packet.clean_start,
@@ -196,17 +232,16 @@ def _claimed(
     session (another user's) did."""
     if refusal is None:
         conn.claim_done(packet, auth_props)
-        return
-    conn.checking = False
-    if conn.state != CLOSED:
-        conn.fail(refusal)
+    else:
+        conn.claim_refused(refusal)
 
 
 def accept(conn: Connection, packet: pk.Connect, auth_props: dict[int, Any] | None) -> None:
     """The client is who it says: take over or create its session and send CONNACK."""
     broker = conn.broker
     backplane = broker.router.backplane
-    if backplane is not None and not conn.claimed:
+    login = conn.login
+    if backplane is not None and (login is None or not login.claimed):
         # A cluster node first takes the client id over: its session may be on another
         # node, which hands it over (or refuses to: another user's session, checked there).
         # The CONNECT waits (input held) until then. What needs no session is checked
@@ -231,12 +266,12 @@ def accept(conn: Connection, packet: pk.Connect, auth_props: dict[int, Any] | No
     else:
         requested = 0 if packet.clean_start else 0xFFFFFFFF
     expiry = min(requested, opts.max_session_expiry)
-    conn.connect_expiry = expiry
+    if expiry:
+        _login(conn).expiry = expiry
     conn.will = packet.will
     session, present = broker.attach(conn, client_id, packet.clean_start, expiry, packet.username)
     conn.username = packet.username
-    conn.session = session
-    conn.to(ACCEPT)
+    conn.attach(session)
     if v5:
         extra: dict[int, Any] = {}
         if conn.assigned_id:
@@ -277,7 +312,7 @@ def accept(conn: Connection, packet: pk.Connect, auth_props: dict[int, Any] | No
 def on_disconnect(conn: Connection, packet: pk.Disconnect) -> None:
     """DISCONNECT from the client: its Session Expiry Interval may change (not from 0), and
     only a normal disconnection discards the will. Before CONNACK: it gave up authenticating."""
-    if conn.state == AUTHENTICATING:
+    if not conn.connected:
         log.info("client %s from %s gave up authenticating", conn.client_id, conn.peer)
         conn.close(publish_will=False)
         return
@@ -285,7 +320,8 @@ def on_disconnect(conn: Connection, packet: pk.Disconnect) -> None:
     assert session is not None
     expiry = packet.properties.get(prop.SESSION_EXPIRY_INTERVAL)
     if expiry is not None:
-        if conn.connect_expiry == 0 and expiry != 0:
+        login = conn.login
+        if (login is None or login.expiry == 0) and expiry != 0:
             raise ProtocolError("Session Expiry Interval set on DISCONNECT after CONNECT had 0")
         session.expiry_interval = min(expiry, conn.broker.options.max_session_expiry)
     # Only a normal disconnection (0x00) discards the will (MQTT-3.1.2-8, -10, 3.14.4-3);
@@ -300,6 +336,10 @@ def on_disconnect(conn: Connection, packet: pk.Disconnect) -> None:
     else:
         log.info("client %s disconnected (reason 0x%02X)", conn.client_id, packet.reason_code)
     conn.close()
+
+
+def on_pingreq(conn: Connection, packet: pk.Pingreq) -> None:
+    conn.send(fastpath.PINGRESP)  # MQTT-3.12.4-1
 
 
 def refuse(conn: Connection, code: int, reason: str) -> None:

@@ -1,15 +1,17 @@
-"""One network connection: framing, the output buffer, holding acknowledgements until the
-store commits, keep alive bookkeeping, closing, and the answer to every malformed or illegal
-packet. What each packet means is handled beside it: ``connect.py`` (CONNECT, AUTH,
-DISCONNECT), ``publish.py`` (PUBLISH from the client and its QoS flows), ``subscribe.py``
+"""One network connection: its protocol state (where it is in the connection's life, who its
+client is, what was agreed in CONNECT), keep alive bookkeeping, closing, and the answer to every
+malformed or illegal packet. Beside it: the input's framing (``framing.py``), the output buffer
+(``output.py``), the publish rights (``rights.py``), the states and which function handles each
+packet (``state.py``), and what each packet means: ``connect.py`` (CONNECT, AUTH, DISCONNECT,
+PINGREQ), ``publish.py`` (PUBLISH from the client and its QoS flows), ``subscribe.py``
 (SUBSCRIBE, UNSUBSCRIBE, retained messages for new subscriptions), ``deliver.py`` (PUBLISH to
-the client and its acknowledgements). The states and their transitions are in ``state.py``.
+the client and its acknowledgements).
 
 Sans-I/O. The transport edge calls :meth:`Connection.data_received` with whatever bytes arrived
 and :meth:`Connection.connection_lost` when the socket closes; the connection writes through a
-:class:`Link` (``write``, ``close``). Output is not written per packet: it is appended to a
-per-connection buffer and the broker flushes every buffer once per event-loop pass (the output
-of a pass's first read goes out at once while the loop is not under load: passes.py).
+:class:`Link` (``write``, ``close``). Output is not written per packet: it is appended to the
+connection's :class:`~mqttbroker.broker.output.Output` and the broker flushes every buffer once
+per event-loop pass (passes.PassScheduler).
 """
 
 from __future__ import annotations
@@ -17,24 +19,31 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict, deque
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol, final
 
 from ..protocol import fastpath, grammar
 from ..protocol import packets as pk
 from ..protocol import properties as prop
-from ..protocol.errors import MQTTError, PacketTooLarge, ProtocolError
+from ..protocol.errors import MQTTError, ProtocolError
 from ..protocol.packets import MQTT_5
 from ..protocol.reasons import DISCONNECT_CODES, ReasonCode
 from . import connect, deliver, publish, subscribe
-from .auth import AuthExchange, Pending
+from .auth import Pending
+from .connect import Login
+from .framing import Framing
 from .message import Message
+from .output import Output
 from .policy import OPEN, ListenerPolicy
+from .rights import Rights
 from .state import (
+    ACCEPT,
+    AUTHENTICATE,
     AUTHENTICATING,
     AWAIT_CONNECT,
     CLOSE,
     CLOSED,
     CONNECTED,
+    HANDLERS,
     RECEIVES,
     next_state,
 )
@@ -45,11 +54,6 @@ if TYPE_CHECKING:
     from .session import Session
 
 log = logging.getLogger("mqttbroker.connection")
-
-# The per-connection cache of publish rights: at most this many topics, of this many
-# characters in all.
-ALLOWED_CACHE_TOPICS = 1024
-ALLOWED_CACHE_CHARS = 65_536
 
 # By first byte: 1 for PUBACK, PUBREC, PUBREL and PUBCOMP with the fixed-header flags each
 # must have (0, 0, 2, 0: section 2.1.3), whose two-byte form the connection reads without a
@@ -83,60 +87,34 @@ class Link(Protocol):
         ...
 
 
+@final
 class Connection:
     __slots__ = (
         "broker",
         "link",
         "peer",
         "policy",
-        "certificate_user",
         "state",
         "version",
         "session",
         "client_id",
+        "username",
+        "address",
         "keep_alive",
         "last_received",
         "opened_at",
         "send_quota",
         "max_send_size",
         "will",
-        "connect_expiry",
         "aliases",
-        "_pending",
-        "_pending_len",
-        "_need",
-        "out",
-        "_marks",
-        "_out_base",
-        "_free_upto",
-        "_writes_seen",
         "alias_maximum",
         "out_aliases",
-        "username",
-        "_allowed",
-        "_allowed_generation",
-        "_allowed_size",
-        "address",
-        "tokens",
-        "tokens_at",
-        "auth",
-        "auth_method",
-        "held_connect",
-        "_denials",
-        "work",
-        "work_pass",
-        "publishes_sent",
-        "publishes_received",
-        "bytes_received",
-        "bytes_sent",
         "retained",
+        "input",
+        "output",
+        "login",
+        "rights",
         "problem_info",
-        "paused",
-        "assigned_id",
-        "checking",
-        "claimed",
-        "input_paused",
-        "_overflowed",
     )
 
     def __init__(
@@ -151,13 +129,12 @@ class Connection:
         self.link = link
         self.peer = peer
         self.policy = policy  # its listener's rules
-        # The user name a client certificate the listener verified gives (mutual TLS with
-        # tls_certificate_username): then the credential that counts.
-        self.certificate_user = certificate_user
         self.state = AWAIT_CONNECT
         self.version = MQTT_5
         self.session: Session | None = None
         self.client_id = ""
+        self.username: str | None = None
+        self.address: str | None = None  # the client's address: per-address limits, logins
         self.keep_alive = 0
         now = broker.clock()
         self.last_received = now
@@ -165,57 +142,56 @@ class Connection:
         self.send_quota = 65535  # the client's Receive Maximum, capped by max_inflight
         self.max_send_size = 268_435_460  # the client's Maximum Packet Size
         self.will: pk.Will | None = None
-        self.connect_expiry = 0
         # What most connections never need is created on first use: the client's topic
-        # aliases, the chunks of an incomplete packet, the cache of publish rights.
+        # aliases, ours for it (topic -> alias, least recently used first), the publish rights.
         self.aliases: dict[int, str] | None = None
-        self._pending: list[bytes] | None = None  # bytes of an incomplete packet
-        self._pending_len = 0
-        self._need = 0  # bytes the incomplete packet needs in all, when known
-        self.out: list[bytes] | None = None  # packets to write, from the first on until written
-        # Output held for the store (see hold_output): absolute output positions that wait for
-        # a commit each (few at a time: a list is smaller than a deque; made when first
-        # needed, as most connections never change the store), the number of chunks flushed
-        # so far, and how far output may go.
-        self._marks: list[int] | None = None
-        self._out_base = 0
-        self._free_upto = 0
-        self._writes_seen = 0  # the store's write count when our current input began
         self.alias_maximum = 0  # the client's Topic Alias Maximum
-        self.out_aliases: OrderedDict[str, int] | None = None  # topic -> alias, LRU first
-        self.username: str | None = None
-        self._allowed: dict[str, bool] | None = None  # topic -> may publish, for the
-        # rules' generation
-        self._allowed_generation = -1
-        self._allowed_size = 0  # characters of the topics in _allowed
-        self.address: str | None = None  # the client's address: per-address limits, logins
-        self.tokens = float(broker.options.max_publish_burst)  # publish-rate bucket
-        self.tokens_at = now
-        self.auth: AuthExchange | None = None  # an enhanced-authentication exchange under way
-        self.auth_method: str | None = None
-        self.held_connect: pk.Connect | None = None  # held while authenticating
-        self._denials = 0  # PUBLISHes and subscriptions the authorizer refused
-        self.work = 0  # packets and deliveries caused by our input in this loop pass
-        self.work_pass = -1  # the pass ``work`` counts
-        self.publishes_sent = 0  # PUBLISH packets queued for the client ($SYS: delivered)
-        self.publishes_received = 0  # PUBLISH packets from the client
-        self.bytes_received = 0  # MQTT bytes read from the client, counted per read
-        self.bytes_sent = 0  # MQTT bytes written to the client, counted per write
+        self.out_aliases: OrderedDict[str, int] | None = None
         # Retained messages still to send for new subscriptions, sent a share per loop pass
         # while the output drains (see subscribe.send_retained).
         self.retained: deque[tuple[Subscription, Iterator[Message]]] | None = None
-        # The flags last and together: compiled, each takes one byte where they sit, and eight
-        # bytes apiece when scattered between the other fields.
+        self.input = Framing()
+        self.output = Output()
+        # Made when a CONNECT needs one (most clean connections never do).
+        self.login: Login | None = Login(certificate_user) if certificate_user is not None else None
+        self.rights: Rights | None = None
         self.problem_info = True  # the client's Request Problem Information
-        self.paused = False  # the transport asked us to stop writing
-        self.assigned_id = False  # the broker chose the client id
-        self.checking = False  # a password check runs off the event loop
-        self.claimed = False  # in a cluster: the client id is this node's now
-        self.input_paused = False  # reading paused until the broker resumes our input
-        self._overflowed = False  # closed for output past max_output_buffer
 
     def __repr__(self) -> str:
         return f"Connection({self.client_id or self.peer!r})"
+
+    # What the counters, the admin API and $SYS read.
+
+    @property
+    def bytes_received(self) -> int:
+        return self.input.received
+
+    @property
+    def bytes_sent(self) -> int:
+        return self.output.sent
+
+    @property
+    def publishes_received(self) -> int:
+        return self.input.publishes
+
+    @property
+    def publishes_sent(self) -> int:
+        return self.output.publishes
+
+    @property
+    def paused(self) -> bool:
+        """The transport asked for no more output for now."""
+        return self.output.paused
+
+    @property
+    def certificate_user(self) -> str | None:
+        login = self.login
+        return None if login is None else login.certificate_user
+
+    @property
+    def assigned_id(self) -> bool:
+        login = self.login
+        return login is not None and login.assigned_id
 
     # -- input ------------------------------------------------------------------------------
 
@@ -225,74 +201,46 @@ class Connection:
         The work one connection's input causes in one event-loop pass is bounded
         (``input_budget`` packets and deliveries; an event loop may hand over many reads per
         pass): past it, the rest waits, reading from this client pauses, and the broker resumes
-        it after the pass's output is flushed. A publisher whose messages fan out widely cannot hold the event
-        loop (and everyone's output) for seconds."""
+        it after the pass's output is flushed. A publisher whose messages fan out widely cannot
+        hold the event loop (and everyone's output) for seconds."""
+        framing = self.input
         size = len(data)
-        self.bytes_received += size  # this client's, and (the only place) the broker's
-        self.broker.stats.bytes_received += size
+        framing.received += size  # this client's, and (the only place) the broker's
+        broker = self.broker
+        broker.stats.bytes_received += size
         if self.state == CLOSED:
             return  # MQTT-3.1.4-6: nothing after a refused CONNECT is processed
-        pending = self._pending
-        if self.checking:  # a password check is under way: keep the bytes for later
-            if pending is None:
-                self._pending = [data]
-            else:
-                pending.append(data)
-            self._pending_len += len(data)
-            self._need = 0
+        if framing.waiting:  # an answer is awaited (a password check): keep the bytes
+            framing.keep(data)
             return
-        if pending:
-            pending.append(data)
-            self._pending_len += len(data)
-            if self._pending_len < self._need:
-                return
-            data = b"".join(pending)
-            self._pending = None
-            self._pending_len = self._need = 0
+        joined = framing.take(data)
+        if joined is None:
+            return  # the packet kept is still incomplete
+        data = joined
         end = len(data)
         pos = 0
-        broker = self.broker
         now = broker.clock()  # the time of this read, for every packet in it
-        opts = broker.options
-        # Packets up to ``small`` bytes need no look at the limits: the CONNECT limit (and the
-        # one of AUTH before CONNACK) is checked only past it.
-        small = min(opts.max_connect_size, opts.max_packet_size)
         store = broker.store
-        writes = self._writes_seen = store.writes
+        output = self.output
+        writes = output.writes_seen = store.writes
+        opts = broker.options
         budget = opts.input_budget
-        if self.work_pass != broker.scheduler.passes:  # the budget is per event-loop pass
-            self.work_pass = broker.scheduler.passes
-            self.work = 0
+        framing.begin_pass(broker.scheduler.passes)  # the budget is per event-loop pass
         try:
             while pos < end:
-                if self.work >= budget:
+                if framing.work >= budget:
                     break
-                if self.state == AWAIT_CONNECT and data[pos] >> 4 != pk.CONNECT:
-                    # MQTT-3.1.0-1: not MQTT, or not a CONNECT. There is nothing to acknowledge
-                    # and no protocol version to answer in: close at once.
-                    log.warning(
-                        "connection from %s: first packet is not CONNECT (byte 0x%02X); closing",
-                        self.peer,
-                        data[pos],
-                    )
-                    self.close(publish_will=False)
+                if self.state == AWAIT_CONNECT and not self._first_packet(data, pos, end):
                     return
-                header = fastpath.read_fixed_header(data, pos, end)
-                if header is None:
+                stop = framing.split(data, pos, end, opts, self.state == CONNECTED)
+                if stop < 0:
                     break
-                length, body = header
-                if body - pos + length > small:
-                    self._check_size(body - pos + length, data[body : min(end, body + 8)])
-                stop = body + length
-                if stop > end:
-                    self._need = stop - pos
-                    break
-                self._dispatch(data[pos], data, body, stop, now)
-                self.work += 1
+                self._dispatch(data[pos], data, framing.body, stop, now)
+                framing.work += 1
                 pos = stop
                 if self.state == CLOSED:
                     return
-                if self.checking:
+                if framing.waiting:
                     break
             if pos:  # keep alive counts whole packets, not a trickle of bytes (MQTT-3.1.2-22)
                 self.last_received = now
@@ -312,52 +260,68 @@ class Connection:
             log.exception("client %s: internal error while handling its packet", self.name())
             self.fail(MQTTError("internal error", ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR))
             return
-        if pos < end or self.checking:
-            rest = data[pos:]
-            if rest:
-                self._pending = [rest]
-                self._pending_len = len(rest)
-            if self.checking:  # the rest waits for the password check's answer
-                self._need = 0
-                self.pause_input()
+        if pos < end or framing.waiting:
+            if framing.waiting:  # the rest waits for the answer
+                framing.keep(data[pos:])
+                framing.pause(self.link)
                 return
-            if self.work >= budget:
-                self._need = 0  # parse the rest when resumed
-                self.pause_input()
-                if not self.paused and not self.retained:  # else deferred already, or
-                    self.broker.scheduler.defer(self)  # resume_writing goes on
+            if framing.work >= budget:
+                framing.keep(data[pos:])  # parsed when resumed
+                framing.pause(self.link)
+                if not output.paused and not self.retained:  # else deferred already, or
+                    broker.scheduler.defer(self)  # resume_writing goes on
                 return
-        if self.input_paused and not self.paused and not self.retained:
-            self.input_paused = False
-            self.link.resume_reading()
+            framing.leave(data[pos:])  # an incomplete packet
+        if framing.paused and not output.paused and not self.retained:
+            framing.resume(self.link)
 
-    def pause_input(self) -> None:
-        if not self.input_paused:
-            self.input_paused = True
-            self.link.pause_reading()
+    def _first_packet(self, data: bytes, pos: int, end: int) -> bool:
+        """Before CONNECT: False (and closed) when the packet at ``pos`` is not a CONNECT;
+        else the protocol level is learnt from its head, so that a refusal (a CONNECT too
+        large, or one that does not decode) is answered in the client's version."""
+        if data[pos] >> 4 != pk.CONNECT:
+            # MQTT-3.1.0-1: not MQTT, or not a CONNECT. There is nothing to acknowledge and
+            # no protocol version to answer in: close at once.
+            log.warning(
+                "connection from %s: first packet is not CONNECT (byte 0x%02X); closing",
+                self.peer,
+                data[pos],
+            )
+            self.close(publish_will=False)
+            return False
+        header = fastpath.read_fixed_header(data, pos, end)
+        if header is not None:
+            body = header[1]
+            version = fastpath.connect_version(data[body : min(end, body + 8)])
+            if version >= 0:
+                self.version = version
+        return True
 
     def resume_input(self) -> None:
         """Go on with what waited for the next loop pass, when the budget ran out (called by
         the broker): retained messages for new subscriptions first, then input left over."""
-        if self.state == CLOSED or self.paused:
+        if self.state == CLOSED or self.output.paused:
             return  # resume_writing goes on once the output drained
         if self.retained:
             subscribe.send_retained(self)
             if self.retained:
                 return  # deferred again, or waiting for the output to drain
-        if self._pending and self._pending_len >= self._need:  # a whole packet, or unknown
+        framing = self.input
+        if framing.whole():  # a whole packet, or unknown
             self.data_received(b"")
-        elif self.input_paused:
-            self.input_paused = False
-            self.link.resume_reading()
+        else:
+            framing.resume(self.link)
 
     def password_checked(self, code: int, username: str | None = None) -> None:
         """The answer of a password check run off the event loop (see connect.on_connect):
         ``code`` (0 accepts) and, if not None, the user name the check established (a
         token's claim), which replaces the CONNECT's."""
-        self.checking = False
-        packet = self.held_connect
-        self.held_connect = None
+        self.input.waiting = False
+        login = self.login
+        if login is None:
+            return
+        packet = login.held
+        login.held = None
         if self.state == CLOSED or packet is None:
             return
         if username is not None:
@@ -368,31 +332,42 @@ class Connection:
         """The packet at the start of ``rest`` asked a right the authorizer has no answer
         for yet: keep it and what follows, read nothing more, and handle it again once the
         answer is in (it is then found). Only this client waits."""
+        framing = self.input
         if rest[0] >> 4 == pk.PUBLISH:
-            self.publishes_received -= 1  # counted again when handled again
-        self._pending = [rest]
-        self._pending_len = len(rest)
-        self._need = 0
-        self.checking = True
-        self.pause_input()
+            framing.publishes -= 1  # counted again when handled again
+        framing.keep(rest)
+        framing.waiting = True
+        framing.pause(self.link)
         held.wait(self._rights_known)
 
     def _rights_known(self) -> None:
-        self.checking = False
+        framing = self.input
+        framing.waiting = False
         if self.state == CLOSED:
             return
-        if self.input_paused and not self.paused:
-            self.input_paused = False
-            self.link.resume_reading()
-        if self._pending:
+        if not self.output.paused:
+            framing.resume(self.link)
+        if framing.pending is not None:
             self.data_received(b"")
+
+    def await_answer(self) -> None:
+        """The CONNECT waits for an answer (a password check, a cluster's claim of the client
+        id): its state says AUTHENTICATING, and input is kept meanwhile."""
+        self.to(AUTHENTICATE)
+        self.input.waiting = True
 
     def claim_done(self, packet: pk.Connect, auth_props: dict[int, Any] | None) -> None:
         """In a cluster: this node owns the client id now, the client's session is here if
         another node had it (see connect.accept)."""
-        self.checking = False
+        self.input.waiting = False
         if self.state != CLOSED:
             self._resume_connect(packet, auth_props, 0)
+
+    def claim_refused(self, refusal: MQTTError) -> None:
+        """In a cluster: the node that has the client's session refused it (another user's)."""
+        self.input.waiting = False
+        if self.state != CLOSED:
+            self.fail(refusal)
 
     def _resume_connect(
         self, packet: pk.Connect, auth_props: dict[int, Any] | None, code: int
@@ -410,36 +385,18 @@ class Connection:
             return
         if store.writes != writes:
             self.hold_output()
-        if self.input_paused and not self.paused:
-            self.input_paused = False
-            self.link.resume_reading()
-        if self._pending:
+        framing = self.input
+        if not self.output.paused:
+            framing.resume(self.link)
+        if framing.pending is not None:
             self.data_received(b"")
-
-    def _check_size(self, size: int, head: bytes) -> None:
-        """A packet of ``size`` bytes (``head``: its first bytes after the fixed header) is
-        larger than the CONNECT limit: refused (0x95) before authentication, from its fixed
-        header, so that nothing big is held or decoded for a client nobody knows yet; after
-        it, refused past max_packet_size."""
-        opts = self.broker.options
-        if self.state != CONNECTED and size > opts.max_connect_size:
-            if self.state == AWAIT_CONNECT:
-                self._learn_version(head)
-            raise PacketTooLarge(
-                f"packet of {size} bytes before authentication exceeds max_connect_size "
-                f"({opts.max_connect_size})"
-            )
-        if size > opts.max_packet_size:
-            raise PacketTooLarge(
-                f"packet of {size} bytes exceeds the maximum of {opts.max_packet_size}"
-            )
 
     def _dispatch(self, first: int, data: bytes, body: int, stop: int, now: float) -> None:
         """Decode one packet and hand it to its handler. Once connected, PUBLISH and the acks
         (the hot path) go straight to their fast decoders, and a PUBLISH without properties is
-        sliced without a packet object; every other packet goes through the protocol's one
-        dispatcher, fastpath.decode_packet. What a state does not accept (state.RECEIVES) is
-        refused as that state says."""
+        sliced without a packet object; every other packet is decoded by the protocol's one
+        dispatcher, fastpath.decode_packet, and handed to the function state.HANDLERS names
+        for it. What a state does not accept (state.RECEIVES) is refused as that state says."""
         ptype = first >> 4
         state = self.state
         if state == CONNECTED:  # the hot packets first, each straight to its fast decoder
@@ -468,42 +425,46 @@ class Connection:
             if ptype == pk.CONNECT:
                 raise ProtocolError("second CONNECT on one connection")  # MQTT-3.1.0-2
             raise ProtocolError(f"a client may not send packet type {ptype}")
-        if state == AWAIT_CONNECT:
-            self._learn_version(data[body:stop])
         # More filters than a client may hold could never be granted: refused whole.
         limit = self.broker.options.max_subscriptions_per_client
         packet = fastpath.decode_packet(first, data, body, stop, self.version, limit)
-        if isinstance(packet, pk.Pingreq):
-            self.send(fastpath.PINGRESP)  # MQTT-3.12.4-1
-        elif isinstance(packet, pk.Subscribe):
-            subscribe.on_subscribe(self, packet)
-        elif isinstance(packet, pk.Unsubscribe):
-            subscribe.on_unsubscribe(self, packet)
-        elif isinstance(packet, pk.Connect):
-            connect.on_connect(self, packet)
-        elif isinstance(packet, pk.Auth):
-            connect.on_auth(self, packet)
-        elif isinstance(packet, pk.Disconnect):
-            connect.on_disconnect(self, packet)
-
-    def _learn_version(self, body: bytes) -> None:
-        """The protocol level from the start of a CONNECT body, when it is there: learnt
-        before the body is decoded, so that a refusal is answered in the client's version."""
-        version = fastpath.connect_version(body)
-        if version >= 0:
-            self.version = version
+        HANDLERS[ptype](self, packet)
 
     def to(self, event: int) -> None:
         """Move to the state ``event`` leads to (state.TRANSITIONS); a move the table does not
         list is a bug of ours (IllegalTransition)."""
         self.state = next_state(self.state, event)
 
+    @property
+    def connected(self) -> bool:
+        """CONNACK sent: the session is attached."""
+        return self.state == CONNECTED
+
+    def authenticate(self, wait: bool) -> None:
+        """The CONNECT's credentials are being checked (state AUTHENTICATING): by an exchange
+        of AUTH packets, or by an answer awaited (``wait``: a password check, a cluster's
+        claim of the client id), input being kept meanwhile."""
+        self.to(AUTHENTICATE)
+        if wait:
+            self.input.waiting = True
+
+    def attach(self, session: Session) -> None:
+        """The client is who it says: ``session`` is its session now (CONNACK follows)."""
+        self.session = session
+        self.to(ACCEPT)
+
     # -- authorization ---------------------------------------------------------------------
+
+    def _rights(self) -> Rights:
+        rights = self.rights
+        if rights is None:
+            rights = self.rights = Rights(self.broker.options.max_publish_burst, self.opened_at)
+        return rights
 
     def log_denied(self, action: str, topic: str) -> None:
         """Log a refusal of the authorizer: this connection's 1st, 2nd, 4th, 8th..., so a
         client retrying in a loop cannot flood the log."""
-        self._denials = count = self._denials + 1
+        count = self._rights().denied()
         if count & (count - 1) == 0:
             log.info(
                 "client %s from %s (user %r): not authorized to %s %r (%d refused so far)",
@@ -516,32 +477,17 @@ class Connection:
             )
 
     def may_publish(self, topic: str) -> bool:
-        """Whether the authorizer lets this client publish to ``topic``; the answers are
-        cached per connection, up to ALLOWED_CACHE_TOPICS topics of ALLOWED_CACHE_CHARS
-        characters in all."""
+        """Whether the authorizer lets this client publish to ``topic`` (answers cached: see
+        rights.Rights)."""
         authorizer = self.broker.authorizer
         assert authorizer is not None
-        cache = self._allowed
-        if self._allowed_generation != authorizer.generation:
-            cache = self._allowed = None
-            self._allowed_size = 0
-            self._allowed_generation = authorizer.generation
-        allowed = None if cache is None else cache.get(topic)
-        if allowed is None:
-            # An authorizer that asks a service (http_auth) may make this packet wait
-            # (Pending): asked through its ask_publish. Not per message: per uncached topic.
-            ask = getattr(authorizer, "ask_publish", None)
-            if ask is None:
-                allowed = authorizer.can_publish(self.client_id, self.username, topic)
-            else:
-                allowed = ask(self.client_id, self.username, topic)
-            size = self._allowed_size + len(topic)
-            if cache is None:
-                cache = self._allowed = {}
-            if len(cache) < ALLOWED_CACHE_TOPICS and size <= ALLOWED_CACHE_CHARS:
-                cache[topic] = allowed
-                self._allowed_size = size
-        return allowed
+        return self._rights().may_publish(authorizer, self.client_id, self.username, topic)
+
+    def take_token(self, now: float) -> bool:
+        """One message's token from the publish-rate bucket (max_publish_rate, refilled up to
+        max_publish_burst); False when it is empty."""
+        opts = self.broker.options
+        return self._rights().take_token(now, opts.max_publish_rate, opts.max_publish_burst)
 
     def ask_subscribe_rights(self, packet: pk.Subscribe) -> None:
         """Before a SUBSCRIBE changes anything: ask an authorizer that asks a service
@@ -560,14 +506,8 @@ class Connection:
     # -- output -----------------------------------------------------------------------------
 
     def send(self, data: bytes) -> None:
-        if self.state == CLOSED:
-            return
-        out = self.out
-        if out is None:
-            self.out = [data]
+        if self.state != CLOSED and self.output.append(data):
             self.broker.scheduler.mark_dirty(self)
-        else:
-            out.append(data)
 
     def send_explained(self, ptype: int, packet_id: int, code: int, reason: str) -> None:
         """An acknowledgement (PUBACK, PUBREC, PUBREL, PUBCOMP) with a Reason String, unless the
@@ -583,54 +523,31 @@ class Connection:
         """Our input changed the store: what we have buffered so far (acknowledgements among
         it) waits until the store's current batch is committed, so that "acknowledged" means
         "on disk". Later output waits behind it, in order."""
-        marks = self._marks
-        if marks is None:
-            marks = self._marks = []
-        out = self.out
-        marks.append(self._out_base + (len(out) if out is not None else 0))
+        self.output.hold()
         self.broker.store.after_commit(self._release_output)
 
     def _release_output(self) -> None:
-        marks = self._marks
-        if not marks:  # the connection was closed and flushed meanwhile
-            return
-        # Batches commit in order, so the oldest mark is the one committed now.
-        self._free_upto = marks.pop(0)
-        if self.out:
+        if self.output.release():
             self.broker.scheduler.mark_dirty(self)
 
     def flush(self) -> None:
         """Write what is buffered (up to what still waits for a commit) in one call."""
-        out = self.out
-        if not out:
-            return
-        count = len(out)
-        if self._marks:
-            count = min(count, self._free_upto - self._out_base)
-            if count <= 0:
-                return
-        data = out[0] if count == 1 else b"".join(out[:count])
-        if count == len(out):
-            self.out = None  # an idle connection keeps no list
-        else:
-            del out[:count]
-        self._out_base += count
-        size = len(data)
-        self.bytes_sent += size  # this client's, and (the only place) the broker's
-        self.broker.stats.bytes_sent += size
-        self.link.write(data)
-        if self.paused:
-            bound = self.broker.options.max_output_buffer
-            if bound and self.link.buffered() > bound:
+        output = self.output
+        size = output.flush(self.link)
+        if size:
+            broker = self.broker
+            broker.stats.bytes_sent += size  # (the only place that counts the broker's)
+            if output.paused and output.over(self.link, broker.options.max_output_buffer):
                 self._overflow()
 
     def _overflow(self) -> None:
         """More output than max_output_buffer waits for a client that does not read: closed
         (DISCONNECT 0x97 first in MQTT 5, for what it is worth behind all that), and what it
         did not take dropped, so its memory is freed at once."""
-        if self._overflowed:
+        output = self.output
+        if output.overflowed:
             return
-        self._overflowed = True
+        output.overflowed = True
         log.warning(
             "client %s: more than max_output_buffer (%d bytes) waits for it to read; closing",
             self.name(),
@@ -694,19 +611,18 @@ class Connection:
             return
         self.to(CLOSE)
         store = self.broker.store
-        if store.writes != self._writes_seen:
+        if store.writes != self.output.writes_seen:
             # This input changed the store and then closed us (DISCONNECT, or an error, in
             # the same read): what it produced (its acks) still waits for the commit.
             self.hold_output()
-        if self._marks:
+        if self.output.held():
             store.after_commit(self._close_link)
         else:
             self._close_link()
         self.broker.connection_closed(self, publish_will)
 
     def _close_link(self) -> None:
-        self._marks = None
-        self.flush()
+        self.output.flush_all(self.link)
         self.link.close()
 
     def connection_lost(self) -> None:
@@ -714,7 +630,7 @@ class Connection:
         it: either way nothing can be written any more. Output still waiting for a commit (the
         acks of a client that sent DISCONNECT and closed at once) is dropped here, so that the
         close deferred to that commit writes nothing to the dead transport."""
-        self.out = None
+        self.output.drop()
         if self.state != CLOSED:
             if self.state == CONNECTED:
                 if self.broker.options.connection_log_interval:
@@ -730,14 +646,14 @@ class Connection:
         """The transport holds more than its high-water mark: no more output for now (QoS 0
         is dropped, QoS 1/2 queued in the session) and no more input either, whose answers
         (acks, PINGRESP) would pile up too."""
-        self.paused = True
-        self.pause_input()
+        self.output.paused = True
+        self.input.pause(self.link)
 
     def resume_writing(self) -> None:
-        self.paused = False
+        self.output.paused = False
         if self.state == CLOSED:
             return
         if self.session is not None and self.state == CONNECTED:
             self.session.drain(self.broker.clock())
-        if not self.checking:
+        if not self.input.waiting:
             self.resume_input()

@@ -38,7 +38,7 @@ def send_publish(
         return False
     if conn.state != CLOSED:
         conn.send(data)
-        conn.publishes_sent += 1
+        conn.output.publishes += 1
     return True
 
 
@@ -79,7 +79,7 @@ def send_aliased(
     if len(data) > conn.max_send_size:
         return False
     if conn.state != CLOSED:
-        conn.publishes_sent += 1
+        conn.output.publishes += 1
     conn.send(data)
     return True
 

@@ -29,7 +29,7 @@ def publish_fast(
     """A PUBLISH from the client, read at ``now``. Without properties (the common case) it is
     sliced, no packet object made (fastpath.scan_publish); one with properties is decoded in
     full and goes through :func:`on_publish`."""
-    conn.publishes_received += 1
+    conn.input.publishes += 1
     topic_end, start, packet_id = fastpath.scan_publish(first, data, body, stop, conn.version)
     if start < 0:
         packet = fastpath.decode_publish(first & 0x0F, data, body, stop, conn.version)
@@ -143,18 +143,11 @@ def route(
     session = conn.session
     assert session is not None
     broker.stats.count_received(qos)
-    if opts.max_publish_rate:
-        tokens = min(
-            float(opts.max_publish_burst),
-            conn.tokens + (now - conn.tokens_at) * opts.max_publish_rate,
+    if opts.max_publish_rate and not conn.take_token(now):
+        raise MQTTError(
+            f"publishing faster than {opts.max_publish_rate:g} messages/s",
+            ReasonCode.MESSAGE_RATE_TOO_HIGH,
         )
-        if tokens < 1.0:
-            raise MQTTError(
-                f"publishing faster than {opts.max_publish_rate:g} messages/s",
-                ReasonCode.MESSAGE_RATE_TOO_HIGH,
-            )
-        conn.tokens = tokens - 1.0
-        conn.tokens_at = now
     if (
         retain
         and payload
@@ -180,7 +173,7 @@ def route(
                     ReasonCode.RECEIVE_MAXIMUM_EXCEEDED,
                 )  # MQTT-3.3.4-7
             message = Message.received(topic, raw_topic, payload, qos, retain, props, now)
-            conn.work += router.publish(message, match, session, now)
+            conn.input.work += router.publish(message, match, session, now)
             session.await_release(packet_id)
         # else a resend before PUBREL: acknowledged again, not delivered twice (4.3.3-10)
         conn.send(fastpath.encode_ack(pk.PUBREC, packet_id, 0, None, conn.version))
@@ -189,7 +182,7 @@ def route(
     if raw is not None:
         message.forward(conn.version, raw)
     count = router.publish(message, match, session, now)
-    conn.work += count
+    conn.input.work += count
     if qos:
         code = ReasonCode.NO_MATCHING_SUBSCRIBERS if not count and conn.version == MQTT_5 else 0
         conn.send(fastpath.encode_ack(pk.PUBACK, packet_id, code, None, conn.version))

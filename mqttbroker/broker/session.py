@@ -285,7 +285,7 @@ class Session:
     ) -> None:
         """Hand one matched message to this session (MQTT-4.5.0-1)."""
         conn = self.connection
-        if conn is None or conn.paused:
+        if conn is None or conn.output.paused:
             if qos or self.options.queue_qos0:
                 self._enqueue(Delivery(message, qos, retain, sub_ids, share), now)
                 if self.sink is not None:
@@ -438,7 +438,7 @@ class Session:
         if conn is None:
             return
         quota = conn.send_quota
-        while queue and not conn.paused:
+        while queue and not conn.output.paused:
             delivery = queue[0]
             # (not a local: the first delivery in flight gives the session a dict of its own)
             if delivery.qos and len(self.inflight) >= quota:

@@ -2,9 +2,9 @@
 
 A connection is in one of four states. What moves it is an event of the broker's making (a
 CONNECT accepted, an authentication begun, a close), never a packet by itself; the packets a
-client may send in each state are a second table. :meth:`Connection._to
-<mqttbroker.broker.connection.Connection._to>` is the only place that changes the state, and it
-refuses any move the table does not list.
+client may send in each state are a second table, and the function that handles each of them a
+third (h11's READERS). :meth:`Connection.to <mqttbroker.broker.connection.Connection.to>` is the
+only place that changes the state, and it refuses any move the table does not list.
 
 The states are plain ints (``Final``, so compiled code compares them as constants on the hot
 path); :class:`State` names them for logs and tests.
@@ -12,10 +12,15 @@ path); :class:`State` names them for logs and tests.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import IntEnum
-from typing import Final
+from typing import TYPE_CHECKING, Any, Final
 
 from ..protocol.packets import PacketType
+from . import connect, subscribe
+
+if TYPE_CHECKING:
+    from .connection import Connection
 
 AWAIT_CONNECT: Final = 0  # the socket is open; the first packet must be CONNECT
 AUTHENTICATING: Final = 1  # CONNECT received; a password check or an AUTH exchange is under way
@@ -81,6 +86,18 @@ RECEIVES: Final[dict[int, frozenset[int]]] = {
         }
     ),  # a second CONNECT is an error (MQTT-3.1.0-2)
     CLOSED: frozenset(),  # MQTT-3.1.4-6: nothing after a refused CONNECT is processed
+}
+
+# The function that handles each packet a state receives, once decoded. PUBLISH and its
+# acknowledgements are not here: the connection hands them, received in CONNECTED, straight to
+# their fast decoders and handlers (publish.py, deliver.py), without a packet object.
+HANDLERS: Final[dict[int, Callable[[Connection, Any], None]]] = {
+    PacketType.CONNECT: connect.on_connect,
+    PacketType.AUTH: connect.on_auth,
+    PacketType.DISCONNECT: connect.on_disconnect,
+    PacketType.PINGREQ: connect.on_pingreq,
+    PacketType.SUBSCRIBE: subscribe.on_subscribe,
+    PacketType.UNSUBSCRIBE: subscribe.on_unsubscribe,
 }
 
 

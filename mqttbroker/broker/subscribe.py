@@ -173,22 +173,22 @@ def send_retained(conn: Connection, write: bool = True) -> None:
     session = conn.session
     assert backlog is not None and session is not None
     broker = conn.broker
-    if conn.work_pass != broker.scheduler.passes:
-        conn.work_pass = broker.scheduler.passes
-        conn.work = 0
+    framing = conn.input
+    framing.begin_pass(broker.scheduler.passes)  # the budget is per event-loop pass
+    output = conn.output
     budget = broker.options.input_budget
     authorizer = broker.authorizer
     now = broker.clock()
     sent = 0
     unwritten = 0  # bytes delivered since the last write to the transport
     limit = RETAINED_PER_PASS if write else REPLAY_WRITE
-    while backlog and not conn.paused and conn.work < budget and sent < limit:
+    while backlog and not output.paused and framing.work < budget and sent < limit:
         sub, messages = backlog[0]
         message = next(messages, None)
         if message is None or session.subscriptions.get(sub.topic_filter) is not sub:
             backlog.popleft()  # done, or unsubscribed meanwhile (MQTT-3.10.4-2)
             continue
-        conn.work += 1
+        framing.work += 1
         if authorizer is not None and not authorizer.can_read(
             session.client_id, session.username, message.topic
         ):
@@ -203,9 +203,9 @@ def send_retained(conn: Connection, write: bool = True) -> None:
                 unwritten = 0
                 conn.flush()  # past the high-water mark: pause_writing ends the loop
     if backlog:  # more in the next pass (or once the output drained); input waits
-        conn.work = budget
-        conn.pause_input()
-        if not conn.paused:
+        framing.work = budget
+        framing.pause(conn.link)
+        if not output.paused:
             broker.scheduler.defer(conn)
     else:
         conn.retained = None  # an empty deque still takes 760 bytes

@@ -342,7 +342,9 @@ def test_denied_topics_are_not_cached(make_harness: Any) -> None:
         client.publish(f"denied/{index}/" + "x" * 10_000)
     client.publish("ok/1")
     assert list(h.broker.router._cache) == [b"\x00\x04ok/1"]
-    assert client.conn._allowed_size <= 65_536 and len(client.conn._allowed) < 21
+    rights = client.conn.rights
+    assert rights is not None and rights.allowed is not None
+    assert rights.size <= 65_536 and len(rights.allowed) < 21
 
 
 def test_qos0_publish_not_utf8_disconnects(h: Harness) -> None:

@@ -97,7 +97,7 @@ def passes(h: Harness) -> None:
 
 def held(client: LinkClient, link: MarkedLink) -> int:
     """Bytes the broker holds for the client: written and unread, and not yet written."""
-    return link.unread + sum(len(chunk) for chunk in client.conn.out or ())
+    return link.unread + sum(len(chunk) for chunk in client.conn.output.chunks or ())
 
 
 def retained_set(make_harness: Callable[..., Harness], qos: int = 0) -> tuple[Harness, list[str]]:
