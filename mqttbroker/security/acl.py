@@ -118,6 +118,16 @@ class _Compiled:
                 denies.append(levels)
 
 
+def _allowed(deny_all: bool, denies: list[Levels], allows: list[Levels], topic: str) -> bool:
+    """One access (read or write) to ``topic``: a denial wins over any allowance."""
+    if deny_all:
+        return False
+    levels = split(topic)
+    if any(matches(d, levels) for d in denies):
+        return False
+    return any(matches(a, levels) for a in allows)
+
+
 _SKIP = object()  # the rule does not apply (%u without a user name)
 
 
@@ -261,21 +271,11 @@ class AclRules:
 
     def can_write(self, client_id: str, username: str | None, topic: str) -> bool:
         rules = self.compiled(client_id, username)
-        if rules.deny_all_write:
-            return False
-        levels = split(topic)
-        if any(matches(d, levels) for d in rules.deny_write):
-            return False
-        return any(matches(a, levels) for a in rules.allow_write)
+        return _allowed(rules.deny_all_write, rules.deny_write, rules.allow_write, topic)
 
     def can_read(self, client_id: str, username: str | None, topic: str) -> bool:
         rules = self.compiled(client_id, username)
-        if rules.deny_all_read:
-            return False
-        levels = split(topic)
-        if any(matches(d, levels) for d in rules.deny_read):
-            return False
-        return any(matches(a, levels) for a in rules.allow_read)
+        return _allowed(rules.deny_all_read, rules.deny_read, rules.allow_read, topic)
 
     def can_subscribe(
         self, client_id: str, username: str | None, topic_filter: str, partly: bool = False
