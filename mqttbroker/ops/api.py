@@ -15,7 +15,7 @@ import binascii
 import itertools
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -102,6 +102,21 @@ def _page(
             "next_cursor": format_cursor(cursor),
         }
     )
+
+
+def _tree_page(
+    request: web.Request,
+    root: Any,
+    items_at: Callable[[Any], Iterable[T]],
+    keep: Callable[[T], bool],
+    render: Callable[[T], Any],
+) -> web.Response:
+    """A page of the items of a topic tree (subscriptions, shared groups, retained messages)
+    under the ``filter`` parameter, from the ``cursor`` on: ``items_at(node)``, those ``keep``
+    accepts, as ``render`` shows them."""
+    levels = _levels(request)
+    found = scan_tree(root, levels, _cursor(request), items_at, keep, _limit(request))
+    return _page(request, found, render)
 
 
 def _levels(request: web.Request) -> list[str]:
@@ -319,8 +334,6 @@ class Api:
         return web.json_response({"client_id": session.client_id, "deleted": True})
 
     async def subscriptions(self, request: web.Request) -> web.Response:
-        levels = _levels(request)
-
         def render(sub: Subscription) -> dict[str, Any]:
             return {
                 "client_id": sub.session.client_id,
@@ -337,12 +350,9 @@ class Api:
             own = (node.subs or {}).values()
             return itertools.chain(own, itertools.chain.from_iterable(groups))
 
-        root = self.broker.router.trie.root
-        found = scan_tree(root, levels, _cursor(request), subs, _everything, _limit(request))
-        return _page(request, found, render)
+        return _tree_page(request, self.broker.router.trie.root, subs, _everything, render)
 
     async def shared(self, request: web.Request) -> web.Response:
-        levels = _levels(request)
         now = self.broker.clock()
 
         def render(group: SharedGroup) -> dict[str, Any]:
@@ -363,12 +373,9 @@ class Api:
         def groups(node: Any) -> Any:
             return (node.groups or {}).values()
 
-        root = self.broker.router.trie.root
-        found = scan_tree(root, levels, _cursor(request), groups, _everything, _limit(request))
-        return _page(request, found, render)
+        return _tree_page(request, self.broker.router.trie.root, groups, _everything, render)
 
     async def retained(self, request: web.Request) -> web.Response:
-        levels = _levels(request)
         now = self.broker.clock()
 
         def render(message: Message) -> dict[str, Any]:
@@ -393,9 +400,7 @@ class Api:
         def live(message: Message) -> bool:
             return not message.expired(now)
 
-        root = self.broker.router.retained.root
-        found = scan_tree(root, levels, _cursor(request), message, live, _limit(request))
-        return _page(request, found, render)
+        return _tree_page(request, self.broker.router.retained.root, message, live, render)
 
     async def delete_retained(self, request: web.Request) -> web.Response:
         topic = request.query.get("topic", "")
