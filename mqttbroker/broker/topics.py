@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -60,10 +60,14 @@ def matches(topic_filter: str, topic: str) -> bool:
     """Whether ``topic_filter`` matches the Topic Name ``topic``: the plain definition, for one
     filter against one topic (a bridge's rules); the trie matches all subscriptions at once,
     and is tested against this."""
-    if topic.startswith("$") and topic_filter[:1] in ("+", "#"):
+    return matches_levels(topic_filter.split("/"), topic.split("/"))
+
+
+def matches_levels(flevels: Sequence[str], tlevels: Sequence[str]) -> bool:
+    """:func:`matches` for a filter and a topic already split into levels (access control
+    keeps its filters split)."""
+    if tlevels[0].startswith("$") and flevels[0] in ("+", "#"):
         return False  # MQTT-4.7.2-1
-    flevels = topic_filter.split("/")
-    tlevels = topic.split("/")
     for index, level in enumerate(flevels):
         if level == "#":
             return True

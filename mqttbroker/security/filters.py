@@ -7,6 +7,8 @@ a filter starting with ``+`` or ``#`` matches no topic starting with ``$``.
 
 from __future__ import annotations
 
+from ..broker.topics import matches_levels
+
 Levels = tuple[str, ...]
 
 
@@ -18,18 +20,8 @@ def _wild(level: str) -> bool:
     return level == "+" or level == "#"
 
 
-def matches(pattern: Levels, topic: Levels) -> bool:
-    """Whether the filter ``pattern`` matches the topic name ``topic``."""
-    if topic[0].startswith("$") and _wild(pattern[0]):
-        return False
-    for index, level in enumerate(pattern):
-        if level == "#":
-            return True
-        if index >= len(topic):
-            return False
-        if level != "+" and level != topic[index]:
-            return False
-    return len(pattern) == len(topic)
+# Whether the filter ``pattern`` matches the topic name ``topic``: the broker's own matcher.
+matches = matches_levels
 
 
 def covers(outer: Levels, inner: Levels) -> bool:
