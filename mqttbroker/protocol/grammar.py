@@ -33,9 +33,10 @@ from construct import (
     Subconstruct,
     Switch,
     Terminated,
+    VarInt,
     this,
 )
-from construct.core import stream_iseof, stream_read, stream_write
+from construct.core import stream_iseof, stream_read
 
 from . import packets as pk
 from .errors import MalformedPacket, MQTTError, ProtocolError
@@ -75,18 +76,7 @@ class _VariableByteInteger(Construct):
     def _build(self, obj: int, stream: Any, context: Any, path: Any) -> int:
         if not 0 <= obj <= 268_435_455:
             raise ValueError(f"{obj} does not fit a Variable Byte Integer")
-        out = bytearray()
-        value = obj
-        while True:
-            byte = value & 0x7F
-            value >>= 7
-            if value:
-                out.append(byte | 0x80)
-            else:
-                out.append(byte)
-                break
-        stream_write(stream, bytes(out), len(out), path)
-        return obj
+        return int(VarInt._build(obj, stream, context, path))  # the same 7-bit groups
 
 
 VBI = _VariableByteInteger()
@@ -503,13 +493,13 @@ def encode(packet: pk.Packet, version: int = MQTT_5) -> bytes:
             "subscriptions": subs,
         }
         body = _build(Subscribe, obj, version, flags, 0)
-    elif isinstance(packet, pk.Suback):
+    elif isinstance(packet, (pk.Suback, pk.Unsuback)):
         obj = {
             "packet_id": packet.packet_id,
             "properties": _raw_props(packet.properties),
             "reason_codes": bytes(packet.reason_codes),
         }
-        body = _build(Suback, obj, version, flags, 0)
+        body = _build(Suback if ptype == T.SUBACK else Unsuback, obj, version, flags, 0)
     elif isinstance(packet, pk.Unsubscribe):
         obj = {
             "packet_id": packet.packet_id,
@@ -517,13 +507,6 @@ def encode(packet: pk.Packet, version: int = MQTT_5) -> bytes:
             "topic_filters": packet.topic_filters,
         }
         body = _build(Unsubscribe, obj, version, flags, 0)
-    elif isinstance(packet, pk.Unsuback):
-        obj = {
-            "packet_id": packet.packet_id,
-            "properties": _raw_props(packet.properties),
-            "reason_codes": bytes(packet.reason_codes),
-        }
-        body = _build(Unsuback, obj, version, flags, 0)
     elif isinstance(packet, (pk.Pingreq, pk.Pingresp)):
         body = b""
     elif isinstance(packet, pk.ReasonOnly):
