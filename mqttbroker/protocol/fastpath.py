@@ -52,44 +52,41 @@ def encode_vbi(value: int) -> bytes:
     return _encode_vbi(value)
 
 
-def decode_vbi(data: bytes, pos: int, end: int) -> tuple[int, int]:
-    """Decode a Variable Byte Integer at ``pos``; returns (value, position after it). Raises
-    MalformedPacket if it runs past ``end``, is longer than 4 bytes or is not minimal."""
+def _scan_vbi(data: bytes, pos: int, end: int, what: str) -> tuple[int, int]:
+    """The Variable Byte Integer at ``pos``: (value, position after it), or (-1, end) when it
+    runs past ``end``. Raises MalformedPacket, naming it ``what``, if it is longer than 4 bytes
+    or not minimally encoded."""
     value = 0
     shift = 0
     for index in range(4):
         if pos >= end:
-            raise MalformedPacket("truncated Variable Byte Integer")
+            return -1, end
         byte = data[pos]
         pos += 1
         value |= (byte & 0x7F) << shift
         if not byte & 0x80:
             if index and not byte:
-                raise MalformedPacket("Variable Byte Integer is not minimally encoded")
+                raise MalformedPacket(f"{what} is not minimally encoded")
             return value, pos
         shift += 7
-    raise MalformedPacket("Variable Byte Integer is longer than 4 bytes")
+    raise MalformedPacket(f"{what} is longer than 4 bytes")
+
+
+def decode_vbi(data: bytes, pos: int, end: int) -> tuple[int, int]:
+    """Decode a Variable Byte Integer at ``pos``; returns (value, position after it). Raises
+    MalformedPacket if it runs past ``end``, is longer than 4 bytes or is not minimal."""
+    value, pos = _scan_vbi(data, pos, end, "Variable Byte Integer")
+    if value < 0:
+        raise MalformedPacket("truncated Variable Byte Integer")
+    return value, pos
 
 
 def read_fixed_header(data: bytes, pos: int, end: int) -> tuple[int, int] | None:
     """Read the Remaining Length after the first byte at ``pos``. Returns (remaining length,
     position of the body), or None when more bytes are needed to know. Raises MalformedPacket for
     an over-long or non-minimal length."""
-    value = 0
-    shift = 0
-    p = pos + 1
-    for index in range(4):
-        if p >= end:
-            return None
-        byte = data[p]
-        p += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            if index and not byte:
-                raise MalformedPacket("Remaining Length is not minimally encoded")
-            return value, p
-        shift += 7
-    raise MalformedPacket("Remaining Length is longer than 4 bytes")
+    value, body = _scan_vbi(data, pos + 1, end, "Remaining Length")
+    return None if value < 0 else (value, body)
 
 
 def fixed_header_size(remaining_length: int) -> int:
@@ -106,12 +103,18 @@ def fixed_header_size(remaining_length: int) -> int:
 # Strings and properties
 
 
-def _utf8(data: bytes, pos: int, end: int) -> tuple[str, int]:
+def _field_end(data: bytes, pos: int, end: int, what: str) -> int:
+    """Where the field at ``pos`` ends: a Two Byte Integer length, then that many bytes."""
     if pos + 2 > end:
-        raise MalformedPacket("truncated string length")
+        raise MalformedPacket(f"truncated {what} length")
     stop = pos + 2 + ((data[pos] << 8) | data[pos + 1])
     if stop > end:
-        raise MalformedPacket("string runs past the end of the packet")
+        raise MalformedPacket(f"{what} runs past the end of the packet")
+    return stop
+
+
+def _utf8(data: bytes, pos: int, end: int) -> tuple[str, int]:
+    stop = _field_end(data, pos, end, "string")
     try:
         text = data[pos + 2 : stop].decode()
     except UnicodeDecodeError as exc:
@@ -122,11 +125,7 @@ def _utf8(data: bytes, pos: int, end: int) -> tuple[str, int]:
 
 
 def _binary(data: bytes, pos: int, end: int) -> tuple[bytes, int]:
-    if pos + 2 > end:
-        raise MalformedPacket("truncated binary data length")
-    stop = pos + 2 + ((data[pos] << 8) | data[pos + 1])
-    if stop > end:
-        raise MalformedPacket("binary data runs past the end of the packet")
+    stop = _field_end(data, pos, end, "binary data")
     return bytes(data[pos + 2 : stop]), stop
 
 
