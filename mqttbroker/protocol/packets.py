@@ -58,6 +58,16 @@ MQTT_5 = 5
 # None stands for a new empty dict.
 
 
+class _Packet:
+    """What every packet class has: its ``packet_type``, looked up by class in PACKET_TYPES."""
+
+    __slots__ = ()
+
+    @property
+    def packet_type(self) -> int:
+        return PACKET_TYPES[type(self)]
+
+
 @dataclass(slots=True, init=False)
 class Will:
     topic: str
@@ -82,7 +92,7 @@ class Will:
 
 
 @dataclass(slots=True, init=False)
-class Connect:
+class Connect(_Packet):
     client_id: str
     protocol_level: int
     protocol_name: str
@@ -115,13 +125,9 @@ class Connect:
         self.will = will
         self.properties = {} if properties is None else properties
 
-    @property
-    def packet_type(self) -> int:
-        return CONNECT
-
 
 @dataclass(slots=True, init=False)
-class Connack:
+class Connack(_Packet):
     session_present: bool
     reason_code: int
     properties: dict[int, Any]
@@ -136,13 +142,9 @@ class Connack:
         self.reason_code = reason_code
         self.properties = {} if properties is None else properties
 
-    @property
-    def packet_type(self) -> int:
-        return CONNACK
-
 
 @dataclass(slots=True, init=False)
-class Publish:
+class Publish(_Packet):
     topic: str
     payload: bytes
     qos: int
@@ -169,13 +171,9 @@ class Publish:
         self.packet_id = packet_id
         self.properties = {} if properties is None else properties
 
-    @property
-    def packet_type(self) -> int:
-        return PUBLISH
-
 
 @dataclass(slots=True, init=False)
-class Ack:
+class Ack(_Packet):
     """PUBACK, PUBREC, PUBREL and PUBCOMP share one shape (sections 3.4 to 3.7)."""
 
     packet_id: int
@@ -189,37 +187,21 @@ class Ack:
         self.reason_code = reason_code
         self.properties = {} if properties is None else properties
 
-    @property
-    def packet_type(self) -> int:
-        return 0  # each subclass names its own
 
-
-@dataclass(slots=True, init=False)
 class Puback(Ack):
-    @property
-    def packet_type(self) -> int:
-        return PUBACK
+    __slots__ = ()
 
 
-@dataclass(slots=True, init=False)
 class Pubrec(Ack):
-    @property
-    def packet_type(self) -> int:
-        return PUBREC
+    __slots__ = ()
 
 
-@dataclass(slots=True, init=False)
 class Pubrel(Ack):
-    @property
-    def packet_type(self) -> int:
-        return PUBREL
+    __slots__ = ()
 
 
-@dataclass(slots=True, init=False)
 class Pubcomp(Ack):
-    @property
-    def packet_type(self) -> int:
-        return PUBCOMP
+    __slots__ = ()
 
 
 @dataclass(slots=True, init=False)
@@ -248,7 +230,7 @@ class SubscriptionRequest:
 
 
 @dataclass(slots=True, init=False)
-class Subscribe:
+class Subscribe(_Packet):
     packet_id: int
     subscriptions: list[SubscriptionRequest]
     properties: dict[int, Any]
@@ -263,13 +245,9 @@ class Subscribe:
         self.subscriptions = subscriptions
         self.properties = {} if properties is None else properties
 
-    @property
-    def packet_type(self) -> int:
-        return SUBSCRIBE
-
 
 @dataclass(slots=True, init=False)
-class Suback:
+class Suback(_Packet):
     packet_id: int
     reason_codes: list[int]
     properties: dict[int, Any]
@@ -281,13 +259,9 @@ class Suback:
         self.reason_codes = reason_codes
         self.properties = {} if properties is None else properties
 
-    @property
-    def packet_type(self) -> int:
-        return SUBACK
-
 
 @dataclass(slots=True, init=False)
-class Unsubscribe:
+class Unsubscribe(_Packet):
     packet_id: int
     topic_filters: list[str]
     properties: dict[int, Any]
@@ -299,13 +273,9 @@ class Unsubscribe:
         self.topic_filters = topic_filters
         self.properties = {} if properties is None else properties
 
-    @property
-    def packet_type(self) -> int:
-        return UNSUBSCRIBE
-
 
 @dataclass(slots=True, init=False)
-class Unsuback:
+class Unsuback(_Packet):
     packet_id: int
     reason_codes: list[int]
     properties: dict[int, Any]
@@ -320,27 +290,19 @@ class Unsuback:
         self.reason_codes = [] if reason_codes is None else reason_codes
         self.properties = {} if properties is None else properties
 
-    @property
-    def packet_type(self) -> int:
-        return UNSUBACK
+
+@dataclass(slots=True)
+class Pingreq(_Packet):
+    """PINGREQ (section 3.12): nothing but its type."""
 
 
 @dataclass(slots=True)
-class Pingreq:
-    @property
-    def packet_type(self) -> int:
-        return PINGREQ
-
-
-@dataclass(slots=True)
-class Pingresp:
-    @property
-    def packet_type(self) -> int:
-        return PINGRESP
+class Pingresp(_Packet):
+    """PINGRESP (section 3.13): nothing but its type."""
 
 
 @dataclass(slots=True, init=False)
-class ReasonOnly:
+class ReasonOnly(_Packet):
     """DISCONNECT and AUTH share one shape (sections 3.14 and 3.15)."""
 
     reason_code: int
@@ -350,24 +312,35 @@ class ReasonOnly:
         self.reason_code = reason_code
         self.properties = {} if properties is None else properties
 
-    @property
-    def packet_type(self) -> int:
-        return 0  # each subclass names its own
 
-
-@dataclass(slots=True, init=False)
 class Disconnect(ReasonOnly):
-    @property
-    def packet_type(self) -> int:
-        return DISCONNECT
+    __slots__ = ()
 
 
-@dataclass(slots=True, init=False)
 class Auth(ReasonOnly):
-    @property
-    def packet_type(self) -> int:
-        return AUTH
+    __slots__ = ()
 
+
+# The packet type of each class (0: the shared base of several).
+PACKET_TYPES: dict[type, int] = {
+    Connect: CONNECT,
+    Connack: CONNACK,
+    Publish: PUBLISH,
+    Ack: 0,
+    Puback: PUBACK,
+    Pubrec: PUBREC,
+    Pubrel: PUBREL,
+    Pubcomp: PUBCOMP,
+    Subscribe: SUBSCRIBE,
+    Suback: SUBACK,
+    Unsubscribe: UNSUBSCRIBE,
+    Unsuback: UNSUBACK,
+    Pingreq: PINGREQ,
+    Pingresp: PINGRESP,
+    ReasonOnly: 0,
+    Disconnect: DISCONNECT,
+    Auth: AUTH,
+}
 
 # PUBACK, PUBREC, PUBREL and PUBCOMP by packet type.
 ACK_CLASSES: dict[int, type[Ack]] = {
