@@ -3,7 +3,7 @@ Start, expiry), wills, keep alive and the connection limits. When output is writ
 scheduler's (``passes.py``); the running totals are ``stats.py``'s.
 
 Sans-I/O: time comes from the injected ``clock``; the transport edge calls :meth:`Broker.tick`
-about once a second and sets the scheduler's ``wake`` to schedule its flush.
+twice a second and sets the scheduler's ``wake`` to schedule its flush.
 """
 
 from __future__ import annotations
@@ -573,7 +573,7 @@ class Broker:
 
     def tick(self) -> None:
         """Enforce time: CONNECT timeout, keep alive (MQTT-3.1.2-22), delayed wills, session
-        expiry. Called by the edge about once a second."""
+        expiry. Called by the edge twice a second."""
         now = self.clock()
         opts = self.options
         if opts.connection_log_interval and now >= self._connection_log_due:

@@ -1,5 +1,5 @@
 """The broker's limits and feature switches, with the defaults a fresh install runs with. The
-TOML config's ``[broker]`` table maps onto these fields one to one (see config.py)."""
+TOML config's ``[broker]`` table maps onto these fields one to one (see config/sections.py)."""
 
 from __future__ import annotations
 

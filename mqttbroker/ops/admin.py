@@ -4,7 +4,7 @@
 
 Authentication (``[admin]``): a bearer token (``token_file`` or ``token_env``) and/or HTTP Basic
 logins of the password-file users named in ``admin_users``. With neither, the server must be on a
-loopback address (config.py refuses anything else), and it lets every request in only while MQTT
+loopback address (config/check.py refuses anything else), and it lets every request in only while MQTT
 itself has no login or ACL either (:func:`mqtt_protection`): otherwise any local process would
 get through the admin server what MQTT refuses it (retained payloads an ACL hides, kicks, session
 deletes). The broker still starts then (its MQTT service matters more, as when the admin port is

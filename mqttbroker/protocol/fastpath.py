@@ -1,8 +1,9 @@
-"""Hand-written codec for the packets on the hot path: PUBLISH, PUBACK, PUBREC, PUBREL, PUBCOMP,
-PINGREQ and PINGRESP, plus the framing (fixed header) and properties they need.
+"""Hand-written codec: decoders of every packet a client sends (:func:`decode_packet`, the one
+dispatcher), encoders of the packets a busy broker sends most (PUBLISH, the acknowledgements,
+CONNACK, SUBACK, UNSUBACK), and the fixed header, Variable Byte Integers and properties they need.
 
-It produces and accepts exactly what ``grammar.py`` does (tests/protocol/test_fastpath_agrees.py
-checks it with hypothesis) but slices bytes directly instead of going through construct.
+It produces and accepts exactly what ``grammar.py`` does (tests/protocol/test_fastpath.py checks
+it with hypothesis) but slices bytes directly instead of going through construct.
 """
 
 from __future__ import annotations
