@@ -52,6 +52,7 @@ MODULES = (
     "mqttbroker.broker.output",
     "mqttbroker.broker.rights",
     "mqttbroker.broker.connection",
+    "mqttbroker.broker.connection_log",
     "mqttbroker.broker.connect",
     "mqttbroker.broker.publish",
     "mqttbroker.broker.subscribe",

@@ -120,6 +120,14 @@ def test_no_file_gives_defaults() -> None:
             "[broker]\nconnection_log_interval = 'often'\n",
             "broker.connection_log_interval: expected a number",
         ),
+        (
+            "[broker]\nconnection_log_rate = -1\n",
+            "broker.connection_log_rate must not be negative",
+        ),
+        (
+            "[broker]\nconnection_log_rate = 1.5\n",
+            "broker.connection_log_rate: expected an integer",
+        ),
         ("colour = 'blue'\n", "colour: unknown key"),
         ("broker = 3\n", "broker: expected a table"),
         ("[broker\n", "not valid TOML"),

@@ -293,20 +293,18 @@ def accept(conn: Connection, packet: pk.Connect, auth_props: dict[int, Any] | No
             conn.send(broker.connack_v5[present])
     else:
         conn.send(fastpath.encode_connack(pk.Connack(present, 0), version))
-    if opts.connection_log_interval:
-        broker.stats.unlogged_connected += 1  # counted in a line every so often (Broker.tick)
-    elif log.isEnabledFor(logging.INFO):
-        log.info(
-            "client %s connected from %s (MQTT %s over %s, user %r, keep alive %ds, session %s)",
-            client_id,
-            conn.peer,
-            "5.0" if v5 else "3.1.1" if version == 4 else "3.1",
-            conn.policy.kind.removeprefix("MQTT over "),  # TCP, TLS, WebSocket, WebSocket+TLS
-            conn.username,
-            keep_alive,
-            "resumed" if present else "new",
-        )
-    session.resend(broker.clock())
+    now = broker.clock()
+    broker.connection_log.connected(
+        now,
+        client_id,
+        conn.peer,
+        "5.0" if v5 else "3.1.1" if version == 4 else "3.1",
+        conn.policy.kind.removeprefix("MQTT over "),  # TCP, TLS, WebSocket, WebSocket+TLS
+        conn.username,
+        keep_alive,
+        present,
+    )
+    session.resend(now)
 
 
 def on_disconnect(conn: Connection, packet: pk.Disconnect) -> None:
@@ -331,10 +329,8 @@ def on_disconnect(conn: Connection, packet: pk.Disconnect) -> None:
         conn.will = None  # MQTT-3.14.4-3
         if session.persistent:
             conn.broker.store.delete_will(session)
-    if conn.broker.options.connection_log_interval:
-        conn.broker.stats.unlogged_disconnected += 1
-    else:
-        log.info("client %s disconnected (reason 0x%02X)", conn.client_id, packet.reason_code)
+    broker = conn.broker
+    broker.connection_log.disconnected(broker.clock(), conn.client_id, packet.reason_code)
     conn.close()
 
 

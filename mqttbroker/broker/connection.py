@@ -633,10 +633,7 @@ class Connection:
         self.output.drop()
         if self.state != CLOSED:
             if self.state == CONNECTED:
-                if self.broker.options.connection_log_interval:
-                    self.broker.stats.unlogged_lost += 1
-                else:
-                    log.info("client %s: connection lost", self.client_id)
+                self.broker.connection_log.lost(self.broker.clock(), self.client_id)
             self.to(CLOSE)
             self.broker.connection_closed(self, True)
 

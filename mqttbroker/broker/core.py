@@ -26,6 +26,7 @@ from ..protocol.properties import limit_user_properties
 from ..protocol.reasons import ReasonCode
 from .auth import AllowAll, Authenticator, Authorizer
 from .connection import Connection, Link
+from .connection_log import ConnectionLog
 from .message import Message
 from .options import PER_ADDRESS_DEFAULT, BrokerOptions
 from .passes import PassScheduler
@@ -102,7 +103,7 @@ class Broker:
         self.authenticator: Authenticator = authenticator or AllowAll()
         self.authorizer = authorizer  # None: everyone may publish and subscribe anywhere
         self.stats = BrokerStats()  # the running totals every report reads
-        self._connection_log_due = 0.0  # when the next connection_log_interval line is due
+        self.connection_log = ConnectionLog(self.options)  # the lines about each client
         self._per_address: dict[str, int] = {}  # open connections per source address
         self.connack_properties = connack_properties(self.options)
         # The MQTT 5 CONNACK most clients get (success, nothing particular to the client),
@@ -576,9 +577,7 @@ class Broker:
         expiry. Called by the edge twice a second."""
         now = self.clock()
         opts = self.options
-        if opts.connection_log_interval and now >= self._connection_log_due:
-            self.stats.log_connections(opts.connection_log_interval)
-            self._connection_log_due = now + opts.connection_log_interval
+        self.connection_log.tick(now)
         for conn in list(self.connections):
             if conn.state in (AWAIT_CONNECT, AUTHENTICATING):
                 if now - conn.opened_at > opts.connect_timeout:

@@ -44,8 +44,10 @@ class BrokerOptions:
     max_keepalive: int = 0
     # Seconds a new connection has to send its CONNECT.
     connect_timeout: float = 10.0
-    # 0: an info line per client connecting, disconnecting or lost. N: instead, one line every
-    # N seconds counting them (under connection storms of thousands per second).
+    # The info lines per client connected, disconnected or lost (broker/connection_log.py):
+    # at most connection_log_rate a second (0: no limit), the rest of that second counted in one
+    # line; connection_log_interval = N: none, one line every N seconds counting them instead.
+    connection_log_rate: int = 100
     connection_log_interval: float = 0.0
     # Largest Session Expiry Interval granted (seconds); 3.1.1 persistent sessions get this too.
     max_session_expiry: int = 0xFFFFFFFF
@@ -152,6 +154,7 @@ class BrokerOptions:
             "max_publish_rate",
             "sys_interval",
             "connection_log_interval",
+            "connection_log_rate",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative")

@@ -9,7 +9,6 @@ publish, so that the four always agree.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -18,8 +17,6 @@ from ..protocol.reasons import CONNACK_CODES, ReasonCode
 if TYPE_CHECKING:
     from .connection import Connection
     from .session import Session
-
-log = logging.getLogger("mqttbroker.broker")
 
 # The label of a refused connection: its CONNACK reason code's name in the spec, in lower case
 # (0x86 "bad_user_name_or_password", 0x87 "not_authorized", 0x8A "banned"...); a 3.1.1 client
@@ -92,11 +89,6 @@ class BrokerStats:
         # counted by the connections per read and per write (Connection.data_received, flush).
         self.bytes_received = 0
         self.bytes_sent = 0
-        # With connection_log_interval: clients connected, disconnected and lost since the
-        # last line counting them (log_connections).
-        self.unlogged_connected = 0
-        self.unlogged_disconnected = 0
-        self.unlogged_lost = 0
 
     def count_received(self, qos: int) -> None:
         """One more PUBLISH accepted at ``qos``."""
@@ -127,16 +119,3 @@ class BrokerStats:
             self.bytes_received,
             self.bytes_sent,
         )
-
-    def log_connections(self, interval: float) -> None:
-        """connection_log_interval: one line counting the clients connected, disconnected and
-        lost since the last one (none when there were none)."""
-        if self.unlogged_connected or self.unlogged_disconnected or self.unlogged_lost:
-            log.info(
-                "in the last %gs: %d clients connected, %d disconnected, %d connections lost",
-                interval,
-                self.unlogged_connected,
-                self.unlogged_disconnected,
-                self.unlogged_lost,
-            )
-            self.unlogged_connected = self.unlogged_disconnected = self.unlogged_lost = 0

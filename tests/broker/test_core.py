@@ -6,7 +6,6 @@ the log of connections."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -701,36 +700,6 @@ def test_connections_from_one_address_share_its_string() -> None:
     second = broker.connect(FakeLink(keep=False), f"{host}:40002")
     assert first.address == second.address == "192.0.2.7"
     assert first.address is second.address
-
-
-def test_connection_log_interval_counts_instead_of_a_line_each(
-    make_harness: Callable[..., Harness], caplog: pytest.LogCaptureFixture
-) -> None:
-    caplog.set_level(logging.INFO, logger="mqttbroker")
-    h = make_harness(connection_log_interval=10.0)
-    h.tick()
-    clients = [h.connect(f"storm-{i}") for i in range(5)]
-    clients[0].send(pk.Disconnect())
-    clients[1].conn.connection_lost()
-    assert not [r for r in caplog.records if "storm-" in r.getMessage()]
-    h.tick(5)
-    assert not [r for r in caplog.records if "clients connected" in r.getMessage()]
-    h.tick(5)
-    lines = [r.getMessage() for r in caplog.records if "clients connected" in r.getMessage()]
-    assert lines == ["in the last 10s: 5 clients connected, 1 disconnected, 1 connections lost"]
-    h.tick(10)  # nothing happened since: no line
-    assert len([r for r in caplog.records if "clients connected" in r.getMessage()]) == 1
-
-
-def test_without_connection_log_interval_each_connection_is_logged(
-    make_harness: Callable[..., Harness], caplog: pytest.LogCaptureFixture
-) -> None:
-    caplog.set_level(logging.INFO, logger="mqttbroker")
-    h = make_harness()
-    h.connect("one").send(pk.Disconnect())
-    messages = [r.getMessage() for r in caplog.records]
-    assert any(m.startswith("client one connected from") for m in messages)
-    assert "client one disconnected (reason 0x00)" in messages
 
 
 def test_per_address_slot_given_back_once(make_harness: Any) -> None:

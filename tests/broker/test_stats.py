@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-
-import pytest
 from support.harness import DenySecret, Harness, Prop, pk
 
 from mqttbroker.broker.stats import CONNECTION_LIMIT, OTHER, REFUSAL_REASONS, BrokerStats
@@ -88,17 +85,3 @@ def test_queue_drops_still_count_once_their_session_has_ended(make_harness: obje
     assert stats.queue_dropped(h.broker.sessions.values()) == 2
     h.connect("away", clean_start=True)  # the old session ends with its drops
     assert stats.queue_dropped(h.broker.sessions.values()) == 2
-
-
-def test_connection_log_counts_since_the_last_line(caplog: pytest.LogCaptureFixture) -> None:
-    stats = BrokerStats()
-    caplog.set_level(logging.INFO, logger="mqttbroker.broker")
-    stats.log_connections(60)
-    assert caplog.records == []  # nothing to say: no line
-    stats.unlogged_connected = 3
-    stats.unlogged_lost = 1
-    stats.log_connections(60)
-    assert [r.getMessage() for r in caplog.records] == [
-        "in the last 60s: 3 clients connected, 0 disconnected, 1 connections lost"
-    ]
-    assert (stats.unlogged_connected, stats.unlogged_lost) == (0, 0)
