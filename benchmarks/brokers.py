@@ -1,8 +1,9 @@
 """Starting, watching and stopping the brokers under test.
 
-* ours: ``python -m mqttbroker --port 0 --log-level warning`` (its port read from /proc), its
-  admin server off, or with ``--scrape-metrics`` (``SCRAPE_METRICS``) on a free port and its
-  ``/metrics`` fetched every second by a thread of the runner for as long as it runs;
+* ours: ``python -m mqttbroker --port 0 --log-level warning`` (its port read from /proc; another
+  level with ``--log-level``, ``LOG_LEVEL``: ``info`` is the broker's default), its admin server
+  off, or with ``--scrape-metrics`` (``SCRAPE_METRICS``) on a free port and its ``/metrics``
+  fetched every second by a thread of the runner for as long as it runs;
 * Mosquitto: ``mosquitto -c <generated config>`` on a free loopback port;
 * amqtt: only when it is importable (never installed by this suite); MQTT 3.1.1 only;
 * an external broker at HOST:PORT (its pid, when given, enables CPU and RSS figures);
@@ -39,6 +40,7 @@ GENERATOR_CORE = 1
 START_TIMEOUT = 20.0
 SCRAPE_METRICS = False  # --scrape-metrics: our brokers run their admin server, scraped each second
 SCRAPE_INTERVAL = 1.0
+LOG_LEVEL = "warning"  # --log-level: our brokers' (the broker's own default is info)
 # --tls: the server certificate and key (benchmarks/tlscerts.py) that the shared brokers' one
 # listener serves TLS with (None: plain TCP)
 TLS: tuple[str, str] | None = None
@@ -284,7 +286,7 @@ def start_ours(
         "--port",
         "0",
         "--log-level",
-        "warning",
+        LOG_LEVEL,
         "--data-dir",
         os.path.join(workdir, "data"),
     ]
@@ -300,6 +302,8 @@ def start_ours(
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     description += f", {_hot_path_form(env)} hot path"
+    if LOG_LEVEL != "warning":
+        description += f", log level {LOG_LEVEL}"
     if admin_port:
         description += f", admin on, /metrics scraped every {SCRAPE_INTERVAL:g} s"
     proc, log_path = _spawn(name, pinned(BROKER_CORE, cmd, pin), workdir, env)

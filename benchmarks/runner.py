@@ -125,6 +125,13 @@ def parser() -> argparse.ArgumentParser:
         "(its cost: compare with a run without)",
     )
     p.add_argument(
+        "--log-level",
+        choices=("debug", "info", "warning", "error"),
+        default="warning",
+        help="our brokers' log level (default warning; info, the broker's own default, "
+        "writes a line per client connected or gone up to connection_log_rate a second)",
+    )
+    p.add_argument(
         "--out", metavar="PATH", help="JSON lines file (default benchmarks/results/<time>.jsonl)"
     )
     return p
@@ -477,6 +484,7 @@ def main(argv: list[str] | None = None) -> int:
     version = MQTT_5 if args.mqtt == "5" else MQTT_311
     pin = br.pinning_available() and not args.no_pin
     br.SCRAPE_METRICS = args.scrape_metrics
+    br.LOG_LEVEL = args.log_level
     args.tls_spec = None
     if args.tls:
         plain = [s.key for s in scenarios if s.key not in TLS_SCENARIOS]
