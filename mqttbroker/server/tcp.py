@@ -10,7 +10,6 @@ policy when the connection is made.
 from __future__ import annotations
 
 import asyncio
-import asyncio.sslproto
 import logging
 from typing import cast
 
@@ -166,13 +165,11 @@ class MQTTProtocol:
         else:
             # TLS: close() sends the close_notify after what is buffered, then waits for the
             # client's close_notify or EOF (the TLS layer, tlslayer.py, drops what the client
-            # still sends meanwhile; cut short here). asyncio's own TLS transport resets the
-            # connection instead, so there the lingering comes first.
-            asyncio_tls = isinstance(transport, asyncio.sslproto._SSLProtocolTransport)
-            delay = LINGER_SECONDS if asyncio_tls else 0.0
-            loop.call_later(delay, transport.close)
+            # still sends meanwhile; cut short here), once the TLS layer's read that brought
+            # us here is over (the SSLObject is not shut down while it reads records).
+            loop.call_soon(transport.close)
             if not buffered:
-                loop.call_later(delay + LINGER_SECONDS, transport.abort)
+                loop.call_later(LINGER_SECONDS, transport.abort)
 
     def _discard(self, count: int) -> None:
         self.lingering += count

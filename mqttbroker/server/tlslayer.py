@@ -200,10 +200,13 @@ class TLSLayer:
                 pass  # the close_notify is in the outgoing BIO; the client's is not awaited
             self._flush()
         transport = self.transport
-        if transport.can_write_eof():
-            transport.write_eof()
-        else:
+        if not transport.can_write_eof():
             transport.close()
+            return
+        try:
+            transport.write_eof()
+        except OSError:  # the loop's transport: the client is gone already (ENOTCONN)
+            transport.abort()
 
     def abort(self) -> None:
         self.closing = True
