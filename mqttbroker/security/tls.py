@@ -24,6 +24,10 @@ def server_context(listener: ListenerConfig, where: str) -> ssl.SSLContext | Non
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = TLS_VERSIONS[listener.tls_min_version]
     context.options |= ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE
+    # One TLS 1.3 session ticket per handshake, not OpenSSL's two: a device resumes one
+    # connection at a time, and each resumption brings a new ticket; the second costs an
+    # encryption and a record per handshake (benchmarks/README.md, "Fleets").
+    context.num_tickets = 1
     _check_pem(listener, where)
     key_file = listener.tls_key_file or None
     try:

@@ -216,3 +216,63 @@ def test_a_client_that_does_not_finish_its_handshake_is_cut_off_after_the_timeou
 
     events, got = asyncio.run(scenario())
     assert (events, got) == ([], b"")
+
+
+def _records_before_the_echo(sock: socket.socket, tls: ssl.SSLObject, into: ssl.MemoryBIO) -> int:
+    """Feeds the server's records to ``tls`` one at a time until one holds the echo; returns
+    how many came before it holding no data (in TLS 1.3: the session tickets)."""
+    buffered, before = b"", 0
+    while True:
+        while len(buffered) < 5 or len(buffered) < 5 + int.from_bytes(buffered[3:5], "big"):
+            chunk = sock.recv(65536)
+            assert chunk, "the server closed before echoing"
+            buffered += chunk
+        size = 5 + int.from_bytes(buffered[3:5], "big")
+        into.write(buffered[:size])
+        buffered = buffered[size:]
+        try:
+            data = tls.read(100)
+        except ssl.SSLWantReadError:
+            before += 1
+            continue
+        assert data == b"HELLO"
+        return before
+
+
+def test_one_tls13_session_ticket_per_handshake_and_it_resumes(certs: Certificates) -> None:
+    """The handshake's last flight carries one session ticket (not OpenSSL's two), and a client
+    offering it is resumed."""
+    context = client_context(certs, maximum=ssl.TLSVersion.TLSv1_3)
+    context.minimum_version = ssl.TLSVersion.TLSv1_3
+
+    def client(port: int, session: ssl.SSLSession | None) -> tuple[int, ssl.SSLSession, bool]:
+        incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        tls = context.wrap_bio(incoming, outgoing, server_hostname="localhost", session=session)
+        with socket.create_connection(("127.0.0.1", port), timeout=GUARD) as sock:
+            while True:
+                try:
+                    tls.do_handshake()
+                    break
+                except ssl.SSLWantReadError:
+                    sock.sendall(outgoing.read())
+                    data = sock.recv(65536)
+                    assert data, "the server closed during the handshake"
+                    incoming.write(data)
+            tls.write(b"hello")
+            sock.sendall(outgoing.read())  # the client's Finished and the data
+            tickets = _records_before_the_echo(sock, tls, incoming)
+            assert tls.session is not None
+            return tickets, tls.session, tls.session_reused
+
+    async def scenario() -> tuple[int, bool, int, bool]:
+        server = await _serve(_context(certs), App())
+        try:
+            tickets, session, reused = await asyncio.to_thread(client, _port(server), None)
+            again, _, resumed = await asyncio.to_thread(client, _port(server), session)
+        finally:
+            server.close()
+        return tickets, reused, again, resumed
+
+    tickets, reused, again, resumed = asyncio.run(scenario())
+    assert (tickets, reused) == (1, False)
+    assert (again, resumed) == (1, True)
