@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from support.clients import (
@@ -62,8 +63,13 @@ def test_disconnect_and_close_at_once_logs_no_error(
     _assert_clean_log(server, mark)
 
 
-def test_takeover_storm_logs_no_error(start_broker: Callable[..., Any]) -> None:
-    server = start_broker()
+def test_takeover_storm_logs_no_error(
+    start_broker: Callable[..., Any], tmp_path: Path
+) -> None:
+    # Every connection's line is counted below: no rate limit on them (connection_log_rate).
+    config = tmp_path / "every-line.toml"
+    config.write_text("[broker]\nconnection_log_rate = 0\n")
+    server = start_broker(extra_args=("--config", str(config)))
     mark = server.log_mark()
     client_id = unique("storm")
 
