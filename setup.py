@@ -14,8 +14,8 @@ the broker imports are never read, installed or not, so no optional package can 
 What is built, and what happens when that fails:
 
 * a C compiler and the Python headers are there: everything is compiled, or the install fails
-  with the compiler's or mypyc's own message (``MQTTBROKER_COMPILE=0`` installs the pure form
-  on purpose);
+  with the compiler's or mypyc's own message and what to do about it (:data:`REMEDY`;
+  ``MQTTBROKER_COMPILE=0`` installs the pure form on purpose);
 * no C compiler or no Python headers, or ``MQTTBROKER_COMPILE=0``: the pure-Python package is
   installed, and why is written to ``mqttbroker/compiled.build``, which the broker logs as a
   warning when it starts (``mqttbroker.compiled.select``).
@@ -33,12 +33,18 @@ from pathlib import Path
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.errors import CompileError, LinkError
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 from mqttbroker import compiled  # noqa: E402  (the list of modules and the digest format)
 
 GROUP = compiled.SHARED_LIBRARY.removesuffix("__mypyc")
+# The end of every message of a build that fails: what to do about it.
+REMEDY = (
+    "Fix the C compiler (Debian: apt-get install gcc python3-dev) and install again, or set "
+    "MQTTBROKER_COMPILE=0 to install the pure-Python form, several times slower."
+)
 
 
 class BuildExt(build_ext):
@@ -54,7 +60,13 @@ class BuildExt(build_ext):
         for path in compiled.leftover_shims(package):
             print(f"removing {path}: that module is no longer compiled", file=sys.stderr)
             path.unlink()
-        super().run()
+        try:
+            super().run()
+        except (CompileError, LinkError) as error:  # the compiler's own output is above
+            raise SystemExit(
+                f"error: mqttbroker's hot path and C transport could not be compiled ({error}). "
+                + REMEDY
+            ) from None
         package.mkdir(parents=True, exist_ok=True)
         record.write_text(compiled.record())
 
@@ -129,4 +141,5 @@ def extensions() -> list[Extension]:
     return native_extensions() + mypyc_extensions()
 
 
-setup(ext_modules=extensions(), cmdclass={"build_ext": BuildExt})
+if __name__ == "__main__":  # pip's build backend and ``python setup.py`` (tests import BuildExt)
+    setup(ext_modules=extensions(), cmdclass={"build_ext": BuildExt})

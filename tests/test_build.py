@@ -41,6 +41,38 @@ def test_the_compiled_build_reads_none_of_the_third_party_packages_the_broker_im
     assert _third_party_imports() - {"mypy_extensions"} == set(compiled.UNREAD_IMPORTS)
 
 
+def test_a_compiler_that_fails_fails_the_build_saying_what_to_do(tmp_path: Path) -> None:
+    """A C compiler that is there but fails (here ``false``) fails the install, loudly: the
+    build stops with the compiler's error and what to do about it (fix the compiler, or ask
+    for the pure form), never a quiet pure-Python install. setup.py's own build command on one
+    small extension, so that mypyc need not run."""
+    (tmp_path / "probe.c").write_text("int probe;\n")
+    script = (
+        "import runpy\n"
+        "from setuptools import Distribution, Extension\n"
+        f"setup = runpy.run_path({str(ROOT / 'setup.py')!r}, run_name='setup_under_test')\n"
+        "dist = Distribution({'name': 'probe', 'ext_modules': [Extension('probe', ['probe.c'])]})\n"
+        "command = setup['BuildExt'](dist)\n"
+        "command.build_lib, command.build_temp = 'lib', 'temp'\n"
+        "command.ensure_finalized()\n"
+        "command.run()\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        env={**os.environ, "CC": "false"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode != 0, result.stdout + result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: mqttbroker's hot path and C transport could not be compiled")
+    assert "false'" in last  # the command that failed, by name
+    assert "MQTTBROKER_COMPILE=0 to install the pure-Python form" in last
+    assert not (tmp_path / "lib" / "mqttbroker" / compiled.DIGESTS).exists()
+
+
 @pytest.fixture(scope="module")
 def pure_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A wheel built as on a machine without a C compiler (CC names no program)."""
@@ -121,3 +153,4 @@ def test_a_pure_install_over_a_compiled_one_runs_pure(tmp_path: Path) -> None:
     first, reason = result.stdout.splitlines()
     assert first == "pure False True"
     assert reason == "not compiled at install: MQTTBROKER_COMPILE=0 at install"
+
