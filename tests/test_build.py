@@ -154,3 +154,26 @@ def test_a_pure_install_over_a_compiled_one_runs_pure(tmp_path: Path) -> None:
     assert first == "pure False True"
     assert reason == "not compiled at install: MQTTBROKER_COMPILE=0 at install"
 
+
+@pytest.mark.needs_compiled
+def test_a_compiled_install_without_its_tcp_transport_warns_at_start(tmp_path: Path) -> None:
+    """The install builds the C transport with the compiled modules (setup.py: all or the
+    install fails); a copy of the compiled package without it (a module that does not load)
+    still runs compiled, on the loop's transport, and its log says so as a warning, with why."""
+    copy = tmp_path / "installed" / "mqttbroker"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "_streams*.so"))
+    process = BrokerProcess(tmp_path / "data", extra_args=("--memory",))
+    process.args[1:3] = [  # the copy first on the path, not this checkout
+        "-c",
+        f"import sys; sys.path.insert(0, {str(copy.parent)!r}); "
+        "from mqttbroker.cli import main; sys.exit(main())",
+    ]
+    process.start()
+    try:
+        found = process.wait_for_log("hot path:")
+    finally:
+        process.stop()
+    assert found is not None, process.log_text()
+    line = found.string
+    assert "WARNING" in line and "hot path: compiled (mypyc)" in line, line
+    assert "not the broker's own TCP transport (cannot import name '_streams'" in line, line

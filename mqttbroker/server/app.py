@@ -121,7 +121,15 @@ class Server:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        if compiled.mode == "compiled":
+        missing = streams.missing()
+        if missing is not None:  # built with the compiled modules, yet not there: say so, loudly
+            log.warning(
+                "hot path: compiled (mypyc); but not the broker's own TCP transport (%s): plain "
+                "TCP on the event loop's transport, slower and bigger per connection; reinstall "
+                "to build it",
+                missing,
+            )
+        elif compiled.mode == "compiled":
             log.info(
                 "hot path: compiled (mypyc)%s",
                 "; plain TCP on the broker's own transport (epoll)" if streams.available() else "",

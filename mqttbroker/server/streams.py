@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import sys
 from collections.abc import Callable
 
 from .. import compiled
@@ -49,8 +50,11 @@ from .proxy import ACCEPT_RETRY, log_accept_failure
 
 try:
     from . import _streams
-except ImportError:  # not built: not Linux, no C compiler, MQTTBROKER_COMPILE=0
+except ImportError as error:  # not built: not Linux, no C compiler, MQTTBROKER_COMPILE=0
     _streams = None  # type: ignore[assignment]
+    _import_error = str(error)
+else:
+    _import_error = ""
 
 # TCP_DEFER_ACCEPT: the kernel hands a connection over once its first bytes (the CONNECT) have
 # arrived, so that one wake-up of the broker accepts it and reads them; a client silent for
@@ -61,6 +65,15 @@ DEFER_ACCEPT = 1
 def available() -> bool:
     """Whether listeners use this transport."""
     return _streams is not None and compiled.mode == "compiled"
+
+
+def missing() -> str | None:
+    """Why the compiled form runs without this transport on Linux, where the install builds the
+    two together (a build copied without it, a module that does not load): the import's error.
+    None when it is there, when the pure form runs, and where it is not built (not Linux)."""
+    if _streams is not None or compiled.mode != "compiled" or not sys.platform.startswith("linux"):
+        return None
+    return _import_error
 
 
 class StreamServer:
