@@ -11,7 +11,7 @@ assertions (``log_text()``, ``wait_for_log()``): see ``support/launcher.py``.
 
 A test marked ``needs_mosquitto``, ``needs_haproxy``, ``needs_node``, ``needs_openssl`` or
 ``needs_chromium`` is skipped when that program is missing, and fails instead under ``CI=true``;
-a CI run that skipped any test, for whatever reason, fails (``external_tools.py``). So is one
+a CI run that skipped any test, for whatever reason, fails (``support/external_tools.py``). So is one
 marked ``needs_compiled`` (the broker's own C transport and the mypyc hot path) when the pure
 form is installed, with the reason the install gave.
 """
@@ -32,8 +32,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from external_tools import TOOLS, in_ci, require, require_compiled  # noqa: E402
 from support.clients import MQTT_5, PahoClient  # noqa: E402
+from support.external_tools import TOOLS, in_ci, require, require_compiled  # noqa: E402
 from support.launcher import BrokerProcess, ProgramProcess  # noqa: E402
 
 

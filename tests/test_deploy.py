@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from external_tools import program
+from support.external_tools import program
 
 from mqttbroker.config import ConfigError, load
 from mqttbroker.security.passwords import make_entry_line

@@ -16,7 +16,7 @@ CASES = """
 import subprocess
 
 import pytest
-from external_tools import program
+from support.external_tools import program
 
 
 @pytest.mark.needs_mosquitto

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from external_tools import find
 from support.clients import MQTT_311, RawClient, connect_packet, unique
+from support.external_tools import find
 from support.launcher import (
     BrokerProcess,
     free_port,

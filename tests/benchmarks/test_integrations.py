@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from external_tools import find
+from support.external_tools import find
 from support.launcher import read_jsonl, run_module
 
 REPO = Path(__file__).resolve().parents[2]

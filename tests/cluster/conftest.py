@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster_support import RedisServer
+from support.redis_server import RedisServer
 
 
 @pytest.fixture

@@ -13,10 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
-from cluster_support import RedisServer, free_port
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from support.clients import MQTT_5, PahoClient, unique
+from support.launcher import free_port
+from support.redis_server import RedisServer
 
 pytestmark = pytest.mark.needs_redis
 

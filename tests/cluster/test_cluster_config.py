@@ -9,7 +9,7 @@ from urllib.parse import quote
 
 import pytest
 import redis
-from cluster_support import RedisServer
+from support.redis_server import RedisServer
 
 from mqttbroker.config import ConfigError, load
 

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster_support import RedisServer
 from support.clients import MQTT_5, PahoClient, unique
+from support.redis_server import RedisServer
 
 from mqttbroker.security.passwords import make_entry_line
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from external_tools import program
+from support.external_tools import program
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 CHAPTERS = ("test_02_subpub.py", "test_03_qos.py", "test_06_session.py", "test_11_shared.py")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import redis
-from cluster_support import RedisServer
+from support.redis_server import RedisServer
 
 from mqttbroker.cluster.store import END, FENCED_WRITE, KEEP, REWRITE
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from cluster_support import RedisServer
 from redis.exceptions import ConnectionError as RedisConnectionError
+from support.redis_server import RedisServer
 
 from mqttbroker.cluster.node import ClusterNode, kept_running
 from mqttbroker.cluster.redis_client import redis_client

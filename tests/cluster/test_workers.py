@@ -7,7 +7,7 @@ from __future__ import annotations
 import urllib.request
 
 import pytest
-from cluster_support import free_port
+from support.launcher import free_port
 
 pytestmark = pytest.mark.needs_redis
 

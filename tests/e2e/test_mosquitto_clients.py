@@ -13,8 +13,8 @@ import threading
 import time
 
 import pytest
-from external_tools import program
 from support.clients import TIMEOUT, unique
+from support.external_tools import program
 from support.launcher import mosquitto_client
 
 pytestmark = pytest.mark.needs_mosquitto

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from external_tools import find
+from support.external_tools import find
 from support.launcher import BrokerProcess, mosquitto_binary, stop_process, wait_port
 
 from conformance.mqtt import MQTT_5, PUBLISH, SUBACK, Client, connect, subscribe

@@ -9,10 +9,10 @@ from typing import Any
 from urllib.parse import urlencode
 
 import pytest
-from external_tools import program
 from playwright.sync_api import sync_playwright
 from support.clients import unique
 from support.examples import EXAMPLES, simulator
+from support.external_tools import program
 
 WEBSOCKET = r"listening on (\S+):(\d+) \(MQTT over WebSocket\)"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ops_support import Admin, start_admin
+from support.admin_client import Admin, start_admin
 from support.clients import PahoClient
 from support.harness import h, make_harness
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from ops_support import ADMIN_LINE, Admin, basic, check, free_port
+from support.admin_client import ADMIN_LINE, Admin, basic, check
 from support.certs import client_context, make_certificates
 from support.clients import (
     TIMEOUT,
@@ -39,7 +39,7 @@ from support.clients import (
     unique,
     wait_for,
 )
-from support.launcher import run_broker
+from support.launcher import free_port, run_broker
 
 from mqttbroker.broker.core import Broker
 from mqttbroker.broker.options import BrokerOptions

@@ -10,7 +10,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from ops_support import Admin
+from support.admin_client import Admin
 from support.clients import (
     TIMEOUT,
     RawClient,

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 from openapi_spec_validator import validate
-from ops_support import OPENAPI, Admin, check
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from support.admin_client import OPENAPI, Admin, check
 from support.clients import MQTT_311, TIMEOUT, unique
 from support.launcher import mosquitto_client
 

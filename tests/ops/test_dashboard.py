@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from external_tools import in_ci, program
-from ops_support import Admin
+from support.admin_client import Admin
 from support.clients import (
     TIMEOUT,
     RawClient,
@@ -25,6 +24,7 @@ from support.clients import (
     subscribe_packet,
     unique,
 )
+from support.external_tools import in_ci, program
 
 Paho = Callable[..., Any]
 WAIT_MS = int(TIMEOUT * 1000)

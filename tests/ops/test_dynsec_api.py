@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ops_support import Admin, check
+from support.admin_client import Admin, check
 from support.clients import unique
 
 from mqttbroker.security.dynsec import Dynsec
@@ -227,7 +227,7 @@ def test_groups_roles_and_passwords_through_the_api(
 def test_every_dynsec_route_needs_the_login_and_is_documented(
     admin_broker: Callable[..., Admin], tmp_path: Path
 ) -> None:
-    from ops_support import OPENAPI
+    from support.admin_client import OPENAPI
 
     from mqttbroker.ops.dynsec_api import DynsecApi
 

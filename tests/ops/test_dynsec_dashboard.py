@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ops_support import Admin
+from support.admin_client import Admin
 from test_dashboard import WAIT_MS, Page, browser  # noqa: F401 (browser: the fixture)
 from test_dynsec_api import TOKEN, dynsec_admin
 

@@ -12,9 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from external_tools import program
-from ops_support import ROOT, Admin
 from prometheus_client.parser import text_string_to_metric_families
+from support.admin_client import Admin
 from support.clients import (
     MQTT_311,
     TIMEOUT,
@@ -26,6 +25,8 @@ from support.clients import (
     unique,
     utf8,
 )
+from support.external_tools import program
+from support.launcher import ROOT
 
 from mqttbroker.ops.metrics import REFUSAL_REASONS
 from mqttbroker.security.passwords import make_entry_line

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
-from security_support import mosquitto_pbkdf2_line
+from support.password_files import mosquitto_pbkdf2_line
 
 from mqttbroker.config import ConfigError, configured_sources, load
 from mqttbroker.security import build_security

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from external_tools import program
+from support.external_tools import program
 
 from mqttbroker.security.authenticator import FileAuthenticator, KdfBudget, LoginFailures
 from mqttbroker.security.dynsec import (

@@ -20,9 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from external_tools import program
-from security_support import connect_bytes
-from support.clients import MQTT_5, PahoClient, RawClient, parse_connack, unique
+from support.clients import PahoClient, connack_code, unique
+from support.external_tools import program
 from support.launcher import BrokerProcess, Mosquitto
 
 from mqttbroker.protocol.fastpath import encode_properties
@@ -428,14 +427,6 @@ def test_a_non_admins_command_is_not_answered_and_is_logged(
     assert os.path.exists(tmp_path / "data" / "dynamic-security.json")
 
 
-def login(server: Any, username: str, password: bytes, source: str = "127.0.0.1") -> int:
-    """A CONNECT from ``source`` (an address of this machine): the CONNACK's reason code."""
-    with RawClient(server.host, server.port, source=source) as raw:
-        raw.send(connect_bytes(unique("ds"), MQTT_5, username=username, password=password))
-        _, code, _ = parse_connack(raw.read_packet(), MQTT_5)
-        return code
-
-
 def test_wrong_passwords_lock_the_address_out(
     start_broker: Callable[..., BrokerProcess], tmp_path: Path
 ) -> None:
@@ -444,11 +435,14 @@ def test_wrong_passwords_lock_the_address_out(
     count does not drain away during the test.)"""
     more = "[security]\nmax_login_failures = 5\nlogin_failure_window = 1000000\n"
     broker = start_ours(start_broker, tmp_path, tmp_path / "data", more)
-    codes = [login(broker, "admin", f"guess{n}".encode(), "127.0.0.2") for n in range(30)]
+    codes = [
+        connack_code(broker, source="127.0.0.2", username="admin", password=f"guess{n}".encode())
+        for n in range(30)
+    ]
     # the sixth may still be checked: the count drains from the fifth on, one try a window/5
     assert codes[:5] == [0x86] * 5 and codes[6:] == [0x9F] * 24, codes
-    assert login(broker, "admin", b"adminpw", "127.0.0.2") == 0x9F
-    assert login(broker, "admin", b"adminpw") == 0
+    assert connack_code(broker, source="127.0.0.2", username="admin", password=b"adminpw") == 0x9F
+    assert connack_code(broker, username="admin", password=b"adminpw") == 0
     assert "login as 'admin' refused without a check (0x9F)" in broker.log_text()
 
 
@@ -468,7 +462,7 @@ def test_a_state_that_cannot_be_written_changes_nothing(
     assert printed.startswith("createClient: Error: State not saved, nothing changed"), printed
     assert "cannot write the state to" in broker.log_since(mark)
     assert "createClient | username=ghost | error: State not saved" in broker.log_since(mark)
-    assert login(broker, "ghost", b"pw") == 0x86  # not in memory either
+    assert connack_code(broker, username="ghost", password=b"pw") == 0x86  # not in memory either
     assert ctrl(broker, "getClient", "ghost") == "getClient: Error: Client not found"
     state.rmdir()
     kept.rename(state)

@@ -10,7 +10,6 @@ only its own client's packets, the service down denying, and the cache asked onc
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -19,8 +18,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from security_support import connect_bytes
-from support.clients import MQTT_5, PahoClient, unique
+from support.clients import PahoClient, connack_code, unique
 from support.launcher import BrokerProcess, free_port
 
 ADMIN_TOKEN = "an admin token for the test"
@@ -143,19 +141,6 @@ def metrics(port: int) -> dict[str, float]:
     return values
 
 
-def raw_login(server: BrokerProcess, client_id: str, user: str, password: bytes) -> int:
-    """One CONNECT on a socket of its own: the CONNACK's reason code."""
-    with socket.create_connection((server.host, server.port), timeout=10) as sock:
-        sock.sendall(connect_bytes(client_id, MQTT_5, username=user, password=password))
-        data = b""
-        while len(data) < 4:
-            chunk = sock.recv(64)
-            assert chunk, "closed before CONNACK"
-            data += chunk
-        assert data[0] == 0x20
-        return data[3]
-
-
 def test_logins_allowed_denied_ignored(
     start: Callable[..., BrokerProcess], service: Service, paho: Callable[..., PahoClient]
 ) -> None:
@@ -223,10 +208,15 @@ def test_a_thousand_connections_cost_one_call_per_ttl(
 ) -> None:
     server = start(http_extra="cache_ttl = 3600")
     device = unique("flapping")
-    codes = [raw_login(server, device, "alice", b"pw") for _ in range(1000)]
+    codes = [
+        connack_code(server, client_id=device, username="alice", password=b"pw")
+        for _ in range(1000)
+    ]
     assert codes == [0] * 1000
     assert len(service.logins) == 1
-    assert raw_login(server, device, "alice", b"other") == 0  # another password: asked
+    assert (
+        connack_code(server, client_id=device, username="alice", password=b"other") == 0
+    )  # another password: asked
     assert len(service.logins) == 2
 
 

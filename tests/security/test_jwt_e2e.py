@@ -22,9 +22,9 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
-from security_support import mosquitto_pbkdf2_line
 from support.clients import MQTT_5, PahoClient, unique
 from support.launcher import BrokerProcess
+from support.password_files import mosquitto_pbkdf2_line
 
 MQTT_311 = 4
 SECRET = "an HMAC secret of at least thirty-two bytes, for the test"

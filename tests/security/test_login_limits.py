@@ -10,8 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from security_support import ITERATIONS, ScramClient, connect_bytes
-from support.clients import MQTT_5, TIMEOUT, RawClient, parse_connack, unique
+from support.clients import TIMEOUT, connack_code
+from support.password_files import ITERATIONS
+from support.scram_client import ScramClient
 
 from mqttbroker.security.authenticator import (
     FailureCounter,
@@ -24,15 +25,6 @@ from mqttbroker.security.passwords import PasswordFile, ScramCredential, make_en
 # Costly enough that a few dozen checks use up the broker's budget (two seconds of hashing).
 ATTACKED_ITERATIONS = 20_000
 USERS = [f"alice{i}" for i in range(5)]
-
-
-def login(host: str, port: int, username: str, password: bytes, source: str = "127.0.0.1") -> int:
-    """A CONNECT with a user name and password from ``source`` (an address of this machine);
-    the CONNACK's reason code."""
-    with RawClient(host, port, source=source) as raw:
-        raw.send(connect_bytes(unique("lim"), MQTT_5, username=username, password=password))
-        _, code, _ = parse_connack(raw.read_packet(), MQTT_5)
-        return code
 
 
 def test_attacker_address_does_not_lock_out_users(
@@ -52,7 +44,6 @@ def test_attacker_address_does_not_lock_out_users(
     config = tmp_path / "broker.toml"
     config.write_text(f"[security]\npassword_file = {str(passwords)!r}\n")
     broker = start_broker(extra_args=("--config", str(config), "--memory"))
-    host, port = broker.host, broker.port
 
     stop = threading.Event()
     codes: list[int] = []
@@ -63,7 +54,9 @@ def test_attacker_address_does_not_lock_out_users(
         while not stop.is_set():
             n += 1
             user = USERS[(index + n) % len(USERS)]
-            code = login(host, port, user, f"guess-{index}-{n}".encode(), "127.0.0.2")
+            code = connack_code(
+                broker, source="127.0.0.2", username=user, password=f"guess-{index}-{n}".encode()
+            )
             with seen:
                 codes.append(code)
                 seen.notify_all()
@@ -74,7 +67,10 @@ def test_attacker_address_does_not_lock_out_users(
     try:
         with seen:  # until the attack has had an effect: the budget spent, or a lockout
             assert seen.wait_for(lambda: any(c != 0x86 for c in codes), TIMEOUT), codes
-        results = {user: login(host, port, user, f"{user}-pw".encode()) for user in USERS}
+        results = {
+            user: connack_code(broker, username=user, password=f"{user}-pw".encode())
+            for user in USERS
+        }
     finally:
         stop.set()
         for thread in threads:

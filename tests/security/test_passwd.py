@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from security_support import ITERATIONS, mosquitto_pbkdf2_line, mosquitto_sha512_line
 from support.launcher import run_broker
+from support.password_files import ITERATIONS, mosquitto_pbkdf2_line, mosquitto_sha512_line
 
 from mqttbroker.security.passwords import PasswordFile
 

@@ -10,15 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from security_support import (
-    ITERATIONS,
-    ScramClient,
-    connect_bytes,
-    mosquitto_pbkdf2_line,
-    mosquitto_sha512_line,
-    parse_reason_and_properties,
-)
-from support.clients import TIMEOUT, RawClient, unique
+from support.clients import TIMEOUT, RawClient, connect_packet, parse_reason_and_properties, unique
+from support.password_files import ITERATIONS, mosquitto_pbkdf2_line, mosquitto_sha512_line
+from support.scram_client import ScramClient
 
 from mqttbroker.security import SecurityFileError
 from mqttbroker.security.authenticator import FileAuthenticator, load_secret
@@ -31,7 +25,7 @@ def server_first(broker: Any, username: str) -> dict[str, str]:
     """The broker's server-first-message to a SCRAM client-first for ``username``, parsed."""
     scram = ScramClient(METHOD, username, b"guess")
     with RawClient(broker.host, broker.port) as raw:
-        raw.send(connect_bytes(unique("enum"), auth_method=METHOD, auth_data=scram.first()))
+        raw.send(connect_packet(unique("enum"), auth_method=METHOD, auth_data=scram.first()))
         code, props = parse_reason_and_properties(raw.read_packet(), 0xF0)
     assert code == 0x18
     data = props["AuthenticationData"]

@@ -12,7 +12,7 @@ import stat
 from pathlib import Path
 
 import pytest
-from security_support import ITERATIONS, mosquitto_pbkdf2_line, mosquitto_sha512_line
+from support.password_files import ITERATIONS, mosquitto_pbkdf2_line, mosquitto_sha512_line
 
 from mqttbroker.config import ListenerConfig
 from mqttbroker.security import SecurityFileError, anonymous_default, is_loopback, local_only

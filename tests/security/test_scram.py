@@ -10,8 +10,9 @@ import sys
 from typing import Any
 
 import pytest
-from security_support import ITERATIONS, ScramClient, mosquitto_pbkdf2_line
 from support.harness import Client, Harness, Prop, pk
+from support.password_files import ITERATIONS, mosquitto_pbkdf2_line
+from support.scram_client import ScramClient
 
 from mqttbroker.broker.auth import CONTINUE, FAIL, SUCCESS
 from mqttbroker.security import AclAuthorizer, AclRules, FileAuthenticator, PasswordFile

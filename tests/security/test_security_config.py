@@ -8,7 +8,8 @@ import logging
 from pathlib import Path
 
 import pytest
-from security_support import ITERATIONS, connect_bytes
+from support.clients import connect_packet
+from support.password_files import ITERATIONS
 
 from mqttbroker.config import Config, ConfigError, ListenerConfig, SecurityConfig, load
 from mqttbroker.security import build_security
@@ -217,10 +218,10 @@ def test_a_user_name_is_no_way_around_the_listeners_rule(tmp_path: Path) -> None
         closed, open_ = (listener.addresses[0][1] for listener in server.listeners)
         try:
             return [
-                await answer(closed, connect_bytes("named5", username="anyone", password=b"x")),
-                await answer(closed, connect_bytes("named4", 4, username="anyone")),
-                await answer(closed, connect_bytes("nameless", 4)),
-                await answer(open_, connect_bytes("named-open", 4, username="anyone")),
+                await answer(closed, connect_packet("named5", username="anyone", password=b"x")),
+                await answer(closed, connect_packet("named4", 4, username="anyone")),
+                await answer(closed, connect_packet("nameless", 4)),
+                await answer(open_, connect_packet("named-open", 4, username="anyone")),
             ]
         finally:
             await server.stop()

@@ -11,16 +11,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from security_support import (
-    ITERATIONS,
-    ScramClient,
-    auth_bytes,
-    connect_bytes,
-    mosquitto_pbkdf2_line,
+from support.clients import (
+    MQTT_5,
+    MQTT_311,
+    TIMEOUT,
+    PahoClient,
+    RawClient,
+    auth_packet,
+    connack_code,
+    connect_packet,
+    parse_connack,
     parse_reason_and_properties,
+    unique,
 )
-from support.clients import MQTT_5, MQTT_311, TIMEOUT, PahoClient, RawClient, parse_connack, unique
 from support.launcher import run_broker
+from support.password_files import ITERATIONS, mosquitto_pbkdf2_line
+from support.scram_client import ScramClient
 
 from mqttbroker.security.passwords import make_entry_line
 
@@ -93,14 +99,6 @@ def secure_broker(setup: Setup, start_broker: Callable[..., Any]) -> Callable[[b
     return start
 
 
-def raw_connack(server: Any, version: int, **connect: Any) -> int:
-    """CONNECT over a raw socket; the CONNACK's reason (MQTT 5) or return code (3.1.1)."""
-    with RawClient(server.host, server.port) as raw:
-        raw.send(connect_bytes(unique("raw"), version, **connect))
-        _, code, _ = parse_connack(raw.read_packet(), version)
-        return code
-
-
 def publish_code(client: PahoClient, topic: str, payload: bytes) -> int:
     """QoS 1 PUBLISH; the PUBACK's reason code."""
     info = client.publish(topic, payload, 1, wait=False)
@@ -116,14 +114,14 @@ def test_logins_accepted_and_refused(secure_broker: Any, paho: Any) -> None:
     assert paho(broker, MQTT_311, "alice", b"alice-pw").connack[0] == 0
     assert paho(broker, MQTT_5, "roger", b"roger-pw").connack[0] == 0  # Mosquitto $7$ entry
     # Bad user name or password: 0x86 in MQTT 5, return code 4 in 3.1.1.
-    assert raw_connack(broker, MQTT_5, username="alice", password=b"wrong") == 0x86
-    assert raw_connack(broker, MQTT_311, username="alice", password=b"wrong") == 4
-    assert raw_connack(broker, MQTT_5, username="nobody", password=b"alice-pw") == 0x86
-    assert raw_connack(broker, MQTT_5, username="alice") == 0x86  # no password
-    assert raw_connack(broker, MQTT_5, username="roger", password=b"Roger-pw") == 0x86
+    assert connack_code(broker, MQTT_5, username="alice", password=b"wrong") == 0x86
+    assert connack_code(broker, MQTT_311, username="alice", password=b"wrong") == 4
+    assert connack_code(broker, MQTT_5, username="nobody", password=b"alice-pw") == 0x86
+    assert connack_code(broker, MQTT_5, username="alice") == 0x86  # no password
+    assert connack_code(broker, MQTT_5, username="roger", password=b"Roger-pw") == 0x86
     # Anonymous access refused: 0x87 Not Authorized / 5.
-    assert raw_connack(broker, MQTT_5) == 0x87
-    assert raw_connack(broker, MQTT_311) == 5
+    assert connack_code(broker, MQTT_5) == 0x87
+    assert connack_code(broker, MQTT_311) == 5
     log = broker.log_text()
     assert "anonymous access refused" in log
     assert "alice-pw" not in log and "Roger-pw" not in log  # passwords are never logged
@@ -136,12 +134,12 @@ def test_scram_over_tcp(secure_broker: Any, method: str) -> None:
     for password, expected in ((b"alice-pw", 0), (b"bad-pw", 0x86)):
         scram = ScramClient(method, "alice", password)
         with RawClient(broker.host, broker.port) as raw:
-            raw.send(connect_bytes(unique("scram"), auth_method=method, auth_data=scram.first()))
+            raw.send(connect_packet(unique("scram"), auth_method=method, auth_data=scram.first()))
             code, props = parse_reason_and_properties(raw.read_packet(), 0xF0)
             assert code == 0x18
             assert props["AuthenticationMethod"] == method
             final = scram.final(props["AuthenticationData"])
-            raw.send(auth_bytes(0x18, method, final))
+            raw.send(auth_packet(0x18, method, final))
             code, props = parse_reason_and_properties(raw.read_packet(), 0x20)
             assert code == expected
             if expected == 0:
@@ -238,12 +236,11 @@ def test_will_not_published_to_a_denied_topic(secure_broker: Any, paho: Any) -> 
     ):
         raw = RawClient(broker.host, broker.port)
         raw.send(
-            connect_bytes(
+            connect_packet(
                 client_id,
                 username="alice",
                 password=b"alice-pw",
-                will_topic=topic,
-                will_payload=payload,
+                will=(topic, payload),
                 will_qos=1,
             )
         )
@@ -295,7 +292,7 @@ def test_sighup_reload_changes_rules_without_dropping_connections(
     assert alice.wait_payload(b"3")[-1].topic == "extra/y"
     assert alice.disconnects == []
     assert paho(broker, MQTT_5, "carol", b"carol-pw").connack[0] == 0
-    assert raw_connack(broker, MQTT_5, username="roger", password=b"roger-pw") == 0x86  # gone
+    assert connack_code(broker, MQTT_5, username="roger", password=b"roger-pw") == 0x86  # gone
 
 
 def test_bad_files_on_reload_keep_the_old_rules(
@@ -315,8 +312,8 @@ def test_bad_files_on_reload_keep_the_old_rules(
     assert publish_code(alice, "alice/x", b"2") < 0x80
     assert publish_code(alice, "elsewhere/x", b"3") == 0x87
     # Old passwords.
-    assert raw_connack(broker, MQTT_5, username="alice", password=b"alice-pw") == 0
-    assert raw_connack(broker, MQTT_5, username="alice", password=b"new-pw") == 0x86
+    assert connack_code(broker, MQTT_5, username="alice", password=b"alice-pw") == 0
+    assert connack_code(broker, MQTT_5, username="alice", password=b"new-pw") == 0x86
     assert alice.disconnects == []
     assert "Traceback" not in broker.log_text()
 

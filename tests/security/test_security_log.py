@@ -9,16 +9,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from security_support import ITERATIONS, connect_bytes
 from support.clients import (
     MQTT_5,
     TIMEOUT,
     RawClient,
+    connack_code,
+    connect_packet,
     parse_connack,
     publish_packet,
     subscribe_packet,
     unique,
 )
+from support.password_files import ITERATIONS
 
 from mqttbroker.logformat import escape
 from mqttbroker.security.passwords import make_entry_line
@@ -50,7 +52,7 @@ def test_client_strings_cannot_forge_log_lines(
     ]
     for client_id, username, password, expected in attempts:
         with RawClient(broker.host, broker.port) as raw:
-            raw.send(connect_bytes(client_id, MQTT_5, username=username, password=password))
+            raw.send(connect_packet(client_id, MQTT_5, username=username, password=password))
             _, code, _ = parse_connack(raw.read_packet(), MQTT_5)
             assert code == expected
     found = broker.wait_for_log(r"forged three.* connected from", TIMEOUT, since=mark)
@@ -78,21 +80,15 @@ def secure_broker(tmp_path: Path, start_broker: Callable[..., Any]) -> Any:
     return start_broker(extra_args=("--config", str(config), "--memory"))
 
 
-def connack(broker: Any, client_id: str, **connect: Any) -> int:
-    with RawClient(broker.host, broker.port) as raw:
-        raw.send(connect_bytes(client_id, MQTT_5, **connect))
-        return parse_connack(raw.read_packet(), MQTT_5)[1]
-
-
 def test_logins_and_refusals_name_user_client_and_address(
     tmp_path: Path, start_broker: Callable[..., Any]
 ) -> None:
     broker = secure_broker(tmp_path, start_broker)
     mark = broker.log_mark()
     good, bad, anonymous = unique("good"), unique("bad"), unique("anon")
-    assert connack(broker, good, username="alice", password=b"alice-pw") == 0
-    assert connack(broker, bad, username="alice", password=b"wrong") == 0x86
-    assert connack(broker, anonymous) == 0x87
+    assert connack_code(broker, client_id=good, username="alice", password=b"alice-pw") == 0
+    assert connack_code(broker, client_id=bad, username="alice", password=b"wrong") == 0x86
+    assert connack_code(broker, client_id=anonymous) == 0x87
     address = r"127\.0\.0\.1:\d+"
     for pattern in (
         rf"INFO .*client {good} connected from {address} \(MQTT 5\.0 over TCP, user 'alice', ",
@@ -113,7 +109,7 @@ def test_denied_publishes_and_subscriptions_are_logged_rate_limited(
     mark = broker.log_mark()
     client_id = unique("denied")
     with RawClient(broker.host, broker.port) as raw:
-        raw.send(connect_bytes(client_id, MQTT_5, username="alice", password=b"alice-pw"))
+        raw.send(connect_packet(client_id, MQTT_5, username="alice", password=b"alice-pw"))
         assert parse_connack(raw.read_packet(), MQTT_5)[1] == 0
         for n in range(1, 21):
             raw.send(publish_packet("bob/secret", b"x", qos=1, packet_id=n))

@@ -1,8 +1,12 @@
-"""What the test folders share (the broker's package holds no test-only code): the in-memory
-harness (harness.py) and its SQLite twin (sqlite_harness.py), clients of a real broker (paho and
-raw sockets, raw packet builders: clients.py), the programs under test as subprocesses and
-Mosquitto's client programs (launcher.py), throwaway TLS certificates (certs.py), whole-packet
-codec helpers (codec.py) and hypothesis strategies of valid packets (strategies.py); and the
-helpers of single folders: integrations.py, sessions.py, transports.py, examples.py,
-lifecycle.py, benchmark_c.py. Tests import them as ``support.<module>``; no folder puts another
-on sys.path for them."""
+"""What the test folders share (the broker's package holds no test-only code), one module per job:
+the in-memory harness (harness.py) and its SQLite twin (sqlite_harness.py), clients of a real
+broker (paho and raw sockets, raw packet builders: clients.py), the programs under test as
+subprocesses and Mosquitto's client programs (launcher.py), the programs outside Python a test
+may need (external_tools.py), throwaway TLS certificates (certs.py), whole-packet codec helpers
+(codec.py), hypothesis strategies of valid packets (strategies.py), the admin server's HTTP
+client checked against the OpenAPI document (admin_client.py), a redis-server of the test's own
+(redis_server.py), the client side of SCRAM (scram_client.py), password files in our and
+Mosquitto's formats (password_files.py); and the helpers of single folders: integrations.py,
+sessions.py, transports.py, examples.py, lifecycle.py, benchmark_c.py. Tests import them as
+``support.<module>``; no folder puts another on sys.path for them, and no folder keeps helpers
+of its own beside its tests."""

@@ -515,10 +515,17 @@ def connect_packet(
     will_qos: int = 0,
     username: str | None = None,
     password: bytes | None = None,
+    auth_method: str | None = None,
+    auth_data: bytes | None = None,
 ) -> bytes:
-    """CONNECT, with a will ``(topic, message)`` (no will properties), a user name and a
-    password where given. ``flags``/``level``/``name`` override the Connect Flags byte, the
-    protocol level and the protocol name."""
+    """CONNECT, with a will ``(topic, message)`` (no will properties), a user name, a
+    password and an Authentication Method and Data (MQTT 5, after ``properties``) where given.
+    ``flags``/``level``/``name`` override the Connect Flags byte, the protocol level and the
+    protocol name."""
+    if auth_method is not None:
+        properties += prop(0x15, utf8(auth_method))
+    if auth_data is not None:
+        properties += prop(0x16, binary(auth_data))
     if flags is None:
         flags = 0x02 if clean else 0x00
         if will is not None:
@@ -569,6 +576,14 @@ def subscribe_packet(
     for topic_filter, options in filters:
         body += utf8(topic_filter) + bytes((options,))
     return packet(0x82, body)
+
+
+def auth_packet(reason_code: int, method: str, data: bytes | None) -> bytes:
+    """An MQTT 5 AUTH with its Authentication Method and, where given, Data."""
+    props = prop(0x15, utf8(method))
+    if data is not None:
+        props += prop(0x16, binary(data))
+    return packet(0xF0, bytes((reason_code,)) + vbi(len(props)) + props)
 
 
 def packet_type(data: bytes) -> int:
@@ -694,6 +709,17 @@ def parse_connack(data: bytes, version: int) -> tuple[bool, int, list[tuple[str,
     return present, code, props
 
 
+def parse_reason_and_properties(data: bytes, first: int) -> tuple[int, dict[str, object]]:
+    """An MQTT 5 AUTH (``first`` 0xF0) or CONNACK (0x20): its reason code and properties."""
+    assert data[0] == first, f"expected packet 0x{first:02X}, got {data.hex(' ')}"
+    _, pos = decode_vbi(data, 1)  # the Remaining Length
+    if first == 0x20:
+        pos += 1  # acknowledge flags
+    code = data[pos]
+    props, _ = parse_properties(data, pos + 1)
+    return code, dict(props)
+
+
 class RawClient:
     """A plain TCP connection to the broker for byte-exact exchanges."""
 
@@ -796,3 +822,18 @@ class RawClient:
         present, code, props = parse_connack(self.read_packet(), version)
         assert code == 0, f"CONNACK code 0x{code:02X} {props}"
         return present, code, props
+
+
+def connack_code(
+    server: Server,
+    version: int = MQTT_5,
+    client_id: str | None = None,
+    source: str = "",
+    **connect: Any,
+) -> int:
+    """One CONNECT (``connect``: the keywords of ``connect_packet``) on a raw socket of its own,
+    from ``source`` (see ``RawClient``): the CONNACK's reason code (MQTT 5) or return code
+    (3.1.1)."""
+    with RawClient(server.host, server.port, source=source) as raw:
+        raw.send(connect_packet(client_id or unique("raw"), version, **connect))
+        return parse_connack(raw.read_packet(), version)[1]

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from external_tools import find, in_ci, program
+
+from support.external_tools import find, in_ci, program
 
 ROOT = Path(__file__).resolve().parents[2]
 LISTENING = re.compile(r"listening on (\S+):(\d+) \((MQTT over [A-Za-z+]+)\)")

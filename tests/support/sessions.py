@@ -22,6 +22,7 @@ from support.clients import (
     prop,
     unique,
 )
+from support.password_files import ITERATIONS
 
 PASSWORDS = {"alice": b"alice-pw", "bob": b"bob-pw", "admin": b"admin-pw"}
 
@@ -40,8 +41,6 @@ topic readwrite #
 """
 
 HOUR = 3600
-# A fast iteration count for the tests' password files (RFC 7677's minimum).
-ITERATIONS = 4096
 
 
 class SecureBroker:

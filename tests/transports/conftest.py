@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from external_tools import program
 from support.certs import Certificates, make_certificates
+from support.external_tools import program
 from support.launcher import BrokerProcess
 from support.transports import CUSTOM_PATH, TLS12_CIPHER, Listeners, toml_listener
 

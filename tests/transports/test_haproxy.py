@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from external_tools import program
 from support.certs import Certificates
 from support.clients import MQTT_311, TIMEOUT, PahoClient, connect_packet, unique
+from support.external_tools import program
 from support.launcher import BrokerProcess, free_port, stop_process, wait_port
 from support.transports import toml_listener
 

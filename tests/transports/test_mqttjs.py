@@ -11,9 +11,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from external_tools import program
 from support.certs import Certificates
 from support.clients import PahoClient, unique
+from support.external_tools import program
 from support.transports import Listeners
 
 

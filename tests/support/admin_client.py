@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+
 from support.launcher import ROOT, free_port
 
 OPENAPI = json.loads((ROOT / "mqttbroker" / "ops" / "openapi.json").read_text())

@@ -1,5 +1,5 @@
-"""What the cluster tests share: a free loopback port, and a redis-server of the test's own
-(``RedisServer``). The fixtures that use them are in conftest.py."""
+"""A redis-server of the test's own on a free loopback port (``RedisServer``), for the cluster
+tests; their fixtures (tests/cluster/conftest.py) start it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 
 import redis
-from external_tools import program
+
+from support.external_tools import program
 from support.launcher import free_port, stop_process
 
 START_TIMEOUT = 10.0
