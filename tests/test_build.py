@@ -14,7 +14,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from support.launcher import BrokerProcess
+from support.launcher import BrokerProcess, run_python
 
 import mqttbroker
 from mqttbroker import compiled
@@ -141,16 +141,7 @@ def test_a_pure_install_over_a_compiled_one_runs_pure(tmp_path: Path) -> None:
         "import mqttbroker.compiled as c, mqttbroker.broker.connection as m; "
         "print(c.mode, c.degraded, m.__file__.endswith('.py')); print(c.reason)"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", probe],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(tmp_path), "MQTTBROKER_PURE": ""},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    first, reason = result.stdout.splitlines()
+    first, reason = run_python(probe, tmp_path, MQTTBROKER_PURE="").stdout.splitlines()
     assert first == "pure False True"
     assert reason == "not compiled at install: MQTTBROKER_COMPILE=0 at install"
 

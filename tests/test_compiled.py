@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from support.launcher import run_python
+
 import mqttbroker
 from mqttbroker import compiled
 
@@ -27,16 +29,7 @@ PROBE = (
 
 
 def _probe(path: Path, **env: str) -> tuple[str, bool, bool, str]:
-    result = subprocess.run(
-        [sys.executable, "-c", PROBE],
-        cwd=path,
-        env={**os.environ, "PYTHONPATH": str(path), **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stderr
-    first, reason = result.stdout.splitlines()
+    first, reason = run_python(PROBE, path, **env).stdout.splitlines()
     mode, from_source, stale = first.split()
     return mode, from_source == "True", stale == "True", reason
 
@@ -118,14 +111,8 @@ def test_an_unchanged_build_is_recognised_without_hashing(tmp_path: Path) -> Non
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
     for name in (*compiled.MODULES, compiled.SHARED_LIBRARY):
         copy.joinpath(*name.split(".")[1:]).with_suffix(suffix).write_bytes(b"")
-    record = subprocess.run(
-        [sys.executable, "-c", "import mqttbroker.compiled as c; print(c.record(), end='')"],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(tmp_path), "MQTTBROKER_PURE": "1"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
+    record = run_python(
+        "import mqttbroker.compiled as c; print(c.record(), end='')", tmp_path, MQTTBROKER_PURE="1"
     ).stdout
     (copy / compiled.DIGESTS).write_text(record)
     probe = (
@@ -134,16 +121,7 @@ def test_an_unchanged_build_is_recognised_without_hashing(tmp_path: Path) -> Non
     )
 
     def run(code: str) -> list[str]:
-        result = subprocess.run(
-            [sys.executable, "-c", code],
-            cwd=tmp_path,
-            env={**os.environ, "PYTHONPATH": str(tmp_path), "MQTTBROKER_PURE": ""},
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert result.returncode == 0, result.stderr
-        return result.stdout.splitlines()
+        return run_python(code, tmp_path, MQTTBROKER_PURE="").stdout.splitlines()
 
     assert run(probe)[0] == "compiled False"
     router = copy / "broker" / "router.py"

@@ -19,6 +19,7 @@ from support.launcher import (
     run_broker,
     stop_process,
     wait_port,
+    write_file,
 )
 
 from mqttbroker.config import ConfigError, from_table
@@ -71,14 +72,8 @@ topic commands/# in 2
 """
 
 
-def write(tmp_path: Path, text: str, name: str = "mosquitto.conf") -> Path:
-    path = tmp_path / name
-    path.write_text(text)
-    return path
-
-
 def test_every_directive_converted(tmp_path: Path) -> None:
-    conv = convert(write(tmp_path, FULL))
+    conv = convert(write_file(tmp_path / "mosquitto.conf", FULL))
     t = conv.tables
     assert t["security"] == {
         "password_file": "/etc/mosquitto/passwd",
@@ -133,14 +128,16 @@ def test_every_directive_converted(tmp_path: Path) -> None:
 
 
 def test_unknown_directives_named_with_file_and_line(tmp_path: Path) -> None:
-    path = write(tmp_path, "listener 1883\nmemory_limit 100\n")
+    path = write_file(tmp_path / "mosquitto.conf", "listener 1883\nmemory_limit 100\n")
     conv = convert(path)
     assert conv.unsupported == [f"{path}:2: memory_limit: no equivalent in this broker"]
 
 
 def test_converted_configuration_loads(tmp_path: Path) -> None:
     """The TOML printed is valid, and loads to the same configuration as --mosquitto-conf."""
-    path = write(tmp_path, "listener 1884 127.0.0.1\nmax_qos 1\nallow_anonymous true\n")
+    path = write_file(
+        tmp_path / "mosquitto.conf", "listener 1884 127.0.0.1\nmax_qos 1\nallow_anonymous true\n"
+    )
     config, conv = load(path)
     assert [(lst.host, lst.port) for lst in config.listeners] == [("127.0.0.1", 1884)]
     assert config.broker.maximum_qos == 1
@@ -152,7 +149,7 @@ def test_converted_configuration_loads(tmp_path: Path) -> None:
 def test_mosquitto_default_listener_and_anonymous(tmp_path: Path) -> None:
     """Without a listener Mosquitto listens on 1883; Mosquitto 2 refuses anonymous clients
     unless told otherwise."""
-    config, _ = load(write(tmp_path, "max_keepalive 60\n"))
+    config, _ = load(write_file(tmp_path / "mosquitto.conf", "max_keepalive 60\n"))
     assert [(lst.host, lst.port) for lst in config.listeners] == [("0.0.0.0", 1883)]
     assert config.security.allow_anonymous is False
 
@@ -163,15 +160,15 @@ def test_per_listener_anonymous(tmp_path: Path) -> None:
         "listener 1883 127.0.0.1\nallow_anonymous true\n"
         "listener 1884\nallow_anonymous false\n"
     )
-    config, _ = load(write(tmp_path, text))
+    config, _ = load(write_file(tmp_path / "mosquitto.conf", text))
     assert [lst.allow_anonymous for lst in config.listeners] == [True, False]
 
 
 def test_include_dir(tmp_path: Path) -> None:
     (tmp_path / "conf.d").mkdir()
-    write(tmp_path / "conf.d", "listener 1885 127.0.0.1\n", "b.conf")
-    write(tmp_path / "conf.d", "max_qos 0\n", "a.conf")
-    config, _ = load(write(tmp_path, "include_dir conf.d\n"))
+    write_file(tmp_path / "conf.d" / "b.conf", "listener 1885 127.0.0.1\n")
+    write_file(tmp_path / "conf.d" / "a.conf", "max_qos 0\n")
+    config, _ = load(write_file(tmp_path / "mosquitto.conf", "include_dir conf.d\n"))
     assert config.broker.maximum_qos == 0
     assert config.listeners[0].port == 1885
 
@@ -188,7 +185,7 @@ def test_include_dir(tmp_path: Path) -> None:
     ],
 )
 def test_errors_name_file_line_and_directive(tmp_path: Path, text: str, expected: str) -> None:
-    path = write(tmp_path, text)
+    path = write_file(tmp_path / "mosquitto.conf", text)
     with pytest.raises(ConfigError) as info:
         convert(path)
     assert str(info.value).startswith(str(path)), info.value
@@ -196,14 +193,14 @@ def test_errors_name_file_line_and_directive(tmp_path: Path, text: str, expected
 
 
 def test_invalid_value_for_this_broker_names_the_file(tmp_path: Path) -> None:
-    path = write(tmp_path, "listener 1883\nmax_qos 3\n")
+    path = write_file(tmp_path / "mosquitto.conf", "listener 1883\nmax_qos 3\n")
     with pytest.raises(ConfigError) as info:
         load(path)
     assert str(info.value).startswith(f"{path}: broker.maximum_qos")
 
 
 def test_convert_config_command(tmp_path: Path) -> None:
-    path = write(tmp_path, FULL.replace("acl_file acl.conf\n", ""))
+    path = write_file(tmp_path / "mosquitto.conf", FULL.replace("acl_file acl.conf\n", ""))
     done = run_broker("convert-config", str(path))
     assert done.returncode == 0, done.stderr
     parsed = tomllib.loads(done.stdout)
@@ -227,7 +224,7 @@ def test_convert_config_error_exit_status(tmp_path: Path) -> None:
 def test_per_listener_anonymous_is_refused_unless_the_listener_allows_it(tmp_path: Path) -> None:
     """Mosquitto 2 refuses anonymous clients on a listener that says nothing, loopback too."""
     text = "per_listener_settings true\nlistener 1883 127.0.0.1\nlistener 1884 127.0.0.1\n"
-    config, _ = load(write(tmp_path, text))
+    config, _ = load(write_file(tmp_path / "mosquitto.conf", text))
     assert [lst.allow_anonymous for lst in config.listeners] == [False, False]
 
 
@@ -237,7 +234,7 @@ def test_per_listener_one_password_file_for_all(tmp_path: Path) -> None:
         "listener 1883 127.0.0.1\nallow_anonymous true\npassword_file passwd\nacl_file acl\n"
         "listener 1884\npassword_file ./passwd\nacl_file acl\n"
     )
-    conv = convert(write(tmp_path, text))
+    conv = convert(write_file(tmp_path / "mosquitto.conf", text))
     assert conv.tables["security"] == {
         "password_file": str(tmp_path / "passwd"),
         "acl_file": str(tmp_path / "acl"),
@@ -284,7 +281,7 @@ def test_per_listener_one_password_file_for_all(tmp_path: Path) -> None:
 def test_per_listener_settings_not_carried_over_are_refused(
     tmp_path: Path, text: str, line: int, expected: str
 ) -> None:
-    path = write(tmp_path, "per_listener_settings true\n" + text)
+    path = write_file(tmp_path / "mosquitto.conf", "per_listener_settings true\n" + text)
     with pytest.raises(ConfigError) as info:
         convert(path)
     assert str(info.value).startswith(f"{path}:{line}: "), info.value
@@ -297,19 +294,22 @@ def test_per_listener_settings_without_listener_lines_go_to_the_default_listener
     """Security settings before any listener are Mosquitto's default listener's: with no
     `listener` line that is the only one (1883 on every interface, or the `port` line's)."""
     text = "per_listener_settings true\nallow_anonymous true\npassword_file passwd\n"
-    conv = convert(write(tmp_path, text))
+    conv = convert(write_file(tmp_path / "mosquitto.conf", text))
     assert conv.tables["listener"] == [{"host": "0.0.0.0", "port": 1883, "allow_anonymous": True}]
     assert conv.tables["security"] == {"password_file": str(tmp_path / "passwd")}
     # a `port` line after them: the same listener; a later setting for it wins
     text += "port 1999\nallow_anonymous false\n"
-    conv = convert(write(tmp_path, text))
+    conv = convert(write_file(tmp_path / "mosquitto.conf", text))
     assert conv.tables["listener"] == [{"host": "0.0.0.0", "port": 1999, "allow_anonymous": False}]
     assert conv.tables["security"] == {"password_file": str(tmp_path / "passwd")}
 
 
 def test_per_listener_settings_after_a_security_setting_is_refused(tmp_path: Path) -> None:
     """As Mosquitto refuses it (its error: must be set before any other security settings)."""
-    path = write(tmp_path, "listener 1883\nallow_anonymous true\nper_listener_settings true\n")
+    path = write_file(
+        tmp_path / "mosquitto.conf",
+        "listener 1883\nallow_anonymous true\nper_listener_settings true\n",
+    )
     with pytest.raises(ConfigError) as info:
         convert(path)
     assert str(info.value) == (
@@ -321,7 +321,7 @@ def test_per_listener_settings_after_a_security_setting_is_refused(tmp_path: Pat
 def test_message_size_limit_names_the_close_key(tmp_path: Path) -> None:
     """Mosquitto's message_size_limit bounds the payload and drops a larger message without
     disconnecting; max_packet_size bounds the packet and disconnects: named, not mapped."""
-    path = write(tmp_path, "listener 1883\nmessage_size_limit 1000\n")
+    path = write_file(tmp_path / "mosquitto.conf", "listener 1883\nmessage_size_limit 1000\n")
     conv = convert(path)
     assert "max_packet_size" not in conv.tables.get("broker", {})
     assert conv.unsupported == [

@@ -1,10 +1,11 @@
 """Cluster mode on a real redis-server: start errors, routes, QoS 0 and QoS 1/2 across nodes,
-retained messages shared, Redis restarted during traffic."""
+retained messages shared, Redis restarted during traffic. (``--workers``: test_workers.py.)"""
 
 from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -15,7 +16,20 @@ from pathlib import Path
 import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
-from support.clients import MQTT_5, PahoClient, unique
+from support.clients import PahoClient, unique, wait_for
+from support.cluster_clients import (
+    acknowledged,
+    client,
+    close_all,
+    device,
+    kill,
+    payloads,
+    resumed,
+    routed,
+    subscribed,
+    subscriber,
+    until_routed,
+)
 from support.launcher import free_port
 from support.redis_server import RedisServer
 
@@ -24,42 +38,9 @@ pytestmark = pytest.mark.needs_redis
 ROOT = Path(__file__).resolve().parent.parent.parent
 
 
-def client(node, **kw) -> PahoClient:
-    c = PahoClient(node.host, node.port, MQTT_5, **kw)
-    c.connect()
-    return c
-
-
 def routes_in(redis_server, node_id: str) -> set[str]:
-    r = redis_server.client()
-    try:
+    with redis_server.client() as r:
         return {f.decode() for f in r.hkeys(f"mqttbroker:routes:{node_id}")}
-    finally:
-        r.close()
-
-
-def wait_for(predicate, what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
-
-
-def until_routed(pub: PahoClient, sub: PahoClient, topic: str) -> None:
-    """Route changes reach the other nodes through Redis, a moment after the SUBACK: publish
-    probes (QoS 0) until ``sub`` gets one, so ``pub``'s node has the route."""
-
-    def probed() -> bool:
-        pub.publish(topic, b"probe")
-        time.sleep(0.05)
-        return any(m.payload == b"probe" for m in sub.received())
-
-    wait_for(probed, f"the route of {topic!r} to reach the publisher's node")
-
-
-def payloads(c: PahoClient) -> list[bytes]:
-    return [m.payload for m in c.received() if m.payload != b"probe"]
 
 
 # -- (1) start errors -----------------------------------------------------------------------
@@ -111,8 +92,7 @@ def test_qos0_reaches_the_node_with_a_subscriber_and_no_other(redis_server, star
     watcher.psubscribe("mqttbroker:pub:*")
     watcher.get_message(timeout=5)  # the psubscribe confirmation
     topic = unique("q0")
-    sub = client(b)
-    sub.subscribe(f"{topic}/+")
+    sub = subscriber(b, f"{topic}/+", 0)
     pub = client(a)
     until_routed(pub, sub, f"{topic}/x")
     for i in range(5):
@@ -129,8 +109,7 @@ def test_qos0_reaches_the_node_with_a_subscriber_and_no_other(redis_server, star
     pub.publish(f"{topic}/x", b"late")
     sub.sync()
     assert watcher.get_message(timeout=0.5) is None
-    for x in (pub, sub):
-        x.close()
+    close_all(pub, sub)
     watcher.close()
 
 
@@ -144,12 +123,7 @@ def test_qos1_and_qos2_cross_nodes_and_wait_in_the_stream_while_the_node_is_down
     b_data = tmp_path / "b-data"
     b = start_node("b", data_dir=b_data, memory=False)
     topic = unique("q1")
-    sub = PahoClient(b.host, b.port, MQTT_5, client_id=unique("persist"))
-    props = Properties(PacketTypes.CONNECT)
-    props.SessionExpiryInterval = 3600
-    sub.connect_properties = props
-    sub.connect()
-    sub.subscribe(topic, qos=2)
+    sub = subscribed(b, unique("persist"), topic, 2)
     pub = client(a)
     until_routed(pub, sub, topic)
     # Live: QoS 1 and 2 arrive, once each.
@@ -165,14 +139,10 @@ def test_qos1_and_qos2_cross_nodes_and_wait_in_the_stream_while_the_node_is_down
         info = pub.publish(topic, f"m{i}".encode(), qos=1)
         assert pub.acked[info.mid] == 0  # acknowledged: in b's stream
     b2 = start_node("b", data_dir=b_data, memory=False)
-    again = PahoClient(b2.host, b2.port, MQTT_5, client_id=sub.client_id, clean=False)
-    again.connect_properties = props
-    again.connect()
-    assert again.connack is not None and again.connack[1]  # session present
+    again = resumed(b2, sub.client_id)
     wait_for(lambda: len(payloads(again)) >= 50, "the 50 queued messages", timeout=20)
     assert payloads(again) == [f"m{i}".encode() for i in range(50)]
-    again.close()
-    pub.close()
+    close_all(again, pub)
 
 
 # -- (5) retained messages ------------------------------------------------------------------
@@ -225,19 +195,16 @@ def test_redis_down_during_qos1_traffic_publishers_are_acknowledged_and_nothing_
         a = start_broker(extra_args=(*args, "a"))  # its own store: the messages wait there
         b = start_broker(extra_args=(*args, "b", "--memory"))
         topic = unique("down")
-        sub = client(b)
-        sub.subscribe(topic, qos=1)
+        sub = subscriber(b, topic, 1)
         pub = client(a)
         until_routed(pub, sub, topic)
         for i in range(20):
             pub.publish(topic, f"m{i}".encode(), qos=1)
         mark = a.log_mark()
-        server.proc.kill()  # type: ignore[union-attr]
-        server.proc.wait()  # type: ignore[union-attr]
+        server.kill()
         # Redis is down: a acknowledges its publisher all the same (the messages for b are in
         # a's store), and serves its own clients.
-        local = client(a)
-        local.subscribe(topic, qos=1)
+        local = subscriber(a, topic, 1)
         for i in range(20, 40):
             assert pub.wait_published(pub.publish(topic, f"m{i}".encode(), qos=1, wait=False)) == 0
         local.wait_payload(b"m39")
@@ -253,8 +220,7 @@ def test_redis_down_during_qos1_traffic_publishers_are_acknowledged_and_nothing_
         back = a.wait_for_log(r"reachable again; .* (\d+) messages sent from", since=mark)
         assert back is not None and int(back.group(1)) > 0
         assert a.returncode is None and b.returncode is None
-        for x in (pub, sub, local):
-            x.close()
+        close_all(pub, sub, local)
     finally:
         server.stop()
 
@@ -287,13 +253,11 @@ def test_publishers_are_acknowledged_while_a_try_to_reach_redis_hangs(
     a = start_broker(extra_args=(*args, "a", "--memory"), log_level="debug")
     b = start_broker(extra_args=(*args, "b", "--memory"))
     topic = unique("hang")
-    sub = client(b)
-    sub.subscribe(topic, qos=1)
+    sub = subscriber(b, topic, 1)
     pub = client(a)
     until_routed(pub, sub, topic)
     mark = a.log_mark()
-    redis_server.proc.kill()  # type: ignore[union-attr]
-    redis_server.proc.wait()  # type: ignore[union-attr]
+    redis_server.kill()
     assert a.wait_for_log("Redis at .* unreachable", since=mark) is not None
     with socket.socket() as frozen:
         frozen.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -302,27 +266,16 @@ def test_publishers_are_acknowledged_while_a_try_to_reach_redis_hangs(
         wait_for(lambda: established(a.proc.pid, redis_server.port) > 0, "a try that hangs")
         hung = a.log_mark()
         sent = [f"h{i}".encode() for i in range(10)]
-        for p in sent:  # one at a time: each waits for the one before
-            assert pub.wait_published(pub.publish(topic, p, qos=1, wait=False)) == 0
+        acknowledged(pub, topic, sent)  # one at a time: each waits for the one before
         # (all acknowledged while that try still hung: it has not failed yet)
         assert "resync failed" not in a.log_since(hung)
         assert established(a.proc.pid, redis_server.port) > 0
     redis_server.start()
     wait_for(lambda: set(payloads(sub)) >= set(sent), "the messages kept while Redis hung", 30)
-    for x in (pub, sub):
-        x.close()
+    close_all(pub, sub)
 
 
 # -- (4) client ownership and takeover ------------------------------------------------------
-
-
-def persistent(node, client_id: str, clean: bool = True) -> PahoClient:
-    props = Properties(PacketTypes.CONNECT)
-    props.SessionExpiryInterval = 3600
-    c = PahoClient(node.host, node.port, MQTT_5, client_id=client_id, clean=clean)
-    c.connect_properties = props
-    c.connect()
-    return c
 
 
 def test_a_connect_claims_a_free_client_id_in_one_round_trip(start_node, redis_server) -> None:
@@ -362,26 +315,20 @@ def test_a_client_taking_over_on_another_node_moves_its_session(start_node) -> N
     a = start_node("a")
     b = start_node("b")
     c = start_node("c")
-    client_id = unique("mover")
-    topic = unique("moved")
-    first = persistent(a, client_id)
-    first.subscribe(topic, qos=1)
-    pub = client(c)
-    until_routed(pub, first, topic)
+    client_id, topic, first, pub = routed(a, c, 1, "mover")
     # Away: QoS 1 messages queue on a.
     first.close()
     for i in range(5):
         pub.publish(topic, f"q{i}".encode(), qos=1)
     # Back on a, then taken over from b: the old connection gets 0x8E, the session moves.
-    again = persistent(a, client_id, clean=False)
+    again = resumed(a, client_id)
     wait_for(lambda: payloads(again) == [f"q{i}".encode() for i in range(5)], "queued on a")
     again.close()
     for i in range(5, 8):
         pub.publish(topic, f"q{i}".encode(), qos=1)
-    old = persistent(a, client_id, clean=False)
+    old = resumed(a, client_id)
     wait_for(lambda: len(payloads(old)) == 3, "queued while away")
-    moved = persistent(b, client_id, clean=False)
-    assert moved.connack is not None and moved.connack[1]  # Session Present
+    moved = resumed(b, client_id)
     assert old.wait_disconnected().reason_code == 0x8E
     # The subscription came along: new messages reach b, not a.
     for i in range(8, 11):
@@ -389,91 +336,26 @@ def test_a_client_taking_over_on_another_node_moves_its_session(start_node) -> N
     wait_for(lambda: payloads(moved)[-3:] == [b"q8", b"q9", b"q10"], "messages on b")
     assert not [p for p in payloads(moved) if p in (b"q0", b"q1")]  # acknowledged on a earlier
     # Clean Start on a third node: no session present, and the old one is gone from b.
-    fresh = PahoClient(c.host, c.port, MQTT_5, client_id=client_id)
-    fresh.connect()
-    assert fresh.connack is not None and not fresh.connack[1]
+    fresh = client(c, client_id=client_id)
+    assert not fresh.session_present
     assert moved.wait_disconnected().reason_code == 0x8E
-    for x in (pub, fresh):
-        x.close()
+    close_all(pub, fresh)
 
 
 def test_queued_messages_move_with_a_session_taken_over_while_away(start_node) -> None:
     a = start_node("a")
     b = start_node("b")
-    client_id = unique("away")
-    topic = unique("away")
-    first = persistent(a, client_id)
-    first.subscribe(topic, qos=2)
-    pub = client(b)
-    until_routed(pub, first, topic)
+    client_id, topic, first, pub = routed(a, b, 2, "away")
     first.close()
     for i in range(20):
         pub.publish(topic, f"w{i}".encode(), qos=2 if i % 2 else 1)
-    moved = persistent(b, client_id, clean=False)
-    assert moved.connack is not None and moved.connack[1]
+    moved = resumed(b, client_id)
     wait_for(lambda: len(payloads(moved)) >= 20, "the 20 queued messages")
     got = payloads(moved)
     # In order per QoS (paho hands a QoS 2 message over at PUBREL, later than a QoS 1 one).
     assert [p for p in got if int(p[1:]) % 2 == 0] == [f"w{i}".encode() for i in range(0, 20, 2)]
     assert [p for p in got if int(p[1:]) % 2] == [f"w{i}".encode() for i in range(1, 20, 2)]
-    moved.close()
-    pub.close()
-
-
-# -- (6) --workers --------------------------------------------------------------------------
-
-
-def test_workers_share_the_port_and_behave_as_one_broker(
-    redis_server, start_broker, tmp_path: Path
-) -> None:
-
-    port = free_port()
-    supervisor = start_broker(
-        extra_args=(
-            "--cluster",
-            redis_server.url,
-            "--node-id",
-            "w",
-            "--workers",
-            "2",
-            "--port",
-            str(port),
-        ),
-        wait=False,
-    )
-    assert supervisor.wait_for_log("2 workers started", 20) is not None
-    # Both workers listen on the one port, each a node of the cluster.
-    wait_for(
-        lambda: (
-            len([line for line in supervisor.log_lines() if f":{port} (MQTT over TCP)" in line])
-            == 2
-        ),
-        "both workers listening",
-        20,
-    )
-    r = redis_server.client()
-    assert {n.decode() for n in r.smembers("mqttbroker:nodes")} == {"w-0", "w-1"}
-    r.close()
-    supervisor.host, supervisor.port = "127.0.0.1", port
-    # Clients land on either worker; messages reach every subscriber whichever it is on.
-    subs = [client(supervisor) for _ in range(6)]
-    topic = unique("workers")
-    for s in subs:
-        s.subscribe(topic)
-    pub = client(supervisor)
-    pub.publish(topic, b"hello", qos=1)
-    for s in subs:
-        s.wait_payload(b"hello")
-    for x in (*subs, pub):
-        x.close()
-    supervisor.send_signal(15)
-    assert supervisor.wait_exit(20) == 0
-
-
-def test_workers_need_a_cluster(start_broker) -> None:
-    node = start_broker(extra_args=("--workers", "2", "--port", "18830"), wait=False)
-    assert node.wait_exit() == 2
-    assert "workers: more than 1 needs [cluster] redis" in node.log_text()
+    close_all(moved, pub)
 
 
 # -- (7) shared subscriptions ---------------------------------------------------------------
@@ -487,14 +369,12 @@ def test_a_shared_group_with_members_on_two_nodes_gets_each_message_once(start_n
     members = [client(node) for node in (a, a, b)]
     for m in members:
         m.subscribe(f"$share/g/{topic}/+", qos=1)
-    plain = client(b)
-    plain.subscribe(f"{topic}/#", qos=1)
+    plain = subscriber(b, f"{topic}/#", 1)
     pub = client(c)
     until_routed(pub, plain, f"{topic}/x")
     # a's members are routed too by now? Their SUBACKs waited for Redis: yes.
     sent = [f"s{i}".encode() for i in range(30)]
-    for p in sent:
-        pub.publish(f"{topic}/x", p, qos=1)
+    acknowledged(pub, f"{topic}/x", sent)
     wait_for(lambda: len(payloads(plain)) == 30, "the plain subscriber's 30")
     wait_for(lambda: sum(len(payloads(m)) for m in members) >= 30, "30 shared deliveries")
     time.sleep(0.3)  # (a duplicate would arrive about now)
@@ -503,36 +383,31 @@ def test_a_shared_group_with_members_on_two_nodes_gets_each_message_once(start_n
     on_a = len(payloads(members[0])) + len(payloads(members[1]))
     assert on_a and len(payloads(members[2]))  # both nodes took turns
     assert payloads(plain) == sent  # plain subscribers are not affected
-    for x in (*members, plain, pub):
-        x.close()
+    close_all(*members, plain, pub)
+
+
+def with_will(node, client_id: str, will_topic: str, clean: bool = True) -> PahoClient:
+    """A device whose will (``gone``, QoS 1) is due a second after it is lost, not yet
+    connected."""
+    will_props = Properties(PacketTypes.WILLMESSAGE)
+    will_props.WillDelayInterval = 1
+    c = device(node, client_id, clean=clean)
+    c.client.will_set(will_topic, b"gone", qos=1, properties=will_props)
+    return c
 
 
 def test_the_will_of_a_session_taken_over_is_published_once_by_its_new_node(start_node) -> None:
-    import socket
-
     a = start_node("a")
     b = start_node("b")
     c = start_node("c")
     client_id = unique("willing")
     will_topic = unique("will")
-    watcher = client(c)
-    watcher.subscribe(will_topic, qos=1)
+    watcher = subscriber(c, will_topic, 1)
     probe = client(a)
     until_routed(probe, watcher, will_topic)
-
-    def with_will(node) -> PahoClient:
-        props = Properties(PacketTypes.CONNECT)
-        props.SessionExpiryInterval = 3600
-        will_props = Properties(PacketTypes.WILLMESSAGE)
-        will_props.WillDelayInterval = 1
-        x = PahoClient(node.host, node.port, MQTT_5, client_id=client_id, clean=False)
-        x.connect_properties = props
-        x.client.will_set(will_topic, b"gone", qos=1, properties=will_props)
-        return x
-
-    first = with_will(a)
+    first = with_will(a, client_id, will_topic, clean=False)
     first.connect()
-    moved = with_will(b)
+    moved = with_will(b, client_id, will_topic, clean=False)
     moved.connect()
     assert first.wait_disconnected().reason_code == 0x8E
     # The client vanishes without DISCONNECT: after the will delay its node publishes the will.
@@ -542,41 +417,29 @@ def test_the_will_of_a_session_taken_over_is_published_once_by_its_new_node(star
     wait_for(lambda: b"after" in payloads(watcher), "the message after the will")
     time.sleep(1.5)  # a second will (from a, the session's former node) would be due by now
     assert payloads(watcher).count(b"gone") == 1
-    for x in (first, moved, watcher, probe):
-        x.close()
+    close_all(first, moved, watcher, probe)
 
 
 def test_a_client_that_came_back_with_clean_start_is_still_owned_by_its_node(start_node) -> None:
     a = start_node("a")
     b = start_node("b")
     client_id = unique("again")
-    first = PahoClient(a.host, a.port, MQTT_5, client_id=client_id)
-    first.connect()
-    second = PahoClient(a.host, a.port, MQTT_5, client_id=client_id)  # Clean Start, same node
-    second.connect()
+    first = client(a, client_id=client_id)
+    second = client(a, client_id=client_id)  # Clean Start, same node
     assert first.wait_disconnected().reason_code == 0x8E
     second.sync()
     # The first session's end must not have freed the id: a third connection, on b, takes over.
-    third = PahoClient(b.host, b.port, MQTT_5, client_id=client_id)
-    third.connect()
+    third = client(b, client_id=client_id)
     assert second.wait_disconnected().reason_code == 0x8E
-    for x in (first, second, third):
-        x.close()
+    close_all(first, second, third)
 
 
 def test_a_node_killed_mid_flight_loses_no_acknowledged_message(start_node, tmp_path: Path) -> None:
-    import signal
-
     a = start_node("a")
     b_data = tmp_path / "b-killed"
     config = "[cluster]\nnode_ttl = 1.0\n"
     b = start_node("b", data_dir=b_data, memory=False, config=config)
-    client_id = unique("survivor")
-    topic = unique("killed")
-    sub = persistent(b, client_id)
-    sub.subscribe(topic, qos=1)
-    pub = client(a)
-    until_routed(pub, sub, topic)
+    client_id, topic, sub, pub = routed(b, a, 1, "survivor")
     sub.close()  # away: b queues the messages in its store
     sent = [f"k{i}".encode() for i in range(300)]
     infos = []
@@ -598,21 +461,18 @@ def test_a_node_killed_mid_flight_loses_no_acknowledged_message(start_node, tmp_
         time.sleep(0.3)
     match = b2.wait_for_log(r"listening on (\S+):(\d+) \(MQTT over TCP\)", 1)
     b2.host, b2.port = match.group(1), int(match.group(2))
-    again = persistent(b2, client_id, clean=False)
+    again = resumed(b2, client_id)
     wait_for(lambda: before | set(payloads(again)) >= set(sent), "every acknowledged message", 30)
-    again.close()
-    pub.close()
+    close_all(again, pub)
 
 
 def test_a_persistent_session_outlives_the_loss_of_its_node(start_node) -> None:
-    import signal
 
     a = start_node("a")
     b = start_node("b", config="[cluster]\nnode_ttl = 1.0\n")  # memory store: state in Redis
     client_id = unique("orphan")
     topic = unique("orphan")
-    sub = persistent(b, client_id)
-    sub.subscribe(topic, qos=1)
+    sub = subscribed(b, client_id, topic, 1)
     remote = client(a)  # its messages cross to b through b's stream
     local = client(b)  # its messages are queued on b directly
     until_routed(remote, sub, topic)
@@ -625,10 +485,8 @@ def test_a_persistent_session_outlives_the_loss_of_its_node(start_node) -> None:
     for i, info in enumerate(infos):
         assert (remote if i % 2 else local).wait_published(info, 30) == 0
     # Every message acknowledged; b is lost for good.
-    b.send_signal(signal.SIGKILL)
-    b.wait_exit()
-    again = persistent(a, client_id, clean=False)
-    assert again.connack is not None and again.connack[1]  # Session Present
+    kill(b)
+    again = resumed(a, client_id)
     assert a.wait_for_log(r"node 'b' adopted: 1 sessions") is not None
     wait_for(lambda: set(payloads(again)) >= set(sent), "the 500 queued messages", 30)
     # In order per publisher (at least once: a message b read and had not acknowledged may
@@ -639,8 +497,7 @@ def test_a_persistent_session_outlives_the_loss_of_its_node(start_node) -> None:
     # The session lives on a now: new messages reach it there.
     remote.publish(topic, b"after", qos=1)
     wait_for(lambda: b"after" in payloads(again), "a message after the move")
-    for x in (again, remote):
-        x.close()
+    close_all(again, remote)
 
 
 def test_readyz_reports_redis_unreachable_and_healthz_stays_ok(redis_server, start_broker) -> None:
@@ -668,8 +525,7 @@ def test_readyz_reports_redis_unreachable_and_healthz_stays_ok(redis_server, sta
     wait_for(answers, "the admin server")
     assert get("/readyz") == (200, {"ready": True})
     mark = node.log_mark()
-    redis_server.proc.kill()  # type: ignore[union-attr]
-    redis_server.proc.wait()  # type: ignore[union-attr]
+    redis_server.kill()
     assert node.wait_for_log("Redis at .* unreachable", since=mark) is not None
     status, body = get("/readyz")
     assert status == 503 and not body["ready"]
@@ -681,24 +537,15 @@ def test_readyz_reports_redis_unreachable_and_healthz_stays_ok(redis_server, sta
 
 
 def test_a_session_on_a_frozen_node_is_adopted_and_the_node_gives_it_up(start_node) -> None:
-    import signal
-
     a = start_node("a")
     b = start_node("b", config="[cluster]\nnode_ttl = 1.0\n")
-    client_id = unique("frozen")
-    topic = unique("frozen")
-    first = persistent(b, client_id)
-    first.subscribe(topic, qos=1)
-    pub = client(a)
-    until_routed(pub, first, topic)
+    client_id, topic, first, pub = routed(b, a, 1, "frozen")
     b.send_signal(signal.SIGSTOP)  # b answers nothing now, and its lease runs out
     try:
         sent = [f"f{i}".encode() for i in range(10)]
-        for p in sent:
-            pub.publish(topic, p, qos=1)  # acknowledged: in b's stream
+        acknowledged(pub, topic, sent)  # acknowledged: in b's stream
         # b does not hand the session over: once its lease ran out, a adopts it.
-        moved = persistent(a, client_id, clean=False)
-        assert moved.connack is not None and moved.connack[1], a.log_text()  # Session Present
+        moved = resumed(a, client_id)
         wait_for(lambda: set(payloads(moved)) >= set(sent), "the messages b had not delivered")
     finally:
         b.send_signal(signal.SIGCONT)
@@ -707,62 +554,39 @@ def test_a_session_on_a_frozen_node_is_adopted_and_the_node_gives_it_up(start_no
     pub.publish(topic, b"after", qos=1)
     wait_for(lambda: b"after" in payloads(moved), "a message after the move")
     assert b"after" not in payloads(first)
-    for x in (moved, first, pub):
-        x.close()
+    close_all(moved, first, pub)
 
 
 def test_a_node_gone_for_adopt_after_is_adopted_without_its_clients(
     redis_server, start_node
 ) -> None:
-    import signal
 
     a = start_node("a", config="[cluster]\nnode_ttl = 1.0\nadopt_after = 1.0\n")
     b = start_node("b", config="[cluster]\nnode_ttl = 1.0\nadopt_after = 0\n")
-    client_id = unique("swept")
-    topic = unique("swept")
-    sub = persistent(b, client_id)
-    sub.subscribe(topic, qos=1)
-    pub = client(a)
-    until_routed(pub, sub, topic)
+    client_id, topic, sub, pub = routed(b, a, 1, "swept")
     sub.close()
     sent = [f"s{i}".encode() for i in range(20)]
-    for p in sent:
-        pub.publish(topic, p, qos=1)
-    b.send_signal(signal.SIGKILL)
-    b.wait_exit()
+    acknowledged(pub, topic, sent)
+    kill(b)
     # No client of b comes back: a adopts b once it has been gone for adopt_after.
     assert a.wait_for_log(r"node 'b' adopted: 1 sessions", 20) is not None
-    r = redis_server.client()
-    try:
+    with redis_server.client() as r:
         assert b"b" not in r.smembers("mqttbroker:nodes")
         assert not r.exists("mqttbroker:routes:b", "mqttbroker:stream:b")
-    finally:
-        r.close()
     pub.publish(topic, b"after", qos=1)  # queued on a, for the session it adopted
-    again = persistent(a, client_id, clean=False)
-    assert again.connack is not None and again.connack[1]
+    again = resumed(a, client_id)
     wait_for(lambda: set(payloads(again)) >= {*sent, b"after"}, "the messages, on a")
-    for x in (again, pub):
-        x.close()
+    close_all(again, pub)
 
 
 def test_the_will_of_a_client_of_a_lost_node_is_published_by_the_node_adopting_it(
     start_node,
 ) -> None:
-    import signal
-
     a = start_node("a", config="[cluster]\nnode_ttl = 1.0\nadopt_after = 1.0\n")
     b = start_node("b", config="[cluster]\nnode_ttl = 1.0\nadopt_after = 0\n")
     will_topic = unique("lostwill")
-    watcher = client(a)
-    watcher.subscribe(will_topic, qos=1)
-    props = Properties(PacketTypes.CONNECT)
-    props.SessionExpiryInterval = 3600
-    will_props = Properties(PacketTypes.WILLMESSAGE)
-    will_props.WillDelayInterval = 1
-    doomed = PahoClient(b.host, b.port, MQTT_5, client_id=unique("doomed"))
-    doomed.connect_properties = props
-    doomed.client.will_set(will_topic, b"gone", qos=1, properties=will_props)
+    watcher = subscriber(a, will_topic, 1)
+    doomed = with_will(b, unique("doomed"), will_topic)
     doomed.connect()
     probe = client(b)
     until_routed(probe, watcher, will_topic)  # b routes to a (the will's way, were b alive)
@@ -773,67 +597,51 @@ def test_the_will_of_a_client_of_a_lost_node_is_published_by_the_node_adopting_i
     wait_for(lambda: b"gone" in payloads(watcher), "the will, published by a")
     time.sleep(1.5)  # (a second one would come about now)
     assert payloads(watcher).count(b"gone") == 1
-    for x in (watcher, doomed):
-        x.close()
+    close_all(watcher, doomed)
 
 
 def test_a_redis_restarted_empty_gets_the_sessions_back_from_their_nodes(
     redis_server, start_node
 ) -> None:
-    import signal
-
     a = start_node("a")
     b = start_node("b", config="[cluster]\nnode_ttl = 1.0\n")
     client_id = unique("rewritten")
     topic = unique("rewritten")
-    sub = persistent(b, client_id)
-    sub.subscribe(topic, qos=1)
+    sub = subscribed(b, client_id, topic, 1)
     local = client(b)
     local.publish(topic, b"probe")  # (b routes its own clients' messages at once)
     sub.wait_payload(b"probe")
     sub.close()
     sent = [f"r{i}".encode() for i in range(30)]
-    for p in sent:
-        local.publish(topic, p, qos=1)  # queued on b, and in its session's hash in Redis
+    acknowledged(local, topic, sent)  # queued on b, and in its session's hash in Redis
     mark = b.log_mark()
-    redis_server.proc.kill()  # type: ignore[union-attr]
-    redis_server.proc.wait()  # type: ignore[union-attr]
+    redis_server.kill()
     redis_server.start()  # no persistence: empty
     assert b.wait_for_log("reachable again", 20, since=mark) is not None, b.log_since(mark)
-    r = redis_server.client()
-    try:
+    with redis_server.client() as r:
         wait_for(lambda: len(r.hkeys(f"mqttbroker:session:{client_id}")) > 30, "the hash back")
-    finally:
-        r.close()
     b.send_signal(signal.SIGKILL)  # and now b is lost: a adopts its session from Redis
     b.wait_exit()
-    again = persistent(a, client_id, clean=False)
-    assert again.connack is not None and again.connack[1]
+    again = resumed(a, client_id)
     wait_for(lambda: set(payloads(again)) >= set(sent), "the queued messages, on a")
-    for x in (again, local):
-        x.close()
+    close_all(again, local)
 
 
 def test_messages_kept_while_redis_was_down_survive_their_node_and_go_on_restart(
     redis_server, start_node, tmp_path: Path
 ) -> None:
-    import signal
 
     a_data = tmp_path / "a-outbox"
     a = start_node("a", data_dir=a_data, memory=False)
     b = start_node("b")
     topic = unique("outbox")
-    sub = client(b)
-    sub.subscribe(topic, qos=1)
+    sub = subscriber(b, topic, 1)
     pub = client(a)
     until_routed(pub, sub, topic)
-    redis_server.proc.kill()  # type: ignore[union-attr]
-    redis_server.proc.wait()  # type: ignore[union-attr]
+    redis_server.kill()
     sent = [f"k{i}".encode() for i in range(10)]
-    for p in sent:  # acknowledged: in a's outbox, on disk
-        assert pub.wait_published(pub.publish(topic, p, qos=1, wait=False)) == 0
-    a.send_signal(signal.SIGKILL)
-    a.wait_exit()
+    acknowledged(pub, topic, sent)  # acknowledged: in a's outbox, on disk
+    kill(a)
     mark = b.log_mark()
     redis_server.start()
     assert b.wait_for_log("reachable again", 20, since=mark) is not None, b.log_text()

@@ -9,15 +9,10 @@ from urllib.parse import quote
 
 import pytest
 import redis
+from support.launcher import write_file
 from support.redis_server import RedisServer
 
 from mqttbroker.config import ConfigError, load
-
-
-def config(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "c.toml"
-    path.write_text(text)
-    return path
 
 
 @pytest.mark.parametrize(
@@ -47,13 +42,13 @@ def config(tmp_path: Path, text: str) -> Path:
 )
 def test_bad_cluster_settings_name_the_key(tmp_path: Path, text: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        load(config(tmp_path, text))
+        load(write_file(tmp_path / "c.toml", text))
 
 
 def test_a_node_id_defaults_to_the_host_name(tmp_path: Path) -> None:
     import socket
 
-    loaded = load(config(tmp_path, '[cluster]\nredis = "redis://127.0.0.1:6379/0"'))
+    loaded = load(write_file(tmp_path / "c.toml", '[cluster]\nredis = "redis://127.0.0.1:6379/0"'))
     assert loaded.cluster.node_id == socket.gethostname()
     assert loaded.cluster.stream_max_length == 10_000
 
@@ -94,7 +89,7 @@ def test_bad_redis_password_settings_name_the_key(
     url = "" if "redis =" in text else 'redis = "redis://h/0"\n'
     text = "[cluster]\n" + url + text.format(d=tmp_path)
     with pytest.raises(ConfigError) as info:
-        load(config(tmp_path, text))
+        load(write_file(tmp_path / "c.toml", text))
     assert str(info.value).startswith(str(tmp_path / "c.toml"))
     assert message.format(d=tmp_path).removeprefix("c.toml") in str(info.value)
 

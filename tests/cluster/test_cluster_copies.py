@@ -8,13 +8,26 @@ not send what the clients of sessions adopted meanwhile published there."""
 from __future__ import annotations
 
 import signal
-import time
-from collections import Counter
 from typing import Any
 
 import pytest
-from support.clients import unique
-from test_cluster_kill import client, device, payloads, until_routed, wait_for
+from support.clients import unique, wait_for
+from support.cluster_clients import (
+    acknowledged,
+    adopted,
+    arrives,
+    client,
+    close_all,
+    counted,
+    device,
+    kill,
+    payloads,
+    resumed,
+    routed,
+    subscribed,
+    subscriber,
+    until_routed,
+)
 
 pytestmark = pytest.mark.needs_redis
 
@@ -50,23 +63,18 @@ def test_a_stream_entry_written_twice_delivers_a_qos2_message_once(
     a = start_node("a")
     b = start_node("b")
     topic = unique("twice")
-    sub = client(b)
-    sub.subscribe(topic, qos=2)
+    sub = subscriber(b, topic, 2)
     pub = client(a)
     until_routed(pub, sub, topic)
-    assert pub.wait_published(pub.publish(topic, b"m1", qos=2, wait=False)) == 0
-    wait_for(lambda: b"m1" in payloads(sub), "m1")
-    r = redis_server.client()
-    try:
+    acknowledged(pub, topic, [b"m1"], 2)
+    arrives(b"m1", sub)
+    with redis_server.client() as r:
         [entry] = entries_with(r, STREAM + "b", b"m1")
         r.xadd(STREAM + "b", entry)  # the same batch again: its first answer was lost
-    finally:
-        r.close()
-    assert pub.wait_published(pub.publish(topic, b"m2", qos=2, wait=False)) == 0
-    wait_for(lambda: b"m2" in payloads(sub), "m2")
-    assert Counter(payloads(sub)) == {b"m1": 1, b"m2": 1}
-    for c in (sub, pub):
-        c.close()
+    acknowledged(pub, topic, [b"m2"], 2)
+    arrives(b"m2", sub)
+    assert counted(sub) == {b"m1": 1, b"m2": 1}
+    close_all(sub, pub)
 
 
 def test_a_killed_nodes_entry_its_session_holds_is_not_routed_to_it_again(
@@ -77,34 +85,21 @@ def test_a_killed_nodes_entry_its_session_holds_is_not_routed_to_it_again(
     it delivered), and what b wrote of what it routed says so: m1 is not delivered again."""
     a = start_node("a")
     b = start_node("b")
-    client_id = unique("held")
-    topic = unique("held")
-    dev = device(b, client_id, clean=True)
-    dev.connect()
-    dev.subscribe(topic, qos=2)
-    pub = client(a)
-    until_routed(pub, dev, topic)
-    assert pub.wait_published(pub.publish(topic, b"m1", qos=2, wait=False)) == 0
-    wait_for(lambda: b"m1" in payloads(dev), "m1")
-    r = redis_server.client()
-    try:
+    client_id, topic, dev, pub = routed(b, a, 2, "held")
+    acknowledged(pub, topic, [b"m1"], 2)
+    arrives(b"m1", dev)
+    with redis_server.client() as r:
         wait_for(lambda: bool(r.hgetall("mqttbroker:seen:b")), "b's counters in Redis")
         [entry] = entries_with(r, STREAM + "b", b"m1")
-        b.send_signal(signal.SIGKILL)
-        b.wait_exit()
+        kill(b)
         r.xadd(STREAM + "b", entry)  # not acknowledged when b died
-    finally:
-        r.close()
     dev.close()
-    again = device(a, client_id, clean=False)
-    again.connect()
-    assert again.session_present, a.log_text()
+    again = resumed(a, client_id)
     assert a.wait_for_log(r"node 'b' adopted: 1 sessions", 10) is not None
-    assert pub.wait_published(pub.publish(topic, b"m2", qos=2, wait=False)) == 0
-    wait_for(lambda: b"m2" in payloads(again), "m2")
-    assert Counter(payloads(dev) + payloads(again)) == {b"m1": 1, b"m2": 1}
-    for c in (again, pub):
-        c.close()
+    acknowledged(pub, topic, [b"m2"], 2)
+    arrives(b"m2", again)
+    assert counted(dev, again) == {b"m1": 1, b"m2": 1}
+    close_all(again, pub)
 
 
 def test_a_session_handed_over_gets_what_its_new_node_routed_before_it_came(
@@ -116,33 +111,20 @@ def test_a_session_handed_over_gets_what_its_new_node_routed_before_it_came(
     the session came (a, reading it later, has no session for it any more)."""
     a = start_node("a")
     b = start_node("b")
-    client_id = unique("gap")
-    topic = unique("gap")
-    dev = device(a, client_id, clean=True)
-    dev.connect()
-    dev.subscribe(topic, qos=1)
-    local = client(b)
-    local.subscribe(topic, qos=1)
-    pub = client(b)
-    until_routed(pub, dev, topic)
-    r = redis_server.client()
-    try:
+    client_id, topic, dev, pub = routed(a, b, 1, "gap")
+    local = subscriber(b, topic, 1)
+    with redis_server.client() as r:
         # (a third node's message: for b's stream; a's copy is not read yet)
         r.xadd(STREAM + "b", {"m": publish_frame(topic, b"gap", b"c.00000001\x1d1")})
         wait_for(lambda: b"gap" in payloads(local), "b to route the message")
         dev.close()
-        again = device(b, client_id, clean=False)
-        again.connect()
-        assert again.session_present, b.log_text()
+        again = resumed(b, client_id)
         r.xadd(STREAM + "a", {"m": publish_frame(topic, b"gap", b"c.00000001\x1d1")})
-    finally:
-        r.close()
     wait_for(lambda: b"gap" in payloads(again), "the message b routed before the session came")
     pub.publish(topic, b"last", qos=1)
     wait_for(lambda: b"last" in payloads(again), "the last one")
-    assert Counter(payloads(dev) + payloads(again)) == {b"gap": 1, b"last": 1}
-    for c in (again, local, pub):
-        c.close()
+    assert counted(dev, again) == {b"gap": 1, b"last": 1}
+    close_all(again, local, pub)
 
 
 def test_what_the_old_node_routes_after_a_hand_over_is_forwarded_to_the_session(
@@ -154,26 +136,18 @@ def test_what_the_old_node_routes_after_a_hand_over_is_forwarded_to_the_session(
     b = start_node("b")
     client_id = unique("fwd")
     topic = unique("fwd")
-    dev = device(a, client_id, clean=True)
-    dev.connect()
-    dev.subscribe(topic, qos=1)
+    dev = subscribed(a, client_id, topic, 1)
     dev.close()
-    again = device(b, client_id, clean=False)
-    again.connect()
-    assert again.session_present, b.log_text()
-    r = redis_server.client()
-    try:
+    again = resumed(b, client_id)
+    with redis_server.client() as r:
         # (a third node's message, sent before it heard that b has the route now)
         r.xadd(STREAM + "a", {"m": publish_frame(topic, b"late", b"c.00000001\x1d1")})
-    finally:
-        r.close()
     wait_for(lambda: b"late" in payloads(again), "the message a forwarded")
     pub = client(b)
     pub.publish(topic, b"last", qos=1)
     wait_for(lambda: b"last" in payloads(again), "the last one")
-    assert Counter(payloads(again)) == {b"late": 1, b"last": 1}
-    for c in (again, pub):
-        c.close()
+    assert counted(again) == {b"late": 1, b"last": 1}
+    close_all(again, pub)
 
 
 def test_a_session_adopted_then_handed_over_gets_no_message_twice(
@@ -186,37 +160,21 @@ def test_a_session_adopted_then_handed_over_gets_no_message_twice(
     a = start_node("a")
     b = start_node("b")
     c = start_node("c")
-    client_id = unique("moved")
-    topic = unique("moved")
-    dev = device(b, client_id, clean=True)
-    dev.connect()
-    dev.subscribe(topic, qos=2)
-    local = client(c)
-    local.subscribe(topic, qos=2)
-    pub = client(c)
-    until_routed(pub, dev, topic)
-    assert pub.wait_published(pub.publish(topic, b"m1", qos=2, wait=False)) == 0
-    wait_for(lambda: b"m1" in payloads(dev) and b"m1" in payloads(local), "m1")
-    r = redis_server.client()
-    try:
+    client_id, topic, dev, pub = routed(b, c, 2, "moved")
+    local = subscriber(c, topic, 2)
+    acknowledged(pub, topic, [b"m1"], 2)
+    arrives(b"m1", dev, local)
+    with redis_server.client() as r:
         wait_for(lambda: bool(r.hgetall("mqttbroker:seen:b")), "b's counters in Redis")
-    finally:
-        r.close()
-    b.send_signal(signal.SIGKILL)
-    b.wait_exit()
+    kill(b)
     dev.close()
-    on_a = device(a, client_id, clean=False)
-    on_a.connect()
-    assert on_a.session_present, a.log_text()
+    on_a = resumed(a, client_id)
     on_a.close()
-    on_c = device(c, client_id, clean=False)
-    on_c.connect()
-    assert on_c.session_present, c.log_text()
-    assert pub.wait_published(pub.publish(topic, b"m2", qos=2, wait=False)) == 0
-    wait_for(lambda: b"m2" in payloads(on_c), "m2")
-    assert Counter(payloads(dev) + payloads(on_a) + payloads(on_c)) == {b"m1": 1, b"m2": 1}
-    for x in (on_c, local, pub):
-        x.close()
+    on_c = resumed(c, client_id)
+    acknowledged(pub, topic, [b"m2"], 2)
+    arrives(b"m2", on_c)
+    assert counted(dev, on_a, on_c) == {b"m1": 1, b"m2": 1}
+    close_all(on_c, local, pub)
 
 
 def test_a_message_of_an_adopted_stream_is_not_routed_again_from_the_adopters_own(
@@ -227,37 +185,23 @@ def test_a_message_of_an_adopted_stream_is_not_routed_again_from_the_adopters_ow
     own subscriber, not to the device's session again."""
     a = start_node("a")
     b = start_node("b")
-    client_id = unique("adopted")
-    topic = unique("adopted")
-    dev = device(b, client_id, clean=True)
-    dev.connect()
-    dev.subscribe(topic, qos=2)
-    local = client(a)
-    local.subscribe(topic, qos=2)
-    pub = client(a)
-    until_routed(pub, dev, topic)
-    b.send_signal(signal.SIGKILL)
-    b.wait_exit()
+    client_id, topic, dev, pub = routed(b, a, 2, "adopted")
+    local = subscriber(a, topic, 2)
+    kill(b)
     dev.close()
     entry = publish_frame(topic, b"m1", b"c.00000001\x1d1", qos=2)
-    r = redis_server.client()
-    try:
+    with redis_server.client() as r:
         r.xadd(STREAM + "b", {"m": entry})
-        again = device(a, client_id, clean=False)
-        again.connect()
-        assert again.session_present, a.log_text()
+        again = resumed(a, client_id)
         assert a.wait_for_log(r"node 'b' adopted: 1 sessions", 10) is not None
         wait_for(lambda: b"m1" in payloads(again), "m1 from b's stream")
         r.xadd(STREAM + "a", {"m": entry})  # a's own copy, read only now
-    finally:
-        r.close()
     wait_for(lambda: b"m1" in payloads(local), "a's own copy")
-    assert pub.wait_published(pub.publish(topic, b"m2", qos=2, wait=False)) == 0
-    wait_for(lambda: b"m2" in payloads(again) and b"m2" in payloads(local), "m2")
-    assert Counter(payloads(again)) == {b"m1": 1, b"m2": 1}
-    assert Counter(payloads(local)) == {b"m1": 1, b"m2": 1}
-    for c in (again, local, pub):
-        c.close()
+    acknowledged(pub, topic, [b"m2"], 2)
+    arrives(b"m2", again, local)
+    assert counted(again) == {b"m1": 1, b"m2": 1}
+    assert counted(local) == {b"m1": 1, b"m2": 1}
+    close_all(again, local, pub)
 
 
 def test_a_node_woken_past_its_lease_does_not_send_what_a_moved_session_published(
@@ -271,32 +215,20 @@ def test_a_node_woken_past_its_lease_does_not_send_what_a_moved_session_publishe
     b = start_node("b")
     client_id = unique("stale-pub")
     topic = unique("stale")
-    sub = client(a)
-    sub.subscribe(topic, qos=2)
-    first = device(b, client_id, clean=True)
+    sub = subscriber(a, topic, 2)
+    first = device(b, client_id)
     first.connect()
     until_routed(first, sub, topic)
     b.send_signal(signal.SIGSTOP)
     try:
         first.publish(topic, b"m1", qos=2, wait=False)  # (b reads it when it wakes)
-        moved = None
-        deadline = time.monotonic() + 60
-        while moved is None:  # b's lease runs out, then a adopts it
-            again = device(a, client_id, clean=False)
-            if again.connect(expect_success=False) == 0:
-                moved = again
-                break
-            assert time.monotonic() < deadline, "a never adopted b"
-            again.close()
-            time.sleep(1)
-        assert moved.session_present, a.log_text()
-        assert moved.wait_published(moved.publish(topic, b"m1", qos=2, wait=False)) == 0
+        moved = adopted(a, client_id)  # once b's lease has run out
+        acknowledged(moved, topic, [b"m1"], 2)
         wait_for(lambda: b"m1" in payloads(sub), "m1, sent again on a")
     finally:
         b.send_signal(signal.SIGCONT)
     assert b.wait_for_log(r"reachable again; routes resynchronised", 30) is not None
-    assert moved.wait_published(moved.publish(topic, b"m2", qos=2, wait=False)) == 0
-    wait_for(lambda: b"m2" in payloads(sub), "m2")
-    assert Counter(payloads(sub)) == {b"m1": 1, b"m2": 1}
-    for c in (moved, sub):
-        c.close()
+    acknowledged(moved, topic, [b"m2"], 2)
+    arrives(b"m2", sub)
+    assert counted(sub) == {b"m1": 1, b"m2": 1}
+    close_all(moved, sub)

@@ -14,52 +14,22 @@ import time
 from typing import Any
 
 import pytest
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
-from support.clients import MQTT_5, PahoClient, unique
+from support.clients import unique, wait_for
+from support.cluster_clients import (
+    SERVER_UNAVAILABLE,
+    acknowledged,
+    adopted,
+    client,
+    close_all,
+    device,
+    kill,
+    payloads,
+    resumed,
+    subscribed,
+    until_routed,
+)
 
 pytestmark = pytest.mark.needs_redis
-
-SERVER_UNAVAILABLE = 0x88
-TAKEN_OVER = 0x8E
-
-
-def client(node: Any, **kw: Any) -> PahoClient:
-    c = PahoClient(node.host, node.port, MQTT_5, **kw)
-    c.connect()
-    return c
-
-
-def device(node: Any, client_id: str, clean: bool) -> PahoClient:
-    """A client with a persistent session (Session Expiry Interval 3600), not yet connected."""
-    props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
-    props.SessionExpiryInterval = 3600
-    c = PahoClient(node.host, node.port, MQTT_5, client_id=client_id, clean=clean)
-    c.connect_properties = props
-    return c
-
-
-def wait_for(predicate: Any, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
-
-
-def payloads(c: PahoClient) -> list[bytes]:
-    return [m.payload for m in c.received() if m.payload != b"probe"]
-
-
-def until_routed(pub: PahoClient, sub: PahoClient, topic: str) -> None:
-    """Publish probes (QoS 0) until ``sub`` gets one: ``pub``'s node has the route."""
-
-    def probed() -> bool:
-        pub.publish(topic, b"probe")
-        time.sleep(0.05)
-        return any(m.payload == b"probe" for m in sub.received())
-
-    wait_for(probed, f"the route of {topic!r} to reach the publisher's node", 10)
 
 
 def test_a_device_back_at_once_after_its_node_is_killed_finds_its_session(
@@ -73,9 +43,7 @@ def test_a_device_back_at_once_after_its_node_is_killed_finds_its_session(
     b = start_node("b")
     client_id = unique("dur")
     topic = unique("p")
-    sub = device(b, client_id, clean=True)
-    sub.connect()
-    sub.subscribe(f"{topic}/#", qos=1)
+    sub = subscribed(b, client_id, f"{topic}/#", 1)
     pub = client(a)
     until_routed(pub, sub, f"{topic}/x")
     sub.close()  # away: the messages wait in b's stream and session
@@ -83,17 +51,13 @@ def test_a_device_back_at_once_after_its_node_is_killed_finds_its_session(
     infos = [pub.publish(f"{topic}/x", p, qos=1, wait=False) for p in sent]
     for info in infos:
         assert pub.wait_published(info, timeout=30) == 0  # acknowledged
-    b.send_signal(signal.SIGKILL)
-    b.wait_exit()
-    again = device(a, client_id, clean=False)
-    again.connect()  # at once, on the other node
-    assert again.session_present, a.log_text()
-    wait_for(lambda: set(payloads(again)) >= set(sent), "the 300 acknowledged messages")
+    kill(b)
+    again = resumed(a, client_id)  # at once, on the other node
+    wait_for(lambda: set(payloads(again)) >= set(sent), "the 300 acknowledged messages", 30)
     assert a.wait_for_log(r"node 'b' adopted: 1 sessions", 10) is not None
     connects = [line for line in a.log_text().splitlines() if f"client {client_id} conn" in line]
     assert connects and all("session resumed" in line for line in connects), connects
-    for x in (again, pub):
-        x.close()
+    close_all(again, pub)
 
 
 def test_a_frozen_node_is_refused_then_adopted_and_fenced_when_it_wakes(
@@ -110,9 +74,7 @@ def test_a_frozen_node_is_refused_then_adopted_and_fenced_when_it_wakes(
     b = start_node("b")
     client_id = unique("frozen")
     topic = unique("frozen")
-    first = device(b, client_id, clean=True)
-    first.connect()
-    first.subscribe(topic, qos=1)
+    first = subscribed(b, client_id, topic, 1)
     local = client(b)  # a publisher on b
     pub = client(a)
     until_routed(pub, first, topic)
@@ -123,21 +85,9 @@ def test_a_frozen_node_is_refused_then_adopted_and_fenced_when_it_wakes(
         assert early.connack is not None and getattr(early.connack[2], "ReasonString", None)
         early.close()
         sent = [f"f{i}".encode() for i in range(10)]
-        for p in sent:
-            assert pub.wait_published(pub.publish(topic, p, qos=1, wait=False)) == 0
-        moved = None
-        deadline = time.monotonic() + 60
-        while moved is None:  # the device retries, as devices do
-            again = device(a, client_id, clean=False)
-            code = again.connect(expect_success=False)
-            if code == 0:
-                moved = again
-                break
-            assert code == SERVER_UNAVAILABLE and time.monotonic() < deadline, code
-            again.close()
-            time.sleep(1)
-        assert moved.session_present, a.log_text()
-        wait_for(lambda: set(payloads(moved)) >= set(sent), "the messages b had not delivered")
+        acknowledged(pub, topic, sent)
+        moved = adopted(a, client_id)
+        wait_for(lambda: set(payloads(moved)) >= set(sent), "the messages b had not delivered", 30)
         # b's clients send while it is frozen; b reads it when it wakes.
         own = first.publish(f"{topic}/own", b"from-the-stale-device", qos=1, wait=False)
         late = local.publish(topic, b"to-the-device", qos=1, wait=False)
@@ -153,8 +103,7 @@ def test_a_frozen_node_is_refused_then_adopted_and_fenced_when_it_wakes(
     pub.publish(topic, b"after", qos=1)
     wait_for(lambda: b"after" in payloads(moved), "a message after the move")
     assert b"after" not in payloads(first)
-    for x in (moved, first, pub, local):
-        x.close()
+    close_all(moved, first, pub, local)
 
 
 def test_a_device_retrying_on_two_nodes_while_its_node_is_frozen_never_gets_an_empty_session(
@@ -169,10 +118,7 @@ def test_a_device_retrying_on_two_nodes_while_its_node_is_frozen_never_gets_an_e
     c = start_node("c")
     client_id = unique("twice")
     topic = unique("twice")
-    first = device(c, client_id, clean=True)
-    first.connect()
-    first.subscribe(topic, qos=1)
-    first.close()
+    subscribed(c, client_id, topic, 1).close()
     c.send_signal(signal.SIGSTOP)
     try:
         results: list[tuple[int, bool]] = []

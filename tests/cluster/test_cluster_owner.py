@@ -7,13 +7,13 @@ Two real nodes on a real redis-server, users from a password file."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support.clients import MQTT_5, PahoClient, unique
+from support.clients import MQTT_5, PahoClient, unique, wait_for
+from support.password_files import ITERATIONS
 from support.redis_server import RedisServer
 
 from mqttbroker.security.passwords import make_entry_line
@@ -21,7 +21,6 @@ from mqttbroker.security.passwords import make_entry_line
 pytestmark = pytest.mark.needs_redis
 
 PASSWORDS = {"alice": b"alice-pw", "bob": b"bob-pw", "carol": b"carol-pw"}
-ITERATIONS = 4096  # (the password file's; fast to check)
 HOUR = 3600
 NOT_AUTHORIZED = 0x87
 ID_NOT_VALID = 0x85
@@ -63,20 +62,9 @@ def refused(node: Any, user: str, client_id: str, clean: bool) -> tuple[int, boo
 
 
 def owner_of(redis_server: RedisServer, client_id: str) -> str | None:
-    r = redis_server.client()
-    try:
+    with redis_server.client() as r:
         found = r.get(f"mqttbroker:client:{client_id}")
         return None if found is None else found.decode()
-    finally:
-        r.close()
-
-
-def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 class Alice:

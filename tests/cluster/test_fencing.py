@@ -39,8 +39,7 @@ def write(
 def test_a_write_passes_only_under_the_writers_lease_and_ownership(
     redis_server: RedisServer,
 ) -> None:
-    r = redis_server.client()
-    try:
+    with redis_server.client() as r:
         r.set(LEASE, "t1/7/run")  # n1's lease: token t1 (its connection 7, that Redis's run)
         r.set(CLIENT, "n1")
         assert write(r, "t1", REWRITE, [], {"d:1": b"m1", "d:2": b"m2"}) == 1
@@ -62,14 +61,11 @@ def test_a_write_passes_only_under_the_writers_lease_and_ownership(
         assert write(r, "t2", END, [], {}) == 1  # (its own set only: the hash is n2's)
         assert set(r.hkeys(SESSION)) == {b"s", b"d:2", b"d:3"}
         assert r.smembers(OWNED) == set()
-    finally:
-        r.close()
 
 
 def test_a_large_rewrite_goes_in_slices(redis_server: RedisServer) -> None:
     """Lua's unpack has a limit: thousands of fields are written in slices."""
-    r = redis_server.client()
-    try:
+    with redis_server.client() as r:
         r.set(LEASE, "t1/7/run")
         r.set(CLIENT, "n1")
         fields = {f"d:{i}": b"m" for i in range(5000)}
@@ -77,5 +73,3 @@ def test_a_large_rewrite_goes_in_slices(redis_server: RedisServer) -> None:
         assert r.hlen(SESSION) == 5001
         assert write(r, "t1", KEEP, list(fields), {}) == 1
         assert r.hlen(SESSION) == 1
-    finally:
-        r.close()

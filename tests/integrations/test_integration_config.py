@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from support.launcher import run_broker
+from support.launcher import run_broker, write_file
 
 from mqttbroker.config import ConfigError, load
 
@@ -27,12 +27,6 @@ url = "{url}"
 topics = ["a/#"]
 {extra}
 """
-
-
-def write(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "integrations.toml"
-    path.write_text(text)
-    return path
 
 
 @pytest.mark.parametrize(
@@ -85,7 +79,7 @@ def write(tmp_path: Path, text: str) -> Path:
     ],
 )
 def test_bad_sections_name_file_and_key(tmp_path: Path, text: str, message: str) -> None:
-    path = write(tmp_path, text)
+    path = write_file(tmp_path / "integrations.toml", text)
     with pytest.raises(ConfigError) as info:
         load(path)
     assert str(info.value).startswith(f"{path}: "), info.value
@@ -97,7 +91,7 @@ def test_good_sections_load(tmp_path: Path) -> None:
     secret.write_text("k\n")
     text = BRIDGE.format(extra='protocol = "3.1.1"', filter="a/+/b", direction="both")
     text += WEBHOOK.format(url="https://example.com/in", extra=f'secret_file = "{secret}"')
-    config = load(write(tmp_path, text))
+    config = load(write_file(tmp_path / "integrations.toml", text))
     (bridge,) = config.bridges
     assert (bridge.host, bridge.port, bridge.protocol) == ("127.0.0.1", 1883, "3.1.1")
     assert bridge.session_expiry == 3600 and not bridge.insecure and not bridge.tls
@@ -113,12 +107,12 @@ def test_an_empty_user_name_means_none(tmp_path: Path, line: str, username: str 
     """As for password_file and client_id, an empty string leaves the key unset: the bridge
     sends no user name (a remote with a password file would refuse an empty one)."""
     text = BRIDGE.format(extra=line, filter="a/#", direction="out")
-    (bridge,) = load(write(tmp_path, text)).bridges
+    (bridge,) = load(write_file(tmp_path / "integrations.toml", text)).bridges
     assert bridge.username == username
 
 
 def test_the_broker_exits_2_and_names_the_key(tmp_path: Path) -> None:
-    path = write(tmp_path, WEBHOOK.format(url="/relative", extra=""))
+    path = write_file(tmp_path / "integrations.toml", WEBHOOK.format(url="/relative", extra=""))
     run = run_broker("--config", str(path), "--memory", cwd=tmp_path)
     assert run.returncode == 2, run
     assert f"{path}: webhook[0].url: expected an http:// or https:// URL" in run.stderr

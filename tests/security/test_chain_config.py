@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
+from support.launcher import write_file
 from support.password_files import mosquitto_pbkdf2_line
 
 from mqttbroker.config import ConfigError, configured_sources, load
@@ -17,12 +18,6 @@ from mqttbroker.security import build_security
 from mqttbroker.security.acl import AclAuthorizer
 from mqttbroker.security.authenticator import FileAuthenticator
 from mqttbroker.security.chain import AskingAuthorizer, ChainAuthenticator
-
-
-def write(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "broker.toml"
-    path.write_text(text)
-    return path
 
 
 @pytest.mark.parametrize(
@@ -51,7 +46,7 @@ def write(tmp_path: Path, text: str) -> Path:
 )
 def test_errors_name_the_key(tmp_path: Path, text: str, message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
-        load(write(tmp_path, text))
+        load(write_file(tmp_path / "broker.toml", text))
 
 
 def test_the_default_chain_is_todays(tmp_path: Path) -> None:
@@ -60,14 +55,18 @@ def test_the_default_chain_is_todays(tmp_path: Path) -> None:
     acl = tmp_path / "acl"
     acl.write_text("user alice\ntopic readwrite a/#\n")
     text = f"[security]\npassword_file = '{passwd}'\nacl_file = '{acl}'\n"
-    config = load(write(tmp_path, text))
+    config = load(write_file(tmp_path / "broker.toml", text))
     assert configured_sources(config) == ["password_file"]
     security = build_security(config)
     assert isinstance(security.broker_authorizer, AclAuthorizer)  # asked directly, as before
     assert isinstance(security.broker_authenticator, ChainAuthenticator)
-    config = load(write(tmp_path, "[dynsec]\nenabled = true\n" + text.split("acl_file")[0]))
+    config = load(
+        write_file(
+            tmp_path / "broker.toml", "[dynsec]\nenabled = true\n" + text.split("acl_file")[0]
+        )
+    )
     assert configured_sources(config) == ["dynsec", "password_file"]
-    bare = build_security(load(write(tmp_path, "")))
+    bare = build_security(load(write_file(tmp_path / "broker.toml", "")))
     assert bare.chain is None and bare.broker_authorizer is None
     assert isinstance(bare.broker_authenticator, FileAuthenticator)
 
@@ -76,8 +75,8 @@ def test_http_rights_make_an_asking_authorizer_in_chain_order(tmp_path: Path) ->
     acl = tmp_path / "acl"
     acl.write_text("topic readwrite a/#\n")
     config = load(
-        write(
-            tmp_path,
+        write_file(
+            tmp_path / "broker.toml",
             f"[security]\nacl_file = '{acl}'\n"
             "[http_auth]\nenabled = true\nacl_url = 'http://127.0.0.1:9/acl'\n",
         )
@@ -109,7 +108,7 @@ def test_the_example_chain_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     for name in ("server.pem", "server.key"):
         (tmp_path / name).write_text("")
     monkeypatch.setenv("MQTT_AUTH_SERVICE_TOKEN", "t")
-    config = load(write(tmp_path, text))
+    config = load(write_file(tmp_path / "broker.toml", text))
     assert config.security.chain == ["jwt", "password_file", "http"]
     security = build_security(config)
     assert security.chain is not None and security.chain.names == ["jwt", "password_file", "http"]

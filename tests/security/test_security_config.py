@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from support.clients import connect_packet
+from support.launcher import write_file
 from support.password_files import ITERATIONS
 
 from mqttbroker.config import Config, ConfigError, ListenerConfig, SecurityConfig, load
@@ -17,23 +18,16 @@ from mqttbroker.security.passwords import make_entry_line
 from mqttbroker.server.app import Server
 
 
-def write(tmp_path: Path, name: str, text: str) -> Path:
-    path = tmp_path / name
-    path.write_text(text)
-    return path
-
-
 def test_defaults() -> None:
     assert Config().security == SecurityConfig("", "", None)
 
 
 def test_values_are_applied(tmp_path: Path) -> None:
-    pw = write(tmp_path, "pw.txt", "")
-    acl = write(tmp_path, "acl.txt", "")
+    pw = write_file(tmp_path / "pw.txt", "")
+    acl = write_file(tmp_path / "acl.txt", "")
     config = load(
-        write(
-            tmp_path,
-            "c.toml",
+        write_file(
+            tmp_path / "c.toml",
             f"[security]\npassword_file = {str(pw)!r}\nacl_file = {str(acl)!r}\n"
             "allow_anonymous = false\n",
         )
@@ -73,7 +67,7 @@ def test_values_are_applied(tmp_path: Path) -> None:
     ],
 )
 def test_errors_name_file_and_key(tmp_path: Path, text: str, expected: str) -> None:
-    path = write(tmp_path, "bad.toml", text)
+    path = write_file(tmp_path / "bad.toml", text)
     with pytest.raises(ConfigError) as info:
         load(path)
     assert str(info.value).startswith(f"{path}: ")
@@ -106,8 +100,8 @@ def test_anonymous_access(hosts: list[str], setting: bool | None, allowed: bool)
 
 
 def test_files_loaded_and_reloaded(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    pw = write(tmp_path, "pw.txt", make_entry_line("alice", b"one", ITERATIONS) + "\n")
-    acl = write(tmp_path, "acl.txt", "user alice\ntopic read a/#\n")
+    pw = write_file(tmp_path / "pw.txt", make_entry_line("alice", b"one", ITERATIONS) + "\n")
+    acl = write_file(tmp_path / "acl.txt", "user alice\ntopic read a/#\n")
     security = build_security(config_with(["127.0.0.1"], password_file=str(pw), acl_file=str(acl)))
     auth, acls = security.authenticator, security.authorizer
     assert acls is not None
@@ -182,7 +176,7 @@ def test_the_startup_summary_counts_each_listeners_own_rule(
 
 
 def test_warnings_at_startup(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    acl = write(tmp_path, "acl.txt", "user admin\ntopic readwrite #\n")
+    acl = write_file(tmp_path / "acl.txt", "user admin\ntopic readwrite #\n")
     with caplog.at_level(logging.WARNING, logger="mqttbroker.security"):
         build_security(config_with(["0.0.0.0"], acl_file=str(acl)))
     assert "every client will be refused" in caplog.text

@@ -30,6 +30,7 @@ from support.sqlite_harness import (
     Node,
     Prop,
     async_test,
+    offline_subscriber,
     pk,
     rows,
     snapshot,
@@ -45,16 +46,6 @@ MQTT_311 = 4
 
 def payloads(packets: list[object]) -> list[bytes]:
     return [p.payload for p in packets if isinstance(p, pk.Publish)]
-
-
-async def offline_subscriber(
-    node: Node, client_id: str, topic_filter: str, qos: int = 2, expiry: int = 300, **kw: object
-) -> None:
-    """A persistent session subscribed to ``topic_filter`` whose client has gone away."""
-    client = await node.connect(client_id, expiry=expiry)
-    await client.subscribe(topic_filter, qos, **kw)  # type: ignore[arg-type]
-    await client.disconnect()
-    assert node.session(client_id).connection is None
 
 
 # -- schema ---------------------------------------------------------------------------------
@@ -153,10 +144,7 @@ async def test_sessions_restored_with_their_expiry(db_path: Path, fake_time: Fak
     await clean.subscribe("x", 1)
     await clean.disconnect()
     fake_time.advance(100)
-    await node.close()
-
-    fake_time.reboot(downtime=50)
-    node = await Node(db_path, fake_time).start()
+    node = await node.restart(downtime=50)
     node.tick()
     assert set(node.b.sessions) == {"a", "forever", "legacy"}
     a_session = node.session("a")
@@ -168,11 +156,11 @@ async def test_sessions_restored_with_their_expiry(db_path: Path, fake_time: Fak
     assert node.session("legacy").expires_at is None
 
     resumed = await node.connect("a", clean_start=False, expiry=600)
-    assert resumed.connack is not None and resumed.connack.session_present
+    assert resumed.session_present
     again = await node.connect("legacy", version=MQTT_311, clean_start=False)
-    assert again.connack is not None and again.connack.session_present
+    assert again.session_present
     fresh = await node.connect("clean", clean_start=False, expiry=60)
-    assert fresh.connack is not None and not fresh.connack.session_present
+    assert not fresh.session_present
 
 
 @async_test
@@ -182,10 +170,7 @@ async def test_session_that_expired_while_down_is_gone(db_path: Path, fake_time:
     await offline_subscriber(node, "long", "l/#", expiry=3600)
     pub = await node.connect("pub")
     await pub.publish_acked("s/1", b"queued", 1)
-    await node.close()
-
-    fake_time.reboot(downtime=61)
-    node = await Node(db_path, fake_time).start()
+    node = await node.restart(downtime=61)
     node.tick()  # what the server does right after load: expire what expired while down
     assert set(node.b.sessions) == {"long"}
     await node.committed()
@@ -194,17 +179,14 @@ async def test_session_that_expired_while_down_is_gone(db_path: Path, fake_time:
     assert rows(db_path, "SELECT count(*) FROM deliveries") == [(0,)]
     assert rows(db_path, "SELECT count(*) FROM messages") == [(0,)]
     client = await node.connect("short", clean_start=False, expiry=60)
-    assert client.connack is not None and not client.connack.session_present
+    assert not client.session_present
 
 
 @async_test
 async def test_session_expiry_boundary_across_restart(db_path: Path, fake_time: FakeTime):
     node = await Node(db_path, fake_time).start()
     await offline_subscriber(node, "edge", "e/#", expiry=60)
-    await node.close()
-
-    fake_time.reboot(downtime=59)
-    node = await Node(db_path, fake_time).start()
+    node = await node.restart(downtime=59)
     node.tick()
     assert "edge" in node.b.sessions
     node.tick(advance=0.5)
@@ -239,10 +221,7 @@ async def test_expiry_changed_on_disconnect_is_stored(db_path: Path, fake_time: 
     other = await node.connect("gone", expiry=10)
     await other.subscribe("g", 1)
     await other.disconnect(properties={Prop.SESSION_EXPIRY_INTERVAL: 0})
-    await node.close()
-
-    fake_time.reboot(downtime=100)
-    node = await Node(db_path, fake_time).start()
+    node = await node.restart(downtime=100)
     node.tick()
     assert set(node.b.sessions) == {"c"}
     assert node.session("c").expiry_interval == 3600
@@ -257,9 +236,7 @@ async def test_clean_start_discards_the_stored_session(db_path: Path, fake_time:
     client = await node.connect("c", clean_start=True, expiry=300)
     await client.subscribe("new/#", 1)
     await client.disconnect()
-    await node.close()
-
-    node = await Node(db_path, fake_time).start()
+    node = await node.restart()
     session = node.session("c")
     assert list(session.subscriptions) == ["new/#"]
     assert not session.queue and not session.inflight
@@ -276,14 +253,14 @@ async def test_session_resumed_with_expiry_0_is_not_restored_after_a_crash(
     node = await Node(db_path, fake_time).start()
     await offline_subscriber(node, "c", "t/#", expiry=300)
     client = await node.connect("c", clean_start=False, expiry=0)
-    assert client.connack is not None and client.connack.session_present
+    assert client.session_present
     crashed = snapshot(db_path)
 
     node2 = await Node(crashed, fake_time).start()
     node2.tick()
     assert "c" not in node2.b.sessions
     again = await node2.connect("c", clean_start=False, expiry=300)
-    assert again.connack is not None and not again.connack.session_present
+    assert not again.session_present
 
 
 # -- subscriptions --------------------------------------------------------------------------
@@ -304,9 +281,7 @@ async def test_subscriptions_restored_with_options_and_identifiers(
     client.send(pk.Unsubscribe(client.next_id(), ["dropped/#"]))
     assert isinstance((await client.receive())[0], pk.Unsuback)
     await client.disconnect()
-    await node.close()
-
-    node = await Node(db_path, fake_time).start()
+    node = await node.restart()
     subs = node.session("s").subscriptions
     assert sorted(subs) == ["a/+/c", "b/#", "plain"]
     a = subs["a/+/c"]
@@ -359,7 +334,7 @@ async def test_queued_messages_restored_in_order_after_a_crash(db_path: Path, fa
     assert [(d.message.payload, d.qos) for d in session.queue] == sent
     client = node2.client()
     resent = await client.connect("sub", clean_start=False, expiry=300)
-    assert client.connack is not None and client.connack.session_present
+    assert client.session_present
     assert [(p.payload, p.qos, p.dup) for p in resent] == [(p, q, False) for p, q in sent]
     assert len({p.packet_id for p in resent}) == len(sent)
     await client.ack_all(resent)
@@ -420,7 +395,7 @@ async def test_inflight_messages_restored_with_packet_ids_and_pubrel_state(
     resent = await client.connect(
         "sub", clean_start=False, expiry=300, properties={Prop.RECEIVE_MAXIMUM: 2}
     )
-    assert client.connack is not None and client.connack.session_present
+    assert client.session_present
     assert isinstance(resent[0], pk.Pubrel) and resent[0].packet_id == two_id
     assert isinstance(resent[1], pk.Publish)
     assert (resent[1].packet_id, resent[1].payload, resent[1].dup) == (one_id, b"one", True)
@@ -449,7 +424,7 @@ async def test_inbound_qos2_resent_after_restart_is_not_delivered_twice(
     assert node2.session("pub").awaiting_release == {7}
     pub2 = node2.client()
     await pub2.connect("pub", clean_start=False, expiry=300)
-    assert pub2.connack is not None and pub2.connack.session_present
+    assert pub2.session_present
     pub2.publish("x/1", b"exactly once", 2, packet_id=7, dup=True)  # it never saw the PUBREC
     assert [(type(p), p.packet_id) for p in await pub2.receive()] == [(pk.Pubrec, 7)]
     pub2.send(pk.Pubrel(7))
@@ -474,9 +449,7 @@ async def test_packet_ids_after_restart_do_not_collide_with_inflight(
         await pub.publish_acked("p/x", b"%d" % i, 1)
     first = await sub.receive()
     assert len(first) == 3
-    await node.close()  # clean stop with three messages unacknowledged
-
-    node = await Node(db_path, fake_time).start()
+    node = await node.restart()  # clean stop with three messages unacknowledged
     sub = node.client()
     resent = await sub.connect("sub", clean_start=False, expiry=300)
     assert [p.packet_id for p in resent] == [p.packet_id for p in first]
@@ -537,10 +510,7 @@ async def test_message_expiry_honoured_across_restart(db_path: Path, fake_time: 
     await pub.publish_acked("e/r-short", b"rs", 1, retain=True, properties=short)
     await pub.publish_acked("e/r-long", b"rl", 1, retain=True, properties=long)
     fake_time.advance(20)
-    await node.close()
-
-    fake_time.reboot(downtime=80)  # 100 s after publishing
-    node = await Node(db_path, fake_time).start()
+    node = await node.restart(downtime=80)  # 100 s after publishing
     node.tick()
     client = node.client()
     got = await client.connect("sub", clean_start=False, expiry=300)
@@ -697,7 +667,7 @@ async def test_queue_restores_for_both_protocol_versions(
         got = await client.connect("sub", clean_start=False, expiry=300)
     else:
         got = await client.connect("sub", clean_start=False)
-    assert client.connack is not None and client.connack.session_present
+    assert client.session_present
     assert [(p.payload, p.qos) for p in got] == [(b"one", 1), (b"two", 2)]
 
 
@@ -763,9 +733,7 @@ async def restarted_with_a_pending_will(
     node = await Node(db_path, fake_time).start()
     w = await node.connect("w", expiry=expiry, will=will(delay))
     await w.lose()
-    await node.close()
-    fake_time.reboot(downtime=downtime)
-    node = await Node(db_path, fake_time).start()
+    node = await node.restart(downtime)
     return node, await watch(node)
 
 
@@ -828,7 +796,7 @@ async def test_pending_will_cancelled_by_a_reconnect_after_restart(
         db_path, fake_time, expiry=300, delay=30, downtime=5
     )
     back = await node.connect("w", clean_start=False, expiry=300)
-    assert back.connack is not None and back.connack.session_present
+    assert back.session_present
     node.tick(advance=60)
     assert await published(observer) == []
     await node.committed()

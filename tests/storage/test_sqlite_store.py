@@ -45,7 +45,16 @@ from typing import Any
 import aiosqlite
 import pytest
 from support.harness import decode_raw, split_raw
-from support.sqlite_harness import TIMEOUT, FakeTime, Node, async_test, pk, rows, snapshot
+from support.sqlite_harness import (
+    TIMEOUT,
+    FakeTime,
+    Node,
+    async_test,
+    offline_subscriber,
+    pk,
+    rows,
+    snapshot,
+)
 
 from mqttbroker.broker.message import Message
 from mqttbroker.storage import StoreError
@@ -80,12 +89,6 @@ class AckAudit:
                 if release != [(1,)]:
                     self.violations.append(f"PUBREC {payload!r} before its packet id was stored")
             self.acked.append(packet.packet_id)
-
-
-async def offline_subscriber(node: Node, client_id: str, topic_filter: str) -> None:
-    client = await node.connect(client_id, expiry=300)
-    await client.subscribe(topic_filter, 2)
-    await client.disconnect()
 
 
 @async_test

@@ -8,7 +8,9 @@
 - ``ProgramProcess``: another program (an example) run and watched the same way.
 - ``Mosquitto``: Debian's Mosquitto broker on a free port with a generated configuration.
 - ``run_broker``: the broker's command line run to its end (a configuration error, a subcommand).
+- ``run_python``: ``python -c`` run to its end on a copy of the package.
 - ``free_port``, ``wait_port``, ``stop_process``: for programs that log no address.
+- ``write_file``: an input file (a configuration, a password file) written; its path.
 """
 
 from __future__ import annotations
@@ -371,6 +373,26 @@ def run_module(module: str, *args: str, timeout: float) -> subprocess.CompletedP
     return subprocess.run(
         command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
     )
+
+
+def run_python(code: str, directory: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """``python -c code`` run to its end in ``directory``, which is its PYTHONPATH (a copy of
+    the package, say), with ``env`` added to the environment; fails if it fails."""
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=directory,
+        env={**os.environ, "PYTHONPATH": str(directory), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def write_file(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
 
 
 def read_jsonl(path: Path) -> list[Any]:

@@ -64,6 +64,12 @@ class RedisServer:
     def client(self) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=self.port)
 
+    def kill(self) -> None:
+        """Redis gone at once (SIGKILL), as in a crash; ``start`` brings it back on its port."""
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait()
+
     def stop(self) -> None:
         if self.proc is not None:
             stop_process(self.proc)

@@ -188,6 +188,27 @@ class Node:
             _OPEN.remove(self)
         await self.s.close()
 
+    async def restart(self, downtime: float = 0.0) -> Node:
+        """A clean stop, ``downtime`` seconds down (``FakeTime.reboot``), and the process
+        started again on the same file with the same options."""
+        await self.close()
+        self.time.reboot(downtime)
+        again = Node(
+            self.path, self.time, auto_flush=self.auto_flush, store_options=self.store_options
+        )
+        again.options = self.options
+        return await again.start()
+
+
+async def offline_subscriber(
+    node: Node, client_id: str, topic_filter: str, qos: int = 2, expiry: int = 300, **kw: Any
+) -> None:
+    """A persistent session subscribed to ``topic_filter`` whose client has gone away."""
+    client = await node.connect(client_id, expiry=expiry)
+    await client.subscribe(topic_filter, qos, **kw)
+    await client.disconnect()
+    assert node.session(client_id).connection is None
+
 
 class Client(LinkClient):
     """A fake network connection to a node's broker; ``on_write`` sees each write."""
@@ -197,6 +218,12 @@ class Client(LinkClient):
     ) -> None:
         super().__init__(node.b, version, FakeLink(on_write), "test")
         self.node = node
+
+    @property
+    def session_present(self) -> bool:
+        """The Session Present flag of the CONNACK."""
+        assert self.connack is not None, "no CONNACK yet"
+        return bool(self.connack.session_present)
 
     def written(self) -> list[Any]:
         """Everything written to the link so far (without flushing or waiting)."""
