@@ -13,10 +13,8 @@ from typing import Any
 
 import pytest
 from support.clients import MQTT_5, PahoClient, unique, wait_for
-from support.password_files import ITERATIONS
+from support.password_files import password_file
 from support.redis_server import RedisServer
-
-from mqttbroker.security.passwords import make_entry_line
 
 pytestmark = pytest.mark.needs_redis
 
@@ -32,10 +30,7 @@ def secure_nodes(
 ) -> tuple[Any, Any]:
     """Nodes a and b, both with the password file of PASSWORDS and ``broker_keys`` (lines of
     their [broker] table)."""
-    passwords = tmp_path / "passwords"
-    passwords.write_text(
-        "".join(make_entry_line(u, p, ITERATIONS) + "\n" for u, p in PASSWORDS.items())
-    )
+    passwords = password_file(tmp_path / "passwords", PASSWORDS)
     config = f"[security]\npassword_file = {str(passwords)!r}\n[broker]\n{broker_keys}\n"
     return start_node("a", config=config), start_node("b", config=config)
 

@@ -96,16 +96,24 @@ def ctrl(server: Any, *args: str, user: str = "admin", password: str = "adminpw"
     return "\n".join(lines)
 
 
-def start_ours(
-    start_broker: Callable[..., BrokerProcess], tmp_path: Path, data: Path, more: str = ""
-) -> Any:
+@pytest.fixture
+def dynsec_broker(
+    start_broker: Callable[..., BrokerProcess], tmp_path: Path
+) -> Callable[..., BrokerProcess]:
+    """``dynsec_broker(more="")``: this broker with the dynamic security, its state in
+    tmp_path/data (``more``: lines added to its configuration file, the first time); called
+    again, the same broker on the same files."""
     config = tmp_path / "dynsec.toml"
-    if not config.exists():
-        config.write_text(
-            "[dynsec]\nenabled = true\niterations = 1000\n"
-            f'import_file = "{init_file(tmp_path / "init")}"\n' + more
-        )
-    return start_broker(data_dir=data, extra_args=("--config", str(config)))
+
+    def start(more: str = "") -> BrokerProcess:
+        if not config.exists():
+            config.write_text(
+                "[dynsec]\nenabled = true\niterations = 1000\n"
+                f'import_file = "{init_file(tmp_path / "init")}"\n' + more
+            )
+        return start_broker(data_dir=tmp_path / "data", extra_args=("--config", str(config)))
+
+    return start
 
 
 def start_mosquitto(tmp_path: Path) -> Mosquitto:
@@ -205,11 +213,11 @@ def run_script(server: Any, paho: Callable[..., PahoClient]) -> dict[str, Any]:
 
 
 def test_mosquitto_ctrl_drives_this_broker_as_it_drives_mosquitto(
-    start_broker: Callable[..., BrokerProcess],
+    dynsec_broker: Callable[..., BrokerProcess],
     paho: Callable[..., PahoClient],
     tmp_path: Path,
 ) -> None:
-    ours = run_script(start_ours(start_broker, tmp_path, tmp_path / "data"), paho)
+    ours = run_script(dynsec_broker(), paho)
     # what the role allows, exactly
     assert ours["rights"] == {
         "subscribe app/#": [1],
@@ -298,14 +306,14 @@ def unsubscribe_script(server: Any, paho: Callable[..., PahoClient]) -> dict[str
 
 
 def test_unsubscribe_acls_and_no_substitution_as_in_mosquitto(
-    start_broker: Callable[..., BrokerProcess],
+    dynsec_broker: Callable[..., BrokerProcess],
     paho: Callable[..., PahoClient],
     tmp_path: Path,
 ) -> None:
     """An UNSUBSCRIBE the unsubscribe ACLs refuse keeps the subscription: 0x87 in MQTT 5, the
     plain UNSUBACK in 3.1.1 (as Mosquitto 2.0). ACL topics are matched as written: %c and %u
     are not the client id and user name in the dynamic security (they are in an ACL file)."""
-    ours = unsubscribe_script(start_ours(start_broker, tmp_path, tmp_path / "data"), paho)
+    ours = unsubscribe_script(dynsec_broker(), paho)
     assert ours == {
         "v5 unsubscribe": {
             "deny/a": [0x87],
@@ -331,12 +339,10 @@ def test_unsubscribe_acls_and_no_substitution_as_in_mosquitto(
 
 
 def test_live_changes_restart_and_sigkill(
-    start_broker: Callable[..., BrokerProcess],
+    dynsec_broker: Callable[..., BrokerProcess],
     paho: Callable[..., PahoClient],
-    tmp_path: Path,
 ) -> None:
-    data = tmp_path / "data"
-    broker = start_ours(start_broker, tmp_path, data)
+    broker = dynsec_broker()
     for command in (
         ("createClient", "dev", "-p", "pw"),
         ("createRole", "rw"),
@@ -376,7 +382,7 @@ def test_live_changes_restart_and_sigkill(
 
     # a restart keeps the state
     broker.stop()
-    broker = start_ours(start_broker, tmp_path, data)
+    broker = dynsec_broker()
     assert paho(broker, user="dev", password="pw").connack is not None
     assert "publishClientReceive" not in ctrl(broker, "getRole", "rw")
 
@@ -384,7 +390,7 @@ def test_live_changes_restart_and_sigkill(
     assert ctrl(broker, "setClientPassword", "dev", "pw2") == ""
     assert ctrl(broker, "createClient", "late", "-p", "x") == ""
     broker.kill()
-    broker = start_ours(start_broker, tmp_path, data)
+    broker = dynsec_broker()
     assert paho(broker, user="dev", password="pw2").connack is not None
     assert (
         paho(broker, user="dev", password="pw", connect=False).connect(expect_success=False) == 0x86
@@ -393,11 +399,11 @@ def test_live_changes_restart_and_sigkill(
 
 
 def test_a_non_admins_command_is_not_answered_and_is_logged(
-    start_broker: Callable[..., BrokerProcess],
+    dynsec_broker: Callable[..., BrokerProcess],
     paho: Callable[..., PahoClient],
     tmp_path: Path,
 ) -> None:
-    broker = start_ours(start_broker, tmp_path, tmp_path / "data")
+    broker = dynsec_broker()
     assert ctrl(broker, "createClient", "eve", "-p", "pw") == ""
     watcher = paho(broker, user="admin", password="adminpw")
     assert watcher.subscribe(RESPONSE, 1) == [1]
@@ -428,13 +434,13 @@ def test_a_non_admins_command_is_not_answered_and_is_logged(
 
 
 def test_wrong_passwords_lock_the_address_out(
-    start_broker: Callable[..., BrokerProcess], tmp_path: Path
+    dynsec_broker: Callable[..., BrokerProcess],
 ) -> None:
     """As for the password file: past max_login_failures, an address is refused without a
     check (0x9F), while the user logs in from elsewhere. (A window of a million seconds: the
     count does not drain away during the test.)"""
     more = "[security]\nmax_login_failures = 5\nlogin_failure_window = 1000000\n"
-    broker = start_ours(start_broker, tmp_path, tmp_path / "data", more)
+    broker = dynsec_broker(more)
     codes = [
         connack_code(broker, source="127.0.0.2", username="admin", password=f"guess{n}".encode())
         for n in range(30)
@@ -447,12 +453,12 @@ def test_wrong_passwords_lock_the_address_out(
 
 
 def test_a_state_that_cannot_be_written_changes_nothing(
-    start_broker: Callable[..., BrokerProcess],
+    dynsec_broker: Callable[..., BrokerProcess],
     paho: Callable[..., PahoClient],
     tmp_path: Path,
 ) -> None:
     data = tmp_path / "data"
-    broker = start_ours(start_broker, tmp_path, data)
+    broker = dynsec_broker()
     state = data / "dynamic-security.json"
     kept = tmp_path / "kept.json"
     state.rename(kept)
@@ -473,14 +479,14 @@ def test_a_state_that_cannot_be_written_changes_nothing(
 
 
 def test_a_retained_command_is_run_and_not_kept(
-    start_broker: Callable[..., BrokerProcess],
+    dynsec_broker: Callable[..., BrokerProcess],
     paho: Callable[..., PahoClient],
     tmp_path: Path,
 ) -> None:
     """Commands carry passwords: on $CONTROL/dynamic-security/ nothing is retained (nor
     stored), as with Mosquitto. The command itself runs."""
     data = tmp_path / "data"
-    broker = start_ours(start_broker, tmp_path, data)
+    broker = dynsec_broker()
     secret = unique("plaintext-password")
     admin = paho(broker, user="admin", password="adminpw")
     assert admin.subscribe(RESPONSE, 1) == [1]
@@ -506,7 +512,7 @@ def test_a_retained_command_is_run_and_not_kept(
                 "INSERT INTO retained VALUES (?, ?, 1, ?, NULL)",
                 (topic, json.dumps(command).encode(), encode_properties({})),
             )
-    broker = start_ours(start_broker, tmp_path, data)
+    broker = dynsec_broker()
     assert f"deleting the retained message on {COMMAND!r}" in broker.log_text()
     broker.stop()
     with sqlite3.connect(data / "mqttbroker.db") as db:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from support.clients import TIMEOUT, connack_code
-from support.password_files import ITERATIONS
+from support.password_files import ITERATIONS, security_config
 from support.scram_client import ScramClient
 
 from mqttbroker.security.authenticator import (
@@ -41,9 +41,7 @@ def test_attacker_address_does_not_lock_out_users(
             for user in USERS
         )
     )
-    config = tmp_path / "broker.toml"
-    config.write_text(f"[security]\npassword_file = {str(passwords)!r}\n")
-    broker = start_broker(extra_args=("--config", str(config), "--memory"))
+    broker = start_broker(extra_args=(*security_config(passwords), "--memory"))
 
     stop = threading.Event()
     codes: list[int] = []

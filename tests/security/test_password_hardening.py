@@ -11,7 +11,13 @@ from typing import Any
 
 import pytest
 from support.clients import TIMEOUT, RawClient, connect_packet, parse_reason_and_properties, unique
-from support.password_files import ITERATIONS, mosquitto_pbkdf2_line, mosquitto_sha512_line
+from support.password_files import (
+    ITERATIONS,
+    mosquitto_pbkdf2_line,
+    mosquitto_sha512_line,
+    password_file,
+    security_config,
+)
 from support.scram_client import ScramClient
 
 from mqttbroker.security import SecurityFileError
@@ -36,16 +42,11 @@ def server_first(broker: Any, username: str) -> dict[str, str]:
 def test_unknown_users_scram_answer_is_stable_across_restarts_and_looks_real(
     tmp_path: Path, start_broker: Callable[..., Any]
 ) -> None:
-    passwords = tmp_path / "pw.txt"
-    passwords.write_text(
-        "".join(make_entry_line(user, b"pw", ITERATIONS) + "\n" for user in ("alice", "bob"))
-    )
-    config = tmp_path / "broker.toml"
-    config.write_text(f"[security]\npassword_file = {str(passwords)!r}\n")
+    config = security_config(password_file(tmp_path / "pw.txt", {"alice": b"pw", "bob": b"pw"}))
     data = tmp_path / "data"  # the SQLite store's data directory: the secret is kept there
     answers = []
     for _ in range(2):
-        broker = start_broker(data_dir=data, extra_args=("--config", str(config)))
+        broker = start_broker(data_dir=data, extra_args=config)
         answers.append((server_first(broker, "mallory"), server_first(broker, "alice")))
         broker.stop()
     (unknown1, alice1), (unknown2, alice2) = answers
@@ -126,10 +127,10 @@ def test_min_iterations_stops_the_broker_at_start(
 ) -> None:
     passwords = tmp_path / "pw.txt"
     passwords.write_text(weak_file() + "\n")
-    config = tmp_path / "broker.toml"
-    config.write_text(f"[security]\npassword_file = {str(passwords)!r}\nmin_iterations = 4096\n")
     with pytest.raises(RuntimeError) as info:
-        start_broker(extra_args=("--config", str(config), "--memory"))
+        start_broker(
+            extra_args=(*security_config(passwords, "min_iterations = 4096\n"), "--memory")
+        )
     assert f"{passwords}:2: user 'scram1': SCRAM-SHA-256 with 1 iterations" in str(info.value)
 
 
@@ -138,9 +139,7 @@ def test_weak_entries_are_warned_about_at_start(
 ) -> None:
     passwords = tmp_path / "pw.txt"
     passwords.write_text(weak_file() + "\n")
-    config = tmp_path / "broker.toml"
-    config.write_text(f"[security]\npassword_file = {str(passwords)!r}\n")
-    broker = start_broker(extra_args=("--config", str(config), "--memory"))
+    broker = start_broker(extra_args=(*security_config(passwords), "--memory"))
     for user in ("scram1", "sha", "pbkdf"):
         found = broker.wait_for_log(rf"WARNING .*user '{user}': weak password hash", TIMEOUT)
         assert found is not None, broker.log_text()

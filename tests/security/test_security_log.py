@@ -20,10 +20,9 @@ from support.clients import (
     subscribe_packet,
     unique,
 )
-from support.password_files import ITERATIONS
+from support.password_files import password_file, security_config
 
 from mqttbroker.logformat import escape
-from mqttbroker.security.passwords import make_entry_line
 
 
 def test_escape_writes_control_characters_out() -> None:
@@ -38,11 +37,10 @@ def test_client_strings_cannot_forge_log_lines(
 ) -> None:
     """A client id and a user name with a newline: before authentication (a refused login) and
     after it (the "connected" line), nothing the client sent starts a line of its own."""
-    passwords = tmp_path / "pw.txt"
-    passwords.write_text(make_entry_line("alice", b"alice-pw", ITERATIONS) + "\n")
-    config = tmp_path / "broker.toml"
-    config.write_text(f"[security]\npassword_file = {str(passwords)!r}\nallow_anonymous = true\n")
-    broker = start_broker(extra_args=("--config", str(config), "--memory"))
+    passwords = password_file(tmp_path / "pw.txt", {"alice": b"alice-pw"})
+    broker = start_broker(
+        extra_args=(*security_config(passwords, "allow_anonymous = true\n"), "--memory")
+    )
     mark = broker.log_mark()
     tag = unique("inj")
     attempts = [
@@ -68,16 +66,11 @@ def test_client_strings_cannot_forge_log_lines(
 
 
 def secure_broker(tmp_path: Path, start_broker: Callable[..., Any]) -> Any:
-    passwords = tmp_path / "pw.txt"
-    passwords.write_text(make_entry_line("alice", b"alice-pw", ITERATIONS) + "\n")
+    passwords = password_file(tmp_path / "pw.txt", {"alice": b"alice-pw"})
     acl = tmp_path / "acl.txt"
     acl.write_text("user alice\ntopic readwrite alice/#\n")
-    config = tmp_path / "broker.toml"
-    config.write_text(
-        f"[security]\npassword_file = {str(passwords)!r}\nacl_file = {str(acl)!r}\n"
-        "allow_anonymous = false\n"
-    )
-    return start_broker(extra_args=("--config", str(config), "--memory"))
+    more = f"acl_file = {str(acl)!r}\nallow_anonymous = false\n"
+    return start_broker(extra_args=(*security_config(passwords, more), "--memory"))
 
 
 def test_logins_and_refusals_name_user_client_and_address(

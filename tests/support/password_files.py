@@ -1,12 +1,15 @@
-"""Password files for the tests: the cost every test's password file uses (``ITERATIONS``), and
-lines in Mosquitto's documented ``$7$`` and ``$6$`` formats, written from its documentation and
-independent of the code under test."""
+"""Password files for the tests: the cost every test's password file uses (``ITERATIONS``), a
+file of users in our format (``password_file``) and a configuration naming it
+(``security_config``), and lines in Mosquitto's documented ``$7$`` and ``$6$`` formats, written
+from its documentation and independent of the code under test."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+from pathlib import Path
 
+from mqttbroker.security.passwords import make_entry_line
 from support.scram_client import b64
 
 # A fast iteration count for the tests' password files (RFC 7677's minimum).
@@ -25,3 +28,17 @@ def mosquitto_sha512_line(username: str, password: bytes) -> str:
     """``mosquitto_passwd -H sha512``: ``$6$<salt>$<hash>`` with hash = SHA-512(password + salt)."""
     salt = os.urandom(12)
     return f"{username}:$6${b64(salt)}${b64(hashlib.sha512(password + salt).digest())}"
+
+
+def password_file(path: Path, users: dict[str, bytes], iterations: int = ITERATIONS) -> Path:
+    """A password file of ``users`` (name: password) in our format, written to ``path``."""
+    path.write_text("".join(make_entry_line(u, p, iterations) + "\n" for u, p in users.items()))
+    return path
+
+
+def security_config(passwords: Path, more: str = "") -> tuple[str, ...]:
+    """broker.toml beside ``passwords``, its [security] table naming them (``more``: lines
+    after that one): the broker's arguments that load it."""
+    config = passwords.parent / "broker.toml"
+    config.write_text(f"[security]\npassword_file = {str(passwords)!r}\n{more}")
+    return ("--config", str(config))

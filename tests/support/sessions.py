@@ -11,7 +11,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mqttbroker.security.passwords import make_entry_line
 from support.clients import (
     MQTT_5,
     TIMEOUT,
@@ -22,7 +21,7 @@ from support.clients import (
     prop,
     unique,
 )
-from support.password_files import ITERATIONS
+from support.password_files import password_file
 
 PASSWORDS = {"alice": b"alice-pw", "bob": b"bob-pw", "admin": b"admin-pw"}
 
@@ -49,10 +48,7 @@ class SecureBroker:
     def __init__(self, tmp_path: Path, start_broker: Callable[..., Any]) -> None:
         self.dir = tmp_path
         self.start_broker = start_broker
-        self.passwords = tmp_path / "pw.txt"
-        self.passwords.write_text(
-            "".join(make_entry_line(u, p, ITERATIONS) + "\n" for u, p in PASSWORDS.items())
-        )
+        self.passwords = password_file(tmp_path / "pw.txt", PASSWORDS)
         self.acl = tmp_path / "acl.txt"
         self.acl.write_text(ACL)
         self.config = tmp_path / "broker.toml"
