@@ -261,41 +261,42 @@ def test_sub_large_frames_and_mqtt_311() -> None:
 # -- publishers -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("per", [1, 2, 7, 32])
-def test_pub_qos1_fast_path(monkeypatch: pytest.MonkeyPatch, per: int) -> None:
+@pytest.mark.parametrize(
+    ("per", "code"),
+    [(1, None), (2, None), (7, None), (32, None), (1, 0), (3, 0), (32, 0)],
+    ids=[
+        "2-byte-1",
+        "2-byte-2",
+        "2-byte-7",
+        "2-byte-32",
+        "mosquitto-1",
+        "mosquitto-3",
+        "mosquitto-32",
+    ],
+)
+def test_pub_qos1_fast_path(monkeypatch: pytest.MonkeyPatch, per: int, code: int | None) -> None:
+    """PUBACKs ``per`` to a read, of 2 bytes or as Mosquitto writes them (5 bytes, the reason
+    code 0 written out), take the fast path and release the next PUBLISHes in order; after
+    2-byte ones, those of a read go out in one write."""
     calls = walk_calls(monkeypatch, "_pub_ack_walk")
     fast = new_client()
     fast.start_windowed("bench/q1/00", 1, 32, wire.payload())
     packets = dict(fast._packets)
     initial = list(writes(fast))
-    pids = [i % 32 + 1 for i in range(320)]
-    frames = [ack(0x40, pid) for pid in pids]
-    feed([b"".join(frames[i : i + per]) for i in range(0, len(frames), per)], fast)
-    assert calls == []
-    assert writes(fast)[len(initial) :] == [
-        b"".join(packets[pid.to_bytes(2, "big")] for pid in pids[i : i + per])
-        for i in range(0, len(pids), per)
-    ]
-    assert fast.acked == 320 and fast.sent == 32 + 320 and fast.rest == b""
-
-
-@pytest.mark.parametrize("per", [1, 3, 32])
-def test_pub_qos1_fast_path_with_mosquitto_s_5_byte_pubacks(
-    monkeypatch: pytest.MonkeyPatch, per: int
-) -> None:
-    calls = walk_calls(monkeypatch, "_pub_ack_walk")
-    fast = new_client()
-    fast.start_windowed("bench/q1/00", 1, 32, wire.payload())
-    packets = dict(fast._packets)
-    initial = list(writes(fast))
-    pids = [i % 32 + 1 for i in range(96)]
-    frames = [ack(0x40, pid, 0x00) for pid in pids]  # reason code 0 written out
+    count = 320 if code is None else 96
+    pids = [i % 32 + 1 for i in range(count)]
+    frames = [ack(0x40, pid, code) for pid in pids]
     feed([b"".join(frames[i : i + per]) for i in range(0, len(frames), per)], fast)
     assert calls == []
     assert b"".join(writes(fast)[len(initial) :]) == b"".join(
         packets[pid.to_bytes(2, "big")] for pid in pids
     )
-    assert fast.acked == 96 and fast.sent == 32 + 96 and fast.rest == b""
+    if code is None:
+        assert writes(fast)[len(initial) :] == [
+            b"".join(packets[pid.to_bytes(2, "big")] for pid in pids[i : i + per])
+            for i in range(0, len(pids), per)
+        ]
+    assert fast.acked == count and fast.sent == 32 + count and fast.rest == b""
 
 
 def test_pub_qos2_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from support.harness import (
+    PERSISTENT,
     AllowAll,
     Client,
     DenySecret,
@@ -30,6 +31,16 @@ from mqttbroker.protocol import grammar
 MQTT_3_1_1 = 4
 
 
+def member(
+    h: Harness, client_id: str, qos: int = 1, group: str = "$share/g/job", **connect: Any
+) -> Client:
+    """A client (``connect``: the keywords of ``Harness.connect``) subscribed at ``qos`` to the
+    shared subscription ``group``."""
+    client = h.connect(client_id, **connect)
+    client.subscribe(group, qos)
+    return client
+
+
 def watcher(h: Harness, topic_filter: str = "will/#") -> Client:
     client = h.connect("watcher")
     client.subscribe(topic_filter, 2)
@@ -44,9 +55,6 @@ def will(delay: int | None = None, **kwargs: object) -> pk.Will:
 
 def expiry(seconds: int) -> dict[int, int]:
     return {Prop.SESSION_EXPIRY_INTERVAL: seconds}
-
-
-PERSISTENT = {Prop.SESSION_EXPIRY_INTERVAL: 100}
 
 
 def _connect_as(h: Harness, client_id: str, user: str | None, expiry: int, clean: bool) -> Any:
@@ -631,10 +639,8 @@ def test_offline_persistent_member_keeps_its_share(make_harness: Any) -> None:
     """A member whose client is away but whose session persists keeps receiving its share,
     queued, and gets it on reconnect."""
     h = make_harness()
-    away = h.connect("away", clean_start=False, properties={Prop.SESSION_EXPIRY_INTERVAL: 600})
-    away.subscribe("$share/g/job", 1)
-    here = h.connect("here")
-    here.subscribe("$share/g/job", 1)
+    away = member(h, "away", clean_start=False, properties={Prop.SESSION_EXPIRY_INTERVAL: 600})
+    here = member(h, "here")
     away.disconnect()
     pub = h.connect("pub")
     for _ in range(4):
@@ -653,10 +659,8 @@ def test_qos1_in_flight_goes_to_another_member_when_the_session_ends(make_harnes
     """Section 4.8.2: when a member's session ends, its unacknowledged QoS 1 messages go to
     another member; a QoS 2 message in flight does not (MQTT-4.8.2-5)."""
     h = make_harness()
-    leaving = h.connect("leaving")
-    leaving.subscribe("$share/g/job", 2)
-    staying = h.connect("staying")
-    staying.subscribe("$share/g/job", 2)
+    leaving = member(h, "leaving", qos=2)
+    staying = member(h, "staying", qos=2)
     pub = h.connect("pub")
     pub.publish("job", b"q1-a", 1)  # -> leaving (round robin)
     pub.publish("job", b"q1-b", 1)  # -> staying
@@ -743,10 +747,8 @@ def test_removed_subscription_is_logged(h: Harness, caplog: pytest.LogCaptureFix
 
 
 def test_clean_session_end_hands_over_with_expiry(h: Harness) -> None:
-    leaving = h.connect("leaving")
-    staying = h.connect("staying")
-    for client in (leaving, staying):
-        client.subscribe("$share/g/job", 1)
+    leaving = member(h, "leaving")
+    staying = member(h, "staying")
     pub = h.connect("pub")
     pub.publish("job", b"m", 1, properties={Prop.MESSAGE_EXPIRY_INTERVAL: 60})
     assert [p.payload for p in leaving.publishes()] == [b"m"]
@@ -902,10 +904,8 @@ def test_fresh_broker_counters(h: Harness) -> None:
 
 
 def test_queued_share_of_an_expired_session_goes_to_another_member(h: Harness) -> None:
-    away = h.connect("away", properties={Prop.SESSION_EXPIRY_INTERVAL: 10})
-    away.subscribe("$share/g/job", 1)
-    here = h.connect("here")
-    here.subscribe("$share/g/job", 1)
+    away = member(h, "away", properties={Prop.SESSION_EXPIRY_INTERVAL: 10})
+    here = member(h, "here")
     away.lose()
     pub = h.connect("pub")
     for i in range(4):
@@ -920,10 +920,8 @@ def test_queued_share_of_an_expired_session_goes_to_another_member(h: Harness) -
 def test_share_queued_behind_a_full_window_is_handed_over(h: Harness) -> None:
     """The same for a member still connected whose receive window is full: what waits in its
     queue goes to another member when its session ends."""
-    busy = h.connect("busy", properties={Prop.RECEIVE_MAXIMUM: 1})
-    busy.subscribe("$share/g/job", 1)
-    idle = h.connect("idle")
-    idle.subscribe("$share/g/job", 1)
+    busy = member(h, "busy", properties={Prop.RECEIVE_MAXIMUM: 1})
+    idle = member(h, "idle")
     pub = h.connect("pub")
     for i in range(6):
         pub.publish("job", f"m{i}".encode(), 1)
@@ -988,10 +986,8 @@ def test_recheck_drops_queued_messages_no_longer_readable(h: Harness) -> None:
 
 
 def test_hand_over_of_a_multi_level_shared_filter(h: Harness) -> None:
-    leaving = h.connect("leaving")
-    staying = h.connect("staying")
-    for client in (leaving, staying):
-        client.subscribe("$share/g/a/b/+", 1)
+    leaving = member(h, "leaving", group="$share/g/a/b/+")
+    staying = member(h, "staying", group="$share/g/a/b/+")
     pub = h.connect("pub")
     pub.publish("a/b/1", b"first", 1)  # round robin: to leaving
     assert [p.payload for p in leaving.publishes()] == [b"first"]

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from support.harness import PERSISTENT, Client, Harness, Prop, pair, pk, window
+from support.harness import PERSISTENT, Client, Harness, Prop, pair, pk, queued_while_away, window
 
 from mqttbroker.broker.session import DROP_LOG_INTERVAL
 
@@ -477,12 +477,7 @@ def test_held_resend_keeps_its_expiry_running(h: Harness) -> None:
 def test_persistent_queue_expires_while_offline(h: Harness) -> None:
     """[MQTT-3.3.2-5] A message queued for an offline persistent session whose expiry passes
     is not delivered when the client returns; the one after it is."""
-    client = h.connect("s", properties=PERSISTENT)
-    client.subscribe("t", 1)
-    client.lose()
-    pub = h.connect("pub")
-    pub.publish("t", b"stale", 1, properties={Prop.MESSAGE_EXPIRY_INTERVAL: 5})
-    pub.publish("t", b"fresh", 1)
+    queued_while_away(h)
     h.tick(6)
     client = h.connect("s", clean_start=False, properties=PERSISTENT, expect_present=True)
     assert [p.payload for p in client.publishes()] == [b"fresh"]

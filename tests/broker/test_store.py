@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from support.harness import MQTT_3_1_1, PERSISTENT, AllowAll, Harness, Prop, pk
+from support.harness import MQTT_3_1_1, PERSISTENT, AllowAll, Harness, Prop, pk, queued_while_away
 
 from mqttbroker.broker.core import Broker
 from mqttbroker.broker.message import Message
@@ -418,12 +418,7 @@ def test_outbound_qos1_and_qos2_state(hs: tuple[Harness, MirrorStore]) -> None:
 
 def test_offline_queue_and_expiry(hs: tuple[Harness, MirrorStore]) -> None:
     h, store = hs
-    sub = h.connect("s", properties=PERSISTENT)
-    sub.subscribe("t", 1)
-    sub.lose()
-    pub = h.connect("pub")
-    pub.publish("t", b"stale", 1, properties={Prop.MESSAGE_EXPIRY_INTERVAL: 5})
-    pub.publish("t", b"fresh", 1)
+    queued_while_away(h)
     assert store.payloads("s") == [(b"stale", None, False), (b"fresh", None, False)]
     h.tick(6)
     sub = h.connect("s", clean_start=False, properties=PERSISTENT, expect_present=True)

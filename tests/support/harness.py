@@ -56,6 +56,7 @@ __all__ = [
     "POWERS_OF_TWO",
     "counts_logged",
     "disconnected_with",
+    "queued_while_away",
     "RecordingBackplane",
     "make_harness",
     "h",
@@ -487,6 +488,19 @@ PERSISTENT = {Prop.SESSION_EXPIRY_INTERVAL: 100}  # CONNECT properties of a pers
 NOT_UTF8 = b"\xff\xfe"
 PFI = {Prop.PAYLOAD_FORMAT_INDICATOR: 1}  # the payload says it is UTF-8
 POWERS_OF_TWO = [1, 2, 4, 8]
+
+
+def queued_while_away(h: Harness) -> Client:
+    """Session "s" (persistent) subscribed to "t" at QoS 1 and its client gone without a
+    DISCONNECT; then "pub" publishes ``stale`` (Message Expiry Interval 5 s) and ``fresh`` for
+    it. The publisher."""
+    sub = h.connect("s", properties=PERSISTENT)
+    sub.subscribe("t", 1)
+    sub.lose()
+    pub = h.connect("pub")
+    pub.publish("t", b"stale", 1, properties={Prop.MESSAGE_EXPIRY_INTERVAL: 5})
+    pub.publish("t", b"fresh", 1)
+    return pub
 
 
 def disconnected_with(client: Client, code: int) -> None:
