@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.cleanup import ended_after
 
 # The repository's root, for the tests that import the benchmarks and conformance packages (the
 # tests folder itself is on sys.path as this file's folder, for ``support`` and friends).
@@ -54,7 +55,6 @@ def start_broker(tmp_path: Path) -> Iterator[Callable[..., BrokerProcess]]:
     ``wait=False`` only spawns it (for a broker that is not expected to listen); ``cwd``,
     ``preexec_fn`` set the process's, and ``launcher`` replaces ``-m mqttbroker`` (a script
     that runs ``mqttbroker.cli.main``). Every broker started is stopped after the test."""
-    started: list[BrokerProcess] = []
     counter = itertools.count()
 
     def start(
@@ -68,19 +68,15 @@ def start_broker(tmp_path: Path) -> Iterator[Callable[..., BrokerProcess]]:
     ) -> BrokerProcess:
         if data_dir is None:
             data_dir = tmp_path / f"data{next(counter)}"
-        process = BrokerProcess(data_dir, log_level, extra_args)
+        process = keep(BrokerProcess(data_dir, log_level, extra_args))
         process.cwd = cwd or data_dir
         process.preexec_fn = preexec_fn
         if launcher:
             process.args[1:3] = launcher
-        started.append(process)
         return process.start() if wait else process.spawn()
 
-    try:
+    with ended_after(BrokerProcess.stop) as keep:
         yield start
-    finally:
-        for process in started:
-            process.stop()
 
 
 @pytest.fixture
@@ -113,27 +109,24 @@ def paho() -> Iterator[Callable[..., PahoClient]]:
     a paho client of ``server`` (anything with ``host`` and ``port``), logging in as ``user``
     if given, connected (CONNACK received) unless ``connect=False``; all are closed after the
     test."""
-    made: list[PahoClient] = []
+    with ended_after(PahoClient.close) as keep:
 
-    def make(
-        server: Any,
-        version: int = MQTT_5,
-        user: str | None = None,
-        password: bytes | str | None = None,
-        connect: bool = True,
-        **options: Any,
-    ) -> PahoClient:
-        client = PahoClient(server.host, server.port, version, **options)
-        if user is not None:
-            client.client.username_pw_set(user, password)
-        made.append(client)
-        if connect:
-            client.connect()
-        return client
+        def make(
+            server: Any,
+            version: int = MQTT_5,
+            user: str | None = None,
+            password: bytes | str | None = None,
+            connect: bool = True,
+            **options: Any,
+        ) -> PahoClient:
+            client = keep(PahoClient(server.host, server.port, version, **options))
+            if user is not None:
+                client.client.username_pw_set(user, password)
+            if connect:
+                client.connect()
+            return client
 
-    yield make
-    for client in made:
-        client.close()
+        yield make
 
 
 @pytest.hookimpl(tryfirst=True)

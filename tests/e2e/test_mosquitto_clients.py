@@ -13,6 +13,7 @@ import threading
 import time
 
 import pytest
+from support.cleanup import ended_after
 from support.clients import TIMEOUT, unique
 from support.external_tools import program
 from support.launcher import mosquitto_client
@@ -112,17 +113,14 @@ class MosquittoSub:
 
 @pytest.fixture
 def mosquitto_sub(broker):
-    started: list[MosquittoSub] = []
+    with ended_after(MosquittoSub.kill) as keep:
 
-    def start(filters, qos, version, count):
-        sub = MosquittoSub(broker, filters, qos, version, count)
-        started.append(sub)
-        sub.wait_subscribed()
-        return sub
+        def start(filters, qos, version, count):
+            sub = keep(MosquittoSub(broker, filters, qos, version, count))
+            sub.wait_subscribed()
+            return sub
 
-    yield start
-    for sub in started:
-        sub.kill()
+        yield start
 
 
 def mosquitto_pub(broker, topic, message, qos, version, retain=False, null=False):

@@ -3,11 +3,12 @@ test (both from tests/support), and ``rig``, all of one test's fixtures in one."
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
+from support.cleanup import ended_after
 from support.clients import Collector, PahoClient
 from support.integrations import SECRET, Rig
 from support.launcher import BrokerProcess, Mosquitto
@@ -16,31 +17,21 @@ from support.launcher import BrokerProcess, Mosquitto
 @pytest.fixture
 def mosquitto(tmp_path: Path) -> Iterator[Callable[..., Mosquitto]]:
     """``mosquitto(persistence=False, extra="", start=True)``: a Mosquitto of the test's own."""
-    made: list[Mosquitto] = []
+    count = itertools.count()
+    with ended_after(Mosquitto.stop) as keep:
 
-    def make(persistence: bool = False, extra: str = "", start: bool = True) -> Mosquitto:
-        broker = Mosquitto(tmp_path / f"mosquitto{len(made)}", persistence, extra)
-        made.append(broker)
-        return broker.start() if start else broker
+        def make(persistence: bool = False, extra: str = "", start: bool = True) -> Mosquitto:
+            broker = keep(Mosquitto(tmp_path / f"mosquitto{next(count)}", persistence, extra))
+            return broker.start() if start else broker
 
-    yield make
-    for broker in made:
-        broker.stop()
+        yield make
 
 
 @pytest.fixture
 def collect() -> Iterator[Callable[..., Collector]]:
     """``collect(port, topics, qos=1, version=5, persistent=False)``: a subscribed collector."""
-    made: list[Collector] = []
-
-    def make(*args: Any, **kwargs: Any) -> Collector:
-        collector = Collector(*args, **kwargs)
-        made.append(collector)
-        return collector
-
-    yield make
-    for collector in made:
-        collector.close()
+    with ended_after(Collector.close) as keep:
+        yield lambda *args, **kwargs: keep(Collector(*args, **kwargs))
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from support.cleanup import ended_after
 from support.clients import PahoClient
 from support.launcher import BrokerProcess
 
@@ -21,18 +22,19 @@ def data_dir(tmp_path: Path) -> Path:
 @pytest.fixture
 def brokers(data_dir: Path) -> Iterator[Callable[..., BrokerProcess]]:
     """``brokers(*extra_args)``: a started broker on ``data_dir``."""
-    made: list[BrokerProcess] = []
 
-    def make(*extra: str, start: bool = True) -> BrokerProcess:
-        proc = BrokerProcess(data_dir, extra_args=extra)
-        proc.cwd = data_dir.parent
-        made.append(proc)
-        return proc.start() if start else proc.spawn()
-
-    yield make
-    for proc in made:
+    def kill(proc: BrokerProcess) -> None:
         if proc.proc is not None and proc.proc.poll() is None:
             proc.kill()
+
+    with ended_after(kill) as keep:
+
+        def make(*extra: str, start: bool = True) -> BrokerProcess:
+            proc = keep(BrokerProcess(data_dir, extra_args=extra))
+            proc.cwd = data_dir.parent
+            return proc.start() if start else proc.spawn()
+
+        yield make
 
 
 @pytest.fixture

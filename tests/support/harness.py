@@ -27,6 +27,7 @@ from mqttbroker.protocol import packets as pk
 from mqttbroker.protocol.errors import MQTTError
 from mqttbroker.protocol.packets import MQTT_3_1_1, MQTT_5
 from mqttbroker.protocol.properties import PropertyId as Prop
+from support.cleanup import ended_after
 from support.codec import decode_packet
 
 __all__ = [
@@ -651,16 +652,8 @@ class GatedStore(Store):
 def make_harness() -> Iterator[Callable[..., Harness]]:
     """A factory: ``make_harness(receive_maximum=10, ...)`` builds a broker with those options.
     On teardown every connection is checked for writes after close (MQTT-3.14.4-1)."""
-    made: list[Harness] = []
-
-    def make(**options: Any) -> Harness:
-        harness = Harness(**options)
-        made.append(harness)
-        return harness
-
-    yield make
-    for harness in made:
-        harness.check_no_write_after_close()
+    with ended_after(Harness.check_no_write_after_close) as keep:
+        yield lambda **options: keep(Harness(**options))
 
 
 @pytest.fixture
