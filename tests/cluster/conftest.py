@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.cleanup import ended_after
 from support.redis_server import RedisServer
 
 
@@ -15,11 +16,8 @@ from support.redis_server import RedisServer
 def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
     directory = tmp_path / "redis"
     directory.mkdir()
-    server = RedisServer(directory).start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    with ended_after(RedisServer.stop) as keep:
+        yield keep(RedisServer(directory).start())
 
 
 @pytest.fixture

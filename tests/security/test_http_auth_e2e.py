@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from support.cleanup import ended_after
 from support.clients import PahoClient, connack_code, unique
 from support.launcher import BrokerProcess, free_port
 
@@ -97,11 +98,8 @@ class Service:
 
 @pytest.fixture
 def service() -> Iterator[Service]:
-    running = Service().start()
-    try:
-        yield running
-    finally:
-        running.close()
+    with ended_after(Service.close) as keep:
+        yield keep(Service().start())
 
 
 @pytest.fixture

@@ -580,24 +580,41 @@ def test_a_bytes_object_partly_sent_is_kept_from_where_the_socket_stopped() -> N
     assert complete and after == 0
 
 
+def refcounts(*objects: object) -> list[int]:
+    return [sys.getrefcount(o) for o in objects]
+
+
+def held_since(base: list[int], now: list[int]) -> tuple[int, ...]:
+    """The references held now beyond ``base`` (``refcounts`` of the same objects, earlier)."""
+    return tuple(n - b for n, b in zip(now, base, strict=True))
+
+
+async def _unbounded(factory: Callable[[], Any]) -> tuple[Listening, socket.socket, Any, Any]:
+    """A client that reads slowly (small receive buffer) of a stream whose write buffer has no
+    limit worth the name: the listening server, the client's socket, the protocol and its
+    stream."""
+    listening = Listening(factory)
+    sock, protocol = await listening.client(rcvbuf=16384)
+    stream = protocol.transport
+    stream.set_write_buffer_limits(high=1 << 30)
+    return listening, sock, protocol, stream
+
+
 @pytest.mark.parametrize("end", ["close", "write_eof"])
 def test_close_and_write_eof_send_the_bytes_kept_by_reference_first(end: str) -> None:
     """close() or write_eof() while all that is left to send is kept by reference (nothing
     copied): the client reads it all, then EOF; the references go once sent."""
 
     async def scenario() -> tuple[Any, ...]:
-        listening = Listening(lambda: Recorder(keep_open=True))
-        sock, protocol = await listening.client(rcvbuf=16384)
-        stream = protocol.transport
-        stream.set_write_buffer_limits(high=1 << 30)
+        listening, sock, protocol, stream = await _unbounded(lambda: Recorder(keep_open=True))
         first, second = _pattern(BEYOND_SOCKET, 11), _pattern(1 << 20, 12)
-        base = sys.getrefcount(first), sys.getrefcount(second)
+        base = refcounts(first, second)
         stream.write(first)
         stream.write(second)
-        held = sys.getrefcount(first) - base[0], sys.getrefcount(second) - base[1]
+        held = held_since(base, refcounts(first, second))
         getattr(stream, end)()
         received = await listening.read_until_eof(sock)
-        after = sys.getrefcount(first) - base[0], sys.getrefcount(second) - base[1]
+        after = held_since(base, refcounts(first, second))
         if end == "write_eof":  # still open: the client ends it
             sock.shutdown(socket.SHUT_WR)
             protocol.keep_open = False
@@ -613,18 +630,15 @@ def test_close_and_write_eof_send_the_bytes_kept_by_reference_first(end: str) ->
 
 def test_abort_drops_the_bytes_kept_by_reference_and_lets_them_go_at_once() -> None:
     async def scenario() -> tuple[Any, ...]:
-        listening = Listening(Recorder)
-        sock, protocol = await listening.client(rcvbuf=16384)
-        stream = protocol.transport
-        stream.set_write_buffer_limits(high=1 << 30)
+        listening, sock, protocol, stream = await _unbounded(Recorder)
         first, second = _pattern(BEYOND_SOCKET, 13), _pattern(1 << 20, 14)
-        base = sys.getrefcount(first), sys.getrefcount(second)
+        base = refcounts(first, second)
         stream.write(first)
         stream.write(b"between")
         stream.write(second)
-        held = sys.getrefcount(first) - base[0], sys.getrefcount(second) - base[1]
+        held = held_since(base, refcounts(first, second))
         stream.abort()
-        after = sys.getrefcount(first) - base[0], sys.getrefcount(second) - base[1]
+        after = held_since(base, refcounts(first, second))
         left = stream.get_write_buffer_size()
         lost = await asyncio.wait_for(protocol.lost, GUARD)
         try:

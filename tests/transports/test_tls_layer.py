@@ -7,8 +7,9 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from support.certs import Certificates, client_context
@@ -19,6 +20,8 @@ from mqttbroker.security.tls import server_context
 from mqttbroker.server import streams
 from mqttbroker.server.app import Server
 from mqttbroker.server.tlslayer import TLSLayer
+
+T = TypeVar("T")
 
 GUARD = 10.0  # seconds: a failure guard, never a measured time
 
@@ -76,6 +79,31 @@ async def _serve(context: ssl.SSLContext, app: App, timeout: float = GUARD) -> a
 
 def _port(server: asyncio.Server) -> int:
     return int(server.sockets[0].getsockname()[1])
+
+
+def _run_client(
+    certs: Certificates,
+    client: Callable[[int], T],
+    app: App | None = None,
+    timeout: float = GUARD,
+    until_lost: bool = False,
+) -> tuple[list[Any], T]:
+    """``client(port)`` run on a thread against a server of the layer (handshake ``timeout``)
+    and, with ``until_lost``, until ``app`` has heard the connection end: the app's events and
+    what the client returned."""
+
+    async def scenario() -> tuple[list[Any], T]:
+        served = app or App()
+        server = await _serve(_context(certs), served, timeout)
+        try:
+            got = await asyncio.to_thread(client, _port(server))
+            if until_lost:
+                await asyncio.wait_for(served.lost.wait(), GUARD)
+        finally:
+            server.close()
+        return served.events, got
+
+    return asyncio.run(scenario())
 
 
 @pytest.mark.parametrize("built", [pytest.param(True, marks=pytest.mark.needs_compiled), False])
@@ -155,17 +183,7 @@ def test_close_sends_a_close_notify_and_the_app_hears_of_the_end_when_the_client
             tls.unwrap()  # our close_notify back: a clean TLS shutdown (or an error raised)
             return got, True
 
-    async def scenario() -> tuple[list[Any], bytes, bool]:
-        app = App(close_on_data=True)
-        server = await _serve(_context(certs), app)
-        try:
-            got, clean = await asyncio.to_thread(client, _port(server))
-            await asyncio.wait_for(app.lost.wait(), GUARD)
-        finally:
-            server.close()
-        return app.events, got, clean
-
-    events, got, clean = asyncio.run(scenario())
+    events, (got, clean) = _run_client(certs, client, App(close_on_data=True), until_lost=True)
     assert (got, clean) == (b"", True)
     assert events[0] == ("made", "SSLObject")
     assert events[-1] == "lost"
@@ -181,16 +199,7 @@ def test_a_failed_handshake_never_reaches_the_app(certs: Certificates) -> None:
                 got += chunk
             return got
 
-    async def scenario() -> tuple[list[Any], bytes]:
-        app = App()
-        server = await _serve(_context(certs), app)
-        try:
-            got = await asyncio.to_thread(client, _port(server))
-        finally:
-            server.close()
-        return app.events, got
-
-    events, got = asyncio.run(scenario())
+    events, got = _run_client(certs, client)
     assert events == []
     assert got == b"" or got[:1] == b"\x15"  # closed (after an alert, if one was sent)
 
@@ -205,16 +214,7 @@ def test_a_client_that_does_not_finish_its_handshake_is_cut_off_after_the_timeou
             except ConnectionResetError:
                 return b""
 
-    async def scenario() -> tuple[list[Any], bytes]:
-        app = App()
-        server = await _serve(_context(certs), app, timeout=0.2)
-        try:
-            got = await asyncio.to_thread(client, _port(server))
-        finally:
-            server.close()
-        return app.events, got
-
-    events, got = asyncio.run(scenario())
+    events, got = _run_client(certs, client, timeout=0.2)
     assert (events, got) == ([], b"")
 
 
