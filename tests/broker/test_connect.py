@@ -36,13 +36,6 @@ from mqttbroker.broker.policy import ListenerPolicy
 from mqttbroker.protocol import grammar
 
 
-@pytest.fixture
-def ha(make_harness: Any) -> Harness:
-    harness: Harness = make_harness()
-    harness.broker.authenticator = ToyAuthenticator()
-    return harness
-
-
 def connect_with_method(h: Harness, method: str = METHOD, data: bytes | None = None) -> Any:
     client = h.client()
     props: dict[int, Any] = {Prop.AUTHENTICATION_METHOD: method}
@@ -302,8 +295,7 @@ def test_certificate_user_replaces_the_password_check(ha: Harness) -> None:
 def test_password_check_off_the_loop_holds_pipelined_packets(ha: Harness) -> None:
     """While the password is checked elsewhere, packets the client sent right after CONNECT
     wait; once accepted, CONNACK comes first and then their answers, in order."""
-    offload = Offload()
-    ha.broker.offload = offload
+    offload = ha.broker.offload = Offload()
     client = ha.client()
     client.send(
         pk.Connect(client_id="fast", username="alice", password=b"secret"),
@@ -320,8 +312,7 @@ def test_password_check_off_the_loop_holds_pipelined_packets(ha: Harness) -> Non
 
 
 def test_refused_password_off_the_loop(ha: Harness) -> None:
-    offload = Offload()
-    ha.broker.offload = offload
+    offload = ha.broker.offload = Offload()
     client = ha.client()
     client.send(
         pk.Connect(client_id="bad", username="alice", password=b"wrong"),
@@ -333,8 +324,7 @@ def test_refused_password_off_the_loop(ha: Harness) -> None:
 
 
 def test_connection_lost_during_the_check(ha: Harness) -> None:
-    offload = Offload()
-    ha.broker.offload = offload
+    offload = ha.broker.offload = Offload()
     client = ha.client()
     client.send(pk.Connect(client_id="gone", username="alice", password=b"secret"))
     client.lose()

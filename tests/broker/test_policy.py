@@ -2,19 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
-from support.harness import Harness, ToyAuthenticator, pk
+from support.harness import Harness, pk
 
 from mqttbroker.broker.policy import ListenerPolicy
-
-
-@pytest.fixture
-def ha(make_harness: Any) -> Harness:
-    harness: Harness = make_harness()
-    harness.broker.authenticator = ToyAuthenticator()
-    return harness
 
 
 @pytest.mark.parametrize(("allowed", "code"), [(False, 0x87), (True, 0)])

@@ -22,6 +22,21 @@ pytestmark = pytest.mark.needs_mosquitto
 
 MOSQUITTO_VERSIONS = [pytest.param("mqttv5", id="v5"), pytest.param("mqttv311", id="v311")]
 QOS = [pytest.param(q, id=f"qos{q}") for q in (0, 1, 2)]
+
+
+@pytest.fixture(params=MOSQUITTO_VERSIONS)
+def version(request: pytest.FixtureRequest) -> str:
+    """Each protocol version the Mosquitto clients speak (``-V``); a test taking it runs once
+    for each."""
+    return str(request.param)
+
+
+@pytest.fixture(params=QOS)
+def qos(request: pytest.FixtureRequest) -> int:
+    """Each QoS; a test taking it runs once for each."""
+    return int(request.param)
+
+
 FORMAT = "%q %r %t %p"
 
 
@@ -137,8 +152,6 @@ def mosquitto_pub(broker, topic, message, qos, version, retain=False, null=False
     assert logged, f"the broker did not log the disconnection of {client_id}:\n{broker.log_text()}"
 
 
-@pytest.mark.parametrize("qos", QOS)
-@pytest.mark.parametrize("version", MOSQUITTO_VERSIONS)
 def test_mosquitto_pub_to_mosquitto_sub(broker, mosquitto_sub, topic, version, qos):
     """[MQTT-4.5.0-1] [MQTT-4.6.0-6] mosquitto_pub's messages reach mosquitto_sub intact and in
     order, at the QoS used on both sides."""
@@ -152,8 +165,6 @@ def test_mosquitto_pub_to_mosquitto_sub(broker, mosquitto_sub, topic, version, q
     ]
 
 
-@pytest.mark.parametrize("qos", QOS)
-@pytest.mark.parametrize("version", MOSQUITTO_VERSIONS)
 def test_mosquitto_wildcards(broker, mosquitto_sub, topic, version, qos):
     """[MQTT-4.7.1-1] [MQTT-4.7.1-2] mosquitto_sub with '+' and '#' filters gets exactly the
     matching topics."""
@@ -179,8 +190,6 @@ def test_mosquitto_wildcards(broker, mosquitto_sub, topic, version, qos):
     )
 
 
-@pytest.mark.parametrize("qos", QOS)
-@pytest.mark.parametrize("version", MOSQUITTO_VERSIONS)
 def test_mosquitto_retained_messages(broker, mosquitto_sub, topic, version, qos):
     """[MQTT-3.3.1-5] [MQTT-3.3.1-6] [MQTT-3.3.1-9] A retained message from mosquitto_pub goes to
     a later mosquitto_sub with the retain flag; a newer one replaces it; an empty one clears it."""

@@ -102,6 +102,12 @@ def authenticator(clock: FakeClock, limit: int = 3, window: float = 30.0) -> Fil
     )
 
 
+def wrong_from(auth: FileAuthenticator, user: str, addresses: list[str]) -> None:
+    """A wrong password for ``user`` from each of ``addresses``, each refused after a check."""
+    for address in addresses:
+        assert auth.check_password("c", user, b"wrong", address=address) == 0x86
+
+
 def test_an_address_past_the_limit_is_refused_without_a_check_then_drains() -> None:
     clock = FakeClock()
     auth = authenticator(clock)
@@ -124,8 +130,7 @@ def test_a_targeted_user_is_slowed_down_not_locked_out() -> None:
     without failures; her own address, clean, still logs her in."""
     clock = FakeClock()
     auth = authenticator(clock)
-    for n in range(3):
-        assert auth.check_password("c", "alice0", b"wrong", address=f"10.1.0.{n}") == 0x86
+    wrong_from(auth, "alice0", [f"10.1.0.{n}" for n in range(3)])
     assert auth.check_password("c", "alice1", b"wrong", address="10.1.0.9") == 0x86
     assert auth.check_password("c", "alice0", b"guess", address="10.1.0.9") == 0x9F
     assert auth.check_password("c", "alice1", b"alice1-pw", address="10.1.0.9") == 0
@@ -162,8 +167,7 @@ def test_scram_failures_count_and_lockout_refuses_scram() -> None:
 def test_ipv6_addresses_count_per_64_network() -> None:
     clock = FakeClock()
     auth = authenticator(clock)
-    for n in range(3):
-        assert auth.check_password("c", "alice1", b"wrong", address=f"2001:db8::{n + 1}") == 0x86
+    wrong_from(auth, "alice1", [f"2001:db8::{n + 1}" for n in range(3)])
     assert auth.check_password("c", "alice2", b"alice2-pw", address="2001:db8::ff:1") == 0x9F
     assert auth.check_password("c", "alice2", b"alice2-pw", address="2001:db8:0:1::1") == 0
     assert auth.check_password("c", "alice2", b"alice2-pw", address="::ffff:10.0.0.1") == 0

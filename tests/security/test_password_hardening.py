@@ -122,24 +122,28 @@ def test_min_iterations_refuses_weaker_entries(
     assert f"fewer than security.min_iterations ({minimum})" in str(info.value)
 
 
-def test_min_iterations_stops_the_broker_at_start(
-    tmp_path: Path, start_broker: Callable[..., Any]
-) -> None:
+@pytest.fixture
+def weak_passwords(tmp_path: Path) -> Path:
+    """A password file with weak entries (``weak_file``) in the test's directory."""
     passwords = tmp_path / "pw.txt"
     passwords.write_text(weak_file() + "\n")
+    return passwords
+
+
+def test_min_iterations_stops_the_broker_at_start(
+    weak_passwords: Path, start_broker: Callable[..., Any]
+) -> None:
     with pytest.raises(RuntimeError) as info:
         start_broker(
-            extra_args=(*security_config(passwords, "min_iterations = 4096\n"), "--memory")
+            extra_args=(*security_config(weak_passwords, "min_iterations = 4096\n"), "--memory")
         )
-    assert f"{passwords}:2: user 'scram1': SCRAM-SHA-256 with 1 iterations" in str(info.value)
+    assert f"{weak_passwords}:2: user 'scram1': SCRAM-SHA-256 with 1 iterations" in str(info.value)
 
 
 def test_weak_entries_are_warned_about_at_start(
-    tmp_path: Path, start_broker: Callable[..., Any]
+    weak_passwords: Path, start_broker: Callable[..., Any]
 ) -> None:
-    passwords = tmp_path / "pw.txt"
-    passwords.write_text(weak_file() + "\n")
-    broker = start_broker(extra_args=(*security_config(passwords), "--memory"))
+    broker = start_broker(extra_args=(*security_config(weak_passwords), "--memory"))
     for user in ("scram1", "sha", "pbkdf"):
         found = broker.wait_for_log(rf"WARNING .*user '{user}': weak password hash", TIMEOUT)
         assert found is not None, broker.log_text()

@@ -269,12 +269,19 @@ def reload(broker: Any, *patterns: str) -> None:
         assert found is not None, f"no {pattern!r} in the log:\n{broker.log_since(mark)}"
 
 
-def test_sighup_reload_changes_rules_without_dropping_connections(
-    setup: Setup, secure_broker: Any, paho: Any
-) -> None:
+@pytest.fixture
+def alice_writing(secure_broker: Any, paho: Any) -> tuple[Any, PahoClient]:
+    """The broker (anonymous clients allowed) and alice on it, publishing to her own topic."""
     broker = secure_broker(allow_anonymous=True)
     alice = paho(broker, MQTT_5, "alice", b"alice-pw")
     assert publish_code(alice, "alice/x", b"1") < 0x80
+    return broker, alice
+
+
+def test_sighup_reload_changes_rules_without_dropping_connections(
+    setup: Setup, alice_writing: tuple[Any, PahoClient], paho: Any
+) -> None:
+    broker, alice = alice_writing
     assert alice.subscribe("extra/#", 1) == [0x87]
     carol = paho(broker, MQTT_5, "carol", b"carol-pw", connect=False)
     assert carol.connect(expect_success=False) == 0x86
@@ -296,11 +303,9 @@ def test_sighup_reload_changes_rules_without_dropping_connections(
 
 
 def test_bad_files_on_reload_keep_the_old_rules(
-    setup: Setup, secure_broker: Any, paho: Any
+    setup: Setup, alice_writing: tuple[Any, PahoClient], paho: Any
 ) -> None:
-    broker = secure_broker(allow_anonymous=True)
-    alice = paho(broker, MQTT_5, "alice", b"alice-pw")
-    assert publish_code(alice, "alice/x", b"1") < 0x80
+    broker, alice = alice_writing
     setup.write_acl("user alice\ntopic readwrite #\n\ntopic read a/#/b\n")
     setup.write_passwords(make_entry_line("alice", b"new-pw", ITERATIONS), "bob:plaintext")
     reload(
