@@ -115,6 +115,12 @@ class Alice:
         self.client.close()
         self.publisher.close()
 
+    def __enter__(self) -> Alice:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 def test_another_user_resuming_on_another_node_is_refused_and_the_owner_stays(
     tmp_path: Path, start_node: Callable[..., Any], redis_server: RedisServer
@@ -122,15 +128,12 @@ def test_another_user_resuming_on_another_node_is_refused_and_the_owner_stays(
     """Clean Start 0: bob is refused 0x87 on b; alice stays connected on a with her session,
     which still moves to b when she herself connects there."""
     a, b = secure_nodes(tmp_path, start_node)
-    alice = Alice(a, b, unique("shared"))
-    try:
+    with Alice(a, b, unique("shared")) as alice:
         assert refused(b, "bob", alice.client_id, clean=False) == (NOT_AUTHORIZED, False)
         alice.still_served()
         assert owner_of(redis_server, alice.client_id) == "a"
         alice.resumes_on(b)
         assert owner_of(redis_server, alice.client_id) == "b"
-    finally:
-        alice.close()
 
 
 def test_another_user_starting_clean_on_another_node_is_refused_and_nothing_is_discarded(
@@ -139,8 +142,7 @@ def test_another_user_starting_clean_on_another_node_is_refused_and_nothing_is_d
     """Clean Start 1: bob is refused 0x87 on b, alice connected or away; her session and its
     queued messages stay on a."""
     a, b = secure_nodes(tmp_path, start_node)
-    alice = Alice(a, b, unique("shared"))
-    try:
+    with Alice(a, b, unique("shared")) as alice:
         assert refused(b, "bob", alice.client_id, clean=True) == (NOT_AUTHORIZED, False)
         alice.still_served()
         # Away, with messages queued: refused all the same (session_owner_mismatch "refuse").
@@ -153,8 +155,6 @@ def test_another_user_starting_clean_on_another_node_is_refused_and_nothing_is_d
         assert alice.client.connack is not None and alice.client.connack[1], "session gone"
         wait_for(lambda: alice.got() == queued, "alice's queued messages")
         alice.still_served()
-    finally:
-        alice.close()
 
 
 def test_a_client_id_against_the_pattern_is_refused_before_any_hand_over(
@@ -163,15 +163,12 @@ def test_a_client_id_against_the_pattern_is_refused_before_any_hand_over(
     """client_id_pattern "%u-*": bob with alice's id is refused 0x85 on b, Clean Start 0 or 1;
     alice stays connected on a."""
     a, b = secure_nodes(tmp_path, start_node, 'client_id_pattern = "%u-*"')
-    alice = Alice(a, b, unique("alice"))
-    try:
+    with Alice(a, b, unique("alice")) as alice:
         for clean in (False, True):
             assert refused(b, "bob", alice.client_id, clean=clean) == (ID_NOT_VALID, False)
         alice.still_served()
         assert owner_of(redis_server, alice.client_id) == "a"
         alice.resumes_on(b)
-    finally:
-        alice.close()
 
 
 def test_with_session_owner_mismatch_new_another_user_gets_a_fresh_session(
@@ -181,8 +178,7 @@ def test_with_session_owner_mismatch_new_another_user_gets_a_fresh_session(
     and she stays; alice away, bob on b gets a fresh session (Session Present 0) and hers is
     discarded, as on one node."""
     a, b = secure_nodes(tmp_path, start_node, 'session_owner_mismatch = "new"')
-    alice = Alice(a, b, unique("shared"))
-    try:
+    with Alice(a, b, unique("shared")) as alice:
         assert refused(b, "bob", alice.client_id, clean=False) == (NOT_AUTHORIZED, False)
         alice.still_served()
         alice.client.close()
@@ -197,8 +193,6 @@ def test_with_session_owner_mismatch_new_another_user_gets_a_fresh_session(
         alice.client = user_client(a, "alice", alice.client_id)
         alice.client.connect()
         assert alice.client.connack is not None and not alice.client.connack[1]
-    finally:
-        alice.close()
 
 
 def test_allow_takeover_by_other_user_lets_another_node_kick_the_owner(
@@ -207,8 +201,7 @@ def test_allow_takeover_by_other_user_lets_another_node_kick_the_owner(
     """``allow_takeover_by_other_user = true``: bob on b closes alice's connection on a (0x8E)
     and gets a fresh session, hers discarded, as on one node."""
     a, b = secure_nodes(tmp_path, start_node, "allow_takeover_by_other_user = true")
-    alice = Alice(a, b, unique("shared"))
-    try:
+    with Alice(a, b, unique("shared")) as alice:
         bob = user_client(b, "bob", alice.client_id)
         try:
             bob.connect()
@@ -216,5 +209,3 @@ def test_allow_takeover_by_other_user_lets_another_node_kick_the_owner(
             assert alice.client.wait_disconnected().reason_code == TAKEN_OVER
         finally:
             bob.close()
-    finally:
-        alice.close()

@@ -353,14 +353,18 @@ class Cluster(RuleBasedStateMachine):
     def freeze(self, name: str) -> None:
         self.nodes[name].frozen = True
 
+    def _connection_lost(self, node: Node) -> None:
+        """The node hears that its connection to Redis is gone."""
+        if node.lease.connection_lost() is Act.LAPSE:
+            self._lapse(node)
+
     @rule(name=st.sampled_from(NODES))
     def wake(self, name: str) -> None:
         node = self.nodes[name]
         node.frozen = False
         if node.conn_lost_unseen:
             node.conn_lost_unseen = False
-            if node.lease.connection_lost() is Act.LAPSE:
-                self._lapse(node)
+            self._connection_lost(node)
 
     @rule(name=st.sampled_from(NODES))
     def lose_redis(self, name: str) -> None:
@@ -371,8 +375,8 @@ class Cluster(RuleBasedStateMachine):
             lease.conn_open = False
         if node.frozen:
             node.conn_lost_unseen = True
-        elif node.lease.connection_lost() is Act.LAPSE:
-            self._lapse(node)
+        else:
+            self._connection_lost(node)
 
     @rule(name=st.sampled_from(NODES))
     def redis_back(self, name: str) -> None:

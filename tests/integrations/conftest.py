@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from support.cleanup import ended_after
 from support.clients import Collector, PahoClient
-from support.integrations import SECRET, Rig
+from support.integrations import SECRET, Endpoint, Rig
 from support.launcher import BrokerProcess, Mosquitto
 
 
@@ -35,14 +35,23 @@ def collect() -> Iterator[Callable[..., Collector]]:
 
 
 @pytest.fixture
+def endpoint() -> Iterator[Callable[..., Endpoint]]:
+    """``endpoint(answer)``: a webhook endpoint (support.integrations.Endpoint), closed after
+    the test."""
+    with ended_after(Endpoint.close) as keep:
+        yield lambda answer: keep(Endpoint(answer))
+
+
+@pytest.fixture
 def rig(
     tmp_path: Path,
     start_broker: Callable[..., BrokerProcess],
     mosquitto: Callable[..., Mosquitto],
     collect: Callable[..., Collector],
     paho: Callable[..., PahoClient],
+    endpoint: Callable[..., Endpoint],
 ) -> Rig:
-    return Rig(tmp_path, start_broker, mosquitto, collect, paho)
+    return Rig(tmp_path, start_broker, mosquitto, collect, paho, endpoint)
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from urllib.parse import unquote
 
 import pytest
 from support.clients import wait_for
-from support.integrations import Endpoint, Rig, verify, write_config
+from support.integrations import Endpoint, Rig, verify
 
 from mqttbroker.broker.core import Broker
 from mqttbroker.broker.message import Message
@@ -57,12 +57,11 @@ def test_url_secrets_are_shown_nowhere(rig: Rig) -> None:
     def answer(path: str, body: bytes, count: int) -> tuple[int, dict[str, str]]:
         return [(503, {}), (400, {})][count] if count < 2 else (200, {})
 
-    endpoint = Endpoint(answer)
+    endpoint = rig.endpoint(answer)
     secrets = ("hookuser", "pa55w0rd", "t0ps3cret")
-    try:
-        url = f"http://hookuser:pa55w0rd@127.0.0.1:{endpoint.port}/hook?token=t0ps3cret&region=eu"
-        shown = f"http://***@127.0.0.1:{endpoint.port}/***?token=***&region=***"
-        config = f"""
+    url = f"http://hookuser:pa55w0rd@127.0.0.1:{endpoint.port}/hook?token=t0ps3cret&region=eu"
+    shown = f"http://***@127.0.0.1:{endpoint.port}/***?token=***&region=***"
+    config = f"""
 [broker]
 sys_interval = 0.2
 
@@ -74,53 +73,49 @@ retry_delay = 0.02
 retry_max_delay = 0.05
 dead_letter_topic = "webhooks/dead"
 """
-        broker = rig.start_broker(extra_args=write_config(rig.tmp_path / "w.toml", config))
-        status = rig.collect(broker.port, ["$SYS/broker/webhooks/#"], qos=0)
-        dead = rig.collect(broker.port, ["webhooks/dead"])
-        client = rig.paho(broker)
-        client.publish("data/1", b"refused", 1)  # 503, then 400: a dead letter
-        dead.wait_count(1)
-        client.publish("data/2", b"taken", 1)
-        wait_for(lambda: len(endpoint.ok("hook")) == 1, "the second delivery")
-        wait_for(
-            lambda: (
-                [m.payload for m in status.received() if m.topic.endswith("/delivered")][-1:]
-                == [b"1"]
-            ),
-            "$SYS delivered 1",
-        )
-        # the real URL was used
-        first = endpoint.all("hook")[0]
-        assert first.query == "token=t0ps3cret&region=eu"
-        expected = "Basic " + base64.b64encode(b"hookuser:pa55w0rd").decode()
-        assert first.headers["Authorization"] == expected
-        # and shown redacted
-        figures = {m.topic: m.payload for m in status.received()}
-        assert figures["$SYS/broker/webhooks/secretive/url"] == shown.encode()
-        letter = json.loads(dead.payloads()[0])
-        assert letter["url"] == shown and letter["reason"] == "HTTP 400"
-        log = broker.log_text()
-        assert f"webhook secretive: {shown}: HTTP 503; retrying" in log, log
-        assert f"webhook secretive: {shown} answers again" in log, log
-        seen = [
-            log,
-            *(m.payload.decode() for m in status.received()),
-            *map(bytes.decode, dead.payloads()),
-        ]
-        for secret in secrets:
-            assert not [text for text in seen if secret in text], secret
-        client.close()
-    finally:
-        endpoint.close()
+    broker = rig.broker(config)
+    status = rig.collect(broker.port, ["$SYS/broker/webhooks/#"], qos=0)
+    dead = rig.collect(broker.port, ["webhooks/dead"])
+    client = rig.paho(broker)
+    client.publish("data/1", b"refused", 1)  # 503, then 400: a dead letter
+    dead.wait_count(1)
+    client.publish("data/2", b"taken", 1)
+    wait_for(lambda: len(endpoint.ok("hook")) == 1, "the second delivery")
+    wait_for(
+        lambda: (
+            [m.payload for m in status.received() if m.topic.endswith("/delivered")][-1:] == [b"1"]
+        ),
+        "$SYS delivered 1",
+    )
+    # the real URL was used
+    first = endpoint.all("hook")[0]
+    assert first.query == "token=t0ps3cret&region=eu"
+    expected = "Basic " + base64.b64encode(b"hookuser:pa55w0rd").decode()
+    assert first.headers["Authorization"] == expected
+    # and shown redacted
+    figures = {m.topic: m.payload for m in status.received()}
+    assert figures["$SYS/broker/webhooks/secretive/url"] == shown.encode()
+    letter = json.loads(dead.payloads()[0])
+    assert letter["url"] == shown and letter["reason"] == "HTTP 400"
+    log = broker.log_text()
+    assert f"webhook secretive: {shown}: HTTP 503; retrying" in log, log
+    assert f"webhook secretive: {shown} answers again" in log, log
+    seen = [
+        log,
+        *(m.payload.decode() for m in status.received()),
+        *map(bytes.decode, dead.payloads()),
+    ]
+    for secret in secrets:
+        assert not [text for text in seen if secret in text], secret
+    client.close()
 
 
 def test_cr_lf_in_topic_and_client_id_are_percent_encoded(rig: Rig, secret_file: Path) -> None:
     """MQTT allows CR and LF in topics and client ids: in format "raw" they travel in headers,
     percent-encoded, so they add no header; the signature covers them as sent; the webhook goes
     on with the next deliveries."""
-    endpoint = Endpoint(lambda path, body, count: (200, {}))
-    try:
-        config = f"""
+    endpoint = rig.endpoint(lambda path, body, count: (200, {}))
+    config = f"""
 [[webhook]]
 name = "raw"
 url = "{endpoint.url}/raw"
@@ -130,41 +125,38 @@ secret_file = "{secret_file}"
 retry_delay = 0.05
 retry_max_delay = 300.0
 """
-        broker = rig.start_broker(extra_args=write_config(rig.tmp_path / "w.toml", config))
-        client_id = "dev\r\nX-Injected: client"
-        client = rig.paho(broker, client_id=client_id)
-        topics = ["lines/a\r\nX-Injected: topic", "lines/100% é;x", "lines/plain"]
-        for n, topic in enumerate(topics):
-            client.publish(topic, b"%d" % n, 1)
-        wait_for(lambda: len(endpoint.ok("raw")) == 3, "the three deliveries")
-        got = {}
-        for request in endpoint.ok("raw"):
-            verify(request)
-            headers = request.headers
-            assert not [name for name in headers if "injected" in name.lower()], headers
-            assert unquote(headers["X-Mqttbroker-Client-Id"]) == client_id
-            got[unquote(headers["X-Mqttbroker-Topic"])] = request.body
-        assert got == {topic: b"%d" % n for n, topic in enumerate(topics)}
-        sent = {r.body: r.headers["X-Mqttbroker-Topic"] for r in endpoint.ok("raw")}
-        assert sent[b"0"] == "lines/a%0D%0AX-Injected:%20topic"
-        assert sent[b"1"] == "lines/100%25%20%C3%A9;x"
-        client.close()
-    finally:
-        endpoint.close()
+    broker = rig.broker(config)
+    client_id = "dev\r\nX-Injected: client"
+    client = rig.paho(broker, client_id=client_id)
+    topics = ["lines/a\r\nX-Injected: topic", "lines/100% é;x", "lines/plain"]
+    for n, topic in enumerate(topics):
+        client.publish(topic, b"%d" % n, 1)
+    wait_for(lambda: len(endpoint.ok("raw")) == 3, "the three deliveries")
+    got = {}
+    for request in endpoint.ok("raw"):
+        verify(request)
+        headers = request.headers
+        assert not [name for name in headers if "injected" in name.lower()], headers
+        assert unquote(headers["X-Mqttbroker-Client-Id"]) == client_id
+        got[unquote(headers["X-Mqttbroker-Topic"])] = request.body
+    assert got == {topic: b"%d" % n for n, topic in enumerate(topics)}
+    sent = {r.body: r.headers["X-Mqttbroker-Topic"] for r in endpoint.ok("raw")}
+    assert sent[b"0"] == "lines/a%0D%0AX-Injected:%20topic"
+    assert sent[b"1"] == "lines/100%25%20%C3%A9;x"
+    client.close()
 
 
 def test_redirects_are_not_followed(rig: Rig, secret_file: Path) -> None:
     """A 307 would POST the body and its signature to another address, a 302 GET it: neither
     is followed; the delivery is a dead letter at once, like a 4xx."""
-    endpoint = Endpoint(
+    endpoint = rig.endpoint(
         lambda path, body, count: (
             (200, {})
             if path == "elsewhere"
             else (int(path[-3:]), {"Location": f"{endpoint.url}/elsewhere"})
         )
     )
-    try:
-        config = f"""
+    config = f"""
 [[webhook]]
 name = "to307"
 url = "{endpoint.url}/moved307"
@@ -179,19 +171,17 @@ topics = ["a/#"]
 secret_file = "{secret_file}"
 dead_letter_topic = "webhooks/dead/to302"
 """
-        broker = rig.start_broker(extra_args=write_config(rig.tmp_path / "w.toml", config))
-        dead = rig.collect(broker.port, ["webhooks/dead/#"])
-        rig.paho(broker).publish("a/1", b"secret stuff", 1)
-        dead.wait_count(2)
-        reasons = sorted(json.loads(p)["reason"] for p in dead.payloads())
-        assert reasons == [
-            "HTTP 302 (redirects are not followed)",
-            "HTTP 307 (redirects are not followed)",
-        ]
-        assert len(endpoint.all("moved307")) == len(endpoint.all("moved302")) == 1
-        assert endpoint.all("elsewhere") == []
-    finally:
-        endpoint.close()
+    broker = rig.broker(config)
+    dead = rig.collect(broker.port, ["webhooks/dead/#"])
+    rig.paho(broker).publish("a/1", b"secret stuff", 1)
+    dead.wait_count(2)
+    reasons = sorted(json.loads(p)["reason"] for p in dead.payloads())
+    assert reasons == [
+        "HTTP 302 (redirects are not followed)",
+        "HTTP 307 (redirects are not followed)",
+    ]
+    assert len(endpoint.all("moved307")) == len(endpoint.all("moved302")) == 1
+    assert endpoint.all("elsewhere") == []
 
 
 def test_a_request_that_cannot_be_made_is_a_dead_letter_at_once(tmp_path: Path) -> None:

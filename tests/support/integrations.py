@@ -37,13 +37,18 @@ def write_config(path: Path, text: str) -> tuple[str, ...]:
 class Rig:
     """What an integration test starts its brokers and clients with: its temporary folder, our
     broker (``start_broker``), Mosquittos, collecting subscribers and paho clients, each stopped
-    after the test."""
+    after the test, and webhook endpoints (``endpoint(answer)``), closed after it."""
 
     tmp_path: Path
     start_broker: Callable[..., BrokerProcess]
     mosquitto: Callable[..., Mosquitto]
     collect: Callable[..., Collector]
     paho: Callable[..., PahoClient]
+    endpoint: Callable[..., Endpoint]
+
+    def broker(self, config: str, name: str = "w.toml") -> BrokerProcess:
+        """Our broker started from the TOML text ``config`` (written to ``name``)."""
+        return self.start_broker(extra_args=write_config(self.tmp_path / name, config))
 
 
 @dataclass

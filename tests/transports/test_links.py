@@ -105,20 +105,22 @@ async def until(condition: Callable[[], bool]) -> None:
     await asyncio.wait_for(poll(), GUARD)
 
 
-def start(
-    conn: FakeConnection,
-) -> tuple[FakeWebSocket, WebSocketLink, asyncio.Task[None]]:
+async def start(
+    conn: FakeConnection | None = None,
+) -> tuple[FakeConnection, FakeWebSocket, WebSocketLink, asyncio.Task[None]]:
+    """A WebSocket link serving ``conn`` (a new fake connection if none), once it is reading
+    the socket."""
+    conn = conn or FakeConnection()
     ws = FakeWebSocket()
     link = WebSocketLink(ws, ListenerConfig(protocol="ws"))  # type: ignore[arg-type]
     task = asyncio.create_task(link.serve(FakeBroker(conn), "peer"))  # type: ignore[arg-type]
-    return ws, link, task
+    await until(lambda: ws.receiving)
+    return conn, ws, link, task
 
 
 def test_writer_joins_output_pauses_and_resumes() -> None:
     async def scenario() -> None:
-        conn = FakeConnection()
-        ws, link, task = start(conn)
-        await until(lambda: ws.receiving)
+        conn, ws, link, task = await start()
         ws.gate.clear()  # the socket takes nothing for now
         chunk = 100 * 1024
         writes = [bytes([n]) * chunk for n in range(50)]  # 5 MB
@@ -144,9 +146,7 @@ def test_writer_joins_output_pauses_and_resumes() -> None:
 
 def test_close_sends_what_was_written_first() -> None:
     async def scenario() -> None:
-        conn = FakeConnection()
-        ws, link, task = start(conn)
-        await until(lambda: ws.receiving)
+        conn, ws, link, task = await start()
         link.write(b"\x20\x02\x00\x00")
         link.write(b"\xe0\x00")
         link.close()
@@ -165,7 +165,7 @@ def test_paused_reading_stops_receiving() -> None:
     async def scenario() -> None:
         link_box: list[WebSocketLink] = []
         conn = FakeConnection(on_data=lambda data: link_box[0].pause_reading())
-        ws, link, task = start(conn)
+        conn, ws, link, task = await start(conn)
         link_box.append(link)
         ws.incoming.put_nowait(aiohttp.WSMessage(WSMsgType.BINARY, b"one", None))
         ws.incoming.put_nowait(aiohttp.WSMessage(WSMsgType.BINARY, b"two", None))
@@ -187,9 +187,7 @@ def test_paused_reading_stops_receiving() -> None:
 
 def test_text_frame_aborts_and_drops_output() -> None:
     async def scenario() -> None:
-        conn = FakeConnection()
-        ws, link, task = start(conn)
-        await until(lambda: ws.receiving)
+        conn, ws, link, task = await start()
         ws.gate.clear()
         link.write(b"pending output")
         ws.incoming.put_nowait(aiohttp.WSMessage(WSMsgType.TEXT, "text", None))
