@@ -89,37 +89,28 @@ def test_overlapping_subscriptions_no_local_and_retain_as_published(h: Harness) 
     assert [p.retain for p in other.publishes()] == [False]  # neither asked for it
 
 
-def test_round_robin_spreads_evenly(make_harness: Any) -> None:
-    """[MQTT-4.8.2-3] Each message goes to exactly one member, at the QoS granted to it."""
-    h, subs = shared_setup(make_harness, "round_robin")
+@pytest.mark.parametrize(
+    ("strategy", "topics", "spread"),
+    [
+        pytest.param("round_robin", [f"work/{i}" for i in range(9)], [3, 3, 3], id="evenly"),
+        pytest.param("hash", ["work/one"] * 6, [0, 0, 6], id="hash-a-topic-on-one-member"),
+        pytest.param("sticky", [f"work/{i}" for i in range(4)], [0, 0, 4], id="sticky-publisher"),
+        pytest.param("random", [f"work/{i}" for i in range(30)], None, id="random"),
+    ],
+)
+def test_each_strategy_gives_each_message_to_one_member_spread_as_it_says(
+    make_harness: Any, strategy: str, topics: list[str], spread: list[int] | None
+) -> None:
+    """[MQTT-4.8.2-3] Each message goes to exactly one member; round robin spreads evenly, hash
+    keeps a topic on one member, sticky a publisher."""
+    h, subs = shared_setup(make_harness, strategy)
     pub = h.connect("pub")
-    for i in range(9):
-        pub.publish(f"work/{i}", b"x", 1)
-    assert counts(subs) == [3, 3, 3]
-
-
-def test_hash_keeps_a_topic_on_one_member(make_harness: Any) -> None:
-    h, subs = shared_setup(make_harness, "hash")
-    pub = h.connect("pub")
-    for _ in range(6):
-        pub.publish("work/one", b"x", 1)
-    assert sorted(counts(subs)) == [0, 0, 6]
-
-
-def test_sticky_keeps_a_publisher_on_one_member(make_harness: Any) -> None:
-    h, subs = shared_setup(make_harness, "sticky")
-    first = h.connect("pub1")
-    for i in range(4):
-        first.publish(f"work/{i}", b"x", 1)
-    assert sorted(counts(subs)) == [0, 0, 4]
-
-
-def test_random_delivers_each_message_once(make_harness: Any) -> None:
-    h, subs = shared_setup(make_harness, "random")
-    pub = h.connect("pub")
-    for i in range(30):
-        pub.publish(f"work/{i}", b"x", 1)
-    assert sum(counts(subs)) == 30
+    for topic in topics:
+        pub.publish(topic, b"x", 1)
+    got = counts(subs)
+    assert sum(got) == len(topics)
+    if spread is not None:
+        assert sorted(got) == spread
 
 
 def test_invalid_topic_rejected_every_time(h: Harness) -> None:

@@ -9,7 +9,8 @@ certificates come from tests/support.
 - For the tests that run a Server or the transport in their own process, on both loops
   (streams, busy_poll_us, gather_us): ``run_on`` runs a coroutine on the loop ``LOOPS`` names;
   ``open_311``, an asyncio stream connection with MQTT 3.1.1's CONNECT answered;
-  ``SUBACK_QOS0``, the answer to a one-filter SUBSCRIBE.
+  ``SUBACK_QOS0``, the answer to a one-filter SUBSCRIBE; ``memory_config``, a configuration of
+  listeners on the memory store.
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ import ssl
 import struct
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 # The conformance suite's WebSocket handshake and client frames serve the transport tests too.
 from conformance.websocket import client_frame, open_handshake
+from mqttbroker.config import Config, ListenerConfig
 from mqttbroker.protocol import fastpath
 from support.clients import CONNACK_OK, MQTT_311, TIMEOUT, PahoClient, connect_packet, unique
 from support.launcher import Address, BrokerProcess
@@ -188,3 +191,11 @@ def echoes(client: PahoClient, topic: str, payload: bytes, qos: int = 1) -> None
         assert (message.topic, message.payload, message.qos) == (topic, payload, qos)
     finally:
         client.close()
+
+
+def memory_config(tmp_path: Path, *listeners: ListenerConfig, **keys: Any) -> Config:
+    """A configuration with ``listeners`` and ``keys``, the memory store, data under
+    ``tmp_path``."""
+    config = Config(listeners=list(listeners), data_dir=str(tmp_path), **keys)
+    config.storage.backend = "memory"
+    return config

@@ -24,9 +24,9 @@ from support.clients import (
     subscribe_packet,
     unique,
 )
-from support.transports import LOOPS, SUBACK_QOS0, open_311, run_on
+from support.transports import LOOPS, SUBACK_QOS0, memory_config, open_311, run_on
 
-from mqttbroker.config import Config, ListenerConfig
+from mqttbroker.config import ListenerConfig
 from mqttbroker.server import streams, tcp
 from mqttbroker.server.app import Server
 
@@ -83,8 +83,10 @@ def test_a_half_closed_client_that_does_not_read_is_let_go_after_the_grace(
     monkeypatch.setattr(tcp, "CLOSE_GRACE", GRACE)
     if transport == "loop":
         monkeypatch.setattr(streams, "available", lambda: False)
-    config = Config(listeners=[ListenerConfig(host="127.0.0.1", port=0)], data_dir=str(tmp_path))
-    config.storage.backend = "memory"
+    config = memory_config(
+        tmp_path,
+        ListenerConfig(host="127.0.0.1", port=0),
+    )
 
     async def scenario() -> tuple[str, int, int, bool, bool]:
         running = asyncio.get_running_loop()

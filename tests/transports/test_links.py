@@ -16,9 +16,10 @@ import pytest
 from aiohttp import WSMsgType
 from support.certs import Certificates, client_context
 from support.clients import CONNACK_OK, MQTT_311, connect_packet, unique
+from support.transports import memory_config
 
 from mqttbroker.broker.stats import BrokerStats
-from mqttbroker.config import Config, ListenerConfig
+from mqttbroker.config import ListenerConfig
 from mqttbroker.server.app import Server
 from mqttbroker.server.tcp import WRITE_HIGH_WATER, MQTTProtocol
 from mqttbroker.server.websocket import FRAME_TARGET, WebSocketLink
@@ -220,16 +221,13 @@ def test_certificate_user_on_tls_and_websocket_links(
     """On both event loops the broker runs on (uvloop's SSL transport is its own)."""
     tls = {"tls_cert_file": str(certs.server_cert), "tls_key_file": str(certs.server_key)}
     mtls = {**tls, "tls_ca_file": str(certs.ca)}
-    config = Config(
-        listeners=[
-            ListenerConfig(port=0, **tls),  # type: ignore[arg-type]
-            ListenerConfig(port=0, tls_certificate_username="cn", **mtls),  # type: ignore[arg-type]
-            ListenerConfig(port=0, tls_certificate_username="san", **mtls),  # type: ignore[arg-type]
-            ListenerConfig(port=0, protocol="ws", tls_certificate_username="cn", **mtls),  # type: ignore[arg-type]
-        ],
-        data_dir=str(tmp_path),
+    config = memory_config(
+        tmp_path,
+        ListenerConfig(port=0, **tls),  # type: ignore[arg-type]
+        ListenerConfig(port=0, tls_certificate_username="cn", **mtls),  # type: ignore[arg-type]
+        ListenerConfig(port=0, tls_certificate_username="san", **mtls),  # type: ignore[arg-type]
+        ListenerConfig(port=0, protocol="ws", tls_certificate_username="cn", **mtls),  # type: ignore[arg-type]
     )
-    config.storage.backend = "memory"
 
     async def scenario() -> dict[str, tuple[type, str | None]]:
         server = Server(config)

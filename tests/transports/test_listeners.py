@@ -20,10 +20,10 @@ from cryptography.hazmat.primitives import serialization
 from support.certs import Certificates
 from support.clients import PahoClient, connect_packet
 from support.launcher import BrokerProcess, run_broker
-from support.transports import toml_listener
+from support.transports import memory_config, toml_listener
 
 from mqttbroker.broker.policy import ListenerPolicy
-from mqttbroker.config import Config, ConfigError, ListenerConfig, load
+from mqttbroker.config import ConfigError, ListenerConfig, load
 from mqttbroker.security import listener_policy
 from mqttbroker.server.app import Server
 
@@ -298,8 +298,11 @@ def test_a_running_server_hands_each_connection_its_listener_policy(tmp_path: Pa
     configuration keeps what the file said (no rule is written into it)."""
     open_listener = ListenerConfig(host="127.0.0.1", port=0)
     closed_listener = ListenerConfig(host="127.0.0.1", port=0, allow_anonymous=False)
-    config = Config(listeners=[open_listener, closed_listener], data_dir=str(tmp_path))
-    config.storage.backend = "memory"
+    config = memory_config(
+        tmp_path,
+        open_listener,
+        closed_listener,
+    )
 
     async def scenario() -> list[bytes]:
         server = Server(config)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from support.clients import MQTT_311, publish_packet, subscribe_packet
-from support.transports import LOOPS, SUBACK_QOS0, open_311, run_on
+from support.transports import LOOPS, SUBACK_QOS0, memory_config, open_311, run_on
 
 from mqttbroker.config import Config, ListenerConfig
 from mqttbroker.server.app import Server
@@ -46,13 +46,12 @@ class StillClock:
 
 
 def _config(tmp_path: Path, busy_poll_us: int) -> Config:
-    config = Config(  # gather_us off, as a file with busy_poll_us alone has it
-        listeners=[ListenerConfig(port=0)],
-        data_dir=str(tmp_path),
+    config = memory_config(  # gather_us off, as a file with busy_poll_us alone has it
+        tmp_path,
+        ListenerConfig(port=0),
         busy_poll_us=busy_poll_us,
         gather_us=0,
     )
-    config.storage.backend = "memory"
     return config
 
 
@@ -136,8 +135,11 @@ ROUNDS = 5
 def _run(loop: str, tmp_path: Path, gather_us: int, qos: int = 0) -> int:
     """Rounds of every publisher writing one message at once (at ``qos``: with 1, each round ends
     with every PUBACK); every message must arrive. Returns the poller's holds."""
-    config = Config(listeners=[ListenerConfig(port=0)], data_dir=str(tmp_path), gather_us=gather_us)
-    config.storage.backend = "memory"
+    config = memory_config(
+        tmp_path,
+        ListenerConfig(port=0),
+        gather_us=gather_us,
+    )
 
     async def scenario() -> int:
         server = Server(config)

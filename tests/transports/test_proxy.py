@@ -28,8 +28,9 @@ from typing import Any
 import pytest
 from support.certs import Certificates, client_context
 from support.clients import CONNACK_OK, MQTT_311, PahoClient, connect_packet, unique
+from support.transports import memory_config
 
-from mqttbroker.config import Config, ConfigError, ListenerConfig, load, trusted_networks
+from mqttbroker.config import ConfigError, ListenerConfig, load, trusted_networks
 from mqttbroker.server.app import Server
 from mqttbroker.server.proxy import (
     V2_SIGNATURE,
@@ -160,15 +161,12 @@ async def _exchange(port: int, chunks: list[bytes], pause: float = 0.0) -> bytes
 def test_the_header_names_the_client_and_nothing_else_gets_through(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    config = Config(
-        listeners=[
-            ListenerConfig(port=0, proxy_protocol="127.0.0.1", allow_anonymous=True),
-            ListenerConfig(port=0, proxy_protocol="10.0.0.0/8", allow_anonymous=True),
-            ListenerConfig(port=0, proxy_protocol="127.0.0.0/8"),  # anonymous not allowed
-        ],
-        data_dir=str(tmp_path),
+    config = memory_config(
+        tmp_path,
+        ListenerConfig(port=0, proxy_protocol="127.0.0.1", allow_anonymous=True),
+        ListenerConfig(port=0, proxy_protocol="10.0.0.0/8", allow_anonymous=True),
+        ListenerConfig(port=0, proxy_protocol="127.0.0.0/8"),  # anonymous not allowed
     )
-    config.storage.backend = "memory"
     config.broker.max_connections_per_address = 1
     config.broker.connect_timeout = 1
 
@@ -248,11 +246,10 @@ def test_the_header_names_the_client_and_nothing_else_gets_through(
 def test_paho_through_a_balancer(tmp_path: Path) -> None:
     """paho-mqtt (MQTT 5) publishes and subscribes through a stand-in balancer that sends a
     version 2 header, then relays both ways."""
-    config = Config(
-        listeners=[ListenerConfig(port=0, proxy_protocol="127.0.0.1", allow_anonymous=True)],
-        data_dir=str(tmp_path),
+    config = memory_config(
+        tmp_path,
+        ListenerConfig(port=0, proxy_protocol="127.0.0.1", allow_anonymous=True),
     )
-    config.storage.backend = "memory"
 
     async def relay(
         reader: asyncio.StreamReader, writer: asyncio.StreamWriter, header: bytes | None = None
@@ -338,22 +335,19 @@ def test_mutual_tls_after_the_header(
     names the client; a client without a certificate is refused in the handshake. Stopping
     the broker closes the connection whose client has gone already without an error."""
     caplog.set_level(logging.ERROR, logger="asyncio")
-    config = Config(
-        listeners=[
-            ListenerConfig(
-                port=0,
-                proxy_protocol="127.0.0.1",
-                allow_anonymous=True,
-                tls_cert_file=str(certs.server_cert),
-                tls_key_file=str(certs.server_key),
-                tls_ca_file=str(certs.ca),
-                tls_require_certificate=True,
-                tls_certificate_username="cn",
-            )
-        ],
-        data_dir=str(tmp_path),
+    config = memory_config(
+        tmp_path,
+        ListenerConfig(
+            port=0,
+            proxy_protocol="127.0.0.1",
+            allow_anonymous=True,
+            tls_cert_file=str(certs.server_cert),
+            tls_key_file=str(certs.server_key),
+            tls_ca_file=str(certs.ca),
+            tls_require_certificate=True,
+            tls_certificate_username="cn",
+        ),
     )
-    config.storage.backend = "memory"
 
     def through_balancer(
         port: int, header: bytes, with_cert: bool, held: list[socket.socket] | None = None

@@ -26,10 +26,10 @@ from typing import Any
 
 import pytest
 from support.clients import CONNACK_OK, MQTT_311, connect_packet, unique
-from support.transports import LOOPS, run_on
+from support.transports import LOOPS, memory_config, run_on
 
 from mqttbroker import compiled
-from mqttbroker.config import Config, ListenerConfig
+from mqttbroker.config import ListenerConfig
 from mqttbroker.server import streams
 from mqttbroker.server.app import Server
 from mqttbroker.server.proxy import bind
@@ -1127,8 +1127,10 @@ def test_tcp_listeners_use_it_when_built_and_the_loop_s_server_otherwise(
 ) -> None:
     if not built:
         monkeypatch.setattr(streams, "available", lambda: False)
-    config = Config(listeners=[ListenerConfig(host="127.0.0.1", port=0)], data_dir=str(tmp_path))
-    config.storage.backend = "memory"
+    config = memory_config(
+        tmp_path,
+        ListenerConfig(host="127.0.0.1", port=0),
+    )
 
     async def scenario() -> tuple[bytes, str, str]:
         server = Server(config)

@@ -14,8 +14,9 @@ from typing import Any, TypeVar
 import pytest
 from support.certs import Certificates, client_context
 from support.clients import CONNACK_OK, MQTT_311, connect_packet, unique
+from support.transports import memory_config
 
-from mqttbroker.config import Config, ListenerConfig
+from mqttbroker.config import ListenerConfig
 from mqttbroker.security.tls import server_context
 from mqttbroker.server import streams
 from mqttbroker.server.app import Server
@@ -118,8 +119,10 @@ def test_tls_listeners_run_the_layer_on_the_own_transport_when_built(
         tls_cert_file=str(certs.server_cert),
         tls_key_file=str(certs.server_key),
     )
-    config = Config(listeners=[tls], data_dir=str(tmp_path))
-    config.storage.backend = "memory"
+    config = memory_config(
+        tmp_path,
+        tls,
+    )
 
     async def scenario() -> tuple[bytes, str, str, str]:
         server = Server(config)

@@ -58,11 +58,12 @@ from support.transports import (
     Listeners,
     RawWebSocket,
     echoes,
+    memory_config,
     toml_listener,
 )
 
 from conformance.websocket import HandshakeRefused
-from mqttbroker.config import Config, ListenerConfig, trusted_networks
+from mqttbroker.config import ListenerConfig, trusted_networks
 from mqttbroker.server.app import Server
 from mqttbroker.server.websocket import forwarded_client
 
@@ -355,19 +356,14 @@ async def _mqtt_over_ws(
 def test_limits_and_logs_count_the_forwarded_client(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    config = Config(
-        listeners=[
-            ListenerConfig(
-                port=0, protocol="ws", ws_trusted_proxies="127.0.0.1", allow_anonymous=True
-            ),
-            ListenerConfig(port=0, protocol="ws"),  # trusts nobody
-            # Behind a proxy, a loopback listener serves whoever the proxy serves: anonymous
-            # clients are refused unless allowed (3.1.1 CONNACK 5, not authorized).
-            ListenerConfig(port=0, protocol="ws", ws_trusted_proxies="127.0.0.1"),
-        ],
-        data_dir=str(tmp_path),
+    config = memory_config(
+        tmp_path,
+        ListenerConfig(port=0, protocol="ws", ws_trusted_proxies="127.0.0.1", allow_anonymous=True),
+        ListenerConfig(port=0, protocol="ws"),  # trusts nobody
+        # Behind a proxy, a loopback listener serves whoever the proxy serves: anonymous
+        # clients are refused unless allowed (3.1.1 CONNACK 5, not authorized).
+        ListenerConfig(port=0, protocol="ws", ws_trusted_proxies="127.0.0.1"),
     )
-    config.storage.backend = "memory"
     config.broker.max_connections_per_address = 1
 
     async def scenario() -> dict[str, Any]:
