@@ -11,11 +11,11 @@ import pytest
 from support.clients import connect_packet
 from support.launcher import write_file
 from support.password_files import ITERATIONS
+from support.transports import serving
 
 from mqttbroker.config import Config, ConfigError, ListenerConfig, SecurityConfig, load
 from mqttbroker.security import build_security
 from mqttbroker.security.passwords import make_entry_line
-from mqttbroker.server.app import Server
 
 
 def test_defaults() -> None:
@@ -207,9 +207,7 @@ def test_a_user_name_is_no_way_around_the_listeners_rule(tmp_path: Path) -> None
             writer.close()
 
     async def scenario() -> list[bytes]:
-        server = Server(config)
-        await server.start()
-        closed, open_ = (listener.addresses[0][1] for listener in server.listeners)
+        server, (closed, open_) = await serving(config)
         try:
             return [
                 await answer(closed, connect_packet("named5", username="anyone", password=b"x")),

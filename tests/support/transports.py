@@ -10,7 +10,7 @@ certificates come from tests/support.
   (streams, busy_poll_us, gather_us): ``run_on`` runs a coroutine on the loop ``LOOPS`` names;
   ``open_311``, an asyncio stream connection with MQTT 3.1.1's CONNECT answered;
   ``SUBACK_QOS0``, the answer to a one-filter SUBSCRIBE; ``memory_config``, a configuration of
-  listeners on the memory store.
+  listeners on the memory store, and ``serving``, a Server started on one.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from typing import Any
 from conformance.websocket import client_frame, open_handshake
 from mqttbroker.config import Config, ListenerConfig
 from mqttbroker.protocol import fastpath
+from mqttbroker.server.app import Server
 from support.clients import CONNACK_OK, MQTT_311, TIMEOUT, PahoClient, connect_packet, unique
 from support.launcher import Address, BrokerProcess
 
@@ -199,3 +200,10 @@ def memory_config(tmp_path: Path, *listeners: ListenerConfig, **keys: Any) -> Co
     config = Config(listeners=list(listeners), data_dir=str(tmp_path), **keys)
     config.storage.backend = "memory"
     return config
+
+
+async def serving(config: Config) -> tuple[Server, list[int]]:
+    """A Server started on ``config``, and the port of each of its listeners, in order."""
+    server = Server(config)
+    await server.start()
+    return server, [listener.addresses[0][1] for listener in server.listeners]

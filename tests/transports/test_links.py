@@ -16,11 +16,10 @@ import pytest
 from aiohttp import WSMsgType
 from support.certs import Certificates, client_context
 from support.clients import CONNACK_OK, MQTT_311, connect_packet, unique
-from support.transports import memory_config
+from support.transports import memory_config, serving
 
 from mqttbroker.broker.stats import BrokerStats
 from mqttbroker.config import ListenerConfig
-from mqttbroker.server.app import Server
 from mqttbroker.server.tcp import WRITE_HIGH_WATER, MQTTProtocol
 from mqttbroker.server.websocket import FRAME_TARGET, WebSocketLink
 
@@ -230,9 +229,7 @@ def test_certificate_user_on_tls_and_websocket_links(
     )
 
     async def scenario() -> dict[str, tuple[type, str | None]]:
-        server = Server(config)
-        await server.start()
-        ports = [listener.addresses[0][1] for listener in server.listeners]
+        server, ports = await serving(config)
         with_cert = client_context(certs, with_cert=True)
         without = client_context(certs)
         seen: dict[str, tuple[type, str | None]] = {}

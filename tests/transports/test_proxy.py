@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 from support.certs import Certificates, client_context
 from support.clients import CONNACK_OK, MQTT_311, PahoClient, connect_packet, unique
-from support.transports import memory_config
+from support.transports import memory_config, serving
 
 from mqttbroker.config import ConfigError, ListenerConfig, load, trusted_networks
 from mqttbroker.server.app import Server
@@ -171,9 +171,7 @@ def test_the_header_names_the_client_and_nothing_else_gets_through(
     config.broker.connect_timeout = 1
 
     async def scenario() -> dict[str, Any]:
-        server = Server(config)
-        await server.start()
-        behind, elsewhere, guarded = (listener.addresses[0][1] for listener in server.listeners)
+        server, (behind, elsewhere, guarded) = await serving(config)
         seen: dict[str, Any] = {}
         held: list[asyncio.StreamWriter] = []
         try:

@@ -59,12 +59,12 @@ from support.transports import (
     RawWebSocket,
     echoes,
     memory_config,
+    serving,
     toml_listener,
 )
 
 from conformance.websocket import HandshakeRefused
 from mqttbroker.config import ListenerConfig, trusted_networks
-from mqttbroker.server.app import Server
 from mqttbroker.server.websocket import forwarded_client
 
 VERSIONS = [pytest.param(mqtt.MQTTv5, id="v5"), pytest.param(mqtt.MQTTv311, id="v311")]
@@ -367,9 +367,7 @@ def test_limits_and_logs_count_the_forwarded_client(
     config.broker.max_connections_per_address = 1
 
     async def scenario() -> dict[str, Any]:
-        server = Server(config)
-        await server.start()
-        behind, plain, guarded = (listener.addresses[0][1] for listener in server.listeners)
+        server, (behind, plain, guarded) = await serving(config)
         seen: dict[str, Any] = {}
         async with aiohttp.ClientSession() as session:
             sockets = []
