@@ -20,6 +20,7 @@ import pytest
 from aiohttp import web
 from support.cleanup import ended_after
 from support.clients import PahoClient, connack_code, unique
+from support.http_service import serve
 from support.launcher import BrokerProcess, free_port
 
 ADMIN_TOKEN = "an admin token for the test"
@@ -40,13 +41,9 @@ class Service:
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
 
     async def _start(self) -> None:
-        app = web.Application()
-        app.router.add_post("/auth", self.auth)
-        app.router.add_post("/acl", self.acl)
-        self.runner = web.AppRunner(app)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", self.port)
-        await site.start()
+        self.runner, _ = await serve(
+            [("POST", "/auth", self.auth), ("POST", "/acl", self.acl)], self.port
+        )
 
     def start(self, port: int = 0) -> Service:
         self.port = port or free_port()

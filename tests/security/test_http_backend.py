@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from support.http_service import serve
 
 from mqttbroker.config import HttpAuthConfig
 from mqttbroker.security.http_backend import ALLOW, DENY, IGNORE, HttpBackend
@@ -42,14 +43,9 @@ class Service:
         return web.Response(status=status, text=text)
 
     async def start(self) -> Service:
-        app = web.Application()
-        app.router.add_post("/auth", self.handle)
-        app.router.add_post("/acl", self.handle)
-        self.runner = web.AppRunner(app)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.runner, self.port = await serve(
+            [("POST", "/auth", self.handle), ("POST", "/acl", self.handle)]
+        )
         return self
 
     async def stop(self) -> None:

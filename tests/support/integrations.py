@@ -20,6 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from support.clients import Collector, PahoClient
+from support.http_service import serve
 from support.launcher import BrokerProcess, Mosquitto
 
 SECRET = b"s3cret-for-tests"
@@ -89,14 +90,10 @@ class Endpoint:
 
     def _run(self, ready: threading.Event) -> None:
         asyncio.set_event_loop(self.loop)
-        app = web.Application()
-        app.router.add_route("*", "/{path}", self._handle)
-        self.runner = web.AppRunner(app)
         self.released = asyncio.Event()
-        self.loop.run_until_complete(self.runner.setup())
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        self.loop.run_until_complete(site.start())
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.runner, self.port = self.loop.run_until_complete(
+            serve([("*", "/{path}", self._handle)])
+        )
         ready.set()
         self.loop.run_forever()
 
