@@ -25,6 +25,26 @@ def _count_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == COUNTS]
 
 
+def _storm(h: Harness, names: list[str]) -> None:
+    """Clients ``names`` connect; the first then disconnects, the second's connection is lost."""
+    clients = [h.connect(name) for name in names]
+    clients[0].send(pk.Disconnect())
+    clients[1].lose()
+
+
+def _counted_at_the_end_of(
+    period: float, h: Harness, caplog: pytest.LogCaptureFixture, line: str
+) -> None:
+    """No counting line half way through the ``period``, ``line`` at its end, and none in the
+    next one, in which nothing happened."""
+    h.tick(period / 2)
+    assert _count_lines(caplog) == []
+    h.tick(period / 2)
+    assert _count_lines(caplog) == [line]
+    h.tick(period)
+    assert len(_count_lines(caplog)) == 1
+
+
 def test_by_default_a_storm_past_100_a_second_is_counted_in_one_line(
     h: Harness, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -35,15 +55,13 @@ def test_by_default_a_storm_past_100_a_second_is_counted_in_one_line(
     assert len(lines) == 100
     assert lines[0].startswith("client storm-0 connected from")
     assert lines[-1].startswith("client storm-99 connected from")
-    h.tick(0.5)  # the second is not over: nothing yet
-    assert _count_lines(caplog) == []
-    h.tick(0.5)
-    assert _count_lines(caplog) == [
+    _counted_at_the_end_of(
+        1.0,
+        h,
+        caplog,
         "past 100 lines in 1s (connection_log_rate): 30 more clients connected, "
-        "0 disconnected, 0 connections lost"
-    ]
-    h.tick(1)  # nothing counted since: no line
-    assert len(_count_lines(caplog)) == 1
+        "0 disconnected, 0 connections lost",
+    )
 
 
 def test_lines_one_by_one_again_in_the_next_second(
@@ -51,9 +69,7 @@ def test_lines_one_by_one_again_in_the_next_second(
 ) -> None:
     caplog.set_level(logging.INFO, logger="mqttbroker")
     h = make_harness(connection_log_rate=2)
-    clients = [h.connect(f"c{i}") for i in range(3)]
-    clients[0].send(pk.Disconnect())
-    clients[1].lose()
+    _storm(h, [f"c{i}" for i in range(3)])
     assert len(_client_lines(caplog)) == 2
     h.clock.advance(1)
     h.connect("late")  # the next second: its own line, after the counts of the last one
@@ -70,9 +86,7 @@ def test_rate_0_writes_every_line(
 ) -> None:
     caplog.set_level(logging.INFO, logger="mqttbroker")
     h = make_harness(connection_log_rate=0)
-    clients = [h.connect(f"c{i}") for i in range(150)]
-    clients[0].send(pk.Disconnect())
-    clients[1].lose()
+    _storm(h, [f"c{i}" for i in range(150)])
     h.tick(1)
     lines = _client_lines(caplog)
     assert len(lines) == 152
@@ -86,18 +100,14 @@ def test_interval_counts_instead_of_a_line_each(
     caplog.set_level(logging.INFO, logger="mqttbroker")
     h = make_harness(connection_log_interval=10.0)
     h.tick()
-    clients = [h.connect(f"storm-{i}") for i in range(5)]
-    clients[0].send(pk.Disconnect())
-    clients[1].lose()
+    _storm(h, [f"storm-{i}" for i in range(5)])
     assert _client_lines(caplog) == []
-    h.tick(5)
-    assert _count_lines(caplog) == []
-    h.tick(5)
-    assert _count_lines(caplog) == [
-        "in the last 10s: 5 clients connected, 1 disconnected, 1 connections lost"
-    ]
-    h.tick(10)  # nothing happened since: no line
-    assert len(_count_lines(caplog)) == 1
+    _counted_at_the_end_of(
+        10.0,
+        h,
+        caplog,
+        "in the last 10s: 5 clients connected, 1 disconnected, 1 connections lost",
+    )
 
 
 def test_nothing_counted_when_info_is_off(
