@@ -13,6 +13,12 @@ from support.harness import Harness, pk
 COUNTS = "mqttbroker.broker"
 
 
+@pytest.fixture
+def info_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """The broker's lines from INFO up are captured."""
+    caplog.set_level(logging.INFO, logger="mqttbroker")
+
+
 def _messages(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records]
 
@@ -46,9 +52,8 @@ def _counted_at_the_end_of(
 
 
 def test_by_default_a_storm_past_100_a_second_is_counted_in_one_line(
-    h: Harness, caplog: pytest.LogCaptureFixture
+    h: Harness, caplog: pytest.LogCaptureFixture, info_logged: None
 ) -> None:
-    caplog.set_level(logging.INFO, logger="mqttbroker")
     for i in range(130):
         h.connect(f"storm-{i}")
     lines = _client_lines(caplog)
@@ -65,9 +70,8 @@ def test_by_default_a_storm_past_100_a_second_is_counted_in_one_line(
 
 
 def test_lines_one_by_one_again_in_the_next_second(
-    make_harness: Callable[..., Harness], caplog: pytest.LogCaptureFixture
+    make_harness: Callable[..., Harness], caplog: pytest.LogCaptureFixture, info_logged: None
 ) -> None:
-    caplog.set_level(logging.INFO, logger="mqttbroker")
     h = make_harness(connection_log_rate=2)
     _storm(h, [f"c{i}" for i in range(3)])
     assert len(_client_lines(caplog)) == 2
@@ -82,9 +86,8 @@ def test_lines_one_by_one_again_in_the_next_second(
 
 
 def test_rate_0_writes_every_line(
-    make_harness: Callable[..., Harness], caplog: pytest.LogCaptureFixture
+    make_harness: Callable[..., Harness], caplog: pytest.LogCaptureFixture, info_logged: None
 ) -> None:
-    caplog.set_level(logging.INFO, logger="mqttbroker")
     h = make_harness(connection_log_rate=0)
     _storm(h, [f"c{i}" for i in range(150)])
     h.tick(1)
@@ -95,9 +98,8 @@ def test_rate_0_writes_every_line(
 
 
 def test_interval_counts_instead_of_a_line_each(
-    make_harness: Callable[..., Harness], caplog: pytest.LogCaptureFixture
+    make_harness: Callable[..., Harness], caplog: pytest.LogCaptureFixture, info_logged: None
 ) -> None:
-    caplog.set_level(logging.INFO, logger="mqttbroker")
     h = make_harness(connection_log_interval=10.0)
     h.tick()
     _storm(h, [f"storm-{i}" for i in range(5)])
