@@ -2,11 +2,12 @@
 the in-memory harness (harness.py) and its SQLite twin (sqlite_harness.py), clients of a real
 broker (paho and raw sockets, raw packet builders: clients.py), the programs under test as
 subprocesses and Mosquitto's client programs (launcher.py), the programs outside Python a test
-may need (external_tools.py), throwaway TLS certificates (certs.py), whole-packet codec helpers
-(codec.py), hypothesis strategies of valid packets (strategies.py), the admin server's HTTP
-client checked against the OpenAPI document (admin_client.py), a redis-server of the test's own
-(redis_server.py), the client side of SCRAM (scram_client.py), password files in our and
-Mosquitto's formats (password_files.py); and the helpers of single folders: integrations.py,
-sessions.py, transports.py, examples.py, lifecycle.py, benchmark_c.py. Tests import them as
-``support.<module>``; no folder puts another on sys.path for them, and no folder keeps helpers
-of its own beside its tests."""
+may need (external_tools.py), the ending of what a fixture started (cleanup.py), throwaway TLS
+certificates (certs.py), whole-packet codec helpers (codec.py), hypothesis strategies of valid
+packets (strategies.py), the admin server's HTTP client checked against the OpenAPI document
+(admin_client.py), a local HTTP service (http_service.py), a redis-server of the test's own
+(redis_server.py) and clients of a cluster's nodes (cluster_clients.py), the client side of
+SCRAM (scram_client.py), password files in our and Mosquitto's formats (password_files.py); and
+the helpers of single folders: integrations.py, sessions.py, transports.py, examples.py,
+lifecycle.py, benchmark_c.py. Tests import them as ``support.<module>``; no folder puts another
+on sys.path for them, and no folder keeps helpers of its own beside its tests."""
