@@ -11,9 +11,9 @@ assertions (``log_text()``, ``wait_for_log()``): see ``support/launcher.py``.
 
 A test marked ``needs_mosquitto``, ``needs_haproxy``, ``needs_node``, ``needs_openssl`` or
 ``needs_chromium`` is skipped when that program is missing, and fails instead under ``CI=true``;
-a CI run that skipped any test, for whatever reason, fails (``support/external_tools.py``). So is one
-marked ``needs_compiled`` (the broker's own C transport and the mypyc hot path) when the pure
-form is installed, with the reason the install gave.
+a CI run that skipped any test, for whatever reason, fails (``support/external_tools.py``). So
+is one marked ``needs_compiled`` (the broker's own C transport and the mypyc hot path) when the
+pure form is installed, with the reason the install gave.
 """
 
 from __future__ import annotations
