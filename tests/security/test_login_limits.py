@@ -90,14 +90,16 @@ class FakeClock:
         return self.now
 
 
-def authenticator(clock: FakeClock, limit: int = 3, window: float = 30.0) -> FileAuthenticator:
+def authenticator(
+    clock: FakeClock | None = None, limit: int = 3, window: float = 30.0
+) -> FileAuthenticator:
     text = "".join(
         make_entry_line(user, f"{user}-pw".encode(), ITERATIONS) + "\n" for user in USERS
     )
     return FileAuthenticator(
         PasswordFile.parse(text.encode(), "pw.txt"),
         False,
-        KdfBudget(clock=clock),
+        KdfBudget(clock=clock or FakeClock()),
         failures=LoginFailures(limit, window),
     )
 
@@ -128,8 +130,7 @@ def test_an_address_past_the_limit_is_refused_without_a_check_then_drains() -> N
 def test_a_targeted_user_is_slowed_down_not_locked_out() -> None:
     """Failures for alice0 from many addresses: alice0 may then be tried only from addresses
     without failures; her own address, clean, still logs her in."""
-    clock = FakeClock()
-    auth = authenticator(clock)
+    auth = authenticator()
     wrong_from(auth, "alice0", [f"10.1.0.{n}" for n in range(3)])
     assert auth.check_password("c", "alice1", b"wrong", address="10.1.0.9") == 0x86
     assert auth.check_password("c", "alice0", b"guess", address="10.1.0.9") == 0x9F
@@ -138,8 +139,7 @@ def test_a_targeted_user_is_slowed_down_not_locked_out() -> None:
 
 
 def test_budget_keeps_a_reserve_for_clean_addresses() -> None:
-    clock = FakeClock()
-    auth = authenticator(clock, limit=100)
+    auth = authenticator(limit=100)
     assert auth.check_password("c", "alice0", b"wrong", address="10.0.0.9") == 0x86
     auth.budget.spend(auth.budget.burst - auth.budget.reserve)  # down to the reserve
     assert auth.check_password("c", "alice0", b"wrong", address="10.0.0.9") == 0x89
@@ -147,8 +147,7 @@ def test_budget_keeps_a_reserve_for_clean_addresses() -> None:
 
 
 def test_scram_failures_count_and_lockout_refuses_scram() -> None:
-    clock = FakeClock()
-    auth = authenticator(clock)
+    auth = authenticator()
     for n in range(3):
         exchange = auth.exchange("SCRAM-SHA-256", "c", None, "10.0.0.9")
         assert exchange is not None
@@ -165,8 +164,7 @@ def test_scram_failures_count_and_lockout_refuses_scram() -> None:
 
 
 def test_ipv6_addresses_count_per_64_network() -> None:
-    clock = FakeClock()
-    auth = authenticator(clock)
+    auth = authenticator()
     wrong_from(auth, "alice1", [f"2001:db8::{n + 1}" for n in range(3)])
     assert auth.check_password("c", "alice2", b"alice2-pw", address="2001:db8::ff:1") == 0x9F
     assert auth.check_password("c", "alice2", b"alice2-pw", address="2001:db8:0:1::1") == 0
