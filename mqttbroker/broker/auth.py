@@ -2,8 +2,9 @@
 
 Two ways a client proves who it is (section 4.12):
 
-* user name and password in CONNECT: :meth:`Authenticator.check_password` answers with a reason
-  code (0x00 accepted, 0x86 bad user name or password, 0x87 not authorized...);
+* user name and password in CONNECT: :meth:`Authenticator.check_password` answers a
+  :class:`LoginRequest` with a reason code (0x00 accepted, 0x86 bad user name or password, 0x87
+  not authorized...);
 * enhanced authentication, an Authentication Method named in CONNECT followed by AUTH packets
   (a challenge/response such as SCRAM): :meth:`Authenticator.exchange` returns an
   :class:`AuthExchange` for that method, or None when the method is not supported (CONNACK 0x8C).
@@ -36,6 +37,20 @@ class AuthOutcome:
     username: str | None = None  # the identity the exchange established, if any
 
 
+@dataclass(slots=True)
+class LoginRequest:
+    """A login to check: the CONNECT's client id, user name and password; ``anonymous``, the
+    listener's rule for clients the authenticator cannot identify (no user name, or nothing to
+    check a name against), overriding the authenticator's own (None: its own); ``address``,
+    the client's (failed logins are counted per address), None if unknown."""
+
+    client_id: str
+    username: str | None
+    password: bytes | None
+    anonymous: bool | None = None
+    address: str | None = None
+
+
 class AuthExchange(Protocol):
     def step(self, data: bytes | None) -> AuthOutcome:
         """Take the client's Authentication Data (from CONNECT, or from its AUTH packets)."""
@@ -43,18 +58,8 @@ class AuthExchange(Protocol):
 
 
 class Authenticator(Protocol):
-    def check_password(
-        self,
-        client_id: str,
-        username: str | None,
-        password: bytes | None,
-        anonymous: bool | None = None,
-        address: str | None = None,
-    ) -> int:
-        """The reason code for a CONNECT's user name and password (0 accepts). ``anonymous``:
-        the listener's rule for clients the authenticator cannot identify (no user name, or
-        nothing to check a name against), overriding the authenticator's own; None: its own.
-        ``address``: the client's (failed logins are counted per address), None if unknown."""
+    def check_password(self, login: LoginRequest) -> int:
+        """The reason code for a CONNECT's user name and password (0 accepts)."""
         ...
 
     def exchange(
@@ -68,14 +73,7 @@ class Authenticator(Protocol):
 class AllowAll:
     """The default: any user name and password is accepted; no enhanced method is supported."""
 
-    def check_password(
-        self,
-        client_id: str,
-        username: str | None,
-        password: bytes | None,
-        anonymous: bool | None = None,
-        address: str | None = None,
-    ) -> int:
+    def check_password(self, login: LoginRequest) -> int:
         return ReasonCode.SUCCESS
 
     def exchange(

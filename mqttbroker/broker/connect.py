@@ -15,7 +15,7 @@ from ..protocol.errors import MQTTError, ProtocolError
 from ..protocol.packets import MQTT_5
 from ..protocol.reasons import CONNACK_CODES, ReasonCode, v311_connack_code
 from . import publish
-from .auth import CONTINUE, SUCCESS, AuthExchange
+from .auth import CONTINUE, SUCCESS, AuthExchange, LoginRequest
 from .topics import valid_topic_name
 
 if TYPE_CHECKING:
@@ -133,7 +133,9 @@ def on_connect(conn: Connection, packet: pk.Connect) -> None:
             return
         else:
             code = broker.authenticator.check_password(
-                packet.client_id, packet.username, packet.password, anonymous, conn.address
+                LoginRequest(
+                    packet.client_id, packet.username, packet.password, anonymous, conn.address
+                )
             )
             if code:
                 raise MQTTError("authentication failed", code)

@@ -54,6 +54,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from ..broker.auth import LoginRequest
 from ..broker.core import Broker
 from ..config import AdminConfig, ConfigError, ListenerConfig, is_loopback
 from ..protocol.reasons import ReasonCode
@@ -243,7 +244,7 @@ class Auth:
         # The same work for a known user or not (a stand-in hash): the answer does not tell.
         return await self.offload(
             lambda: authenticator.check_password(
-                API_CLIENT_ID, user, password, anonymous=False, address=address, budget=budget
+                LoginRequest(API_CLIENT_ID, user, password, False, address), budget
             )
         )
 

@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ..broker.auth import AuthExchange
+from ..broker.auth import AuthExchange, LoginRequest
 from ..protocol.reasons import ReasonCode
 from .errors import SecurityFileError
 from .passwords import (
@@ -360,18 +360,12 @@ class FileAuthenticator:
 
     # -- CONNECT user name and password ---------------------------------------------------
 
-    def check_password(
-        self,
-        client_id: str,
-        username: str | None,
-        password: bytes | None,
-        anonymous: bool | None = None,
-        address: str | None = None,
-        budget: KdfBudget | None = None,
-    ) -> int:
+    def check_password(self, login: LoginRequest, budget: KdfBudget | None = None) -> int:
         """The answer to a login (a reason code). ``budget``: the time budget the key
         derivation is taken from (the admin server has its own); None: the MQTT logins'."""
-        allowed = self.allow_anonymous if anonymous is None else anonymous
+        client_id, username, password = login.client_id, login.username, login.password
+        address = login.address
+        allowed = self.allow_anonymous if login.anonymous is None else login.anonymous
         if username is None:
             if allowed:
                 return ReasonCode.SUCCESS

@@ -42,10 +42,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from ..broker.auth import AuthExchange, Pending
+from ..broker.auth import AuthExchange, LoginRequest, Pending
 from ..protocol.reasons import ReasonCode
 from .authenticator import FileAuthenticator
 from .dynsec import Dynsec, DynsecAuthenticator
@@ -92,123 +92,113 @@ class AuthChain:
     async def login(
         self,
         run_blocking: Callable[[Callable[[], int | None]], Awaitable[int | None]],
-        client_id: str,
-        username: str | None,
-        password: bytes | None,
-        anonymous: bool | None,
-        address: str | None,
+        request: LoginRequest,
     ) -> Login:
         last = len(self.names) - 1
         for index, name in enumerate(self.names):
             if name == "jwt":
-                login = self._jwt(client_id, password, address)
+                login = self._jwt(request)
             elif name == "http":
-                login = await self._http(client_id, username, password, address)
+                login = await self._http(request)
             else:  # password_file, dynsec: hashing, on a worker thread
-                if username is None:
-                    continue
-                work = self._hashing(name, client_id, username, password, address, index == last)
+                work = self._hashing(name, request, index == last)
                 if work is None:
                     continue
                 code = await run_blocking(work)
-                login = None if code is None else Login(code, username, name)
+                login = None if code is None else Login(code, request.username, name)
             if login is not None:
                 return login
-        return self._nobody(client_id, username, anonymous, address)
+        return self._nobody(request)
 
-    def login_now(
-        self,
-        client_id: str,
-        username: str | None,
-        password: bytes | None,
-        anonymous: bool | None,
-        address: str | None,
-    ) -> Login:
+    def login_now(self, request: LoginRequest) -> Login:
         """The same without an event loop (a broker without the server's offload: tests);
         the HTTP service cannot be asked here and denies."""
         last = len(self.names) - 1
         for index, name in enumerate(self.names):
             login: Login | None
             if name == "jwt":
-                login = self._jwt(client_id, password, address)
+                login = self._jwt(request)
             elif name == "http" and self.http is not None and not self.http.settings.url:
                 continue
             elif name == "http":
-                log.warning("client %s: http_auth needs the server's event loop", client_id)
-                login = Login(ReasonCode.BAD_USER_NAME_OR_PASSWORD, username, name)
-            elif username is None:
-                continue
+                log.warning("client %s: http_auth needs the server's event loop", request.client_id)
+                login = Login(ReasonCode.BAD_USER_NAME_OR_PASSWORD, request.username, name)
             else:
-                work = self._hashing(name, client_id, username, password, address, index == last)
+                work = self._hashing(name, request, index == last)
                 code = None if work is None else work()
-                login = None if code is None else Login(code, username, name)
+                login = None if code is None else Login(code, request.username, name)
             if login is not None:
                 return login
-        return self._nobody(client_id, username, anonymous, address)
+        return self._nobody(request)
 
     # -- the sources --------------------------------------------------------------------------
 
     def _hashing(
-        self,
-        name: str,
-        client_id: str,
-        username: str,
-        password: bytes | None,
-        address: str | None,
-        last: bool,
+        self, name: str, request: LoginRequest, last: bool
     ) -> Callable[[], int | None] | None:
         """The check to run on a worker thread (its reason code, None: not mine), or None when
-        it is not this source's at all (no need for a thread)."""
+        it is not this source's at all (no user name; no need for a thread)."""
+        username = request.username
+        if username is None:
+            return None
         if name == "password_file":
             files = self.files
             passwords = files.passwords
             if passwords is None or (not last and passwords.get(username) is None):
                 return None
-            return lambda: files.check_password(client_id, username, password, False, address)
+            mine = replace(request, anonymous=False)
+            return lambda: files.check_password(mine)
         logins = self.dynsec_logins
         if logins is None or username not in logins.state.clients:
             return None
-        return lambda: logins.check_password(client_id, username, password, address)
+        return lambda: logins.check_password(request)
 
-    def _jwt(self, client_id: str, password: bytes | None, address: str | None) -> Login | None:
+    def _jwt(self, request: LoginRequest) -> Login | None:
         tokens = self.tokens
         assert tokens is not None
-        verdict = tokens.verify(client_id, password)
+        client_id = request.client_id
+        verdict = tokens.verify(client_id, request.password)
         if verdict.status == ACCEPTED:
             return Login(ReasonCode.SUCCESS, verdict.username, "jwt", verdict)
         if verdict.status == REFUSED:
-            log.info("client %s from %s: token refused: %s", client_id, address, verdict.reason)
+            log.info(
+                "client %s from %s: token refused: %s", client_id, request.address, verdict.reason
+            )
             return Login(ReasonCode.BAD_USER_NAME_OR_PASSWORD, None, "jwt")
         return None
 
-    async def _http(
-        self, client_id: str, username: str | None, password: bytes | None, address: str | None
-    ) -> Login | None:
+    async def _http(self, request: LoginRequest) -> Login | None:
         http = self.http
         assert http is not None
         if not http.settings.url:  # the service answers rights only
             return None
-        answer = await http.authenticate(client_id, username, password, address)
+        username = request.username
+        answer = await http.authenticate(
+            request.client_id, username, request.password, request.address
+        )
         if answer == ALLOW:
             return Login(ReasonCode.SUCCESS, username, "http")
         if answer == DENY:
             log.info(
                 "client %s from %s: login as %r denied by the HTTP service",
-                client_id,
-                address,
+                request.client_id,
+                request.address,
                 username,
             )
             return Login(ReasonCode.BAD_USER_NAME_OR_PASSWORD, username, "http")
         return None
 
-    def _nobody(
-        self, client_id: str, username: str | None, anonymous: bool | None, address: str | None
-    ) -> Login:
+    def _nobody(self, request: LoginRequest) -> Login:
         """No source claimed the login: the anonymous rule without a user name, else 0x86."""
+        username = request.username
         if username is None:
-            code = self.files.check_password(client_id, None, None, anonymous, address)
-            return Login(code, None)
-        log.info("client %s from %s: no source knows user %r", client_id, address, username)
+            return Login(self.files.check_password(request), None)
+        log.info(
+            "client %s from %s: no source knows user %r",
+            request.client_id,
+            request.address,
+            username,
+        )
         return Login(ReasonCode.BAD_USER_NAME_OR_PASSWORD, username)
 
 
@@ -222,15 +212,8 @@ class ChainAuthenticator:
         self.chain = chain
         self.files = chain.files
 
-    def check_password(
-        self,
-        client_id: str,
-        username: str | None,
-        password: bytes | None,
-        anonymous: bool | None = None,
-        address: str | None = None,
-    ) -> int:
-        return self.chain.login_now(client_id, username, password, anonymous, address).code
+    def check_password(self, login: LoginRequest) -> int:
+        return self.chain.login_now(login).code
 
     def exchange(
         self, method: str, client_id: str, username: str | None, address: str | None = None

@@ -38,6 +38,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..broker.auth import LoginRequest
 from ..broker.router import UNRETAINED
 from ..broker.sink import Sink
 from ..broker.topics import valid_topic_filter
@@ -1066,16 +1067,15 @@ class DynsecAuthenticator:
         self.state = state
         self.files = files
 
-    def check_password(
-        self, client_id: str, username: str, password: bytes | None, address: str | None = None
-    ) -> int | None:
-        """A reason code (0 accepts), or None if ``username`` is not a client of the dynamic
+    def check_password(self, login: LoginRequest) -> int | None:
+        """A reason code (0 accepts), or None if the user name is not a client of the dynamic
         security (not its login to answer)."""
         state = self.state
-        if username not in state.clients:
+        client_id, username, address = login.client_id, login.username, login.address
+        if username is None or username not in state.clients:
             return None
         code = self.files.guarded(
-            client_id, username, password, address, partial(state.verify, username), True
+            client_id, username, login.password, address, partial(state.verify, username), True
         )
         if code == ReasonCode.SUCCESS:
             code = state.admission(client_id, username)

@@ -21,6 +21,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from .. import compiled
+from ..broker.auth import LoginRequest
 from ..broker.connection import Connection
 from ..broker.core import Broker
 from ..broker.state import CLOSED
@@ -288,7 +289,8 @@ class Server:
         client_id = packet.client_id
         try:
             login = await security.chain.login(
-                run_blocking, client_id, packet.username, packet.password, anonymous, conn.address
+                run_blocking,
+                LoginRequest(client_id, packet.username, packet.password, anonymous, conn.address),
             )
             rights = security.chain_authorizer
             if not login.code and rights is not None:

@@ -30,7 +30,7 @@ from support.harness import (
     split_packets,
 )
 
-from mqttbroker.broker.auth import SUCCESS, AuthOutcome
+from mqttbroker.broker.auth import SUCCESS, AuthOutcome, LoginRequest
 from mqttbroker.broker.core import Broker
 from mqttbroker.broker.policy import ListenerPolicy
 from mqttbroker.protocol import grammar
@@ -631,7 +631,7 @@ def test_password_check_is_told_the_listener_rule_and_address(
     client = h.client(peer="10.2.3.4:5678", policy=ListenerPolicy(allow_anonymous=allow_anonymous))
     client.send(pk.Connect(client_id="c", username="u", password=b"p"))
     assert client.one(pk.Connack).reason_code == 0
-    assert asked == [("c", "u", b"p", allow_anonymous, "10.2.3.4")]
+    assert asked == [(LoginRequest("c", "u", b"p", allow_anonymous, "10.2.3.4"),)]
 
 
 def test_connack_announces_features_turned_off(make_harness: Any) -> None:
@@ -803,7 +803,7 @@ def test_offloaded_password_check_is_told_the_address(h: Harness) -> None:
     client.send(pk.Connect(client_id="c", username="u", password=b"p"))
     offload.run_all()
     assert client.one(pk.Connack).reason_code == 0
-    assert asked == [("c", "u", b"p", None, "10.9.8.7")]
+    assert asked == [(LoginRequest("c", "u", b"p", None, "10.9.8.7"),)]
 
 
 def test_exchange_is_told_the_user_name(h: Harness) -> None:

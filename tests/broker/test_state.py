@@ -21,6 +21,7 @@ from support.harness import (
 )
 
 from mqttbroker.broker import state as st
+from mqttbroker.broker.auth import LoginRequest
 from mqttbroker.protocol import grammar
 from mqttbroker.protocol.packets import PacketType
 
@@ -30,8 +31,8 @@ ALL_STATES = (st.AWAIT_CONNECT, st.AUTHENTICATING, st.CONNECTED, st.CLOSED)
 class _Authenticator(ToyAuthenticator):
     """The toy challenge/response method and passwords; clients without a user name too."""
 
-    def check_password(self, client_id: str, username: str | None, *args: Any) -> int:
-        return 0 if username is None else super().check_password(client_id, username, *args)
+    def check_password(self, login: LoginRequest) -> int:
+        return 0 if login.username is None else super().check_password(login)
 
 
 @pytest.fixture

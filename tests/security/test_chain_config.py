@@ -13,6 +13,7 @@ import pytest
 from support.launcher import write_file
 from support.password_files import mosquitto_pbkdf2_line
 
+from mqttbroker.broker.auth import LoginRequest
 from mqttbroker.config import ConfigError, configured_sources, load
 from mqttbroker.security import build_security
 from mqttbroker.security.acl import AclAuthorizer
@@ -87,7 +88,7 @@ def test_http_rights_make_an_asking_authorizer_in_chain_order(tmp_path: Path) ->
     assert [name for name, _ in authorizer.rules] == ["password_file", "http"]
     # acl_url alone logs nobody in: named clients are as anonymous as without a source
     assert security.chain is None
-    assert security.broker_authenticator.check_password("c", "bob", b"pw", True) == 0
+    assert security.broker_authenticator.check_password(LoginRequest("c", "bob", b"pw", True)) == 0
 
 
 def test_the_example_chain_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

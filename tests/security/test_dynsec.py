@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from support.external_tools import program
 
+from mqttbroker.broker.auth import LoginRequest
 from mqttbroker.security.authenticator import FileAuthenticator, KdfBudget, LoginFailures
 from mqttbroker.security.dynsec import (
     COMMAND_TOPIC,
@@ -175,20 +176,29 @@ def test_logins_have_the_password_files_limits() -> None:
     frozen = KdfBudget(clock=lambda: 0.0)  # failures do not drain away meanwhile
     files = FileAuthenticator(None, False, frozen, failures=LoginFailures(5, 300.0))
     logins = DynsecAuthenticator(state, files)
-    codes = [logins.check_password("c", "u", f"guess{n}".encode(), "192.0.2.1") for n in range(8)]
+    codes = [
+        logins.check_password(LoginRequest("c", "u", f"guess{n}".encode(), address="192.0.2.1"))
+        for n in range(8)
+    ]
     assert codes == [0x86] * 5 + [0x9F] * 3  # the address is locked out, without a check
-    assert logins.check_password("c", "u", b"pw", "192.0.2.1") == 0x9F
-    assert logins.check_password("c", "u", b"pw", "192.0.2.2") == 0  # the owner, elsewhere
-    assert logins.check_password("c", "nobody", b"pw", "192.0.2.2") is None  # not ours
+    assert logins.check_password(LoginRequest("c", "u", b"pw", address="192.0.2.1")) == 0x9F
+    # the owner, elsewhere
+    assert logins.check_password(LoginRequest("c", "u", b"pw", address="192.0.2.2")) == 0
+    # not ours
+    assert logins.check_password(LoginRequest("c", "nobody", b"pw", address="192.0.2.2")) is None
     # a disabled client's wrong passwords are failed logins like any other
     files = FileAuthenticator(None, False, KdfBudget(clock=lambda: 0.0), failures=LoginFailures(2))
     other = DynsecAuthenticator(state, files)
-    codes = [other.check_password("c", "off", b"guess", "192.0.2.3") for _ in range(3)]
+    codes = [
+        other.check_password(LoginRequest("c", "off", b"guess", address="192.0.2.3"))
+        for _ in range(3)
+    ]
     assert codes == [0x86, 0x86, 0x9F]
-    assert other.check_password("c", "off", b"pw", "192.0.2.4") == 0x87
+    assert other.check_password(LoginRequest("c", "off", b"pw", address="192.0.2.4")) == 0x87
     # past the hashing budget: Server Busy, the password unchecked
     spent = FileAuthenticator(None, False, budget=KdfBudget(rate=0.0, burst=0.0))
-    assert DynsecAuthenticator(state, spent).check_password("c", "u", b"pw", "192.0.2.5") == 0x89
+    busy = DynsecAuthenticator(state, spent)
+    assert busy.check_password(LoginRequest("c", "u", b"pw", address="192.0.2.5")) == 0x89
     assert spent.budget.refused == 1
 
 

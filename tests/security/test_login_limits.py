@@ -14,6 +14,7 @@ from support.clients import TIMEOUT, connack_code
 from support.password_files import ITERATIONS, security_config
 from support.scram_client import ScramClient
 
+from mqttbroker.broker.auth import LoginRequest
 from mqttbroker.security.authenticator import (
     FailureCounter,
     FileAuthenticator,
@@ -104,27 +105,31 @@ def authenticator(
     )
 
 
+def check(auth: FileAuthenticator, username: str, password: bytes, address: str) -> int:
+    return auth.check_password(LoginRequest("c", username, password, address=address))
+
+
 def wrong_from(auth: FileAuthenticator, user: str, addresses: list[str]) -> None:
     """A wrong password for ``user`` from each of ``addresses``, each refused after a check."""
     for address in addresses:
-        assert auth.check_password("c", user, b"wrong", address=address) == 0x86
+        assert check(auth, user, b"wrong", address) == 0x86
 
 
 def test_an_address_past_the_limit_is_refused_without_a_check_then_drains() -> None:
     clock = FakeClock()
     auth = authenticator(clock)
-    assert auth.check_password("c", "alice0", b"alice0-pw", address="10.0.0.1") == 0
+    assert check(auth, "alice0", b"alice0-pw", "10.0.0.1") == 0
     for _ in range(3):
-        assert auth.check_password("c", "alice0", b"wrong", address="10.0.0.9") == 0x86
+        assert check(auth, "alice0", b"wrong", "10.0.0.9") == 0x86
     # Refused before anything is checked: even the right (remembered) password.
-    assert auth.check_password("c", "alice0", b"alice0-pw", address="10.0.0.9") == 0x9F
-    assert auth.check_password("c", "alice1", b"alice1-pw", address="10.0.0.9") == 0x9F
-    assert auth.check_password("c", "alice1", b"alice1-pw", address="10.0.0.2") == 0
+    assert check(auth, "alice0", b"alice0-pw", "10.0.0.9") == 0x9F
+    assert check(auth, "alice1", b"alice1-pw", "10.0.0.9") == 0x9F
+    assert check(auth, "alice1", b"alice1-pw", "10.0.0.2") == 0
     clock.now += 10.0  # window / limit: one failure drained, one more try
-    assert auth.check_password("c", "alice1", b"wrong", address="10.0.0.9") == 0x86
-    assert auth.check_password("c", "alice1", b"alice1-pw", address="10.0.0.9") == 0x9F
+    assert check(auth, "alice1", b"wrong", "10.0.0.9") == 0x86
+    assert check(auth, "alice1", b"alice1-pw", "10.0.0.9") == 0x9F
     clock.now += 30.0  # all drained
-    assert auth.check_password("c", "alice1", b"alice1-pw", address="10.0.0.9") == 0
+    assert check(auth, "alice1", b"alice1-pw", "10.0.0.9") == 0
 
 
 def test_a_targeted_user_is_slowed_down_not_locked_out() -> None:
@@ -132,18 +137,18 @@ def test_a_targeted_user_is_slowed_down_not_locked_out() -> None:
     without failures; her own address, clean, still logs her in."""
     auth = authenticator()
     wrong_from(auth, "alice0", [f"10.1.0.{n}" for n in range(3)])
-    assert auth.check_password("c", "alice1", b"wrong", address="10.1.0.9") == 0x86
-    assert auth.check_password("c", "alice0", b"guess", address="10.1.0.9") == 0x9F
-    assert auth.check_password("c", "alice1", b"alice1-pw", address="10.1.0.9") == 0
-    assert auth.check_password("c", "alice0", b"alice0-pw", address="10.2.0.1") == 0
+    assert check(auth, "alice1", b"wrong", "10.1.0.9") == 0x86
+    assert check(auth, "alice0", b"guess", "10.1.0.9") == 0x9F
+    assert check(auth, "alice1", b"alice1-pw", "10.1.0.9") == 0
+    assert check(auth, "alice0", b"alice0-pw", "10.2.0.1") == 0
 
 
 def test_budget_keeps_a_reserve_for_clean_addresses() -> None:
     auth = authenticator(limit=100)
-    assert auth.check_password("c", "alice0", b"wrong", address="10.0.0.9") == 0x86
+    assert check(auth, "alice0", b"wrong", "10.0.0.9") == 0x86
     auth.budget.spend(auth.budget.burst - auth.budget.reserve)  # down to the reserve
-    assert auth.check_password("c", "alice0", b"wrong", address="10.0.0.9") == 0x89
-    assert auth.check_password("c", "alice0", b"alice0-pw", address="10.0.0.1") == 0
+    assert check(auth, "alice0", b"wrong", "10.0.0.9") == 0x89
+    assert check(auth, "alice0", b"alice0-pw", "10.0.0.1") == 0
 
 
 def test_scram_failures_count_and_lockout_refuses_scram() -> None:
@@ -160,15 +165,15 @@ def test_scram_failures_count_and_lockout_refuses_scram() -> None:
     assert exchange is not None
     refused = exchange.step(ScramClient("SCRAM-SHA-256", "alice0", b"alice0-pw").first())
     assert (refused.status, refused.reason_code) == ("fail", 0x9F)
-    assert auth.check_password("c", "alice0", b"alice0-pw", address="10.0.0.9") == 0x9F
+    assert check(auth, "alice0", b"alice0-pw", "10.0.0.9") == 0x9F
 
 
 def test_ipv6_addresses_count_per_64_network() -> None:
     auth = authenticator()
     wrong_from(auth, "alice1", [f"2001:db8::{n + 1}" for n in range(3)])
-    assert auth.check_password("c", "alice2", b"alice2-pw", address="2001:db8::ff:1") == 0x9F
-    assert auth.check_password("c", "alice2", b"alice2-pw", address="2001:db8:0:1::1") == 0
-    assert auth.check_password("c", "alice2", b"alice2-pw", address="::ffff:10.0.0.1") == 0
+    assert check(auth, "alice2", b"alice2-pw", "2001:db8::ff:1") == 0x9F
+    assert check(auth, "alice2", b"alice2-pw", "2001:db8:0:1::1") == 0
+    assert check(auth, "alice2", b"alice2-pw", "::ffff:10.0.0.1") == 0
 
 
 def test_counters_stay_bounded() -> None:
@@ -178,7 +183,7 @@ def test_counters_stay_bounded() -> None:
     auth = authenticator(clock)
     for n in range(50):
         name = f"ghost-{n}-" + "x" * 1000
-        assert auth.check_password("c", name, b"guess", address=f"10.3.{n}.1") == 0x86
+        assert check(auth, name, b"guess", f"10.3.{n}.1") == 0x86
     assert auth.failures.users is not None and auth.failures.addresses is not None
     assert len(auth.failures.users._counts) == 0
     counter = FailureCounter(3, 30.0, max_keys=10)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from support.password_files import ITERATIONS, mosquitto_pbkdf2_line, mosquitto_sha512_line
 
+from mqttbroker.broker.auth import LoginRequest
 from mqttbroker.config import ListenerConfig
 from mqttbroker.security import SecurityFileError, anonymous_default, is_loopback, local_only
 from mqttbroker.security.authenticator import FileAuthenticator, KdfBudget
@@ -245,53 +246,57 @@ def authenticator(
     ],
 )
 def test_check_password_codes(username: str | None, password: bytes | None, code: int) -> None:
-    assert authenticator().check_password("c1", username, password) == code
+    assert authenticator().check_password(LoginRequest("c1", username, password)) == code
 
 
 def test_anonymous_allowed_but_user_names_still_checked() -> None:
     auth = authenticator(allow_anonymous=True)
-    assert auth.check_password("c1", None, None) == 0
-    assert auth.check_password("c1", "alice", b"wrong") == 0x86  # no fallback to anonymous
+    assert auth.check_password(LoginRequest("c1", None, None)) == 0
+    # no fallback to anonymous
+    assert auth.check_password(LoginRequest("c1", "alice", b"wrong")) == 0x86
 
 
 def test_without_password_file_user_names_are_not_checked() -> None:
-    assert FileAuthenticator(None, True).check_password("c", "anyone", b"x") == 0
-    assert FileAuthenticator(None, False).check_password("c", "anyone", b"x") == 0x86
-    assert FileAuthenticator(None, False).check_password("c", None, None) == 0x87
+    assert FileAuthenticator(None, True).check_password(LoginRequest("c", "anyone", b"x")) == 0
+    assert FileAuthenticator(None, False).check_password(LoginRequest("c", "anyone", b"x")) == 0x86
+    assert FileAuthenticator(None, False).check_password(LoginRequest("c", None, None)) == 0x87
 
 
 def test_the_listeners_rule_decides_for_names_nothing_can_check() -> None:
     """Without a password file a named client is as anonymous as one without a name: the
     listener's own rule (``anonymous``) decides for it, whatever the broker-wide default. A
     password file still decides for the names it can check."""
-    assert FileAuthenticator(None, True).check_password("c", "anyone", b"x", False) == 0x86
-    assert FileAuthenticator(None, True).check_password("c", None, None, False) == 0x87
-    assert FileAuthenticator(None, False).check_password("c", "anyone", b"x", True) == 0
-    assert authenticator().check_password("c1", "alice", b"wrong", True) == 0x86
+    allowing, refusing = FileAuthenticator(None, True), FileAuthenticator(None, False)
+    assert allowing.check_password(LoginRequest("c", "anyone", b"x", False)) == 0x86
+    assert allowing.check_password(LoginRequest("c", None, None, False)) == 0x87
+    assert refusing.check_password(LoginRequest("c", "anyone", b"x", True)) == 0
+    assert authenticator().check_password(LoginRequest("c1", "alice", b"wrong", True)) == 0x86
 
 
 def test_budget_refuses_with_server_busy_but_remembers_good_logins() -> None:
     clock = FakeClock()
     budget = KdfBudget(rate=0.5, burst=0.5, clock=clock)
     auth = authenticator(budget=budget)
-    assert auth.check_password("c", "alice", b"alice-pw") == 0
+    assert auth.check_password(LoginRequest("c", "alice", b"alice-pw")) == 0
     budget.spend(10.0)  # as if many failed logins had used it up
-    assert auth.check_password("c", "alice", b"alice-pw") == 0  # remembered: no derivation
-    assert auth.check_password("c", "alice", b"wrong") == 0x89
-    assert auth.check_password("c", "roger", b"roger-pw") == 0x89
+    # remembered: no derivation
+    assert auth.check_password(LoginRequest("c", "alice", b"alice-pw")) == 0
+    assert auth.check_password(LoginRequest("c", "alice", b"wrong")) == 0x89
+    assert auth.check_password(LoginRequest("c", "roger", b"roger-pw")) == 0x89
     assert budget.refused == 2
     clock.now += 30.0  # the budget refills
-    assert auth.check_password("c", "roger", b"roger-pw") == 0
-    assert auth.check_password("c", "alice", b"wrong") == 0x86
+    assert auth.check_password(LoginRequest("c", "roger", b"roger-pw")) == 0
+    assert auth.check_password(LoginRequest("c", "alice", b"wrong")) == 0x86
 
 
 def test_reload_forgets_remembered_logins() -> None:
     auth = authenticator()
-    assert auth.check_password("c", "alice", b"alice-pw") == 0
+    assert auth.check_password(LoginRequest("c", "alice", b"alice-pw")) == 0
     auth.replace_passwords(load(make_entry_line("alice", b"new-pw", ITERATIONS)))
-    assert auth.check_password("c", "alice", b"alice-pw") == 0x86
-    assert auth.check_password("c", "alice", b"new-pw") == 0
-    assert auth.check_password("c", "roger", b"roger-pw") == 0x86  # gone from the new file
+    assert auth.check_password(LoginRequest("c", "alice", b"alice-pw")) == 0x86
+    assert auth.check_password(LoginRequest("c", "alice", b"new-pw")) == 0
+    # gone from the new file
+    assert auth.check_password(LoginRequest("c", "roger", b"roger-pw")) == 0x86
 
 
 def test_scram_credential_text_round_trip() -> None:

@@ -13,6 +13,7 @@ from support.launcher import write_file
 from support.password_files import ITERATIONS
 from support.transports import serving
 
+from mqttbroker.broker.auth import LoginRequest
 from mqttbroker.config import Config, ConfigError, ListenerConfig, SecurityConfig, load
 from mqttbroker.security import build_security
 from mqttbroker.security.passwords import make_entry_line
@@ -94,7 +95,7 @@ def config_with(hosts: list[str], **security: object) -> Config:
 )
 def test_anonymous_access(hosts: list[str], setting: bool | None, allowed: bool) -> None:
     security = build_security(config_with(hosts, allow_anonymous=setting))
-    code = security.authenticator.check_password("c", None, None)
+    code = security.authenticator.check_password(LoginRequest("c", None, None))
     assert code == (0 if allowed else 0x87)
     assert security.authorizer is None  # no ACL file: no authorizer, everything allowed
 
@@ -105,14 +106,14 @@ def test_files_loaded_and_reloaded(tmp_path: Path, caplog: pytest.LogCaptureFixt
     security = build_security(config_with(["127.0.0.1"], password_file=str(pw), acl_file=str(acl)))
     auth, acls = security.authenticator, security.authorizer
     assert acls is not None
-    assert auth.check_password("c", "alice", b"one") == 0
+    assert auth.check_password(LoginRequest("c", "alice", b"one")) == 0
     assert acls.can_subscribe("c", "alice", "a/#") and acls.generation == 0
 
     pw.write_text(make_entry_line("alice", b"two", ITERATIONS) + "\n")
     acl.write_text("user alice\ntopic read b/#\n")
     assert security.reload()
-    assert auth.check_password("c", "alice", b"two") == 0
-    assert auth.check_password("c", "alice", b"one") == 0x86
+    assert auth.check_password(LoginRequest("c", "alice", b"two")) == 0
+    assert auth.check_password(LoginRequest("c", "alice", b"one")) == 0x86
     assert acls.can_subscribe("c", "alice", "b/#") and not acls.can_subscribe("c", "alice", "a/#")
     assert acls.generation == 1
 
@@ -122,14 +123,14 @@ def test_files_loaded_and_reloaded(tmp_path: Path, caplog: pytest.LogCaptureFixt
         assert not security.reload()
     assert f"{pw}:1: expected NAME:HASH; keeping the previous password file" in caplog.text
     assert f"{acl}:2: unknown keyword 'bogus'" in caplog.text
-    assert auth.check_password("c", "alice", b"two") == 0
+    assert auth.check_password(LoginRequest("c", "alice", b"two")) == 0
     assert acls.can_subscribe("c", "alice", "b/#") and acls.generation == 1
 
     pw.unlink()
     with caplog.at_level(logging.ERROR, logger="mqttbroker.security"):
         assert not security.reload()
     assert f"{pw}: file not found" in caplog.text
-    assert auth.check_password("c", "alice", b"two") == 0
+    assert auth.check_password(LoginRequest("c", "alice", b"two")) == 0
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from mqttbroker.broker.auth import CONTINUE, FAIL, SUCCESS, AuthOutcome
+from mqttbroker.broker.auth import CONTINUE, FAIL, SUCCESS, AuthOutcome, LoginRequest
 from mqttbroker.broker.backplane import Backplane
 from mqttbroker.broker.connection import Connection
 from mqttbroker.broker.core import Broker
@@ -542,17 +542,10 @@ class ToyAuthenticator:
     def __init__(self) -> None:
         self.passwords = {"alice": b"secret"}
 
-    def check_password(
-        self,
-        client_id: str,
-        username: str | None,
-        password: bytes | None,
-        anonymous: bool | None = None,
-        address: str | None = None,
-    ) -> int:
-        if username is None:
+    def check_password(self, login: LoginRequest) -> int:
+        if login.username is None:
             return 0x87
-        return 0 if self.passwords.get(username) == password else 0x86
+        return 0 if self.passwords.get(login.username) == login.password else 0x86
 
     def exchange(
         self, method: str, client_id: str, username: str | None, address: str | None = None
@@ -573,7 +566,9 @@ class Offload:
         jobs, self.pending = self.pending, []
         for conn, packet, anonymous in jobs:
             code = conn.broker.authenticator.check_password(
-                packet.client_id, packet.username, packet.password, anonymous, conn.address
+                LoginRequest(
+                    packet.client_id, packet.username, packet.password, anonymous, conn.address
+                )
             )
             conn.password_checked(code)
 
