@@ -360,39 +360,25 @@ class ChainAuthorizer:
             answer, fresh = http.peek(key)
             if not fresh:
                 if ask:
-                    raise Pending(
-                        lambda resume: self._start(key, client_id, username, address, resume)
-                    )
-                self._start(key, client_id, username, address, None)  # for the next time
+                    raise Pending(lambda resume: self._start(key, resume))
+                self._start(key, None)  # for the next time
                 if answer is None:
                     return DENY
         return None if answer == IGNORE else answer
 
-    def _start(
-        self,
-        key: tuple[Any, ...],
-        client_id: str,
-        username: str | None,
-        address: str | None,
-        resume: Callable[[], None] | None,
-    ) -> None:
+    def _start(self, key: tuple[Any, ...], resume: Callable[[], None] | None) -> None:
+        """Ask the service for the right ``key`` (:func:`~.http_backend.right_key`) on the
+        event loop; ``resume``, if any, is called once the answer is in."""
         if resume is None and (key in self._asking or len(self._asking) >= self.max_asking):
             return  # asked already, or too many questions out: asked again another time
         assert self.spawn is not None
         self._asking.add(key)
-        self.spawn(self._fetch(key, client_id, username, address, resume))
+        self.spawn(self._fetch(key, resume))
 
-    async def _fetch(
-        self,
-        key: tuple[Any, ...],
-        client_id: str,
-        username: str | None,
-        address: str | None,
-        resume: Callable[[], None] | None,
-    ) -> None:
+    async def _fetch(self, key: tuple[Any, ...], resume: Callable[[], None] | None) -> None:
         http = self.http
         assert http is not None
-        action, topic = key[0], key[4]
+        action, client_id, username, address, topic = key
         answer = DENY
         try:
             answer = await http.authorize(client_id, username, address, topic, action)
