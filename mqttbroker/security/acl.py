@@ -146,23 +146,18 @@ def _substitute(template: str, client_id: str, username: str | None) -> str | No
     return result
 
 
+@dataclass(eq=False)
 class AclRules:
     """A parsed ACL file (immutable; a reload builds a new one)."""
 
-    def __init__(
-        self,
-        source: str,
-        anonymous: list[Rule],
-        users: dict[str, list[Rule]],
-        clients: dict[str, list[Rule]],
-        everyone: list[Rule],
-    ) -> None:
-        self.source = source
-        self.anonymous = anonymous
-        self.users = users
-        self.clients = clients
-        self.everyone = everyone
-        self._cache: dict[tuple[str, str | None], _Compiled] = {}
+    source: str
+    anonymous: list[Rule]
+    users: dict[str, list[Rule]]
+    clients: dict[str, list[Rule]]
+    everyone: list[Rule]
+    _cache: dict[tuple[str, str | None], _Compiled] = field(
+        default_factory=dict, init=False, repr=False
+    )
 
     @property
     def rule_count(self) -> int:

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..broker.auth import AuthExchange, LoginRequest, Pending
@@ -69,25 +69,22 @@ class Login:
     token: Verdict | None = None
 
 
+@dataclass(eq=False)
 class AuthChain:
     """The login sources in the operator's order. ``run_blocking(fn)`` runs ``fn`` on a worker
     thread and returns an awaitable of its result (the server's executor)."""
 
-    def __init__(
-        self,
-        names: list[str],
-        files: FileAuthenticator,
-        dynsec: Dynsec | None = None,
-        tokens: TokenVerifier | None = None,
-        http: HttpBackend | None = None,
-    ) -> None:
-        self.names = names
-        self.files = files
-        self.dynsec = dynsec
-        # the dynamic security's logins, within the password file's limits (failures, budget)
-        self.dynsec_logins = DynsecAuthenticator(dynsec, files) if dynsec is not None else None
-        self.tokens = tokens
-        self.http = http
+    names: list[str]
+    files: FileAuthenticator
+    dynsec: Dynsec | None = None
+    tokens: TokenVerifier | None = None
+    http: HttpBackend | None = None
+    # the dynamic security's logins, within the password file's limits (failures, budget)
+    dynsec_logins: DynsecAuthenticator | None = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        dynsec = self.dynsec
+        self.dynsec_logins = None if dynsec is None else DynsecAuthenticator(dynsec, self.files)
 
     async def login(
         self,
