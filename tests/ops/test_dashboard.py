@@ -10,12 +10,12 @@ from __future__ import annotations
 import os
 import shutil
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support.admin_client import Admin
+from support.admin_client import DYNSEC_TOKEN, Admin
 from support.clients import (
     TIMEOUT,
     RawClient,
@@ -24,57 +24,11 @@ from support.clients import (
     subscribe_packet,
     unique,
 )
-from support.external_tools import in_ci, program
+from support.dashboard_page import WAIT_MS, Page
 
 Paho = Callable[..., Any]
-WAIT_MS = int(TIMEOUT * 1000)
 
 pytestmark = pytest.mark.needs_chromium
-
-
-def sync_playwright() -> Any:
-    try:
-        from playwright.sync_api import sync_playwright as start
-    except ImportError:
-        reason = "the playwright package is not installed: pip install -e '.[test]'"
-        if in_ci():
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
-    return start()
-
-
-@pytest.fixture
-def browser() -> Iterator[Any]:
-    chromium = program("chromium")
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, headless=True)
-        try:
-            yield browser
-        finally:
-            browser.close()
-
-
-class Page:
-    """A page of the dashboard, collecting console errors and uncaught exceptions."""
-
-    def __init__(self, browser: Any, admin: Admin, shots: Path, **context: Any) -> None:
-        self.page = browser.new_page(**context)
-        self.errors: list[str] = []
-        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
-        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
-        self.admin = admin
-        self.shots = shots
-
-    def open(self, tab: str) -> Any:
-        self.page.goto(f"{self.admin.base}/#{tab}")
-        self.page.wait_for_selector(f"section#{tab}:not([hidden])", timeout=WAIT_MS)
-        return self.page
-
-    def shot(self, name: str) -> Path:
-        path = self.shots / f"{name}.png"
-        self.page.screenshot(path=str(path), full_page=True)
-        assert path.stat().st_size > 1000
-        return path
 
 
 def publish_forever(admin: Admin, paho: Paho, topic: str, stop: threading.Event) -> None:
@@ -90,8 +44,6 @@ def test_dashboard_pages_in_chromium(
         "[alerts]\noldest_queued_age = 1\n"
         '[[listener]]\nport = 0\n[[listener]]\nport = 0\nprotocol = "ws"\n'
     )
-    shots = tmp_path / "screenshots"
-    shots.mkdir()
     topic = unique("flow")
     watcher = paho(admin, client_id=unique("dashboard-watcher"))
     watcher.subscribe(topic, qos=0)
@@ -100,6 +52,7 @@ def test_dashboard_pages_in_chromium(
     flow.start()
     slow_id = unique("slow")
     try:
+        shots = tmp_path / "screenshots"
         ui = Page(browser, admin, shots, viewport={"width": 1280, "height": 900})
         # -- overview: the chart moves while messages flow
         page = ui.open("overview")
@@ -193,17 +146,12 @@ def test_dashboard_pages_in_chromium(
 
 
 def test_security_page_lists_and_disables_dynsec_clients(
-    admin_broker: Callable[..., Admin], browser: Any, tmp_path: Path
+    dynsec_admin: tuple[Admin, Path], browser: Any, tmp_path: Path
 ) -> None:
-    from test_dynsec_api import TOKEN, dynsec_admin
-
-    admin, _ = dynsec_admin(admin_broker, tmp_path)
+    admin, _ = dynsec_admin
     name = unique("api-made")
     admin.ok("POST", "/api/v1/dynsec/clients", {"username": name, "password": "pw"})
-    shots = tmp_path / "screenshots"
-    shots.mkdir()
-    ui = Page(browser, admin, shots)
-    ui.page.add_init_script(f"sessionStorage.setItem('mqttbroker-token', {TOKEN!r})")
+    ui = Page(browser, admin, tmp_path / "screenshots", DYNSEC_TOKEN)
     page = ui.open("security")
     row = f'#dynsec-table tr[data-username="{name}"]'
     page.wait_for_selector(row, timeout=WAIT_MS)

@@ -15,33 +15,11 @@ from typing import Any
 from support.admin_client import Admin, check
 from support.clients import unique
 
-from mqttbroker.security.dynsec import Dynsec
-
-TOKEN = "dynsec-api-token"
-BEARER = {"Authorization": f"Bearer {TOKEN}"}
-
-
-def dynsec_admin(admin_broker: Callable[..., Admin], tmp_path: Path) -> tuple[Admin, Path]:
-    """A broker with the dynamic security (an ``admin`` client and role, as ``dynsec init``
-    makes) and an admin server behind a bearer token; its Admin (logged in) and state file."""
-    initial = tmp_path / "init.json"
-    initial.write_text(json.dumps(Dynsec.initial("admin", "adminpw", 1000).to_json()))
-    token = tmp_path / "token"
-    token.write_text(TOKEN + "\n")
-    state = tmp_path / "dynamic-security.json"
-    admin = admin_broker(
-        f"[admin]\ntoken_file = {str(token)!r}\n"
-        f"[dynsec]\nenabled = true\niterations = 1000\nfile = {str(state)!r}\n"
-        f"import_file = {str(initial)!r}\n"
-    )
-    admin.headers = dict(BEARER)
-    return admin, state
-
 
 def test_clients_created_disabled_and_roles_edited_through_the_api(
-    admin_broker: Callable[..., Admin], paho: Callable[..., Any], tmp_path: Path
+    dynsec_admin: tuple[Admin, Path], paho: Callable[..., Any], tmp_path: Path
 ) -> None:
-    admin, state = dynsec_admin(admin_broker, tmp_path)
+    admin, state = dynsec_admin
     broker = admin.broker
     name = unique("sensor")
 
@@ -98,10 +76,8 @@ def test_clients_created_disabled_and_roles_edited_through_the_api(
     assert name not in state.read_text()
 
 
-def test_bad_input_and_logins_are_refused(
-    admin_broker: Callable[..., Admin], tmp_path: Path
-) -> None:
-    admin, _ = dynsec_admin(admin_broker, tmp_path)
+def test_bad_input_and_logins_are_refused(dynsec_admin: tuple[Admin, Path], tmp_path: Path) -> None:
+    admin, _ = dynsec_admin
     for body, field in (
         ({"password": "x"}, "username"),
         ({"username": "u"}, "password"),
@@ -145,11 +121,11 @@ def test_404_without_the_dynamic_security(admin_broker: Callable[..., Admin]) ->
 
 
 def test_groups_roles_and_passwords_through_the_api(
-    admin_broker: Callable[..., Admin], paho: Callable[..., Any], tmp_path: Path
+    dynsec_admin: tuple[Admin, Path], paho: Callable[..., Any], tmp_path: Path
 ) -> None:
     """Roles created with ACLs and deleted, groups with clients and roles, a client's roles
     and password: each a dynsec command (in the state file, audited, the password not)."""
-    admin, state = dynsec_admin(admin_broker, tmp_path)
+    admin, state = dynsec_admin
     broker = admin.broker
     admin.ok("POST", "/api/v1/dynsec/clients", {"username": "dev", "password": "old"})
 
@@ -225,13 +201,13 @@ def test_groups_roles_and_passwords_through_the_api(
 
 
 def test_every_dynsec_route_needs_the_login_and_is_documented(
-    admin_broker: Callable[..., Admin], tmp_path: Path
+    dynsec_admin: tuple[Admin, Path], tmp_path: Path
 ) -> None:
     from support.admin_client import OPENAPI
 
     from mqttbroker.ops.dynsec_api import DynsecApi
 
-    admin, _ = dynsec_admin(admin_broker, tmp_path)
+    admin, _ = dynsec_admin
     routes = [(r.method, r.path) for r in DynsecApi().routes()]  # type: ignore[attr-defined]
     assert len(routes) == 23
     for method, path in routes:

@@ -4,28 +4,21 @@ deleted; each change checked through the admin API, and no console errors."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support.admin_client import Admin
-from test_dashboard import WAIT_MS, Page, browser  # noqa: F401 (browser: the fixture)
-from test_dynsec_api import TOKEN, dynsec_admin
+from support.admin_client import DYNSEC_TOKEN, Admin
+from support.dashboard_page import WAIT_MS, Page
 
 pytestmark = pytest.mark.needs_chromium
 
 
 def test_security_page_edits_roles(
-    admin_broker: Callable[..., Admin],
-    browser: Any,  # noqa: F811 (the fixture imported above)
-    tmp_path: Path,
+    dynsec_admin: tuple[Admin, Path], browser: Any, tmp_path: Path
 ) -> None:
-    admin, _ = dynsec_admin(admin_broker, tmp_path)
-    shots = tmp_path / "screenshots"
-    shots.mkdir()
-    ui = Page(browser, admin, shots)
-    ui.page.add_init_script(f"sessionStorage.setItem('mqttbroker-token', {TOKEN!r})")
+    admin, _ = dynsec_admin
+    ui = Page(browser, admin, tmp_path / "screenshots", DYNSEC_TOKEN)
     page = ui.open("security")
     page.wait_for_selector('#dynsec-roles-table tr[data-rolename="admin"]', timeout=WAIT_MS)
 

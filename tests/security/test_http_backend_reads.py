@@ -1,5 +1,5 @@
 """Reads asked of the HTTP service (``[http_auth] check_reads = true``), end to end: a real
-broker process and a real aiohttp service (tests/security/test_http_auth_e2e.py's). Each
+broker process and a real aiohttp service (support.http_service.AuthService). Each
 delivery is checked with ``action: "read"``, once per client and topic within the TTL; a
 SUBSCRIBE without wildcards waits for its topic's read right (so its retained message and first
 message are not withheld); through a wildcard the first message on a topic whose answer is not
@@ -8,17 +8,17 @@ in yet is withheld; and at most 4 * max_concurrent such questions are out at onc
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 
 import pytest
 from aiohttp import web
-from support.clients import TIMEOUT, PahoClient
+from support.cleanup import ended_after
+from support.clients import TIMEOUT, PahoClient, wait_for
+from support.http_service import AuthService
 from support.launcher import BrokerProcess
-from test_http_auth_e2e import Service, start  # noqa: F401 (start: the fixture)
 
 
-class ReadService(Service):
+class ReadService(AuthService):
     """Service's answers, and for reads: ``private/...`` only for the user ``owner``; a read of
     ``lag/...`` waits until ``release`` is set."""
 
@@ -36,36 +36,25 @@ class ReadService(Service):
 
 
 @pytest.fixture
-def service() -> Iterator[ReadService]:
-    running = ReadService()
-    running.start()
-    try:
-        yield running
-    finally:
-        running.close()
+def auth_service() -> Iterator[ReadService]:
+    with ended_after(ReadService.close) as keep:
+        yield keep(ReadService().start())
 
 
-def reads(service: Service, user: str | None = None) -> list[str]:
+def reads(auth_service: AuthService, user: str | None = None) -> list[str]:
     return [
         r["topic"]
-        for r in list(service.rights)
+        for r in list(auth_service.rights)
         if r["action"] == "read" and user in (None, r["username"])
     ]
 
 
-def wait_for(predicate: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + TIMEOUT
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
-
-
 def test_each_client_reads_what_the_service_allows(
-    start: Callable[..., BrokerProcess],  # noqa: F811
-    service: ReadService,
+    asking_broker: Callable[..., BrokerProcess],  # noqa: F811
+    auth_service: ReadService,
     paho: Callable[..., PahoClient],
 ) -> None:
-    server = start(http_extra="check_reads = true\ncache_ttl = 3600")
+    server = asking_broker(http_extra="check_reads = true\ncache_ttl = 3600")
     owner = paho(server, user="owner", password="pw")
     bob = paho(server, user="bob", password="pw")
     owner.publish("private/r", b"retained", qos=1, retain=True)
@@ -79,8 +68,8 @@ def test_each_client_reads_what_the_service_allows(
     owner.publish("open/marker", b"marker", qos=1)
     bob.wait_payload(b"marker")
     assert [m.payload for m in bob.received()] == [b"marker"]
-    assert sorted(reads(service, "owner")) == ["private/r", "private/x"]
-    assert sorted(reads(service, "bob")) == ["open/marker", "private/r", "private/x"]
+    assert sorted(reads(auth_service, "owner")) == ["private/r", "private/x"]
+    assert sorted(reads(auth_service, "bob")) == ["open/marker", "private/r", "private/x"]
 
     # through a wildcard: the first message on a new topic is withheld while its read right is
     # asked, later ones come; asked once for the client and topic
@@ -92,17 +81,17 @@ def test_each_client_reads_what_the_service_allows(
         sent += 1
     got = [m.payload for m in bob.received() if m.topic == "open/a"]
     assert b"0" not in got
-    assert reads(service, "bob").count("open/a") == 1
+    assert reads(auth_service, "bob").count("open/a") == 1
 
 
 def test_questions_for_reads_are_bounded(
-    start: Callable[..., BrokerProcess],  # noqa: F811
-    service: ReadService,
+    asking_broker: Callable[..., BrokerProcess],  # noqa: F811
+    auth_service: ReadService,
     paho: Callable[..., PahoClient],
 ) -> None:
     """max_concurrent = 1: at most 4 read questions out at once; later deliveries are not
     asked about meanwhile (withheld), and asked again once the questions are answered."""
-    server = start(http_extra="check_reads = true\ncache_ttl = 3600\nmax_concurrent = 1")
+    server = asking_broker(http_extra="check_reads = true\ncache_ttl = 3600\nmax_concurrent = 1")
     owner = paho(server, user="owner", password="pw")
     bob = paho(server, user="bob", password="pw")
     topics = [f"lag/{i}" for i in range(20)]
@@ -111,23 +100,23 @@ def test_questions_for_reads_are_bounded(
     assert bob.subscribe("lag/#", 1) == [1]
     for topic in topics:
         owner.publish(topic, b"held", qos=1)
-    assert service.waiting.wait(TIMEOUT)
-    service.let_go()
+    assert auth_service.waiting.wait(TIMEOUT)
+    auth_service.let_go()
     owner.publish("lag/marker", b"marker", qos=1)
-    wait_for(lambda: "lag/marker" in reads(service), "the marker's read question")
-    assert reads(service) == [*topics[:4], "lag/marker"]
+    wait_for(lambda: "lag/marker" in reads(auth_service), "the marker's read question")
+    assert reads(auth_service) == [*topics[:4], "lag/marker"]
     assert not any(m.payload == b"held" for m in bob.received())
 
 
 def test_reads_are_not_asked_by_default(
-    start: Callable[..., BrokerProcess],  # noqa: F811
-    service: ReadService,
+    asking_broker: Callable[..., BrokerProcess],  # noqa: F811
+    auth_service: ReadService,
     paho: Callable[..., PahoClient],
 ) -> None:
-    server = start()
+    server = asking_broker()
     owner = paho(server, user="owner", password="pw")
     bob = paho(server, user="bob", password="pw")
     assert bob.subscribe("private/#", 1) == [1]
     owner.publish("private/x", b"seen", qos=1)
     bob.wait_payload(b"seen")
-    assert reads(service) == []
+    assert reads(auth_service) == []

@@ -1,6 +1,7 @@
 """An admin server under test: its broker process, its address, and requests to it (urllib; a
 response is (status, headers, parsed JSON or text)). Responses of the API are checked against
-the OpenAPI document the broker ships (``check``)."""
+the OpenAPI document the broker ships (``check``). ``start_admin`` starts one;
+``start_dynsec_admin`` one with the dynamic security, behind the token ``DYNSEC_TOKEN``."""
 
 from __future__ import annotations
 
@@ -16,11 +17,13 @@ from typing import Any
 
 import jsonschema
 
+from mqttbroker.security.dynsec import Dynsec
 from support.launcher import ROOT, free_port
 
 OPENAPI = json.loads((ROOT / "mqttbroker" / "ops" / "openapi.json").read_text())
 ADMIN_LINE = re.compile(r"admin server on (https?)://(\S+):(\d+)/")
 TIMEOUT = 10.0
+DYNSEC_TOKEN = "dynsec-api-token"  # the admin token of start_dynsec_admin's server
 
 
 @dataclass
@@ -122,3 +125,22 @@ def start_admin(
     match = broker.wait_for_log(ADMIN_LINE, TIMEOUT)
     assert match is not None, broker.log_text()
     return Admin(broker, "127.0.0.1", int(match.group(3)))
+
+
+def start_dynsec_admin(start_broker: Callable[..., Any], tmp_path: Path) -> tuple[Admin, Path]:
+    """A broker with the dynamic security (an ``admin`` client and role, as ``dynsec init``
+    makes) and an admin server behind a bearer token; its Admin (logged in) and state file."""
+    initial = tmp_path / "init.json"
+    initial.write_text(json.dumps(Dynsec.initial("admin", "adminpw", 1000).to_json()))
+    token = tmp_path / "token"
+    token.write_text(DYNSEC_TOKEN + "\n")
+    state = tmp_path / "dynamic-security.json"
+    admin = start_admin(
+        start_broker,
+        tmp_path,
+        f"[admin]\ntoken_file = {str(token)!r}\n"
+        f"[dynsec]\nenabled = true\niterations = 1000\nfile = {str(state)!r}\n"
+        f"import_file = {str(initial)!r}\n",
+    )
+    admin.headers = {"Authorization": f"Bearer {DYNSEC_TOKEN}"}
+    return admin, state
