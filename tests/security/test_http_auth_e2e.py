@@ -17,6 +17,9 @@ from support.clients import PahoClient, connack_code, unique
 from support.http_service import AuthService
 from support.launcher import BrokerProcess, free_port
 
+Asking = Callable[..., BrokerProcess]  # the asking_broker fixture
+Paho = Callable[..., PahoClient]
+
 ADMIN_TOKEN = "an admin token for the test"
 
 
@@ -35,9 +38,7 @@ def metrics(port: int) -> dict[str, float]:
 
 
 def test_logins_allowed_denied_ignored(
-    asking_broker: Callable[..., BrokerProcess],
-    auth_service: AuthService,
-    paho: Callable[..., PahoClient],
+    asking_broker: Asking, auth_service: AuthService, paho: Paho
 ) -> None:
     server = asking_broker()
     alice = paho(server, user="alice", password="pw", connect=False, client_id="alice-1")
@@ -54,9 +55,7 @@ def test_logins_allowed_denied_ignored(
 
 
 def test_a_slow_service_delays_only_its_own_client(
-    asking_broker: Callable[..., BrokerProcess],
-    auth_service: AuthService,
-    paho: Callable[..., PahoClient],
+    asking_broker: Asking, auth_service: AuthService, paho: Paho
 ) -> None:
     server = asking_broker()
     slow = paho(server, user="slow", password="pw", connect=False)
@@ -76,10 +75,10 @@ def test_a_slow_service_delays_only_its_own_client(
 
 
 def test_the_service_down_denies_and_is_counted(
-    asking_broker: Callable[..., BrokerProcess],
+    asking_broker: Asking,
     monkeypatch: pytest.MonkeyPatch,
     auth_service: AuthService,
-    paho: Callable[..., PahoClient],
+    paho: Paho,
 ) -> None:
     monkeypatch.setenv("ADMIN_TEST_TOKEN", ADMIN_TOKEN)
     admin = free_port()
@@ -101,7 +100,7 @@ def test_the_service_down_denies_and_is_counted(
 
 
 def test_a_thousand_connections_cost_one_call_per_ttl(
-    asking_broker: Callable[..., BrokerProcess], auth_service: AuthService
+    asking_broker: Asking, auth_service: AuthService
 ) -> None:
     server = asking_broker(http_extra="cache_ttl = 3600")
     device = unique("flapping")
@@ -118,9 +117,7 @@ def test_a_thousand_connections_cost_one_call_per_ttl(
 
 
 def test_rights_from_the_service(
-    asking_broker: Callable[..., BrokerProcess],
-    auth_service: AuthService,
-    paho: Callable[..., PahoClient],
+    asking_broker: Asking, auth_service: AuthService, paho: Paho
 ) -> None:
     server = asking_broker()
     client = paho(server, user="alice", password="pw")
@@ -143,9 +140,7 @@ def test_rights_from_the_service(
 
 
 def test_a_slow_right_holds_only_its_own_client(
-    asking_broker: Callable[..., BrokerProcess],
-    auth_service: AuthService,
-    paho: Callable[..., PahoClient],
+    asking_broker: Asking, auth_service: AuthService, paho: Paho
 ) -> None:
     server = asking_broker()
     slow = paho(server, user="alice", password="pw")
@@ -167,9 +162,7 @@ def test_a_slow_right_holds_only_its_own_client(
 
 
 def test_rights_denied_while_the_service_is_down(
-    asking_broker: Callable[..., BrokerProcess],
-    auth_service: AuthService,
-    paho: Callable[..., PahoClient],
+    asking_broker: Asking, auth_service: AuthService, paho: Paho
 ) -> None:
     server = asking_broker()
     client = paho(server, user="alice", password="pw")

@@ -17,6 +17,9 @@ from support.clients import TIMEOUT, PahoClient, wait_for
 from support.http_service import AuthService
 from support.launcher import BrokerProcess
 
+Asking = Callable[..., BrokerProcess]  # the asking_broker fixture
+Paho = Callable[..., PahoClient]
+
 
 class ReadService(AuthService):
     """Service's answers, and for reads: ``private/...`` only for the user ``owner``; a read of
@@ -50,9 +53,9 @@ def reads(auth_service: AuthService, user: str | None = None) -> list[str]:
 
 
 def test_each_client_reads_what_the_service_allows(
-    asking_broker: Callable[..., BrokerProcess],  # noqa: F811
+    asking_broker: Asking,  # noqa: F811
     auth_service: ReadService,
-    paho: Callable[..., PahoClient],
+    paho: Paho,
 ) -> None:
     server = asking_broker(http_extra="check_reads = true\ncache_ttl = 3600")
     owner = paho(server, user="owner", password="pw")
@@ -85,9 +88,9 @@ def test_each_client_reads_what_the_service_allows(
 
 
 def test_questions_for_reads_are_bounded(
-    asking_broker: Callable[..., BrokerProcess],  # noqa: F811
+    asking_broker: Asking,  # noqa: F811
     auth_service: ReadService,
-    paho: Callable[..., PahoClient],
+    paho: Paho,
 ) -> None:
     """max_concurrent = 1: at most 4 read questions out at once; later deliveries are not
     asked about meanwhile (withheld), and asked again once the questions are answered."""
@@ -109,9 +112,9 @@ def test_questions_for_reads_are_bounded(
 
 
 def test_reads_are_not_asked_by_default(
-    asking_broker: Callable[..., BrokerProcess],  # noqa: F811
+    asking_broker: Asking,  # noqa: F811
     auth_service: ReadService,
-    paho: Callable[..., PahoClient],
+    paho: Paho,
 ) -> None:
     server = asking_broker()
     owner = paho(server, user="owner", password="pw")
