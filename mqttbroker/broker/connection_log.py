@@ -22,7 +22,7 @@ counts_log = logging.getLogger("mqttbroker.broker")  # the lines counting them
 class ConnectionLog:
     """Writes or counts the line of each client connected, disconnected or lost. Counting works
     in windows: within one, ``allowed`` lines are written one by one and the rest counted; the
-    first event or tick (:meth:`tick`, about once a second) after the window's end writes the
+    first event or tick (:meth:`tick`, twice a second) after the window's end writes the
     counts, if any, and starts the next window."""
 
     def __init__(self, options: BrokerOptions) -> None:
