@@ -104,6 +104,24 @@ def pure_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return unpacked
 
 
+def form_line(installed: Path, data: Path) -> str:
+    """The line saying which form runs ("hot path: ...") that a broker logs at start when run
+    from the package in ``installed`` (first on its path, not this checkout)."""
+    process = BrokerProcess(data, extra_args=("--memory",))
+    process.args[1:3] = [
+        "-c",
+        f"import sys; sys.path.insert(0, {str(installed)!r}); "
+        "from mqttbroker.cli import main; sys.exit(main())",
+    ]
+    process.start()
+    try:
+        found = process.wait_for_log("hot path:")
+    finally:
+        process.stop()
+    assert found is not None, process.log_text()
+    return found.string
+
+
 def test_without_a_compiler_the_pure_form_is_installed_with_the_reason(pure_wheel: Path) -> None:
     package = pure_wheel / "mqttbroker"
     assert not list(package.rglob("*.so"))
@@ -113,19 +131,7 @@ def test_without_a_compiler_the_pure_form_is_installed_with_the_reason(pure_whee
 
 
 def test_the_broker_of_a_pure_install_warns_why_at_start(pure_wheel: Path, tmp_path: Path) -> None:
-    process = BrokerProcess(tmp_path / "data", extra_args=("--memory",))
-    process.args[1:3] = [  # the installed wheel first on the path, not this checkout
-        "-c",
-        f"import sys; sys.path.insert(0, {str(pure_wheel)!r}); "
-        "from mqttbroker.cli import main; sys.exit(main())",
-    ]
-    process.start()
-    try:
-        found = process.wait_for_log("hot path:")
-    finally:
-        process.stop()
-    assert found is not None, process.log_text()
-    line = found.string
+    line = form_line(pure_wheel, tmp_path / "data")
     assert "WARNING" in line and "pure Python" in line
     assert "not compiled at install: no C compiler ('no-such-compiler-here'" in line
 
@@ -153,18 +159,6 @@ def test_a_compiled_install_without_its_tcp_transport_warns_at_start(tmp_path: P
     still runs compiled, on the loop's transport, and its log says so as a warning, with why."""
     copy = tmp_path / "installed" / "mqttbroker"
     shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "_streams*.so"))
-    process = BrokerProcess(tmp_path / "data", extra_args=("--memory",))
-    process.args[1:3] = [  # the copy first on the path, not this checkout
-        "-c",
-        f"import sys; sys.path.insert(0, {str(copy.parent)!r}); "
-        "from mqttbroker.cli import main; sys.exit(main())",
-    ]
-    process.start()
-    try:
-        found = process.wait_for_log("hot path:")
-    finally:
-        process.stop()
-    assert found is not None, process.log_text()
-    line = found.string
+    line = form_line(copy.parent, tmp_path / "data")
     assert "WARNING" in line and "hot path: compiled (mypyc)" in line, line
     assert "not the broker's own TCP transport (cannot import name '_streams'" in line, line
