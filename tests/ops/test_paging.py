@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import make_mocked_request
+from support.harness import FakeClock
 
 from mqttbroker.broker.core import Broker
 from mqttbroker.broker.message import Message
@@ -28,21 +29,13 @@ RARE = (7, 1500, 2990)  # the devices that also have an alarm
 BOUND = 300  # SCAN_LIMIT in these tests
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
-def fleet(monkeypatch: pytest.MonkeyPatch) -> tuple[Broker, Api, Clock]:
+def fleet(monkeypatch: pytest.MonkeyPatch) -> tuple[Broker, Api, FakeClock]:
     """A broker with DEVICES offline persistent sessions, each subscribed to its device's
     telemetry (RARE ones to its alarms too; every 10th to commands for all, a few of them in a
     shared group), and a retained message per device."""
     monkeypatch.setattr(paging, "SCAN_LIMIT", BOUND)
-    clock = Clock()
+    clock = FakeClock()
     broker = Broker(clock=clock)
     for n in range(DEVICES):
         client_id = f"device-{n}"
@@ -83,7 +76,7 @@ def pages(api: Api, handler: str, path: str) -> Iterator[dict[str, Any]]:
 
 
 def test_a_sparse_subscription_filter_pages_with_bounded_work(
-    fleet: tuple[Broker, Api, Clock], monkeypatch: pytest.MonkeyPatch
+    fleet: tuple[Broker, Api, FakeClock], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _, api, _ = fleet
     visited = [0]
@@ -107,7 +100,7 @@ def test_a_sparse_subscription_filter_pages_with_bounded_work(
     assert sorted(found) == sorted((f"device-{n}", f"dev/{n}/alarm") for n in RARE)
 
 
-def test_subscription_pages_cover_every_match_once(fleet: tuple[Broker, Api, Clock]) -> None:
+def test_subscription_pages_cover_every_match_once(fleet: tuple[Broker, Api, FakeClock]) -> None:
     broker, api, _ = fleet
     every = list(broker.router.trie)
     for pattern in ("#", "dev/+/temp", "dev/42/+", "+/+/+", "cmd/all", "$SYS/#", "nothing/#"):
@@ -146,7 +139,7 @@ SPARSE = [
     ("listing", "url", "key", "expected"), SPARSE, ids=["retained filter", "session prefix"]
 )
 def test_a_sparse_listing_pages_with_bounded_work(
-    fleet: tuple[Broker, Api, Clock], listing: str, url: str, key: str, expected: list[str]
+    fleet: tuple[Broker, Api, FakeClock], listing: str, url: str, key: str, expected: list[str]
 ) -> None:
     """A listing whose few matches are spread over many entries comes in many pages, each of
     bounded work, and every match comes once."""
@@ -166,7 +159,7 @@ class Unwalkable(dict[str, Session]):
 
 
 def test_sessions_sorted_by_oldest_queued_age_come_from_the_backlog(
-    fleet: tuple[Broker, Api, Clock],
+    fleet: tuple[Broker, Api, FakeClock],
 ) -> None:
     broker, api, clock = fleet
     router = broker.router
@@ -196,7 +189,7 @@ def test_sessions_sorted_by_oldest_queued_age_come_from_the_backlog(
     }
 
 
-def test_shared_groups_page_by_filter(fleet: tuple[Broker, Api, Clock]) -> None:
+def test_shared_groups_page_by_filter(fleet: tuple[Broker, Api, FakeClock]) -> None:
     _, api, _ = fleet
     listing = list(pages(api, "shared", "/api/v1/shared?filter=%2B/all"))
     groups = [group for page in listing for group in page["items"]]
@@ -206,7 +199,7 @@ def test_shared_groups_page_by_filter(fleet: tuple[Broker, Api, Clock]) -> None:
 
 
 def test_the_survey_counts_in_bounded_slices_and_sees_stuck_sessions_at_once(
-    fleet: tuple[Broker, Api, Clock], monkeypatch: pytest.MonkeyPatch
+    fleet: tuple[Broker, Api, FakeClock], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The once-a-second survey behind /metrics and the alarms counts at most CENSUS_SLICE
     sessions per survey (the totals of the last complete pass are reported), while the queued

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from support.clients import TIMEOUT, connack_code
+from support.harness import FakeClock
 from support.password_files import ITERATIONS, security_config
 from support.scram_client import ScramClient
 
@@ -81,14 +82,6 @@ def test_attacker_address_does_not_lock_out_users(
 
 
 # -- the counters, with a clock of the test's own ---------------------------------------------
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def authenticator(

@@ -12,6 +12,7 @@ import stat
 from pathlib import Path
 
 import pytest
+from support.harness import FakeClock
 from support.password_files import ITERATIONS, mosquitto_pbkdf2_line, mosquitto_sha512_line
 
 from mqttbroker.broker.auth import LoginRequest
@@ -210,14 +211,6 @@ def test_atomic_write_keeps_permissions(tmp_path: Path) -> None:
 
 
 # -- the authenticator's password check -------------------------------------------------------
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def authenticator(
