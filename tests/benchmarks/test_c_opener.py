@@ -20,15 +20,9 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from support import benchmark_c
 
 from benchmarks import wire
 from benchmarks.client import close_raw, open_many
-
-
-@pytest.fixture(scope="module")
-def opener(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return benchmark_c.build("open_many", tmp_path_factory)
 
 
 @pytest.mark.parametrize("version", [wire.MQTT_5, wire.MQTT_311])
@@ -164,12 +158,6 @@ def _open(
         return opened
     finally:
         standin.close()
-
-
-@pytest.fixture(params=["c", "python"])
-def which(request: pytest.FixtureRequest) -> str | None:
-    """The C opener, or None for the Python loop (which needs no compiler)."""
-    return str(request.getfixturevalue("opener")) if request.param == "c" else None
 
 
 def test_properties_and_what_follows_the_awaited_packets(which: str | None) -> None:

@@ -15,7 +15,6 @@ import threading
 from pathlib import Path
 
 import pytest
-from support import benchmark_c
 from support.launcher import read_jsonl, run_module
 
 from benchmarks import wire
@@ -28,17 +27,6 @@ CONNACK = b"\x20\x03\x00\x00\x00"
 SUBACK = b"\x90\x04\x00\x01\x00\x00"
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-
-
-@pytest.fixture(scope="module")
-def opener(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return benchmark_c.build("open_many", tmp_path_factory)
-
-
-@pytest.fixture(params=["c", "python"])
-def which(request: pytest.FixtureRequest) -> str | None:
-    """The C opener, or None for the Python loop."""
-    return str(request.getfixturevalue("opener")) if request.param == "c" else None
 
 
 def _read_exactly(conn: socket.socket, n: int) -> bytes:

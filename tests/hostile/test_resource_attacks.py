@@ -5,6 +5,7 @@ publish/subscribe round trip keeps working, and the broker's RSS stays under a s
 
 from __future__ import annotations
 
+import itertools
 import socket
 import threading
 import time
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.cleanup import ended_after
 from support.clients import (
     PahoClient,
     RawClient,
@@ -27,7 +29,7 @@ from support.clients import (
     utf8,
     vbi,
 )
-from support.launcher import rss_bytes
+from support.launcher import rss_bytes, write_file
 
 MIB = 1024 * 1024
 RSS_BOUND = 100 * MIB  # growth allowed while an attack runs
@@ -58,25 +60,22 @@ class Control:
 
 
 @pytest.fixture
-def run_broker(
+def controlled_broker(
     start_broker: Callable[..., Any], tmp_path: Path
 ) -> Iterator[Callable[[str], tuple[Any, Control]]]:
-    """``run_broker(config_text)``: a broker (memory store) with that config, and a control
-    client pair on it."""
-    controls: list[Control] = []
+    """``controlled_broker(config_text)``: a broker (memory store) with that config, and a
+    control client pair on it (closed after the test)."""
+    count = itertools.count()
+    with ended_after(Control.close) as keep:
 
-    def run(config: str) -> tuple[Any, Control]:
-        path = tmp_path / f"broker{len(controls)}.toml"
-        path.write_text(config)
-        server = start_broker(extra_args=("--config", str(path), "--memory"))
-        control = Control(server.host, server.port)
-        control.round_trip()
-        controls.append(control)
-        return server, control
+        def run(config: str) -> tuple[Any, Control]:
+            path = write_file(tmp_path / f"broker{next(count)}.toml", config)
+            server = start_broker(extra_args=("--config", str(path), "--memory"))
+            control = keep(Control(server.host, server.port))
+            control.round_trip()
+            return server, control
 
-    yield run
-    for control in controls:
-        control.close()
+        yield run
 
 
 def under_attack(server: Any, control: Control, baseline: int) -> int:
@@ -106,13 +105,13 @@ def non_reader(host: str, port: int) -> socket.socket:
 
 
 def test_subscribes_of_a_non_reader_do_not_copy_the_retained_set(
-    run_broker: Callable[[str], tuple[Any, Control]],
+    controlled_broker: Callable[[str], tuple[Any, Control]],
 ) -> None:
     """40 SUBSCRIBEs to 5 MB of retained messages used to queue 40 copies (200 MB) at once.
     They are now sent as the client reads: it does not, so its output stops at the high-water
     mark and so does reading its input. A reading subscriber still gets every retained message
     (more than one event-loop pass's share)."""
-    server, control = run_broker("")
+    server, control = controlled_broker("")
     publisher = PahoClient(server.host, server.port)
     publisher.connect()
     base = f"ret/{unique()}"
@@ -141,12 +140,12 @@ def test_subscribes_of_a_non_reader_do_not_copy_the_retained_set(
 
 
 def test_a_client_that_never_reads_its_replies_is_no_longer_read(
-    run_broker: Callable[[str], tuple[Any, Control]],
+    controlled_broker: Callable[[str], tuple[Any, Control]],
 ) -> None:
     """PINGREQs from a client that does not read its PINGRESPs: once its output is over the
     high-water mark the broker stops reading from it (its sends stall) instead of buffering
     every answer; the control client is served meanwhile."""
-    server, control = run_broker("")
+    server, control = controlled_broker("")
     baseline = rss_bytes(server.proc.pid)
     attacker = non_reader(server.host, server.port)
     attacker.sendall(connect_packet(unique("ping"), 5, 0, True))
@@ -232,11 +231,11 @@ def test_a_publish_with_too_many_user_properties_is_refused(broker: Any) -> None
 
 
 def test_partial_large_connects_hold_nothing(
-    run_broker: Callable[[str], tuple[Any, Control]],
+    controlled_broker: Callable[[str], tuple[Any, Control]],
 ) -> None:
     """150 connections each sending most of a 1 MB CONNECT used to hold 150 MB until the
     CONNECT timeout; each is now refused from its fixed header."""
-    server, control = run_broker("[broker]\nconnect_timeout = 30.0\n")
+    server, control = controlled_broker("[broker]\nconnect_timeout = 30.0\n")
     baseline = rss_bytes(server.proc.pid)
     body = b"\x00\x04MQTT\x05\x02\x00\x3c" + b"\x00" * (1_000_000 - 10)
     partial = (b"\x10" + vbi(1_000_000) + body)[:-1]  # one byte short
@@ -277,7 +276,7 @@ def test_a_topic_longer_than_the_default_limit_is_invalid(broker: Any) -> None:
 
 
 def test_long_topics_do_not_fill_memory(
-    run_broker: Callable[[str], tuple[Any, Control]], tmp_path: Path
+    controlled_broker: Callable[[str], tuple[Any, Control]], tmp_path: Path
 ) -> None:
     """Distinct 60 KB topics: a client without publish rights used to fill the match cache
     (about 118 KB per topic) and its own cache of rights; one with rights filled the match
@@ -285,7 +284,7 @@ def test_long_topics_do_not_fill_memory(
     bounded by bytes, and the rights cache by characters."""
     acl = tmp_path / "acl"
     acl.write_text("topic readwrite control/#\ntopic write free/#\n")
-    server, control = run_broker(
+    server, control = controlled_broker(
         f"[security]\nacl_file = '{acl}'\nallow_anonymous = true\n"
         "[broker]\nmax_topic_length = 65535\nmatch_cache_bytes = 16777216\n"
     )
