@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import signal
 import sqlite3
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from support.clients import unique
+from support.clients import unique, wait_for
 from support.examples import example, run_example
 
 JOBS = 200
@@ -71,11 +70,11 @@ def test_killed_worker_jobs_processed_exactly_once(
     assert published.returncode == 0, published.stderr
 
     # Kill the victim mid-stream, once it has done a few jobs and the pool is far from done.
-    poll_until(lambda: count(db, "worker = 'victim'") >= 5, "the victim's first jobs")
+    wait_for(lambda: count(db, "worker = 'victim'") >= 5, "the victim's first jobs", 30)
     victim.proc.send_signal(signal.SIGKILL)
     assert count(db) < JOBS
     assert crasher.wait_exit() == 3, crasher.log_text()  # it crashed as told
-    poll_until(lambda: count(db) >= JOBS, "every job processed", timeout=60)
+    wait_for(lambda: count(db) >= JOBS, "every job processed", timeout=60)
 
     expected = {f"{run}-{n}" for n in range(JOBS)}
     processed = query(db, "SELECT job_id FROM processed")
@@ -103,14 +102,6 @@ def test_killed_worker_jobs_processed_exactly_once(
 
 def count(db: Path, where: str = "1") -> int:
     return int(query(db, f"SELECT COUNT(*) FROM processed WHERE {where}")[0][0])
-
-
-def poll_until(predicate: Callable[[], bool], what: str, timeout: float = 30) -> None:
-    """The record is a file other processes write: look again every 50 ms, up to ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
-        time.sleep(0.05)
 
 
 def test_demo_runs_with_one_command(fresh_broker: Any) -> None:

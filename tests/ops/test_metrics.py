@@ -24,6 +24,7 @@ from support.clients import (
     publish_packet,
     unique,
     utf8,
+    wait_for,
 )
 from support.external_tools import program
 from support.launcher import ROOT
@@ -151,10 +152,8 @@ def test_the_benchmark_option_scrapes_our_broker(monkeypatch: pytest.MonkeyPatch
         assert "admin on, /metrics scraped" in handle.description
         scraper = handle.scraper
         assert scraper is not None
-        deadline = time.monotonic() + TIMEOUT
-        while scraper.scrapes < 2 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert scraper.scrapes >= 2 and scraper.failures == 0
+        wait_for(lambda: scraper.scrapes >= 2, "two scrapes of /metrics", TIMEOUT)
+        assert scraper.failures == 0
     finally:
         handle.stop()
     assert handle.scraper is None

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from support.clients import (
     assert_broker_healthy,
     connect_packet,
     unique,
+    wait_for,
 )
 
 EXPIRY_HOUR = bytes((0x11,)) + (3600).to_bytes(4, "big")  # Session Expiry Interval 3600
@@ -41,9 +41,7 @@ def _wait_count(server: Any, mark: int, texts: list[str], count: int) -> None:
         lines = server.log_since(mark).splitlines()
         return sum(any(text in line for text in texts) for line in lines)
 
-    deadline = time.monotonic() + TIMEOUT
-    while seen() < count and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(lambda: seen() >= count, f"{count} lines of {texts}", TIMEOUT)
     assert seen() == count, server.log_since(mark)[-3000:]
 
 
@@ -63,9 +61,7 @@ def test_disconnect_and_close_at_once_logs_no_error(
     _assert_clean_log(server, mark)
 
 
-def test_takeover_storm_logs_no_error(
-    start_broker: Callable[..., Any], tmp_path: Path
-) -> None:
+def test_takeover_storm_logs_no_error(start_broker: Callable[..., Any], tmp_path: Path) -> None:
     # Every connection's line is counted below: no rate limit on them (connection_log_rate).
     config = tmp_path / "every-line.toml"
     config.write_text("[broker]\nconnection_log_rate = 0\n")
