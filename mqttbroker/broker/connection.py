@@ -160,29 +160,6 @@ class Connection:
     def __repr__(self) -> str:
         return f"Connection({self.client_id or self.peer!r})"
 
-    # What the counters, the admin API and $SYS read.
-
-    @property
-    def bytes_received(self) -> int:
-        return self.input.received
-
-    @property
-    def bytes_sent(self) -> int:
-        return self.output.sent
-
-    @property
-    def publishes_received(self) -> int:
-        return self.input.publishes
-
-    @property
-    def publishes_sent(self) -> int:
-        return self.output.publishes
-
-    @property
-    def paused(self) -> bool:
-        """The transport asked for no more output for now."""
-        return self.output.paused
-
     @property
     def certificate_user(self) -> str | None:
         login = self.login

@@ -386,7 +386,7 @@ class Broker:
 
     def connection_closed(self, conn: Connection, publish_will: bool) -> None:
         self.connections.discard(conn)
-        self.stats.delivered_closed += conn.publishes_sent
+        self.stats.delivered_closed += conn.output.publishes
         conn.output.publishes = 0
         if conn.address is not None:
             left = self._per_address.get(conn.address, 1) - 1

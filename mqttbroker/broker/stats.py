@@ -110,7 +110,7 @@ class BrokerStats:
         :meth:`queue_dropped` or from a census that walks the sessions a slice at a time."""
         return Snapshot(
             (self.received_q0, self.received_q1, self.received_q2),
-            self.delivered_closed + sum(c.publishes_sent for c in connections),
+            self.delivered_closed + sum(c.output.publishes for c in connections),
             queue_dropped,
             self.denied,
             self.refused,

@@ -206,10 +206,10 @@ class Api:
             "user": conn.username,
             "keep_alive": conn.keep_alive,
             "connected_since": self._wall(conn.opened_at),
-            "messages_received": conn.publishes_received,
-            "messages_sent": conn.publishes_sent,
-            "bytes_received": conn.bytes_received,
-            "bytes_sent": conn.bytes_sent,
+            "messages_received": conn.input.publishes,
+            "messages_sent": conn.output.publishes,
+            "bytes_received": conn.input.received,
+            "bytes_sent": conn.output.sent,
             "subscriptions": sorted(session.subscriptions) if session is not None else [],
         }
         if session is not None:

@@ -85,7 +85,7 @@ def test_a_publish_waits_for_its_answer_and_what_follows_waits_behind_it(h: Harn
     assert acks(client) == [(first, 0), (second, 0)]
     assert [p.payload for p in watcher.publishes()] == [b"1", b"2"]
     assert not client.link.reading_paused
-    assert client.conn.publishes_received == 2
+    assert client.conn.input.publishes == 2
 
 
 def test_a_denied_answer_refuses_the_publish(h: Harness) -> None:

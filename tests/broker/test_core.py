@@ -835,8 +835,8 @@ def test_the_broker_counts_each_byte_read_and_written_once(h: Harness) -> None:
     h.broker.scheduler.flush()
     clients = [sub, pub]
     assert h.broker.stats.bytes_sent == sum(len(c.link.data) for c in clients)
-    assert h.broker.stats.bytes_sent == sum(c.conn.bytes_sent for c in clients) > 100
-    assert h.broker.stats.bytes_received == sum(c.conn.bytes_received for c in clients) > 100
+    assert h.broker.stats.bytes_sent == sum(c.conn.output.sent for c in clients) > 100
+    assert h.broker.stats.bytes_received == sum(c.conn.input.received for c in clients) > 100
 
 
 def test_session_expiry_bracketed(h: Harness) -> None:

@@ -41,7 +41,7 @@ def test_received_delivered_and_denied_are_counted_as_the_reports_name_them(h: H
     assert snap.denied == 1
     assert (snap.queue_dropped, snap.dropped) == (5, 6)  # dropped: by the queues, or refused
     assert snap.connects == 2
-    assert snap.bytes_received == sum(c.conn.bytes_received for c in h.clients) > 0
+    assert snap.bytes_received == sum(c.conn.input.received for c in h.clients) > 0
     assert snap.bytes_sent == sum(len(c.link.data) for c in h.clients) > 0
 
     subscriber.disconnect()  # what a closed connection delivered still counts

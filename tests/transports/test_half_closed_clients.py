@@ -118,7 +118,7 @@ def test_a_half_closed_client_that_does_not_read_is_let_go_after_the_grace(
                     break
             queued = link.buffered()
             # Below the high-water mark: the connection writes on, nothing pauses it.
-            assert 0 < queued < tcp.WRITE_HIGH_WATER and not conn.paused
+            assert 0 < queued < tcp.WRITE_HIGH_WATER and not conn.output.paused
             inode = _accepted_inode(sub)
             sub.shutdown(socket.SHUT_WR)  # the client's FIN, with output still unread
             # The socket closes first, connection_lost follows in a callback of the loop.
