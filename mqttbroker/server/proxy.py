@@ -35,6 +35,7 @@ import logging
 import socket
 import ssl
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import NamedTuple, cast
 
 from ..config import IPNetwork
@@ -204,6 +205,7 @@ def _readable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> asyncio.F
     return ready
 
 
+@dataclass(eq=False, repr=False)
 class ProxyAcceptor:
     """A listener behind PROXY-protocol balancers, in place of ``loop.create_server``: it accepts
     each socket itself, admits only the balancers' addresses, reads the header within
@@ -217,28 +219,22 @@ class ProxyAcceptor:
     yet handed to the loop is in ``_held`` and closed with its admitting task, however that
     task ends (cancelled before its first step included)."""
 
-    def __init__(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        sockets: list[socket.socket],
-        trusted: tuple[IPNetwork, ...],
-        factory: Callable[[str, str | None], asyncio.BaseProtocol],
-        context: ssl.SSLContext | None,
-        timeout: float,
-    ) -> None:
-        self.loop = loop
-        self.sockets = sockets
-        self.trusted = trusted
-        self.factory = factory
-        self.context = context
-        self.timeout = timeout
-        self.refused = 0  # connections closed for a missing, malformed or untrusted header
-        self.accept_errors = 0
-        self._held: set[socket.socket] = set()
-        self._admitting: set[asyncio.Task[None]] = set()
-        self._closed = False
-        for listening in sockets:
-            loop.add_reader(listening.fileno(), self._accept, listening)
+    loop: asyncio.AbstractEventLoop
+    sockets: list[socket.socket]
+    trusted: tuple[IPNetwork, ...]
+    factory: Callable[[str, str | None], asyncio.BaseProtocol]
+    context: ssl.SSLContext | None
+    timeout: float
+    # connections closed for a missing, malformed or untrusted header
+    refused: int = field(default=0, init=False)
+    accept_errors: int = field(default=0, init=False)
+    _held: set[socket.socket] = field(default_factory=set, init=False)
+    _admitting: set[asyncio.Task[None]] = field(default_factory=set, init=False)
+    _closed: bool = field(default=False, init=False)
+
+    def __post_init__(self) -> None:
+        for listening in self.sockets:
+            self.loop.add_reader(listening.fileno(), self._accept, listening)
 
     def close(self) -> None:
         """Stop accepting, at once; connections still being admitted are dropped."""
