@@ -283,6 +283,17 @@ class ClusterStore(Store):
             change.fields[name] = delivery
             if new:
                 change.fresh.add(name)
+            conn = session.connection
+            if (
+                delivery.qos == 2
+                and delivery.packet_id is not None
+                and not delivery.released
+                and conn is not None
+            ):
+                # A QoS 2 PUBLISH just sent: it leaves once Redis has it under its packet id.
+                # A node adopting the session sends it again under that id (the client knows
+                # it), where, sent before, it would route it again under a new one (a copy).
+                conn.hold_output()
 
     def delete_delivery(self, session: Session, delivery: Delivery) -> None:
         if not delivery.stored:

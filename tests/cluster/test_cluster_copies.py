@@ -11,7 +11,7 @@ import signal
 from typing import Any
 
 import pytest
-from support.clients import unique, wait_for
+from support.clients import RawClient, connect_packet, prop, subscribe_packet, unique, wait_for
 from support.cluster_clients import (
     acknowledged,
     adopted,
@@ -232,3 +232,68 @@ def test_a_node_woken_past_its_lease_does_not_send_what_a_moved_session_publishe
     arrives(b"m2", sub)
     assert counted(sub) == {b"m1": 1, b"m2": 1}
     close_all(moved, sub)
+
+
+def publishes(data: bytes) -> list[bytes]:
+    """The payloads of the MQTT 5 PUBLISH packets (no properties) in ``data``, whole packets."""
+    found = []
+    pos = 0
+    while pos < len(data):
+        first = data[pos]
+        length, body = 0, pos + 1
+        shift = 0
+        while True:
+            byte = data[body]
+            length |= (byte & 0x7F) << shift
+            body += 1
+            shift += 7
+            if not byte & 0x80:
+                break
+        end = body + length
+        if first >> 4 == 3:
+            start = body + 2 + int.from_bytes(data[body : body + 2], "big")
+            start += 2 if first & 0x06 else 0  # (the packet id)
+            found.append(data[start + 1 : end])  # (after the properties' length, 0)
+        pos = end
+    return found
+
+
+def test_a_qos2_message_leaves_for_its_subscriber_once_redis_has_its_packet_id(
+    start_node: Any, redis_server: Any
+) -> None:
+    """b routes a QoS 2 message to the device's session, and its write of that delivery is
+    refused (b's lease is another's now: fenced). Had b sent the PUBLISH at once, the device
+    would have it from b, then from a, which adopts b and routes b's stream to the session
+    (nothing in Redis says it went) under another packet id: twice. It leaves b only once
+    Redis has it under its packet id, so here never from b, and once from a."""
+    a = start_node("a")
+    b = start_node("b")
+    client_id = unique("held")
+    topic = unique("held")
+    raw = RawClient(b.host, b.port)
+    expiry = prop(0x11, (3600).to_bytes(4, "big"))
+    raw.send(connect_packet(client_id, properties=expiry))
+    raw.read_packet()  # CONNACK
+    raw.send(subscribe_packet(1, [(topic, 2)]))
+    raw.read_packet()  # SUBACK
+    r = redis_server.client()
+    try:
+        pipe = r.pipeline(transaction=True)
+        pipe.set("mqttbroker:node:b", "another-token")  # b's next write is fenced
+        pipe.xadd(STREAM + "b", {"m": publish_frame(topic, b"m1", b"c.00000001\x1d1", qos=2)})
+        pipe.execute()
+        assert b.wait_for_log(r"was fenced|is held by another node", 10) is not None
+        kill(b)
+        from_b = publishes(raw.read_until_closed())
+        r.delete("mqttbroker:node:b")  # (b is gone)
+    finally:
+        r.close()
+        raw.close()
+    again = resumed(a, client_id)
+    arrives(b"m1", again)  # (from b's stream)
+    pub = client(a)
+    acknowledged(pub, topic, [b"m2"], 2)
+    arrives(b"m2", again)
+    assert from_b == []
+    assert counted(again) == {b"m1": 1, b"m2": 1}
+    close_all(again, pub)
