@@ -628,6 +628,11 @@ class ClusterNode(Backplane):
                 refusal = await self._take_over(
                     client_id, key, previous.decode(), clean_start, username
                 )
+            if client_id in self._holding:
+                # Its session is being adopted here (the client id is this node's already):
+                # the client is served once it is built and has its gone node's messages.
+                async with self._adopting:
+                    pass
         except (RedisError, OSError) as exc:
             here = client_id in self.broker.sessions
             if serves_while_redis_down(clean_start, here, self.lease):
@@ -903,6 +908,7 @@ class ClusterNode(Backplane):
             self._holding.update(owned)
             try:
                 taken: set[str] = set()  # the client ids of the sessions adopted
+                found_all: list[tuple[str, Any]] = []
                 for start in range(0, len(owned), chunk):
                     part = owned[start : start + chunk]
                     pipe = self.redis.pipeline(transaction=False)
@@ -916,19 +922,28 @@ class ClusterNode(Backplane):
                             self.node_id,
                             "1" if client_id == claiming else "",
                         )
-                    for client_id, found in zip(part, await pipe.execute(), strict=True):
-                        if not found:
-                            continue
-                        fields = dict(zip(found[::2], found[1::2], strict=True))
-                        try:
-                            self._restore(client_id, from_hash(client_id, fields), away=True)
-                            taken.add(client_id)
-                        except MQTTError as exc:
-                            log.warning("cluster: %s; not adopted", exc)
-                restored = self.broker.clock()  # (what this node routes from now on, they get)
-                await self._committed()  # the sessions' routes announced before the stream is read
+                    found_all.extend(zip(part, await pipe.execute(), strict=True))
+                # What this node sent that stream is in Redis before it is read; then the
+                # sessions are built and what the stream holds for them is routed to them in
+                # one step: nothing routed here meanwhile reaches them before it (MQTT 4.6).
+                await self._committed()
                 stream = self.stream_key(node)
-                routed = await self._drain(stream, taken, routed_there, restored)
+                entries = await self._pending(stream)
+                for client_id, found in found_all:
+                    if not found:
+                        continue
+                    fields = dict(zip(found[::2], found[1::2], strict=True))
+                    try:
+                        self._restore(client_id, from_hash(client_id, fields), away=True)
+                        taken.add(client_id)
+                    except MQTTError as exc:
+                        log.warning("cluster: %s; not adopted", exc)
+                restored = self.broker.clock()  # (what this node routes from now on, they get)
+                ids = self._drain(entries, taken, routed_there, restored)
+                self._own_since(taken, routed_there)
+                routed = len(ids)
+                await self._ack(stream, ids)
+                await self._committed()  # the sessions' routes announced before the next read
                 filters = [f.decode() for f in await self.redis.hkeys(f"{PREFIX}routes:{node}")]
                 pipe = self.redis.pipeline(transaction=False)
                 for topic_filter in filters:
@@ -940,7 +955,9 @@ class ClusterNode(Backplane):
                 # A node that had not heard of the routes above yet may still have written to
                 # the stream: read it once more after a moment, then it goes.
                 await asyncio.sleep(RETRY_SECONDS)
-                routed += await self._drain(stream, taken, routed_there, restored)
+                ids = self._drain(await self._pending(stream), taken, routed_there, restored)
+                routed += len(ids)
+                await self._ack(stream, ids)
                 await self._committed()
                 # What the sessions got there (and here from its stream), for their next move.
                 now = self.broker.clock()
@@ -990,14 +1007,9 @@ class ClusterNode(Backplane):
         except (RedisError, OSError) as exc:
             self._lost(exc)  # (the next sweep tries again)
 
-    async def _drain(self, stream: str, sessions: set[str], seen: Routed, since: float) -> int:
-        """Route here the entries of another node's stream it has not acknowledged (pending,
-        then never read), to the ``sessions`` adopted from it only: they were sent for that
-        node's subscribers, and this node's own had each message already (from its own stream,
-        or from its publisher here); this node's consumer acknowledges them once committed.
-        Not those its sessions in Redis hold (``seen``: what it wrote it had routed), nor
-        those this node routed itself ``since`` the sessions came (they had them then); one
-        of this node's own copies coming later is not routed to them again."""
+    async def _pending(self, stream: str) -> list[Any]:
+        """The entries of another node's stream it has not acknowledged: pending, then never
+        read (claimed by this node's consumer)."""
         entries: list[Any] = []
         try:
             cursor = "0-0"
@@ -1019,16 +1031,47 @@ class ClusterNode(Backplane):
         except ResponseError as exc:
             if "NOGROUP" not in str(exc):
                 raise
-            return 0
+        return entries
+
+    def _drain(
+        self, entries: list[Any], sessions: set[str], seen: Routed, since: float
+    ) -> list[Any]:
+        """Route here ``entries`` of another node's stream (see _pending), to the ``sessions``
+        adopted from it only: they were sent for that node's subscribers, and this node's own
+        had each message already (from its own stream, or from its publisher here). Not those
+        its sessions in Redis hold (``seen``: what it wrote it had routed), nor those this node
+        routed itself ``since`` the sessions came (they had them then); one of this node's own
+        copies coming later is not routed to them again. Their ids, to acknowledge (_ack)."""
         ids = []
         for entry_id, fields in entries:
             ids.append(entry_id)
             if fields:
                 self._arrived(fields[b"m"], sessions, seen, since)
+        return ids
+
+    def _own_since(self, sessions: set[str], seen: Routed) -> int:
+        """This node's own messages published before the ``sessions`` came that their gone
+        node's stream did not hold when read (their writes were on their way): routed to them
+        now, after what the stream held, before anything newer; ``seen`` counts them, so that
+        those entries, read later, are not routed again."""
+        origin = self.origin
+        above = seen.highest.get(origin, 0)
+        now = self.broker.clock()
+        count = 0
+        for _, from_, counter, packet in list(self.recent.entries):
+            if from_ != origin or counter <= above:
+                continue
+            message = decode(packet, now)
+            for client_id in sessions:
+                count += self._deliver_to(client_id, message, now)
+        seen.highest[origin] = max(above, self._counter)
+        return count
+
+    async def _ack(self, stream: str, ids: list[Any]) -> None:
+        """The entries of another node's stream routed here, acknowledged once committed."""
         if ids:
             await self._committed()
             await self.redis.xack(stream, GROUP, *ids)
-        return len(ids)
 
     async def _committed(self) -> None:
         """Until what was changed so far is in Redis and in the node's store."""

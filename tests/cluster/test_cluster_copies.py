@@ -8,6 +8,8 @@ not send what the clients of sessions adopted meanwhile published there."""
 from __future__ import annotations
 
 import signal
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -296,4 +298,41 @@ def test_a_qos2_message_leaves_for_its_subscriber_once_redis_has_its_packet_id(
     arrives(b"m2", again)
     assert from_b == []
     assert counted(again) == {b"m1": 1, b"m2": 1}
+    close_all(again, pub)
+
+
+def test_an_adopted_session_gets_its_gone_nodes_messages_before_newer_ones(
+    start_node: Any,
+) -> None:
+    """A publisher on a publishes without a pause while b, which has the device's session,
+    is killed and the device comes back on a. a adopts b: the messages b's stream holds for
+    the session (and a's own on their way there) reach it before any a routes to it after,
+    so the device gets every message once and in the order published (MQTT 4.6)."""
+    a = start_node("a")
+    b = start_node("b")
+    client_id, topic, dev, pub = routed(b, a, 1, "order")
+    dev.close()
+    kill(b)
+    count = 900  # (fewer than a session queues while its client is away)
+    sent: list[Any] = []
+
+    def publish() -> None:
+        for n in range(count):
+            sent.append(pub.publish(topic, str(n).encode(), qos=1, wait=False))
+            time.sleep(0.001)
+
+    publisher = threading.Thread(target=publish)
+    publisher.start()
+    try:
+        wait_for(lambda: len(sent) > 100, "messages for b's stream")
+        again = resumed(a, client_id)
+    finally:
+        publisher.join()
+    assert all(pub.wait_published(info) == 0 for info in sent)
+    wait_for(lambda: len(set(payloads(again))) == count, "every message")
+    got = [int(p) for p in payloads(again)]
+    first = list(dict.fromkeys(got))  # (first deliveries, in the order they came)
+    assert first == sorted(first), [
+        (x, y) for x, y in zip(first, first[1:], strict=False) if x > y
+    ][:5]
     close_all(again, pub)
