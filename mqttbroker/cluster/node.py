@@ -260,6 +260,7 @@ class ClusterNode(Backplane):
         self._touched = False  # a persistent session changed since the counters were taken
         self.recent = Recent()
         self._inherited: dict[str, tuple[float, dict[str, int]]] = {}
+        self._inherited_until = 0.0  # (all of them stale from then: see _not_had)
         # Sessions handed to other nodes lately: their plain filters (client id as the "node"),
         # and until when / to which node what this node routes for them is forwarded.
         self._leaving = RouteTable(1024)
@@ -768,7 +769,7 @@ class ClusterNode(Backplane):
         if len(inherited) > 1000:
             for key in [k for k, (t, _) in inherited.items() if t < now - REPLAY_SECONDS]:
                 del inherited[key]
-        inherited[client_id] = (now, seen)
+        self._inherit(client_id, now, seen)
         count = 0
         for packet in list(self.recent.missed(client_id, seen, now)):
             count += self._deliver_to(client_id, decode(packet, now), now)
@@ -782,6 +783,30 @@ class ClusterNode(Backplane):
                 client_id,
                 count,
             )
+
+    def _inherit(self, client_id: str, now: float, seen: dict[str, int]) -> None:
+        """``client_id``'s session came at ``now`` from a node that had routed each origin's
+        messages up to ``seen`` (to it among others)."""
+        self._inherited[client_id] = (now, seen)
+        self._inherited_until = max(self._inherited_until, now + REPLAY_SECONDS)
+
+    def _not_had(self, targets: list[Any], found: tuple[str, int], now: float) -> list[Any]:
+        """``targets`` but the sessions that came here lately from a node that had routed
+        them this message already (its counters, see _replay and _adopt): this node reading
+        its own copy after the session came, it would be a second one."""
+        inherited = self._inherited
+        if now > self._inherited_until:
+            inherited.clear()
+            return targets
+        origin, counter = found
+        oldest = now - REPLAY_SECONDS
+        kept = []
+        for target in targets:
+            came = inherited.get(target[0].client_id)
+            if came is not None and came[0] > oldest and counter <= came[1].get(origin, 0):
+                continue
+            kept.append(target)
+        return kept
 
     def _deliver_to(self, client_id: str, message: Message, now: float) -> int:
         """``message`` to the plain subscriptions of ``client_id``'s session here: 1 if any."""
@@ -941,6 +966,9 @@ class ClusterNode(Backplane):
                 restored = self.broker.clock()  # (what this node routes from now on, they get)
                 ids = self._drain(entries, taken, routed_there, restored)
                 self._own_since(taken, routed_there)
+                got = routed_there.snapshot()  # (what they have: not routed to them again)
+                for client_id in taken:
+                    self._inherit(client_id, restored, got)
                 routed = len(ids)
                 await self._ack(stream, ids)
                 await self._committed()  # the sessions' routes announced before the next read
@@ -963,7 +991,7 @@ class ClusterNode(Backplane):
                 now = self.broker.clock()
                 got = routed_there.snapshot()
                 for client_id in taken:
-                    self._inherited[client_id] = (now, got)
+                    self._inherit(client_id, now, got)
                 pipe = self.redis.pipeline(transaction=False)
                 pipe.delete(stream, f"{PREFIX}owned:{node}", f"{PREFIX}seen:{node}")
                 pipe.eval(LEAVE_SCRIPT, 1, lease, self.token)
@@ -1599,10 +1627,13 @@ class ClusterNode(Backplane):
         if match is None:
             return
         targets, groups = match
-        if found is not None and sessions is None and self._forwarded_to:
-            got = self._forwarded_to.get(found)
-            if got is not None:  # (those sessions had it forwarded already)
-                targets = [t for t in targets if t[0].client_id not in got]
+        if found is not None and sessions is None:
+            if self._forwarded_to:
+                got = self._forwarded_to.get(found)
+                if got is not None:  # (those sessions had it forwarded already)
+                    targets = [t for t in targets if t[0].client_id not in got]
+            if self._inherited:
+                targets = self._not_had(targets, found, now)
         shares = set(names.decode().split("\x1f")) if names else set()
         if header[:1] != b"1":
             targets = []

@@ -336,3 +336,30 @@ def test_an_adopted_session_gets_its_gone_nodes_messages_before_newer_ones(
         (x, y) for x, y in zip(first, first[1:], strict=False) if x > y
     ][:5]
     close_all(again, pub)
+
+
+def test_a_message_read_by_the_new_node_after_the_session_came_is_not_routed_again(
+    start_node: Any, redis_server: Any
+) -> None:
+    """A third node's QoS 2 message reaches a's stream and b's; a routes it to the device's
+    session, and the device moves to b before b has read its own copy (b is behind). a's
+    answer says the session got it: b, reading its copy now, does not route it again."""
+    a = start_node("a")
+    b = start_node("b")
+    client_id = unique("late")
+    topic = unique("late")
+    dev = subscribed(a, client_id, topic, 2)
+    m1 = publish_frame(topic, b"m1", b"c.00000001\x1d1", qos=2)
+    r = redis_server.client()
+    try:
+        r.xadd(STREAM + "a", {"m": m1})
+        arrives(b"m1", dev)
+        dev.close()
+        again = resumed(b, client_id)
+        r.xadd(STREAM + "b", {"m": m1})  # b's own copy, read only now
+        r.xadd(STREAM + "b", {"m": publish_frame(topic, b"m2", b"c.00000001\x1d2", qos=2)})
+    finally:
+        r.close()
+    arrives(b"m2", again)
+    assert counted(dev, again) == {b"m1": 1, b"m2": 1}
+    again.close()
