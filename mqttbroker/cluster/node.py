@@ -771,12 +771,15 @@ class ClusterNode(Backplane):
                 del inherited[key]
         self._inherit(client_id, now, seen)
         count = 0
-        for packet in list(self.recent.missed(client_id, seen, now)):
-            count += self._deliver_to(client_id, decode(packet, now), now)
+        # First what the old node forwarded before the session came: messages this node never
+        # had, published before their publishers' nodes knew of its route, so before those it
+        # had (of the same publisher: MQTT 4.6).
         for when, origin, counter, message in self._early.pop(client_id, ()):
             if when > now - REPLAY_SECONDS and not self._routed(origin, counter, now):
                 self._got_forward(client_id, origin, counter, now)
                 count += self._deliver_to(client_id, message, now)
+        for packet in list(self.recent.missed(client_id, seen, now)):
+            count += self._deliver_to(client_id, decode(packet, now), now)
         if count:
             log.info(
                 "cluster: client %s: %d messages routed here before its session came",

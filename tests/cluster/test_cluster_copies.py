@@ -363,3 +363,40 @@ def test_a_message_read_by_the_new_node_after_the_session_came_is_not_routed_aga
     arrives(b"m2", again)
     assert counted(dev, again) == {b"m1": 1, b"m2": 1}
     again.close()
+
+
+def forward_frame(client_id: str, topic: str, payload: bytes, ident: bytes) -> bytes:
+    """A stream entry holding a QoS 1 message forwarded by the node a session left for that
+    session (node.py ``_forward``): ``f<id>\\x1e<client id>\\0<MQTT 5 PUBLISH>``."""
+    frame = publish_frame(topic, payload, ident)[4:]
+    frame = b"f" + frame[1:].replace(b"\x1e\0", b"\x1e" + client_id.encode() + b"\0", 1)
+    return len(frame).to_bytes(4, "big") + frame
+
+
+def test_what_the_old_node_forwarded_before_the_session_came_goes_first(
+    start_node: Any, redis_server: Any
+) -> None:
+    """b had no route for the topic: a third node's m1 went to a only, which forwarded it to
+    b for the device's session, on its way there; m2, published once that node knew b's
+    route, reached b directly. Both came before the session did: it gets m1, then m2."""
+    a = start_node("a")
+    b = start_node("b")
+    client_id = unique("early")
+    topic = unique("early")
+    subscribed(a, client_id, topic, 1).close()
+    r = redis_server.client()
+    try:
+        r.xadd(STREAM + "b", {"m": forward_frame(client_id, topic, b"m1", b"c.00000001\x1d1")})
+        last = r.xadd(STREAM + "b", {"m": publish_frame(topic, b"m2", b"c.00000001\x1d2")})
+
+        def read() -> bool:  # (and acknowledged: routed)
+            [group] = r.xinfo_groups(STREAM + "b")
+            return bool(group["last-delivered-id"] == last and not group["pending"])
+
+        wait_for(read, "b to read both")
+    finally:
+        r.close()
+    again = resumed(b, client_id)
+    wait_for(lambda: len(payloads(again)) == 2, "m1 and m2")
+    assert payloads(again) == [b"m1", b"m2"]
+    again.close()
