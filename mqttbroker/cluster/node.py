@@ -937,35 +937,37 @@ class ClusterNode(Backplane):
             try:
                 taken: set[str] = set()  # the client ids of the sessions adopted
                 found_all: list[tuple[str, Any]] = []
-                for start in range(0, len(owned), chunk):
-                    part = owned[start : start + chunk]
-                    pipe = self.redis.pipeline(transaction=False)
-                    for client_id in part:
-                        pipe.eval(
-                            TAKE_SCRIPT,
-                            2,
-                            f"{PREFIX}client:{client_id}",
-                            f"{PREFIX}session:{client_id}",
-                            node,
-                            self.node_id,
-                            "1" if client_id == claiming else "",
-                        )
-                    found_all.extend(zip(part, await pipe.execute(), strict=True))
-                # What this node sent that stream is in Redis before it is read; then the
-                # sessions are built and what the stream holds for them is routed to them in
-                # one step: nothing routed here meanwhile reaches them before it (MQTT 4.6).
-                await self._committed()
                 stream = self.stream_key(node)
-                entries = await self._pending(stream)
-                for client_id, found in found_all:
-                    if not found:
-                        continue
-                    fields = dict(zip(found[::2], found[1::2], strict=True))
-                    try:
-                        self._restore(client_id, from_hash(client_id, fields), away=True)
-                        taken.add(client_id)
-                    except MQTTError as exc:
-                        log.warning("cluster: %s; not adopted", exc)
+                try:
+                    for start in range(0, len(owned), chunk):
+                        part = owned[start : start + chunk]
+                        pipe = self.redis.pipeline(transaction=False)
+                        for client_id in part:
+                            pipe.eval(
+                                TAKE_SCRIPT,
+                                2,
+                                f"{PREFIX}client:{client_id}",
+                                f"{PREFIX}session:{client_id}",
+                                node,
+                                self.node_id,
+                                "1" if client_id == claiming else "",
+                            )
+                        found_all.extend(zip(part, await pipe.execute(), strict=True))
+                    # What this node sent that stream is in Redis before it is read; then the
+                    # sessions are built and what the stream holds for them is routed to them
+                    # in one step: nothing routed here meanwhile reaches them first (MQTT 4.6).
+                    await self._committed()
+                    entries = await self._pending(stream)
+                finally:  # (the client ids taken are this node's: their sessions too, whatever)
+                    for client_id, found in found_all:
+                        if not found:
+                            continue
+                        fields = dict(zip(found[::2], found[1::2], strict=True))
+                        try:
+                            self._restore(client_id, from_hash(client_id, fields), away=True)
+                            taken.add(client_id)
+                        except MQTTError as exc:
+                            log.warning("cluster: %s; not adopted", exc)
                 restored = self.broker.clock()  # (what this node routes from now on, they get)
                 ids = self._drain(entries, taken, routed_there, restored)
                 self._own_since(taken, routed_there)

@@ -400,3 +400,30 @@ def test_what_the_old_node_forwarded_before_the_session_came_goes_first(
     wait_for(lambda: len(payloads(again)) == 2, "m1 and m2")
     assert payloads(again) == [b"m1", b"m2"]
     again.close()
+
+
+def test_an_adoption_that_fails_reading_the_stream_keeps_the_sessions_it_took(
+    start_node: Any, redis_server: Any
+) -> None:
+    """a takes b's sessions (their client ids are a's then), and reading b's stream fails
+    (here: not a stream). The sessions are built all the same: the device, refused once
+    (0x88) and trying again, finds its session on a, never an empty one."""
+    a = start_node("a")
+    b = start_node("b")
+    client_id = unique("failed")
+    topic = unique("failed")
+    subscribed(b, client_id, topic, 1).close()
+    kill(b)
+    r = redis_server.client()
+    try:
+        r.delete(STREAM + "b")
+        r.set(STREAM + "b", b"not a stream")
+    finally:
+        r.close()
+    for _ in range(10):
+        again = device(a, client_id, clean=False)
+        if again.connect(expect_success=False) == 0:
+            break
+        again.close()
+    assert again.session_present, a.log_text()
+    again.close()
