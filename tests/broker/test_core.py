@@ -18,6 +18,7 @@ from support.harness import (
     FakeLink,
     Harness,
     Prop,
+    WakeCounter,
     pk,
 )
 
@@ -25,7 +26,7 @@ from mqttbroker.broker.core import Broker
 from mqttbroker.broker.options import BrokerOptions
 from mqttbroker.broker.policy import ListenerPolicy
 from mqttbroker.broker.session import NEVER
-from mqttbroker.broker.sink import Outbox, Sink
+from mqttbroker.broker.sink import Outbox
 from mqttbroker.protocol import grammar
 
 MQTT_3_1_1 = 4
@@ -119,11 +120,6 @@ def _connect(h: Harness, client_id: str, certificate: str | None, claimed: str |
     (connack,) = client.receive(limit=1)
     assert isinstance(connack, pk.Connack)
     return client, connack
-
-
-class Recorder(Sink):
-    def wake(self) -> None:
-        pass
 
 
 def test_will_published_on_connection_lost(h: Harness) -> None:
@@ -966,7 +962,7 @@ def test_recheck_drops_queued_messages_no_longer_readable(h: Harness) -> None:
     rules = DenySecret()
     rules.denied = "nothing/"
     h.broker.authorizer = rules
-    outbox = Outbox(h.broker, "$bridge/b", Recorder(), 10, 1 << 20)
+    outbox = Outbox(h.broker, "$bridge/b", WakeCounter(), 10, 1 << 20)
     outbox.subscribe({"#": 1})
     sub = h.connect("sub", properties={Prop.SESSION_EXPIRY_INTERVAL: 100})
     sub.subscribe("#", 1)

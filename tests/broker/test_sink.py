@@ -14,20 +14,13 @@ from support.harness import (
     DenySecret,
     Harness,
     Prop,
+    WakeCounter,
     pk,
 )
 
 from mqttbroker.broker.sink import Outbox, Sink, retire
 from mqttbroker.protocol import grammar
 from mqttbroker.protocol.reasons import ReasonCode
-
-
-class Recorder(Sink):
-    def __init__(self) -> None:
-        self.wakes = 0
-
-    def wake(self) -> None:
-        self.wakes += 1
 
 
 class NothingReadable(AllowAll):
@@ -45,7 +38,7 @@ class Quiet(Sink):
 def test_integration_publish_is_authorized_as_its_session(h: Harness) -> None:
     rules = DenySecret()
     h.broker.authorizer = rules
-    outbox = Outbox(h.broker, "$bridge/b", Recorder(), 10, 1 << 20)
+    outbox = Outbox(h.broker, "$bridge/b", WakeCounter(), 10, 1 << 20)
     outbox.session.username = "bridge-user"
     denied = h.broker.stats.denied
     assert outbox.publish("secret/in", b"x", 1, False, None) == ReasonCode.NOT_AUTHORIZED
@@ -57,11 +50,11 @@ def test_integration_publish_is_authorized_as_its_session(h: Harness) -> None:
 def test_integration_retain_follows_retain_available(make_harness: Callable[..., Harness]) -> None:
     """Retain Available 0: an integration's retained message is forwarded, not kept."""
     h = make_harness(retain_available=False)
-    outbox = Outbox(h.broker, "$bridge/b", Recorder(), 10, 1 << 20)
+    outbox = Outbox(h.broker, "$bridge/b", WakeCounter(), 10, 1 << 20)
     assert outbox.publish("r", b"x", 1, True, None) == ReasonCode.NO_MATCHING_SUBSCRIBERS
     assert len(h.broker.router.retained) == 0
     h = make_harness()
-    outbox = Outbox(h.broker, "$bridge/b", Recorder(), 10, 1 << 20)
+    outbox = Outbox(h.broker, "$bridge/b", WakeCounter(), 10, 1 << 20)
     outbox.publish("r", b"x", 1, True, None)
     assert len(h.broker.router.retained) == 1
 
@@ -70,7 +63,7 @@ def test_integration_retained_limit(make_harness: Callable[..., Harness]) -> Non
     """max_retained: the integration may replace or clear a retained topic at the limit, not
     add one (0x97)."""
     h = make_harness(max_retained=2)
-    outbox = Outbox(h.broker, "$bridge/b", Recorder(), 10, 1 << 20)
+    outbox = Outbox(h.broker, "$bridge/b", WakeCounter(), 10, 1 << 20)
     assert outbox.publish("r/1", b"x", 0, True, None) < 0x80
     assert outbox.publish("r/2", b"x", 0, True, None) < 0x80
     assert outbox.publish("r/3", b"x", 0, True, None) == ReasonCode.QUOTA_EXCEEDED
@@ -84,7 +77,7 @@ def test_integration_retained_limit(make_harness: Callable[..., Harness]) -> Non
 
 
 def test_outbox_done_refills_nothing_but_frees_its_id(h: Harness) -> None:
-    outbox = Outbox(h.broker, "$webhook/w", Recorder(), 10, 1 << 20)
+    outbox = Outbox(h.broker, "$webhook/w", WakeCounter(), 10, 1 << 20)
     outbox.subscribe({"a": 1})
     h.connect("pub").publish("a", b"1", 1)
     taken = outbox.take()
@@ -95,7 +88,7 @@ def test_outbox_done_refills_nothing_but_frees_its_id(h: Harness) -> None:
 
 def test_outbox_take_drops_expired(h: Harness) -> None:
     """[MQTT-3.3.2-5] A queued message whose expiry passed is not handed to the integration."""
-    outbox = Outbox(h.broker, "$webhook/w", Recorder(), 10, 1 << 20)
+    outbox = Outbox(h.broker, "$webhook/w", WakeCounter(), 10, 1 << 20)
     outbox.subscribe({"a": 1})
     pub = h.connect("pub")
     pub.publish("a", b"old", 1, properties={Prop.MESSAGE_EXPIRY_INTERVAL: 5})
@@ -108,8 +101,8 @@ def test_outbox_take_drops_expired(h: Harness) -> None:
 
 def test_retire_logs_what_it_removes(h: Harness, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="mqttbroker.sink")
-    Outbox(h.broker, "$bridge/old", Recorder(), 10, 1 << 20)
-    Outbox(h.broker, "$bridge/kept", Recorder(), 10, 1 << 20)
+    Outbox(h.broker, "$bridge/old", WakeCounter(), 10, 1 << 20)
+    Outbox(h.broker, "$bridge/kept", WakeCounter(), 10, 1 << 20)
     retire(h.broker, {"$bridge/kept"})
     assert "$bridge/old" not in h.broker.sessions and "$bridge/kept" in h.broker.sessions
     assert [r.getMessage() for r in caplog.records] == [
@@ -133,7 +126,7 @@ def test_reserved_client_ids_are_refused(
 
 
 def test_outbox_queues_wakes_and_keeps_until_done(h: Harness) -> None:
-    sink = Recorder()
+    sink = WakeCounter()
     outbox = Outbox(h.broker, "$webhook/w", sink, max_messages=3, max_bytes=1 << 20)
     outbox.subscribe({"a/#": 2})
     publisher = h.connect("pub")
@@ -165,7 +158,7 @@ def test_outbox_queues_wakes_and_keeps_until_done(h: Harness) -> None:
 
 
 def test_outbox_publish_is_no_local_and_retire_ends_unconfigured(h: Harness) -> None:
-    outbox = Outbox(h.broker, "$bridge/b", Recorder(), 100, 1 << 20)
+    outbox = Outbox(h.broker, "$bridge/b", WakeCounter(), 100, 1 << 20)
     outbox.subscribe({"t/#": 1})
     other = h.connect("sub")
     other.subscribe("t/#", qos=1)
@@ -183,7 +176,7 @@ def test_outbox_publish_is_no_local_and_retire_ends_unconfigured(h: Harness) -> 
 
 
 def test_publisher_recorded_only_when_asked(h: Harness) -> None:
-    outbox = Outbox(h.broker, "$webhook/w", Recorder(), 10, 1 << 20)
+    outbox = Outbox(h.broker, "$webhook/w", WakeCounter(), 10, 1 << 20)
     outbox.subscribe({"a/#": 1})
     publisher = h.connect("pub")
     publisher.publish("a/1", b"anonymous", qos=1)
@@ -198,7 +191,7 @@ def test_publisher_recorded_only_when_asked(h: Harness) -> None:
 
 def test_rules_reload_leaves_integration_subscriptions(h: Harness) -> None:
     """SIGHUP rechecks what clients subscribed; an integration's rules are the operator's."""
-    outbox = Outbox(h.broker, "$bridge/b", Recorder(), 10, 1 << 20)
+    outbox = Outbox(h.broker, "$bridge/b", WakeCounter(), 10, 1 << 20)
     outbox.subscribe({"a/#": 1})
     h.broker.authorizer = NothingReadable()
     assert h.broker.recheck_subscriptions() == 0

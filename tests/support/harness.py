@@ -20,6 +20,7 @@ from mqttbroker.broker.message import Message
 from mqttbroker.broker.options import BrokerOptions
 from mqttbroker.broker.policy import OPEN, ListenerPolicy
 from mqttbroker.broker.session import Session
+from mqttbroker.broker.sink import Sink
 from mqttbroker.broker.store import Store
 from mqttbroker.broker.topics import SharedGroup
 from mqttbroker.protocol import fastpath, grammar
@@ -58,6 +59,7 @@ __all__ = [
     "counts_logged",
     "disconnected_with",
     "queued_while_away",
+    "WakeCounter",
     "RecordingBackplane",
     "make_harness",
     "h",
@@ -489,6 +491,16 @@ PERSISTENT = {Prop.SESSION_EXPIRY_INTERVAL: 100}  # CONNECT properties of a pers
 NOT_UTF8 = b"\xff\xfe"
 PFI = {Prop.PAYLOAD_FORMAT_INDICATOR: 1}  # the payload says it is UTF-8
 POWERS_OF_TWO = [1, 2, 4, 8]
+
+
+class WakeCounter(Sink):
+    """A sink (an integration's side of an Outbox) that counts the broker's wake-ups."""
+
+    def __init__(self) -> None:
+        self.wakes = 0
+
+    def wake(self) -> None:
+        self.wakes += 1
 
 
 def queued_while_away(h: Harness) -> Client:
