@@ -5,7 +5,8 @@ subprocesses and Mosquitto's client programs (launcher.py), the programs outside
 may need (external_tools.py), the ending of what a fixture started (cleanup.py), throwaway TLS
 certificates (certs.py), whole-packet codec helpers (codec.py), hypothesis strategies of valid
 packets (strategies.py), the admin server's HTTP client checked against the OpenAPI document
-(admin_client.py), a local HTTP service (http_service.py), a redis-server of the test's own
+(admin_client.py) and its dashboard in a headless Chromium (dashboard_page.py), a local HTTP
+service and the operator's auth service (http_service.py), a redis-server of the test's own
 (redis_server.py) and clients of a cluster's nodes (cluster_clients.py), the client side of
 SCRAM (scram_client.py), password files in our and Mosquitto's formats (password_files.py); and
 the helpers of single folders: integrations.py, sessions.py, transports.py, examples.py,
