@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from support.codec import connect_bytes
+from support.codec import encoded_connect
 from support.harness import (
     METHOD,
     MQTT_3_1_1,
@@ -395,7 +395,7 @@ def test_assigned_client_identifier(h: Harness) -> None:
 def test_connect_v311(h: Harness) -> None:
     """[MQTT-3.1.4-5] A 3.1.1 CONNECT gets the 4-byte 3.1.1 CONNACK: flags 0, return code 0."""
     client = h.client(version=MQTT_3_1_1)
-    client.send_raw(connect_bytes("c311", MQTT_3_1_1))
+    client.send_raw(encoded_connect("c311", MQTT_3_1_1))
     h.broker.scheduler.flush()
     assert client.link.data == b"\x20\x02\x00\x00"
     assert not client.closed
@@ -414,7 +414,7 @@ def test_v311_empty_client_id_persistent_session_rejected(h: Harness) -> None:
     """MQTT 3.1.1 [MQTT-3.1.3-8] (3.1.1 numbering): empty client id with Clean Session 0 gets
     CONNACK return code 2 (identifier rejected) and the connection is closed."""
     client = h.client(version=MQTT_3_1_1)
-    client.send_raw(connect_bytes("", MQTT_3_1_1, clean_start=False))
+    client.send_raw(encoded_connect("", MQTT_3_1_1, clean_start=False))
     h.broker.scheduler.flush()
     assert client.link.data == b"\x20\x02\x00\x02"
     assert client.closed
@@ -431,7 +431,7 @@ def test_v5_empty_client_id_clean_start_0_gets_an_id(h: Harness) -> None:
 def test_unsupported_protocol_level_v5_style(h: Harness, level: int) -> None:
     """[MQTT-3.1.2-2] [MQTT-3.2.2-6] [MQTT-3.2.2-7] An unknown (newer) protocol level gets
     CONNACK 0x84 with Session Present 0 and the connection is closed."""
-    data = bytearray(connect_bytes("c1"))
+    data = bytearray(encoded_connect("c1"))
     assert data[2:8] == b"\x00\x04MQTT" and data[8] == MQTT_5
     data[8] = level
     client = h.client()
@@ -448,7 +448,7 @@ def test_unsupported_protocol_level_v5_style(h: Harness, level: int) -> None:
 def test_unsupported_old_protocol_level(h: Harness, level: int) -> None:
     """[MQTT-3.1.2-2] An old level under the name "MQTT" gets the 3.1.1-form CONNACK with return
     code 1 (unacceptable protocol version) and the connection is closed."""
-    data = bytearray(connect_bytes("c1", MQTT_3_1_1))
+    data = bytearray(encoded_connect("c1", MQTT_3_1_1))
     data[8] = level
     client = h.client(version=MQTT_3_1_1)
     client.send_raw(bytes(data))
@@ -460,7 +460,7 @@ def test_unsupported_old_protocol_level(h: Harness, level: int) -> None:
 def test_wrong_protocol_name(h: Harness) -> None:
     """[MQTT-3.1.2-1] A protocol name other than "MQTT" gets no accepting CONNACK and the
     connection is closed."""
-    data = bytearray(connect_bytes("c1"))
+    data = bytearray(encoded_connect("c1"))
     data[4:8] = b"MQTX"
     client = h.client()
     client.send_raw(bytes(data))
@@ -473,7 +473,7 @@ def test_nothing_processed_after_refused_connect(h: Harness) -> None:
     """[MQTT-3.1.4-6] After a refused CONNECT nothing the client sent afterwards is processed."""
     watcher = h.connect("watcher")
     watcher.subscribe("t")
-    data = bytearray(connect_bytes("c1"))
+    data = bytearray(encoded_connect("c1"))
     data[8] = 6
     client = h.client()
     client.send_raw(bytes(data) + b"\xc0\x00" + grammar.encode(pk.Publish("t", b"x"), MQTT_5))
@@ -485,7 +485,7 @@ def test_nothing_processed_after_refused_connect(h: Harness) -> None:
 
 def test_connect_reserved_flag_is_malformed(h: Harness) -> None:
     """[MQTT-3.1.2-3] [MQTT-3.1.4-1] A CONNECT whose reserved flag is 1 is refused and closed."""
-    data = bytearray(connect_bytes("c1"))
+    data = bytearray(encoded_connect("c1"))
     data[9] |= 0x01  # connect flags byte
     client = h.client()
     client.send_raw(bytes(data))

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from support.codec import connect_bytes
+from support.codec import encoded_connect
 from support.harness import (
     MQTT_5,
     AllowAll,
@@ -191,7 +191,7 @@ def test_server_disconnect_respects_client_maximum_packet_size(h: Harness) -> No
 def test_connect_split_across_reads(h: Harness) -> None:
     """A CONNECT arriving one byte at a time is assembled and answered once complete."""
     client = h.client()
-    data = connect_bytes("c1")
+    data = encoded_connect("c1")
     for index in range(len(data) - 1):
         client.send_raw(data[index : index + 1])
         assert client.receive() == []

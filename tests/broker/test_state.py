@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from support.codec import connect_bytes
+from support.codec import encoded_connect
 from support.harness import (
     METHOD,
     MQTT_5,
@@ -165,7 +165,7 @@ def test_first_packet_not_connect(h: Harness, first_packet: bytes) -> None:
 def test_second_connect_is_a_protocol_error(h: Harness) -> None:
     """[MQTT-3.1.0-2] A second CONNECT gets DISCONNECT 0x82 and the connection is closed."""
     client = h.connect("c1")
-    client.send_raw(connect_bytes("c1"))
+    client.send_raw(encoded_connect("c1"))
     received = client.receive()
     assert len(received) == 1 and isinstance(received[0], pk.Disconnect), received
     assert received[0].reason_code == 0x82

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from support.clients import PahoClient, closed_by_peer, unique
-from support.codec import connect_bytes
+from support.codec import encoded_connect
 from support.launcher import rss_bytes
 
 from mqttbroker.protocol import grammar
@@ -39,18 +39,18 @@ def garbage(sock: socket.socket) -> None:
 
 
 def oversized(sock: socket.socket) -> None:
-    sock.sendall(connect_bytes(unique("big"), keep_alive=5))
+    sock.sendall(encoded_connect(unique("big"), keep_alive=5))
     sock.sendall(b"\x30\xff\xff\xff\x7f")  # a PUBLISH announcing 256 MB
 
 
 def truncated_then_garbage(sock: socket.socket) -> None:
-    sock.sendall(connect_bytes(unique("trunc"), keep_alive=5))
+    sock.sendall(encoded_connect(unique("trunc"), keep_alive=5))
     sock.sendall(grammar.encode(pk.Publish("a/b", b"x" * 100, 1, packet_id=1), 5)[:20])
     sock.sendall(b"\x62\x05\x00")  # ...and then something that cannot continue it well
 
 
 def subscribe_flood(sock: socket.socket) -> None:
-    sock.sendall(connect_bytes(unique("flood"), keep_alive=5))
+    sock.sendall(encoded_connect(unique("flood"), keep_alive=5))
     filters = [pk.SubscriptionRequest(f"flood/{i}/#", 1) for i in range(20)]
     for packet_id in range(1, 11):  # 200 filters, past the limit of 50
         sock.sendall(grammar.encode(pk.Subscribe(packet_id, filters), 5))

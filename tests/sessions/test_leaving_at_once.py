@@ -13,7 +13,6 @@ from typing import Any
 
 from support.clients import (
     DISCONNECT,
-    MQTT_5,
     TIMEOUT,
     assert_broker_healthy,
     connect_packet,
@@ -22,10 +21,6 @@ from support.clients import (
 )
 
 EXPIRY_HOUR = bytes((0x11,)) + (3600).to_bytes(4, "big")  # Session Expiry Interval 3600
-
-
-def _connect_bytes(client_id: str) -> bytes:
-    return connect_packet(client_id, MQTT_5, clean=False, properties=EXPIRY_HOUR)
 
 
 def _assert_clean_log(server: Any, since: int) -> None:
@@ -54,7 +49,9 @@ def test_disconnect_and_close_at_once_logs_no_error(
     for _round in range(4):
         for client_id in ids:
             with socket.create_connection((server.host, server.port)) as sock:
-                sock.sendall(_connect_bytes(client_id) + DISCONNECT)
+                sock.sendall(
+                    connect_packet(client_id, clean=False, properties=EXPIRY_HOUR) + DISCONNECT
+                )
     _wait_count(server, mark, [f"client {c} disconnected (reason 0x00)" for c in ids], 4 * len(ids))
     # A QoS 1 round trip on another client: it waits for a commit after the ones above.
     assert_broker_healthy(server, since=mark)
@@ -73,7 +70,7 @@ def test_takeover_storm_logs_no_error(start_broker: Callable[..., Any], tmp_path
         open_socks: list[socket.socket] = []
         for _ in range(60):
             sock = socket.create_connection((server.host, server.port))
-            sock.sendall(_connect_bytes(client_id))
+            sock.sendall(connect_packet(client_id, clean=False, properties=EXPIRY_HOUR))
             open_socks.append(sock)
             if len(open_socks) > 2:
                 open_socks.pop(0).close()

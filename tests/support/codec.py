@@ -78,7 +78,7 @@ def encode_packet(packet: pk.Packet, version: int) -> bytes:
     return grammar.encode(packet, version)
 
 
-def connect_bytes(client_id: str = "c", level: int = pk.MQTT_5, **fields: Any) -> bytes:
+def encoded_connect(client_id: str = "c", level: int = pk.MQTT_5, **fields: Any) -> bytes:
     """A CONNECT of ``client_id`` at protocol ``level`` (``fields``: those of pk.Connect),
     encoded with the grammar."""
     return grammar.encode(pk.Connect(client_id=client_id, protocol_level=level, **fields), level)

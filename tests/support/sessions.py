@@ -103,26 +103,6 @@ def paho_client(
     return client
 
 
-def connect_bytes(
-    client_id: str,
-    version: int = MQTT_5,
-    user: str | None = None,
-    clean: bool = False,
-    expiry: int = HOUR,
-) -> bytes:
-    """CONNECT of ``user`` (password from PASSWORDS) on client id ``client_id``; without
-    ``clean``, a persistent session (MQTT 5: Session Expiry Interval ``expiry``)."""
-    props = prop(0x11, expiry.to_bytes(4, "big")) if expiry else b""
-    return connect_packet(
-        client_id,
-        version,
-        clean=clean,
-        properties=props,
-        username=user,
-        password=None if user is None else PASSWORDS[user],
-    )
-
-
 def connack(
     server: Any,
     client_id: str,
@@ -134,7 +114,16 @@ def connack(
     """Connect over a raw socket: (session present, CONNACK code). A refused client must be
     closed by the broker after its CONNACK; an accepted one disconnects normally."""
     with RawClient(server.host, server.port) as raw:
-        raw.send(connect_bytes(client_id, version, user, clean, expiry))
+        raw.send(
+            connect_packet(
+                client_id,
+                version,
+                clean=clean,
+                properties=prop(0x11, expiry.to_bytes(4, "big")) if expiry else b"",
+                username=user,
+                password=None if user is None else PASSWORDS[user],
+            )
+        )
         present, code, _ = parse_connack(raw.read_packet(), version)
         if code:
             assert raw.read_until_closed() == b"", "bytes after a refusing CONNACK"
