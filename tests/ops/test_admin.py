@@ -32,10 +32,6 @@ from support.admin_client import ADMIN_LINE, Admin, basic, check
 from support.certs import client_context, make_certificates
 from support.clients import (
     TIMEOUT,
-    RawClient,
-    connect_packet,
-    parse_connack,
-    subscribe_packet,
     unique,
     wait_for,
 )
@@ -370,31 +366,6 @@ def test_calls_without_login_are_logged_as_such(
         f"/api/v1/clients/{client.client_id}/kick -> 200: client '{client.client_id}' "
         "disconnected (0x98)"
     ]
-
-
-def test_a_stuck_session_deleted_is_not_said_to_recover(
-    admin_broker: Callable[..., Admin], paho: Paho
-) -> None:
-    admin = admin_broker("[alerts]\noldest_queued_age = 1\n")
-    server = admin.broker
-    topic = unique("stuck")
-    slow_id = unique("slow")
-    with RawClient(server.host, server.port) as slow:
-        slow.send(connect_packet(slow_id, properties=b"\x21\x00\x01"))  # Receive Maximum 1
-        assert parse_connack(slow.read_packet(), 5)[1] == 0
-        slow.send(subscribe_packet(1, [(topic, 1)]))
-        slow.read_packet()
-        publisher = paho(admin)
-        for n in range(3):
-            publisher.publish(topic, f"m{n}".encode(), qos=1)
-        mark = server.log_mark()
-        assert server.wait_for_log(rf"session {slow_id} is stuck", TIMEOUT, since=mark)
-        admin.ok("DELETE", f"/api/v1/sessions/{slow_id}")
-        ended = server.wait_for_log(rf"session {slow_id} is no longer stuck", TIMEOUT, since=mark)
-        assert ended is not None, server.log_text()
-    log = server.log_since(mark)
-    assert f"session {slow_id} is no longer stuck: it ended (deleted or expired)" in log
-    assert f"session {slow_id} recovered" not in log
 
 
 # -- guessing passwords in parallel ------------------------------------------------------------

@@ -1,8 +1,9 @@
 """Stuck-session alarms ([alerts] oldest_queued_age): a subscriber that stops acknowledging
 (MQTT 5, Receive Maximum 1) lets its queue age; past the threshold the session is logged once,
 published under $SYS/broker/alerts/stuck/, counted and flagged in the API; once it reads again,
-it recovers (logged and published once). Also the age itself, in the broker harness with its
-fake clock: queued messages carry the time they were queued, immediate deliveries do not."""
+it recovers (logged and published once); deleted while stuck, it is said to have ended, not
+recovered. Also the age itself, in the broker harness with its fake clock: queued messages
+carry the time they were queued, immediate deliveries do not."""
 
 from __future__ import annotations
 
@@ -13,11 +14,8 @@ from typing import Any
 from support.admin_client import Admin
 from support.clients import (
     TIMEOUT,
-    RawClient,
-    connect_packet,
     decode_vbi,
-    parse_connack,
-    subscribe_packet,
+    stalled_subscriber,
     unique,
 )
 from support.harness import Harness
@@ -26,7 +24,6 @@ from mqttbroker.ops.alerts import Survey, oldest_queued_age
 from mqttbroker.protocol.properties import PropertyId as Prop
 
 Paho = Callable[..., Any]
-RECEIVE_MAXIMUM_1 = b"\x21\x00\x01"
 
 
 def packet_id_of_publish(data: bytes) -> int:
@@ -45,11 +42,7 @@ def test_a_subscriber_that_stops_reading_raises_and_clears_an_alarm(
     watcher = paho(admin)
     watcher.subscribe("$SYS/broker/alerts/#", qos=0)
     slow_id = unique("slow")
-    with RawClient(server.host, server.port) as slow:
-        slow.send(connect_packet(slow_id, properties=RECEIVE_MAXIMUM_1))
-        assert parse_connack(slow.read_packet(), 5)[1] == 0
-        slow.send(subscribe_packet(1, [(topic, 1)]))
-        slow.read_packet()  # SUBACK
+    with stalled_subscriber(server, slow_id, topic) as slow:
         publisher = paho(admin)
         for n in range(3):
             publisher.publish(topic, f"m{n}".encode(), qos=1)
@@ -75,6 +68,27 @@ def test_a_subscriber_that_stops_reading_raises_and_clears_an_alarm(
         recovered = watcher.wait_messages(2)[1]
         assert json.loads(recovered.payload)["state"] == "recovered"
         assert server.log_since(mark).count(f"session {slow_id} is stuck") == 1  # once per episode
+
+
+def test_a_stuck_session_deleted_is_not_said_to_recover(
+    admin_broker: Callable[..., Admin], paho: Paho
+) -> None:
+    admin = admin_broker("[alerts]\noldest_queued_age = 1\n")
+    server = admin.broker
+    topic = unique("stuck")
+    slow_id = unique("slow")
+    with stalled_subscriber(server, slow_id, topic):
+        publisher = paho(admin)
+        for n in range(3):
+            publisher.publish(topic, f"m{n}".encode(), qos=1)
+        mark = server.log_mark()
+        assert server.wait_for_log(rf"session {slow_id} is stuck", TIMEOUT, since=mark)
+        admin.ok("DELETE", f"/api/v1/sessions/{slow_id}")
+        ended = server.wait_for_log(rf"session {slow_id} is no longer stuck", TIMEOUT, since=mark)
+        assert ended is not None, server.log_text()
+    log = server.log_since(mark)
+    assert f"session {slow_id} is no longer stuck: it ended (deleted or expired)" in log
+    assert f"session {slow_id} recovered" not in log
 
 
 def test_queued_deliveries_record_when_they_were_queued() -> None:

@@ -18,10 +18,7 @@ import pytest
 from support.admin_client import DYNSEC_TOKEN, Admin
 from support.clients import (
     TIMEOUT,
-    RawClient,
-    connect_packet,
-    parse_connack,
-    subscribe_packet,
+    stalled_subscriber,
     unique,
 )
 from support.dashboard_page import WAIT_MS, Page
@@ -74,11 +71,7 @@ def test_dashboard_pages_in_chromium(
         assert styles[0][1] >= 2 * styles[1][1] and styles[0][2] != styles[1][2], styles
         overview = ui.shot("overview")
         # -- a subscriber that stops reading: MQTT 5, Receive Maximum 1, never acknowledges
-        with RawClient(admin.broker.host, admin.broker.port) as slow:
-            slow.send(connect_packet(slow_id, properties=b"\x21\x00\x01"))
-            assert parse_connack(slow.read_packet(), 5)[1] == 0
-            slow.send(subscribe_packet(1, [(topic, 1)]))
-            slow.read_packet()
+        with stalled_subscriber(admin.broker, slow_id, topic):
             page = ui.open("sessions")
             page.wait_for_selector(
                 f'#sessions-table tr.stuck[data-client-id="{slow_id}"]', timeout=WAIT_MS

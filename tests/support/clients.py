@@ -20,7 +20,8 @@ import ssl
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -837,3 +838,15 @@ def connack_code(
     with RawClient(server.host, server.port, source=source) as raw:
         raw.send(connect_packet(client_id or unique("raw"), version, **connect))
         return parse_connack(raw.read_packet(), version)[1]
+
+
+@contextmanager
+def stalled_subscriber(server: Server, client_id: str, topic: str) -> Iterator[RawClient]:
+    """An MQTT 5 client subscribed to ``topic`` at QoS 1 with Receive Maximum 1 that reads and
+    acknowledges nothing unless told: one message is in flight to it, the rest queue."""
+    with RawClient(server.host, server.port) as raw:
+        raw.send(connect_packet(client_id, properties=prop(0x21, (1).to_bytes(2, "big"))))
+        assert parse_connack(raw.read_packet(), MQTT_5)[1] == 0
+        raw.send(subscribe_packet(1, [(topic, 1)]))
+        raw.read_packet()  # SUBACK
+        yield raw
