@@ -11,6 +11,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from support.admin_client import Admin
 from support.clients import (
     TIMEOUT,
@@ -33,11 +34,16 @@ def packet_id_of_publish(data: bytes) -> int:
     return int.from_bytes(data[pos : pos + 2], "big")
 
 
+@pytest.fixture
+def alarmed(admin_broker: Callable[..., Admin]) -> Admin:
+    """A broker whose sessions are stuck once their oldest queued message is a second old."""
+    return admin_broker("[alerts]\noldest_queued_age = 1\n")
+
+
 def test_a_subscriber_that_stops_reading_raises_and_clears_an_alarm(
-    admin_broker: Callable[..., Admin], paho: Paho
+    alarmed: Admin, paho: Paho
 ) -> None:
-    admin = admin_broker("[alerts]\noldest_queued_age = 1\n")
-    server = admin.broker
+    admin, server = alarmed, alarmed.broker
     topic = unique("stuck")
     watcher = paho(admin)
     watcher.subscribe("$SYS/broker/alerts/#", qos=0)
@@ -70,11 +76,8 @@ def test_a_subscriber_that_stops_reading_raises_and_clears_an_alarm(
         assert server.log_since(mark).count(f"session {slow_id} is stuck") == 1  # once per episode
 
 
-def test_a_stuck_session_deleted_is_not_said_to_recover(
-    admin_broker: Callable[..., Admin], paho: Paho
-) -> None:
-    admin = admin_broker("[alerts]\noldest_queued_age = 1\n")
-    server = admin.broker
+def test_a_stuck_session_deleted_is_not_said_to_recover(alarmed: Admin, paho: Paho) -> None:
+    admin, server = alarmed, alarmed.broker
     topic = unique("stuck")
     slow_id = unique("slow")
     with stalled_subscriber(server, slow_id, topic):
