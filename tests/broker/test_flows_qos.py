@@ -8,7 +8,7 @@ import pytest
 from support.harness import MQTT_3_1_1, Harness, Prop, pair, pk, split_raw
 
 
-def test_qos0_flow(h: Harness) -> None:
+def test_qos0_is_delivered_without_id_and_never_acknowledged(h: Harness) -> None:
     """[MQTT-4.3.1-1] [MQTT-3.3.1-2] [MQTT-2.2.1-2] [MQTT-3.3.4-1] QoS 0: delivered at QoS 0
     with DUP 0 and no packet id; the publisher gets no acknowledgement."""
     subscriber, publisher = pair(h)
@@ -20,7 +20,7 @@ def test_qos0_flow(h: Harness) -> None:
     assert message.retain is False
 
 
-def test_qos1_flow(h: Harness) -> None:
+def test_qos1_is_acknowledged_and_stays_in_flight_until_its_puback(h: Harness) -> None:
     """[MQTT-4.3.2-1] [MQTT-4.3.2-2] [MQTT-4.3.2-3] [MQTT-4.3.2-4] [MQTT-2.2.1-5] QoS 1 on both
     sides: PUBACK with the publisher's id; the subscriber gets QoS 1, DUP 0, a non-zero id, and
     the message stays in flight until its PUBACK."""
@@ -37,7 +37,7 @@ def test_qos1_flow(h: Harness) -> None:
     assert subscriber.session.inflight == {}
 
 
-def test_qos1_no_matching_subscribers(h: Harness) -> None:
+def test_qos1_without_subscribers_is_acknowledged_0x10(h: Harness) -> None:
     """[MQTT-3.4.2-1] PUBACK 0x10 (No matching subscribers) when nobody subscribed; a 3.1.1
     client gets the plain 2-byte PUBACK."""
     publisher = h.connect("pub")
@@ -50,7 +50,7 @@ def test_qos1_no_matching_subscribers(h: Harness) -> None:
     assert old.link.writes[-1] == b"\x40\x02\x00\x06"
 
 
-def test_qos2_flow_both_sides(h: Harness) -> None:
+def test_qos2_exchanges_carry_the_right_ids_on_both_sides(h: Harness) -> None:
     """[MQTT-4.3.3-1] [MQTT-4.3.3-2] [MQTT-4.3.3-3] [MQTT-4.3.3-4] [MQTT-4.3.3-5] [MQTT-4.3.3-8]
     [MQTT-4.3.3-11] [MQTT-2.2.1-5] QoS 2: PUBREC/PUBREL/PUBCOMP with the right ids on both sides."""
     subscriber, publisher = pair(h)
@@ -82,7 +82,9 @@ def test_qos2_flow_both_sides(h: Harness) -> None:
 
 @pytest.mark.parametrize("sub_qos", [0, 1, 2])
 @pytest.mark.parametrize("pub_qos", [0, 1, 2])
-def test_qos_downgrade(h: Harness, sub_qos: int, pub_qos: int) -> None:
+def test_delivered_at_the_lower_of_published_and_granted_qos(
+    h: Harness, sub_qos: int, pub_qos: int
+) -> None:
     """[MQTT-3.8.4-8] Delivered at the lower of the published QoS and the granted QoS."""
     subscriber, publisher = pair(h, sub_qos=sub_qos)
     publisher.publish("t", b"m", pub_qos)
@@ -90,7 +92,7 @@ def test_qos_downgrade(h: Harness, sub_qos: int, pub_qos: int) -> None:
     assert message.qos == min(sub_qos, pub_qos)
 
 
-def test_ordered_delivery(h: Harness) -> None:
+def test_one_publishers_messages_arrive_in_order_per_qos(h: Harness) -> None:
     """[MQTT-4.6.0-5] [MQTT-4.6.0-6] Messages from one publisher on one topic arrive in the order
     they were published, per QoS, also when they had to wait for the window."""
     subscriber, publisher = pair(h, sub_qos=2, properties={Prop.RECEIVE_MAXIMUM: 3})
