@@ -182,7 +182,7 @@ def test_auth_with_another_method_is_a_protocol_error(ha: Harness) -> None:
     assert client.one(pk.Connack).reason_code == 0x82
 
 
-def test_re_authentication(ha: Harness) -> None:
+def test_re_authentication_uses_the_first_method_and_ends_with_auth_0x00(ha: Harness) -> None:
     """[MQTT-4.12.1-1] Re-authentication (AUTH 0x19) uses the original method; it ends with
     AUTH 0x00 on success."""
     client = logged_in_with_method(ha)
@@ -230,7 +230,7 @@ def test_no_auth_without_a_method(ha: Harness) -> None:
     ("username", "password", "v5_code", "v311_code"),
     [("alice", b"wrong", 0x86, 4), (None, None, 0x87, 5)],
 )
-def test_password_refused(
+def test_a_refused_password_closes_with_the_authenticators_code(
     ha: Harness, username: str | None, password: bytes | None, v5_code: int, v311_code: int
 ) -> None:
     """[MQTT-3.1.4-2] A failed check closes the connection, with the authenticator's code in
@@ -392,7 +392,7 @@ def test_assigned_client_identifier(h: Harness) -> None:
     assert first.conn.client_id == id1
 
 
-def test_connect_v311(h: Harness) -> None:
+def test_a_311_connect_gets_the_4_byte_connack(h: Harness) -> None:
     """[MQTT-3.1.4-5] A 3.1.1 CONNECT gets the 4-byte 3.1.1 CONNACK: flags 0, return code 0."""
     client = h.client(version=MQTT_3_1_1)
     client.send_raw(encoded_connect("c311", MQTT_3_1_1))
@@ -495,7 +495,7 @@ def test_connect_reserved_flag_is_malformed(h: Harness) -> None:
     assert "c1" not in h.broker.sessions
 
 
-def test_connect_timeout(h: Harness) -> None:
+def test_no_connect_within_connect_timeout_closes_without_a_word(h: Harness) -> None:
     """A connection that sends no CONNECT within connect_timeout is closed without a word."""
     client = h.client()
     h.tick(h.options.connect_timeout - 0.5)
@@ -544,7 +544,7 @@ def test_server_keep_alive(
         ),  # MQTT-4.12.0-1
     ],
 )
-def test_connect_refused(
+def test_a_connect_that_cannot_be_accepted_gets_its_reason_and_is_closed(
     make_harness: Callable[..., Harness], options: dict, connect: dict, code: int
 ) -> None:
     """[MQTT-3.2.2-12] [MQTT-3.2.2-13] [MQTT-4.12.0-1] [MQTT-3.2.2-6] [MQTT-3.2.2-7] A CONNECT the
@@ -832,7 +832,7 @@ def test_auth_without_method_says_why(h: Harness) -> None:
     )
 
 
-def test_disconnect_closes(h: Harness) -> None:
+def test_a_disconnect_closes_with_no_answer(h: Harness) -> None:
     """[MQTT-3.14.4-2] A DISCONNECT from the client closes the connection, with no answer."""
     client = h.connect("c1")
     client.disconnect()

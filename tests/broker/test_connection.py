@@ -200,7 +200,7 @@ def test_connect_split_across_reads(h: Harness) -> None:
     assert len(received) == 1 and received[0].reason_code == 0
 
 
-def test_pingreq_pingresp(h: Harness) -> None:
+def test_every_pingreq_gets_a_pingresp(h: Harness) -> None:
     """[MQTT-3.12.4-1] Every PINGREQ gets a PINGRESP."""
     client = h.connect("c1")
     client.pingreq()

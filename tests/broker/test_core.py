@@ -183,7 +183,7 @@ def test_will_published_on_keep_alive_timeout(h: Harness) -> None:
     assert [p.payload for p in w.publishes()] == [b"gone"]
 
 
-def test_will_v311(h: Harness) -> None:
+def test_a_311_will_goes_on_connection_loss_not_after_disconnect(h: Harness) -> None:
     """[MQTT-3.1.2-8] A 3.1.1 will: published on connection loss, not after DISCONNECT."""
     w = watcher(h)
     h.connect("c1", version=MQTT_3_1_1, will=pk.Will("will/1", b"x")).lose()
@@ -525,7 +525,7 @@ def test_v311_persistent_session(h: Harness) -> None:
     assert [p.payload for p in client.publishes()] == [b"while away"]
 
 
-def test_session_takeover(h: Harness) -> None:
+def test_a_second_connection_takes_the_session_over_with_0x8e(h: Harness) -> None:
     """[MQTT-3.1.4-3] A second connection with the same client id takes the session over: the old
     one gets DISCONNECT 0x8E and is closed, the new one gets the messages."""
     old = h.connect("same", properties={Prop.SESSION_EXPIRY_INTERVAL: 60})

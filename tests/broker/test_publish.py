@@ -300,7 +300,7 @@ def test_v311_qos1_publish_with_empty_payload(h: Harness) -> None:
     assert [p.payload for p in sub.publishes()] == [b""]
 
 
-def test_publish_rate(make_harness: Any) -> None:
+def test_a_client_past_max_publish_rate_is_disconnected_0x96(make_harness: Any) -> None:
     """A client publishing faster than max_publish_rate is disconnected with 0x96; others keep
     publishing."""
     h = make_harness(max_publish_rate=10.0, max_publish_burst=3)

@@ -190,7 +190,7 @@ def test_unsubscribe_literal_compare_keeps_wildcard(h: Harness) -> None:
     assert [p.payload for p in client.publishes()] == [b"still"]
 
 
-def test_unsubscribe_v311(h: Harness) -> None:
+def test_a_311_unsubscribe_gets_the_4_byte_unsuback(h: Harness) -> None:
     """[MQTT-3.10.4-4] A 3.1.1 client gets the 4-byte UNSUBACK."""
     client = h.connect("c1", version=MQTT_3_1_1)
     client.subscribe("a")
