@@ -49,7 +49,9 @@ BOUNDS: list[tuple[str, list[Any], list[Any], str]] = [
 @pytest.mark.parametrize(
     ("name", "allowed", "refused", "message"), BOUNDS, ids=[b[0] for b in BOUNDS]
 )
-def test_bounds(name: str, allowed: list[Any], refused: list[Any], message: str) -> None:
+def test_each_option_takes_its_range_and_refuses_the_rest(
+    name: str, allowed: list[Any], refused: list[Any], message: str
+) -> None:
     for value in allowed:
         BrokerOptions(**{name: value}).check()
     for value in refused:
@@ -58,17 +60,17 @@ def test_bounds(name: str, allowed: list[Any], refused: list[Any], message: str)
         assert message in str(error.value)
 
 
-@pytest.mark.parametrize("name", NON_NEGATIVE)
-def test_non_negative(name: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        *((name, f"{name} must not be negative") for name in NON_NEGATIVE),
+        ("max_queued_messages", "max_queued_messages and max_queued_bytes must not be negative"),
+        ("max_queued_bytes", "max_queued_messages and max_queued_bytes must not be negative"),
+    ],
+    ids=[*NON_NEGATIVE, "max_queued_messages", "max_queued_bytes"],
+)
+def test_zero_is_allowed_and_a_negative_value_refused(name: str, message: str) -> None:
     BrokerOptions(**{name: 0}).check()
     with pytest.raises(ValueError) as error:
         BrokerOptions(**{name: -1}).check()
-    assert str(error.value) == f"{name} must not be negative"
-
-
-@pytest.mark.parametrize("name", ["max_queued_messages", "max_queued_bytes"])
-def test_queue_bounds(name: str) -> None:
-    BrokerOptions(**{name: 0}).check()
-    with pytest.raises(ValueError) as error:
-        BrokerOptions(**{name: -1}).check()
-    assert str(error.value) == "max_queued_messages and max_queued_bytes must not be negative"
+    assert str(error.value) == message

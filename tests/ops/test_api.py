@@ -36,7 +36,7 @@ def test_the_openapi_document_is_valid_and_served(admin_broker: Callable[..., Ad
     assert reply.body == OPENAPI
 
 
-def test_health_checks(admin_broker: Callable[..., Admin]) -> None:
+def test_healthz_says_alive_and_readyz_ready(admin_broker: Callable[..., Admin]) -> None:
     admin = admin_broker()
     assert admin.get("/healthz").body == {"status": "alive"}
     reply = admin.get("/readyz")

@@ -269,7 +269,7 @@ def test_scan_publish_agrees_on_any_bytes(flags: int, body: bytes, version: int)
     check_scan(0x30 | flags, padded, 1, 1 + len(body), version)
 
 
-def test_connect_version() -> None:
+def test_connect_version_is_read_from_the_protocol_level() -> None:
     connect = grammar.encode(pk.Connect(client_id="v", protocol_level=V4), V4)
     _, _, start = body_of(connect)
     assert fastpath.connect_version(connect[start:]) == V4
@@ -458,7 +458,7 @@ def test_subscription_options_reason(
     assert type(raised.value) is error and raised.value.message == reason  # type: ignore[attr-defined]
 
 
-def test_encoder_refusals() -> None:
+def test_encoders_refuse_what_no_packet_can_carry() -> None:
     """The encoders refuse what no packet can carry, saying what."""
     with pytest.raises(ValueError, match="^topic longer than 65535 bytes$"):
         fastpath.encode_publish(pk.Publish("t" * 65536, b""), 5)

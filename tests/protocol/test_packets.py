@@ -123,7 +123,7 @@ def test_defaults_give_each_packet_its_own_containers(cls: type) -> None:
             assert value is not getattr(two, f.name), f.name
 
 
-def test_packet_types() -> None:
+def test_each_packet_class_has_its_packet_type() -> None:
     expected = {
         pk.Connect: pk.CONNECT,
         pk.Connack: pk.CONNACK,
@@ -678,7 +678,7 @@ ACK_CASES = [
 @pytest.mark.parametrize(
     ("packet", "expected"), [c[:2] for c in ACK_CASES], ids=[c[2] for c in ACK_CASES]
 )
-def test_acks(packet: pk.Ack, expected: bytes) -> None:
+def test_acks_are_2_bytes_on_success_3_with_a_reason(packet: pk.Ack, expected: bytes) -> None:
     """[MQTT-3.4.2-1] [MQTT-3.5.2-1] [MQTT-3.6.2-1] [MQTT-3.7.2-1] Ack forms of section 3.4.2:
     2 bytes for success without properties, 3 with a reason code and no properties."""
     check_golden(packet, V5, expected)

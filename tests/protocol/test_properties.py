@@ -116,7 +116,7 @@ def test_property_not_allowed_in_packet(container: int, pid: int) -> None:
 
 
 @pytest.mark.parametrize(("container", "pid"), ALLOWED_CASES, ids=_ids(ALLOWED_CASES))
-def test_property_twice(container: int, pid: int) -> None:
+def test_a_property_twice_is_a_protocol_error_unless_repeatable(container: int, pid: int) -> None:
     """Including a property more than once is a Protocol Error, except User Property (anywhere)
     and Subscription Identifier (in PUBLISH), whose occurrences are all kept in order."""
     raw, value = sample(pid)
@@ -334,7 +334,7 @@ def test_reading_stops_past_the_cap() -> None:
         assert result.message == "more than 4 User Properties"
 
 
-def test_no_limit() -> None:
+def test_max_user_properties_0_sets_no_limit() -> None:
     """max_user_properties 0: no limit, and no cap on reading."""
     limit_user_properties(0)
     for result in decoders(publish_body(users(200))):

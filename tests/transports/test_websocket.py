@@ -104,7 +104,7 @@ def test_large_messages_both_ways_and_across_transports(listeners: Listeners) ->
         tcp.close()
 
 
-def test_configured_path(listeners: Listeners) -> None:
+def test_websocket_on_the_configured_path(listeners: Listeners) -> None:
     address = listeners.ws_custom
     client = PahoClient(address.host, address.port, transport="websockets", path=CUSTOM_PATH)
     try:
