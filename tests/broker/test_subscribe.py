@@ -117,6 +117,18 @@ def retained_set(make_harness: Callable[..., Harness], qos: int = 0) -> tuple[Ha
     return h, order
 
 
+def replaying_to_a_slow_reader(
+    make_harness: Callable[..., Harness],
+) -> tuple[Harness, list[str], LinkClient, MarkedLink]:
+    """The retained set (``retained_set``) and a client that reads slowly subscribed to all of
+    it, the passes run: the harness, the topics in order, the client and its link."""
+    h, order = retained_set(make_harness)
+    client, link = marked_client(h, "slow")
+    client.send_subscribe("#", 0)
+    passes(h)
+    return h, order, client, link
+
+
 class DenyAll(AllowAll):
     """Refuses every subscription."""
 
@@ -460,10 +472,7 @@ def test_unsuback_names_the_filters_without_a_subscription(h: Harness) -> None:
 def test_a_client_that_does_not_read_is_held_the_mark_and_about_a_message(
     make_harness: Callable[..., Harness],
 ) -> None:
-    h, order = retained_set(make_harness)
-    client, link = marked_client(h, "slow")
-    client.send_subscribe("#", 0)
-    passes(h)
+    h, order, client, link = replaying_to_a_slow_reader(make_harness)
     bound = HIGH + REPLAY_WRITE + SIZE + 64  # and a SUBACK, a PUBLISH header
     assert link.paused and client.conn.retained  # it stopped: the rest waits
     assert held(client, link) <= bound, (held(client, link), bound)
@@ -533,10 +542,7 @@ def test_qos1_replay_keeps_the_window_and_order(make_harness: Callable[..., Harn
 def test_a_client_that_goes_mid_replay_leaves_nothing_behind(
     make_harness: Callable[..., Harness],
 ) -> None:
-    h, _ = retained_set(make_harness)
-    client, link = marked_client(h, "slow")
-    client.send_subscribe("#", 0)
-    passes(h)
+    h, _, client, link = replaying_to_a_slow_reader(make_harness)
     assert link.paused and client.conn.retained
     client.conn.connection_lost()
     passes(h)
