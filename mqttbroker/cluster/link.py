@@ -22,11 +22,14 @@ return 0
 """
 
 # A session of the node ARGV[1] (gone) taken by ARGV[2]: its hash, or nothing if another node
-# owns the client id now (ARGV[3] "1": the client id ARGV[2] is claiming for a CONNECT).
+# owns the client id now (ARGV[3] "1": the client id ARGV[2] is claiming for a CONNECT). KEYS:
+# client:<id>, session:<id>, owned:<ARGV[2]>; ARGV[4] the client id. The session counts among
+# the taker's at once: a taker lost before it wrote the session is adopted with it.
 TAKE_SCRIPT = """
 local owner = redis.call('GET', KEYS[1])
 if owner ~= ARGV[1] and (ARGV[3] ~= '1' or owner ~= ARGV[2]) then return false end
 redis.call('SET', KEYS[1], ARGV[2])
+redis.call('SADD', KEYS[3], ARGV[4])
 return redis.call('HGETALL', KEYS[2])
 """
 

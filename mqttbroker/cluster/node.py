@@ -945,12 +945,14 @@ class ClusterNode(Backplane):
                         for client_id in part:
                             pipe.eval(
                                 TAKE_SCRIPT,
-                                2,
+                                3,
                                 f"{PREFIX}client:{client_id}",
                                 f"{PREFIX}session:{client_id}",
+                                f"{PREFIX}owned:{self.node_id}",
                                 node,
                                 self.node_id,
                                 "1" if client_id == claiming else "",
+                                client_id,
                             )
                         found_all.extend(zip(part, await pipe.execute(), strict=True))
                     # What this node sent that stream is in Redis before it is read; then the

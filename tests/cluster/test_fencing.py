@@ -9,6 +9,7 @@ import pytest
 import redis
 from support.redis_server import RedisServer
 
+from mqttbroker.cluster.link import TAKE_SCRIPT
 from mqttbroker.cluster.store import END, FENCED_WRITE, KEEP, REWRITE
 
 pytestmark = pytest.mark.needs_redis
@@ -73,3 +74,19 @@ def test_a_large_rewrite_goes_in_slices(redis_server: RedisServer) -> None:
         assert r.hlen(SESSION) == 5001
         assert write(r, "t1", KEEP, list(fields), {}) == 1
         assert r.hlen(SESSION) == 1
+
+
+def test_a_session_taken_counts_among_the_takers_at_once(redis_server: RedisServer) -> None:
+    """n2 adopting n1 takes the session (``link.TAKE_SCRIPT``): it is among n2's from then on,
+    so that a node adopting n2, lost before it wrote the session, takes it along. A session
+    whose client id another node has is neither taken nor counted."""
+    with redis_server.client() as r:
+        r.set(CLIENT, "n1")
+        r.hset(SESSION, "s", b'["u", 3600]')
+        keys = (CLIENT, SESSION, "mqttbroker:owned:n2")
+        assert r.eval(TAKE_SCRIPT, 3, *keys, "n1", "n2", "", "dev") == [b"s", b'["u", 3600]']
+        assert r.get(CLIENT) == b"n2"
+        assert r.smembers("mqttbroker:owned:n2") == {b"dev"}
+        keys = (CLIENT, SESSION, "mqttbroker:owned:n3")
+        assert r.eval(TAKE_SCRIPT, 3, *keys, "n1", "n3", "", "dev") is None
+        assert not r.exists("mqttbroker:owned:n3")
