@@ -775,6 +775,10 @@ class ClusterNode(Backplane):
         # had, published before their publishers' nodes knew of its route, so before those it
         # had (of the same publisher: MQTT 4.6).
         for when, origin, counter, message in self._early.pop(client_id, ()):
+            # (not what the session got where it was: a forward meant for a stay here before
+            # that, or for this node's previous run, comes late)
+            if counter <= seen.get(origin, 0):
+                continue
             if when > now - REPLAY_SECONDS and not self._routed(origin, counter, now):
                 self._got_forward(client_id, origin, counter, now)
                 count += self._deliver_to(client_id, message, now)
@@ -797,19 +801,21 @@ class ClusterNode(Backplane):
         """``targets`` but the sessions that came here lately from a node that had routed
         them this message already (its counters, see _replay and _adopt): this node reading
         its own copy after the session came, it would be a second one."""
-        inherited = self._inherited
         if now > self._inherited_until:
-            inherited.clear()
+            self._inherited.clear()
             return targets
         origin, counter = found
-        oldest = now - REPLAY_SECONDS
-        kept = []
-        for target in targets:
-            came = inherited.get(target[0].client_id)
-            if came is not None and came[0] > oldest and counter <= came[1].get(origin, 0):
-                continue
-            kept.append(target)
-        return kept
+        return [t for t in targets if not self._had(t[0].client_id, origin, counter, now)]
+
+    def _had(self, client_id: str, origin: str, counter: int, now: float) -> bool:
+        """Whether the session of ``client_id`` came here lately with that message routed to
+        it already."""
+        came = self._inherited.get(client_id)
+        return (
+            came is not None
+            and came[0] > now - REPLAY_SECONDS
+            and counter <= came[1].get(origin, 0)
+        )
 
     def _deliver_to(self, client_id: str, message: Message, now: float) -> int:
         """``message`` to the plain subscriptions of ``client_id``'s session here: 1 if any."""
@@ -893,6 +899,8 @@ class ClusterNode(Backplane):
             log.warning("cluster: message from Redis not readable, skipped: %s", exc)
             return
         if client_id in self.broker.sessions:
+            if self._had(client_id, origin, counter, now):
+                return  # (meant for an earlier stay of the session here: it came with it)
             self._got_forward(client_id, origin, counter, now)
             self._deliver_to(client_id, message, now)
             return

@@ -365,10 +365,10 @@ def test_a_message_read_by_the_new_node_after_the_session_came_is_not_routed_aga
     again.close()
 
 
-def forward_frame(client_id: str, topic: str, payload: bytes, ident: bytes) -> bytes:
-    """A stream entry holding a QoS 1 message forwarded by the node a session left for that
+def forward_frame(client_id: str, topic: str, payload: bytes, ident: bytes, qos: int = 1) -> bytes:
+    """A stream entry holding a QoS 1/2 message forwarded by the node a session left for that
     session (node.py ``_forward``): ``f<id>\\x1e<client id>\\0<MQTT 5 PUBLISH>``."""
-    frame = publish_frame(topic, payload, ident)[4:]
+    frame = publish_frame(topic, payload, ident, qos)[4:]
     frame = b"f" + frame[1:].replace(b"\x1e\0", b"\x1e" + client_id.encode() + b"\0", 1)
     return len(frame).to_bytes(4, "big") + frame
 
@@ -426,4 +426,34 @@ def test_an_adoption_that_fails_reading_the_stream_keeps_the_sessions_it_took(
             break
         again.close()
     assert again.session_present, a.log_text()
+    again.close()
+
+
+def test_a_forward_that_waited_for_a_session_is_not_routed_to_it_if_it_had_it(
+    start_node: Any, redis_server: Any
+) -> None:
+    """A node forwards to b what it routes for a session that went to b; the session moved on
+    meanwhile (b died and a adopted it, say) and got the message on a. When it comes to b
+    again, the forward waiting there is not routed to it: a's answer says it had it."""
+    a = start_node("a")
+    b = start_node("b")
+    client_id = unique("stale-fwd")
+    topic = unique("stale-fwd")
+    dev = subscribed(a, client_id, topic, 2)
+    m1 = b"c.00000001\x1d1"
+    with redis_server.client() as r:
+        r.xadd(STREAM + "a", {"m": publish_frame(topic, b"m1", m1, qos=2)})
+        arrives(b"m1", dev)
+        last = r.xadd(STREAM + "b", {"m": forward_frame(client_id, topic, b"m1", m1, 2)})
+
+        def read() -> bool:  # (and acknowledged: waiting for the session)
+            [group] = r.xinfo_groups(STREAM + "b")
+            return bool(group["last-delivered-id"] == last and not group["pending"])
+
+        wait_for(read, "b to read the forward")
+        dev.close()
+        again = resumed(b, client_id)
+        r.xadd(STREAM + "b", {"m": publish_frame(topic, b"m2", b"c.00000001\x1d2", qos=2)})
+    arrives(b"m2", again)
+    assert counted(dev, again) == {b"m1": 1, b"m2": 1}
     again.close()
