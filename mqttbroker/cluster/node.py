@@ -779,7 +779,7 @@ class ClusterNode(Backplane):
             # that, or for this node's previous run, comes late)
             if counter <= seen.get(origin, 0):
                 continue
-            if when > now - REPLAY_SECONDS and not self._routed(origin, counter, now):
+            if when > now - REPLAY_SECONDS and not self._routed(client_id, origin, counter, now):
                 self._got_forward(client_id, origin, counter, now)
                 count += self._deliver_to(client_id, message, now)
         for packet in list(self.recent.missed(client_id, seen, now)):
@@ -832,7 +832,8 @@ class ClusterNode(Backplane):
     def _got_forward(self, client_id: str, origin: str, counter: int, now: float) -> None:
         """A forwarded message went to ``client_id``'s session: if its own copy comes to this
         node later, it is not routed to that session again (_arrived_one)."""
-        self._got_message({client_id}, origin, counter, now)
+        had = self._forwarded_to.get((origin, counter))
+        self._got_message({client_id} if had is None else had | {client_id}, origin, counter, now)
 
     def _got_message(self, sessions: set[str], origin: str, counter: int, now: float) -> None:
         forwards = self._forwards
@@ -843,8 +844,14 @@ class ClusterNode(Backplane):
             for key in [k for k in got if k not in forwards.ids]:
                 del got[key]
 
-    def _routed(self, origin: str, counter: int, now: float) -> bool:
-        return self.recent.has(origin, counter, now) or self._forwards.has(origin, counter, now)
+    def _routed(self, client_id: str, origin: str, counter: int, now: float) -> bool:
+        """Whether this node routed that message itself lately (to the session, or before it
+        came: see _replay), or had it forwarded to ``client_id``'s session (a message is
+        forwarded once for each session that moved)."""
+        if self.recent.has(origin, counter, now):
+            return True
+        got = self._forwarded_to.get((origin, counter))
+        return got is not None and client_id in got and self._forwards.has(origin, counter, now)
 
     def _went(self, client_id: str, node: str, session: Session, now: float) -> None:
         """``client_id``'s session was handed to ``node``: for REPLAY_SECONDS, what this node
@@ -891,7 +898,7 @@ class ClusterNode(Backplane):
         it was routed to it then, see _replay, or not needed; after, directly). Before the
         session is here, it waits for it a moment; a session gone on is forwarded on."""
         origin, counter = found
-        if self._routed(origin, counter, now):
+        if self._routed(client_id, origin, counter, now):
             return
         try:
             message = decode(packet, now)

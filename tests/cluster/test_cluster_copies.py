@@ -457,3 +457,22 @@ def test_a_forward_that_waited_for_a_session_is_not_routed_to_it_if_it_had_it(
     arrives(b"m2", again)
     assert counted(dev, again) == {b"m1": 1, b"m2": 1}
     again.close()
+
+
+def test_a_message_forwarded_for_two_sessions_that_moved_reaches_both(
+    start_node: Any, redis_server: Any
+) -> None:
+    """Two devices move from a to b, which has no subscriber of their topic otherwise: a
+    third node's message reaches a only (it has not heard of b's route yet), and a forwards
+    it to b once for each session. b routes each forward to its session: both get it."""
+    a = start_node("a")
+    b = start_node("b")
+    topic = unique("both")
+    ids = [unique("both"), unique("both")]
+    for client_id in ids:
+        subscribed(a, client_id, topic, 1).close()
+    moved = [resumed(b, client_id) for client_id in ids]
+    with redis_server.client() as r:
+        r.xadd(STREAM + "a", {"m": publish_frame(topic, b"m1", b"c.00000001\x1d1")})
+    arrives(b"m1", *moved)
+    close_all(*moved)
