@@ -40,8 +40,14 @@ from support.launcher import BrokerProcess, ProgramProcess  # noqa: E402
 
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    """One broker for the whole test session. Tests share it, so each uses its own topics."""
-    process = BrokerProcess(tmp_path_factory.mktemp("broker-data")).start()
+    """One broker for the whole test session. Tests share it, so each uses its own topics.
+    Tests look for their own clients' lines in its log while others connect hundreds at once,
+    so it writes every connection's line (``connection_log_rate = 0``) rather than counting
+    those past 100 a second."""
+    data_dir = tmp_path_factory.mktemp("broker-data")
+    config = data_dir / "every-line.toml"
+    config.write_text("[broker]\nconnection_log_rate = 0\n")
+    process = BrokerProcess(data_dir, extra_args=("--config", str(config))).start()
     try:
         yield process
     finally:
