@@ -30,57 +30,43 @@ def send_publish(
     now: float,
 ) -> bool:
     """Queue one PUBLISH to the client; False if it exceeds the client's Maximum Packet
-    Size and was dropped instead (MQTT-3.1.2-24, -25)."""
-    if conn.alias_maximum:
-        return send_aliased(conn, message, qos, retain, dup, packet_id, sub_ids, now)
-    data = message.encode(conn.version, qos, retain, dup, packet_id, sub_ids, now)
-    if len(data) > conn.max_send_size:
-        return False
+    Size and was dropped instead (MQTT-3.1.2-24, -25). When the client allows Topic Aliases
+    (``alias_maximum`` of them, MQTT-3.1.2-26), the topic goes out as one: the least recently
+    used alias is reassigned when they are all taken."""
+    flags = (dup << 3) | (qos << 1) | retain
+    alias_maximum = conn.alias_maximum
+    if not alias_maximum:
+        data = message.encode(conn.version, flags, packet_id, sub_ids, now)
+        if len(data) > conn.max_send_size:
+            return False
+    else:
+        aliases = conn.out_aliases
+        if aliases is None:
+            aliases = conn.out_aliases = OrderedDict()
+        topic = message.topic
+        alias = aliases.get(topic)
+        if alias is not None:
+            aliases.move_to_end(topic)
+            data = message.encode(conn.version, flags, packet_id, sub_ids, now, alias, False)
+            if len(data) > conn.max_send_size:
+                return False
+        else:
+            evicted = None
+            if len(aliases) < alias_maximum:
+                alias = len(aliases) + 1
+            else:
+                evicted = aliases.popitem(last=False)
+                alias = evicted[1]
+            data = message.encode(conn.version, flags, packet_id, sub_ids, now, alias)
+            if len(data) > conn.max_send_size:
+                if evicted is not None:  # not sent: the client still has the old mapping
+                    aliases[evicted[0]] = evicted[1]
+                    aliases.move_to_end(evicted[0], last=False)
+                return False
+            aliases[topic] = alias
     if conn.state != CLOSED:
         conn.send(data)
         conn.output.publishes += 1
-    return True
-
-
-def send_aliased(
-    conn: Connection,
-    message: Message,
-    qos: int,
-    retain: bool,
-    dup: bool,
-    packet_id: int | None,
-    sub_ids: tuple[int, ...],
-    now: float,
-) -> bool:
-    """Send with a Topic Alias: the client allowed ``alias_maximum`` of them
-    (MQTT-3.1.2-26); the least recently used is reassigned when they are all taken."""
-    aliases = conn.out_aliases
-    if aliases is None:
-        aliases = conn.out_aliases = OrderedDict()
-    topic = message.topic
-    alias = aliases.get(topic)
-    evicted = None
-    if alias is not None:
-        aliases.move_to_end(topic)
-        data = message.encode_aliased(qos, retain, dup, packet_id, sub_ids, now, alias, False)
-    else:
-        if len(aliases) < conn.alias_maximum:
-            alias = len(aliases) + 1
-        else:
-            evicted = aliases.popitem(last=False)
-            alias = evicted[1]
-        data = message.encode_aliased(qos, retain, dup, packet_id, sub_ids, now, alias, True)
-        if len(data) > conn.max_send_size:
-            if evicted is not None:  # not sent: the client still has the old mapping
-                aliases[evicted[0]] = evicted[1]
-                aliases.move_to_end(evicted[0], last=False)
-            return False
-        aliases[topic] = alias
-    if len(data) > conn.max_send_size:
-        return False
-    if conn.state != CLOSED:
-        conn.output.publishes += 1
-    conn.send(data)
     return True
 
 

@@ -141,16 +141,20 @@ class Message:
     def encode(
         self,
         version: int,
-        qos: int,
-        retain: bool,
-        dup: bool,
+        flags: int,
         packet_id: int | None,
         sub_ids: tuple[int, ...],
         now: float,
+        alias: int = 0,
+        with_topic: bool = True,
     ) -> bytes:
-        """The PUBLISH packet for one delivery."""
-        if not qos and not sub_ids and self.expires_at is None:
-            key = version * 2 + retain
+        """The PUBLISH packet for one delivery; ``flags``: its fixed header's DUP, QoS and
+        RETAIN bits (section 3.3.1.1). With ``alias`` (MQTT 5 only), it carries that Topic
+        Alias, and the topic name only ``with_topic`` (the alias being set): an empty one when
+        the client already knows the alias (section 3.3.2.3.4)."""
+        if flags < 2 and not sub_ids and self.expires_at is None and not alias:
+            # QoS 0 (no DUP either, MQTT-3.3.1-2): one packet per version and RETAIN flag
+            key = version * 2 + flags
             if key == self._q0_key:
                 return self._q0_data
             more = self._q0_more
@@ -159,7 +163,7 @@ class Message:
                 if cached is not None:
                     return cached
             props = self._properties_v5((), now) if version == MQTT_5 else None
-            data = encode_publish_raw(retain, self.topic_bytes, None, props, self.payload)
+            data = encode_publish_raw(flags, self.topic_bytes, None, props, self.payload)
             if self._q0_key < 0:
                 self._q0_key = key
                 self._q0_data = data
@@ -168,31 +172,11 @@ class Message:
             else:
                 more[key] = data
             return data
-        props = self._properties_v5(sub_ids, now) if version == MQTT_5 else None
-        flags = (dup << 3) | (qos << 1) | retain
-        return encode_publish_raw(
-            flags, self.topic_bytes, packet_id if qos else None, props, self.payload
-        )
-
-    def encode_aliased(
-        self,
-        qos: int,
-        retain: bool,
-        dup: bool,
-        packet_id: int | None,
-        sub_ids: tuple[int, ...],
-        now: float,
-        alias: int,
-        with_topic: bool,
-    ) -> bytes:
-        """An MQTT 5 PUBLISH carrying Topic Alias ``alias``: with the topic name when the alias
-        is being set, with an empty one when the client already knows it (section 3.3.2.3.4)."""
-        props = self._properties_v5(sub_ids, now, alias)
-        flags = (dup << 3) | (qos << 1) | retain
+        props = self._properties_v5(sub_ids, now, alias) if version == MQTT_5 else None
         return encode_publish_raw(
             flags,
             self.topic_bytes if with_topic else b"\x00\x00",
-            packet_id if qos else None,
+            packet_id if flags & 6 else None,
             props,
             self.payload,
         )

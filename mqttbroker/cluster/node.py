@@ -194,7 +194,7 @@ def _answer(client_id: str, data: bytes) -> dict[str, Any]:
 
 def encode(message: Message, now: float) -> bytes:
     qos = message.qos
-    return message.encode(MQTT_5, qos, message.retain, False, 1 if qos else None, (), now)
+    return message.encode(MQTT_5, (qos << 1) | message.retain, 1 if qos else None, (), now)
 
 
 class ClusterNode(Backplane):
