@@ -445,6 +445,10 @@ class ClusterNode(Backplane):
             for session in part:
                 pipe.set(f"{PREFIX}client:{session.client_id}", self.node_id, nx=True, get=True)
             for session, owner in zip(part, await pipe.execute(), strict=True):
+                if broker.sessions.get(session.client_id) is not session:
+                    # Ended or replaced meanwhile (a claim under way built the session again,
+                    # from another node's answer): written whole, this one would wipe that.
+                    continue
                 if owner is not None and owner.decode() != self.node_id:
                     left = self._disconnect(session)
                     if left is not None:
