@@ -200,15 +200,6 @@ def test_outbound_size_limit_counts_whole_packet(h: Harness) -> None:
     assert [len(p.payload) for p in received] == [22]
 
 
-def test_pubrec_for_unknown_id(h: Harness) -> None:
-    """[MQTT-3.6.2-1] A PUBREC for an id with no QoS 2 message in flight: PUBREL 0x92."""
-    client = h.connect("c1")
-    client.pubrec(9)
-    rel = client.one(pk.Pubrel)
-    assert (rel.packet_id, rel.reason_code) == (9, 0x92)
-    assert not client.closed
-
-
 def test_duplicate_pubrec_gets_pubrel_again(h: Harness) -> None:
     """[MQTT-4.3.3-4] A PUBREC repeated (e.g. after a lost PUBREL) is answered with PUBREL again
     for the same id, and the PUBLISH is not sent again."""

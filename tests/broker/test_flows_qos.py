@@ -167,3 +167,24 @@ def test_properties_forwarded_unchanged(h: Harness) -> None:
     (message,) = subscriber.publishes()
     for key, value in props.items():
         assert message.properties[key] == value
+
+
+@pytest.mark.parametrize(
+    ("ack", "answer"),
+    [
+        # [MQTT-3.6.2-1] a PUBREC for an id with no QoS 2 message in flight to the client
+        pytest.param("pubrec", pk.Pubrel, id="pubrec"),
+        # [MQTT-4.3.3-11] [MQTT-3.7.2-1] a PUBREL for an id not awaiting release
+        pytest.param("pubrel", pk.Pubcomp, id="pubrel"),
+    ],
+)
+def test_qos2_ack_for_an_unknown_id_is_answered_0x92(
+    h: Harness, ack: str, answer: type[pk.Pubrel | pk.Pubcomp]
+) -> None:
+    """A QoS 2 ack for an id the broker has no exchange for still gets the next packet of the
+    exchange with that id and 0x92 Packet Identifier not found; the connection stays open."""
+    client = h.connect("c1")
+    getattr(client, ack)(77)
+    reply = client.one(answer)
+    assert (reply.packet_id, reply.reason_code) == (77, 0x92)
+    assert not client.closed

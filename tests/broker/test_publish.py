@@ -221,16 +221,6 @@ def test_qos2_duplicate_before_pubrel_not_delivered_twice(h: Harness) -> None:
     assert [p.payload for p in subscriber.publishes()] == [b"second"]
 
 
-def test_pubrel_for_unknown_id(h: Harness) -> None:
-    """[MQTT-4.3.3-11] [MQTT-3.7.2-1] A PUBREL for an id not awaiting release still gets PUBCOMP
-    with that id (0x92 Packet Identifier not found)."""
-    client = h.connect("c1")
-    client.pubrel(77)
-    comp = client.one(pk.Pubcomp)
-    assert (comp.packet_id, comp.reason_code) == (77, 0x92)
-    assert not client.closed
-
-
 def test_inbound_qos2_state_survives_reconnect(h: Harness) -> None:
     """[MQTT-4.3.3-10] [MQTT-3.1.2-23] A publisher's QoS 2 id awaiting PUBREL is remembered across
     a reconnect: the resent PUBLISH is not delivered again, and PUBREL gets PUBCOMP 0x00."""
