@@ -19,6 +19,7 @@ from support.launcher import BrokerProcess, free_port
 
 Asking = Callable[..., BrokerProcess]  # the asking_broker fixture
 Paho = Callable[..., PahoClient]
+Login = Callable[[], PahoClient]  # the alice fixture
 
 ADMIN_TOKEN = "an admin token for the test"
 
@@ -116,11 +117,15 @@ def test_a_thousand_connections_cost_one_call_per_ttl(
     assert len(auth_service.logins) == 2
 
 
-def test_rights_from_the_service(
-    asking_broker: Asking, auth_service: AuthService, paho: Paho
-) -> None:
+@pytest.fixture
+def alice(asking_broker: Asking, paho: Paho) -> Login:
+    """Each call logs alice in to one broker that asks the auth service for rights."""
     server = asking_broker()
-    client = paho(server, user="alice", password="pw")
+    return lambda: paho(server, user="alice", password="pw")
+
+
+def test_rights_from_the_service(alice: Login, auth_service: AuthService) -> None:
+    client = alice()
     assert client.subscribe("allowed/#", 1) == [1]
     assert client.subscribe("denied/#", 1) == [0x87]
     assert client.acked[client.publish("allowed/x", b"1", qos=1).mid] == 0
@@ -139,18 +144,15 @@ def test_rights_from_the_service(
     assert len(auth_service.rights) == 4
 
 
-def test_a_slow_right_holds_only_its_own_client(
-    asking_broker: Asking, auth_service: AuthService, paho: Paho
-) -> None:
-    server = asking_broker()
-    slow = paho(server, user="alice", password="pw")
-    watcher = paho(server, user="alice", password="pw")
+def test_a_slow_right_holds_only_its_own_client(alice: Login, auth_service: AuthService) -> None:
+    slow = alice()
+    watcher = alice()
     assert watcher.subscribe("#", 1) == [1]
     # its PUBLISH waits for the answer, and what it sends after it waits too, in order
     first = slow.publish("slow/1", b"first", qos=1, wait=False)
     assert auth_service.waiting.wait(10)
     second = slow.publish("allowed/2", b"second", qos=1, wait=False)
-    other = paho(server, user="alice", password="pw")
+    other = alice()
     other.publish("allowed/3", b"third", qos=1)
     watcher.wait_payload(b"third")
     assert first.mid not in slow.acked and second.mid not in slow.acked
@@ -161,11 +163,8 @@ def test_a_slow_right_holds_only_its_own_client(
     assert slow.acked[first.mid] == 0  # allowed, and the watcher had it
 
 
-def test_rights_denied_while_the_service_is_down(
-    asking_broker: Asking, auth_service: AuthService, paho: Paho
-) -> None:
-    server = asking_broker()
-    client = paho(server, user="alice", password="pw")
+def test_rights_denied_while_the_service_is_down(alice: Login, auth_service: AuthService) -> None:
+    client = alice()
     auth_service.stop()
     assert client.acked[client.publish("allowed/y", b"1", qos=1).mid] == 0x87
     assert client.subscribe("allowed/#", 1) == [0x87]
