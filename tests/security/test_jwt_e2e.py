@@ -29,6 +29,8 @@ from support.password_files import mosquitto_pbkdf2_line
 MQTT_311 = 4
 SECRET = "an HMAC secret of at least thirty-two bytes, for the test"
 ACL = {"publish": ["devices/{id}/#"], "subscribe": ["commands/{id}/#"]}
+Start = Callable[..., BrokerProcess]  # the start fixture
+Login = Callable[..., PahoClient]  # the login fixture
 
 
 def pem(private: Any) -> bytes:
@@ -103,15 +105,15 @@ def config_file(tmp_path: Path, keys: Keys, extra: str = "", jwt_extra: str = ""
 
 
 @pytest.fixture
-def secret_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("JWT_TEST_SECRET", SECRET)  # the broker process inherits it
-
-
-@pytest.fixture
 def start(
-    start_broker: Callable[..., BrokerProcess], tmp_path: Path, keys: Keys
-) -> Callable[..., BrokerProcess]:
-    """``start(extra="", jwt_extra="")``: our broker checking tokens against ``keys``."""
+    start_broker: Callable[..., BrokerProcess],
+    tmp_path: Path,
+    keys: Keys,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Start:
+    """``start(extra="", jwt_extra="")``: our broker checking tokens against ``keys`` and the
+    HMAC secret in its environment."""
+    monkeypatch.setenv("JWT_TEST_SECRET", SECRET)  # the broker process inherits it
 
     def run(**kwargs: Any) -> BrokerProcess:
         return start_broker(extra_args=("--config", str(config_file(tmp_path, keys, **kwargs))))
@@ -120,7 +122,7 @@ def start(
 
 
 @pytest.fixture
-def login(paho: Callable[..., PahoClient]) -> Callable[..., PahoClient]:
+def login(paho: Callable[..., PahoClient]) -> Login:
     """``login(server, password, client_id, version=5)``: a client that sent its CONNECT with
     ``password`` as the token, whatever the CONNACK."""
 
@@ -135,10 +137,7 @@ def login(paho: Callable[..., PahoClient]) -> Callable[..., PahoClient]:
     return run
 
 
-@pytest.mark.usefixtures("secret_env")
-def test_valid_tokens_log_in_with_their_claims(
-    start: Callable[..., BrokerProcess], login: Callable[..., PahoClient], keys: Keys
-) -> None:
+def test_valid_tokens_log_in_with_their_claims(start: Start, login: Login, keys: Keys) -> None:
     server = start()
     device = unique("rsa")
     client = login(server, token(keys.rsa, "RS256", device), device)
@@ -159,10 +158,7 @@ def test_valid_tokens_log_in_with_their_claims(
     assert hs_client.connack is not None and hs_client.connack[0] == 0
 
 
-@pytest.mark.usefixtures("secret_env")
-def test_bad_tokens_are_refused(
-    start: Callable[..., BrokerProcess], login: Callable[..., PahoClient], keys: Keys
-) -> None:
+def test_bad_tokens_are_refused(start: Start, login: Login, keys: Keys) -> None:
     server = start()
     device = unique("bad")
     public_pem = keys.public_file.read_bytes()
@@ -202,9 +198,8 @@ def test_bad_tokens_are_refused(
     assert client.connack is not None and client.connack[0] == 0
 
 
-@pytest.mark.usefixtures("secret_env")
 def test_connections_are_closed_when_their_token_expires(
-    start: Callable[..., BrokerProcess], login: Callable[..., PahoClient], keys: Keys
+    start: Start, login: Login, keys: Keys
 ) -> None:
     server = start(jwt_extra="leeway = 0")
     v5 = login(server, token(keys.rsa, "RS256", "short-v5", lifetime=2), "short-v5")
@@ -228,10 +223,7 @@ def test_connections_are_closed_when_their_token_expires(
     assert server.wait_for_log("client short-v5: its token expired; disconnecting")
 
 
-@pytest.mark.usefixtures("secret_env")
-def test_sighup_reloads_the_jwks(
-    start: Callable[..., BrokerProcess], login: Callable[..., PahoClient], keys: Keys
-) -> None:
+def test_sighup_reloads_the_jwks(start: Start, login: Login, keys: Keys) -> None:
     server = start()
     signed = token(keys.ed, "EdDSA", "ed-device", headers={"kid": "k2"})
     client = login(server, signed, "ed-device")
@@ -244,10 +236,9 @@ def test_sighup_reloads_the_jwks(
     assert client.connack is not None and client.connack[0] == 0
 
 
-@pytest.mark.usefixtures("secret_env")
 def test_the_chain_passes_what_is_no_token_to_the_password_file(
-    start: Callable[..., BrokerProcess],
-    login: Callable[..., PahoClient],
+    start: Start,
+    login: Login,
     tmp_path: Path,
     keys: Keys,
     paho: Callable[..., PahoClient],
