@@ -26,6 +26,13 @@ def acl(h: Harness, text: str = RULES, mode: str = "filter") -> None:
     h.broker.authorizer = AclAuthorizer(AclRules.parse(text.encode(), "acl.txt"), mode)
 
 
+@pytest.fixture
+def guarded(h: Harness) -> Harness:
+    """The test's broker with RULES in filter mode."""
+    acl(h)
+    return h
+
+
 def topics(client: object) -> list[str]:
     return [p.topic for p in client.publishes()]  # type: ignore[attr-defined]
 
@@ -335,28 +342,25 @@ def test_retain_handling_1_new_after_unsubscribe(h: Harness) -> None:
     assert len(client.subscribe("r", retain_handling=1)) == 2
 
 
-def test_broad_subscriptions_granted_and_denied_topic_withheld(h: Harness) -> None:
-    acl(h)
-    sub = h.connect("sub")
+def test_broad_subscriptions_granted_and_denied_topic_withheld(guarded: Harness) -> None:
+    sub = guarded.connect("sub")
     for topic_filter in ("#", "+/+"):
         assert sub.subscribe(topic_filter, 1)[0].reason_codes == [1]
-    pub = h.connect("pub")
+    pub = guarded.connect("pub")
     pub.publish("secret/x", b"hidden")
     pub.publish("secret/y", b"seen")
     pub.publish("other/x", b"seen")
     assert topics(sub) == ["secret/y", "other/x"]
 
 
-def test_a_filter_denied_whole_is_refused(h: Harness) -> None:
-    acl(h)
-    sub = h.connect("sub")
+def test_a_filter_denied_whole_is_refused(guarded: Harness) -> None:
+    sub = guarded.connect("sub")
     assert sub.subscribe("secret/x")[0].reason_codes == [0x87]
 
 
-def test_only_overlapping_subscriptions_check_each_message(h: Harness) -> None:
+def test_only_overlapping_subscriptions_check_each_message(guarded: Harness) -> None:
     """The per-message check is decided once, at subscribe time."""
-    acl(h)
-    sub = h.connect("sub")
+    sub = guarded.connect("sub")
     sub.subscribe("#")
     sub.subscribe("public/+")
     subs = sub.session.subscriptions
@@ -371,33 +375,30 @@ def test_strict_mode_refuses_the_broad_subscription(h: Harness) -> None:
     assert sub.subscribe("public/+")[0].reason_codes == [0]
 
 
-def test_shared_subscription_withholds_the_denied_topic(h: Harness) -> None:
-    acl(h)
-    member = h.connect("member")
+def test_shared_subscription_withholds_the_denied_topic(guarded: Harness) -> None:
+    member = guarded.connect("member")
     assert member.subscribe("$share/g/#")[0].reason_codes == [0]
-    pub = h.connect("pub")
+    pub = guarded.connect("pub")
     pub.publish("secret/x")
     pub.publish("open/x")
     assert topics(member) == ["open/x"]
 
 
-def test_retained_denied_topic_not_sent_on_subscribe(h: Harness) -> None:
-    acl(h)
-    pub = h.connect("pub")
+def test_retained_denied_topic_not_sent_on_subscribe(guarded: Harness) -> None:
+    pub = guarded.connect("pub")
     pub.publish("secret/x", b"r", retain=True)
     pub.publish("open/x", b"r", retain=True)
-    sub = h.connect("sub")
+    sub = guarded.connect("sub")
     received = sub.subscribe("#")
     assert [p.topic for p in received if isinstance(p, pk.Publish)] == ["open/x"]
 
 
-def test_will_on_a_denied_topic_not_delivered_through_a_broad_filter(h: Harness) -> None:
-    acl(h)
-    watcher = h.connect("sub")
+def test_will_on_a_denied_topic_not_delivered_through_a_broad_filter(guarded: Harness) -> None:
+    watcher = guarded.connect("sub")
     assert watcher.subscribe("#")[0].reason_codes == [0]
-    reader = h.connect("reader")
+    reader = guarded.connect("reader")
     reader.subscribe("secret/#")
-    dying = h.connect("dying", will=pk.Will("secret/x", b"gone"))
+    dying = guarded.connect("dying", will=pk.Will("secret/x", b"gone"))
     dying.lose()
     assert topics(watcher) == []
     assert topics(reader) == ["secret/x"]  # others may still read it
