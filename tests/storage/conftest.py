@@ -1,4 +1,5 @@
-"""Fixtures of the SQLite store tests: a fake wall clock patched into the store, a database path."""
+"""Fixtures of the SQLite store tests: a fake wall clock patched into the store, a database path,
+a broker on it."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import types
 from pathlib import Path
 
 import pytest
-from support.sqlite_harness import FakeTime
+from support.sqlite_harness import FakeTime, Node
 
 import mqttbroker.storage.sqlite.store as sqlite_store
 
@@ -26,3 +27,9 @@ def fake_time(monkeypatch: pytest.MonkeyPatch) -> FakeTime:
 @pytest.fixture
 def db_path(tmp_path: Path) -> Path:
     return tmp_path / "data" / "mqttbroker.db"
+
+
+@pytest.fixture
+def node(db_path: Path, fake_time: FakeTime) -> Node:
+    """A broker on ``db_path`` with the fake clocks; ``async_test`` starts it in the test's loop."""
+    return Node(db_path, fake_time)

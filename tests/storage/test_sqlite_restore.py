@@ -52,8 +52,7 @@ def payloads(packets: list[object]) -> list[bytes]:
 
 
 @async_test
-async def test_new_file_gets_current_schema_version_and_wal(db_path: Path, fake_time: FakeTime):
-    node = await Node(db_path, fake_time).start()
+async def test_new_file_gets_current_schema_version_and_wal(node: Node, db_path: Path):
     await node.close()
     assert rows(db_path, "PRAGMA user_version") == [(len(MIGRATIONS),)]
     assert rows(db_path, "PRAGMA journal_mode") == [("wal",)]
@@ -132,8 +131,7 @@ async def test_file_from_a_newer_broker_is_refused_and_left_alone(
 
 
 @async_test
-async def test_sessions_restored_with_their_expiry(db_path: Path, fake_time: FakeTime):
-    node = await Node(db_path, fake_time).start()
+async def test_sessions_restored_with_their_expiry(node: Node, fake_time: FakeTime):
     a = await node.connect("a", expiry=600)
     await a.disconnect()
     forever = await node.connect("forever", expiry=NEVER)
@@ -164,8 +162,7 @@ async def test_sessions_restored_with_their_expiry(db_path: Path, fake_time: Fak
 
 
 @async_test
-async def test_session_that_expired_while_down_is_gone(db_path: Path, fake_time: FakeTime):
-    node = await Node(db_path, fake_time).start()
+async def test_session_that_expired_while_down_is_gone(node: Node, db_path: Path):
     await offline_subscriber(node, "short", "s/#", expiry=60)
     await offline_subscriber(node, "long", "l/#", expiry=3600)
     pub = await node.connect("pub")
@@ -183,8 +180,7 @@ async def test_session_that_expired_while_down_is_gone(db_path: Path, fake_time:
 
 
 @async_test
-async def test_session_expiry_boundary_across_restart(db_path: Path, fake_time: FakeTime):
-    node = await Node(db_path, fake_time).start()
+async def test_session_expiry_boundary_across_restart(node: Node):
     await offline_subscriber(node, "edge", "e/#", expiry=60)
     node = await node.restart(downtime=59)
     node.tick()
@@ -197,9 +193,8 @@ async def test_session_expiry_boundary_across_restart(db_path: Path, fake_time: 
 
 @async_test
 async def test_session_connected_at_a_crash_starts_its_expiry_on_restart(
-    db_path: Path, fake_time: FakeTime
+    node: Node, db_path: Path, fake_time: FakeTime
 ):
-    node = await Node(db_path, fake_time).start()
     client = await node.connect("online", expiry=120)
     await client.subscribe("o/#", 1)
     crashed = snapshot(db_path)  # killed while the client is connected
@@ -214,8 +209,7 @@ async def test_session_connected_at_a_crash_starts_its_expiry_on_restart(
 
 
 @async_test
-async def test_expiry_changed_on_disconnect_is_stored(db_path: Path, fake_time: FakeTime):
-    node = await Node(db_path, fake_time).start()
+async def test_expiry_changed_on_disconnect_is_stored(node: Node):
     client = await node.connect("c", expiry=10)
     await client.disconnect(properties={Prop.SESSION_EXPIRY_INTERVAL: 3600})
     other = await node.connect("gone", expiry=10)
@@ -228,8 +222,7 @@ async def test_expiry_changed_on_disconnect_is_stored(db_path: Path, fake_time: 
 
 
 @async_test
-async def test_clean_start_discards_the_stored_session(db_path: Path, fake_time: FakeTime):
-    node = await Node(db_path, fake_time).start()
+async def test_clean_start_discards_the_stored_session(node: Node, db_path: Path):
     await offline_subscriber(node, "c", "old/#")
     pub = await node.connect("pub")
     await pub.publish_acked("old/1", b"m", 1)
@@ -245,12 +238,11 @@ async def test_clean_start_discards_the_stored_session(db_path: Path, fake_time:
 
 @async_test
 async def test_session_resumed_with_expiry_0_is_not_restored_after_a_crash(
-    db_path: Path, fake_time: FakeTime
+    node: Node, db_path: Path, fake_time: FakeTime
 ):
     """A client resumes its session with Session Expiry Interval 0: the session now ends when this
     network connection closes (MQTT-3.1.2-23). A crash closes it, so the restarted broker must not
     bring back the session from before."""
-    node = await Node(db_path, fake_time).start()
     await offline_subscriber(node, "c", "t/#", expiry=300)
     client = await node.connect("c", clean_start=False, expiry=0)
     assert client.session_present
@@ -267,10 +259,7 @@ async def test_session_resumed_with_expiry_0_is_not_restored_after_a_crash(
 
 
 @async_test
-async def test_subscriptions_restored_with_options_and_identifiers(
-    db_path: Path, fake_time: FakeTime
-):
-    node = await Node(db_path, fake_time).start()
+async def test_subscriptions_restored_with_options_and_identifiers(node: Node):
     client = await node.connect("s", expiry=300)
     await client.subscribe(
         "a/+/c", 2, no_local=True, retain_as_published=True, retain_handling=2, sub_id=42
@@ -317,8 +306,9 @@ async def test_subscriptions_restored_with_options_and_identifiers(
 
 
 @async_test
-async def test_queued_messages_restored_in_order_after_a_crash(db_path: Path, fake_time: FakeTime):
-    node = await Node(db_path, fake_time).start()
+async def test_queued_messages_restored_in_order_after_a_crash(
+    node: Node, db_path: Path, fake_time: FakeTime
+):
     await offline_subscriber(node, "sub", "q/#", qos=2)
     pub = await node.connect("pub")
     sent = []
@@ -343,11 +333,12 @@ async def test_queued_messages_restored_in_order_after_a_crash(db_path: Path, fa
 
 
 @async_test
-async def test_shared_messages_still_handed_over_after_a_crash(db_path: Path, fake_time: FakeTime):
+async def test_shared_messages_still_handed_over_after_a_crash(
+    node: Node, db_path: Path, fake_time: FakeTime
+):
     """A persistent member of a shared subscription holds its share queued across a crash; when
     its session then expires, its messages go to the other member (section 4.8.2), as they would
     have without the restart."""
-    node = await Node(db_path, fake_time).start()
     await offline_subscriber(node, "brief", "$share/g/job/+", qos=1, expiry=60)
     await offline_subscriber(node, "lasting", "$share/g/job/+", qos=1, expiry=3600)
     pub = await node.connect("pub")
@@ -368,9 +359,8 @@ async def test_shared_messages_still_handed_over_after_a_crash(db_path: Path, fa
 
 @async_test
 async def test_inflight_messages_restored_with_packet_ids_and_pubrel_state(
-    db_path: Path, fake_time: FakeTime
+    node: Node, db_path: Path, fake_time: FakeTime
 ):
-    node = await Node(db_path, fake_time).start()
     sub = await node.connect("sub", expiry=300, properties={Prop.RECEIVE_MAXIMUM: 2})
     await sub.subscribe("f/#", 2)
     pub = await node.connect("pub")
@@ -410,9 +400,8 @@ async def test_inflight_messages_restored_with_packet_ids_and_pubrel_state(
 
 @async_test
 async def test_inbound_qos2_resent_after_restart_is_not_delivered_twice(
-    db_path: Path, fake_time: FakeTime
+    node: Node, db_path: Path, fake_time: FakeTime
 ):
-    node = await Node(db_path, fake_time).start()
     await offline_subscriber(node, "sub", "x/#", qos=2)
     pub = await node.connect("pub", expiry=300)
     pub.publish("x/1", b"exactly once", 2, packet_id=7)
@@ -438,10 +427,7 @@ async def test_inbound_qos2_resent_after_restart_is_not_delivered_twice(
 
 
 @async_test
-async def test_packet_ids_after_restart_do_not_collide_with_inflight(
-    db_path: Path, fake_time: FakeTime
-):
-    node = await Node(db_path, fake_time).start()
+async def test_packet_ids_after_restart_do_not_collide_with_inflight(node: Node):
     sub = await node.connect("sub", expiry=300)
     await sub.subscribe("p/#", 1)
     pub = await node.connect("pub")
@@ -464,8 +450,9 @@ async def test_packet_ids_after_restart_do_not_collide_with_inflight(
 
 
 @async_test
-async def test_retained_messages_restored_and_removal_kept(db_path: Path, fake_time: FakeTime):
-    node = await Node(db_path, fake_time).start()
+async def test_retained_messages_restored_and_removal_kept(
+    node: Node, db_path: Path, fake_time: FakeTime
+):
     pub = await node.connect("pub")
     props = {Prop.CONTENT_TYPE: "text/plain", Prop.USER_PROPERTY: [("k", "v")]}
     await pub.publish_acked("r/kept", b"kept", 1, retain=True, properties=props)
@@ -498,8 +485,9 @@ async def test_retained_messages_restored_and_removal_kept(db_path: Path, fake_t
 
 
 @async_test
-async def test_message_expiry_honoured_across_restart(db_path: Path, fake_time: FakeTime):
-    node = await Node(db_path, fake_time).start()
+async def test_message_expiry_honoured_across_restart(
+    node: Node, db_path: Path, fake_time: FakeTime
+):
     await offline_subscriber(node, "sub", "e/#", qos=1)
     pub = await node.connect("pub")
     short = {Prop.MESSAGE_EXPIRY_INTERVAL: 30}
@@ -535,8 +523,9 @@ async def test_message_expiry_honoured_across_restart(db_path: Path, fake_time: 
 
 
 @async_test
-async def test_payload_for_many_offline_sessions_is_stored_once(db_path: Path, fake_time: FakeTime):
-    node = await Node(db_path, fake_time).start()
+async def test_payload_for_many_offline_sessions_is_stored_once(
+    node: Node, db_path: Path, fake_time: FakeTime
+):
     for name in ("s1", "s2", "s3"):
         await offline_subscriber(node, name, "fan/#", qos=1)
     pub = await node.connect("pub")
@@ -564,13 +553,10 @@ async def test_payload_for_many_offline_sessions_is_stored_once(db_path: Path, f
 
 
 @async_test
-async def test_the_store_keeps_no_table_that_grows_with_the_queued_messages(
-    db_path: Path, fake_time: FakeTime
-):
+async def test_the_store_keeps_no_table_that_grows_with_the_queued_messages(node: Node):
     """What the store counts per stored message (the deliveries that refer to it) lives on the
     message: a table of its own, one entry per queued message, made the broker stop for a
     copy of the whole table each time it doubled (24 ms at 700,000 queued messages)."""
-    node = await Node(db_path, fake_time).start()
     await offline_subscriber(node, "sub", "q/#", qos=1)
     for name in ("f1", "f2"):
         await offline_subscriber(node, name, "fan/#", qos=1)
@@ -647,9 +633,8 @@ async def test_queue_byte_limit_bounds_what_is_stored(db_path: Path, fake_time: 
 @pytest.mark.parametrize("version", [MQTT_5, MQTT_311])
 @async_test
 async def test_queue_restores_for_both_protocol_versions(
-    db_path: Path, fake_time: FakeTime, version: int
+    node: Node, db_path: Path, fake_time: FakeTime, version: int
 ):
-    node = await Node(db_path, fake_time).start()
     if version == MQTT_5:
         sub = await node.connect("sub", expiry=300)
     else:
@@ -675,10 +660,11 @@ async def test_queue_restores_for_both_protocol_versions(
 
 
 @async_test
-async def test_the_store_hands_back_records_without_a_broker(db_path: Path, fake_time: FakeTime):
+async def test_the_store_hands_back_records_without_a_broker(
+    node: Node, db_path: Path, fake_time: FakeTime
+):
     """``load`` reads the file into plain records (broker/store.py) on the clock it is given;
     it builds no session: the broker does, from the records."""
-    node = await Node(db_path, fake_time).start()
     await offline_subscriber(node, "sub", "t/#", qos=1, expiry=600)
     publisher = await node.connect("pub")
     await publisher.publish_acked("t/a", b"one", 1)
@@ -726,11 +712,10 @@ async def published(observer: Client) -> list[pk.Publish]:
 
 
 async def restarted_with_a_pending_will(
-    db_path: Path, fake_time: FakeTime, *, expiry: int, delay: int, downtime: float
+    node: Node, *, expiry: int, delay: int, downtime: float
 ) -> tuple[Node, Client]:
-    """A node whose client ``w`` dropped (no DISCONNECT) with a will delayed by ``delay``, stopped
-    and started again ``downtime`` later; and an observer of the wills on the new node."""
-    node = await Node(db_path, fake_time).start()
+    """``node``, once its client ``w`` dropped (no DISCONNECT) with a will delayed by ``delay``,
+    stopped and started again ``downtime`` later; and an observer of the wills on the new node."""
     w = await node.connect("w", expiry=expiry, will=will(delay))
     await w.lose()
     node = await node.restart(downtime)
@@ -749,9 +734,8 @@ async def assert_no_will_after_a_restart(
 
 @async_test
 async def test_delayed_will_published_after_the_delay_across_a_crash(
-    db_path: Path, fake_time: FakeTime
+    node: Node, db_path: Path, fake_time: FakeTime
 ):
-    node = await Node(db_path, fake_time).start()
     w = await node.connect("w", expiry=300, will=will(30, retain=True))
     await w.lose()  # no DISCONNECT: the will waits 30 s
     assert rows(db_path, "SELECT client_id FROM wills WHERE due_at IS NOT NULL") == [("w",)]
@@ -778,23 +762,17 @@ async def test_delayed_will_published_after_the_delay_across_a_crash(
 
 
 @async_test
-async def test_will_whose_delay_ran_out_while_down_is_published_on_the_first_tick(
-    db_path: Path, fake_time: FakeTime
-):
-    node, observer = await restarted_with_a_pending_will(
-        db_path, fake_time, expiry=300, delay=30, downtime=60
-    )
+async def test_will_whose_delay_ran_out_while_down_is_published_on_the_first_tick(node: Node):
+    node, observer = await restarted_with_a_pending_will(node, expiry=300, delay=30, downtime=60)
     node.tick()
     assert [p.payload for p in await published(observer)] == [b"w is gone"]
 
 
 @async_test
 async def test_pending_will_cancelled_by_a_reconnect_after_restart(
-    db_path: Path, fake_time: FakeTime
+    node: Node, db_path: Path, fake_time: FakeTime
 ):
-    node, observer = await restarted_with_a_pending_will(
-        db_path, fake_time, expiry=300, delay=30, downtime=5
-    )
+    node, observer = await restarted_with_a_pending_will(node, expiry=300, delay=30, downtime=5)
     back = await node.connect("w", clean_start=False, expiry=300)
     assert back.session_present
     node.tick(advance=60)
@@ -807,12 +785,8 @@ async def test_pending_will_cancelled_by_a_reconnect_after_restart(
 
 
 @async_test
-async def test_pending_will_published_when_the_session_ends_first(
-    db_path: Path, fake_time: FakeTime
-):
-    node, observer = await restarted_with_a_pending_will(
-        db_path, fake_time, expiry=10, delay=60, downtime=4
-    )
+async def test_pending_will_published_when_the_session_ends_first(node: Node, db_path: Path):
+    node, observer = await restarted_with_a_pending_will(node, expiry=10, delay=60, downtime=4)
     node.tick()
     assert await published(observer) == []
     node.tick(advance=6)  # the session expires 10 s after the drop, before the will's 60 s
@@ -825,9 +799,8 @@ async def test_pending_will_published_when_the_session_ends_first(
 
 @async_test
 async def test_will_of_a_client_connected_at_the_crash_is_published_after_its_delay(
-    db_path: Path, fake_time: FakeTime
+    node: Node, db_path: Path, fake_time: FakeTime
 ):
-    node = await Node(db_path, fake_time).start()
     await node.connect("w", expiry=300, will=will(20))
     assert rows(db_path, "SELECT client_id, due_at FROM wills") == [("w", None)]
     crashed = snapshot(db_path)  # killed with the client connected
@@ -842,9 +815,8 @@ async def test_will_of_a_client_connected_at_the_crash_is_published_after_its_de
 
 @async_test
 async def test_will_of_a_311_client_connected_at_the_crash_is_published_at_once(
-    db_path: Path, fake_time: FakeTime
+    node: Node, db_path: Path, fake_time: FakeTime
 ):
-    node = await Node(db_path, fake_time).start()
     await node.connect("w", version=MQTT_311, clean_start=False, will=will(None))
     crashed = snapshot(db_path)
 
@@ -855,8 +827,9 @@ async def test_will_of_a_311_client_connected_at_the_crash_is_published_at_once(
 
 
 @async_test
-async def test_normal_disconnect_removes_the_stored_will(db_path: Path, fake_time: FakeTime):
-    node = await Node(db_path, fake_time).start()
+async def test_normal_disconnect_removes_the_stored_will(
+    node: Node, db_path: Path, fake_time: FakeTime
+):
     w = await node.connect("w", expiry=300, will=will(5))
     await w.disconnect()
     assert rows(db_path, "SELECT count(*) FROM wills") == [(0,)]
@@ -865,8 +838,9 @@ async def test_normal_disconnect_removes_the_stored_will(db_path: Path, fake_tim
 
 
 @async_test
-async def test_will_delay_0_is_published_at_once_and_not_stored(db_path: Path, fake_time: FakeTime):
-    node = await Node(db_path, fake_time).start()
+async def test_will_delay_0_is_published_at_once_and_not_stored(
+    node: Node, db_path: Path, fake_time: FakeTime
+):
     observer = await watch(node)
     w = await node.connect("w", expiry=300, will=will(0))
     await w.lose()

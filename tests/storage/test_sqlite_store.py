@@ -92,8 +92,7 @@ class AckAudit:
 
 
 @async_test
-async def test_puback_is_written_only_after_the_commit(db_path: Path, fake_time: FakeTime):
-    node = await Node(db_path, fake_time).start()
+async def test_puback_is_written_only_after_the_commit(node: Node, db_path: Path):
     await offline_subscriber(node, "sub", "d/#")
     pub = await node.connect("pub")
     before = len(pub.written())
@@ -115,12 +114,11 @@ async def test_puback_is_written_only_after_the_commit(db_path: Path, fake_time:
 
 @async_test
 async def test_the_loop_yields_the_processor_once_per_commit_while_it_runs(
-    db_path: Path, fake_time: FakeTime, monkeypatch: pytest.MonkeyPatch
+    node: Node, monkeypatch: pytest.MonkeyPatch
 ):
     """Once a commit is queued for the database's thread, the event loop yields the processor
     (on a core the two threads share, the commit starts then, not when the loop runs out of
     work): one yield per commit, made while that commit runs (its PUBACK still held)."""
-    node = await Node(db_path, fake_time).start()
     await offline_subscriber(node, "sub", "d/#")
     pub = await node.connect("pub")
     before = len(pub.written())
@@ -141,8 +139,7 @@ async def test_the_loop_yields_the_processor_once_per_commit_while_it_runs(
 
 
 @async_test
-async def test_pubrec_is_written_only_after_the_commit(db_path: Path, fake_time: FakeTime):
-    node = await Node(db_path, fake_time).start()
+async def test_pubrec_is_written_only_after_the_commit(node: Node, db_path: Path):
     await offline_subscriber(node, "sub", "d/#")
     pub = await node.connect("pub", expiry=300)
     before = len(pub.written())
@@ -160,9 +157,8 @@ async def test_pubrec_is_written_only_after_the_commit(db_path: Path, fake_time:
 
 @async_test
 async def test_suback_of_a_persistent_session_is_written_after_the_commit(
-    db_path: Path, fake_time: FakeTime
+    node: Node, db_path: Path
 ):
-    node = await Node(db_path, fake_time).start()
     client = await node.connect("s", expiry=300)
     before = len(client.written())
     client.send(pk.Subscribe(1, [pk.SubscriptionRequest("a/#", 1)]))
@@ -176,10 +172,9 @@ async def test_suback_of_a_persistent_session_is_written_after_the_commit(
 
 @async_test
 async def test_ack_to_a_message_for_an_online_persistent_session_follows_its_commit(
-    db_path: Path, fake_time: FakeTime
+    node: Node, db_path: Path
 ):
     """The subscriber is connected: the copy in flight to it is stored before the PUBACK."""
-    node = await Node(db_path, fake_time).start()
     sub = await node.connect("sub", expiry=300)
     await sub.subscribe("on/#", 1)
     audit = AckAudit(db_path, "pub")
@@ -225,12 +220,11 @@ async def test_acks_never_precede_their_commit_while_publishes_stream_in(
 
 @async_test
 async def test_puback_before_a_disconnect_in_the_same_read_waits_for_the_commit(
-    db_path: Path, fake_time: FakeTime
+    node: Node, db_path: Path
 ):
     """PUBLISH and DISCONNECT arrive in one read (mosquitto_pub -q 1 may do this with a small
     message; any client may). The PUBACK must still not be written before the message is
     committed; closing the connection must not bypass the hold."""
-    node = await Node(db_path, fake_time).start()
     await offline_subscriber(node, "sub", "bye/#")
     audit = AckAudit(db_path, "pub")
     audit.payloads[1] = b"last words"
@@ -244,12 +238,11 @@ async def test_puback_before_a_disconnect_in_the_same_read_waits_for_the_commit(
 
 @async_test
 async def test_acks_out_of_order_delete_exactly_the_acknowledged_rows(
-    db_path: Path, fake_time: FakeTime
+    node: Node, db_path: Path, fake_time: FakeTime
 ):
     """Acknowledged deliveries are deleted a range of sequence numbers at a time: acks with
     gaps, in any order, delete those rows and messages and no neighbour; a restart resends
     exactly the rest."""
-    node = await Node(db_path, fake_time).start()
     await offline_subscriber(node, "sub", "gap/#")
     pub = await node.connect("pub")
     for i in range(8):
@@ -574,9 +567,8 @@ async def publisher_facing_a_full_disk(node: Node, attempts: list[int]) -> tuple
 
 @async_test
 async def test_full_disk_holds_the_ack_logs_the_cause_once_and_recovers(
-    db_path: Path, fake_time: FakeTime, attempts: list[int], caplog: pytest.LogCaptureFixture
+    node: Node, db_path: Path, attempts: list[int], caplog: pytest.LogCaptureFixture
 ) -> None:
-    node = await Node(db_path, fake_time).start()
     with caplog.at_level(logging.INFO, logger="mqttbroker.storage"):
         pub, before, packet_id = await publisher_facing_a_full_disk(node, attempts)
         errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
@@ -597,9 +589,8 @@ async def test_full_disk_holds_the_ack_logs_the_cause_once_and_recovers(
 
 @async_test
 async def test_stop_while_the_disk_is_full_gives_up_without_acknowledging(
-    db_path: Path, fake_time: FakeTime, attempts: list[int], caplog: pytest.LogCaptureFixture
+    node: Node, db_path: Path, attempts: list[int], caplog: pytest.LogCaptureFixture
 ) -> None:
-    node = await Node(db_path, fake_time).start()
     pub, before, _ = await publisher_facing_a_full_disk(node, attempts)
     with caplog.at_level(logging.ERROR, logger="mqttbroker.storage"):
         await asyncio.wait_for(node.close(), TIMEOUT)
@@ -671,12 +662,11 @@ async def test_database_with_damaged_pages_is_moved_aside(
 
 @async_test
 async def test_damaged_main_file_with_a_write_ahead_log_loses_nothing_silently(
-    db_path: Path, fake_time: FakeTime
+    node: Node, db_path: Path, fake_time: FakeTime
 ):
     """The broker was killed with its last commits in the -wal file, and the main file is then
     damaged. Either SQLite recovers the state from the WAL, or the WAL is moved aside with the
     main file: the acknowledged message is never silently gone."""
-    node = await Node(db_path, fake_time).start()
     client = await node.connect("keep", expiry=300)
     await client.subscribe("k/#", 1)
     await client.disconnect()
@@ -699,13 +689,12 @@ async def test_damaged_main_file_with_a_write_ahead_log_loses_nothing_silently(
 
 @async_test
 async def test_damaged_main_file_keeps_a_log_without_its_first_page(
-    db_path: Path, fake_time: FakeTime
+    node: Node, db_path: Path, fake_time: FakeTime
 ):
     """The last commits are only in the -wal (everything before was checkpointed into the main
     file, page 1 too), and the main file is then damaged: SQLite deletes such a log when the
     connection that found the damage closes. The broker keeps it and moves it aside with the
     main file, byte for byte."""
-    node = await Node(db_path, fake_time).start()
     client = await node.connect("keep", expiry=300)
     await client.subscribe("k/#", 1)
     await client.disconnect()

@@ -52,12 +52,15 @@ _OPEN: list[Node] = []  # nodes whose store is open, closed by async_test at the
 
 
 def async_test(fn: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T]:
-    """Run an ``async def`` test in a fresh event loop (pytest-asyncio is not used)."""
+    """Run an ``async def`` test in a fresh event loop (pytest-asyncio is not used); the test's
+    ``node`` fixture, if it has one, is started in that loop first."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> T:
         async def run() -> T:
             try:
+                if isinstance(kwargs.get("node"), Node):
+                    await kwargs["node"].start()
                 return await asyncio.wait_for(fn(*args, **kwargs), 4 * TIMEOUT)
             finally:
                 # Close every store the test left open (a crash test leaves the "killed" one):
