@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 from support.external_tools import program
+from support.password_files import password_file
 
 from mqttbroker.config import ConfigError, load
-from mqttbroker.security.passwords import make_entry_line
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -73,8 +73,7 @@ def healthcheck_command(port: int) -> list[str]:
 def container_config(tmp_path: Path) -> Path:
     """deploy/mqttbroker.container.toml with a password file in place of the mounted secret, the
     data in tmp_path and any free port."""
-    passwd = tmp_path / "passwd"
-    passwd.write_text(make_entry_line("dashboard", b"secret", 4096) + "\n")
+    passwd = password_file(tmp_path / "passwd", {"dashboard": b"secret"})
     text = (DEPLOY / "mqttbroker.container.toml").read_text()
     for old, new in [
         ('"/run/secrets/mqttbroker-passwd"', f'"{passwd}"'),

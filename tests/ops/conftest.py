@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.admin_client import Admin, start_admin, start_dynsec_admin
+from support.admin_client import Admin, AdminBroker, start_admin, start_dynsec_admin
 from support.clients import PahoClient
 from support.dashboard_page import sync_playwright
 from support.external_tools import program
@@ -20,7 +20,7 @@ __all__ = ["admin_broker", "browser", "dynsec_admin", "h", "make_harness", "paho
 
 
 @pytest.fixture
-def admin_broker(start_broker: Callable[..., Any], tmp_path: Path) -> Callable[..., Admin]:
+def admin_broker(start_broker: Callable[..., Any], tmp_path: Path) -> AdminBroker:
     """``admin_broker(config="", args=())``: a broker (memory store unless the config says
     otherwise) whose admin server listens on a free loopback port; returns its Admin."""
 

@@ -28,20 +28,21 @@ from typing import Any
 
 import aiohttp
 import pytest
-from support.admin_client import ADMIN_LINE, Admin, basic, check
+from support.admin_client import ADMIN_LINE, Admin, AdminBroker, basic, check
 from support.certs import client_context, make_certificates
 from support.clients import (
     TIMEOUT,
+    Paho,
     unique,
     wait_for,
 )
 from support.launcher import free_port, run_broker
+from support.password_files import password_file
 
 from mqttbroker.broker.core import Broker
 from mqttbroker.broker.options import BrokerOptions
 from mqttbroker.config import Config, ListenerConfig
 from mqttbroker.ops.admin import FAILURES_ALLOWED, loopback_host, mqtt_protection
-from mqttbroker.security.passwords import make_entry_line
 from mqttbroker.server.app import Server
 
 TOKEN = "s3cret-token-for-tests"
@@ -68,17 +69,11 @@ def test_a_token_variable_that_is_not_set_stops_the_start(tmp_path: Path) -> Non
 
 
 @pytest.fixture
-def guarded(admin_broker: Callable[..., Admin], tmp_path: Path) -> Admin:
+def guarded(admin_broker: AdminBroker, tmp_path: Path) -> Admin:
     """Bound to every interface (not loopback), with a token file and one admin user."""
     token = tmp_path / "token"
     token.write_text(TOKEN + "\n")
-    passwords = tmp_path / "passwd"
-    passwords.write_text(
-        make_entry_line("ops", b"ops-pw", 1000)
-        + "\n"
-        + make_entry_line("viewer", b"v-pw", 1000)
-        + "\n"
-    )
+    passwords = password_file(tmp_path / "passwd", {"ops": b"ops-pw", "viewer": b"v-pw"}, 1000)
     return admin_broker(
         f'[admin]\nhost = "0.0.0.0"\ntoken_file = {str(token)!r}\nadmin_users = "ops"\n'
         f"[security]\npassword_file = {str(passwords)!r}\nallow_anonymous = true\n"
@@ -136,7 +131,7 @@ def test_state_changing_calls_need_the_token_or_the_csrf_header(guarded: Admin) 
     )
 
 
-def test_no_cors_unless_configured(admin_broker: Callable[..., Admin]) -> None:
+def test_no_cors_unless_configured(admin_broker: AdminBroker) -> None:
     plain = admin_broker()
     origin = {"Origin": "https://elsewhere.example"}
     reply = plain.get("/api/v1/overview", headers=origin)
@@ -152,10 +147,9 @@ def test_no_cors_unless_configured(admin_broker: Callable[..., Admin]) -> None:
 
 
 def test_the_acl_of_the_api_user_applies_to_publish(
-    admin_broker: Callable[..., Admin], tmp_path: Path
+    admin_broker: AdminBroker, tmp_path: Path
 ) -> None:
-    passwords = tmp_path / "passwd"
-    passwords.write_text(make_entry_line("ops", b"ops-pw", 1000) + "\n")
+    passwords = password_file(tmp_path / "passwd", {"ops": b"ops-pw"}, 1000)
     acl = tmp_path / "acl"
     acl.write_text("user ops\ntopic write ops/#\n")
     admin = admin_broker(
@@ -168,21 +162,13 @@ def test_the_acl_of_the_api_user_applies_to_publish(
     assert denied.status == 403 and "ACL" in denied.body["error"]
 
 
-Paho = Callable[..., Any]
 AUDIT_TOKEN = "audit-token-for-tests"
 # Costly enough (tens of ms a check) that parallel checks overlap, as real ones do.
 ITERATIONS = 200_000
 
 
 def write_passwords(tmp_path: Path, iterations: int = 1000) -> Path:
-    path = tmp_path / "passwd"
-    path.write_text(
-        make_entry_line("ops", b"ops-pw", iterations)
-        + "\n"
-        + make_entry_line("dev", b"dev-pw", iterations)
-        + "\n"
-    )
-    return path
+    return password_file(tmp_path / "passwd", {"ops": b"ops-pw", "dev": b"dev-pw"}, iterations)
 
 
 # -- Host names on a loopback admin server ---------------------------------------------------
@@ -200,7 +186,7 @@ def test_loopback_host_names() -> None:
 
 
 def test_a_loopback_admin_answers_only_loopback_host_names(
-    admin_broker: Callable[..., Admin],
+    admin_broker: AdminBroker,
 ) -> None:
     admin = admin_broker()
     for host in (
@@ -225,7 +211,7 @@ def test_a_loopback_admin_answers_only_loopback_host_names(
 
 
 def test_an_admin_off_loopback_takes_any_host_name(
-    admin_broker: Callable[..., Admin], tmp_path: Path
+    admin_broker: AdminBroker, tmp_path: Path
 ) -> None:
     token = tmp_path / "token"
     token.write_text(AUDIT_TOKEN + "\n")
@@ -239,7 +225,7 @@ def test_an_admin_off_loopback_takes_any_host_name(
 
 @pytest.mark.parametrize("setting", ["password_file", "acl_file"])
 def test_with_mqtt_authentication_the_admin_needs_a_login(
-    admin_broker: Callable[..., Admin], paho: Paho, tmp_path: Path, setting: str
+    admin_broker: AdminBroker, paho: Paho, tmp_path: Path, setting: str
 ) -> None:
     passwords = write_passwords(tmp_path)
     acl = tmp_path / "acl"
@@ -272,7 +258,7 @@ def test_with_mqtt_authentication_the_admin_needs_a_login(
 
 
 def test_with_dynamic_security_the_admin_needs_a_login(
-    admin_broker: Callable[..., Admin],
+    admin_broker: AdminBroker,
 ) -> None:
     admin = admin_broker("[dynsec]\nenabled = true\n")
     reply = admin.get("/api/v1/retained")
@@ -291,7 +277,7 @@ def test_certificate_user_names_are_a_login_too() -> None:
 
 
 def test_without_mqtt_authentication_the_loopback_admin_stays_open(
-    admin_broker: Callable[..., Admin],
+    admin_broker: AdminBroker,
 ) -> None:
     admin = admin_broker()
     assert admin.get("/api/v1/retained").status == 200
@@ -311,7 +297,7 @@ def audit_lines(admin: Admin, mark: int, count: int) -> list[str]:
 
 
 def test_every_state_changing_call_is_logged_once(
-    admin_broker: Callable[..., Admin], paho: Paho, tmp_path: Path
+    admin_broker: AdminBroker, paho: Paho, tmp_path: Path
 ) -> None:
     token = tmp_path / "token"
     token.write_text(AUDIT_TOKEN + "\n")
@@ -354,9 +340,7 @@ def test_every_state_changing_call_is_logged_once(
     ], "\n".join(lines)
 
 
-def test_calls_without_login_are_logged_as_such(
-    admin_broker: Callable[..., Admin], paho: Paho
-) -> None:
+def test_calls_without_login_are_logged_as_such(admin_broker: AdminBroker, paho: Paho) -> None:
     admin = admin_broker()
     client = paho(admin, client_id=unique("open"))
     mark = admin.broker.log_mark()
@@ -391,9 +375,7 @@ async def parallel_logins(
     return await asyncio.gather(*(one(address, user) for address, user in attempts))
 
 
-def test_parallel_wrong_passwords_are_limited(
-    admin_broker: Callable[..., Admin], tmp_path: Path
-) -> None:
+def test_parallel_wrong_passwords_are_limited(admin_broker: AdminBroker, tmp_path: Path) -> None:
     passwords = write_passwords(tmp_path, ITERATIONS)
     admin = admin_broker(  # (MQTT's own limit per address out of the way: the admin's is tested)
         f'[admin]\nadmin_users = "ops"\n[security]\npassword_file = {str(passwords)!r}\n'
@@ -415,7 +397,7 @@ def test_parallel_wrong_passwords_are_limited(
 
 
 def test_guessing_admin_passwords_leaves_mqtt_logins_their_budget(
-    admin_broker: Callable[..., Admin], paho: Paho, tmp_path: Path
+    admin_broker: AdminBroker, paho: Paho, tmp_path: Path
 ) -> None:
     passwords = write_passwords(tmp_path, ITERATIONS)
     admin = admin_broker(
@@ -442,7 +424,7 @@ def test_guessing_admin_passwords_leaves_mqtt_logins_their_budget(
 
 
 def test_an_oversized_request_line_is_logged_in_one_line(
-    admin_broker: Callable[..., Admin],
+    admin_broker: AdminBroker,
 ) -> None:
     admin = admin_broker()
     mark = admin.broker.log_mark()

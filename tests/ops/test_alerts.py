@@ -8,13 +8,12 @@ carry the time they were queued, immediate deliveries do not."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from typing import Any
 
 import pytest
-from support.admin_client import Admin
+from support.admin_client import Admin, AdminBroker
 from support.clients import (
     TIMEOUT,
+    Paho,
     decode_vbi,
     stalled_subscriber,
     unique,
@@ -23,8 +22,6 @@ from support.harness import Harness
 
 from mqttbroker.ops.alerts import Survey, oldest_queued_age
 from mqttbroker.protocol.properties import PropertyId as Prop
-
-Paho = Callable[..., Any]
 
 
 def packet_id_of_publish(data: bytes) -> int:
@@ -35,7 +32,7 @@ def packet_id_of_publish(data: bytes) -> int:
 
 
 @pytest.fixture
-def alarmed(admin_broker: Callable[..., Admin]) -> Admin:
+def alarmed(admin_broker: AdminBroker) -> Admin:
     """A broker whose sessions are stuck once their oldest queued message is a second old."""
     return admin_broker("[alerts]\noldest_queued_age = 1\n")
 

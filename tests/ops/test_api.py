@@ -3,18 +3,15 @@ checked against the OpenAPI document the broker serves; bad input gets a 4xx JSO
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 from openapi_spec_validator import validate
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
-from support.admin_client import OPENAPI, Admin, check
-from support.clients import MQTT_311, TIMEOUT, unique
+from support.admin_client import OPENAPI, Admin, AdminBroker, check
+from support.clients import MQTT_311, TIMEOUT, Paho, unique
 from support.launcher import mosquitto_client
-
-Paho = Callable[..., Any]
 
 
 def persistent() -> Properties:
@@ -28,7 +25,7 @@ def mosquitto_pub(admin: Admin, *args: str) -> None:
     mosquitto_client("mosquitto_pub", admin.broker.host, admin.broker.port, *args, timeout=TIMEOUT)
 
 
-def test_the_openapi_document_is_valid_and_served(admin_broker: Callable[..., Admin]) -> None:
+def test_the_openapi_document_is_valid_and_served(admin_broker: AdminBroker) -> None:
     validate(OPENAPI)
     admin = admin_broker()
     reply = admin.get("/api/v1/openapi.json")
@@ -36,16 +33,14 @@ def test_the_openapi_document_is_valid_and_served(admin_broker: Callable[..., Ad
     assert reply.body == OPENAPI
 
 
-def test_healthz_says_alive_and_readyz_ready(admin_broker: Callable[..., Admin]) -> None:
+def test_healthz_says_alive_and_readyz_ready(admin_broker: AdminBroker) -> None:
     admin = admin_broker()
     assert admin.get("/healthz").body == {"status": "alive"}
     reply = admin.get("/readyz")
     assert (reply.status, reply.body) == (200, {"ready": True})
 
 
-def test_clients_list_a_connected_paho_client(
-    admin_broker: Callable[..., Admin], paho: Paho
-) -> None:
+def test_clients_list_a_connected_paho_client(admin_broker: AdminBroker, paho: Paho) -> None:
     admin = admin_broker()
     topic = unique("api")
     client = paho(admin, client_id=unique("listed"))
@@ -75,7 +70,7 @@ def test_clients_list_a_connected_paho_client(
     assert sorted(seen) == sorted({client.client_id, old.client_id})
 
 
-def test_kick_sends_administrative_action(admin_broker: Callable[..., Admin], paho: Paho) -> None:
+def test_kick_sends_administrative_action(admin_broker: AdminBroker, paho: Paho) -> None:
     admin = admin_broker()
     client = paho(admin, client_id=unique("kicked"))
     body = admin.ok("POST", f"/api/v1/clients/{client.client_id}/kick")
@@ -87,7 +82,7 @@ def test_kick_sends_administrative_action(admin_broker: Callable[..., Admin], pa
 
 @pytest.mark.needs_mosquitto
 def test_offline_sessions_show_their_backlog_and_can_be_deleted(
-    admin_broker: Callable[..., Admin], paho: Paho
+    admin_broker: AdminBroker, paho: Paho
 ) -> None:
     admin = admin_broker()
     topic = unique("backlog")
@@ -109,7 +104,7 @@ def test_offline_sessions_show_their_backlog_and_can_be_deleted(
     assert admin.get(f"/api/v1/sessions/{client.client_id}").status == 404
 
 
-def test_subscriptions_and_shared_groups(admin_broker: Callable[..., Admin], paho: Paho) -> None:
+def test_subscriptions_and_shared_groups(admin_broker: AdminBroker, paho: Paho) -> None:
     admin = admin_broker()
     base = unique("subs")
     one, two = paho(admin), paho(admin)
@@ -130,7 +125,7 @@ def test_subscriptions_and_shared_groups(admin_broker: Callable[..., Admin], pah
 
 
 @pytest.mark.needs_mosquitto
-def test_retained_messages_browse_and_delete(admin_broker: Callable[..., Admin]) -> None:
+def test_retained_messages_browse_and_delete(admin_broker: AdminBroker) -> None:
     admin = admin_broker()
     topic = unique("kept") + "/temp"
     mosquitto_pub(admin, "-r", "-t", topic, "-m", "21.5")
@@ -151,7 +146,7 @@ def test_retained_messages_browse_and_delete(admin_broker: Callable[..., Admin])
     assert admin.request("DELETE", f"/api/v1/retained?topic={topic}").status == 404
 
 
-def test_publish_reaches_subscribers(admin_broker: Callable[..., Admin], paho: Paho) -> None:
+def test_publish_reaches_subscribers(admin_broker: AdminBroker, paho: Paho) -> None:
     admin = admin_broker()
     topic = unique("pub")
     sub = paho(admin)
@@ -236,7 +231,7 @@ def test_publish_reaches_subscribers(admin_broker: Callable[..., Admin], paho: P
     ],
 )
 def test_bad_input_gets_a_clear_json_error(
-    admin_broker: Callable[..., Admin],
+    admin_broker: AdminBroker,
     method: str,
     path: str,
     body: Any,

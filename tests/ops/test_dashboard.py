@@ -10,20 +10,18 @@ from __future__ import annotations
 import os
 import shutil
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support.admin_client import DYNSEC_TOKEN, Admin
+from support.admin_client import DYNSEC_TOKEN, Admin, AdminBroker
 from support.clients import (
     TIMEOUT,
+    Paho,
     stalled_subscriber,
     unique,
 )
 from support.dashboard_page import WAIT_MS, Page
-
-Paho = Callable[..., Any]
 
 pytestmark = pytest.mark.needs_chromium
 
@@ -35,7 +33,7 @@ def publish_forever(admin: Admin, paho: Paho, topic: str, stop: threading.Event)
 
 
 def test_dashboard_pages_in_chromium(
-    admin_broker: Callable[..., Admin], paho: Paho, browser: Any, tmp_path: Path
+    admin_broker: AdminBroker, paho: Paho, browser: Any, tmp_path: Path
 ) -> None:
     admin = admin_broker(
         "[alerts]\noldest_queued_age = 1\n"

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from support.admin_client import Admin, check
+from support.admin_client import Admin, AdminBroker, check
 from support.clients import unique
 
 
@@ -108,7 +108,7 @@ def test_bad_input_and_logins_are_refused(dynsec_admin: tuple[Admin, Path], tmp_
     assert names == ["admin"]
 
 
-def test_404_without_the_dynamic_security(admin_broker: Callable[..., Admin]) -> None:
+def test_404_without_the_dynamic_security(admin_broker: AdminBroker) -> None:
     admin = admin_broker()
     for method, path in (
         ("GET", "/api/v1/dynsec/clients"),

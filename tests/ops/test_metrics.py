@@ -13,10 +13,11 @@ from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from support.admin_client import Admin
+from support.admin_client import Admin, AdminBroker
 from support.clients import (
     MQTT_311,
     TIMEOUT,
+    Paho,
     RawClient,
     binary,
     connect_packet,
@@ -28,11 +29,9 @@ from support.clients import (
 )
 from support.external_tools import program
 from support.launcher import ROOT
+from support.password_files import password_file
 
 from mqttbroker.ops.metrics import REFUSAL_REASONS
-from mqttbroker.security.passwords import make_entry_line
-
-Paho = Callable[..., Any]
 
 
 def scrape_when(admin: Admin, ready: Callable[[dict[Any, float]], bool]) -> dict[Any, float]:
@@ -57,7 +56,7 @@ def scrape(admin: Admin) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 @pytest.mark.needs_mosquitto
-def test_metrics_follow_the_traffic(admin_broker: Callable[..., Admin], paho: Paho) -> None:
+def test_metrics_follow_the_traffic(admin_broker: AdminBroker, paho: Paho) -> None:
     admin = admin_broker(
         '[storage]\nbackend = "sqlite"\n[[listener]]\nport = 0\n[[listener]]\nport = 0\n',
         memory=False,
@@ -115,7 +114,7 @@ def test_metrics_follow_the_traffic(admin_broker: Callable[..., Admin], paho: Pa
 
 
 def test_oldest_queued_age_is_the_maximum_over_sessions(
-    admin_broker: Callable[..., Admin], paho: Paho
+    admin_broker: AdminBroker, paho: Paho
 ) -> None:
     from paho.mqtt.packettypes import PacketTypes
     from paho.mqtt.properties import Properties
@@ -159,9 +158,7 @@ def test_the_benchmark_option_scrapes_our_broker(monkeypatch: pytest.MonkeyPatch
     assert handle.scraper is None
 
 
-def test_received_messages_are_counted_per_qos(
-    admin_broker: Callable[..., Admin], paho: Paho
-) -> None:
+def test_received_messages_are_counted_per_qos(admin_broker: AdminBroker, paho: Paho) -> None:
     admin = admin_broker()
     topic = unique("qos")
     publisher = paho(admin)
@@ -180,7 +177,7 @@ def test_received_messages_are_counted_per_qos(
 
 
 @pytest.mark.needs_compiled  # gathering is the C transport's
-def test_held_passes_are_counted(admin_broker: Callable[..., Admin]) -> None:
+def test_held_passes_are_counted(admin_broker: AdminBroker) -> None:
     """Publishers writing at the same moment: a pass of the broker finds several connections
     ready, none answered since their last read, and with gather_us (on by default) the next
     pass is held back; /metrics counts it. Rounds of 25 messages per publisher until it shows,
@@ -214,10 +211,9 @@ def refused_connect(admin: Admin, packet: bytes, version: int = 5) -> int:
 
 
 def test_refused_connections_are_counted_by_reason(
-    admin_broker: Callable[..., Admin], paho: Paho, tmp_path: Path
+    admin_broker: AdminBroker, paho: Paho, tmp_path: Path
 ) -> None:
-    passwords = tmp_path / "passwd"
-    passwords.write_text(make_entry_line("dev", b"dev-pw", 1000) + "\n")
+    passwords = password_file(tmp_path / "passwd", {"dev": b"dev-pw"}, 1000)
     token = tmp_path / "token"
     token.write_text("metrics-token\n")
     admin = admin_broker(  # with a password file, the admin server needs a login
@@ -262,9 +258,7 @@ def test_refused_connections_are_counted_by_reason(
     assert {r: overview["connections_refused"][r] for r in expected} == expected
 
 
-def test_clients_show_messages_and_bytes_in_and_out(
-    admin_broker: Callable[..., Admin], paho: Paho
-) -> None:
+def test_clients_show_messages_and_bytes_in_and_out(admin_broker: AdminBroker, paho: Paho) -> None:
     admin = admin_broker()
     topic = unique("io")
     receiver = paho(admin, client_id=unique("receiver"))

@@ -13,12 +13,11 @@ import urllib.request
 from collections.abc import Callable
 
 import pytest
-from support.clients import PahoClient, connack_code, unique
+from support.clients import Paho, PahoClient, connack_code, unique
 from support.http_service import AuthService
 from support.launcher import BrokerProcess, free_port
 
 Asking = Callable[..., BrokerProcess]  # the asking_broker fixture
-Paho = Callable[..., PahoClient]
 Login = Callable[[], PahoClient]  # the alice fixture
 
 ADMIN_TOKEN = "an admin token for the test"

@@ -13,12 +13,11 @@ from collections.abc import Callable, Iterator
 import pytest
 from aiohttp import web
 from support.cleanup import ended_after
-from support.clients import TIMEOUT, PahoClient, wait_for
+from support.clients import TIMEOUT, Paho, wait_for
 from support.http_service import AuthService
 from support.launcher import BrokerProcess
 
 Asking = Callable[..., BrokerProcess]  # the asking_broker fixture
-Paho = Callable[..., PahoClient]
 
 
 class ReadService(AuthService):

@@ -83,6 +83,9 @@ class Admin:
         return reply.body
 
 
+AdminBroker = Callable[..., Admin]  # the admin_broker fixture (tests/ops/conftest.py)
+
+
 def _operation(method: str, path: str) -> dict[str, Any]:
     path = path.split("?", 1)[0]
     for template, item in OPENAPI["paths"].items():

@@ -380,6 +380,9 @@ class PahoClient:
             self._started = False
 
 
+Paho = Callable[..., PahoClient]  # the paho fixture (tests/conftest.py)
+
+
 class Collector(PahoClient):
     """A paho client of a broker on 127.0.0.1 that subscribes to ``topics`` on every
     (re)connection and keeps what it receives, across restarts of that broker; with

@@ -10,8 +10,7 @@ from pathlib import Path
 from support.certs import Certificates, client_context
 from support.clients import PahoClient
 from support.launcher import ROOT, BrokerProcess
-
-from mqttbroker.security.passwords import make_entry_line
+from support.password_files import password_file
 
 EXAMPLE = ROOT / "config" / "exposed.toml"
 NOT_AUTHORIZED = 0x87
@@ -25,8 +24,7 @@ def replace_once(text: str, old: str, new: str) -> str:
 def test_loopback_listener_is_anonymous_and_the_exposed_one_is_not(
     tmp_path: Path, certs: Certificates
 ) -> None:
-    passwd = tmp_path / "passwd"
-    passwd.write_text(make_entry_line("sensor", b"correct horse", 4096) + "\n")
+    passwd = password_file(tmp_path / "passwd", {"sensor": b"correct horse"})
     acl = tmp_path / "acl"
     acl.write_text("pattern readwrite devices/%u/#\n")
     text = EXAMPLE.read_text()
