@@ -849,10 +849,12 @@ class ClusterNode(Backplane):
                 del got[key]
 
     def _routed(self, client_id: str, origin: str, counter: int, now: float) -> bool:
-        """Whether this node routed that message itself lately (to the session, or before it
-        came: see _replay), or had it forwarded to ``client_id``'s session (a message is
+        """Whether this node may have routed that message itself (to the session, or before it
+        came: see _replay): it did lately, or it let go of that message already and cannot
+        tell (sequence.Recent.may_have: a forward that comes that late is dropped, never
+        routed a second time); or had it forwarded to ``client_id``'s session (a message is
         forwarded once for each session that moved)."""
-        if self.recent.has(origin, counter, now):
+        if self.recent.may_have(origin, counter, now):
             return True
         got = self._forwarded_to.get((origin, counter))
         return got is not None and client_id in got and self._forwards.has(origin, counter, now)
@@ -899,7 +901,8 @@ class ClusterNode(Backplane):
     ) -> None:
         """A message forwarded by the node ``client_id``'s session came from (_forward):
         routed to that session unless this node routed it itself (before the session came,
-        it was routed to it then, see _replay, or not needed; after, directly). Before the
+        it was routed to it then, see _replay, or not needed; after, directly) or cannot tell
+        any more (_routed: a forward that comes late is dropped). Before the
         session is here, it waits for it a moment; a session gone on is forwarded on."""
         origin, counter = found
         if self._routed(client_id, origin, counter, now):

@@ -20,6 +20,15 @@ reading a stream sees each origin's counters rise, and:
   counter there went to the session at A (or before, to where it was then). B keeps the
   messages it routed lately (:class:`Recent`) and routes to the session those above A's
   counters, before anything newer.
+- **A forward comes late or not at all.** For those 10 s, A also forwards to B what it routes
+  for the session (a publisher's node learns of B's route a moment after the session came), and
+  B routes a forward to the session unless B routed that message itself. A forward can come
+  later than B remembers (A frozen past its lease and woken, Redis away a while, or more than
+  ``REPLAY_MAX`` messages since): B routes each origin's messages in the order of their
+  counters, so what it let go of an origin is all up to one counter (``Recent.forgotten``). A
+  forward above it that B does not have is one B never had (routed); one at or below it, B
+  cannot tell, and it is not routed: a late forward is dropped, never a copy delivered. That
+  holds whatever the delay, with no rule of time between the nodes.
 """
 
 from __future__ import annotations
@@ -101,7 +110,16 @@ class Recent:
     one up by its id (``has``, ``when``) keeps an index of them for ``seconds`` from then
     (``indexed``: always): a node that hands nothing over pays only the append."""
 
-    __slots__ = ("entries", "ids", "away", "seconds", "limit", "index_until", "indexed")
+    __slots__ = (
+        "entries",
+        "ids",
+        "away",
+        "forgotten",
+        "seconds",
+        "limit",
+        "index_until",
+        "indexed",
+    )
 
     def __init__(
         self, seconds: float = REPLAY_SECONDS, limit: int = REPLAY_MAX, indexed: bool = False
@@ -109,6 +127,7 @@ class Recent:
         self.entries: deque[tuple[float, str, int, Any]] = deque()
         self.ids: dict[tuple[str, int], float] = {}  # (origin, counter) -> when, see above
         self.away: dict[str, float] = {}  # client id -> when it left this node
+        self.forgotten: dict[str, int] = {}  # origin -> the counter of its last one let go
         self.seconds = seconds
         self.limit = limit
         self.indexed = indexed
@@ -133,6 +152,14 @@ class Recent:
         """Whether this node routed that message lately."""
         return (origin, counter) in self._index(now)
 
+    def may_have(self, origin: str, counter: int, now: float) -> bool:
+        """Whether this node may have routed that message: it did lately, or it is not newer
+        than one of its origin let go already, so it cannot tell. Sure only where each
+        origin's messages were added in the order of their counters (as ``recent`` is: see
+        ClusterNode._forwarded): the ones let go of an origin are then all those up to
+        ``forgotten``, and a message above it that is not here never was."""
+        return counter <= self.forgotten.get(origin, 0) or self.has(origin, counter, now)
+
     def when(self, origin: str, counter: int, now: float) -> float | None:
         """When this node routed that message, if lately."""
         return self._index(now).get((origin, counter))
@@ -140,9 +167,11 @@ class Recent:
     def _trim(self, now: float) -> None:
         entries = self.entries
         ids = self.ids
+        forgotten = self.forgotten
         oldest = now - self.seconds
         while entries and (len(entries) > self.limit or entries[0][0] < oldest):
             _, origin, counter, _ = entries.popleft()
+            forgotten[origin] = counter
             if ids:
                 ids.pop((origin, counter), None)
 

@@ -2,8 +2,9 @@
 entry written twice (a batch sent again after Redis took it and its answer was lost) or read
 twice (a node killed between committing a delivery and acknowledging the entry) delivers a
 QoS 2 message once; a session handed over gets the messages that reached its new node before
-it did and its old node only after it had gone (sequence.py); a node woken past its lease does
-not send what the clients of sessions adopted meanwhile published there."""
+it did and its old node only after it had gone (sequence.py), and a forward from its old node
+that comes after its new node let go of what it routed is not routed again; a node woken past
+its lease does not send what the clients of sessions adopted meanwhile published there."""
 
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ from support.cluster_clients import (
     subscriber,
     until_routed,
 )
+
+from mqttbroker.cluster.sequence import REPLAY_MAX
 
 pytestmark = pytest.mark.needs_redis
 
@@ -476,3 +479,37 @@ def test_a_message_forwarded_for_two_sessions_that_moved_reaches_both(
         r.xadd(STREAM + "a", {"m": publish_frame(topic, b"m1", b"c.00000001\x1d1")})
     arrives(b"m1", *moved)
     close_all(*moved)
+
+
+def test_a_forward_of_a_message_the_node_no_longer_remembers_is_not_routed(
+    start_node: Any, redis_server: Any
+) -> None:
+    """The device moved from a to b; b routed m1 to it. a forwards m1 to b for the session
+    (a routed it too, after the session left) but the forward comes only once b no longer
+    keeps m1 among what it routed lately (a node woken from a pause sends what it queued
+    before, 15 s late; here: REPLAY_MAX newer messages pushed m1 out). b cannot tell that the
+    session had m1, so the forward is not routed: no QoS 2 message twice. A forward of a
+    message b never had (newer than anything it forgot) is still routed."""
+    a = start_node("a")
+    b = start_node("b")
+    client_id = unique("forgotten")
+    topic = unique("forgotten")
+    subscribed(a, client_id, topic, 2).close()
+    again = resumed(b, client_id)
+    other = unique("other")  # (nobody's: b only counts these among what it routed)
+    n = REPLAY_MAX
+
+    def ident(counter: int) -> bytes:
+        return b"c.00000001\x1d%d" % counter
+
+    with redis_server.client() as r:
+        r.xadd(STREAM + "b", {"m": publish_frame(topic, b"m1", ident(1), qos=2)})
+        arrives(b"m1", again)
+        newer = b"".join(publish_frame(other, b"x", ident(c), 2) for c in range(2, n + 2))
+        r.xadd(STREAM + "b", {"m": newer})
+        r.xadd(STREAM + "b", {"m": forward_frame(client_id, topic, b"m1", ident(1), 2)})
+        r.xadd(STREAM + "b", {"m": forward_frame(client_id, topic, b"m2", ident(n + 2), 2)})
+        r.xadd(STREAM + "b", {"m": publish_frame(topic, b"m3", ident(n + 3), qos=2)})
+    arrives(b"m3", again)
+    assert counted(again) == {b"m1": 1, b"m2": 1, b"m3": 1}
+    again.close()

@@ -61,3 +61,20 @@ def test_a_message_is_found_by_its_id_whether_or_not_it_was_looked_for_before() 
     assert recent.has("a.1", 2, 4.0) and not recent.has("a.1", 3, 4.0)
     recent.add(20.0, "a.1", 3, "a3")  # (the first two are too old; the index was let go)
     assert recent.has("a.1", 3, 30.0) and not recent.has("a.1", 1, 30.0)
+
+
+def test_a_message_let_go_of_is_one_the_node_may_have_routed_whatever_the_delay() -> None:
+    recent = Recent(seconds=10.0)
+    recent.add(0.0, "a.1", 1, "a1")
+    recent.add(1.0, "b.1", 7, "b7")
+    recent.add(2.0, "a.1", 3, "a3")  # (a's 2 never came here: it went to another node only)
+    assert recent.may_have("a.1", 1, 3.0) and not recent.may_have("a.1", 2, 3.0)
+    recent.add(10.5, "a.1", 4, "a4")  # a1 let go: 15 s later, a forward of it is not new
+    for late in (15.0, 1000.0):
+        assert recent.may_have("a.1", 1, late)
+        assert not recent.may_have("a.1", 2, late)  # above what was let go: never had it
+        assert recent.may_have("a.1", 3, late) and recent.may_have("b.1", 7, late)
+        assert not recent.may_have("a.1", 5, late) and not recent.may_have("c.1", 1, late)
+    recent.add(20.0, "a.1", 5, "a5")  # (b7 and a3 let go now)
+    assert recent.may_have("a.1", 2, 20.0) and recent.may_have("b.1", 6, 20.0)
+    assert not recent.may_have("b.1", 8, 20.0)
