@@ -4,12 +4,12 @@ and ``which``, each test that takes it run with the C opener and with the Python
 from __future__ import annotations
 
 import pytest
-from support import benchmark_c
+from support import c_programs
 
 
 @pytest.fixture(scope="session")
 def opener(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return benchmark_c.build("open_many", tmp_path_factory)
+    return c_programs.build("open_many", tmp_path_factory)
 
 
 @pytest.fixture(params=["c", "python"])

@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from support import benchmark_c
+from support import c_programs
 
 from benchmarks import devices, wire
 from benchmarks.client import RawClient
@@ -20,7 +20,7 @@ from benchmarks.client import RawClient
 
 @pytest.fixture(scope="module")
 def program(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return benchmark_c.build("one_per_write", tmp_path_factory)
+    return c_programs.build("one_per_write", tmp_path_factory)
 
 
 def _pairs(n: int) -> tuple[list[RawClient], list[socket.socket]]:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from support.clients import Collector
-from support.examples import EXAMPLES
+from support.example_programs import EXAMPLES
 from support.launcher import Mosquitto
 
 from mqttbroker.config import load

@@ -11,7 +11,7 @@ from urllib.parse import urlencode
 import pytest
 from playwright.sync_api import sync_playwright
 from support.clients import unique
-from support.examples import EXAMPLES, simulator
+from support.example_programs import EXAMPLES, simulator
 from support.external_tools import program
 
 WEBSOCKET = r"listening on (\S+):(\d+) \(MQTT over WebSocket\)"

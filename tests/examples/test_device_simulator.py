@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from support.clients import PahoClient, unique
-from support.examples import simulator
+from support.example_programs import simulator
 
 
 def latest(watcher: PahoClient, topic: str) -> Any:

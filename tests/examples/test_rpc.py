@@ -16,7 +16,7 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from support.clients import PahoClient, unique
-from support.examples import EXAMPLES, example, run_example
+from support.example_programs import EXAMPLES, example, run_example
 
 
 def load_rpc() -> ModuleType:

@@ -23,7 +23,7 @@ from typing import Any
 import aiohttp
 import pytest
 from support.clients import Collector, wait_for
-from support.examples import example, run_example
+from support.example_programs import example, run_example
 
 SECRET = b"correct horse battery staple"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from support.clients import unique, wait_for
-from support.examples import example, run_example
+from support.example_programs import example, run_example
 
 JOBS = 200
 

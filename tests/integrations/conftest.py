@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from support.cleanup import ended_after
 from support.clients import Collector, PahoClient
-from support.integrations import SECRET, Endpoint, Rig
 from support.launcher import BrokerProcess, Mosquitto
+from support.webhook_rig import SECRET, Endpoint, Rig
 
 
 @pytest.fixture
@@ -36,7 +36,7 @@ def collect() -> Iterator[Callable[..., Collector]]:
 
 @pytest.fixture
 def endpoint() -> Iterator[Callable[..., Endpoint]]:
-    """``endpoint(answer)``: a webhook endpoint (support.integrations.Endpoint), closed after
+    """``endpoint(answer)``: a webhook endpoint (support.webhook_rig.Endpoint), closed after
     the test."""
     with ended_after(Endpoint.close) as keep:
         yield lambda answer: keep(Endpoint(answer))

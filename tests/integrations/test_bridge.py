@@ -15,8 +15,8 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from support.certs import make_certificates
 from support.clients import wait_for
-from support.integrations import Rig, write_config
 from support.launcher import Mosquitto, free_port
+from support.webhook_rig import Rig, write_config
 
 pytestmark = pytest.mark.needs_mosquitto
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from support.clients import wait_for
-from support.integrations import write_config
+from support.webhook_rig import write_config
 
 
 class DroppingRemote:

@@ -19,7 +19,7 @@ from urllib.parse import unquote
 
 import pytest
 from support.clients import wait_for
-from support.integrations import Endpoint, Rig, verify
+from support.webhook_rig import Endpoint, Rig, verify
 
 from mqttbroker.broker.core import Broker
 from mqttbroker.broker.message import Message

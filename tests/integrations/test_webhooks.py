@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 
 from support.clients import wait_for
-from support.integrations import SECRET, Rig, verify, write_config
+from support.webhook_rig import SECRET, Rig, verify, write_config
 
 
 def test_retries_429_retry_after_signatures_and_dead_letters(rig: Rig, secret_file: Path) -> None:

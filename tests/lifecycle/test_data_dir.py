@@ -8,7 +8,7 @@ import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 
-from support.lifecycle import as_another_user, error_lines, exits, foreign, refused_to_start
+from support.broker_exits import as_another_user, error_lines, exits, foreign, refused_to_start
 
 from mqttbroker.storage.lock import LOCK_NAME
 

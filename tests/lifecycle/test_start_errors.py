@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from support.lifecycle import error_lines, exits, refused_to_start
+from support.broker_exits import error_lines, exits, refused_to_start
 
 from mqttbroker.storage.sqlite import MIGRATIONS
 

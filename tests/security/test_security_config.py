@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from support.clients import connect_packet
 from support.launcher import write_file
+from support.listeners import serving
 from support.password_files import ITERATIONS
-from support.transports import serving
 
 from mqttbroker.broker.auth import LoginRequest
 from mqttbroker.config import Config, ConfigError, ListenerConfig, SecurityConfig, load

@@ -1,5 +1,5 @@
 """Fixtures of the session tests: ``secure``, a broker with users (alice, bob, admin) and an ACL
-file, started as a real process by the test (``support.sessions.SecureBroker``)."""
+file, started as a real process by the test (``support.secure_broker.SecureBroker``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.sessions import SecureBroker
+from support.secure_broker import SecureBroker
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from support.clients import MQTT_5, MQTT_311, unique
-from support.sessions import HOUR, SecureBroker, assert_logged, connack, paho_client
+from support.secure_broker import HOUR, SecureBroker, assert_logged, connack, paho_client
 
 QUOTA = {MQTT_5: 0x97, MQTT_311: 0x03}
 

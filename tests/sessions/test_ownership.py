@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from support.clients import MQTT_5, MQTT_311, unique
-from support.sessions import SecureBroker, assert_logged, connack, offline_alice, paho_client
+from support.secure_broker import SecureBroker, assert_logged, connack, offline_alice, paho_client
 
 NOT_AUTHORIZED = {MQTT_5: 0x87, MQTT_311: 0x05}
 ID_NOT_VALID = {MQTT_5: 0x85, MQTT_311: 0x02}

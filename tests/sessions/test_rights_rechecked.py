@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from support.clients import MQTT_5, unique
-from support.sessions import ACL, SecureBroker, offline_alice, paho_client
+from support.secure_broker import ACL, SecureBroker, offline_alice, paho_client
 
 REVOKED = ACL.replace("topic read data/#\n", "")
 

@@ -8,7 +8,10 @@ packets (strategies.py), the admin server's HTTP client checked against the Open
 (admin_client.py) and its dashboard in a headless Chromium (dashboard_page.py), a local HTTP
 service and the operator's auth service (http_service.py), a redis-server of the test's own
 (redis_server.py) and clients of a cluster's nodes (cluster_clients.py), the client side of
-SCRAM (scram_client.py), password files in our and Mosquitto's formats (password_files.py); and
-the helpers of single folders: integrations.py, sessions.py, transports.py, examples.py,
-lifecycle.py, benchmark_c.py. Tests import them as ``support.<module>``; no folder puts another
-on sys.path for them, and no folder keeps helpers of its own beside its tests."""
+SCRAM (scram_client.py), password files in our and Mosquitto's formats (password_files.py), the
+rig of brokers and webhook endpoints of the bridge and webhook tests (webhook_rig.py), a broker
+with passwords and an ACL (secure_broker.py), listeners of every kind and byte-exact clients of
+them (listeners.py), the programs in examples/ (example_programs.py), a broker that must exit
+(broker_exits.py) and the benchmark's C programs (c_programs.py). Tests import them as
+``support.<module>``; no folder puts another on sys.path for them, and no folder keeps helpers
+of its own beside its tests."""

@@ -12,7 +12,7 @@ import pytest
 from support.certs import Certificates, make_certificates
 from support.external_tools import program
 from support.launcher import BrokerProcess
-from support.transports import CUSTOM_PATH, TLS12_CIPHER, Listeners, toml_listener
+from support.listeners import CUSTOM_PATH, TLS12_CIPHER, Listeners, toml_listener
 
 NODE_DIR = Path(__file__).resolve().parent / "node"
 

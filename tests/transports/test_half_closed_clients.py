@@ -24,7 +24,7 @@ from support.clients import (
     subscribe_packet,
     unique,
 )
-from support.transports import LOOPS, SUBACK_QOS0, memory_config, open_311, run_on
+from support.listeners import LOOPS, SUBACK_QOS0, memory_config, open_311, run_on
 
 from mqttbroker.config import ListenerConfig
 from mqttbroker.server import streams, tcp

@@ -18,7 +18,7 @@ from support.certs import Certificates
 from support.clients import MQTT_311, TIMEOUT, PahoClient, connect_packet, unique
 from support.external_tools import program
 from support.launcher import BrokerProcess, free_port, stop_process, wait_port
-from support.transports import toml_listener
+from support.listeners import toml_listener
 
 pytestmark = [pytest.mark.needs_haproxy, pytest.mark.needs_mosquitto]
 

@@ -16,7 +16,7 @@ import pytest
 from aiohttp import WSMsgType
 from support.certs import Certificates, client_context
 from support.clients import CONNACK_OK, MQTT_311, connect_packet, unique
-from support.transports import memory_config, serving
+from support.listeners import memory_config, serving
 
 from mqttbroker.broker.stats import BrokerStats
 from mqttbroker.config import ListenerConfig

@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives import serialization
 from support.certs import Certificates
 from support.clients import PahoClient, connect_packet
 from support.launcher import BrokerProcess, run_broker
-from support.transports import memory_config, toml_listener
+from support.listeners import memory_config, toml_listener
 
 from mqttbroker.broker.policy import ListenerPolicy
 from mqttbroker.config import ConfigError, ListenerConfig, load

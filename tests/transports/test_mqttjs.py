@@ -14,7 +14,7 @@ import pytest
 from support.certs import Certificates
 from support.clients import PahoClient, unique
 from support.external_tools import program
-from support.transports import Listeners
+from support.listeners import Listeners
 
 
 @pytest.mark.needs_node

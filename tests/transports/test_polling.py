@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from support.clients import MQTT_311, publish_packet, subscribe_packet
-from support.transports import LOOPS, SUBACK_QOS0, memory_config, open_311, run_on
+from support.listeners import LOOPS, SUBACK_QOS0, memory_config, open_311, run_on
 
 from mqttbroker.config import Config, ListenerConfig
 from mqttbroker.server.app import Server

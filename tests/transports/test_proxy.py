@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 from support.certs import Certificates, client_context
 from support.clients import CONNACK_OK, MQTT_311, PahoClient, connect_packet, unique
-from support.transports import memory_config, serving
+from support.listeners import memory_config, serving
 
 from mqttbroker.config import ConfigError, ListenerConfig, load, trusted_networks
 from mqttbroker.server.app import Server

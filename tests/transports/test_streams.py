@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 from support.clients import CONNACK_OK, MQTT_311, connect_packet, unique
-from support.transports import LOOPS, memory_config, run_on
+from support.listeners import LOOPS, memory_config, run_on
 
 from mqttbroker import compiled
 from mqttbroker.config import ListenerConfig

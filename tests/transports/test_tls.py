@@ -22,7 +22,7 @@ import pytest
 from support.certs import Certificates, client_context
 from support.clients import CONNACK_OK, MQTT_311, TIMEOUT, PahoClient, connect_packet, unique
 from support.launcher import mosquitto_client
-from support.transports import TLS12_CIPHER, Listeners, RawWebSocket, echoes
+from support.listeners import TLS12_CIPHER, Listeners, RawWebSocket, echoes
 
 from conformance.mqtt import CONNACK, PUBREC, PUBREL, Client, P, ack, connect, publish
 

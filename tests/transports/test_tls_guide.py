@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from support.clients import TIMEOUT, PahoClient
 from support.launcher import ROOT, BrokerProcess
-from support.transports import toml_listener
+from support.listeners import toml_listener
 
 GUIDE = ROOT / "config" / "README.md"
 MARKER = "<!-- tests/transports/test_tls_guide.py runs the block below as it is -->"

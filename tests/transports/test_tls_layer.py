@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import pytest
 from support.certs import Certificates, client_context
 from support.clients import CONNACK_OK, MQTT_311, connect_packet, unique
-from support.transports import memory_config
+from support.listeners import memory_config
 
 from mqttbroker.config import ListenerConfig
 from mqttbroker.security.tls import server_context

@@ -8,7 +8,7 @@ import re
 import pytest
 from support.certs import Certificates, client_context
 from support.clients import PahoClient, unique
-from support.transports import Listeners
+from support.listeners import Listeners
 
 
 @pytest.mark.parametrize(

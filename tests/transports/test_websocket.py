@@ -50,7 +50,7 @@ from support.clients import (
     unique,
 )
 from support.launcher import BrokerProcess
-from support.transports import (
+from support.listeners import (
     CUSTOM_PATH,
     OP_BINARY,
     OP_CONTINUATION,

@@ -1,5 +1,5 @@
-"""Helpers of the session tests (tests/sessions: ownership, limits, rules rechecked on restart):
-a broker with a password file (alice, bob, admin), an ACL file and extra ``[broker]`` keys, run
+"""A secured broker for the session tests (ownership, limits, rules rechecked on restart): a
+broker with a password file (alice, bob, admin), an ACL file and extra ``[broker]`` keys, run
 as a real subprocess; persistent-session clients over paho and over raw sockets (for exact
 CONNACK codes, 3.1.1 included)."""
 

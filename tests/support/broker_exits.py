@@ -1,4 +1,5 @@
-"""Helpers of the lifecycle tests: the broker as a real process that may not start.
+"""The broker as a real process that may not start: its exit, its error lines, files it may not
+write.
 
 - ``exits(process)``: wait (bounded) for a broker that must end by itself; its exit status and
   log, and the log has no traceback.

@@ -1,6 +1,7 @@
-"""Support for the integration tests: ``Rig``, the fixtures an integration test starts its brokers
-and clients with; our broker started from a TOML file, and a webhook endpoint (a real aiohttp server on its own thread) with the receiver's signature check written
-out from the format the README gives. Mosquitto (``support.launcher.Mosquitto``), the
+"""The rig of the bridge and webhook tests: ``Rig``, the fixtures such a test starts its brokers
+and clients with; our broker started from a TOML file, and a webhook endpoint (a real aiohttp
+server on its own thread) with the receiver's signature check written out from the format the
+README gives. Mosquitto (``support.launcher.Mosquitto``), the
 collecting subscriber (``support.clients.Collector``) and the publishers (the ``paho`` fixture)
 come from tests/support."""
 

@@ -1,5 +1,5 @@
-"""What the tests of examples/ (tests/examples) share: where the examples are and how to start one (as a user
-would, ``python examples/NAME.py ...``). Clients, Mosquitto and the rest come from
+"""The programs in examples/: where they are and how to start one (as a user would,
+``python examples/NAME.py ...``). Clients, Mosquitto and the rest come from
 tests/support."""
 
 from __future__ import annotations

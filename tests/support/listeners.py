@@ -1,5 +1,5 @@
-"""Helpers of the transport tests (TLS, mutual TLS, WebSocket); the broker, the clients and the
-certificates come from tests/support.
+"""Listeners for the transport tests (TLS, mutual TLS, WebSocket) and clients that speak to them
+byte by byte; the broker, the other clients and the certificates come from tests/support.
 
 - ``toml_listener``: a ``[[listener]]`` table; ``Listeners``: the session broker's listeners
   (conftest.py starts it with one of every kind).
