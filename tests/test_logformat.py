@@ -1,5 +1,5 @@
 """The log's setup: records skip the thread and process look-ups its formats never show, and a
-line reads as before."""
+line reads as before; ``escape`` writes a client's control characters out."""
 
 from __future__ import annotations
 
@@ -41,3 +41,10 @@ def test_a_line_reads_as_before(restored: None) -> None:
     line = logformat.EscapingFormatter(logformat.FORMAT).format(record)
     assert line.endswith(" INFO mqttbroker.test: client c1 connected\\nforged")
     assert "\n" not in line
+
+
+def test_escape_writes_control_characters_out() -> None:
+    assert logformat.escape("plain é") == "plain é"
+    assert logformat.escape("a\nb\rc\td\x1b[31m\x00\x7f\x85\u2028") == (
+        "a\\nb\\rc\\td\\x1b[31m\\x00\\x7f\\x85\\u2028"
+    )

@@ -2,7 +2,7 @@
 the sans-I/O core: the connection holds the packet that asked and everything after it, reads
 nothing more, and goes on in order once the answer is in; a SUBSCRIBE waits whole (nothing
 subscribed before every filter is answered); other clients go on meanwhile; a connection closed
-meanwhile stays closed. The real service behind it: tests/security/test_http_auth_e2e.py."""
+meanwhile stays closed. The real service behind it: tests/access/test_http_auth_service.py."""
 
 from __future__ import annotations
 

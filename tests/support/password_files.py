@@ -1,7 +1,8 @@
 """Password files for the tests: the cost every test's password file uses (``ITERATIONS``), a
 file of users in our format (``password_file``) and a configuration naming it
-(``security_config``), and lines in Mosquitto's documented ``$7$`` and ``$6$`` formats, written
-from its documentation and independent of the code under test."""
+(``security_config``), lines in Mosquitto's documented ``$7$`` and ``$6$`` formats, written from
+its documentation and independent of the code under test, and a file of weak entries
+(``weak_file``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from mqttbroker.security.passwords import make_entry_line
+from mqttbroker.security.passwords import ScramCredential, make_entry_line
 from support.scram_client import b64
 
 # A fast iteration count for the tests' password files (RFC 7677's minimum).
@@ -42,3 +43,17 @@ def security_config(passwords: Path, more: str = "") -> tuple[str, ...]:
     config = passwords.parent / "broker.toml"
     config.write_text(f"[security]\npassword_file = {str(passwords)!r}\n{more}")
     return ("--config", str(config))
+
+
+def weak_file() -> str:
+    """A password file's text: a strong entry, then weak ones (lines 2 to 4: ``scram1``, a
+    SCRAM-SHA-256 of 1 iteration; ``sha``, Mosquitto's ``$6$``; ``pbkdf``, ``$7$`` of 101)."""
+    one = ScramCredential.derive("SCRAM-SHA-256", b"pw", 1)
+    return "\n".join(
+        [
+            make_entry_line("strong", b"pw", ITERATIONS),
+            f"scram1:{one.text()}",
+            mosquitto_sha512_line("sha", b"pw"),
+            mosquitto_pbkdf2_line("pbkdf", b"pw", 101),
+        ]
+    )

@@ -1,4 +1,4 @@
-"""Fixtures of the security tests: the operator's auth service (``auth_service``,
+"""Fixtures of the access tests: the operator's auth service (``auth_service``,
 support.http_service.AuthService) and our broker asking it (``asking_broker``)."""
 
 from __future__ import annotations

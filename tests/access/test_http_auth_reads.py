@@ -4,7 +4,7 @@ delivery is checked with ``action: "read"``, once per client and topic within th
 SUBSCRIBE without wildcards waits for its topic's read right (so its retained message and first
 message are not withheld); through a wildcard the first message on a topic whose answer is not
 in yet is withheld; and at most 4 * max_concurrent such questions are out at once. Without
-``check_reads`` no read is asked (test_http_auth_e2e.py's test_rights_from_the_service)."""
+``check_reads`` no read is asked (test_http_auth_service.py's test_rights_from_the_service)."""
 
 from __future__ import annotations
 

@@ -22,15 +22,6 @@ from support.clients import (
 )
 from support.password_files import password_file, security_config
 
-from mqttbroker.logformat import escape
-
-
-def test_escape_writes_control_characters_out() -> None:
-    assert escape("plain é") == "plain é"
-    assert escape("a\nb\rc\td\x1b[31m\x00\x7f\x85\u2028") == (
-        "a\\nb\\rc\\td\\x1b[31m\\x00\\x7f\\x85\\u2028"
-    )
-
 
 def test_client_strings_cannot_forge_log_lines(
     tmp_path: Path, start_broker: Callable[..., Any]
