@@ -344,9 +344,14 @@ def test_mqtt311_remote_echo_is_dropped(rig: Rig) -> None:
     local.publish_all(("both/a", p, 1, False) for p in [b"here-1", b"here-2"])
     cloud.publish("both/b", b"there-1", 1)
     local.publish("both/z", b"marker", 1)
-    near.wait_count(1, b"marker")
-    far.wait_count(1, b"marker")
-    assert sorted(near.payloads()) == [b"here-1", b"here-2", b"marker", b"there-1"]
-    assert sorted(far.payloads()) == [b"here-1", b"here-2", b"marker", b"there-1"]
+    far.wait_count(1, b"marker")  # the remote had all ours sent, and sent its echoes back
+    # The remote's own marker follows there-1 and those echoes on the bridge's link: once it is
+    # here, an echo not dropped would be too.
+    cloud.publish("both/y", b"marker-back", 1)
+    near.wait_count(1, b"marker-back")
+    far.wait_count(1, b"marker-back")
+    expected = [b"here-1", b"here-2", b"marker", b"marker-back", b"there-1"]
+    assert sorted(near.payloads()) == expected
+    assert sorted(far.payloads()) == expected
     for client in (local, cloud):
         client.close()
