@@ -42,7 +42,7 @@ import json
 import logging
 import secrets
 import sqlite3
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -268,7 +268,8 @@ class ClusterNode(Backplane):
         self._forwards = Recent(indexed=True)  # forwarded messages routed here (ids only)
         # ... and to which sessions (also the messages of a gone node's stream, see _drain)
         self._forwarded_to: dict[tuple[str, int], set[str]] = {}
-        self._early: dict[str, list[tuple[float, str, int, Message]]] = {}  # before the session
+        # (before the session: when, origin, counter, whether it may have had it, message)
+        self._early: dict[str, list[tuple[float, str, int, bool, Message]]] = {}
         self._dropping = False  # dropping QoS 0 copies (logged once until they flow again)
 
     def unready(self) -> str | None:
@@ -539,7 +540,7 @@ class ClusterNode(Backplane):
         if not plain and not shares:
             if qos and self._left:
                 ident = f"{self.origin}\x1d{self._counter}".encode()
-                self._forward(message.topic, ident, encode(message, now), now, ())
+                self._forward(message.topic, ident, encode(message, now), now, [])
             return 0, groups
         chosen: dict[str, list[str]] = {}  # node -> the shared subscriptions it serves
         if shares:
@@ -573,10 +574,13 @@ class ClusterNode(Backplane):
         # (a persistent session's: given up if the session moved meanwhile, see _back)
         moves = publisher.client_id if publisher.persistent else None
         # (QoS 1/2: the message's id, then 0x1E, before the shared subscriptions)
+        # (QoS 1/2: the message's id, 0x1E, the nodes sent it for their plain subscriptions
+        # and 0x1C, before the shared subscriptions: see _forward)
         ident = f"{self.origin}\x1d{self._counter}\x1e".encode() if qos else b""
+        head = ident + ",".join(plain).encode() + b"\x1c" if qos else b""
         for node in targets:
             header = b"1" if node in plain else b"0"
-            data = header + ident + "\x1f".join(chosen.get(node, ())).encode() + b"\0" + packet
+            data = header + head + "\x1f".join(chosen.get(node, ())).encode() + b"\0" + packet
             self._queue(_XADD, node, (data, moves)) if qos else self._queue(_PUB, node, data)
         if qos:
             self._hold(len(targets))  # the publisher's acknowledgement waits for Redis
@@ -778,12 +782,14 @@ class ClusterNode(Backplane):
         # First what the old node forwarded before the session came: messages this node never
         # had, published before their publishers' nodes knew of its route, so before those it
         # had (of the same publisher: MQTT 4.6).
-        for when, origin, counter, message in self._early.pop(client_id, ()):
+        for when, origin, counter, direct, message in self._early.pop(client_id, ()):
             # (not what the session got where it was: a forward meant for a stay here before
             # that, or for this node's previous run, comes late)
             if counter <= seen.get(origin, 0):
                 continue
-            if when > now - REPLAY_SECONDS and not self._routed(client_id, origin, counter, now):
+            if when > now - REPLAY_SECONDS and not self._routed(
+                client_id, origin, counter, now, direct
+            ):
                 self._got_forward(client_id, origin, counter, now)
                 count += self._deliver_to(client_id, message, now)
         for packet in list(self.recent.missed(client_id, seen, now)):
@@ -848,13 +854,15 @@ class ClusterNode(Backplane):
             for key in [k for k in got if k not in forwards.ids]:
                 del got[key]
 
-    def _routed(self, client_id: str, origin: str, counter: int, now: float) -> bool:
+    def _routed(self, client_id: str, origin: str, counter: int, now: float, direct: bool) -> bool:
         """Whether this node may have routed that message itself (to the session, or before it
-        came: see _replay): it did lately, or it let go of that message already and cannot
-        tell (sequence.Recent.may_have: a forward that comes that late is dropped, never
-        routed a second time); or had it forwarded to ``client_id``'s session (a message is
-        forwarded once for each session that moved)."""
-        if self.recent.may_have(origin, counter, now):
+        came: see _replay): it did lately; or, if it may have had the message itself
+        (``direct``: its own, or sent here by its own node), it let go of that message already
+        and cannot tell (sequence.Recent.may_have: such a forward that comes that late is
+        dropped, never routed a second time); or had it forwarded to ``client_id``'s session
+        (a message is forwarded once for each session that moved)."""
+        recent = self.recent
+        if recent.may_have(origin, counter, now) if direct else recent.has(origin, counter, now):
             return True
         got = self._forwarded_to.get((origin, counter))
         return got is not None and client_id in got and self._forwards.has(origin, counter, now)
@@ -876,12 +884,17 @@ class ClusterNode(Backplane):
         if self._left.pop(client_id, None) is not None:
             self._leaving.replace(client_id, set())
 
-    def _forward(self, topic: str, ident: bytes, packet: bytes, now: float, sent: Any = ()) -> None:
+    def _forward(
+        self, topic: str, ident: bytes, packet: bytes, now: float, sent: Sequence[str] | None
+    ) -> None:
         """A QoS 1/2 message routed here (``ident`` its id, ``packet`` its PUBLISH): to the
         nodes that sessions matching it went to lately, for them only (``f`` frames), but
-        those ``sent`` it for their plain subscriptions already. Their node routes it to the
-        session unless it routed it itself (_forwarded)."""
+        those ``sent`` it for their plain subscriptions already by its own node (None: the
+        frame it came in did not say). The forward names those nodes: the node it goes to
+        then knows whether it had the message itself, and routes it to the session unless
+        it did (_forwarded)."""
         plain, _ = self._leaving.match(topic)
+        head = b""
         for client_id in plain:
             left = self._left.get(client_id)
             if left is None:
@@ -890,22 +903,39 @@ class ClusterNode(Backplane):
             if now > until:
                 self._stop_forwarding(client_id)
                 continue
-            if client_id in self.broker.sessions or node in sent:
+            if client_id in self.broker.sessions or (sent is not None and node in sent):
                 continue  # (back here, or the node has the message anyway)
-            frame = b"f" + ident + b"\x1e" + client_id.encode() + b"\0" + packet
+            if not head:
+                listed = b"*" if sent is None else ",".join(sent).encode()
+                head = b"f" + ident + b"\x1e" + listed + b"\x1c"
+            frame = head + client_id.encode() + b"\0" + packet
             self._queue(_XADD, node, (frame, None))
             self._hold(1)  # (the acknowledgement of what it came with waits for it)
 
     def _forwarded(
-        self, client_id: str, found: tuple[str, int], data: bytes, packet: bytes, now: float
+        self,
+        client_id: str,
+        found: tuple[str, int],
+        listed: bytes | None,
+        data: bytes,
+        packet: bytes,
+        now: float,
     ) -> None:
         """A message forwarded by the node ``client_id``'s session came from (_forward):
         routed to that session unless this node routed it itself (before the session came,
-        it was routed to it then, see _replay, or not needed; after, directly) or cannot tell
-        any more (_routed: a forward that comes late is dropped). Before the
+        it was routed to it then, see _replay, or not needed; after, directly). ``listed``:
+        the nodes its own node sent it to (None or ``*``: not known). A message this node
+        never had (neither its own nor sent here) is routed however late its forward comes;
+        one it may have had is dropped once it cannot tell any more (_routed). Before the
         session is here, it waits for it a moment; a session gone on is forwarded on."""
         origin, counter = found
-        if self._routed(client_id, origin, counter, now):
+        direct = (
+            listed is None
+            or listed == b"*"
+            or self.node_id in listed.decode().split(",")
+            or origin.rpartition(".")[0] == self.node_id
+        )
+        if self._routed(client_id, origin, counter, now, direct):
             return
         try:
             message = decode(packet, now)
@@ -927,7 +957,7 @@ class ClusterNode(Backplane):
         if len(early) > 1000:
             for key in [k for k, v in early.items() if v[-1][0] < now - REPLAY_SECONDS]:
                 del early[key]
-        early.setdefault(client_id, []).append((now, origin, counter, message))
+        early.setdefault(client_id, []).append((now, origin, counter, direct, message))
 
     def _restore(self, client_id: str, data: bytes | dict[str, Any], away: bool = False) -> None:
         """A session from another node or from Redis, built here and written afresh there."""
@@ -1618,11 +1648,14 @@ class ClusterNode(Backplane):
         seen: Routed | None = None,
         since: float = 0.0,
     ) -> None:
-        """A message from another node, framed as ``<1 or 0>[<id>\\x1e]<shares>\\0<PUBLISH>``:
-        routed to this node's plain subscribers if the first byte is 1 (of ``sessions`` only,
-        if given), and to those of its shared groups named (separated by 0x1F) whose turn it
-        is here. A QoS 1/2 message's id (sequence.py) that ``seen`` has already is a copy of
-        one routed before (a batch sent again): skipped."""
+        """A message from another node, framed as
+        ``<1 or 0>[<id>\\x1e<nodes>\\x1c]<shares>\\0<PUBLISH>``: routed to this node's plain
+        subscribers if the first byte is 1 (of ``sessions`` only, if given), and to those of
+        its shared groups named (separated by 0x1F) whose turn it is here. A QoS 1/2
+        message's id (sequence.py) that ``seen`` has already is a copy of one routed before
+        (a batch sent again): skipped. ``<nodes>``: those its node sent it to for their plain
+        subscriptions (comma-separated), named in what this node forwards of it (_forward);
+        a forward (``f``) has ``f<id>\\x1e<nodes>\\x1c<client id>\\0<PUBLISH>``."""
         now = self.broker.clock()
         header, _, packet = data.partition(b"\0")
         ident, sep, names = header[1:].partition(b"\x1e")
@@ -1632,9 +1665,15 @@ class ClusterNode(Backplane):
             names = ident  # (QoS 0: no id)
         else:
             found = parse_id(ident)
+            listed: bytes | None
+            listed, mark, rest = names.partition(b"\x1c")
+            if mark:
+                names = rest
+            else:
+                listed = None  # (a frame that does not say)
             if flag == b"f":  # forwarded for a session that came here (_forward)
                 if found is not None and sessions is None:
-                    self._forwarded(names.decode(), found, data, packet, now)
+                    self._forwarded(names.decode(), found, listed, data, packet, now)
                 return
             if found is not None and not (self.seen if seen is None else seen).first(*found):
                 return
@@ -1651,7 +1690,8 @@ class ClusterNode(Backplane):
         if found is not None and sessions is None and flag == b"1":
             self.recent.add(now, found[0], found[1], packet)
             if self._left:
-                self._forward(message.topic, ident, packet, now)
+                sent = None if listed is None else listed.decode().split(",") if listed else []
+                self._forward(message.topic, ident, packet, now, sent)
         match = self.router.lookup(message.topic)
         if match is None:
             return

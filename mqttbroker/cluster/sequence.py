@@ -22,13 +22,16 @@ reading a stream sees each origin's counters rise, and:
   counters, before anything newer.
 - **A forward comes late or not at all.** For those 10 s, A also forwards to B what it routes
   for the session (a publisher's node learns of B's route a moment after the session came), and
-  B routes a forward to the session unless B routed that message itself. A forward can come
-  later than B remembers (A frozen past its lease and woken, Redis away a while, or more than
-  ``REPLAY_MAX`` messages since): B routes each origin's messages in the order of their
+  B routes a forward to the session unless B routed that message itself. A message's frame
+  names the nodes its origin sent it to, and so does a forward of it: a message B never had
+  (neither its own nor sent to it) is routed however late its forward comes. One B had may
+  come later than B remembers (A frozen past its lease and woken, Redis away a while, or more
+  than ``REPLAY_MAX`` messages since): B routes each origin's messages in the order of their
   counters, so what it let go of an origin is all up to one counter (``Recent.forgotten``). A
-  forward above it that B does not have is one B never had (routed); one at or below it, B
-  cannot tell, and it is not routed: a late forward is dropped, never a copy delivered. That
-  holds whatever the delay, with no rule of time between the nodes.
+  forward above it that B does not have is one B has not routed yet (routed now, its own copy
+  then skipped); one at or below it went to the session already, and is not routed: never a
+  copy delivered, nor a message lost. That holds whatever the delay, with no rule of time
+  between the nodes.
 """
 
 from __future__ import annotations

@@ -48,13 +48,16 @@ def _varint(n: int) -> bytes:
             return bytes(out)
 
 
-def publish_frame(topic: str, payload: bytes, ident: bytes, qos: int = 1) -> bytes:
+def publish_frame(
+    topic: str, payload: bytes, ident: bytes, qos: int = 1, sent: bytes = b""
+) -> bytes:
     """A stream entry holding one QoS 1/2 message for a node's plain subscribers, as a node
-    frames it (node.py): ``1<id>\\x1e\\0<MQTT 5 PUBLISH>``, after its length."""
+    frames it (node.py): ``1<id>\\x1e\\0<MQTT 5 PUBLISH>``, after its length; with ``sent``
+    (the nodes its node sent it to), ``1<id>\\x1e<sent>\\x1c\\0<MQTT 5 PUBLISH>``."""
     name = topic.encode()
     body = len(name).to_bytes(2, "big") + name + (1).to_bytes(2, "big") + b"\0" + payload
     packet = bytes([0x30 | qos << 1]) + _varint(len(body)) + body
-    frame = b"1" + ident + b"\x1e\0" + packet
+    frame = b"1" + ident + b"\x1e" + (sent + b"\x1c" if sent else b"") + b"\0" + packet
     return len(frame).to_bytes(4, "big") + frame
 
 
@@ -368,11 +371,15 @@ def test_a_message_read_by_the_new_node_after_the_session_came_is_not_routed_aga
     again.close()
 
 
-def forward_frame(client_id: str, topic: str, payload: bytes, ident: bytes, qos: int = 1) -> bytes:
+def forward_frame(
+    client_id: str, topic: str, payload: bytes, ident: bytes, qos: int = 1, sent: bytes = b""
+) -> bytes:
     """A stream entry holding a QoS 1/2 message forwarded by the node a session left for that
-    session (node.py ``_forward``): ``f<id>\\x1e<client id>\\0<MQTT 5 PUBLISH>``."""
+    session (node.py ``_forward``): ``f<id>\\x1e<client id>\\0<MQTT 5 PUBLISH>``; with ``sent``
+    (the nodes the message's own node sent it to), ``f<id>\\x1e<sent>\\x1c<client id>...``."""
     frame = publish_frame(topic, payload, ident, qos)[4:]
-    frame = b"f" + frame[1:].replace(b"\x1e\0", b"\x1e" + client_id.encode() + b"\0", 1)
+    named = client_id.encode() if not sent else sent + b"\x1c" + client_id.encode()
+    frame = b"f" + frame[1:].replace(b"\x1e\0", b"\x1e" + named + b"\0", 1)
     return len(frame).to_bytes(4, "big") + frame
 
 
@@ -466,8 +473,9 @@ def test_a_message_forwarded_for_two_sessions_that_moved_reaches_both(
     start_node: Any, redis_server: Any
 ) -> None:
     """Two devices move from a to b, which has no subscriber of their topic otherwise: a
-    third node's message reaches a only (it has not heard of b's route yet), and a forwards
-    it to b once for each session. b routes each forward to its session: both get it."""
+    third node's message reaches a only (it has not heard of b's route yet; its frame says
+    so), and a forwards it to b once for each session. b routes each forward to its
+    session: both get it."""
     a = start_node("a")
     b = start_node("b")
     topic = unique("both")
@@ -476,20 +484,23 @@ def test_a_message_forwarded_for_two_sessions_that_moved_reaches_both(
         subscribed(a, client_id, topic, 1).close()
     moved = [resumed(b, client_id) for client_id in ids]
     with redis_server.client() as r:
-        r.xadd(STREAM + "a", {"m": publish_frame(topic, b"m1", b"c.00000001\x1d1")})
+        r.xadd(STREAM + "a", {"m": publish_frame(topic, b"m1", b"c.00000001\x1d1", sent=b"a")})
     arrives(b"m1", *moved)
     close_all(*moved)
 
 
-def test_a_forward_of_a_message_the_node_no_longer_remembers_is_not_routed(
+def test_a_late_forward_is_routed_once_whether_or_not_the_node_had_the_message(
     start_node: Any, redis_server: Any
 ) -> None:
-    """The device moved from a to b; b routed m1 to it. a forwards m1 to b for the session
-    (a routed it too, after the session left) but the forward comes only once b no longer
-    keeps m1 among what it routed lately (a node woken from a pause sends what it queued
-    before, 15 s late; here: REPLAY_MAX newer messages pushed m1 out). b cannot tell that the
-    session had m1, so the forward is not routed: no QoS 2 message twice. A forward of a
-    message b never had (newer than anything it forgot) is still routed."""
+    """The device moved from a to b; b routed m1 to it (its node c sent m1 to a and b). a
+    forwards m1 to b for the session (a routed it too, after the session left) but the
+    forward comes only once b no longer keeps m1 among what it routed lately (a node woken
+    from a pause sends what it queued before, 15 s late; here: REPLAY_MAX newer messages
+    pushed m1 out). The forward says c sent m1 to b: b had it, and does not route it again
+    (no QoS 2 message twice). m0, older still, c sent to a only (before c knew of b's
+    route): its forward comes as late, says so, and b, which never had m0, routes it (no
+    acknowledged message lost). A forward of a message b never had that does not say where
+    it went, but is newer than anything b let go of, is routed too."""
     a = start_node("a")
     b = start_node("b")
     client_id = unique("forgotten")
@@ -503,13 +514,15 @@ def test_a_forward_of_a_message_the_node_no_longer_remembers_is_not_routed(
         return b"c.00000001\x1d%d" % counter
 
     with redis_server.client() as r:
-        r.xadd(STREAM + "b", {"m": publish_frame(topic, b"m1", ident(1), qos=2)})
+        r.xadd(STREAM + "b", {"m": publish_frame(topic, b"m1", ident(2), qos=2)})
         arrives(b"m1", again)
-        newer = b"".join(publish_frame(other, b"x", ident(c), 2) for c in range(2, n + 2))
+        newer = b"".join(publish_frame(other, b"x", ident(c), 2) for c in range(3, n + 3))
         r.xadd(STREAM + "b", {"m": newer})
-        r.xadd(STREAM + "b", {"m": forward_frame(client_id, topic, b"m1", ident(1), 2)})
-        r.xadd(STREAM + "b", {"m": forward_frame(client_id, topic, b"m2", ident(n + 2), 2)})
-        r.xadd(STREAM + "b", {"m": publish_frame(topic, b"m3", ident(n + 3), qos=2)})
+        late = [(b"m1", 2, b"a,b"), (b"m0", 1, b"a"), (b"m2", n + 3, b"")]
+        for payload, counter, sent in late:
+            frame = forward_frame(client_id, topic, payload, ident(counter), 2, sent)
+            r.xadd(STREAM + "b", {"m": frame})
+        r.xadd(STREAM + "b", {"m": publish_frame(topic, b"m3", ident(n + 4), qos=2)})
     arrives(b"m3", again)
-    assert counted(again) == {b"m1": 1, b"m2": 1, b"m3": 1}
+    assert counted(again) == {b"m0": 1, b"m1": 1, b"m2": 1, b"m3": 1}
     again.close()
