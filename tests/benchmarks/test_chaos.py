@@ -6,10 +6,8 @@ twice, no message of a publisher delivered out of order, no client id served by 
 once, and every kind of nemesis must really have acted. Durations (the longest time a device
 could not connect) are reported, not asserted. About 2 minutes.
 
-Marked ``chaos`` and left out of the default run (``pytest -m chaos`` runs it): the cluster
-passes it on most seeds now, but a rare QoS 2 duplicate around a session handed over during a
-Redis restart remains (benchmarks/README.md, "Chaos"). It joins the default run once that is
-fixed."""
+Part of the default run; marked ``chaos`` so that ``pytest -m 'not chaos'`` can leave it out
+for a quick run."""
 
 from __future__ import annotations
 
