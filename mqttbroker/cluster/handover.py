@@ -14,7 +14,8 @@ it; the new node builds it again and then lets the client's CONNECT go on, which
 (Session Present 1).
 
 The form is JSON: the session's owner, expiry, subscriptions with their options, its queued and
-in-flight QoS 1/2 messages (each an MQTT 5 PUBLISH, hex) with their packet ids and QoS 2 state,
+in-flight QoS 1/2 messages (each an MQTT 5 PUBLISH, hex) with their packet ids and QoS 2 state
+(a queued one also with how long it has waited, so that its age in the queue goes on there),
 and the QoS 2 packet ids it has not released; and the old node's counters of the messages it
 routed (``seen``, see sequence.py: the new node routes the session what it routed itself
 meanwhile and the old node had not).
@@ -84,7 +85,10 @@ def serialise(session: Session, now: float, seen: dict[str, int] | None = None) 
     for delivery in [*session.inflight.values(), *session.queue]:
         if delivery.message.expired(now):
             continue
-        deliveries.append([encode(delivery.message, now).hex(), *_delivery_state(delivery)])
+        state = [encode(delivery.message, now).hex(), *_delivery_state(delivery)]
+        if delivery.packet_id is None:  # queued: how long it has waited (the clocks differ)
+            state.append(max(0.0, now - delivery.queued_at))
+        deliveries.append(state)
     return json.dumps(
         {
             "username": session.username,
@@ -228,7 +232,7 @@ def restore(
             )
             broker.router.subscribe(sub)
             session.add_subscription(sub)
-        for packet, qos, retain, sub_ids, packet_id, released, share in state["deliveries"]:
+        for packet, qos, retain, sub_ids, packet_id, released, share, *age in state["deliveries"]:
             delivery = Delivery(
                 decode(bytes.fromhex(packet), now), qos, retain, tuple(sub_ids), share
             )
@@ -236,7 +240,8 @@ def restore(
             if packet_id is not None:
                 delivery.packet_id = packet_id
                 session.track(packet_id, delivery)
-            else:
+            else:  # (its age goes on from what it was where it waited; from Redis: from now)
+                delivery.queued_at = now - float(age[0]) if age else now
                 session.append_queued(delivery)
             if persistent:
                 store.save_delivery(session, delivery)
