@@ -573,7 +573,6 @@ class ClusterNode(Backplane):
             self.recent.add(now, self.origin, self._counter, packet)
         # (a persistent session's: given up if the session moved meanwhile, see _back)
         moves = publisher.client_id if publisher.persistent else None
-        # (QoS 1/2: the message's id, then 0x1E, before the shared subscriptions)
         # (QoS 1/2: the message's id, 0x1E, the nodes sent it for their plain subscriptions
         # and 0x1C, before the shared subscriptions: see _forward)
         ident = f"{self.origin}\x1d{self._counter}\x1e".encode() if qos else b""

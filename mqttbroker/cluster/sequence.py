@@ -29,9 +29,12 @@ reading a stream sees each origin's counters rise, and:
   than ``REPLAY_MAX`` messages since): B routes each origin's messages in the order of their
   counters, so what it let go of an origin is all up to one counter (``Recent.forgotten``). A
   forward above it that B does not have is one B has not routed yet (routed now, its own copy
-  then skipped); one at or below it went to the session already, and is not routed: never a
-  copy delivered, nor a message lost. That holds whatever the delay, with no rule of time
-  between the nodes.
+  then skipped); one at or below it B routed before, to the session or (before it came) in
+  time for the replay above, and it is not routed. What B remembers of forwards it routed
+  (``_forwards``) and of the sessions' counters it came with lasts 10 s: a forward of a message
+  B never had, for a session that moved twice or sent twice by an outbox, that comes later
+  than that can still be routed a second time; and a message B let go of before the session
+  came, while its old node was still behind it, reaches the session from neither.
 """
 
 from __future__ import annotations
