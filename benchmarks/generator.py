@@ -45,6 +45,8 @@ async def _main(spec: dict[str, Any]) -> dict[str, Any]:
         c_publisher=spec.get("c_publisher"),
         c_opener=spec.get("c_opener"),
         c_one_per_write=spec.get("c_one_per_write"),
+        tls=tls,
+        c_tls_opener=spec.get("c_tls_opener"),
     )
     return await run(scenario, ctx)
 

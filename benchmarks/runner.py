@@ -24,13 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from . import brokers as br
-from . import ceiling, cprograms, procfs, tlscerts, windowed
+from . import ceiling, cprograms, procfs, tls_fleet, tlscerts, windowed
 from .scenarios import SCENARIOS, Scenario, Sizes, pick, resume_limit, titled
 from .wire import MQTT_5, MQTT_311
 
 # --tls: the scenarios whose clients are the generator's asyncio ones (open_client), which speak
-# TLS; the others set up raw sockets (the C programs, the latency probe) that do not
-TLS_SCENARIOS = frozenset({"1", "1b", "2", "3", "4"})
+# TLS, and scenario 6, whose connections the C TLS opener sets up (benchmarks/tls_fleet.py); the
+# others set up raw sockets (the C programs, the latency probe) that do not
+TLS_SCENARIOS = frozenset({"1", "1b", "2", "3", "4", "6"})
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SMOKE_DURATION = 0.3
@@ -91,13 +92,22 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--tls",
         choices=sorted(tlscerts.KINDS),
-        help="serve scenarios 1-4 over TLS with an ECDSA P-256 (ec) or RSA 2048 (rsa) server key",
+        help="serve scenarios 1-4 and 6 over TLS with an ECDSA P-256 (ec) or RSA 2048 (rsa) "
+        "server key",
     )
     p.add_argument(
         "--tls-version",
         choices=sorted(tlscerts.VERSIONS),
         default="1.3",
         help="the TLS version the generator speaks with --tls (default 1.3)",
+    )
+    p.add_argument(
+        "--tls-resumption",
+        choices=tls_fleet.RESUMPTION,
+        default="off",
+        help="scenario 6 with --tls: every handshake a full one (off, the default), or each "
+        "connection offering the session its slot got in a priming round (slot), or all the "
+        "session of one priming connection (shared); needs the C TLS opener",
     )
     p.add_argument(
         "--subscribe-after-connack",
@@ -288,6 +298,7 @@ def run_one(
         "c_opener": args.c_opener,
         "c_one_per_write": args.c_one_per_write,
         "tls": args.tls_spec,
+        "c_tls_opener": args.c_tls_opener,
     }
     cmd = br.pinned(
         br.GENERATOR_CORE, [sys.executable, "-m", "benchmarks.generator", json.dumps(spec)], pin
@@ -423,6 +434,12 @@ def summary_line(record: dict[str, Any]) -> str:
     text += ", ".join(parts)
     if "resumed" in metrics:
         text += f"; resumed {fmt(metrics['resumed'])} of {fmt(metrics.get('accepted'))} accepted"
+    if metrics.get("tls_resumed") is not None:  # scenario 6 over TLS, by the C TLS opener
+        text += (
+            f"; TLS sessions resumed {metrics['tls_resumed']} and {metrics['storm_tls_resumed']}"
+        )
+    if metrics.get("dropped"):
+        text += f"  [dropped while idle: {metrics['dropped']}]"
     if "fsync_ms" in record:
         text += f"; fsync {record['fsync_ms']:.3f} ms"
     if metrics.get("lost"):  # scenario 5: messages not back within 1 s
@@ -496,7 +513,11 @@ def main(argv: list[str] | None = None) -> int:
         tls_dir = tempfile.mkdtemp(prefix="bench-tls-")
         atexit.register(shutil.rmtree, tls_dir, True)
         br.TLS = tlscerts.make(tls_dir, args.tls)
-        args.tls_spec = {"ca": br.TLS[0], "version": args.tls_version}
+        args.tls_spec = {
+            "ca": br.TLS[0],
+            "version": args.tls_version,
+            "resumption": args.tls_resumption,
+        }
     fds = procfs.raise_fd_limit()  # inherited by the brokers and the generators
     suite = time.strftime("%Y%m%d-%H%M%S")
     out = Path(args.out) if args.out else RESULTS / f"{suite}.jsonl"
@@ -509,6 +530,16 @@ def main(argv: list[str] | None = None) -> int:
     build_dir = tempfile.mkdtemp(prefix="bench-c-")
     args.c_opener, how = cprograms.build("open_many", build_dir)
     opener = f"C opener ({how})" if args.c_opener else f"Python epoll loop (client.py): {how}"
+    args.c_tls_opener = None
+    if args.tls and any(s.key == "6" for s in scenarios):
+        args.c_tls_opener, how = cprograms.build("open_many_tls", build_dir)
+        if args.c_tls_opener:
+            opener = f"C TLS opener ({how})"
+        elif args.tls_resumption != "off":
+            print(f"benchmarks: --tls-resumption needs the C TLS opener: {how}", file=sys.stderr)
+            return 2
+        else:
+            opener = f"asyncio clients (tls_fleet.py, no resumption): {how}"
     args.c_one_per_write, how = cprograms.build("one_per_write", build_dir)
     per_write = (
         f"C publishers ({how}), one process"
@@ -566,6 +597,11 @@ def main(argv: list[str] | None = None) -> int:
             key = "ECDSA P-256" if args.tls == "ec" else "RSA 2048"
             print(
                 f"  TLS {args.tls_version}, {key} server key, certificate verified by the clients"
+                + (
+                    f"; scenario 6: session resumption {args.tls_resumption}"
+                    if any(s.key == "6" for s in scenarios)
+                    else ""
+                )
             )
         for h in handles:
             pid = f"pid {h.pid}" if h.pid else "pid unknown"

@@ -9,13 +9,14 @@ same window is reported beside it, and the broker's when its pid is known.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import devices, procfs, windowed, wire
+from . import devices, procfs, tls_fleet, windowed, wire
 from .client import (
     Client,
     LatencyProbe,
@@ -84,6 +85,10 @@ class Ctx:
     # Scenario 1w: its publishers in C (benchmarks/c/one_per_write.c), built by the runner;
     # None: in Python (benchmarks/devices.py, OnePerWrite).
     c_one_per_write: str | None = None
+    # --tls: {"ca", "version", "resumption"}; scenario 6 then connects over TLS, by the C TLS
+    # opener built by the runner (benchmarks/c/open_many_tls.c), else the asyncio clients.
+    tls: dict[str, str] | None = None
+    c_tls_opener: str | None = None
     clients: list[Client] = field(default_factory=list)
     raw: list[RawClient] = field(default_factory=list)
     retired: list[Client] = field(default_factory=list)  # closed by the scenario itself
@@ -198,6 +203,32 @@ class Ctx:
         )
         self.raw.extend(opened.clients)
         return opened
+
+    def tls_fleet(
+        self, names: Sequence[str], concurrency: int
+    ) -> tls_fleet.CFleet | tls_fleet.AsyncioFleet:
+        """One idle connection per name over TLS, set up by the fleet's ``storm()``; with
+        resumption, the C opener's priming round runs here."""
+        assert self.tls is not None
+        resumption = self.tls.get("resumption", "off")
+        if self.c_tls_opener is None:
+            if resumption != "off":
+                raise RuntimeError("session resumption needs the C TLS opener")
+            ids = [self.cid(name) for name in names]
+            return tls_fleet.AsyncioFleet(self.host, self.port, ids, self.version, concurrency)
+        requests = [(wire.connect(self.cid(name), self.version), False) for name in names]
+        return tls_fleet.CFleet(
+            self.c_tls_opener,
+            self.host,
+            self.port,
+            requests,
+            self.tls["ca"],
+            self.tls["version"],
+            resumption,
+            concurrency,
+            timeout=60 + len(names) / 100,
+            version=self.version,
+        )
 
     async def close(self) -> None:
         clients, self.clients = self.clients, []
@@ -453,6 +484,8 @@ async def latency(ctx: Ctx) -> dict[str, Any]:
 
 
 async def idle_connections(ctx: Ctx) -> dict[str, Any]:
+    if ctx.tls:
+        return await idle_tls_connections(ctx)
     n = ctx.sizes.idle_connections
     rss0 = procfs.rss_kb(ctx.broker_pid)
     s0, ns0 = ctx.snapshot(), procfs.threads_cpu_ns(ctx.broker_pid)
@@ -486,6 +519,69 @@ async def idle_connections(ctx: Ctx) -> dict[str, Any]:
         "dropped": dropped,
     }
     w["delivered"] = len(clients) - dropped
+    return w
+
+
+async def _settle(pid: int | None, limit: float = 10.0) -> None:
+    """Wait until the broker uses under a tenth of a core (two readings 0.1 s apart)."""
+    quiet, last, end = 0, procfs.threads_cpu_ns(pid), time.monotonic() + limit
+    while last is not None and quiet < 2 and time.monotonic() < end:
+        await asyncio.sleep(0.1)
+        now = procfs.threads_cpu_ns(pid)
+        if now is None:
+            return
+        quiet = quiet + 1 if now - last < 10_000_000 else 0
+        last = now
+
+
+async def _done(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+async def idle_tls_connections(ctx: Ctx) -> dict[str, Any]:
+    """Scenario 6 over TLS: as over TCP, the connections held by the C TLS opener's process
+    (or the asyncio clients); with session resumption, each wave's priming round (its
+    connections set up once and closed, their sessions kept) runs before the broker's figures
+    are read, so its RSS per connection is not a fresh broker's."""
+    n = ctx.sizes.idle_connections
+    first = ctx.tls_fleet([f"idle{i}" for i in range(n)], ctx.sizes.connect_concurrency)
+    fleets = [first]
+    try:
+        await _settle(ctx.broker_pid)
+        rss0 = procfs.rss_kb(ctx.broker_pid)
+        s0, ns0 = ctx.snapshot(), procfs.threads_cpu_ns(ctx.broker_pid)
+        opened = await _done(first.storm())
+        s1, ns1 = ctx.snapshot(), procfs.threads_cpu_ns(ctx.broker_pid)
+        w = setup_window(opened, n, s0, s1)  # type: ignore[arg-type]
+        await asyncio.sleep(min(ctx.warmup, 1.0))  # let the broker settle before reading its RSS
+        rss1 = procfs.rss_kb(ctx.broker_pid)
+        await asyncio.sleep(ctx.duration)  # idle: nothing is sent (keep alive 0)
+        second = ctx.tls_fleet([f"storm{i}" for i in range(n)], ctx.sizes.storm_concurrency)
+        fleets.append(second)
+        await _settle(ctx.broker_pid)
+        storm = await _done(second.storm())
+        dropped = await _done(first.close())
+        fleets.remove(first)
+    finally:
+        for fleet in fleets:
+            await _done(fleet.close())
+    per_conn = None
+    if rss0 is not None and rss1 is not None:
+        per_conn = round((rss1 - rss0) / n, 2)
+    w["metrics"] = {
+        "connect_s": round(w["elapsed"], 3),
+        "storm_connect_s": round(storm.elapsed_s, 3),
+        "conns_per_s": rate(n, w["elapsed"]),
+        "cpu_us_per_conn": procfs.per_item_us(ns0, ns1, n),
+        "rss_kb_per_conn": per_conn,
+        "rss_before_kb": rss0,
+        "rss_after_kb": rss1,
+        "dropped": dropped,
+        "tls_sessions": first.sessions,
+        "tls_resumed": opened.resumed,
+        "storm_tls_resumed": storm.resumed,
+    }
+    w["delivered"] = n - dropped
     return w
 
 

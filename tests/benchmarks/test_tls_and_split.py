@@ -2,7 +2,8 @@
 on our broker with each server key, the clients verifying its certificate), and connections that
 write their SUBSCRIBE only once the CONNACK has come (``--subscribe-after-connack``: against a
 stand-in broker that answers the CONNECT before it reads on, by the C opener and by the Python
-loop, and a smoke run of scenario 7), the TLS handshake run (tls_handshakes.py) and the
+loop, and a smoke run of scenario 7), scenario 6 over TLS (by the C TLS opener, sessions
+resumed or not), the TLS handshake run (tls_handshakes.py) and the
 reconnection after a restart (reconnect_storm.py) on our
 broker. No speed is asserted here."""
 
@@ -115,8 +116,22 @@ def test_tls_smoke(tmp_path: Path, key: str, version: str) -> None:
 
 @linux_only
 def test_tls_refuses_raw_scenarios(tmp_path: Path) -> None:
-    proc = run_module("benchmarks", "--smoke", "--scenarios", "6", "--tls", "ec", timeout=60)
+    proc = run_module("benchmarks", "--smoke", "--scenarios", "7", "--tls", "ec", timeout=60)
     assert proc.returncode != 0 and "--tls" in proc.stderr
+
+
+@linux_only
+@pytest.mark.needs_openssl
+@pytest.mark.parametrize("resumption", ["off", "slot"])
+def test_idle_connections_over_tls_smoke(tmp_path: Path, resumption: str) -> None:
+    """Scenario 6 over TLS, its connections set up by the C TLS opener (or, without a
+    compiler and with resumption off, the asyncio clients)."""
+    args = ["--scenarios", "6", "--tls", "ec", "--tls-version", "1.2"]
+    [record] = _smoke(tmp_path, *args, "--tls-resumption", resumption)
+    metrics = record["metrics"]
+    assert isinstance(metrics, dict) and metrics["dropped"] == 0
+    if resumption == "slot":  # every connection offered its slot's session; the broker took it
+        assert metrics["tls_resumed"] == metrics["storm_tls_resumed"] == 50
 
 
 @linux_only
