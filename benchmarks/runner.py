@@ -537,6 +537,7 @@ def main(argv: list[str] | None = None) -> int:
             opener = f"C TLS opener ({how})"
         elif args.tls_resumption != "off":
             print(f"benchmarks: --tls-resumption needs the C TLS opener: {how}", file=sys.stderr)
+            shutil.rmtree(build_dir, ignore_errors=True)
             return 2
         else:
             opener = f"asyncio clients (tls_fleet.py, no resumption): {how}"
