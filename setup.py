@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import subprocess
 import sys
 import sysconfig
 import tempfile
@@ -100,13 +101,48 @@ def missing_toolchain() -> str | None:
 
 
 def native_extensions() -> list[Extension]:
-    """The broker's own TCP transport (epoll: Linux only; see mqttbroker/server/streams.py)."""
+    """The broker's own TCP transport (epoll: Linux only; see mqttbroker/server/streams.py),
+    with TLS in OpenSSL where its headers are (Debian: libssl-dev); without them, TLS listeners
+    run the Python TLS layer (server/tlslayer.py)."""
     if sys.platform != "linux":
         return []
+    tls = openssl_headers()
+    if not tls:
+        print(
+            "warning: no OpenSSL headers (Debian: apt-get install libssl-dev): TLS listeners "
+            "will run the Python TLS layer, not TLS in the C transport",
+            file=sys.stderr,
+        )
     return [
-        Extension(module, [str(compiled.native_source(module).relative_to(ROOT))])
+        Extension(
+            module,
+            [str(compiled.native_source(module).relative_to(ROOT))],
+            define_macros=[("MQTTBROKER_TLS", "1")] if tls else [],
+            libraries=["ssl", "crypto"] if tls else [],
+        )
         for module in compiled.NATIVE
     ]
+
+
+def openssl_headers() -> bool:
+    """Whether a program including OpenSSL's ssl.h compiles and links against libssl here."""
+    command = shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")
+    with tempfile.TemporaryDirectory() as folder:
+        source = Path(folder) / "probe.c"
+        source.write_text(
+            "#include <openssl/ssl.h>\n"
+            "int main(void) { return SSL_CTX_new(TLS_server_method()) == NULL; }\n"
+        )
+        try:
+            probe = subprocess.run(
+                [*command, str(source), "-o", str(Path(folder) / "probe"), "-lssl", "-lcrypto"],
+                capture_output=True,
+                timeout=120,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+    return probe.returncode == 0
 
 
 def mypyc_extensions() -> list[Extension]:
@@ -117,7 +153,9 @@ def mypyc_extensions() -> list[Extension]:
         config = Path(folder) / "mypyc.ini"
         config.write_text(mypy_config())
         try:
-            built = mypycify(["--config-file", str(config), *paths], group_name=GROUP, opt_level="3")
+            built = mypycify(
+                ["--config-file", str(config), *paths], group_name=GROUP, opt_level="3"
+            )
         except SystemExit:  # mypy printed its errors above
             raise SystemExit(
                 "error: mypyc could not compile mqttbroker's hot path (mypy's errors are "

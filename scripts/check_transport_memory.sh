@@ -14,7 +14,8 @@
 #    (scripts/valgrind-python.supp: none in the transport).
 #
 # Either failing fails the script. It needs the compiled form installed and current
-# (python setup.py build_ext --inplace, or pip install -e .), gcc with libasan, and valgrind.
+# (python setup.py build_ext --inplace, or pip install -e .), gcc with libasan, OpenSSL's headers
+# (libssl-dev: TLS in the transport is checked too), and valgrind.
 # Arguments: the tests to run (default: the C transport's own, below). Not a benchmark: the
 # valgrind run takes minutes. Usage: scripts/check_transport_memory.sh [pytest arguments]
 set -eu
@@ -24,7 +25,8 @@ cd "$(dirname "$0")/.."
 PYTHON=$("${PYTHON:-python}" -c 'import sys; print(sys.executable)')
 CC=${CC:-gcc}
 if [ $# -eq 0 ]; then
-    set -- tests/transports/test_streams.py tests/transports/test_half_closed_clients.py
+    set -- tests/transports/test_streams.py tests/transports/test_half_closed_clients.py \
+        tests/transports/test_tls_layer.py
 fi
 
 mode=$("$PYTHON" -c 'import mqttbroker.compiled as c, mqttbroker.broker.core, mqttbroker.server.streams as s; print("ok" if s.available() else f"{c.mode}: {c.reason}")')
@@ -42,7 +44,8 @@ include=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["include"]
 
 echo "== AddressSanitizer: $*"
 "$CC" -shared -fPIC -g -O1 -fno-omit-frame-pointer -fsanitize=address -Wall -Wextra -Werror \
-    -I"$include" mqttbroker/server/_streams.c -o "$work/_streams_asan.so"
+    -DMQTTBROKER_TLS=1 -I"$include" mqttbroker/server/_streams.c -o "$work/_streams_asan.so" \
+    -lssl -lcrypto
 LD_PRELOAD="$libasan" \
     ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:abort_on_error=0:exitcode=99 \
     PYTHONMALLOC=malloc \

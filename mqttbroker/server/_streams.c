@@ -19,7 +19,8 @@
  * handle hold about 1,250 bytes per socket. What a write leaves unsent waits in the stream's
  * queue (Pending), copied or, a bytes object of REF_MIN bytes or more, by reference (the
  * broker writes one encoding of a message to all its subscribers: shared, not copied for each
- * client that does not read), and goes out with sendmsg() over the queue, in order.
+ * client that does not read), and goes out with sendmsg() over the queue, in order. On a TLS
+ * listener each Stream is a TLSStream, OpenSSL on its socket (see "TLS" below).
  *
  * The protocol's callbacks are asyncio's: connection_made and data_received are called from
  * poll(), connection_lost with loop.call_soon once the socket is closed, pause_writing and
@@ -47,6 +48,12 @@
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
+
+#ifdef MQTTBROKER_TLS
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
+#endif
 
 #define READ_SIZE (256 * 1024) /* as uvloop's */
 #define MAX_EVENTS 1024        /* per poll(), as libuv's */
@@ -104,6 +111,15 @@ typedef struct {
     unsigned write_paused : 1; /* the protocol was told pause_writing */
     unsigned registered : 1;   /* in the epoll set */
     unsigned written : 1;      /* written to since it was last read (see Poller_poll) */
+    unsigned tls : 1;          /* a TLSStream: its SSL on the socket (see "TLS" below) */
+    unsigned handshaking : 1;  /* TLS: the handshake is not done; the protocol has no connection */
+    unsigned hs_want_write : 1;   /* TLS: the handshake waits for the socket to take more */
+    unsigned read_want_write : 1; /* TLS: SSL_read waits for the socket to take more */
+    unsigned write_want_read : 1; /* TLS: SSL_write waits for the peer's bytes */
+    unsigned shut_want_write : 1; /* TLS: the close_notify waits for the socket to take it */
+    unsigned tls_done : 1;     /* TLS: no more SSL calls (close_notify sent, or a fatal error) */
+    unsigned draining : 1;     /* TLS: closed, FIN sent; reading and dropping until the peer's */
+    unsigned again : 1;        /* TLS: in the poller's list to read again (see read_again) */
     uint32_t events;           /* the epoll mask registered */
     uint32_t high, low;        /* write buffer limits */
     Poller *poller;            /* borrowed, while fd >= 0 */
@@ -111,12 +127,30 @@ typedef struct {
     Pending *pending;
 } Stream;
 
+#ifdef MQTTBROKER_TLS
+/* A Stream of a TLS listener: the SSL object over its socket (NULL once closed). */
+typedef struct {
+    Stream base;
+    SSL *ssl;
+} TLSStream;
+#define SSL_OF(s) (((TLSStream *)(s))->ssl)
+#else
+typedef struct SSL_CTX SSL_CTX; /* never made: TLS listeners use the Python layer */
+#endif
+
+/* A TLS handshake's end of time: the stream (a reference) and when (monotonic_ns). */
+typedef struct {
+    Stream *stream;
+    uint64_t at;
+} Deadline;
+
 typedef struct {
     PyObject_HEAD
     int fd;
     int registered;
     PyObject *factory;  /* () -> protocol */
     PyObject *on_error; /* (fd, OSError): accepting failed and is paused */
+    SSL_CTX *ctx;       /* a TLS listener's context (a reference of ours), or NULL */
 } Acceptor;
 
 struct Poller {
@@ -135,11 +169,25 @@ struct Poller {
     uint64_t last_end; /* when poll() last ended: ns of CLOCK_MONOTONIC */
     uint64_t gather;   /* ns from a busy pass's start to the next pass's, at least (0: off) */
     uint64_t holds;    /* sleeps for it */
+    uint64_t hs_timeout;  /* ns a TLS handshake may take (0: no limit) */
+    Deadline *hs_queue;   /* the handshakes begun, oldest first: [hs_head, hs_head + hs_count) */
+    size_t hs_head, hs_count, hs_room;
+    PyObject *hs_timer;   /* the loop's TimerHandle for the oldest, or NULL */
+    Stream **again;       /* TLS streams to read again (a reference each; see read_again) */
+    size_t again_count, again_room;
+    int again_scheduled;  /* a poll() is scheduled with call_soon for them */
     struct epoll_event events[MAX_EVENTS];
 };
 
 static PyTypeObject StreamType, AcceptorType, PollerType;
 static int release(Poller *p);
+static int flush(Stream *s);
+static void finish(Stream *s, PyObject *exc, int notify);
+static void fail_errno(Stream *s, int error);
+static int tls_send(Stream *s);
+static void tls_shut(Stream *s);
+static int tls_read_all(Stream *s);
+static void tls_free(Stream *s);
 
 /* ---- helpers ----------------------------------------------------------------------------- */
 
@@ -297,7 +345,15 @@ static int table_put(Poller *p, int fd, PyObject *entry) {
 static int can_read(Stream *s) { return s->reading && !s->closing && !s->at_eof; }
 
 static uint32_t wanted(Stream *s) {
-    return (can_read(s) ? EPOLLIN : 0) | (buffered(s) ? EPOLLOUT : 0);
+    if (!s->tls) return (can_read(s) ? EPOLLIN : 0) | (buffered(s) ? EPOLLOUT : 0);
+    if (s->draining) return EPOLLIN;
+    if (s->handshaking) return s->hs_want_write ? EPOLLOUT : EPOLLIN;
+    if (s->shut_want_write) return EPOLLOUT;
+    /* SSL_write waiting for the peer's bytes (a TLS 1.2 renegotiation) reads, not writes; an
+     * SSL_read waiting to write (its answer to a key update, say) waits for room. */
+    uint32_t in = can_read(s) || (s->write_want_read && buffered(s)) ? EPOLLIN : 0;
+    uint32_t out = (buffered(s) && !s->write_want_read) || s->read_want_write ? EPOLLOUT : 0;
+    return in | out;
 }
 
 static int set_events(Stream *s, uint32_t want) {
@@ -370,7 +426,9 @@ static void detach(Stream *s, PyObject *exc, int notify, int owned) {
     int fd = s->fd;
     if (fd < 0) return;
     Poller *p = s->poller;
+    if (s->handshaking) notify = 0; /* the protocol never had the connection */
     s->closing = 1;
+    if (s->tls) tls_free(s);
     if (s->registered && owned) {
         struct epoll_event ev = {0};
         epoll_ctl(p->epfd, EPOLL_CTL_DEL, fd, &ev);
@@ -463,11 +521,21 @@ static int call_protocol(Stream *s, PyObject *name, const char *message) {
     return 0;
 }
 
+/* A closing stream has written all it had: TCP closes; TLS sends its close_notify first. */
+static void written_out(Stream *s) {
+    if (s->tls) tls_shut(s);
+    else finish(s, NULL, 1);
+}
+
 /* Write what is buffered; the protocol hears resume_writing below the low mark; a closing
  * stream closes once it is all written. */
 static int flush(Stream *s) {
     Pending *q = s->pending;
-    while (q && q->total) {
+    if (s->tls) {
+        if (tls_send(s) < 0) return 0; /* failed: closed */
+        q = s->pending;
+    }
+    while (!s->tls && q && q->total) {
         struct iovec iov[IOV_BATCH];
         int count = 0;
         size_t at = q->start;
@@ -507,7 +575,7 @@ static int flush(Stream *s) {
     }
     if (!s->pending) {
         if (s->closing) {
-            finish(s, NULL, 1);
+            written_out(s);
         } else if (s->eof_pending && !s->eof_sent) {
             s->eof_sent = 1;
             shutdown(s->fd, SHUT_WR);
@@ -515,6 +583,19 @@ static int flush(Stream *s) {
     }
     return 0;
 }
+
+/* The first ``n`` bytes of the read buffer to the protocol. */
+static int deliver(Stream *s, size_t n) {
+    PyObject *data = PyBytes_FromStringAndSize(read_buffer, (Py_ssize_t)n);
+    if (!data) return fail_callback(s, "reading failed");
+    PyObject *r = PyObject_CallMethodOneArg(s->protocol, s_data_received, data);
+    Py_DECREF(data);
+    if (!r) return fail_callback(s, "Fatal error: protocol.data_received() call failed.");
+    Py_DECREF(r);
+    return 0;
+}
+
+static int peer_eof(Stream *s);
 
 /* Read what the socket has: again while a read fills the whole buffer (as libuv, at most
  * READ_REPEAT times) and the protocol still reads. */
@@ -525,19 +606,21 @@ static int read_all(Stream *s) {
             n = recv(s->fd, read_buffer, READ_SIZE, 0);
         } while (n < 0 && errno == EINTR);
         if (n <= 0) break;
-        PyObject *data = PyBytes_FromStringAndSize(read_buffer, n);
-        if (!data) return fail_callback(s, "reading failed");
-        PyObject *r = PyObject_CallMethodOneArg(s->protocol, s_data_received, data);
-        Py_DECREF(data);
-        if (!r) return fail_callback(s, "Fatal error: protocol.data_received() call failed.");
-        Py_DECREF(r);
+        int rc = deliver(s, (size_t)n);
+        if (rc < 0) return rc;
         if (n < READ_SIZE || repeat + 1 >= READ_REPEAT || s->fd < 0 || !can_read(s)) return 0;
     }
     if (n < 0) {
         if (errno != EAGAIN && errno != EWOULDBLOCK) fail_errno(s, errno);
         return 0;
     }
-    s->at_eof = 1; /* the peer shut its side: no more reading */
+    return peer_eof(s);
+}
+
+/* The peer shut its side (TLS: its close_notify, or the end of TCP without one): no more
+ * reading; the protocol's eof_received() says whether to close. */
+static int peer_eof(Stream *s) {
+    s->at_eof = 1;
     if (update_events(s) < 0) {
         fail_errno(s, errno);
         return 0;
@@ -549,7 +632,7 @@ static int read_all(Stream *s) {
     if (keep_open < 0) return fail_callback(s, "Fatal error: protocol.eof_received() call failed.");
     if (!keep_open && s->fd >= 0 && !s->closing) {
         s->closing = 1;
-        if (!s->pending) finish(s, NULL, 1);
+        if (!s->pending) written_out(s);
         else if (update_events(s) < 0) fail_errno(s, errno);
     }
     return 0;
@@ -565,10 +648,662 @@ static int read_ready(Stream *s, int ack_after) {
     /* (On an open TCP socket neither call fails; if one did, the read goes on as without.) */
     int fd = s->fd, off = 0, on = 1;
     if (ack_after) setsockopt(fd, IPPROTO_TCP, TCP_QUICKACK, &off, sizeof off);
-    int rc = read_all(s);
+    int rc = s->tls ? tls_read_all(s) : read_all(s);
     if (ack_after && s->fd == fd) setsockopt(fd, IPPROTO_TCP, TCP_QUICKACK, &on, sizeof on);
     return rc;
 }
+
+/* ---- TLS ---------------------------------------------------------------------------------
+ *
+ * A TLS listener's Stream (TLSStream) has an SSL object of the listener's SSL_CTX (the
+ * ssl.SSLContext that security/tls.py built: its certificates, verification and tickets) on
+ * the socket itself, as Mosquitto does: OpenSSL reads and writes the socket. The handshake runs
+ * on readiness, what it waits for (SSL_ERROR_WANT_READ / WANT_WRITE) being the epoll interest,
+ * and the protocol's connection_made comes once it is done; a handshake that fails, or is not
+ * done within the poller's handshake_timeout, closes the socket (logged at debug level) and the
+ * protocol hears nothing. Then SSL_read fills the read buffer for data_received, and the write
+ * queue (Pending) holds the plain bytes SSL_write has not taken yet, one record at a time
+ * (SSL_MODE_ENABLE_PARTIAL_WRITE: what it has taken has reached the socket): buffer sizes,
+ * flow control and the queue's sharing are the plain stream's. OpenSSL reads ahead (a recv of
+ * up to a buffer of records, not two per record), so what it holds may be more than epoll
+ * announces: a read stopped by pause_reading or by READ_REPEAT, with bytes left in the SSL
+ * object, is taken up again by a poll() scheduled for it (read_again). SSL_MODE_RELEASE_BUFFERS
+ * frees OpenSSL's buffers while the connection is idle. close() sends a close_notify after what
+ * is buffered, then the FIN, and reads and drops what the peer still sends until its FIN (the
+ * MQTT protocol bounds that wait). */
+
+static PyObject *logger; /* logging.getLogger("mqttbroker.tcp"), taken at first use */
+
+/* "host:port" of the peer, into ``text``. */
+static void peer_text(int fd, char *text, size_t size) {
+    struct sockaddr_storage addr;
+    socklen_t len = sizeof addr;
+    char host[INET6_ADDRSTRLEN] = "?";
+    int port = 0;
+    if (fd >= 0 && getpeername(fd, (struct sockaddr *)&addr, &len) == 0) {
+        if (addr.ss_family == AF_INET) {
+            const struct sockaddr_in *in = (const struct sockaddr_in *)&addr;
+            inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
+            port = ntohs(in->sin_port);
+        } else if (addr.ss_family == AF_INET6) {
+            const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)&addr;
+            inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
+            port = ntohs(in6->sin6_port);
+        }
+    }
+    snprintf(text, size, "%s:%d", host, port);
+}
+
+/* log.debug(format, peer, reason) on the "mqttbroker.tcp" logger, when it logs debug. */
+static void log_debug(int fd, const char *format, const char *reason) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    if (!logger) {
+        PyObject *logging = PyImport_ImportModule("logging");
+        logger = logging ? PyObject_CallMethod(logging, "getLogger", "s", "mqttbroker.tcp") : NULL;
+        Py_XDECREF(logging);
+    }
+    PyObject *on = logger ? PyObject_CallMethod(logger, "isEnabledFor", "i", 10) : NULL;
+    if (on && PyObject_IsTrue(on) == 1) {
+        char peer[INET6_ADDRSTRLEN + 16];
+        peer_text(fd, peer, sizeof peer);
+        PyObject *r = PyObject_CallMethod(logger, "debug", "sss", format, peer, reason);
+        Py_XDECREF(r);
+    }
+    Py_XDECREF(on);
+    PyErr_Clear();
+    PyErr_Restore(type, value, tb);
+}
+
+/* The handshake timer, to fire ``delay`` ns from now (and a millisecond). */
+static int arm_expiry(Poller *p, uint64_t delay) {
+    PyObject *expire = PyObject_GetAttrString((PyObject *)p, "_expire");
+    p->hs_timer = expire ? PyObject_CallMethod(p->loop, "call_later", "dO", (double)delay / 1e9 + 1e-3,
+                                               expire)
+                         : NULL;
+    Py_XDECREF(expire);
+    return p->hs_timer ? 0 : -1;
+}
+
+#ifdef MQTTBROKER_TLS
+
+/* SSL_get_error() reads the thread's error queue: it must be empty before each call. */
+static void clear_errors(void) {
+    if (ERR_peek_error()) ERR_clear_error();
+}
+
+/* Why an SSL call failed with ``error``, into ``text``; the error queue emptied. */
+static void tls_reason(int error, int saved_errno, char *text, size_t size) {
+    unsigned long e = ERR_peek_last_error();
+    const char *reason = e ? ERR_reason_error_string(e) : NULL;
+    if (reason) snprintf(text, size, "%s", reason);
+    else if (e) ERR_error_string_n(e, text, size);
+    else if (error == SSL_ERROR_SYSCALL && saved_errno) snprintf(text, size, "%s", strerror(saved_errno));
+    else if (error == SSL_ERROR_SYSCALL) snprintf(text, size, "the peer closed the connection");
+    else snprintf(text, size, "SSL error %d", error);
+    ERR_clear_error();
+}
+
+/* A fatal TLS error (``error`` of SSL_get_error): logged (``format`` names it), the socket
+ * closed; the protocol hears connection_lost(None) if it had the connection. */
+static void tls_failed(Stream *s, int error, const char *format) {
+    char reason[256];
+    tls_reason(error, errno, reason, sizeof reason);
+    s->tls_done = 1;
+    log_debug(s->fd, format, reason);
+    finish(s, NULL, 1);
+}
+
+static void tls_free(Stream *s) {
+    SSL *ssl = SSL_OF(s);
+    SSL_OF(s) = NULL;
+    SSL_free(ssl);
+}
+
+/* Bytes the SSL object holds, read from the socket and not yet given to the protocol. */
+static int tls_holds(Stream *s) { return SSL_OF(s) && (SSL_pending(SSL_OF(s)) || SSL_has_pending(SSL_OF(s))); }
+
+/* Have poll() read ``s`` again soon: what its SSL object holds, no epoll event announces. */
+static void read_again(Stream *s) {
+    Poller *p = s->poller;
+    if (s->again || !p) return;
+    if (p->again_count == p->again_room) {
+        size_t room = p->again_room ? 2 * p->again_room : 16;
+        Stream **grown = PyMem_Realloc(p->again, sizeof(Stream *) * room);
+        if (!grown) {
+            PyErr_NoMemory();
+            PyErr_WriteUnraisable((PyObject *)s);
+            return;
+        }
+        p->again = grown;
+        p->again_room = room;
+    }
+    Py_INCREF(s);
+    s->again = 1;
+    p->again[p->again_count++] = s;
+    if (!p->again_scheduled) {
+        PyObject *poll = PyObject_GetAttrString((PyObject *)p, "poll");
+        PyObject *r = poll ? PyObject_CallOneArg(p->call_soon, poll) : NULL;
+        Py_XDECREF(poll);
+        if (r) p->again_scheduled = 1;
+        else PyErr_WriteUnraisable((PyObject *)p);
+        Py_XDECREF(r);
+    }
+}
+
+/* What SSL_read's ``error`` means: wait, the peer's end, or a failure. */
+static int tls_read_error(Stream *s, int error) {
+    switch (error) {
+    case SSL_ERROR_WANT_READ:
+        return 0;
+    case SSL_ERROR_WANT_WRITE:
+        s->read_want_write = 1;
+        if (add_events(s) < 0) fail_errno(s, errno);
+        return 0;
+    case SSL_ERROR_ZERO_RETURN: /* the peer's close_notify */
+        return peer_eof(s);
+    case SSL_ERROR_SYSCALL:
+        if (errno && !ERR_peek_error()) {
+            s->tls_done = 1;
+            fail_errno(s, errno);
+            return 0;
+        }
+        break;
+    case SSL_ERROR_SSL:
+        if (ERR_GET_REASON(ERR_peek_error()) == SSL_R_UNEXPECTED_EOF_WHILE_READING) {
+            ERR_clear_error(); /* TCP's end without a close_notify: an EOF, as on TCP */
+            s->tls_done = 1;
+            return peer_eof(s);
+        }
+        break;
+    }
+    if (error == SSL_ERROR_SYSCALL && !ERR_peek_error()) { /* EOF (OpenSSL 1.1) */
+        s->tls_done = 1;
+        return peer_eof(s);
+    }
+    tls_failed(s, error, "TLS connection from %s failed: %s");
+    return 0;
+}
+
+/* Read as read_all does, through the SSL object: records are decrypted into the read buffer
+ * until it is full or OpenSSL has no more, then handed over in one data_received. */
+static int tls_read_all(Stream *s) {
+    s->read_want_write = 0;
+    for (int repeat = 0;; repeat++) {
+        size_t got = 0;
+        int error = SSL_ERROR_NONE;
+        while (got < READ_SIZE) {
+            size_t n = 0;
+            clear_errors();
+            if (SSL_read_ex(SSL_OF(s), read_buffer + got, READ_SIZE - got, &n)) {
+                got += n;
+                continue;
+            }
+            error = SSL_get_error(SSL_OF(s), 0);
+            break;
+        }
+        if (got) {
+            int rc = deliver(s, got);
+            if (rc < 0 || s->fd < 0) return rc;
+            if (!can_read(s)) return 0; /* paused: resume_reading reads what is held */
+        }
+        if (error != SSL_ERROR_NONE) return tls_read_error(s, error);
+        if (repeat + 1 >= READ_REPEAT) { /* the buffer filled each time: others' turn */
+            if (tls_holds(s)) read_again(s);
+            return 0;
+        }
+    }
+}
+
+/* What SSL_write's ``error`` means: 0 wait (for room, or for the peer's bytes), -1 failed
+ * (the stream is closed). */
+static int tls_write_error(Stream *s, int error) {
+    if (error == SSL_ERROR_WANT_WRITE) return 0;
+    if (error == SSL_ERROR_WANT_READ) {
+        s->write_want_read = 1;
+        return 0;
+    }
+    if (error == SSL_ERROR_SYSCALL && errno && !ERR_peek_error()) {
+        s->tls_done = 1;
+        fail_errno(s, errno);
+        return -1;
+    }
+    tls_failed(s, error, "TLS connection from %s failed: %s");
+    return -1;
+}
+
+/* Encrypt and send ``*len`` bytes from ``*bytes``, a record at a time, until the socket is
+ * full; both advanced past what was taken. -1: failed, the stream is closed. */
+static int tls_write_now(Stream *s, const char **bytes, size_t *len) {
+    while (*len) {
+        size_t n = 0;
+        clear_errors();
+        if (SSL_write_ex(SSL_OF(s), *bytes, *len, &n)) {
+            *bytes += n;
+            *len -= n;
+            continue;
+        }
+        return tls_write_error(s, SSL_get_error(SSL_OF(s), 0));
+    }
+    return 0;
+}
+
+/* flush()'s writing, through the SSL object: the queue's chunks in order. A record that the
+ * socket took in part stays OpenSSL's to finish: the next SSL_write is given the same bytes
+ * (at the queue's front still; they may have moved: SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER). */
+static int tls_send(Stream *s) {
+    Pending *q = s->pending;
+    s->write_want_read = 0;
+    while (q && q->total) {
+        Chunk *c = chunk_at(q, 0);
+        const char *bytes = c->ref ? PyBytes_AS_STRING(c->ref) + c->offset : q->data + q->start;
+        size_t n = 0;
+        clear_errors();
+        if (SSL_write_ex(SSL_OF(s), bytes, c->size, &n)) {
+            consume(q, n);
+            continue;
+        }
+        return tls_write_error(s, SSL_get_error(SSL_OF(s), 0));
+    }
+    return 0;
+}
+
+/* Closing, all written: the close_notify (when the handshake is done and TLS still works),
+ * then the FIN; the socket closes at the peer's FIN (at once if it came already). */
+static void tls_shut(Stream *s) {
+    if (s->handshaking) {
+        finish(s, NULL, 0);
+        return;
+    }
+    if (!s->tls_done) {
+        clear_errors();
+        int r = SSL_shutdown(SSL_OF(s));
+        if (r < 0 && SSL_get_error(SSL_OF(s), r) == SSL_ERROR_WANT_WRITE) {
+            s->shut_want_write = 1;
+            if (update_events(s) < 0) fail_errno(s, errno);
+            return;
+        }
+        ERR_clear_error();
+    }
+    s->tls_done = 1;
+    s->shut_want_write = 0;
+    if (s->at_eof) {
+        finish(s, NULL, 1);
+        return;
+    }
+    shutdown(s->fd, SHUT_WR);
+    s->draining = 1;
+    if (update_events(s) < 0) fail_errno(s, errno);
+}
+
+/* Closed, FIN sent: what the peer still sends is dropped; its FIN (or an error) closes. */
+static void drain(Stream *s) {
+    for (int i = 0; i < READ_REPEAT; i++) {
+        ssize_t n = recv(s->fd, read_buffer, READ_SIZE, 0);
+        if (n > 0 || (n < 0 && errno == EINTR)) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+        finish(s, NULL, 1);
+        return;
+    }
+}
+
+/* A step of the handshake; once done, the protocol's connection_made, and what OpenSSL read
+ * ahead (the client's first packet may have come with its Finished) is read. */
+static int tls_handshake(Stream *s) {
+    clear_errors();
+    int r = SSL_do_handshake(SSL_OF(s));
+    if (r != 1) {
+        int error = SSL_get_error(SSL_OF(s), r);
+        if (error == SSL_ERROR_WANT_READ || error == SSL_ERROR_WANT_WRITE) {
+            s->hs_want_write = error == SSL_ERROR_WANT_WRITE;
+            if (update_events(s) < 0) fail_errno(s, errno);
+            return 0;
+        }
+        tls_failed(s, error, "TLS handshake with %s failed: %s");
+        return 0;
+    }
+    s->handshaking = s->hs_want_write = 0;
+    PyObject *made = PyObject_CallMethodOneArg(s->protocol, s_connection_made, (PyObject *)s);
+    if (!made) return fail_callback(s, "Fatal error: protocol.connection_made() call failed.");
+    Py_DECREF(made);
+    if (s->fd < 0) return 0;
+    if (update_events(s) < 0) {
+        fail_errno(s, errno);
+        return 0;
+    }
+    return can_read(s) ? read_ready(s, 0) : 0;
+}
+
+/* What epoll reported ready for a TLS stream (see Poller_poll). */
+static int tls_ready(Stream *s, uint32_t ready, int lone, int *answered) {
+    int rc = 0;
+    uint32_t in = ready & (EPOLLIN | EPOLLERR | EPOLLHUP), out = ready & (EPOLLOUT | EPOLLERR | EPOLLHUP);
+    if (s->draining) {
+        if (in) drain(s);
+    } else if (s->handshaking) {
+        rc = tls_handshake(s);
+    } else if (s->shut_want_write) {
+        if (out) tls_shut(s);
+    } else {
+        if (out && s->pending && !s->write_want_read) rc = flush(s);
+        if (rc == 0 && out && s->fd >= 0 && s->read_want_write && can_read(s))
+            rc = read_ready(s, 0);
+        if (rc == 0 && in && s->fd >= 0 && s->write_want_read && s->pending) rc = flush(s);
+        if (rc == 0 && in && s->fd >= 0 && !s->draining && can_read(s)) {
+            *answered |= s->written;
+            s->written = 0;
+            rc = read_ready(s, lone);
+        }
+    }
+    if (rc == 0 && s->fd >= 0 && (ready & ~wanted(s)) && update_events(s) < 0)
+        fail_errno(s, errno);
+    return rc;
+}
+
+/* A handshake's end of time, in the poller's queue; its timer armed if it was not. */
+static int deadline_push(Poller *p, Stream *s) {
+    if (!p->hs_timeout) return 0;
+    if (p->hs_head + p->hs_count == p->hs_room) {
+        if (p->hs_head && p->hs_head >= p->hs_room / 2) {
+            memmove(p->hs_queue, p->hs_queue + p->hs_head, sizeof(Deadline) * p->hs_count);
+            p->hs_head = 0;
+        } else {
+            size_t room = p->hs_room ? 2 * p->hs_room : 64;
+            Deadline *grown = PyMem_Realloc(p->hs_queue, sizeof(Deadline) * room);
+            if (!grown) {
+                PyErr_NoMemory();
+                return -1;
+            }
+            p->hs_queue = grown;
+            p->hs_room = room;
+        }
+    }
+    Py_INCREF(s);
+    p->hs_queue[p->hs_head + p->hs_count++] = (Deadline){s, monotonic_ns() + p->hs_timeout};
+    return p->hs_timer ? 0 : arm_expiry(p, p->hs_timeout);
+}
+
+/* The SSL object of a new connection: -1 (the stream closed) if none could be made. */
+static int tls_begin(Poller *p, Acceptor *a, Stream *s) {
+    s->handshaking = 1; /* from now on the protocol hears nothing until the handshake is done */
+    SSL *ssl = SSL_new(a->ctx);
+    SSL_OF(s) = ssl;
+    if (!ssl || !SSL_set_fd(ssl, s->fd)) {
+        tls_failed(s, SSL_ERROR_SSL, "TLS handshake with %s failed: %s");
+        return -1;
+    }
+    SSL_set_accept_state(ssl);
+    SSL_set_mode(ssl, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER |
+                          SSL_MODE_RELEASE_BUFFERS);
+    SSL_set_read_ahead(ssl, 1);
+    if (deadline_push(p, s) < 0) {
+        PyErr_WriteUnraisable((PyObject *)s);
+        finish(s, NULL, 0);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- the peer's certificate, as ssl.SSLSocket.getpeercert() gives it ---- */
+
+/* (name, value) of an attribute: OpenSSL's long name (or the OID), the value in UTF-8. */
+static PyObject *attribute(ASN1_OBJECT *object, ASN1_STRING *value) {
+    char name[256];
+    int len = OBJ_obj2txt(name, sizeof name, object, 0);
+    if (len < 0) len = 0;
+    if (len >= (int)sizeof name) len = (int)sizeof name - 1;
+    unsigned char *utf8 = NULL;
+    int size = ASN1_STRING_to_UTF8(&utf8, value);
+    if (size < 0) {
+        ERR_clear_error();
+        PyErr_SetString(PyExc_ValueError, "a certificate name's value is not a string");
+        return NULL;
+    }
+    PyObject *pair = Py_BuildValue("(s#s#)", name, (Py_ssize_t)len, utf8, (Py_ssize_t)size);
+    OPENSSL_free(utf8);
+    return pair;
+}
+
+/* A distinguished name: a tuple of RDNs, each a tuple of (name, value). */
+static PyObject *name_tuple(const X509_NAME *name) {
+    PyObject *dn = PyList_New(0), *rdn = PyList_New(0);
+    int last = -1;
+    for (int i = 0; dn && rdn && i < X509_NAME_entry_count(name); i++) {
+        const X509_NAME_ENTRY *entry = X509_NAME_get_entry(name, i);
+        int set = X509_NAME_ENTRY_set(entry);
+        if (last >= 0 && set != last) {
+            PyObject *done = PyList_AsTuple(rdn);
+            Py_SETREF(rdn, PyList_New(0));
+            if (!done || PyList_Append(dn, done) < 0) Py_CLEAR(dn);
+            Py_XDECREF(done);
+            if (!dn || !rdn) break;
+        }
+        last = set;
+        PyObject *pair = attribute(X509_NAME_ENTRY_get_object(entry), X509_NAME_ENTRY_get_data(entry));
+        if (!pair || PyList_Append(rdn, pair) < 0) Py_CLEAR(dn);
+        Py_XDECREF(pair);
+    }
+    if (dn && rdn && PyList_GET_SIZE(rdn)) {
+        PyObject *done = PyList_AsTuple(rdn);
+        if (!done || PyList_Append(dn, done) < 0) Py_CLEAR(dn);
+        Py_XDECREF(done);
+    }
+    Py_XDECREF(rdn);
+    if (!dn) return NULL;
+    PyObject *tuple = PyList_AsTuple(dn);
+    Py_DECREF(dn);
+    return tuple;
+}
+
+/* What a BIO holds, as a str; the BIO freed. */
+static PyObject *bio_text(BIO *bio) {
+    char *data;
+    long len = BIO_get_mem_data(bio, &data);
+    PyObject *text = PyUnicode_DecodeLatin1(data, len, "strict");
+    BIO_free(bio);
+    return text;
+}
+
+/* One subjectAltName entry: (kind, value) as CPython's _ssl names them. */
+static PyObject *alt_name(const GENERAL_NAME *g) {
+    switch (g->type) {
+    case GEN_DIRNAME: {
+        PyObject *dn = name_tuple(g->d.dirn);
+        PyObject *pair = dn ? Py_BuildValue("(sN)", "DirName", dn) : NULL;
+        return pair;
+    }
+    case GEN_EMAIL:
+    case GEN_DNS:
+    case GEN_URI: {
+        const char *kind = g->type == GEN_EMAIL ? "email" : g->type == GEN_DNS ? "DNS" : "URI";
+        const ASN1_STRING *text = g->d.ia5;
+        return Py_BuildValue("(ss#)", kind, (const char *)ASN1_STRING_get0_data(text),
+                             (Py_ssize_t)ASN1_STRING_length(text));
+    }
+    case GEN_RID: {
+        char oid[256];
+        int len = i2t_ASN1_OBJECT(oid, sizeof oid - 1, g->d.rid);
+        if (len < 0) len = 0;
+        if (len >= (int)sizeof oid) len = (int)sizeof oid - 1;
+        return Py_BuildValue("(ss#)", "Registered ID", oid, (Py_ssize_t)len);
+    }
+    case GEN_IPADD: {
+        const unsigned char *ip = ASN1_STRING_get0_data(g->d.ip);
+        int len = ASN1_STRING_length(g->d.ip);
+        char text[64];
+        if (len == 4) {
+            snprintf(text, sizeof text, "%d.%d.%d.%d", ip[0], ip[1], ip[2], ip[3]);
+        } else if (len == 16) {
+            snprintf(text, sizeof text, "%X:%X:%X:%X:%X:%X:%X:%X", ip[0] << 8 | ip[1],
+                     ip[2] << 8 | ip[3], ip[4] << 8 | ip[5], ip[6] << 8 | ip[7], ip[8] << 8 | ip[9],
+                     ip[10] << 8 | ip[11], ip[12] << 8 | ip[13], ip[14] << 8 | ip[15]);
+        } else {
+            snprintf(text, sizeof text, "<invalid>");
+        }
+        return Py_BuildValue("(ss)", "IP Address", text);
+    }
+    default: { /* OpenSSL's own print form, "kind:value" ("othername:<unsupported>") */
+        BIO *bio = BIO_new(BIO_s_mem());
+        if (!bio) return PyErr_NoMemory();
+        GENERAL_NAME_print(bio, (GENERAL_NAME *)g);
+        PyObject *text = bio_text(bio);
+        if (!text) return NULL;
+        Py_ssize_t colon = PyUnicode_FindChar(text, ':', 0, PyUnicode_GET_LENGTH(text), 1);
+        PyObject *pair = NULL;
+        if (colon >= 0) {
+            PyObject *kind = PyUnicode_Substring(text, 0, colon);
+            PyObject *value = PyUnicode_Substring(text, colon + 1, PyUnicode_GET_LENGTH(text));
+            if (kind && value) pair = PyTuple_Pack(2, kind, value);
+            Py_XDECREF(kind);
+            Py_XDECREF(value);
+        } else {
+            PyErr_Format(PyExc_ValueError, "unexpected subjectAltName: %U", text);
+        }
+        Py_DECREF(text);
+        return pair;
+    }
+    }
+}
+
+/* The certificate's subjectAltName entries, a tuple; None when it has none. */
+static PyObject *alt_names(X509 *cert) {
+    GENERAL_NAMES *names = X509_get_ext_d2i(cert, NID_subject_alt_name, NULL, NULL);
+    if (!names) {
+        ERR_clear_error();
+        Py_RETURN_NONE;
+    }
+    int count = sk_GENERAL_NAME_num(names);
+    PyObject *tuple = PyTuple_New(count);
+    for (int i = 0; tuple && i < count; i++) {
+        PyObject *pair = alt_name(sk_GENERAL_NAME_value(names, i));
+        if (!pair) Py_CLEAR(tuple);
+        else PyTuple_SET_ITEM(tuple, i, pair);
+    }
+    GENERAL_NAMES_free(names);
+    return tuple;
+}
+
+static PyObject *time_text(const ASN1_TIME *when) {
+    BIO *bio = BIO_new(BIO_s_mem());
+    if (!bio) return PyErr_NoMemory();
+    ASN1_TIME_print(bio, when);
+    return bio_text(bio);
+}
+
+/* get_extra_info("peercert"): as ssl.SSLObject.getpeercert(): None without a certificate, {}
+ * when the context does not verify one, else subject, issuer, version, serialNumber,
+ * notBefore, notAfter and subjectAltName. */
+static PyObject *peercert(Stream *s) {
+    SSL *ssl = SSL_OF(s);
+    X509 *cert = ssl && !s->handshaking ? SSL_get1_peer_certificate(ssl) : NULL;
+    if (!cert) Py_RETURN_NONE;
+    PyObject *dict = PyDict_New();
+    if (!dict || !(SSL_get_verify_mode(ssl) & SSL_VERIFY_PEER)) {
+        X509_free(cert);
+        return dict;
+    }
+    PyObject *value;
+    BIO *bio;
+    int ok = (value = name_tuple(X509_get_subject_name(cert))) &&
+             PyDict_SetItemString(dict, "subject", value) == 0;
+    Py_XDECREF(value);
+    ok = ok && (value = name_tuple(X509_get_issuer_name(cert))) &&
+         PyDict_SetItemString(dict, "issuer", value) == 0;
+    Py_XDECREF(value);
+    value = NULL;
+    ok = ok && (value = PyLong_FromLong(X509_get_version(cert) + 1)) &&
+         PyDict_SetItemString(dict, "version", value) == 0;
+    Py_XDECREF(value);
+    value = NULL;
+    if (ok && (bio = BIO_new(BIO_s_mem()))) {
+        i2a_ASN1_INTEGER(bio, X509_get0_serialNumber(cert));
+        ok = (value = bio_text(bio)) && PyDict_SetItemString(dict, "serialNumber", value) == 0;
+        Py_XDECREF(value);
+        value = NULL;
+    }
+    ok = ok && (value = time_text(X509_get0_notBefore(cert))) &&
+         PyDict_SetItemString(dict, "notBefore", value) == 0;
+    Py_XDECREF(value);
+    value = NULL;
+    ok = ok && (value = time_text(X509_get0_notAfter(cert))) &&
+         PyDict_SetItemString(dict, "notAfter", value) == 0;
+    Py_XDECREF(value);
+    value = NULL;
+    ok = ok && (value = alt_names(cert)) &&
+         (value == Py_None || PyDict_SetItemString(dict, "subjectAltName", value) == 0);
+    Py_XDECREF(value);
+    X509_free(cert);
+    if (!ok) Py_CLEAR(dict);
+    return dict;
+}
+
+/* get_extra_info("cipher"): (name, protocol version, secret bits), as ssl's cipher(). */
+static PyObject *cipher(Stream *s) {
+    const SSL_CIPHER *c = SSL_OF(s) && !s->handshaking ? SSL_get_current_cipher(SSL_OF(s)) : NULL;
+    if (!c) Py_RETURN_NONE;
+    return Py_BuildValue("(ssi)", SSL_CIPHER_get_name(c), SSL_CIPHER_get_version(c),
+                         SSL_CIPHER_get_bits(c, NULL));
+}
+
+/* The SSL_CTX of an ssl.SSLContext (a reference taken), or NULL and TypeError. CPython keeps
+ * it right after the object's header (PySSLContext, Modules/_ssl.c) and has no accessor: used
+ * only when the object is an _ssl._SSLContext, both run the same OpenSSL, and the context's
+ * options read through the pointer are what the object reports. */
+static SSL_CTX *context_of(PyObject *context) {
+    PyTypeObject *type = Py_TYPE(context);
+    while (type && strcmp(type->tp_name, "_ssl._SSLContext") != 0) type = type->tp_base;
+    if (!type || type->tp_basicsize < (Py_ssize_t)(sizeof(PyObject) + sizeof(SSL_CTX *))) {
+        PyErr_Format(PyExc_TypeError, "not an ssl.SSLContext: %R", Py_TYPE(context));
+        return NULL;
+    }
+    PyObject *ssl_module = PyImport_ImportModule("ssl");
+    PyObject *number = ssl_module ? PyObject_GetAttrString(ssl_module, "OPENSSL_VERSION_NUMBER") : NULL;
+    Py_XDECREF(ssl_module);
+    if (!number) return NULL;
+    unsigned long theirs = PyLong_AsUnsignedLong(number);
+    Py_DECREF(number);
+    if (theirs == (unsigned long)-1 && PyErr_Occurred()) return NULL;
+    if (theirs != OpenSSL_version_num()) {
+        PyErr_Format(PyExc_TypeError,
+                     "Python's ssl module runs OpenSSL %lx, the C transport %lx", theirs,
+                     OpenSSL_version_num());
+        return NULL;
+    }
+    SSL_CTX *ctx = *(SSL_CTX **)((char *)context + sizeof(PyObject));
+    PyObject *options = PyObject_GetAttrString(context, "options");
+    if (!options) return NULL;
+    unsigned long long reported = PyLong_AsUnsignedLongLong(options);
+    Py_DECREF(options);
+    if (reported == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    if (!ctx || (unsigned long long)SSL_CTX_get_options(ctx) != reported) {
+        PyErr_SetString(PyExc_TypeError, "this ssl.SSLContext's layout is not CPython 3.11's");
+        return NULL;
+    }
+    SSL_CTX_up_ref(ctx);
+    return ctx;
+}
+
+#else /* built without OpenSSL's headers: no TLSStream is ever made */
+
+static void tls_free(Stream *s) { (void)s; }
+static int tls_holds(Stream *s) { (void)s; return 0; }
+static void read_again(Stream *s) { (void)s; }
+static int tls_send(Stream *s) { (void)s; return 0; }
+static void tls_shut(Stream *s) { finish(s, NULL, 1); }
+static int tls_read_all(Stream *s) { return read_all(s); }
+static int tls_handshake(Stream *s) { (void)s; return 0; }
+static int tls_write_now(Stream *s, const char **bytes, size_t *len) { (void)s; (void)bytes; (void)len; return 0; }
+static int tls_ready(Stream *s, uint32_t ready, int lone, int *answered) { (void)s; (void)ready; (void)lone; (void)answered; return 0; }
+static int tls_begin(Poller *p, Acceptor *a, Stream *s) { (void)p; (void)a; (void)s; return -1; }
+static PyObject *peercert(Stream *s) { (void)s; Py_RETURN_NONE; }
+static PyObject *cipher(Stream *s) { (void)s; Py_RETURN_NONE; }
+static SSL_CTX *context_of(PyObject *context) {
+    (void)context;
+    PyErr_SetString(PyExc_TypeError, "the C transport was built without OpenSSL's headers");
+    return NULL;
+}
+
+#endif
 
 /* ---- Stream: the transport --------------------------------------------------------------- */
 
@@ -580,14 +1315,23 @@ static PyObject *Stream_write(Stream *s, PyObject *data) {
         PyErr_SetString(PyExc_RuntimeError, "Cannot call write() after write_eof()");
         return NULL;
     }
-    if (s->fd < 0 || view.len == 0) { /* aborted or closed: dropped, as by asyncio */
-        PyBuffer_Release(&view);
+    if (s->fd < 0 || view.len == 0 || s->tls_done || s->draining || s->shut_want_write) {
+        PyBuffer_Release(&view); /* aborted or closed: dropped, as by asyncio */
         Py_RETURN_NONE;
     }
     s->written = 1;
     const char *bytes = view.buf;
     size_t len = (size_t)view.len;
-    if (!s->pending && !s->closing) {
+    if (s->tls && !s->pending && !s->closing && !s->handshaking) {
+        if (tls_write_now(s, &bytes, &len) < 0) {
+            PyBuffer_Release(&view);
+            Py_RETURN_NONE;
+        }
+        if (!len) {
+            PyBuffer_Release(&view);
+            Py_RETURN_NONE;
+        }
+    } else if (!s->tls && !s->pending && !s->closing) {
         for (;;) {
             ssize_t n = send(s->fd, bytes, len, MSG_NOSIGNAL);
             if (n >= 0) {
@@ -627,7 +1371,7 @@ static PyObject *Stream_close(Stream *s, PyObject *Py_UNUSED(unused)) {
     if (s->fd < 0 || s->closing) Py_RETURN_NONE;
     s->closing = 1;
     if (!s->pending) {
-        finish(s, NULL, 1);
+        written_out(s);
     } else if (update_events(s) < 0) {
         fail_errno(s, errno);
     }
@@ -640,6 +1384,10 @@ static PyObject *Stream_abort(Stream *s, PyObject *Py_UNUSED(unused)) {
 }
 
 static PyObject *Stream_write_eof(Stream *s, PyObject *Py_UNUSED(unused)) {
+    if (s->tls) {
+        PyErr_SetString(PyExc_NotImplementedError, "TLS: close() sends the close_notify");
+        return NULL;
+    }
     if (s->fd < 0 || s->closing || s->eof_pending) Py_RETURN_NONE;
     s->eof_pending = 1;
     if (!s->pending) {
@@ -649,7 +1397,9 @@ static PyObject *Stream_write_eof(Stream *s, PyObject *Py_UNUSED(unused)) {
     Py_RETURN_NONE;
 }
 
-static PyObject *Stream_can_write_eof(Stream *Py_UNUSED(s), PyObject *Py_UNUSED(unused)) { Py_RETURN_TRUE; }
+static PyObject *Stream_can_write_eof(Stream *s, PyObject *Py_UNUSED(unused)) {
+    return PyBool_FromLong(!s->tls); /* TLS: close() is the close_notify, as asyncio's */
+}
 
 static PyObject *Stream_is_closing(Stream *s, PyObject *Py_UNUSED(unused)) {
     return PyBool_FromLong(s->fd < 0 || s->closing);
@@ -664,6 +1414,7 @@ static PyObject *Stream_resume_reading(Stream *s, PyObject *Py_UNUSED(unused)) {
     if (s->fd >= 0 && !s->closing && !s->reading) {
         s->reading = 1;
         if (add_events(s) < 0) fail_errno(s, errno);
+        else if (s->tls && !s->handshaking && tls_holds(s)) read_again(s);
     }
     Py_RETURN_NONE;
 }
@@ -748,6 +1499,16 @@ static PyObject *Stream_get_extra_info(Stream *s, PyObject *args, PyObject *kwar
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:get_extra_info", names, &name,
                                      &fallback))
         return NULL;
+    if (s->tls && PyUnicode_Check(name)) {
+        if (PyUnicode_CompareWithASCIIString(name, "peercert") == 0) {
+            if (s->fd < 0) return Py_NewRef(fallback);
+            return peercert(s);
+        }
+        if (PyUnicode_CompareWithASCIIString(name, "cipher") == 0) {
+            if (s->fd < 0) return Py_NewRef(fallback);
+            return cipher(s);
+        }
+    }
     int peer = PyObject_RichCompareBool(name, s_peername, Py_EQ);
     if (peer < 0) return NULL;
     int own = peer ? 0 : PyObject_RichCompareBool(name, s_sockname, Py_EQ);
@@ -787,6 +1548,7 @@ static PyObject *Stream_connection_lost(Stream *s, PyObject *exc) {
 
 static void Stream_dealloc(Stream *s) {
     if (s->fd >= 0) close(s->fd); /* not reached: the Poller's table holds an open one */
+    if (s->tls) tls_free(s);
     pending_free(s->pending);
     Py_XDECREF(s->protocol);
     Py_TYPE(s)->tp_free((PyObject *)s);
@@ -824,9 +1586,23 @@ static PyTypeObject StreamType = {
     .tp_methods = Stream_methods,
 };
 
+#ifdef MQTTBROKER_TLS
+static PyTypeObject TLSStreamType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "mqttbroker.server._streams.TLSStream",
+    .tp_basicsize = sizeof(TLSStream),
+    .tp_dealloc = (destructor)Stream_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A TLS connection's transport: TLS in OpenSSL on the socket (see _streams.c).",
+    .tp_base = &StreamType,
+};
+#endif
+
 /* ---- Acceptor ---------------------------------------------------------------------------- */
 
 static void Acceptor_dealloc(Acceptor *a) {
+#ifdef MQTTBROKER_TLS
+    SSL_CTX_free(a->ctx);
+#endif
     Py_XDECREF(a->factory);
     Py_XDECREF(a->on_error);
     Py_TYPE(a)->tp_free((PyObject *)a);
@@ -841,7 +1617,12 @@ static PyTypeObject AcceptorType = {
 
 /* A new connection: its Stream, its protocol (the factory's), connection_made, reading. */
 static int adopt(Poller *p, Acceptor *a, int fd) {
+#ifdef MQTTBROKER_TLS
+    Stream *s = a->ctx ? (Stream *)PyObject_New(TLSStream, &TLSStreamType)
+                       : PyObject_New(Stream, &StreamType);
+#else
     Stream *s = PyObject_New(Stream, &StreamType);
+#endif
     if (!s) {
         close(fd);
         return -1;
@@ -849,6 +1630,12 @@ static int adopt(Poller *p, Acceptor *a, int fd) {
     s->fd = fd;
     s->closing = s->at_eof = s->eof_pending = s->eof_sent = s->write_paused = 0;
     s->registered = s->written = 0;
+    s->handshaking = s->hs_want_write = s->read_want_write = s->write_want_read = 0;
+    s->shut_want_write = s->tls_done = s->draining = s->again = 0;
+    s->tls = a->ctx != NULL;
+#ifdef MQTTBROKER_TLS
+    if (s->tls) SSL_OF(s) = NULL;
+#endif
     s->reading = 1;
     s->events = 0;
     s->high = DEFAULT_HIGH;
@@ -869,6 +1656,10 @@ static int adopt(Poller *p, Acceptor *a, int fd) {
     s->protocol = PyObject_CallNoArgs(a->factory);
     if (!s->protocol) {
         rc = fail_callback(s, "protocol factory failed");
+    } else if (s->tls) {
+        /* The handshake first (the client's hello is there: TCP_DEFER_ACCEPT); the protocol
+         * has the connection once it is done. */
+        if (tls_begin(p, a, s) == 0) rc = tls_handshake(s);
     } else {
         PyObject *r = PyObject_CallMethodOneArg(s->protocol, s_connection_made, (PyObject *)s);
         if (!r) rc = fail_callback(s, "Fatal error: protocol.connection_made() call failed.");
@@ -946,11 +1737,15 @@ static int accept_ready(Poller *p, Acceptor *a) {
 
 static PyObject *Poller_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     PyObject *loop;
-    double accept_retry = 1.0, gather = 0.0;
-    static char *names[] = {"loop", "accept_retry", "gather", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|dd:Poller", names, &loop, &accept_retry,
-                                     &gather))
+    double accept_retry = 1.0, gather = 0.0, handshake_timeout = 0.0;
+    static char *names[] = {"loop", "accept_retry", "gather", "handshake_timeout", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|ddd:Poller", names, &loop, &accept_retry,
+                                     &gather, &handshake_timeout))
         return NULL;
+    if (!(handshake_timeout >= 0.0 && handshake_timeout < 1e6)) {
+        PyErr_SetString(PyExc_ValueError, "Poller: handshake_timeout must be >= 0 (seconds)");
+        return NULL;
+    }
     if (!(gather >= 0.0 && gather <= 1.0)) {
         PyErr_SetString(PyExc_ValueError, "Poller: gather must be between 0 and 1 (seconds)");
         return NULL;
@@ -965,6 +1760,7 @@ static PyObject *Poller_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
     p->epfd = epoll_create1(EPOLL_CLOEXEC);
     p->accept_retry = accept_retry;
     p->gather = (uint64_t)(gather * 1e9);
+    p->hs_timeout = (uint64_t)(handshake_timeout * 1e9);
     Py_INCREF(loop);
     p->loop = loop;
     p->call_soon = call_soon;
@@ -994,17 +1790,33 @@ static PyObject *Poller_poll(Poller *p, PyObject *Py_UNUSED(unused)) {
      * included, may change or clear them (hooks(None, None)); this pass ends with the end()
      * it began with. */
     PyObject *end = NULL;
-    if (n > 0 && p->pass_begin) {
+    /* TLS streams whose SSL object holds bytes no event announces (read_again) */
+    Stream **again = p->again;
+    size_t again_count = p->again_count;
+    p->again = NULL;
+    p->again_count = p->again_room = 0;
+    p->again_scheduled = 0;
+    if ((n > 0 || again_count) && p->pass_begin) {
         PyObject *begin = Py_NewRef(p->pass_begin);
         end = Py_NewRef(p->pass_end);
         PyObject *r = PyObject_CallNoArgs(begin);
         Py_DECREF(begin);
         if (!r) {
             Py_DECREF(end);
-            return NULL;
+            end = NULL;
+            rc = -1;
+        } else {
+            Py_DECREF(r);
         }
-        Py_DECREF(r);
     }
+    for (size_t i = 0; i < again_count; i++) {
+        Stream *s = again[i];
+        s->again = 0;
+        if (rc == 0 && s->fd >= 0 && !s->handshaking && can_read(s)) rc = read_ready(s, 0);
+        Py_DECREF(s);
+    }
+    PyMem_Free(again);
+    if (rc < 0 && !end) return NULL;
     for (int i = 0; i < n && rc == 0; i++) {
         int fd = p->events[i].data.fd;
         uint32_t ready = p->events[i].events;
@@ -1017,6 +1829,11 @@ static PyObject *Poller_poll(Poller *p, PyObject *Py_UNUSED(unused)) {
             /* The events may be an earlier socket's with the same number, closed and
              * replaced in this pass: harmless, the calls below find nothing to do. */
             Stream *s = (Stream *)entry;
+            if (s->tls) {
+                rc = tls_ready(s, ready, lone, &answered);
+                Py_DECREF(entry);
+                continue;
+            }
             if (ready & (EPOLLOUT | EPOLLERR | EPOLLHUP) && s->pending) rc = flush(s);
             if (rc == 0 && s->fd >= 0 && ready & (EPOLLIN | EPOLLERR | EPOLLHUP) && can_read(s)) {
                 answered |= s->written;
@@ -1063,8 +1880,8 @@ static PyObject *Poller_fileno(Poller *p, PyObject *Py_UNUSED(unused)) { return 
 
 static PyObject *Poller_listen(Poller *p, PyObject *args) {
     int fd;
-    PyObject *factory, *on_error;
-    if (!PyArg_ParseTuple(args, "iOO:listen", &fd, &factory, &on_error)) return NULL;
+    PyObject *factory, *on_error, *context = Py_None;
+    if (!PyArg_ParseTuple(args, "iOO|O:listen", &fd, &factory, &on_error, &context)) return NULL;
     if (p->epfd < 0 || p->shutting_down) {
         PyErr_SetString(PyExc_RuntimeError, "the poller is shut down");
         return NULL;
@@ -1073,8 +1890,16 @@ static PyObject *Poller_listen(Poller *p, PyObject *args) {
         PyErr_Format(PyExc_ValueError, "descriptor %d is already polled", fd);
         return NULL;
     }
+    SSL_CTX *ctx = NULL;
+    if (context != Py_None && !(ctx = context_of(context))) return NULL;
     Acceptor *a = PyObject_New(Acceptor, &AcceptorType);
-    if (!a) return NULL;
+    if (!a) {
+#ifdef MQTTBROKER_TLS
+        SSL_CTX_free(ctx);
+#endif
+        return NULL;
+    }
+    a->ctx = ctx;
     a->fd = fd;
     a->registered = 0;
     Py_INCREF(factory);
@@ -1157,6 +1982,32 @@ static PyObject *Poller_shutdown(Poller *p, PyObject *Py_UNUSED(unused)) {
     Py_RETURN_NONE;
 }
 
+/* The handshake timer: streams still in their handshake at their end of time are closed
+ * (logged at debug level); the timer is armed again for the next. */
+static PyObject *Poller_expire(Poller *p, PyObject *Py_UNUSED(unused)) {
+    Py_CLEAR(p->hs_timer);
+    uint64_t now = monotonic_ns();
+    while (p->hs_count) {
+        Deadline *d = &p->hs_queue[p->hs_head];
+        Stream *s = d->stream;
+        if (s->fd >= 0 && s->handshaking) {
+            if (d->at > now) {
+                if (arm_expiry(p, d->at - now) < 0) return NULL;
+                break;
+            }
+            char reason[64];
+            snprintf(reason, sizeof reason, "none within %g s", (double)p->hs_timeout / 1e9);
+            log_debug(s->fd, "TLS handshake with %s: %s", reason);
+            finish(s, NULL, 0);
+        }
+        p->hs_head++;
+        p->hs_count--;
+        Py_DECREF(s);
+    }
+    if (!p->hs_count) p->hs_head = 0;
+    Py_RETURN_NONE;
+}
+
 static PyObject *Poller_hooks(Poller *p, PyObject *args) {
     PyObject *begin, *end;
     if (!PyArg_ParseTuple(args, "OO:hooks", &begin, &end)) return NULL;
@@ -1203,6 +2054,11 @@ static void Poller_dealloc(Poller *p) {
         }
     }
     PyMem_Free(p->table);
+    for (size_t i = 0; i < p->hs_count; i++) Py_DECREF(p->hs_queue[p->hs_head + i].stream);
+    PyMem_Free(p->hs_queue);
+    for (size_t i = 0; i < p->again_count; i++) Py_DECREF(p->again[i]);
+    PyMem_Free(p->again);
+    Py_XDECREF(p->hs_timer);
     if (p->epfd >= 0) close(p->epfd);
     Py_XDECREF(p->loop);
     Py_XDECREF(p->call_soon);
@@ -1216,8 +2072,9 @@ static PyMethodDef Poller_methods[] = {
      "Serve what is ready, without waiting (the loop's reader callback)."},
     {"fileno", (PyCFunction)Poller_fileno, METH_NOARGS, "The epoll instance's descriptor."},
     {"listen", (PyCFunction)Poller_listen, METH_VARARGS,
-     "listen(fd, factory, on_error): accept on a listening, non-blocking socket; "
-     "on_error(fd, OSError) hears when accepting pauses (out of descriptors)."},
+     "listen(fd, factory, on_error, context=None): accept on a listening, non-blocking "
+     "socket; on_error(fd, OSError) hears when accepting pauses (out of descriptors); with an "
+     "ssl.SSLContext, TLS in OpenSSL on each socket (check_context says whether it can)."},
     {"resume", (PyCFunction)Poller_resume, METH_O,
      "resume(fd): accept again on a socket whose accepting failed."},
     {"hooks", (PyCFunction)Poller_hooks, METH_VARARGS,
@@ -1225,6 +2082,8 @@ static PyMethodDef Poller_methods[] = {
      "ready (end() also after a callback that raised); hooks(None, None): none."},
     {"shutdown", (PyCFunction)Poller_shutdown, METH_NOARGS,
      "Stop accepting; release the epoll instance once no connection is left."},
+    {"_expire", (PyCFunction)Poller_expire, METH_NOARGS,
+     "Close the connections whose TLS handshake is past handshake_timeout (the loop's timer)."},
     {NULL},
 };
 
@@ -1241,11 +2100,27 @@ static PyTypeObject PollerType = {
     .tp_basicsize = sizeof(Poller),
     .tp_dealloc = (destructor)Poller_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Poller(loop, accept_retry=1.0, gather=0.0): TCP connections on one epoll instance "
-              "the loop watches.",
+    .tp_doc = "Poller(loop, accept_retry=1.0, gather=0.0, handshake_timeout=0.0): TCP "
+              "connections on one epoll instance the loop watches.",
     .tp_methods = Poller_methods,
     .tp_getset = Poller_getset,
     .tp_new = Poller_new,
+};
+
+static PyObject *check_context(PyObject *Py_UNUSED(module), PyObject *context) {
+    SSL_CTX *ctx = context_of(context);
+    if (!ctx) return NULL;
+#ifdef MQTTBROKER_TLS
+    SSL_CTX_free(ctx);
+#endif
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef module_methods[] = {
+    {"check_context", (PyCFunction)check_context, METH_O,
+     "check_context(context): None when listen() can run TLS with this ssl.SSLContext in C; "
+     "TypeError saying why not otherwise."},
+    {NULL},
 };
 
 static struct PyModuleDef module = {
@@ -1253,6 +2128,7 @@ static struct PyModuleDef module = {
     .m_name = "mqttbroker.server._streams",
     .m_doc = "The broker's own TCP transport on epoll (see streams.py).",
     .m_size = -1,
+    .m_methods = module_methods,
 };
 
 PyMODINIT_FUNC PyInit__streams(void) {
@@ -1273,6 +2149,9 @@ PyMODINIT_FUNC PyInit__streams(void) {
     if (PyType_Ready(&StreamType) < 0 || PyType_Ready(&AcceptorType) < 0 ||
         PyType_Ready(&PollerType) < 0)
         return NULL;
+#ifdef MQTTBROKER_TLS
+    if (PyType_Ready(&TLSStreamType) < 0) return NULL;
+#endif
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
     Py_INCREF(&PollerType);
@@ -1283,5 +2162,12 @@ PyMODINIT_FUNC PyInit__streams(void) {
     }
     Py_INCREF(&StreamType);
     PyModule_AddObject(m, "Stream", (PyObject *)&StreamType);
+#ifdef MQTTBROKER_TLS
+    Py_INCREF(&TLSStreamType);
+    PyModule_AddObject(m, "TLSStream", (PyObject *)&TLSStreamType);
+    PyModule_AddIntConstant(m, "TLS", 1);
+#else
+    PyModule_AddIntConstant(m, "TLS", 0);
+#endif
     return m;
 }

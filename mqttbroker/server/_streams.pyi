@@ -1,4 +1,5 @@
 import asyncio
+import ssl
 from collections.abc import Callable
 from typing import Any, overload
 
@@ -19,12 +20,22 @@ class Stream:
     def get_protocol(self) -> asyncio.BaseProtocol | None: ...
     def set_protocol(self, protocol: asyncio.BaseProtocol) -> None: ...
 
+class TLSStream(Stream): ...
+
+TLS: int
+
+def check_context(context: ssl.SSLContext) -> None: ...
+
 class Poller:
     streams: int
     closed: bool
     holds: int
     def __init__(
-        self, loop: asyncio.AbstractEventLoop, accept_retry: float = 1.0, gather: float = 0.0
+        self,
+        loop: asyncio.AbstractEventLoop,
+        accept_retry: float = 1.0,
+        gather: float = 0.0,
+        handshake_timeout: float = 0.0,
     ) -> None: ...
     def poll(self) -> None: ...
     def fileno(self) -> int: ...
@@ -33,6 +44,7 @@ class Poller:
         fd: int,
         factory: Callable[[], asyncio.BaseProtocol],
         on_error: Callable[[int, OSError], None],
+        context: ssl.SSLContext | None = None,
     ) -> None: ...
     def resume(self, fd: int) -> None: ...
     @overload
@@ -40,3 +52,4 @@ class Poller:
     @overload
     def hooks(self, begin: None, end: None) -> None: ...
     def shutdown(self) -> None: ...
+    def _expire(self) -> None: ...

@@ -5,9 +5,10 @@
 for the sockets, and for a WebSocket listener gives aiohttp's handlers time to finish their
 closing handshakes.
 
-Every listener has an ``MQTTProtocol`` per socket. MQTT over plain TCP is served by the
-broker's own transport (``StreamServer``, streams.py) when it is built, or else, as MQTT over
-TLS, by an asyncio server made by ``loop.create_server``; MQTT over WebSocket by one with
+Every listener has an ``MQTTProtocol`` per socket. MQTT over TCP, plain and TLS, is served by the
+broker's own transport (``StreamServer``, streams.py; TLS in OpenSSL on its sockets) when it is
+built, or else by an asyncio server made by ``loop.create_server`` (TLS through the Python layer,
+tlslayer.py); MQTT over WebSocket by one with
 aiohttp's low-level ``web.Server`` as the protocol factory (aiohttp is imported only when a
 WebSocket listener is configured). Behind
 PROXY-protocol balancers (``proxy_protocol``) a ``ProxyAcceptor`` accepts instead and hands each
@@ -142,6 +143,7 @@ async def _start_listener(
     context = server_context(listener, where)
     handshake_timeout = broker.options.connect_timeout if context is not None else None
     runner: web.AppRunner | None = None
+    native_tls: ssl.SSLContext | None = None  # TLS in the C transport (streams.py)
     factory: Callable[[], asyncio.BaseProtocol]
     if listener.protocol == "ws":
         from aiohttp import web
@@ -181,15 +183,29 @@ async def _start_listener(
             Callable[[], asyncio.BaseProtocol],
             partial(MQTTProtocol, broker, listener, None, policy),
         )
-        if context is not None:  # TLS over the plain transport (tlslayer.py)
-            factory = partial(_tls_protocol, context, broker.options.connect_timeout, factory)
+        if context is not None:
+            why = streams.native_tls(context) if streams.available() else None
+            if streams.available() and why is None:  # TLS in the C transport (streams.py)
+                native_tls = context
+            else:  # TLS over the plain transport (tlslayer.py)
+                if why is not None:
+                    log.info("%s: TLS in the Python layer, not in the C transport: %s", where, why)
+                factory = partial(_tls_protocol, context, broker.options.connect_timeout, factory)
             context = handshake_timeout = None
     server: asyncio.base_events.Server | StreamServer
     if listener.protocol != "ws" and context is None and streams.available():
         passes = broker.scheduler
         hooks = (passes.pass_begin, passes.pass_end) if passes.hook_passes else None
         sockets = bind(listener.host, listener.port, reuse_port, listener.backlog)
-        server = StreamServer(loop, sockets, factory, hooks=hooks, gather=gather)
+        server = StreamServer(
+            loop,
+            sockets,
+            factory,
+            hooks=hooks,
+            gather=gather,
+            tls=native_tls,
+            handshake_timeout=broker.options.connect_timeout if native_tls is not None else 0.0,
+        )
     else:
         try:
             server = await loop.create_server(

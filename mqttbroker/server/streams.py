@@ -1,6 +1,5 @@
-"""The broker's own TCP transport, for MQTT over TCP listeners, plain and TLS (the TLS layer,
-tlslayer.py, is its protocol); not WebSocket or PROXY protocol ones, which stay on the event
-loop's transports.
+"""The broker's own TCP transport, for MQTT over TCP listeners, plain and TLS; not WebSocket or
+PROXY protocol ones, which stay on the event loop's transports.
 
 An idle connection on an event loop's transport carries the loop's own objects (on uvloop: the
 transport object, libuv's handle, the entry in the loop's weak dictionary of transports), more
@@ -33,6 +32,16 @@ Not after a pass that read a socket written to since its previous read: that cli
 waiting for the answer (a PUBACK, a reply) before it sends more, and would only be slowed.
 benchmarks/README.md has what it saves and costs.
 
+TLS runs in OpenSSL on the socket itself, in C (as Mosquitto's): each connection's SSL object is
+made from the listener's ``ssl.SSLContext`` (security/tls.py: certificates, verification, session
+tickets), the handshake runs as the socket is ready, and the protocol has the connection once it
+is done, within ``handshake_timeout`` (``connect_timeout``); a failed handshake closes the socket
+(logged at debug level). ``get_extra_info("peercert")`` is ``ssl``'s ``getpeercert()`` (a verified
+client certificate's name: tls.py). CPython offers no accessor for a context's ``SSL_CTX``:
+``native_tls`` says when it cannot be taken (another layout, another OpenSSL, a callback of the
+context's that expects CPython's own socket objects), and the listener then runs the Python TLS
+layer (tlslayer.py) on this transport, as do builds without OpenSSL's headers.
+
 It is used when the compiled modules are (``mqttbroker.compiled``; ``MQTTBROKER_PURE`` turns
 both off) on a loop with ``add_reader`` on descriptors; otherwise the listener is the loop's
 ``create_server``.
@@ -42,6 +51,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 import sys
 from collections.abc import Callable
 
@@ -76,13 +86,31 @@ def missing() -> str | None:
     return _import_error
 
 
+def native_tls(context: ssl.SSLContext) -> str | None:
+    """Why TLS with ``context`` cannot run in the C transport (None: it can)."""
+    if _streams is None or not _streams.TLS:
+        return "the C transport was built without OpenSSL's headers"
+    # Callbacks CPython installs in the SSL_CTX find their Python socket object through the
+    # SSL object, which the C transport's are not.
+    if context.sni_callback is not None or context.keylog_filename is not None:
+        return "the context has an SNI callback or a key log file"
+    if getattr(context, "_msg_callback", None) is not None:
+        return "the context has a message callback"
+    try:
+        _streams.check_context(context)
+    except TypeError as exc:
+        return str(exc)
+    return None
+
+
 class StreamServer:
     """A plain TCP listener on ``_streams``: it accepts on ``sockets`` (bound, listening, non
     blocking) and calls ``factory()`` for each connection's protocol; ``defer_accept``: seconds
     of TCP_DEFER_ACCEPT (0: none; default DEFER_ACCEPT); ``hooks``: (begin, end), called
     before and after each pass over the sockets ready (PassScheduler.pass_begin and pass_end);
     ``gather``: seconds from the start of a pass with two or more sockets ready to the next
-    pass, at least (0: off; see the module's docstring). It has
+    pass, at least (0: off; see the module's docstring); ``tls``: the listener's SSL context (TLS
+    in C: ``native_tls`` must have accepted it) and ``handshake_timeout`` (seconds, 0: none). It has
     what the Server needs of an asyncio server: ``sockets``, ``close()`` and ``wait_closed()``."""
 
     def __init__(
@@ -93,20 +121,22 @@ class StreamServer:
         defer_accept: int | None = None,
         hooks: tuple[Callable[[], object], Callable[[], object]] | None = None,
         gather: float = 0.0,
+        tls: ssl.SSLContext | None = None,
+        handshake_timeout: float = 0.0,
     ) -> None:
         assert _streams is not None
         defer = DEFER_ACCEPT if defer_accept is None else defer_accept
         self.sockets = sockets
         self.accept_errors = 0
         self._closed = False
-        self.poller = _streams.Poller(loop, ACCEPT_RETRY, gather)
+        self.poller = _streams.Poller(loop, ACCEPT_RETRY, gather, handshake_timeout)
         if hooks is not None:
             self.poller.hooks(*hooks)
         loop.add_reader(self.poller.fileno(), self.poller.poll)
         for listening in sockets:
             if defer:
                 listening.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, defer)
-            self.poller.listen(listening.fileno(), factory, self._accept_failed)
+            self.poller.listen(listening.fileno(), factory, self._accept_failed, tls)
 
     def close(self) -> None:
         """Stop accepting, at once. Connections stay until they close; the epoll instance is

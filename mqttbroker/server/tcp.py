@@ -1,8 +1,8 @@
 """The TCP listener: an asyncio Protocol per socket that hands bytes to a broker Connection.
 
 It is the Link the connection writes through. Nothing here parses or decides anything. On a TLS
-listener the TLS layer (tlslayer.py) sits underneath (the Protocol sees plain bytes, after the
-handshake); the user name the client's verified certificate gives, when the listener has
+listener TLS sits underneath (OpenSSL in the C transport, streams.py, or the Python TLS layer,
+tlslayer.py): the Protocol sees plain bytes, after the handshake; the user name the client's verified certificate gives, when the listener has
 ``tls_certificate_username`` (see ``tls.py``), is handed to the broker with the listener's
 policy when the connection is made.
 """
@@ -87,7 +87,7 @@ class MQTTProtocol:
         field = self.listener.tls_certificate_username
         user = None
         if field != "none":
-            user = certificate_user(transport.get_extra_info("ssl_object"), field)
+            user = certificate_user(transport.get_extra_info("peercert"), field)
             log.debug("connection from %s: client certificate user %r", name, user)
         self.conn = self.broker.connect(self, name, address, self.policy, user)
 
@@ -164,9 +164,9 @@ class MQTTProtocol:
             loop.call_later(LINGER_SECONDS, transport.close)
         else:
             # TLS: close() sends the close_notify after what is buffered, then waits for the
-            # client's close_notify or EOF (the TLS layer, tlslayer.py, drops what the client
-            # still sends meanwhile; cut short here), once the TLS layer's read that brought
-            # us here is over (the SSLObject is not shut down while it reads records).
+            # client's close_notify or EOF (the TLS transport drops what the client still
+            # sends meanwhile; cut short here), once the TLS read that brought us here is over
+            # (the SSL object is not shut down while it reads records).
             loop.call_soon(transport.close)
             if not buffered:
                 loop.call_later(LINGER_SECONDS, transport.abort)

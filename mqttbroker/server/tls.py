@@ -9,16 +9,14 @@ from __future__ import annotations
 from typing import Any
 
 
-def certificate_user(ssl_object: Any, field: str) -> str | None:
+def certificate_user(cert: Any, field: str) -> str | None:
     """The user name a verified client certificate gives: its subject's Common Name
     (``field="cn"``) or its first Subject Alternative Name (``"san"``: DNS name, e-mail, URI or IP
-    address, whichever comes first). None without a verified certificate, with ``field`` "none",
-    or when the certificate has no such name."""
-    if field not in ("cn", "san") or ssl_object is None:
-        return None
-    try:
-        cert = ssl_object.getpeercert()
-    except (ValueError, AttributeError):  # handshake not done, or not an SSLObject
+    address, whichever comes first). ``cert`` is the transport's ``get_extra_info("peercert")``
+    (``ssl``'s ``getpeercert()``, which the C transport's TLS gives in the same form). None
+    without a verified certificate, with ``field`` "none", or when the certificate has no such
+    name."""
+    if field not in ("cn", "san") or not isinstance(cert, dict):
         return None
     if not cert:  # no certificate, or not verified (getpeercert() is {} then)
         return None

@@ -1,5 +1,8 @@
 """TLS over a plain transport: an ``ssl.SSLObject`` over two memory BIOs, driven by the socket's
-reads (MQTT over TLS listeners, the PROXY protocol's included; not WebSocket ones).
+reads: for MQTT over TLS listeners behind the PROXY protocol (the header is read first, on the
+loop's transport), in the pure form (no C transport), and where the C transport cannot run TLS
+itself (built without OpenSSL's headers, or a context it cannot take: streams.native_tls);
+otherwise TLS runs in OpenSSL on the socket, in C (_streams.c). Not for WebSocket listeners.
 
 The event loop's own SSL transport (uvloop's or asyncio's) keeps, per connection, more than
 OpenSSL itself does: a 256 KiB read buffer, of which the pages read into stay resident, and its
@@ -7,7 +10,7 @@ own objects beside the loop's transport (benchmarks/README.md has the figures). 
 socket's transport (the broker's own, streams.py, where it is available, otherwise the loop's)
 and the transport of the MQTT protocol (tcp.py) above it, which sees it as it saw the loop's
 SSL transport: plain bytes, ``connection_made`` once the handshake is done, the
-``ssl_object`` among the extra info (a verified client certificate's name, tls.py).
+``peercert`` among the extra info (a verified client certificate's name, tls.py).
 
 What the client sends is written into the incoming BIO and read out of the SSLObject at once;
 what the SSLObject has to send (handshake flights, session tickets, alerts, records) is taken

@@ -267,8 +267,8 @@ def make_app(
                 peer = f"{address} (via {peer})"
         user = None
         if listener.tls_certificate_username != "none" and transport is not None:
-            ssl_object = transport.get_extra_info("ssl_object")
-            user = certificate_user(ssl_object, listener.tls_certificate_username)
+            cert = transport.get_extra_info("peercert")
+            user = certificate_user(cert, listener.tls_certificate_username)
         await WebSocketLink(ws, listener, user, policy).serve(broker, peer, address)
         return ws
 
