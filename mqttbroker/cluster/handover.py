@@ -3,8 +3,8 @@
 When a client connects to a node and the lease of its client id (``client:<id>`` in Redis) names
 another node that is alive, the new node asks that one (on its control channel) to hand the
 session over, for the client's user (the request: client id, reply list, Clean Start, user
-name, the asking node; what needs no session, ``client_id_pattern``, was checked before
-asking). The old node checks the session's owner as one node does (``Broker.check_owner``):
+name, the asking node, the counters of what it let go of, see sequence.py; what needs no
+session, ``client_id_pattern``, was checked before asking). The old node checks the session's owner as one node does (``Broker.check_owner``):
 another user's session is refused (the answer ``{"refused": <reason code>, "reason": <text>}``,
 its client and it left as they were, and the new node refuses the CONNECT with that code) or,
 where the rules let that user have it, discarded. Otherwise it closes the client's connection
@@ -25,7 +25,8 @@ written by store.py, one field per part, so that a change is one field written):
 owner and expiry, ``f:<filter>`` a subscription, ``d:<seq>`` a queued or in-flight message (its
 state in JSON, a newline, the MQTT 5 PUBLISH), ``r:<packet id>`` an unreleased QoS 2 id, ``w``
 its will (armed while its client is connected, or waiting out its delay: wall-clock time),
-``p`` its next packet id as of the last write of its messages. :func:`from_hash` turns that
+``p`` its next packet id as of the last write of its messages, ``g:<message id>`` a message
+forwarded to it where it is (node.py ``_forwarded``; not in the hand-over form). :func:`from_hash` turns that
 hash into the form above, so that a node adopting the sessions of a node that is gone builds
 them as it builds a session handed over; its new packet ids start PACKET_ID_MARGIN past ``p``
 (the node gone may have sent messages under the next ones before it wrote them).
@@ -154,6 +155,7 @@ def from_hash(client_id: str, fields: dict[bytes, bytes]) -> dict[str, Any]:
         subscriptions = []
         deliveries: list[tuple[int, list[Any]]] = []
         releases = []
+        forwarded = []
         next_packet_id = 1
         written_next = int(fields.get(b"p", b"0"))
         will = json.loads(fields[b"w"]) if b"w" in fields else None
@@ -169,6 +171,8 @@ def from_hash(client_id: str, fields: dict[bytes, bytes]) -> dict[str, Any]:
                     next_packet_id = max(next_packet_id, delivery[4] % 65535 + 1)
             elif kind == b"r":
                 releases.append(int(key))
+            elif kind == b"g":
+                forwarded.append(key.decode())
         if written_next:
             # The node may have sent PUBLISHes under the ids after it before it wrote them
             # (its client holds the QoS 2 ones it has not seen released): new ones start past.
@@ -183,6 +187,7 @@ def from_hash(client_id: str, fields: dict[bytes, bytes]) -> dict[str, Any]:
         "releases": releases,
         "next_packet_id": next_packet_id,
         "will": will,
+        "forwarded": forwarded,
     }
 
 

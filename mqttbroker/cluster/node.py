@@ -159,6 +159,15 @@ def decode(data: bytes, now: float) -> Message:
     )
 
 
+def readable(packet: bytes, now: float) -> Message | None:
+    """A message from another node (its PUBLISH), or None, logged, if it is not readable."""
+    try:
+        return decode(packet, now)
+    except MQTTError as exc:
+        log.warning("cluster: message from Redis not readable, skipped: %s", exc)
+        return None
+
+
 def pack(frames: list[bytes], limit: int = ENTRY_BYTES) -> list[bytes]:
     """``frames`` as entries of at most about ``limit`` bytes, each frame after its length (4
     bytes, big-endian): one Redis entry carries many messages."""
@@ -264,12 +273,18 @@ class ClusterNode(Backplane):
         # Sessions handed to other nodes lately: their plain filters (client id as the "node"),
         # and until when / to which node what this node routes for them is forwarded.
         self._leaving = RouteTable(1024)
-        self._left: dict[str, tuple[float, str]] = {}
+        # Client id -> until when what is routed here for its session is forwarded, to which
+        # node, the ids of the messages forwarded to it here before it left, and the counters
+        # of the messages that node had let go of that it must be sent all the same (_went).
+        self._left: dict[str, tuple[float, str, set[str], dict[str, tuple[int, int]]]] = {}
         self._forwards = Recent(indexed=True)  # forwarded messages routed here (ids only)
         # ... and to which sessions (also the messages of a gone node's stream, see _drain)
         self._forwarded_to: dict[tuple[str, int], set[str]] = {}
         # (before the session: when, origin, counter, whether it may have had it, message)
         self._early: dict[str, list[tuple[float, str, int, bool, Message]]] = {}
+        # Client id -> when its session came, and for each origin the counters above those it
+        # came with up to the last this node had let go of then (_missed_here).
+        self._gaps: dict[str, tuple[float, dict[str, tuple[int, int]]]] = {}
         self._dropping = False  # dropping QoS 0 copies (logged once until they flow again)
 
     def unready(self) -> str | None:
@@ -732,6 +747,11 @@ class ClusterNode(Backplane):
         that comes later is refused in Redis, and that node keeps the session)."""
         link = self.link
         reply = f"{PREFIX}handover:{secrets.token_hex(8)}"
+        # What this node had let go of of each origin (sequence.Recent.gaps): it lets go of
+        # nothing more until the session is here (_replay), so that the old node forwards what
+        # it routes after the session left that this node routed before and cannot give it.
+        recent = self.recent
+        recent.held += 1
         request = json.dumps(
             {
                 "client": client_id,
@@ -739,16 +759,20 @@ class ClusterNode(Backplane):
                 "clean": clean,
                 "user": username,
                 "node": self.node_id,
+                "forgotten": recent.forgotten,
             }
         )
-        if await self.redis.publish(f"{PREFIX}ctl:{owner}", request):
-            while True:  # (in slices: a node found gone meanwhile is adopted at once)
-                data = await link.wait_reply(reply, min(ASK_SLICE, deadline - link.now()))
-                if data is not None:
-                    return data
-                if link.now() >= deadline or (await link.look(owner))[0]:
-                    break
-        return await link.abandon(reply)
+        try:
+            if await self.redis.publish(f"{PREFIX}ctl:{owner}", request):
+                while True:  # (in slices: a node found gone meanwhile is adopted at once)
+                    data = await link.wait_reply(reply, min(ASK_SLICE, deadline - link.now()))
+                    if data is not None:
+                        return data
+                    if link.now() >= deadline or (await link.look(owner))[0]:
+                        break
+            return await link.abandon(reply)
+        finally:
+            recent.held -= 1
 
     def _seen_for(self, client_id: str, now: float) -> dict[str, int]:
         """The counters of each origin (sequence.py) that ``client_id``'s session, leaving
@@ -777,6 +801,15 @@ class ClusterNode(Backplane):
             for key in [k for k, (t, _) in inherited.items() if t < now - REPLAY_SECONDS]:
                 del inherited[key]
         self._inherit(client_id, now, seen)
+        gaps = self._gaps
+        if len(gaps) > 1000:
+            for key in [k for k, (t, _) in gaps.items() if t < now - REPLAY_SECONDS]:
+                del gaps[key]
+        gap = self.recent.gaps(seen, now)
+        if gap:
+            gaps[client_id] = (now, gap)
+        else:
+            gaps.pop(client_id, None)
         count = 0
         # First what the old node forwarded before the session came: messages this node never
         # had, published before their publishers' nodes knew of its route, so before those it
@@ -786,8 +819,9 @@ class ClusterNode(Backplane):
             # that, or for this node's previous run, comes late)
             if counter <= seen.get(origin, 0):
                 continue
-            if when > now - REPLAY_SECONDS and not self._routed(
-                client_id, origin, counter, now, direct
+            if when > now - REPLAY_SECONDS and (
+                self._missed_here(client_id, origin, counter, now)
+                or not self._routed(client_id, origin, counter, now, direct)
             ):
                 self._got_forward(client_id, origin, counter, now)
                 count += self._deliver_to(client_id, message, now)
@@ -843,6 +877,9 @@ class ClusterNode(Backplane):
         node later, it is not routed to that session again (_arrived_one)."""
         had = self._forwarded_to.get((origin, counter))
         self._got_message({client_id} if had is None else had | {client_id}, origin, counter, now)
+        session = self.broker.sessions.get(client_id)
+        if session is not None:
+            self.store.forward_routed(session, f"{origin}\x1d{counter}")
 
     def _got_message(self, sessions: set[str], origin: str, counter: int, now: float) -> None:
         forwards = self._forwards
@@ -866,18 +903,30 @@ class ClusterNode(Backplane):
         got = self._forwarded_to.get((origin, counter))
         return got is not None and client_id in got and self._forwards.has(origin, counter, now)
 
-    def _went(self, client_id: str, node: str, session: Session, now: float) -> None:
+    def _went(
+        self,
+        client_id: str,
+        node: str,
+        session: Session,
+        now: float,
+        got: set[str],
+        gaps: dict[str, tuple[int, int]],
+    ) -> None:
         """``client_id``'s session was handed to ``node``: for REPLAY_SECONDS, what this node
         routes for its plain subscriptions goes there too (_forward). A publisher's node
         learns of the new node's route a moment after the session got there; until then it
-        sends only here."""
+        sends only here. ``got``: the ids of the messages forwarded to it here (not forwarded
+        on if they come again, see _forwarded). ``gaps``: for each origin, the counters above
+        those the session got here up to the last message ``node`` had let go of when it
+        asked (sequence.Recent.gaps): messages it had, routed before the session came, but
+        cannot give it; they are forwarded to it all the same."""
         left = self._left
         if len(left) > 1000:
-            for gone in [k for k, (until, _) in left.items() if until < now]:
+            for gone in [k for k, (until, *_) in left.items() if until < now]:
                 self._stop_forwarding(gone)
         filters = {s.topic_filter for s in session.subscriptions.values()}
         self._leaving.replace(client_id, {f for f in filters if not f.startswith("$share/")})
-        left[client_id] = (now + REPLAY_SECONDS, node)
+        left[client_id] = (now + REPLAY_SECONDS, node, got, gaps)
 
     def _stop_forwarding(self, client_id: str) -> None:
         if self._left.pop(client_id, None) is not None:
@@ -894,16 +943,29 @@ class ClusterNode(Backplane):
         it did (_forwarded)."""
         plain, _ = self._leaving.match(topic)
         head = b""
+        found: tuple[str, int] | None = None
         for client_id in plain:
             left = self._left.get(client_id)
             if left is None:
                 continue
-            until, node = left
+            until, node, got, gaps = left
             if now > until:
                 self._stop_forwarding(client_id)
                 continue
-            if client_id in self.broker.sessions or (sent is not None and node in sent):
-                continue  # (back here, or the node has the message anyway)
+            if client_id in self.broker.sessions:
+                continue  # (back here)
+            if got and ident.decode() in got:
+                continue  # (it had that message here, forwarded to it: _forwarded)
+            if sent is not None and node in sent:  # (the node has the message anyway ...)
+                if not gaps:
+                    continue
+                if found is None:
+                    found = parse_id(ident)
+                    if found is None:
+                        continue
+                span = gaps.get(found[0])
+                if span is None or not span[0] < found[1] <= span[1]:
+                    continue  # (... but one it had let go of before the session came)
             if not head:
                 listed = b"*" if sent is None else ",".join(sent).encode()
                 head = b"f" + ident + b"\x1e" + listed + b"\x1c"
@@ -925,43 +987,108 @@ class ClusterNode(Backplane):
         it was routed to it then, see _replay, or not needed; after, directly). ``listed``:
         the nodes its own node sent it to (None or ``*``: not known). A message this node
         never had (neither its own nor sent here) is routed however late its forward comes;
-        one it may have had is dropped once it cannot tell any more (_routed). Before the
-        session is here, it waits for it a moment; a session gone on is forwarded on."""
+        one it may have had is dropped once it cannot tell any more (_routed), but one it
+        routed before the session came and let go of before it could route it to it then
+        (_missed_here). Before the session is here, it waits for it a moment (the same
+        checks then, see _replay); a session gone on is forwarded on."""
         origin, counter = found
+        ident = f"{origin}\x1d{counter}"
+        if ident in self.store.forwards_got.get(client_id, ()):
+            return  # (routed to it here already: this one sent twice, or from two nodes)
         direct = (
             listed is None
             or listed == b"*"
             or self.node_id in listed.decode().split(",")
             or origin.rpartition(".")[0] == self.node_id
         )
-        if self._routed(client_id, origin, counter, now, direct):
+        here = client_id in self.broker.sessions
+        left = self._left.get(client_id)
+        if not here and (left is None or now > left[0]):
+            message = readable(packet, now)
+            if message is None:
+                return
+            early = self._early
+            if len(early) > 1000:
+                for key in [k for k, v in early.items() if v[-1][0] < now - REPLAY_SECONDS]:
+                    del early[key]
+            early.setdefault(client_id, []).append((now, origin, counter, direct, message))
             return
-        try:
-            message = decode(packet, now)
-        except MQTTError as exc:
-            log.warning("cluster: message from Redis not readable, skipped: %s", exc)
+        if not self._missed_here(client_id, origin, counter, now) and self._routed(
+            client_id, origin, counter, now, direct
+        ):
             return
-        if client_id in self.broker.sessions:
+        message = readable(packet, now)
+        if message is None:
+            return
+        if here:
             if self._had(client_id, origin, counter, now):
                 return  # (meant for an earlier stay of the session here: it came with it)
             self._got_forward(client_id, origin, counter, now)
             self._deliver_to(client_id, message, now)
-            return
-        left = self._left.get(client_id)
-        if left is not None and now <= left[0]:
+        elif left is not None and ident not in left[2]:  # (not if it had that one here)
             self._queue(_XADD, left[1], (data, None))
             self._hold(1)
+
+    def _missed_here(self, client_id: str, origin: str, counter: int, now: float) -> bool:
+        """Whether that message is one this node routed before ``client_id``'s session came
+        here lately and had let go of by then (so not routed to it then, see _replay), while
+        the node it came from had not routed it yet (so it did not get it there)."""
+        gap = self._gaps.get(client_id)
+        if gap is None or gap[0] < now - REPLAY_SECONDS:
+            return False
+        span = gap[1].get(origin)
+        return span is not None and span[0] < counter <= span[1]
+
+    def _forwarded_gone(
+        self,
+        client_id: str,
+        found: tuple[str, int],
+        listed: bytes | None,
+        packet: bytes,
+        adopted: tuple[str, set[str], Routed, float],
+        now: float,
+    ) -> None:
+        """A forward to ``gone``, a node adopted here (``adopted``: it, the sessions adopted
+        from it, ``seen`` and when they came), for ``client_id``'s session, left in its stream
+        (see _drain): routed to the session if it is one of those, unless this node routed
+        its own copy after the session came, or ``gone``
+        routed it to it (its session's hash in Redis says so: ``ClusterStore.forwards_got``),
+        or routed its own copy (``seen``, what ``gone`` wrote it routed, covers a message its
+        own node sent it), or it was routed to the session here from that stream already."""
+        gone, sessions, seen, since = adopted
+        if client_id not in sessions:
+            return  # (a session that had gone on from there: see docs/cluster.md)
+        origin, counter = found
+        at = self.recent.when(origin, counter, now)
+        if at is not None and at >= since:
+            return  # (its own copy, read here after the session came, went to it)
+        if f"{origin}\x1d{counter}" in self.store.forwards_got.get(client_id, ()):
             return
-        early = self._early
-        if len(early) > 1000:
-            for key in [k for k, v in early.items() if v[-1][0] < now - REPLAY_SECONDS]:
-                del early[key]
-        early.setdefault(client_id, []).append((now, origin, counter, direct, message))
+        direct = (
+            listed is None
+            or listed == b"*"
+            or gone in listed.decode().split(",")
+            or origin.rpartition(".")[0] == gone
+        )
+        if direct and seen.covers(origin, counter):
+            return
+        got = self._forwarded_to.get(found)
+        if got is not None and client_id in got and self._forwards.has(origin, counter, now):
+            return
+        message = readable(packet, now)
+        if message is None:
+            return
+        self._got_forward(client_id, origin, counter, now)
+        self._deliver_to(client_id, message, now)
 
     def _restore(self, client_id: str, data: bytes | dict[str, Any], away: bool = False) -> None:
         """A session from another node or from Redis, built here and written afresh there."""
         session = restore(self.broker, client_id, data, away)
         self._stop_forwarding(client_id)
+        # (what was forwarded to it where it was adopted from, if it was: see _forwarded_gone)
+        got = data.get("forwarded") if isinstance(data, dict) else None
+        if got:
+            self.store.forwards_got[client_id] = set(got)
         if session.persistent:
             self.store.rewrite_all(session)
 
@@ -1022,7 +1149,7 @@ class ClusterNode(Backplane):
                         except MQTTError as exc:
                             log.warning("cluster: %s; not adopted", exc)
                 restored = self.broker.clock()  # (what this node routes from now on, they get)
-                ids = self._drain(entries, taken, routed_there, restored)
+                ids = self._drain(entries, node, taken, routed_there, restored)
                 self._own_since(taken, routed_there)
                 got = routed_there.snapshot()  # (what they have: not routed to them again)
                 for client_id in taken:
@@ -1041,7 +1168,7 @@ class ClusterNode(Backplane):
                 # A node that had not heard of the routes above yet may still have written to
                 # the stream: read it once more after a moment, then it goes.
                 await asyncio.sleep(RETRY_SECONDS)
-                ids = self._drain(await self._pending(stream), taken, routed_there, restored)
+                ids = self._drain(await self._pending(stream), node, taken, routed_there, restored)
                 routed += len(ids)
                 await self._ack(stream, ids)
                 await self._committed()
@@ -1120,19 +1247,20 @@ class ClusterNode(Backplane):
         return entries
 
     def _drain(
-        self, entries: list[Any], sessions: set[str], seen: Routed, since: float
+        self, entries: list[Any], node: str, sessions: set[str], seen: Routed, since: float
     ) -> list[Any]:
         """Route here ``entries`` of another node's stream (see _pending), to the ``sessions``
         adopted from it only: they were sent for that node's subscribers, and this node's own
         had each message already (from its own stream, or from its publisher here). Not those
         its sessions in Redis hold (``seen``: what it wrote it had routed), nor those this node
         routed itself ``since`` the sessions came (they had them then); one of this node's own
-        copies coming later is not routed to them again. Their ids, to acknowledge (_ack)."""
+        copies coming later is not routed to them again. Forwards to ``node`` for those
+        sessions are routed to them too (_forwarded_gone). Their ids, to acknowledge (_ack)."""
         ids = []
         for entry_id, fields in entries:
             ids.append(entry_id)
             if fields:
-                self._arrived(fields[b"m"], sessions, seen, since)
+                self._arrived(fields[b"m"], sessions, seen, since, node)
         return ids
 
     def _own_since(self, sessions: set[str], seen: Routed) -> int:
@@ -1144,11 +1272,21 @@ class ClusterNode(Backplane):
         above = seen.highest.get(origin, 0)
         now = self.broker.clock()
         count = 0
+        forwards = self._forwards
         for _, from_, counter, packet in list(self.recent.entries):
             if from_ != origin or counter <= above:
                 continue
+            # (not to those it was forwarded to in that stream: sent to another node only, and
+            # forwarded from there to the gone node for a session that had moved to it)
+            had = self._forwarded_to.get((origin, counter))
+            if had is not None and forwards.has(origin, counter, now):
+                targets = sessions - had
+                self._got_message(sessions | had, origin, counter, now)
+            else:
+                targets = sessions
+                self._got_message(sessions, origin, counter, now)
             message = decode(packet, now)
-            for client_id in sessions:
+            for client_id in targets:
                 count += self._deliver_to(client_id, message, now)
         seen.highest[origin] = max(above, self._counter)
         return count
@@ -1184,6 +1322,11 @@ class ClusterNode(Backplane):
             user, requester = request["user"], request["node"]
             if not isinstance(user, str | None) or not isinstance(requester, str):
                 raise TypeError(user)
+            forgotten = request.get("forgotten") or {}
+            if not isinstance(forgotten, dict) or not all(
+                isinstance(v, int) for v in forgotten.values()
+            ):
+                raise TypeError(forgotten)
         except (ValueError, KeyError, TypeError):
             log.warning("cluster: control request not readable, ignored")
             return
@@ -1226,9 +1369,12 @@ class ClusterNode(Backplane):
                     )
                 broker.end_session(session, now)
             else:
-                answer = serialise(session, now, self._seen_for(client_id, now))
+                seen = self._seen_for(client_id, now)
+                answer = serialise(session, now, seen)
                 self.recent.left(client_id, now)
-                self._went(client_id, requester, session, now)
+                got = self.store.forwards_got.get(client_id) or set()
+                gaps = {o: (seen.get(o, 0), c) for o, c in forgotten.items() if c > seen.get(o, 0)}
+                self._went(client_id, requester, session, now, got, gaps)
                 forget(broker, session)
         self._queue(_REPLY, reply, (client_id, answer, requester))
 
@@ -1626,10 +1772,11 @@ class ClusterNode(Backplane):
         sessions: set[str] | None = None,
         seen: Routed | None = None,
         since: float = 0.0,
+        gone: str = "",
     ) -> None:
         """Messages from another node: an entry of frames (see :func:`pack`). ``sessions``:
-        only to these client ids' plain subscriptions (a gone node's stream, see _drain), and
-        ``seen`` what that node routed of it (default: this node's)."""
+        only to these client ids' plain subscriptions (the stream of ``gone``, a gone node, see
+        _drain), and ``seen`` what that node routed of it (default: this node's)."""
         self.lease_valid(self.broker.clock())
         if seen is None:
             seen = self.seen
@@ -1637,7 +1784,7 @@ class ClusterNode(Backplane):
         end = len(data)
         while pos + 4 <= end:
             size = int.from_bytes(data[pos : pos + 4], "big")
-            self._arrived_one(data[pos + 4 : pos + 4 + size], sessions, seen, since)
+            self._arrived_one(data[pos + 4 : pos + 4 + size], sessions, seen, since, gone)
             pos += 4 + size
 
     def _arrived_one(
@@ -1646,6 +1793,7 @@ class ClusterNode(Backplane):
         sessions: set[str] | None = None,
         seen: Routed | None = None,
         since: float = 0.0,
+        gone: str = "",
     ) -> None:
         """A message from another node, framed as
         ``<1 or 0>[<id>\\x1e<nodes>\\x1c]<shares>\\0<PUBLISH>``: routed to this node's plain
@@ -1671,8 +1819,14 @@ class ClusterNode(Backplane):
             else:
                 listed = None  # (a frame that does not say)
             if flag == b"f":  # forwarded for a session that came here (_forward)
-                if found is not None and sessions is None:
+                if found is None:
+                    return
+                if sessions is None:
                     self._forwarded(names.decode(), found, listed, data, packet, now)
+                elif seen is not None:
+                    self._forwarded_gone(
+                        names.decode(), found, listed, packet, (gone, sessions, seen, since), now
+                    )
                 return
             if found is not None and not (self.seen if seen is None else seen).first(*found):
                 return
@@ -1680,11 +1834,14 @@ class ClusterNode(Backplane):
                 at = self.recent.when(found[0], found[1], now)
                 if at is not None and at >= since:
                     return  # routed here (to those sessions too) after they came
-                self._got_message(sessions, found[0], found[1], now)
-        try:
-            message = decode(packet, now)
-        except MQTTError as exc:
-            log.warning("cluster: message from Redis not readable, skipped: %s", exc)
+                had = self._forwarded_to.get(found)  # (forwarded to some of them: _forwarded_gone)
+                if had is not None:
+                    sessions = sessions - had
+                self._got_message(
+                    sessions if had is None else sessions | had, found[0], found[1], now
+                )
+        message = readable(packet, now)
+        if message is None:
             return
         if found is not None and sessions is None and flag == b"1":
             self.recent.add(now, found[0], found[1], packet)

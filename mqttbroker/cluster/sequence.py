@@ -31,10 +31,18 @@ reading a stream sees each origin's counters rise, and:
   forward above it that B does not have is one B has not routed yet (routed now, its own copy
   then skipped); one at or below it B routed before, to the session or (before it came) in
   time for the replay above, and it is not routed. What B remembers of forwards it routed
-  (``_forwards``) and of the sessions' counters it came with lasts 10 s: a forward of a message
-  B never had, for a session that moved twice or sent twice by an outbox, that comes later
-  than that can still be routed a second time; and a message B let go of before the session
-  came, while its old node was still behind it, reaches the session from neither.
+  (``_forwards``) and of the sessions' counters it came with lasts 10 s; a forward routed to a
+  session is also kept with the session for its stay (``ClusterStore.forwards_got``, written to
+  its hash): the same forward coming again later is not routed again, and a node adopting a
+  dead one routes the forwards left in its stream but those.
+- **The old node is behind.** B may have let go of messages it routed before the session came
+  that A had not routed when it gave the session up (A's stream behind B's by more than B
+  keeps): B cannot give them to the session. B's request says what it let go of of each
+  origin (``Recent.forgotten``; B lets go of nothing more until the session is there), and A
+  forwards those it routes above its counters and up to B's although B had them; B routes
+  them to the session (``ClusterNode._missed_here``). Still open (docs/cluster.md): a forward
+  more than 10 s late to a node the session left and came back to can be routed a second
+  time, and A forwards only for 10 s.
 """
 
 from __future__ import annotations
@@ -125,6 +133,7 @@ class Recent:
         "limit",
         "index_until",
         "indexed",
+        "held",
     )
 
     def __init__(
@@ -138,6 +147,7 @@ class Recent:
         self.limit = limit
         self.indexed = indexed
         self.index_until = float("inf") if indexed else float("-inf")
+        self.held = 0  # while above 0, nothing is let go of (a session on its way here)
 
     def add(self, now: float, origin: str, counter: int, message: Any) -> None:
         entries = self.entries
@@ -171,6 +181,8 @@ class Recent:
         return self._index(now).get((origin, counter))
 
     def _trim(self, now: float) -> None:
+        if self.held:
+            return
         entries = self.entries
         ids = self.ids
         forgotten = self.forgotten
@@ -180,6 +192,17 @@ class Recent:
             forgotten[origin] = counter
             if ids:
                 ids.pop((origin, counter), None)
+
+    def gaps(self, seen: dict[str, int], now: float) -> dict[str, tuple[int, int]]:
+        """For each origin, the counters above ``seen`` (those a session coming now got
+        where it was) up to the last of its messages let go of: routed here before, and not
+        here to be routed to that session (``missed``)."""
+        self._trim(now)
+        return {
+            origin: (seen.get(origin, 0), last)
+            for origin, last in self.forgotten.items()
+            if last > seen.get(origin, 0)
+        }
 
     def left(self, client_id: str, now: float) -> None:
         """``client_id``'s session went to another node at ``now``."""

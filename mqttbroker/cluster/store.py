@@ -101,6 +101,11 @@ class ClusterStore(Store):
         # Redis is reachable).
         self.changed: Callable[[], None] = lambda: None
         self.changes: dict[str, SessionChanges] = {}  # client id -> changes not yet in Redis
+        # Client id -> the ids (``<origin>\x1d<counter>``, sequence.py) of the messages
+        # forwarded to its session here by the node it came from (node.py ``_forwarded``),
+        # for its stay here: written with the session (fields ``g:<id>``, in the same script
+        # as the delivery), so that a node adopting it routes none of them again.
+        self.forwards_got: dict[str, set[str]] = {}
 
     def _change(self, session: Session) -> SessionChanges:
         change = self.changes.get(session.client_id)
@@ -128,11 +133,22 @@ class ClusterStore(Store):
                 fields[f"d:{delivery.stored}"] = delivery
         for packet_id in session.awaiting_release:
             fields[f"r:{packet_id}"] = True
+        for ident in self.forwards_got.get(session.client_id, ()):
+            fields["g:" + ident] = True
         conn = session.connection
         if session.will is not None:
             fields["w"] = (session.will, session.will_due, MQTT_5)
         elif conn is not None and conn.will is not None:
             fields["w"] = (conn.will, None, conn.version)
+
+    def forward_routed(self, session: Session, ident: str) -> None:
+        """A message forwarded to ``session`` (its id ``ident``) was routed to it here."""
+        got = self.forwards_got.get(session.client_id)
+        if got is None:
+            got = self.forwards_got[session.client_id] = set()
+        got.add(ident)
+        if session.persistent and session.sink is None:
+            self._change(session).fields["g:" + ident] = True
 
     def put_back(self, changes: dict[str, SessionChanges]) -> None:
         """Changes that did not reach Redis: before those that came since."""
@@ -253,6 +269,7 @@ class ClusterStore(Store):
 
     def delete_session(self, session: Session) -> None:
         stored = session.stored
+        self.forwards_got.pop(session.client_id, None)
         self.inner.delete_session(session)
         session.stored = 0
         for delivery in [*session.inflight.values(), *session.queue]:

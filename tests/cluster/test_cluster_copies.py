@@ -32,7 +32,7 @@ from support.cluster_clients import (
     until_routed,
 )
 
-from mqttbroker.cluster.sequence import REPLAY_MAX
+from mqttbroker.cluster.sequence import REPLAY_MAX, REPLAY_SECONDS
 
 pytestmark = pytest.mark.needs_redis
 
@@ -525,4 +525,124 @@ def test_a_late_forward_is_routed_once_whether_or_not_the_node_had_the_message(
         r.xadd(STREAM + "b", {"m": publish_frame(topic, b"m3", ident(n + 4), qos=2)})
     arrives(b"m3", again)
     assert counted(again) == {b"m0": 1, b"m1": 1, b"m2": 1, b"m3": 1}
+    again.close()
+
+
+def test_a_forward_left_in_a_killed_nodes_stream_reaches_the_session_adopted(
+    start_node: Any, redis_server: Any
+) -> None:
+    """The device's session had just come to b; its old node forwarded b m1, which the
+    publisher's node c had sent to another node only, and b was killed before reading it
+    (here: the entry added once b is dead). b had routed newer messages of c (what it wrote
+    it routed says 5): that does not cover a message b never had. a adopts b: the session
+    gets m1, once."""
+    a = start_node("a")
+    b = start_node("b")
+    client_id = unique("fwdgone")
+    topic = unique("fwdgone")
+    subscribed(b, client_id, topic, 2).close()
+    with redis_server.client() as r:
+        wait_for(lambda: r.sismember("mqttbroker:owned:b", client_id), "the session in Redis")
+        kill(b)
+        r.hset("mqttbroker:seen:b", "c.00000001", 5)
+        frame = forward_frame(client_id, topic, b"m1", b"c.00000001\x1d3", 2, sent=b"x")
+        r.xadd(STREAM + "b", {"m": frame})
+    again = resumed(a, client_id)
+    assert a.wait_for_log(r"node 'b' adopted: 1 sessions", 10) is not None
+    pub = client(a)
+    acknowledged(pub, topic, [b"m2"], 2)
+    arrives(b"m2", again)
+    assert payloads(again) == [b"m1", b"m2"]
+    close_all(again, pub)
+
+
+def test_a_forward_a_killed_node_routed_is_not_routed_again_by_its_adopter(
+    start_node: Any, redis_server: Any
+) -> None:
+    """b routed a forward of m1 to the device's session (offline: queued) and wrote it with
+    the session, then was killed before acknowledging the entry (here: the entry put back as
+    unread). a adopts b: the session's hash says m1 was forwarded to it there, and m1 is
+    delivered once (QoS 2)."""
+    a = start_node("a")
+    b = start_node("b")
+    client_id = unique("fwdheld")
+    topic = unique("fwdheld")
+    subscribed(b, client_id, topic, 2).close()
+    frame = forward_frame(client_id, topic, b"m1", b"c.00000001\x1d3", 2, sent=b"x")
+    session = f"mqttbroker:session:{client_id}"
+    with redis_server.client() as r:
+        wait_for(lambda: r.sismember("mqttbroker:owned:b", client_id), "the session in Redis")
+        r.xadd(STREAM + "b", {"m": frame})
+        wait_for(
+            lambda: any(k.startswith(b"g:") for k in r.hkeys(session)), "b to write the forward"
+        )
+        kill(b)
+        r.xadd(STREAM + "b", {"m": frame})  # not acknowledged when b died
+    again = resumed(a, client_id)
+    assert a.wait_for_log(r"node 'b' adopted: 1 sessions", 10) is not None
+    pub = client(a)
+    acknowledged(pub, topic, [b"m2"], 2)
+    arrives(b"m2", again)
+    assert counted(again) == {b"m1": 1, b"m2": 1}
+    close_all(again, pub)
+
+
+def test_a_forward_sent_again_later_than_the_node_remembers_is_routed_once(
+    start_node: Any, redis_server: Any
+) -> None:
+    """A forward of m1 for the device's session at b (from the node it came from) is routed to
+    it; the same forward comes again after b's memory of what it routed lately has gone (an
+    outbox sending a batch again whose answer was lost, after a long cut). The session's own
+    record of the forwards it got here keeps m1 from coming twice (QoS 2)."""
+    b = start_node("b")
+    client_id = unique("fwdtwice")
+    topic = unique("fwdtwice")
+    dev = subscribed(b, client_id, topic, 2)
+    frame = forward_frame(client_id, topic, b"m1", b"c.00000001\x1d3", 2, sent=b"x")
+    with redis_server.client() as r:
+        r.xadd(STREAM + "b", {"m": frame})
+        arrives(b"m1", dev)
+        time.sleep(REPLAY_SECONDS + 1)  # (b's memory of forwards lasts REPLAY_SECONDS ...)
+        other = forward_frame(client_id, topic, b"m2", b"c.00000001\x1d4", 2, sent=b"x")
+        r.xadd(STREAM + "b", {"m": other})  # (... from the next one it adds)
+        r.xadd(STREAM + "b", {"m": frame})
+        r.xadd(STREAM + "b", {"m": publish_frame(topic, b"m3", b"c.00000001\x1d5", qos=2)})
+    arrives(b"m3", dev)
+    assert counted(dev) == {b"m1": 1, b"m2": 1, b"m3": 1}
+    dev.close()
+
+
+def test_a_message_the_new_node_let_go_of_before_the_session_came_is_forwarded_to_it(
+    start_node: Any, redis_server: Any
+) -> None:
+    """c sent m1 to a and b. b routed it at once, and REPLAY_MAX newer messages made it let go
+    of m1 before the device's session came to it from a, whose stream was behind (a had not
+    routed m1): b cannot give the session m1 when it comes. a routes m1 after the session
+    left; b's request said what b had let go of, so a forwards m1 although c sent it to b,
+    and b routes it to the session (no acknowledged message lost), once."""
+    a = start_node("a")
+    b = start_node("b")
+    client_id = unique("letgo")
+    topic = unique("letgo")
+    subscribed(a, client_id, topic, 2).close()
+    m1 = publish_frame(topic, b"m1", b"c.00000001\x1d1", qos=2, sent=b"a,b")
+    newer = b"".join(
+        publish_frame(unique("other"), b"x", b"d.00000001\x1d%d" % c, 2)
+        for c in range(1, REPLAY_MAX + 1)
+    )
+    with redis_server.client() as r:
+        r.xadd(STREAM + "b", {"m": m1})
+        last = r.xadd(STREAM + "b", {"m": newer})
+
+        def read() -> bool:  # (and acknowledged: routed)
+            [group] = r.xinfo_groups(STREAM + "b")
+            return bool(group["last-delivered-id"] == last and not group["pending"])
+
+        wait_for(read, "b to route them")
+        again = resumed(b, client_id)
+        r.xadd(STREAM + "a", {"m": m1})
+        arrives(b"m1", again)
+        r.xadd(STREAM + "b", {"m": publish_frame(topic, b"m2", b"c.00000001\x1d2", 2, b"a,b")})
+    arrives(b"m2", again)
+    assert counted(again) == {b"m1": 1, b"m2": 1}
     again.close()
