@@ -61,6 +61,17 @@ def publish_frame(
     return len(frame).to_bytes(4, "big") + frame
 
 
+def read_up_to(r: Any, stream: str, last: Any, what: str) -> None:
+    """Wait until the node reading ``stream`` has read it up to ``last`` and acknowledged
+    every entry (routed, or kept for a session on its way)."""
+
+    def read() -> bool:
+        [group] = r.xinfo_groups(stream)
+        return bool(group["last-delivered-id"] == last and not group["pending"])
+
+    wait_for(read, what)
+
+
 def entries_with(r: Any, stream: str, payload: bytes) -> list[dict[bytes, bytes]]:
     return [fields for _, fields in r.xrange(stream) if payload in fields[b"m"]]
 
@@ -399,11 +410,7 @@ def test_what_the_old_node_forwarded_before_the_session_came_goes_first(
         r.xadd(STREAM + "b", {"m": forward_frame(client_id, topic, b"m1", b"c.00000001\x1d1")})
         last = r.xadd(STREAM + "b", {"m": publish_frame(topic, b"m2", b"c.00000001\x1d2")})
 
-        def read() -> bool:  # (and acknowledged: routed)
-            [group] = r.xinfo_groups(STREAM + "b")
-            return bool(group["last-delivered-id"] == last and not group["pending"])
-
-        wait_for(read, "b to read both")
+        read_up_to(r, STREAM + "b", last, "b to read both")
     finally:
         r.close()
     again = resumed(b, client_id)
@@ -456,11 +463,7 @@ def test_a_forward_that_waited_for_a_session_is_not_routed_to_it_if_it_had_it(
         arrives(b"m1", dev)
         last = r.xadd(STREAM + "b", {"m": forward_frame(client_id, topic, b"m1", m1, 2)})
 
-        def read() -> bool:  # (and acknowledged: waiting for the session)
-            [group] = r.xinfo_groups(STREAM + "b")
-            return bool(group["last-delivered-id"] == last and not group["pending"])
-
-        wait_for(read, "b to read the forward")
+        read_up_to(r, STREAM + "b", last, "b to read the forward")
         dev.close()
         again = resumed(b, client_id)
         r.xadd(STREAM + "b", {"m": publish_frame(topic, b"m2", b"c.00000001\x1d2", qos=2)})
@@ -634,11 +637,7 @@ def test_a_message_the_new_node_let_go_of_before_the_session_came_is_forwarded_t
         r.xadd(STREAM + "b", {"m": m1})
         last = r.xadd(STREAM + "b", {"m": newer})
 
-        def read() -> bool:  # (and acknowledged: routed)
-            [group] = r.xinfo_groups(STREAM + "b")
-            return bool(group["last-delivered-id"] == last and not group["pending"])
-
-        wait_for(read, "b to route them")
+        read_up_to(r, STREAM + "b", last, "b to route them")
         again = resumed(b, client_id)
         r.xadd(STREAM + "a", {"m": m1})
         arrives(b"m1", again)

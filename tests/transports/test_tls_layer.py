@@ -141,24 +141,20 @@ def _run_client(
     return asyncio.run(scenario())
 
 
-@pytest.mark.parametrize("built", [pytest.param(True, marks=pytest.mark.needs_compiled), False])
-def test_tls_listeners_run_tls_in_the_c_transport_when_built(
-    tmp_path: Path, certs: Certificates, monkeypatch: pytest.MonkeyPatch, built: bool
-) -> None:
-    if not built:
-        monkeypatch.setattr(streams, "available", lambda: False)
-    tls = ListenerConfig(
+def _tls_listener(certs: Certificates) -> ListenerConfig:
+    return ListenerConfig(
         host="127.0.0.1",
         port=0,
         tls_cert_file=str(certs.server_cert),
         tls_key_file=str(certs.server_key),
     )
-    config = memory_config(
-        tmp_path,
-        tls,
-    )
 
-    async def scenario() -> tuple[bytes, str, str, str]:
+
+def _served_over_tls(config: Any, certs: Certificates, name: str) -> tuple[bytes, Any, str]:
+    """A broker of ``config`` started, an MQTT client connected over TLS: the CONNACK's
+    bytes, the transport of the broker's connection, and the listener's server type."""
+
+    async def scenario() -> tuple[bytes, Any, str]:
         server = Server(config)
         await server.start()
         try:
@@ -166,23 +162,33 @@ def test_tls_listeners_run_tls_in_the_c_transport_when_built(
             reader, writer = await asyncio.open_connection(
                 "127.0.0.1", port, ssl=client_context(certs), server_hostname="localhost"
             )
-            writer.write(connect_packet(unique("tlslayer"), MQTT_311))
+            writer.write(connect_packet(unique(name), MQTT_311))
             answer = await asyncio.wait_for(reader.readexactly(4), GUARD)
             (conn,) = server.broker.connections
             transport = conn.link.transport  # type: ignore[attr-defined]
-            below = getattr(transport, "transport", None)
-            kinds = type(transport).__name__, type(below).__name__
             writer.close()
         finally:
             await server.stop()
-        return answer, *kinds, type(server.listeners[0].server).__name__
+        return answer, transport, type(server.listeners[0].server).__name__
 
-    answer, transport, below, listener = asyncio.run(scenario())
+    return asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("built", [pytest.param(True, marks=pytest.mark.needs_compiled), False])
+def test_tls_listeners_run_tls_in_the_c_transport_when_built(
+    tmp_path: Path, certs: Certificates, monkeypatch: pytest.MonkeyPatch, built: bool
+) -> None:
+    if not built:
+        monkeypatch.setattr(streams, "available", lambda: False)
+    config = memory_config(tmp_path, _tls_listener(certs))
+    answer, transport, listener = _served_over_tls(config, certs, "tlslayer")
+    below = type(getattr(transport, "transport", None)).__name__
     assert answer == CONNACK_OK
     if built:
-        assert (transport, listener) == ("TLSStream", "StreamServer")
+        assert (type(transport).__name__, listener) == ("TLSStream", "StreamServer")
     else:
-        assert transport == "TLSLayer" and below != "Stream" and listener == "Server"
+        assert type(transport).__name__ == "TLSLayer" and below != "Stream"
+        assert listener == "Server"
 
 
 @pytest.mark.needs_compiled
@@ -191,13 +197,7 @@ def test_a_context_the_c_transport_cannot_take_runs_the_python_layer_and_says_so
 ) -> None:
     """A context with a callback CPython calls with its own socket objects (here an SNI
     callback): the listener runs the Python layer on the own transport, and logs why."""
-    tls = ListenerConfig(
-        host="127.0.0.1",
-        port=0,
-        tls_cert_file=str(certs.server_cert),
-        tls_key_file=str(certs.server_key),
-    )
-    config = memory_config(tmp_path, tls)
+    config = memory_config(tmp_path, _tls_listener(certs))
     made = server_context
 
     def with_sni(listener: ListenerConfig, where: str) -> ssl.SSLContext | None:
@@ -206,32 +206,17 @@ def test_a_context_the_c_transport_cannot_take_runs_the_python_layer_and_says_so
         context.sni_callback = lambda *args: None
         return context
 
-    async def scenario() -> tuple[bytes, str, str]:
-        server = Server(config)
-        await server.start()
-        try:
-            port = server.addresses[0][1]
-            reader, writer = await asyncio.open_connection(
-                "127.0.0.1", port, ssl=client_context(certs), server_hostname="localhost"
-            )
-            writer.write(connect_packet(unique("sni"), MQTT_311))
-            answer = await asyncio.wait_for(reader.readexactly(4), GUARD)
-            (conn,) = server.broker.connections
-            transport = conn.link.transport  # type: ignore[attr-defined]
-            kinds = type(transport).__name__, type(transport.transport).__name__
-            writer.close()
-        finally:
-            await server.stop()
-        return answer, *kinds
-
     with pytest.MonkeyPatch.context() as patch:
         from mqttbroker.server import listeners
 
         patch.setattr(listeners, "server_context", with_sni)
         with caplog.at_level("INFO", logger="mqttbroker"):
-            answer, transport, below = asyncio.run(scenario())
+            answer, transport, _ = _served_over_tls(config, certs, "sni")
     assert answer == CONNACK_OK
-    assert (transport, below) == ("TLSLayer", "Stream")
+    assert (type(transport).__name__, type(transport.transport).__name__) == (
+        "TLSLayer",
+        "Stream",
+    )
     assert "TLS in the Python layer, not in the C transport: the context has an SNI" in caplog.text
 
 
