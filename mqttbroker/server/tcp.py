@@ -39,6 +39,65 @@ LINGER_SECONDS = 2.0
 LINGER_BYTES = 1_048_576
 
 
+class Graces:
+    """The close graces of one event loop's connections (see CLOSE_GRACE): each protocol armed,
+    with its end, in the order they were armed (so in the order of their ends: the grace is one
+    for all), and one timer of the loop for the earliest. The client's EOF arms a grace on
+    nearly every connection that ends, and connection_lost, which nearly always comes at once,
+    disarms it: a timer of the loop for each would be made and cancelled per connection (in
+    uvloop a libuv timer, started, stopped and closed), a cost to be seen beside a TLS
+    handshake's (benchmarks/README.md, "TLS in the C transport"). Here arming and disarming are
+    a dictionary's insertion and removal; the timer, when one is armed already, stays."""
+
+    __slots__ = ("loop", "due", "timer")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.due: dict[MQTTProtocol, float] = {}
+        self.timer: asyncio.TimerHandle | None = None
+
+    def arm(self, protocol: MQTTProtocol) -> None:
+        """Abort ``protocol``'s transport CLOSE_GRACE seconds from now, unless disarmed."""
+        self.due[protocol] = self.loop.time() + CLOSE_GRACE
+        if self.timer is None:
+            self.timer = self.loop.call_later(CLOSE_GRACE, self._expire)
+
+    def disarm(self, protocol: MQTTProtocol) -> None:
+        self.due.pop(protocol, None)
+
+    def _expire(self) -> None:
+        """Abort the transports whose grace is over; the timer again for the next end."""
+        self.timer = None
+        due = self.due
+        now = self.loop.time() + 0.001  # (the loop's timers are of milliseconds)
+        while due:
+            protocol = next(iter(due))
+            end = due[protocol]
+            if end > now:
+                self.timer = self.loop.call_at(end, self._expire)
+                return
+            del due[protocol]
+            try:
+                protocol.grace_over()
+            except Exception:  # the others' graces end all the same
+                log.exception("aborting a connection after its close grace failed")
+
+
+# The graces of the loop that armed one last (one broker runs on one loop). Another loop's
+# gets its own; a protocol disarms where it armed (MQTTProtocol.grace), so two of one loop
+# (loops taking turns, in tests) would only mean two timers.
+_graces: list[Graces] = []
+
+
+def graces_of(loop: asyncio.AbstractEventLoop) -> Graces:
+    """The close graces of ``loop``."""
+    if _graces and _graces[0].loop is loop:
+        return _graces[0]
+    graces = Graces(loop)
+    _graces[:] = [graces]
+    return graces
+
+
 def peer_name(peer: object) -> str:
     """A socket's peer as the log names it: "address:port" (a Unix socket's path as it is)."""
     return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
@@ -75,7 +134,7 @@ class MQTTProtocol:
         self.conn: Connection | None = None
         self.origin = origin
         self.lingering = -1  # while lingering: the bytes discarded so far
-        self.grace: asyncio.TimerHandle | None = None  # the abort after CLOSE_GRACE, once armed
+        self.grace: Graces | None = None  # where the abort after CLOSE_GRACE is armed, once it is
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
@@ -107,15 +166,22 @@ class MQTTProtocol:
 
     def _arm_grace(self) -> None:
         """Abort the transport CLOSE_GRACE seconds from now, unless it has closed by then."""
+        if self.grace is None and self.transport is not None:
+            graces = graces_of(asyncio.get_running_loop())
+            graces.arm(self)
+            self.grace = graces
+
+    def grace_over(self) -> None:
+        """The close grace ran out (Graces): abort the transport."""
+        self.grace = None
         transport = self.transport
-        if self.grace is None and transport is not None:
-            loop = asyncio.get_running_loop()
-            self.grace = loop.call_later(CLOSE_GRACE, transport.abort)
+        if transport is not None:
+            transport.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
         grace = self.grace
         if grace is not None:
-            grace.cancel()
+            grace.disarm(self)
             self.grace = None
         conn = self.conn
         if conn is not None:

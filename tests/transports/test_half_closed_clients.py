@@ -26,6 +26,8 @@ from support.clients import (
 )
 from support.listeners import LOOPS, SUBACK_QOS0, memory_config, open_311, run_on
 
+from mqttbroker.broker.core import Broker
+from mqttbroker.broker.options import BrokerOptions
 from mqttbroker.config import ListenerConfig
 from mqttbroker.server import streams, tcp
 from mqttbroker.server.app import Server
@@ -156,3 +158,56 @@ def test_a_half_closed_client_that_does_not_read_is_let_go_after_the_grace(
     assert not counted  # the connection is gone from the broker as its socket is
     assert open_streams <= 1  # the publisher's at most (the C transport's own count)
     assert ended
+
+
+class _Transport:
+    """What a protocol's close grace touches of its transport: abort(), recorded."""
+
+    def __init__(self, name: str, aborted: list[tuple[str, float]]) -> None:
+        self.name = name
+        self.aborted = aborted
+
+    def abort(self) -> None:
+        self.aborted.append((self.name, asyncio.get_running_loop().time()))
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_close_graces_share_one_timer_and_end_in_the_order_they_were_armed(
+    monkeypatch: pytest.MonkeyPatch, loop: str
+) -> None:
+    """Each EOF arms its connection's grace, each connection_lost disarms it; one timer of the
+    loop serves them all (not one per connection): at each grace's end its transport is
+    aborted, and only the ones still armed."""
+    monkeypatch.setattr(tcp, "CLOSE_GRACE", GRACE)
+
+    async def scenario() -> tuple[list[tuple[str, float]], dict[str, float], int]:
+        running = asyncio.get_running_loop()
+        broker = Broker(BrokerOptions())
+        aborted: list[tuple[str, float]] = []
+        armed: dict[str, float] = {}
+        protocols = {}
+        timers = set()
+        for index, name in enumerate(["a", "b", "c", "d", "e"]):
+            if index == 1:
+                await asyncio.sleep(GRACE / 4)  # "a" ends first, alone
+            protocol = tcp.MQTTProtocol(broker)
+            protocol.transport = _Transport(name, aborted)  # type: ignore[assignment]
+            armed[name] = running.time()
+            assert protocol.eof_received() is False
+            protocols[name] = protocol
+            grace = protocol.grace
+            assert grace is not None
+            timers.add(id(grace.timer))
+        for name in ("b", "d"):
+            protocols[name].connection_lost(None)  # closed in time: disarmed
+        async with asyncio.timeout(GUARD):
+            while len(aborted) < 3:
+                await asyncio.sleep(0.02)
+        await asyncio.sleep(GRACE)  # nothing more comes
+        return aborted, armed, len(timers)
+
+    aborted, armed, timers = run_on(loop, scenario)
+    assert [name for name, _ in aborted] == ["a", "c", "e"]
+    for name, at in aborted:
+        assert at >= armed[name] + GRACE - 0.002  # (the loop's clock is of milliseconds)
+    assert timers == 1
