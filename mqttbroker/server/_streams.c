@@ -151,7 +151,13 @@ typedef struct {
     PyObject *factory;  /* () -> protocol */
     PyObject *on_error; /* (fd, OSError): accepting failed and is paused */
     SSL_CTX *ctx;       /* a TLS listener's context (a reference of ours), or NULL */
+    int nodelay;        /* TCP_NODELAY: NODELAY_UNKNOWN, NODELAY_INHERITED or NODELAY_EACH */
 } Acceptor;
+
+/* TCP_NODELAY is set on the listening socket, and Linux gives it to each socket accepted from
+ * it (the new socket is a copy of the listener's): the first accepted one is asked, and only if
+ * it does not have it is it set on each (a system call per connection). */
+enum { NODELAY_UNKNOWN, NODELAY_INHERITED, NODELAY_EACH };
 
 struct Poller {
     PyObject_HEAD
@@ -461,9 +467,29 @@ static void detach(Stream *s, PyObject *exc, int notify, int owned) {
 /* Close the socket now, and have connection_lost(exc) called soon (see detach). */
 static void finish(Stream *s, PyObject *exc, int notify) { detach(s, exc, notify, 1); }
 
+/* Each errno's message, as PyErr_SetFromErrno would give it, made at its first use:
+ * strerror() looks the message up in the locale's catalogue and PyErr_SetFromErrno decodes it
+ * from the locale's encoding, each time (0.3 µs, per connection where clients end with a
+ * reset, as openssl s_time's do). */
+#define ERRNO_MESSAGES 256
+static PyObject *errno_messages[ERRNO_MESSAGES];
+
 /* The OSError of ``error`` (its subclass: ConnectionResetError...), a new reference, with no
  * exception left set; NULL only when even that failed. */
 static PyObject *os_error(int error) {
+    PyObject *message = NULL;
+    if (error > 0 && error < ERRNO_MESSAGES) {
+        message = errno_messages[error];
+        if (!message) {
+            message = errno_messages[error] = PyUnicode_DecodeLocale(strerror(error), "surrogateescape");
+            if (!message) PyErr_Clear();
+        }
+    }
+    if (message) {
+        PyObject *exc = PyObject_CallFunction(PyExc_OSError, "iO", error, message);
+        if (exc) return exc; /* OSError(errno, text) is of errno's subclass */
+        PyErr_Clear();
+    }
     errno = error;
     PyErr_SetFromErrno(PyExc_OSError);
     PyObject *type, *value, *tb;
@@ -1431,12 +1457,38 @@ static PyObject *Stream_get_write_buffer_limits(Stream *s, PyObject *Py_UNUSED(u
     return Py_BuildValue("(II)", s->low, s->high);
 }
 
-static PyObject *Stream_set_write_buffer_limits(Stream *s, PyObject *args, PyObject *kwargs) {
-    static char *names[] = {"high", "low", NULL};
+/* set_write_buffer_limits(high=None, low=None), its arguments taken as the vectorcall gives
+ * them: called once per connection, with a keyword (the parser of a tuple and a dictionary
+ * would have them made for it, and cost more than the rest). */
+static PyObject *Stream_set_write_buffer_limits(Stream *s, PyObject *const *args, Py_ssize_t nargs,
+                                                PyObject *kwnames) {
     PyObject *high_arg = Py_None, *low_arg = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|OO:set_write_buffer_limits", names,
-                                     &high_arg, &low_arg))
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    if (nargs > 2) {
+        PyErr_Format(PyExc_TypeError, "set_write_buffer_limits() takes at most 2 arguments (%zd given)",
+                     nargs + nkw);
         return NULL;
+    }
+    if (nargs > 0) high_arg = args[0];
+    if (nargs > 1) low_arg = args[1];
+    for (Py_ssize_t i = 0; i < nkw; i++) {
+        PyObject *name = PyTuple_GET_ITEM(kwnames, i);
+        int at = PyUnicode_CompareWithASCIIString(name, "high") == 0  ? 0
+                 : PyUnicode_CompareWithASCIIString(name, "low") == 0 ? 1
+                                                                       : -1;
+        if (at < 0) {
+            PyErr_Format(PyExc_TypeError,
+                         "set_write_buffer_limits() got an unexpected keyword argument '%U'", name);
+            return NULL;
+        }
+        if (at < nargs) {
+            PyErr_Format(PyExc_TypeError,
+                         "set_write_buffer_limits() got multiple values for argument '%U'", name);
+            return NULL;
+        }
+        if (at == 0) high_arg = args[nargs + i];
+        else low_arg = args[nargs + i];
+    }
     long long high, low;
     if (high_arg == Py_None) {
         if (low_arg == Py_None) {
@@ -1493,12 +1545,40 @@ static PyObject *address(const struct sockaddr_storage *addr, socklen_t len) {
     Py_RETURN_NONE;
 }
 
-static PyObject *Stream_get_extra_info(Stream *s, PyObject *args, PyObject *kwargs) {
-    static char *names[] = {"name", "default", NULL};
-    PyObject *name, *fallback = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:get_extra_info", names, &name,
-                                     &fallback))
+/* get_extra_info(name, default=None), its arguments as the vectorcall gives them (as
+ * set_write_buffer_limits: the protocol asks once per connection). */
+static PyObject *Stream_get_extra_info(Stream *s, PyObject *const *args, Py_ssize_t nargs,
+                                       PyObject *kwnames) {
+    PyObject *given[2] = {NULL, NULL};
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    if (nargs > 2) {
+        PyErr_Format(PyExc_TypeError, "get_extra_info() takes at most 2 arguments (%zd given)",
+                     nargs + nkw);
         return NULL;
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++) given[i] = args[i];
+    for (Py_ssize_t i = 0; i < nkw; i++) {
+        PyObject *key = PyTuple_GET_ITEM(kwnames, i);
+        int at = PyUnicode_CompareWithASCIIString(key, "name") == 0      ? 0
+                 : PyUnicode_CompareWithASCIIString(key, "default") == 0 ? 1
+                                                                          : -1;
+        if (at < 0) {
+            PyErr_Format(PyExc_TypeError, "get_extra_info() got an unexpected keyword argument '%U'",
+                         key);
+            return NULL;
+        }
+        if (given[at]) {
+            PyErr_Format(PyExc_TypeError, "get_extra_info() got multiple values for argument '%U'",
+                         key);
+            return NULL;
+        }
+        given[at] = args[nargs + i];
+    }
+    if (!given[0]) {
+        PyErr_SetString(PyExc_TypeError, "get_extra_info() missing required argument 'name'");
+        return NULL;
+    }
+    PyObject *name = given[0], *fallback = given[1] ? given[1] : Py_None;
     if (s->tls && PyUnicode_Check(name)) {
         if (PyUnicode_CompareWithASCIIString(name, "peercert") == 0) {
             if (s->fd < 0) return Py_NewRef(fallback);
@@ -1568,9 +1648,9 @@ static PyMethodDef Stream_methods[] = {
     {"get_write_buffer_limits", (PyCFunction)Stream_get_write_buffer_limits, METH_NOARGS,
      NULL},
     {"set_write_buffer_limits", (PyCFunction)(void (*)(void))Stream_set_write_buffer_limits,
-     METH_VARARGS | METH_KEYWORDS, NULL},
+     METH_FASTCALL | METH_KEYWORDS, NULL},
     {"get_extra_info", (PyCFunction)(void (*)(void))Stream_get_extra_info,
-     METH_VARARGS | METH_KEYWORDS, NULL},
+     METH_FASTCALL | METH_KEYWORDS, NULL},
     {"get_protocol", (PyCFunction)Stream_get_protocol, METH_NOARGS, NULL},
     {"set_protocol", (PyCFunction)Stream_set_protocol, METH_O, NULL},
     {"_connection_lost", (PyCFunction)Stream_connection_lost, METH_O, NULL},
@@ -1723,8 +1803,17 @@ static int accept_ready(Poller *p, Acceptor *a) {
             Py_XDECREF(exc);
             return 0;
         }
-        int one = 1;
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one); /* fails on Unix sockets */
+        if (a->nodelay != NODELAY_INHERITED) {
+            int one = 1, got = 0;
+            socklen_t len = sizeof got;
+            if (a->nodelay == NODELAY_UNKNOWN) {
+                a->nodelay = getsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &got, &len) == 0 && got
+                                 ? NODELAY_INHERITED
+                                 : NODELAY_EACH;
+            }
+            if (a->nodelay == NODELAY_EACH)
+                setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one); /* fails on Unix sockets */
+        }
         Py_INCREF(a);
         int rc = adopt(p, a, fd);
         Py_DECREF(a);
@@ -1902,6 +1991,9 @@ static PyObject *Poller_listen(Poller *p, PyObject *args) {
     a->ctx = ctx;
     a->fd = fd;
     a->registered = 0;
+    int one = 1; /* for the sockets accepted (see NODELAY_INHERITED); fails on Unix sockets */
+    a->nodelay = setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) == 0 ? NODELAY_UNKNOWN
+                                                                            : NODELAY_EACH;
     Py_INCREF(factory);
     a->factory = factory;
     Py_INCREF(on_error);

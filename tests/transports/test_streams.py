@@ -725,16 +725,143 @@ def test_paused_reading_holds_the_bytes_until_resumed() -> None:
 
 
 def test_a_reset_reaches_connection_lost_as_the_error() -> None:
-    async def scenario() -> Any:
+    """Each reset its own ConnectionResetError, with errno and message as the OS gives them
+    (the message is made once per errno and kept)."""
+
+    async def scenario() -> list[Any]:
+        listening = Listening(Recorder)
+        errors = []
+        for _ in range(2):
+            sock, protocol = await listening.client()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            sock.close()  # with linger 0: a reset
+            errors.append(await asyncio.wait_for(protocol.lost, GUARD))
+        listening.server.close()
+        return errors
+
+    first, second = asyncio.run(scenario())
+    for lost in (first, second):
+        assert type(lost) is ConnectionResetError
+        assert lost.errno == errno.ECONNRESET
+        assert lost.strerror == os.strerror(errno.ECONNRESET)
+        assert lost.args == (errno.ECONNRESET, os.strerror(errno.ECONNRESET))
+    assert first is not second
+
+
+def test_set_write_buffer_limits_and_get_extra_info_take_arguments_as_asyncio_s() -> None:
+    """By position or by name (as asyncio's ``set_write_buffer_limits(high=None, low=None)``
+    and ``get_extra_info(name, default=None)``), the defaults as asyncio's: low a quarter of
+    high, high four times low."""
+
+    async def scenario() -> tuple[list[Any], list[str]]:
         listening = Listening(Recorder)
         sock, protocol = await listening.client()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        sock.close()  # with linger 0: a reset
-        lost = await asyncio.wait_for(protocol.lost, GUARD)
+        stream = protocol.transport
+        calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
+            ((), {}),
+            ((4000,), {}),
+            ((4000, 100), {}),
+            ((), {"high": 8000}),
+            ((), {"low": 300}),
+            ((), {"low": 10, "high": 20}),
+            ((5000,), {"low": 200}),
+        ]
+        limits = []
+        for args, kwargs in calls:
+            stream.set_write_buffer_limits(*args, **kwargs)
+            limits.append(stream.get_write_buffer_limits())
+        wrong: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
+            ((1, 2, 3), {}),
+            ((), {"hi": 1}),
+            ((4000,), {"high": 1}),
+            ((10, 20), {}),
+            (("x",), {}),
+        ]
+        errors = []
+        for args, kwargs in wrong:
+            try:
+                stream.set_write_buffer_limits(*args, **kwargs)
+            except (TypeError, ValueError) as exc:
+                errors.append(type(exc).__name__)
+        peer = sock.getsockname()
+        infos = [
+            stream.get_extra_info("peername"),
+            stream.get_extra_info(name="peername"),
+            stream.get_extra_info("nothing"),
+            stream.get_extra_info("nothing", 7),
+            stream.get_extra_info("nothing", default=8),
+            stream.get_extra_info(default=9, name="nothing"),
+        ]
+        assert infos == [peer, peer, None, 7, 8, 9]
+        wrong = [
+            ((), {}),
+            (("a", 1, 2), {}),
+            (("a",), {"name": "b"}),
+            ((), {"x": 1}),
+        ]
+        for args, kwargs in wrong:
+            try:
+                stream.get_extra_info(*args, **kwargs)
+            except TypeError as exc:
+                errors.append(type(exc).__name__)
+        sock.close()
         listening.server.close()
-        return lost
+        return limits, errors
 
-    assert isinstance(asyncio.run(scenario()), ConnectionResetError)
+    limits, errors = asyncio.run(scenario())
+    assert limits == [
+        (16384, 65536),
+        (1000, 4000),
+        (100, 4000),
+        (2000, 8000),
+        (300, 1200),
+        (10, 20),
+        (200, 5000),
+    ]
+    assert (
+        errors
+        == ["TypeError", "TypeError", "TypeError", "ValueError", "TypeError"] + ["TypeError"] * 4
+    )
+
+
+def _accepted_nodelay(client: tuple[str, int]) -> int:
+    """TCP_NODELAY of this process's socket connected to ``client``."""
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            sock = socket.socket(fileno=int(name))
+        except OSError:
+            continue  # not a socket, or gone meanwhile
+        try:
+            if sock.type == socket.SOCK_STREAM and sock.getpeername() == client:
+                return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+        except OSError:
+            pass
+        finally:
+            sock.detach()  # not ours to close
+    raise AssertionError("no accepted socket for the client")
+
+
+def test_accepted_sockets_have_tcp_nodelay_set_on_the_listener_or_on_each() -> None:
+    """Nagle's algorithm is off on every accepted socket: set on the listening socket, whose
+    accepted sockets inherit it (Linux), or on each when they do not (a Unix socket has none)."""
+
+    async def scenario() -> tuple[int, list[int]]:
+        listening = Listening(Recorder)
+        listener = listening.server.sockets[0]
+        on_listener = listener.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+        found = []
+        clients = []
+        for _ in range(3):
+            sock, _protocol = await listening.client()
+            clients.append(sock)
+            found.append(_accepted_nodelay(sock.getsockname()))
+        for sock in clients:
+            sock.close()
+        listening.server.close()
+        return on_listener, found
+
+    on_listener, found = asyncio.run(scenario())
+    assert on_listener and all(found) and len(found) == 3
 
 
 @pytest.mark.parametrize("loop", LOOPS)
