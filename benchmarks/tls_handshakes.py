@@ -2,9 +2,10 @@
 ``--seconds``, ``--keys ec,rsa``, ``--versions 1.3,1.2``, ``--no-mosquitto``, ``--out``).
 
 For each server key (ECDSA P-256, RSA 2048; benchmarks/tlscerts.py) it starts our broker with one
-TLS listener and Mosquitto with the same certificate (brokers.py, pinned to core 0), and runs
-``openssl s_time`` against each (pinned to core 1) for every TLS version, with session
-resumption off (``-new``: a full handshake per connection) and on (``-reuse``: the session of the
+TLS listener and Mosquitto with the same certificate (brokers.py, both pinned to core 0, the
+one not measured idle), and runs ``openssl s_time`` (pinned to core 1) against each in turn, run
+by run (a drift of the machine's speed over the suite falls on both alike), for every TLS
+version, with session resumption off (``-new``: a full handshake per connection) and on (``-reuse``: the session of the
 first connection offered again each time; ``resumed`` is the share the server did resume, from
 s_time's ``r``/``*`` marks: with TLS 1.3 a server whose session ticket is not sent with its last
 handshake flight resumes nothing, as s_time closes right after the handshake). s_time connects,
@@ -95,19 +96,24 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-tls-") as tls_dir, out.open("a") as sink:
         for key in args.keys.split(","):
             br.TLS = tlscerts.make(tls_dir, key)
-            for name in names:
-                handle = br.start_ours(pin) if name == "ours" else br.start_mosquitto(pin)
-                try:
-                    for version in args.versions.split(","):
-                        for reuse in (False, True):
-                            for run in range(args.runs):
-                                m = measure(handle, version, reuse, args.seconds, pin)
+            handles: dict[str, br.BrokerHandle] = {}
+            try:
+                for name in names:
+                    handles[name] = (
+                        br.start_ours(pin) if name == "ours" else br.start_mosquitto(pin)
+                    )
+                for version in args.versions.split(","):
+                    for reuse in (False, True):
+                        for run in range(args.runs):
+                            for name in names:  # run by run: a drift of the machine falls on both
+                                m = measure(handles[name], version, reuse, args.seconds, pin)
                                 record = {"key": key, "tls": version, "resumption": reuse}
                                 record |= {"broker": name, "run": run + 1, **m}
                                 sink.write(json.dumps(record) + "\n")
                                 rows.setdefault((key, version, reuse, name), []).append(m)
                                 print(f"  {json.dumps(record)}", flush=True)
-                finally:
+            finally:
+                for handle in handles.values():
                     handle.stop()
     print(table(rows, names))
     print(f"  results: {out}")

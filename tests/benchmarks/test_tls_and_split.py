@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from support.launcher import read_jsonl, run_module
 
+from benchmarks import brokers as br
 from benchmarks import wire
 from benchmarks.client import open_many
 
@@ -154,6 +155,27 @@ def test_tls_handshakes_smoke(tmp_path: Path) -> None:
     assert [(r["resumption"], r["broker"]) for r in records] == [(False, "ours"), (True, "ours")]
     assert all(r["handshakes"] > 0 and r["cpu_us_per_handshake"] for r in records)
     assert records[0]["resumed"] is None and 0 <= records[1]["resumed"] <= 1
+
+
+@linux_only
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+@pytest.mark.skipif(br.mosquitto_path() is None, reason="needs mosquitto")
+def test_tls_handshakes_measures_ours_and_mosquitto_in_turn(tmp_path: Path) -> None:
+    """Run by run, ours then Mosquitto, both started once: a drift of the machine's speed over
+    the suite falls on both alike."""
+    out = tmp_path / "hs.jsonl"
+    args = ["--runs", "2", "--seconds", "1", "--keys", "ec", "--versions", "1.2", "--out", str(out)]
+    proc = run_module("benchmarks.tls_handshakes", *args, timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    records = read_jsonl(out)
+    order = [(r["resumption"], r["run"], r["broker"]) for r in records]
+    assert order == [
+        (resumption, run, broker)
+        for resumption in (False, True)
+        for run in (1, 2)
+        for broker in ("ours", "mosquitto")
+    ]
+    assert all(r["handshakes"] > 0 and r["cpu_us_per_handshake"] for r in records)
 
 
 @linux_only
