@@ -834,6 +834,7 @@ async def many_devices(ctx: Ctx) -> dict[str, Any]:
     sub0 = await ctx.client("sub0")
     await sub0.subscribe([("dev/+/q0", 0)])
     sub0.start_counting(ctx.publish_len(f"dev/{0:0{width}d}/q0"))
+    rss0 = procfs.rss_kb(ctx.broker_pid)
     conns = ctx.open_many([f"dev{i}" for i in range(n)]).clients
     limit = min([devices.RING] + [c.receive_max for c in conns])
     metrics: dict[str, Any] = {}
@@ -898,6 +899,11 @@ async def many_devices(ctx: Ctx) -> dict[str, Any]:
         metrics[f"{name}_missed"] = pacer.missed  # turns skipped: the generator was late
         gen_cpu.append(w["gen_cpu_pct"])
         broker_cpu.append(w["broker_cpu_pct"])
+    # What the devices cost the broker in memory once each has sent in both phases: its RSS
+    # now minus before they connected (a fresh broker: see the registry), per device.
+    rss1 = procfs.rss_kb(ctx.broker_pid)
+    if rss0 is not None and rss1 is not None:
+        metrics["rss_kb_per_device"] = round((rss1 - rss0) / n, 2)
     ctx.lost_before_retiring += sum(1 for c in conns if c.eof)  # the broker closed a device
     out: dict[str, Any] = {
         "metrics": metrics,
@@ -1028,8 +1034,10 @@ SCENARIOS: dict[str, Scenario] = {
                 Metric("q0_kernel_pct", "QoS0 of it in the kernel %", ratio=False),
                 Metric("q0_gen_cpu_pct", "QoS0 gen CPU %", ratio=False),
                 Metric("q0_unread", "QoS0 unread bytes/conn", ratio=False),
+                Metric("rss_kb_per_device", "RSS KiB/device", False),
             ),
             many_fds=True,
+            fresh=True,
             phases=2,
             cpu_rows=False,
             variants=("ours-no-gather",),

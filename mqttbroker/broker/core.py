@@ -578,25 +578,38 @@ class Broker:
         now = self.clock()
         opts = self.options
         self.connection_log.tick(now)
-        for conn in list(self.connections):
+        # Both walks only pick out what is due, and act on it after: closing a connection or
+        # ending a session changes the set walked (no copy of it each half second).
+        silent: list[Connection] = []
+        timed_out: list[Connection] = []
+        for conn in self.connections:
             if conn.state in (AWAIT_CONNECT, AUTHENTICATING):
                 if now - conn.opened_at > opts.connect_timeout:
-                    log.info(
-                        "connection from %s sent no CONNECT in %gs; closing",
-                        conn.peer,
-                        opts.connect_timeout,
-                    )
-                    conn.close(publish_will=False)
+                    silent.append(conn)
             elif conn.keep_alive and now - conn.last_received > 1.5 * conn.keep_alive:
-                log.info(
-                    "client %s: keep alive of %ds ran out; closing", conn.client_id, conn.keep_alive
-                )
-                conn.disconnect(ReasonCode.KEEP_ALIVE_TIMEOUT, "keep alive timeout")
-        for session in list(self.sessions.values()):
+                timed_out.append(conn)
+        for conn in silent:
+            log.info(
+                "connection from %s sent no CONNECT in %gs; closing",
+                conn.peer,
+                opts.connect_timeout,
+            )
+            conn.close(publish_will=False)
+        for conn in timed_out:
+            log.info(
+                "client %s: keep alive of %ds ran out; closing", conn.client_id, conn.keep_alive
+            )
+            conn.disconnect(ReasonCode.KEEP_ALIVE_TIMEOUT, "keep alive timeout")
+        due: list[Session] = []
+        for session in self.sessions.values():
             if session.drops_unlogged and now >= session.drop_log_next:
                 session.report_drops(now)  # the rest of a burst of drops
-            if session.connection is not None:
-                continue
+            if session.connection is None and (
+                (session.will_due is not None and now >= session.will_due)
+                or (session.expires_at is not None and now >= session.expires_at)
+            ):
+                due.append(session)
+        for session in due:
             if session.will_due is not None and now >= session.will_due:
                 will = session.will
                 session.will = session.will_due = None

@@ -35,7 +35,9 @@ log = logging.getLogger("mqttbroker.alerts")
 
 ALERT_PREFIX = "$SYS/broker/alerts/stuck/"
 SURVEY_INTERVAL = 1.0  # seconds a survey's figures are reused
-CENSUS_SLICE = 20_000  # sessions and connections counted per survey, at most
+# Sessions and connections counted per survey, at most: what an idle fleet costs each second
+# (10,000 devices, a session and a connection each: a full pass every 5 s).
+CENSUS_SLICE = 4_000
 
 
 def oldest_queued_age(session: Session, now: float) -> float:
@@ -79,6 +81,9 @@ class Survey:
         self.broker = broker
         self.threshold = threshold
         self.listeners = list(listeners)
+        # each listener's label by the identity of its configuration (the survey looks one up
+        # per connection: no string made each time)
+        self._labels = {id(config): listener_label(i) for i, config in enumerate(self.listeners)}
         self.figures = Figures()
         self.alerts = 0  # sessions that became stuck, since the start
         self.census = Census()  # the last complete pass
@@ -89,10 +94,7 @@ class Survey:
 
     def listener_name(self, listener: object) -> str:
         """The label of the listener a connection came through (its ``link.listener``)."""
-        for index, config in enumerate(self.listeners):
-            if config is listener:
-                return listener_label(index)
-        return "other"
+        return self._labels.get(id(listener), "other")
 
     def listener_names(self) -> list[str]:
         return [listener_label(index) for index in range(len(self.listeners))]
@@ -120,9 +122,10 @@ class Survey:
         connections = self._connections
         rest = min(budget - take, len(connections))
         counts = partial.connections
+        labels = self._labels
         for conn in connections[len(connections) - rest :]:
             if conn.state == CONNECTED:
-                name = self.listener_name(getattr(conn.link, "listener", None))
+                name = labels.get(id(getattr(conn.link, "listener", None)), "other")
                 counts[name] = counts.get(name, 0) + 1
         del connections[len(connections) - rest :]
         self.counted = take + rest

@@ -81,6 +81,8 @@ def test_benchmark_smoke(tmp_path: Path) -> None:
         assert devices[f"{phase}_cpu_per_10k"] is not None, report  # 0 when under one tick
         # /proc found the broker's connections (its unread bytes may well be 0)
         assert devices[f"{phase}_unread"] is not None and devices[f"{phase}_unread"] >= 0, report
+    # and what the devices cost it in memory, on a broker started for the scenario
+    assert devices["rss_kb_per_device"] is not None and devices["rss_kb_per_device"] >= 0, report
     # Scenario 1w: one data segment per message (no two merged by the kernel).
     per_write_run = next(r for r in records if r["scenario"] == "1w")
     assert per_write_run["gen_publishers"] == publishers, report  # C where it builds
