@@ -350,6 +350,12 @@ class Scraper:
         self._thread.join(5)
 
 
+def mosquitto_tls(conf: str, cert: str, key: str) -> str:
+    """Mosquitto configuration ``conf`` with its first listener (its first line) serving TLS
+    with ``cert`` and ``key``, Mosquitto's defaults otherwise."""
+    return conf.replace("\n", f"\ncertfile {cert}\nkeyfile {key}\n", 1)
+
+
 def start_mosquitto(pin: bool, version: int = MQTT_5, persistent: bool = False) -> BrokerHandle:
     binary = mosquitto_path()
     if binary is None:
@@ -365,7 +371,7 @@ def start_mosquitto(pin: bool, version: int = MQTT_5, persistent: bool = False) 
         persistence = MOSQUITTO_PERSISTENT.format(dir=data)
     text = MOSQUITTO_CONF.format(port=port, persistence=persistence)
     if TLS is not None and not persistent:
-        text = text.replace("\n", f"\ncertfile {TLS[0]}\nkeyfile {TLS[1]}\n", 1)
+        text = mosquitto_tls(text, *TLS)
     Path(conf).write_text(text)
     os.chmod(workdir, 0o755)  # mosquitto drops root for its own user and must read the config
     os.chmod(conf, 0o644)

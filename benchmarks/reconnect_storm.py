@@ -1,5 +1,6 @@
 """Reconnection after a restart: ``python -m benchmarks.reconnect_storm`` (``--clients``,
-``--queued``, ``--concurrency``, ``--runs``, ``--no-mosquitto``, ``--out``).
+``--queued``, ``--concurrency``, ``--runs``, ``--no-mosquitto``, ``--tls``, ``--tls-version``,
+``--out``).
 
 Per run and broker, on a fresh data directory: N clients (default 5,000) with persistent
 sessions (MQTT 5, Clean Start 0, Session Expiry Interval 3600) each subscribe at QoS 1 to their
@@ -9,11 +10,19 @@ saves its database) and started again on its store (ours: the default SQLite sto
 ``max_queued_messages`` 100; Mosquitto: ``persistence true``); 1 s after its port opens all N
 reconnect with Clean Start 0, ``--concurrency`` (default 1,000) being set up at once, by the C
 opener (benchmarks/c/open_many.c; the Python loop without a compiler). Figures: seconds until
-every CONNACK (the opener's clock), the broker's CPU per reconnection meanwhile (the schedstat of
-its threads), the queued messages the clients have received 3 s later (each must get its Q), its
-RSS growth per client, and the seconds from its start to its port opening. Brokers pinned to core
-0, this process and the opener to core 1. One JSON line per run in
-``benchmarks/results/reconnect-<time>.jsonl``, then medians."""
+every CONNACK (the opener's clock) and the opener's CPU meanwhile, the broker's CPU per
+reconnection meanwhile (the schedstat of its threads), the queued messages the clients have
+received 3 s later (each must get its Q), its RSS growth per client, and the seconds from its
+start to its port opening. Brokers pinned to core 0, this process and the opener to core 1. One
+JSON line per run in ``benchmarks/results/reconnect-<time>.jsonl``, then medians.
+
+With ``--tls ec|rsa`` both brokers serve their one listener over TLS instead, with a certificate
+made for the run (benchmarks/tlscerts.py; Mosquitto's listener configured as the suite's,
+brokers.mosquitto_tls), and every client, the publisher included, speaks TLS ``--tls-version``
+(1.3 by default) and verifies it: the clients by the C TLS opener (benchmarks/c/open_many_tls.c,
+through tls_fleet.CFleet, which needs a C compiler and OpenSSL's headers), the publisher by
+Python's ``ssl``. No session is resumed: after a restart neither broker has the keys of the
+tickets it gave, so every reconnection is a full handshake."""
 
 from __future__ import annotations
 
@@ -28,11 +37,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import brokers as br
-from . import client, cprograms, procfs, wire
+from . import client, cprograms, procfs, tls_fleet, tlscerts, wire
 
 RESULTS = Path(__file__).resolve().parent / "results"
 OURS_TOML = "[broker]\nmax_queued_messages = 100\n"
@@ -44,10 +54,22 @@ MOSQUITTO_CONF = (
 )
 
 
-def start(name: str, workdir: str, port: int, pin: bool) -> tuple[subprocess.Popen[bytes], float]:
+class Tls(NamedTuple):
+    """``--tls``: the server's certificate (the clients' CA too) and key, and the version the
+    clients speak."""
+
+    cert: str
+    key: str
+    version: str
+
+
+def start(
+    name: str, workdir: str, port: int, pin: bool, tls: Tls | None
+) -> tuple[subprocess.Popen[bytes], float]:
     """The broker on ``workdir``'s store, and the seconds until its port opened."""
     if name == "ours":
-        Path(workdir, "c.toml").write_text(OURS_TOML)
+        listener = "" if tls is None else tlscerts.listener_toml(tls.cert, tls.key)
+        Path(workdir, "c.toml").write_text(OURS_TOML + listener)
         cmd = [sys.executable, "-m", "mqttbroker", "--port", str(port), "--log-level", "warning"]
         cmd += ["--data-dir", workdir, "--admin-port", "0", "--config", f"{workdir}/c.toml"]
     else:
@@ -55,7 +77,8 @@ def start(name: str, workdir: str, port: int, pin: bool) -> tuple[subprocess.Pop
         if binary is None:
             raise RuntimeError("mosquitto is not installed")
         conf = Path(workdir, "m.conf")
-        conf.write_text(MOSQUITTO_CONF.format(port=port, dir=workdir))
+        text = MOSQUITTO_CONF.format(port=port, dir=workdir)
+        conf.write_text(text if tls is None else br.mosquitto_tls(text, tls.cert, tls.key))
         conf.chmod(0o644)
         cmd = [binary, "-c", str(conf)]
     env = dict(os.environ)
@@ -81,9 +104,13 @@ def stop(name: str, proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
-def queue(port: int, clients: int, per_topic: int) -> None:
+def queue(port: int, clients: int, per_topic: int, tls: Tls | None) -> None:
     """Publish ``per_topic`` QoS 1 messages on each client's topic, 500 unacknowledged at most."""
-    with socket.create_connection(("127.0.0.1", port), 10) as pub:
+    sock = socket.create_connection(("127.0.0.1", port), 10)
+    if tls is not None:
+        context = tlscerts.client_context(tls.cert, tls.version)
+        sock = context.wrap_socket(sock, server_hostname="127.0.0.1")
+    with sock as pub:
         pub.sendall(wire.connect("reconnect-pub"))
         pub.recv(1024)  # the CONNACK
         total, sent, acked, packet_id, buf = clients * per_topic, 0, 0, 0, b""
@@ -113,12 +140,58 @@ def publishes(data: bytes) -> int:
     return count
 
 
-def one_run(name: str, args: argparse.Namespace, opener: str | None, pin: bool) -> dict[str, Any]:
+def connect_all(
+    port: int,
+    requests: Sequence[tuple[bytes, bool]],
+    concurrency: int,
+    opener: str | None,
+    tls: Tls | None,
+) -> tuple[client.Opened | tls_fleet.Stormed, Callable[[], int]]:
+    """Set up a connection per request, ``concurrency`` at once (the opener times it), and
+    leave them open: what it took, and a function that reads what they have been sent since
+    their CONNACKs, DISCONNECTs and closes them, and says how many PUBLISH packets that was.
+    Over TLS by the C TLS opener (``opener``), else by the C opener or the Python loop."""
+    if tls is not None:
+        assert opener is not None
+        fleet = tls_fleet.CFleet(
+            opener, "127.0.0.1", port, requests, tls.cert, tls.version, "off", concurrency
+        )
+
+        def close_fleet() -> int:
+            fleet.close()
+            return fleet.publishes
+
+        return fleet.storm(), close_fleet
+    opened = client.open_many_requests("127.0.0.1", port, requests, concurrency, opener)
+
+    def close_clients() -> int:
+        received = 0
+        for c in opened.clients:
+            c.sock.setblocking(False)
+            data = c.rest
+            try:
+                while chunk := c.sock.recv(65536):
+                    data += chunk
+            except BlockingIOError:
+                pass
+            received += publishes(data)
+            c.sock.send(wire.disconnect())
+        time.sleep(0.5)
+        for c in opened.clients:
+            c.sock.close()
+        return received
+
+    return opened, close_clients
+
+
+def one_run(
+    name: str, args: argparse.Namespace, opener: str | None, pin: bool, tls: Tls | None
+) -> dict[str, Any]:
     n = args.clients
     workdir = tempfile.mkdtemp(prefix=f"bench-reconnect-{name}-")
     os.chmod(workdir, 0o777)  # Mosquitto drops root for its own user and writes its database here
     port = br.free_port()
-    proc, _ = start(name, workdir, port, pin)
+    proc, _ = start(name, workdir, port, pin, tls)
     try:
         ids = [f"rs{i}" for i in range(n)]
 
@@ -128,44 +201,25 @@ def one_run(name: str, args: argparse.Namespace, opener: str | None, pin: bool) 
                 request += wire.subscribe(1, [(f"rs/{i}", 1)])
             return request, subscribe
 
-        first = client.open_many_requests(
-            "127.0.0.1", port, [persistent(i, True) for i in range(n)], 100, opener
-        )
-        for c in first.clients:
-            c.sock.send(wire.disconnect())
+        _, leave = connect_all(port, [persistent(i, True) for i in range(n)], 100, opener, tls)
+        leave()  # (a DISCONNECT keeps the session: Session Expiry Interval 3600)
         time.sleep(1.0)
-        for c in first.clients:
-            c.sock.close()
-        queue(port, n, args.queued)
+        queue(port, n, args.queued, tls)
         time.sleep(0.5)
         stop(name, proc)
-        proc, start_s = start(name, workdir, port, pin)
+        proc, start_s = start(name, workdir, port, pin, tls)
         time.sleep(1.0)
         rss0, ns0 = procfs.rss_kb(proc.pid), procfs.threads_cpu_ns(proc.pid)
-        again = client.open_many_requests(
-            "127.0.0.1", port, [persistent(i, False) for i in range(n)], args.concurrency, opener
-        )
+        requests = [persistent(i, False) for i in range(n)]
+        again, leave = connect_all(port, requests, args.concurrency, opener, tls)
         ns1 = procfs.threads_cpu_ns(proc.pid)
         time.sleep(3.0)
         rss1 = procfs.rss_kb(proc.pid)
-        received = 0
-        for c in again.clients:
-            c.sock.setblocking(False)
-            data = c.rest
-            try:
-                while chunk := c.sock.recv(65536):
-                    data += chunk
-            except BlockingIOError:
-                pass
-            received += publishes(data)
-        for c in again.clients:
-            c.sock.send(wire.disconnect(end_session=True))
-        time.sleep(0.5)
-        for c in again.clients:
-            c.sock.close()
+        received = leave()
         return {
             "broker": name,
             "reconnect_s": round(again.elapsed_s, 4),
+            "opener_cpu_s": round(again.cpu_s, 4),
             "cpu_us_per_conn": procfs.per_item_us(ns0, ns1, n),
             "queued": n * args.queued,
             "received_3s": received,
@@ -187,6 +241,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--no-mosquitto", action="store_true")
     p.add_argument("--no-pin", action="store_true")
+    p.add_argument(
+        "--tls",
+        choices=sorted(tlscerts.KINDS),
+        help="the brokers serve TLS with an ECDSA P-256 (ec) or RSA 2048 (rsa) server key; "
+        "needs the C TLS opener",
+    )
+    p.add_argument(
+        "--tls-version",
+        choices=sorted(tlscerts.VERSIONS),
+        default="1.3",
+        help="the TLS version the clients speak with --tls (default 1.3)",
+    )
     p.add_argument("--out")
     args = p.parse_args(argv)
     pin = br.pinning_available() and not args.no_pin
@@ -199,17 +265,29 @@ def main(argv: list[str] | None = None) -> int:
     names = ["ours"] + ([] if args.no_mosquitto else ["mosquitto"])
     failed = False
     with tempfile.TemporaryDirectory(prefix="bench-reconnect-c-") as build_dir:
-        opener, how = cprograms.build("open_many", build_dir)
+        tls = None
+        if args.tls:
+            opener, how = cprograms.build("open_many_tls", build_dir)
+            if opener is None:
+                print(f"reconnect storm: --tls needs the C TLS opener: {how}", file=sys.stderr)
+                return 2
+            # (the directory is readable by all: Mosquitto drops root for its own user)
+            tls = Tls(*tlscerts.make(build_dir, args.tls), args.tls_version)
+            key = "ECDSA P-256" if args.tls == "ec" else "RSA 2048"
+            how += f"; TLS {args.tls_version}, {key} server key, full handshakes"
+        else:
+            opener, how = cprograms.build("open_many", build_dir)
+            how = how if opener else "Python loop: " + how
         print(
             f"reconnect storm {suite}: {args.clients} clients, {args.queued} queued each, "
-            f"{args.concurrency} at once; opener: {how if opener else 'Python loop: ' + how}"
+            f"{args.concurrency} at once; opener: {how}"
         )
         records: list[dict[str, Any]] = []
         with out.open("a") as sink:
             for run in range(args.runs):
                 for name in names:
                     try:
-                        record = one_run(name, args, opener, pin)
+                        record = one_run(name, args, opener, pin, tls)
                     except (OSError, RuntimeError) as exc:
                         record = {"broker": name, "error": str(exc)}
                     record["run"] = run + 1
@@ -222,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         if ok:
             medians = {
                 k: statistics.median(r[k] for r in ok)
-                for k in ("reconnect_s", "cpu_us_per_conn", "start_s")
+                for k in ("reconnect_s", "opener_cpu_s", "cpu_us_per_conn", "start_s")
                 if all(r.get(k) is not None for r in ok)
             }
             print(f"  {name} medians: {json.dumps(medians)}")

@@ -9,7 +9,8 @@ each CONNACK, and holds the connections, which live in its process, until :meth:
 
 Either is used the same way: ``fleet = ...(...)`` (with resumption, the C opener's priming round
 runs here), ``opened = fleet.storm()`` (the timed part: from the first connect to the last
-CONNACK), then ``dropped = fleet.close()`` (how many the broker had closed meanwhile).
+CONNACK), then ``dropped = fleet.close()`` (how many the broker had closed meanwhile; the C
+opener's ``fleet.publishes`` is then how many PUBLISH packets they had been sent).
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ class CFleet:
         self.sessions: int = ready["sessions"]  # slots with a session to offer
         self.primed_s: float = ready["primed_s"]
         self.receive_max: list[int] = []
+        self.publishes = 0  # (known once closed)
 
     def _line(self, timeout: float) -> dict[str, Any]:
         """The program's next JSON line; ConnectionError with its error, or when it ends."""
@@ -125,13 +127,16 @@ class CFleet:
 
     def close(self) -> int:
         """DISCONNECT and close every connection: how many the broker had closed before (0
-        once closed)."""
+        once closed). :attr:`publishes` is then how many PUBLISH packets the broker had sent
+        them since their CONNACKs (read without waiting, first)."""
         if self.proc.returncode is not None:
             return 0
         try:
             assert self.proc.stdin is not None
             self.proc.stdin.close()
-            return int(self._line(60)["dropped"])
+            result = self._line(60)
+            self.publishes = int(result["publishes"])
+            return int(result["dropped"])
         finally:
             self.kill()
 

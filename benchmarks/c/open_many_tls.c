@@ -25,8 +25,10 @@
  *     of them the server resumed>, "receive_max": [per connection]}, from the first connect()
  *     to the last CONNACK (or SUBACK), cpu_s its own (getrusage); then it holds them, reading
  *     nothing, until stdin ends (or another byte comes);
- *   then, for each connection, whether the broker has closed it, a DISCONNECT, close_notify and
- *     close(): {"dropped": <connections the broker had closed>}, exit status 0.
+ *   then, for each connection, what the broker has sent it since its CONNACK (SUBACK), read
+ *     without waiting, and whether the broker has closed it, a DISCONNECT, close_notify and
+ *     close(): {"dropped": <connections the broker had closed>, "publishes": <PUBLISH packets
+ *     they had been sent, e.g. a persistent session's queued messages>}, exit status 0.
  * A refusal, a failed handshake (a certificate that does not verify says so), an unexpected
  * packet, a closed connection or TIMEOUT_S passing is {"error": "..."} and exit status 1.
  */
@@ -297,6 +299,48 @@ static void set_up(long count, long concurrency, double timeout, int priming, do
     *cpu = cpu_s() - c0;
 }
 
+/* What connection index has been sent since it was set up (the bytes its setup read beyond
+ * the CONNACK or SUBACK included), read without waiting: how many PUBLISH packets, counted by
+ * their fixed headers (a packet longer than IN_MAX is counted, then its rest skipped); *closed
+ * set when the broker has closed the connection. */
+static long received_publishes(struct conn *c, long index, int *closed) {
+    long count = 0;
+    uint32_t skip = 0; /* of a long packet already counted, the bytes not read yet */
+    for (;;) {
+        uint32_t pos = 0;
+        while (pos < c->s.in_len) {
+            uint32_t body = pos + 1;
+            long len = varint(c->s.in, &body, c->s.in_len);
+            if (len == -2)
+                fail("connection %ld: malformed remaining length after setup", index);
+            if (len < 0)
+                break;
+            uint32_t end = body + (uint32_t)len;
+            if (end > c->s.in_len && end - pos <= IN_MAX)
+                break; /* the rest of it is still to come */
+            count += c->s.in[pos] >> 4 == 3;
+            if (end > c->s.in_len) {
+                skip = end - c->s.in_len;
+                pos = c->s.in_len;
+                break;
+            }
+            pos = end;
+        }
+        memmove(c->s.in, c->s.in + pos, c->s.in_len - pos);
+        c->s.in_len -= pos;
+        ERR_clear_error();
+        int r = SSL_read(c->ssl, c->s.in + c->s.in_len, (int)(IN_MAX - c->s.in_len));
+        if (r <= 0) {
+            *closed = SSL_get_error(c->ssl, r) != SSL_ERROR_WANT_READ;
+            return count;
+        }
+        uint32_t got = (uint32_t)r, gone = got < skip ? got : skip;
+        skip -= gone;
+        memmove(c->s.in + c->s.in_len, c->s.in + c->s.in_len + gone, got - gone);
+        c->s.in_len += got - gone;
+    }
+}
+
 /* Wait for a byte on stdin: 1 when one came, 0 when stdin ended. */
 static int wait_stdin(void) {
     char byte;
@@ -401,17 +445,15 @@ int main(int argc, char **argv) {
     fflush(stdout);
 
     wait_stdin();
-    long dropped = 0;
+    long dropped = 0, publishes = 0;
     for (long i = 0; i < n; i++) {
         struct conn *c = &conns[i];
-        char byte;
-        ERR_clear_error();
-        int r = SSL_read(c->ssl, &byte, 1);
-        if (r <= 0 && SSL_get_error(c->ssl, r) != SSL_ERROR_WANT_READ)
-            dropped++;
+        int closed;
+        publishes += received_publishes(c, i, &closed);
+        dropped += closed;
         close_conn(c);
     }
-    printf("{\"dropped\": %ld}\n", dropped);
+    printf("{\"dropped\": %ld, \"publishes\": %ld}\n", dropped, publishes);
     fflush(stdout);
     return 0;
 }

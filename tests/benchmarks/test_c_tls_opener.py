@@ -2,12 +2,15 @@
 benchmarks/tls_fleet.py), which sets up scenario 6's connections over TLS with ``--tls``:
 against our broker and Mosquitto, each serving the run's certificate (benchmarks/tlscerts.py)
 on a free loopback port, it sets up 50 MQTT connections over TLS 1.3 and 1.2, with sessions
-resumed or not, which the broker then holds until the opener closes them; and a certificate its
-CA file did not sign makes it fail, saying so. A few seconds; no timed assertions."""
+resumed or not, which the broker then holds until the opener closes them; it counts the PUBLISH
+packets they were sent after their SUBACKs, one longer than its read buffer among them; and a
+certificate its CA file did not sign makes it fail, saying so. A few seconds; no timed
+assertions."""
 
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -92,6 +95,52 @@ def test_the_broker_holds_the_connections_set_up_over_tls(
         assert fleet.close() == 0  # none dropped meanwhile
     finally:
         fleet.kill()
+
+
+def _publish_retained(broker: br.BrokerHandle, ca: str, messages: list[tuple[str, bytes]]) -> None:
+    """Publish each (topic, payload) retained at QoS 1 over TLS, waiting for every PUBACK."""
+    context = tlscerts.client_context(ca, "1.3")
+    with context.wrap_socket(
+        socket.create_connection((broker.host, broker.port), 10), server_hostname=broker.host
+    ) as pub:
+        pub.sendall(wire.connect("tls-retainer"))
+        data = b""
+        for packet_id, (topic, payload) in enumerate(messages, 1):
+            packet = wire.publish(topic, payload, 1, packet_id)
+            pub.sendall(bytes([packet[0] | 1]) + packet[1:])  # RETAIN
+        while sum(f[0] >> 4 == 4 for f in _frames(data)) < len(messages):  # PUBACKs
+            chunk = pub.recv(4096)
+            assert chunk, "the broker closed the publisher"
+            data += chunk
+        pub.sendall(wire.disconnect())
+
+
+def _frames(data: bytes) -> list[tuple[int, int, int]]:
+    frames, pos = [], 0
+    while (frame := wire.next_frame(data, pos)) is not None:
+        frames.append(frame)
+        pos = frame[2]
+    return frames
+
+
+def test_the_opener_counts_the_publishes_after_the_suback(
+    tls_opener: str, tls_broker: br.BrokerHandle, certs: tuple[str, str]
+) -> None:
+    retained = [("tls-count/a", b"a" * 10), ("tls-count/b", b"b" * 3000), ("tls-count/c", b"c")]
+    _publish_retained(tls_broker, certs[0], retained)
+    requests = [
+        (wire.connect(f"tls-count-{i}") + wire.subscribe(1, [("tls-count/#", 0)]), True)
+        for i in range(N)
+    ]
+    fleet = CFleet(tls_opener, tls_broker.host, tls_broker.port, requests, certs[0], "1.3")
+    try:
+        fleet.storm()
+        tls_broker.wait_idle(10)  # (each SUBACK's retained messages written)
+        assert fleet.close() == 0
+        assert fleet.publishes == len(retained) * N  # the 3 KiB one counted once, skipped
+    finally:
+        fleet.kill()
+        _publish_retained(tls_broker, certs[0], [(topic, b"") for topic, _ in retained])
 
 
 def test_a_certificate_the_ca_did_not_sign_fails_clearly(

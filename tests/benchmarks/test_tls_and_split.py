@@ -4,7 +4,7 @@ write their SUBSCRIBE only once the CONNACK has come (``--subscribe-after-connac
 stand-in broker that answers the CONNECT before it reads on, by the C opener and by the Python
 loop, and a smoke run of scenario 7), scenario 6 over TLS (by the C TLS opener, sessions
 resumed or not), the TLS handshake run (tls_handshakes.py) and the
-reconnection after a restart (reconnect_storm.py) on our
+reconnection after a restart (reconnect_storm.py, over TCP and over TLS) on our
 broker. No speed is asserted here."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from support import c_programs
 from support.launcher import read_jsonl, run_module
 
 from benchmarks import brokers as br
@@ -187,3 +188,23 @@ def test_reconnect_storm_smoke(tmp_path: Path) -> None:
     [record] = read_jsonl(out)
     assert record["broker"] == "ours" and record["reconnect_s"] > 0
     assert record["received_3s"] == record["queued"] == 300  # every queued message after it
+
+
+@linux_only
+@pytest.mark.needs_openssl
+def test_reconnect_storm_over_tls_smoke(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The persistent sessions reconnect over TLS 1.3 by the C TLS opener, which counts the
+    queued messages each then gets (read through its TLS connection, the session tickets that
+    come after the handshake among them)."""
+    c_programs.build("open_many_tls", tmp_path_factory)  # (skipped without a compiler)
+    out = tmp_path / "reconnect.jsonl"
+    args = ["--clients", "60", "--runs", "1", "--concurrency", "30", "--no-mosquitto"]
+    args += ["--tls", "ec", "--tls-version", "1.3", "--out", str(out)]
+    proc = run_module("benchmarks.reconnect_storm", *args, timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "TLS 1.3, ECDSA P-256 server key" in proc.stdout
+    [record] = read_jsonl(out)
+    assert record["broker"] == "ours" and record["reconnect_s"] > 0
+    assert record["received_3s"] == record["queued"] == 180  # 3 queued per session, all came
