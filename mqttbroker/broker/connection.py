@@ -25,7 +25,7 @@ from ..protocol import fastpath, grammar
 from ..protocol import packets as pk
 from ..protocol import properties as prop
 from ..protocol.errors import MQTTError, ProtocolError
-from ..protocol.packets import MQTT_5
+from ..protocol.packets import MQTT_5, PUBLISH
 from ..protocol.reasons import DISCONNECT_CODES, ReasonCode
 from . import connect, deliver, publish, subscribe
 from .auth import Pending
@@ -207,12 +207,19 @@ class Connection:
             while pos < end:
                 if framing.work >= budget:
                     break
-                if self.state == AWAIT_CONNECT and not self._first_packet(data, pos, end):
+                state = self.state
+                if state == AWAIT_CONNECT and not self._first_packet(data, pos, end):
                     return
-                stop = framing.split(data, pos, end, opts, self.state == CONNECTED)
+                connected = state == CONNECTED
+                stop = framing.split(data, pos, end, opts, connected)
                 if stop < 0:
                     break
-                self._dispatch(data[pos], data, framing.body, stop, now)
+                first = data[pos]
+                if connected and first >> 4 == PUBLISH:  # the hottest packet, at once
+                    framing.publishes += 1
+                    publish.publish_fast(self, first, data, pos, framing.body, stop, now)
+                else:
+                    self._dispatch(first, data, framing.body, stop, now)
                 framing.work += 1
                 pos = stop
                 if self.state == CLOSED:
@@ -369,17 +376,15 @@ class Connection:
             self.data_received(b"")
 
     def _dispatch(self, first: int, data: bytes, body: int, stop: int, now: float) -> None:
-        """Decode one packet and hand it to its handler. Once connected, PUBLISH and the acks
-        (the hot path) go straight to their fast decoders, and a PUBLISH without properties is
-        sliced without a packet object; every other packet is decoded by the protocol's one
-        dispatcher, fastpath.decode_packet, and handed to the function state.HANDLERS names
-        for it. What a state does not accept (state.RECEIVES) is refused as that state says."""
+        """Decode one packet other than a PUBLISH once connected (data_received hands that
+        straight to publish.publish_fast, which slices one without properties without a packet
+        object) and hand it to its handler. Once connected, the acks (the hot path) go straight
+        to their fast decoder; every other packet is decoded by the protocol's one dispatcher,
+        fastpath.decode_packet, and handed to the function state.HANDLERS names for it. What a
+        state does not accept (state.RECEIVES) is refused as that state says."""
         ptype = first >> 4
         state = self.state
         if state == CONNECTED:  # the hot packets first, each straight to its fast decoder
-            if ptype == pk.PUBLISH:
-                publish.publish_fast(self, first, data, body, stop, now)
-                return
             if stop - body == 2 and _PLAIN_ACK[first]:
                 # An acknowledgement of success without properties, what nearly every one is:
                 # the packet id is all it says, so no packet object is made for it.

@@ -34,8 +34,8 @@ def send_publish(
     (``alias_maximum`` of them, MQTT-3.1.2-26), the topic goes out as one: the least recently
     used alias is reassigned when they are all taken."""
     # The fixed header's flags: RETAIN alone at QoS 0 without DUP, what nearly every delivery
-    # is, so that it costs no shifts of a compiled int.
-    flags = (dup << 3) | (qos << 1) | retain if qos or dup else int(retain)
+    # is, so that it costs no shifts of a compiled int (nor a call of int() in Python).
+    flags = (dup << 3) | (qos << 1) | retain if qos or dup else 1 if retain else 0
     alias_maximum = conn.alias_maximum
     if not alias_maximum:
         data = message.encode(conn.version, flags, packet_id, sub_ids, now)
@@ -66,9 +66,11 @@ def send_publish(
                     aliases.move_to_end(evicted[0], last=False)
                 return False
             aliases[topic] = alias
-    if conn.state != CLOSED:
-        conn.send(data)
-        conn.output.publishes += 1
+    if conn.state != CLOSED:  # Connection.send, inline on this hot path
+        output = conn.output
+        output.publishes += 1
+        if output.append(data):
+            conn.broker.scheduler.mark_dirty(conn)
     return True
 
 

@@ -56,7 +56,11 @@ class Message:
         expires_at: float | None = None,
         topic_bytes: bytes | None = None,
         expiry_interval: int | None = None,
+        forwarded: bytes | None = None,
+        version: int = 0,
     ) -> None:
+        """``forwarded``: this message's QoS 0 PUBLISH, without properties, as a client of
+        ``version`` sent it: subscribers of that version get it as it is (same RETAIN flag)."""
         self.topic = topic
         self.payload = payload
         self.qos = qos
@@ -70,8 +74,12 @@ class Message:
         self._props5: bytes | None = None
         # Its QoS 0 PUBLISH by version * 2 + RETAIN: the first one built (or forwarded) in a
         # pair of fields, since most messages go out in one shape; any other in a dict.
-        self._q0_key = -1
-        self._q0_data = b""
+        if forwarded is None:
+            self._q0_key = -1
+            self._q0_data = b""
+        else:
+            self._q0_key = version * 2 + retain
+            self._q0_data = forwarded
         self._q0_more: dict[int, bytes] | None = None
         self.stored = 0  # the store's handle (0: none); only the store reads it (broker/store.py)
         # The store's deliveries that refer to it, while it has a handle; only the store keeps it
@@ -104,12 +112,6 @@ class Message:
                 props = {k: v for k, v in props.items() if k not in _NOT_FORWARDED}
         # Message(), not a classmethod's cls(): compiled, a direct call of the constructor
         return Message(topic, payload, qos, retain, props, expires_at, topic_bytes, interval)
-
-    def forward(self, version: int, packet: bytes) -> None:
-        """``packet`` is this message's QoS 0 PUBLISH, without properties, as a client of
-        ``version`` sent it: subscribers of that version get it as it is (same RETAIN flag)."""
-        self._q0_key = version * 2 + self.retain
-        self._q0_data = packet
 
     def expired(self, now: float) -> bool:
         return self.expires_at is not None and now >= self.expires_at

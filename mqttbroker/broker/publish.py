@@ -12,6 +12,7 @@ from ..protocol import fastpath
 from ..protocol import packets as pk
 from ..protocol import properties as prop
 from ..protocol.errors import MQTTError, ProtocolError
+from ..protocol.fastpath import scan_publish
 from ..protocol.packets import MQTT_5
 from ..protocol.reasons import ReasonCode
 from .message import Message
@@ -24,23 +25,23 @@ log = logging.getLogger("mqttbroker.connection")
 
 
 def publish_fast(
-    conn: Connection, first: int, data: bytes, body: int, stop: int, now: float
+    conn: Connection, first: int, data: bytes, pos: int, body: int, stop: int, now: float
 ) -> None:
-    """A PUBLISH from the client, read at ``now``. Without properties (the common case) it is
-    sliced, no packet object made (fastpath.scan_publish); one with properties is decoded in
-    full and goes through :func:`on_publish`."""
-    conn.input.publishes += 1
-    topic_end, start, packet_id = fastpath.scan_publish(first, data, body, stop, conn.version)
+    """The PUBLISH ``data[pos:stop]`` from the client (its first byte ``first``, its body
+    from ``body``), read at ``now`` (and counted by the connection's framing). Without
+    properties (the common case) it is sliced, no packet object made (fastpath.scan_publish);
+    one with properties is decoded in full and goes through :func:`on_publish`."""
+    topic_end, start, packet_id = scan_publish(first, data, body, stop, conn.version)
     if start < 0:
         packet = fastpath.decode_publish(first & 0x0F, data, body, stop, conn.version)
         on_publish(conn, packet, now)
         return
     qos = (first >> 1) & 3
-    raw = None
-    if not qos:  # what a subscriber of the same version gets is this very packet
-        raw = data[body - fastpath.fixed_header_size(stop - body) : stop]
-    topic, payload = data[body:topic_end], data[start:stop]
-    route(conn, topic, None, payload, qos, bool(first & 1), packet_id, now, raw)
+    retain = (first & 1) != 0
+    if qos:
+        route(conn, data[body:topic_end], None, data[start:stop], qos, retain, packet_id, now)
+    else:  # what a subscriber of the same version gets is this very packet
+        route(conn, data[body:topic_end], None, data[start:stop], 0, retain, 0, now, data[pos:stop])
 
 
 def on_publish(conn: Connection, packet: pk.Publish, now: float) -> None:
@@ -142,7 +143,10 @@ def route(
         return
     session = conn.session
     assert session is not None
-    broker.stats.count_received(qos)
+    if qos:
+        broker.stats.count_received(qos)
+    else:  # the most frequent, counted without a call
+        broker.stats.received_q0 += 1
     if opts.max_publish_rate and not conn.take_token(now):
         raise MQTTError(
             f"publishing faster than {opts.max_publish_rate:g} messages/s",
@@ -178,9 +182,12 @@ def route(
         # else a resend before PUBREL: acknowledged again, not delivered twice (4.3.3-10)
         conn.send(fastpath.encode_ack(pk.PUBREC, packet_id, 0, None, conn.version))
         return
-    message = Message.received(topic, raw_topic, payload, qos, retain, props, now)
-    if raw is not None:
-        message.forward(conn.version, raw)
+    if props is None:  # nothing for Message.received to take out: the constructor at once
+        message = Message(
+            topic, payload, qos, retain, None, None, raw_topic, None, raw, conn.version
+        )
+    else:
+        message = Message.received(topic, raw_topic, payload, qos, retain, props, now)
     count = router.publish(message, match, session, now)
     conn.input.work += count
     if qos:

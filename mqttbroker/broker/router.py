@@ -185,6 +185,8 @@ class Router:
                     continue
                 session.deliver(message, min(qos, msg_qos), retain and rap, tuple(ids), now)
                 count += 1
+        if not groups:
+            return count
         strategy = self.options.shared_subscription_strategy
         for group in groups:
             member = group.pick(strategy, message.topic, publisher.client_id if publisher else "")
