@@ -123,7 +123,9 @@ def route(
         )  # MQTT-3.2.2-14
     router = broker.router
     authorizer = broker.authorizer
-    found = router.lookup_raw(raw_topic, None if authorizer is None else conn)
+    found = router.cache.get(raw_topic)  # a topic seen before (Router.lookup_raw's first step)
+    if found is None:
+        found = router.lookup_raw(raw_topic, None if authorizer is None else conn)
     if found is None:
         if raw_topic == b"\x00\x00":
             raise ProtocolError("PUBLISH with an empty topic and no topic alias")

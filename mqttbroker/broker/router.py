@@ -43,7 +43,8 @@ class Router:
         self.store = store or Store()
         self.trie = SubscriptionTrie()
         self.retained = RetainedStore(self.store)
-        self._cache: dict[bytes, tuple[str, Match]] = {}
+        # The match cache (see lookup_raw): read directly by publish.route, a hit without a call
+        self.cache: dict[bytes, tuple[str, Match]] = {}
         self._cache_bytes = 0  # what the cached topics take, about
         # Record each message's publisher on it (Message.origin_id): set by webhooks.
         self.track_origin = False
@@ -75,7 +76,7 @@ class Router:
     def _invalidate(self, topic_filter: str) -> None:
         """Forget the cached matches a subscription to ``topic_filter`` (a shared one's inner
         filter) changes: a filter without wildcards matches one topic name, itself."""
-        cache = self._cache
+        cache = self.cache
         if not cache:
             return
         if "+" in topic_filter or "#" in topic_filter:
@@ -86,7 +87,7 @@ class Router:
             self._cache_bytes -= 2 * len(raw) + _ENTRY_BYTES
 
     def _clear_cache(self) -> None:
-        self._cache.clear()
+        self.cache.clear()
         self._cache_bytes = 0
 
     def lookup_raw(
@@ -97,7 +98,7 @@ class Router:
         decoding and validation as well as matching. A topic ``publisher`` may not publish to
         is neither matched nor cached (it gets no match): the cache holds only topics that
         someone may publish to."""
-        found = self._cache.get(raw)
+        found = self.cache.get(raw)
         if found is None:
             try:
                 topic = raw[2:].decode()
@@ -110,7 +111,7 @@ class Router:
             if publisher is not None and not publisher.may_publish(topic):
                 return topic, _NO_MATCH
             found = (topic, self.trie.match(topic))
-            cache = self._cache
+            cache = self.cache
             # The raw key and the decoded name (about twice the bytes), and the entry itself.
             size = 2 * len(raw) + _ENTRY_BYTES
             opts = self.options

@@ -331,7 +331,7 @@ def test_denied_topics_are_not_cached(make_harness: Any) -> None:
     for index in range(20):
         client.publish(f"denied/{index}/" + "x" * 10_000)
     client.publish("ok/1")
-    assert list(h.broker.router._cache) == [b"\x00\x04ok/1"]
+    assert list(h.broker.router.cache) == [b"\x00\x04ok/1"]
     rights = client.conn.rights
     assert rights is not None and rights.allowed is not None
     assert rights.size <= 65_536 and len(rights.allowed) < 21

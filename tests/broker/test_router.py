@@ -159,7 +159,7 @@ def test_a_subscription_without_wildcards_keeps_the_other_cached_matches(
     watcher.subscribe("busy/#")
     pub = h.connect("pub")
     pub.publish("busy/a", b"1")
-    cache = h.broker.router._cache
+    cache = h.broker.router.cache
     cached = set(cache)
     assert cached
     for i in range(3):  # a storm of own-topic subscribers
@@ -227,7 +227,7 @@ def test_match_cache_is_bounded_by_bytes(make_harness: Any) -> None:
         client.publish(f"{index}/" + "x" * 10_000)
     router = h.broker.router
     assert 0 < router._cache_bytes <= 100_000
-    assert len(router._cache) < 50
+    assert len(router.cache) < 50
 
 
 def test_sticky_publishers_stay_when_another_member_leaves(make_harness: Any) -> None:
