@@ -241,18 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--no-mosquitto", action="store_true")
     p.add_argument("--no-pin", action="store_true")
-    p.add_argument(
-        "--tls",
-        choices=sorted(tlscerts.KINDS),
-        help="the brokers serve TLS with an ECDSA P-256 (ec) or RSA 2048 (rsa) server key; "
-        "needs the C TLS opener",
-    )
-    p.add_argument(
-        "--tls-version",
-        choices=sorted(tlscerts.VERSIONS),
-        default="1.3",
-        help="the TLS version the clients speak with --tls (default 1.3)",
-    )
+    tlscerts.add_options(p, "the brokers serve TLS (needs the C TLS opener)", "the clients speak")
     p.add_argument("--out")
     args = p.parse_args(argv)
     pin = br.pinning_available() and not args.no_pin

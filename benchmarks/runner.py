@@ -89,18 +89,7 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         help="connections being set up at once, scenarios 6, 7 and 9 (default 64)",
     )
-    p.add_argument(
-        "--tls",
-        choices=sorted(tlscerts.KINDS),
-        help="serve scenarios 1-4 and 6 over TLS with an ECDSA P-256 (ec) or RSA 2048 (rsa) "
-        "server key",
-    )
-    p.add_argument(
-        "--tls-version",
-        choices=sorted(tlscerts.VERSIONS),
-        default="1.3",
-        help="the TLS version the generator speaks with --tls (default 1.3)",
-    )
+    tlscerts.add_options(p, "serve scenarios 1-4 and 6 over TLS", "the generator speaks")
     p.add_argument(
         "--tls-resumption",
         choices=tls_fleet.RESUMPTION,

@@ -4,6 +4,7 @@ context, which verifies it (the certificate is its own CA) and speaks one TLS ve
 
 from __future__ import annotations
 
+import argparse
 import os
 import ssl
 import subprocess
@@ -14,6 +15,22 @@ KINDS = {
     "rsa": ["-newkey", "rsa:2048"],
 }
 VERSIONS = {"1.2": ssl.TLSVersion.TLSv1_2, "1.3": ssl.TLSVersion.TLSv1_3}
+
+
+def add_options(parser: argparse.ArgumentParser, serves: str, speaks: str) -> None:
+    """``--tls ec|rsa`` and ``--tls-version 1.2|1.3``: what the brokers ``serves`` over TLS,
+    and who ``speaks`` the version chosen."""
+    parser.add_argument(
+        "--tls",
+        choices=sorted(KINDS),
+        help=f"{serves} with an ECDSA P-256 (ec) or RSA 2048 (rsa) server key",
+    )
+    parser.add_argument(
+        "--tls-version",
+        choices=sorted(VERSIONS),
+        default="1.3",
+        help=f"the TLS version {speaks} with --tls (default 1.3)",
+    )
 
 
 def make(directory: str, kind: str) -> tuple[str, str]:
