@@ -61,6 +61,50 @@ def threads_cpu_ns(pid: int | None) -> int | None:
     return total or None
 
 
+def wakeups(pid: int | None) -> int | None:
+    """Times the threads of ``pid`` now alive have gone to sleep and been woken since they
+    started (their voluntary context switches): on a virtual machine each such round trip is
+    tens of microseconds of CPU (the core's idle state left and entered again), the dearest
+    part of a message to a broker that is woken for nearly every one. None without /proc."""
+    if pid is None:
+        return None
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    total = 0
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/status", "rb") as f:
+                for line in f:
+                    if line.startswith(b"voluntary_ctxt_switches:"):
+                        total += int(line.split()[1])
+                        break
+        except (OSError, ValueError):
+            continue  # a thread that ended meanwhile
+    return total
+
+
+def steal_seconds() -> float | None:
+    """CPU seconds the hypervisor gave to others while this machine's CPUs wanted to run, all
+    CPUs together so far (/proc/stat's steal). On a shared host it comes in waves, and a
+    window with much of it says more about the neighbours than about the broker: a vCPU taken
+    away in the middle of the broker's work, its caches cold when it returns."""
+    try:
+        with open("/proc/stat", "rb") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    return int(fields[8]) / _TICK if len(fields) > 8 and fields[0] == b"cpu" else None
+
+
+def broker_cpu_seconds(pid: int | None) -> float | None:
+    """CPU seconds of ``pid``'s threads from the scheduler (:func:`threads_cpu_ns`), or by
+    clock ticks (:func:`cpu_seconds`) without schedstat."""
+    ns = threads_cpu_ns(pid)
+    return ns / 1e9 if ns is not None else cpu_seconds(pid)
+
+
 def per_item_us(ns0: int | None, ns1: int | None, items: int) -> float | None:
     """Microseconds of CPU per item between two :func:`threads_cpu_ns` readings."""
     if ns0 is None or ns1 is None or items <= 0:

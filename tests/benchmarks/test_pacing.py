@@ -253,6 +253,30 @@ def test_kernel_cpu_seconds_is_the_system_part_of_cpu_seconds() -> None:
     assert procfs.kernel_cpu_seconds(None) is None
 
 
+def test_broker_cpu_seconds_are_the_schedulers_and_steal_is_the_machines() -> None:
+    """The CPU figures of the measuring windows: a process's from the scheduler (what its
+    threads ran, not clock ticks), which grows by what a thread spins; its wake-ups, one per
+    sleep; and /proc/stat's steal, a machine-wide count that never goes back."""
+    pid = os.getpid()
+    before = procfs.broker_cpu_seconds(pid)
+    t0 = time.thread_time()
+    while time.thread_time() - t0 < 0.05:
+        pass
+    spent = time.thread_time() - t0
+    after = procfs.broker_cpu_seconds(pid)
+    assert before is not None and after is not None
+    assert after - before >= spent
+    assert procfs.broker_cpu_seconds(None) is None
+    woken = procfs.wakeups(pid)
+    for _ in range(20):
+        time.sleep(0.001)  # each a sleep and a wake-up of this thread
+    assert woken is not None and procfs.wakeups(pid) - woken >= 20  # type: ignore[operator]
+    assert procfs.wakeups(None) is None
+    steal0 = procfs.steal_seconds()
+    steal1 = procfs.steal_seconds()
+    assert steal0 is not None and steal1 is not None and 0 <= steal0 <= steal1
+
+
 def test_unread_bytes_counts_what_a_ports_connections_have_not_read() -> None:
     """Scenario 9's "unread bytes/conn": the receive queue of each established connection on
     the listening port's side (its rx_queue), which the client's side and other ports do not
