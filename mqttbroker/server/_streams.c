@@ -14,7 +14,10 @@
  * what arrived meanwhile: fewer passes, system calls and writes per message, each message
  * waiting up to that long (gather_us in the README). Not after a pass that read a socket
  * written to since its previous read: its client may be waiting for that answer (a PUBACK)
- * before it sends more. Each connection is a Stream: an asyncio transport (write, close,
+ * before it sends more. Nor while sockets have been found ready at a rate that would gather
+ * fewer than GATHER_MIN in one sleep (measured over RATE_WINDOW_NS): the sleep is a wake-up
+ * of its own, tens of microseconds of CPU on a virtual machine, which a few messages more per
+ * pass do not pay back, where at a high rate it replaces many passes. Each connection is a Stream: an asyncio transport (write, close,
  * abort, write_eof, pause_reading...) of 64 bytes, where uvloop's transport and libuv's
  * handle hold about 1,250 bytes per socket. What a write leaves unsent waits in the stream's
  * queue (Pending), copied or, a bytes object of REF_MIN bytes or more, by reference (the
@@ -62,6 +65,8 @@
 #define DEFAULT_HIGH (64 * 1024)
 #define SHRINK_ABOVE (256 * 1024) /* a write buffer larger shrinks once mostly written */
 #define QUIET_NS 100000           /* this long after poll() last ended: the loop was idle */
+#define RATE_WINDOW_NS 10000000   /* the rate of sockets found ready is measured over this */
+#define GATHER_MIN 4              /* sockets a gather sleep must be expected to gather */
 #define REF_MIN (16 * 1024)       /* unsent bytes of a bytes object kept by reference, from */
 #define INLINE_CHUNKS 4           /* chunks a Pending holds in itself (a power of 2) */
 #define IOV_BATCH 64              /* chunks per sendmsg() */
@@ -173,6 +178,9 @@ struct Poller {
     Py_ssize_t streams;
     int acceptors;
     uint64_t last_end; /* when poll() last ended: ns of CLOCK_MONOTONIC */
+    uint64_t rate_begin; /* the window counting sockets found ready began (ns) */
+    uint64_t rate_ready; /* sockets found ready in it so far */
+    int dense;           /* the last window's rate would gather GATHER_MIN in one sleep */
     uint64_t gather;   /* ns from a busy pass's start to the next pass's, at least (0: off) */
     uint64_t holds;    /* sleeps for it */
     uint64_t hs_timeout;  /* ns a TLS handshake may take (0: no limit) */
@@ -1873,6 +1881,15 @@ static PyObject *Poller_poll(Poller *p, PyObject *Py_UNUSED(unused)) {
      * forwards is what a waiting subscriber waits for. Its ACK comes after (read_ready); in
      * a busy pass the two system calls would only add up. */
     int lone = n == 1 && monotonic_ns() - p->last_end >= QUIET_NS;
+    if (p->gather && n > 0) {
+        p->rate_ready += (uint64_t)n;
+        if (begin - p->rate_begin >= RATE_WINDOW_NS) {
+            /* ready * gather / elapsed: the sockets one sleep would be expected to gather */
+            p->dense = p->rate_ready * p->gather >= GATHER_MIN * (begin - p->rate_begin);
+            p->rate_begin = begin;
+            p->rate_ready = 0;
+        }
+    }
     int rc = 0;
     int answered = 0; /* a socket read in this pass was written to since its last read */
     /* Both hooks are held through the pass, taken before begin() runs: a callback, begin()
@@ -1953,8 +1970,9 @@ static PyObject *Poller_poll(Poller *p, PyObject *Py_UNUSED(unused)) {
     }
     p->last_end = monotonic_ns();
     if (rc < 0) return NULL;
-    if (p->gather && n >= 2 && !answered && p->last_end - begin < p->gather) {
-        /* Busy, and done early: what arrives meanwhile waits for the next pass. */
+    if (p->gather && p->dense && n >= 2 && !answered && p->last_end - begin < p->gather) {
+        /* Busy, at a high rate, and done early: what arrives meanwhile waits for the next
+         * pass. */
         uint64_t wait = p->gather - (p->last_end - begin);
         struct timespec hold = {(time_t)(wait / 1000000000u), (long)(wait % 1000000000u)};
         p->holds++;

@@ -29,7 +29,10 @@ loop.
 load: after a pass that found two or more sockets ready, the poller sleeps (the GIL released)
 until ``gather`` seconds after that pass began, and the next pass reads what arrived meanwhile.
 Not after a pass that read a socket written to since its previous read: that client may be
-waiting for the answer (a PUBACK, a reply) before it sends more, and would only be slowed.
+waiting for the answer (a PUBACK, a reply) before it sends more, and would only be slowed. Nor
+while sockets are found ready at a rate that would bring fewer than 4 in one sleep (over 10 ms):
+the sleep is a wake-up of its own, which a sparse fleet's few messages more per pass do not pay
+back.
 benchmarks/README.md has what it saves and costs.
 
 TLS runs in OpenSSL on the socket itself, in C (as Mosquitto's): each connection's SSL object is

@@ -178,10 +178,10 @@ def test_received_messages_are_counted_per_qos(admin_broker: AdminBroker, paho: 
 
 @pytest.mark.needs_compiled  # gathering is the C transport's
 def test_held_passes_are_counted(admin_broker: AdminBroker) -> None:
-    """Publishers writing at the same moment: a pass of the broker finds several connections
-    ready, none answered since their last read, and with gather_us (on by default) the next
-    pass is held back; /metrics counts it. Rounds of 25 messages per publisher until it shows,
-    at most 40."""
+    """Publishers writing at the same moment, again and again: a pass of the broker finds
+    several connections ready, none answered since their last read, at a high rate, and with
+    gather_us (on by default) the next pass is held back; /metrics counts it. Bursts of 500
+    rounds of one message per publisher until it shows, at most 40."""
     admin = admin_broker()
     publishers = [RawClient(admin.broker.host, admin.broker.port) for _ in range(8)]
     try:
@@ -190,7 +190,7 @@ def test_held_passes_are_counted(admin_broker: AdminBroker) -> None:
             assert raw.recv_exact(4) == b"\x20\x02\x00\x00"
         holds = 0.0
         for _ in range(40):
-            for _ in range(25):
+            for _ in range(500):
                 for raw in publishers:
                     raw.send(publish_packet("hold/x", b"m", version=MQTT_311))
             holds = scrape(admin)[("mqttbroker_gather_holds_total", ())]

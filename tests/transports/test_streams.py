@@ -1097,20 +1097,66 @@ def test_a_new_connection_is_not_taken_for_one_written_to_whatever_its_memory_he
         else:
             raise AssertionError("no new Stream was given an old one's memory: nothing checked")
         accepted_sides = [_accepted_side(each) for each in new_clients]
-        holds = poller.holds
-        for each in new_clients:
-            each.send(b"x")
+        # Both read in one pass, again and again at once, neither written to: once the rate
+        # is high enough, the sleep follows.
+        bursts, held = 0, 0
         deadline = time.monotonic() + GUARD
-        while len(select.select(accepted_sides, [], [], GUARD)[0]) < 2:
-            assert time.monotonic() < deadline, "the segments never arrived"
-        poller.poll()  # both read in one pass, neither written to: the sleep follows
+        while not held:
+            assert time.monotonic() < deadline, "no pass was ever followed by the sleep"
+            held = _burst(poller, new_clients, accepted_sides, b"x")
+            bursts += 1
         for sock in (*new_clients, *accepted_sides):
             sock.close()
         listening.server.close()
-        return bytes(first.data + second.data), poller.holds - holds
+        return bytes(first.data + second.data), bursts
 
-    read, held = asyncio.run(scenario())
-    assert read == b"xx" and held == 1
+    read, bursts = asyncio.run(scenario())
+    assert read == b"x" * 2 * bursts
+
+
+def test_the_gather_sleep_comes_only_once_sockets_are_found_ready_at_a_high_rate() -> None:
+    """The sleep gathers input only where it keeps coming: two sockets read in one pass after a
+    quiet spell (a burst of a few devices) are not followed by it, since the rate of sockets
+    found ready, measured over 10 ms, would gather fewer than 4 in one sleep; the same two read
+    again and again at once soon are. The test runs the passes, with a gather of 50 ms."""
+
+    async def scenario() -> tuple[bytes, bytes, list[int]]:
+        listening = Listening(Recorder, gather=0.05)
+        poller = listening.server.poller
+        listening.loop.remove_reader(poller.fileno())
+        address = ("127.0.0.1", listening.port)
+        clients = [socket.create_connection(address, timeout=GUARD) for _ in range(2)]
+        poller.poll()  # both accepted
+        first, second = listening.protocols
+        accepted_sides = [_accepted_side(each) for each in clients]
+        await asyncio.sleep(0.3)  # quiet
+        held = [_burst(poller, clients, accepted_sides, b"a")]
+        deadline = time.monotonic() + GUARD
+        while not held[-1]:  # bursts at once, until a sleep follows one
+            assert time.monotonic() < deadline, "no pass was ever followed by the sleep"
+            held.append(_burst(poller, clients, accepted_sides, b"b"))
+        for sock in (*clients, *accepted_sides):
+            sock.close()
+        listening.server.close()
+        return bytes(first.data), bytes(second.data), held
+
+    first, second, held = asyncio.run(scenario())
+    assert first == second == b"a" + b"b" * (len(held) - 1)
+    assert held[0] == 0 and held[-1] == 1 and len(held) > 2
+
+
+def _burst(poller: Any, clients: list[socket.socket], accepted: list[int], data: bytes) -> int:
+    """``data`` from each of ``clients``, read in one pass of ``poller`` once all of it has
+    arrived (``accepted``: the connections' descriptors on the poller's side): the sleeps for
+    gather that pass made."""
+    holds = poller.holds
+    for each in clients:
+        each.send(data)
+    deadline = time.monotonic() + GUARD
+    while len(select.select(accepted, [], [], GUARD)[0]) < len(accepted):
+        assert time.monotonic() < deadline, "the segments never arrived"
+    poller.poll()
+    return int(poller.holds - holds)
 
 
 def test_a_pass_whose_begin_hook_clears_the_hooks_ends_with_the_end_it_began_with() -> None:
