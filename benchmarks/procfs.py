@@ -41,23 +41,31 @@ def kernel_cpu_seconds(pid: int | None) -> float | None:
     return None if times is None else times[1]
 
 
-def threads_cpu_ns(pid: int | None) -> int | None:
-    """CPU nanoseconds the threads of ``pid`` now alive have run (their first schedstat field):
-    exact where :func:`cpu_seconds` counts clock ticks (10 ms), for windows of a fraction of a
-    second; None without /proc/<pid>/task/*/schedstat."""
+def _threads(pid: int | None, name: str) -> list[bytes] | None:
+    """The file ``name`` of each thread of ``pid`` now alive (/proc/<pid>/task/*/<name>), a
+    thread that ended meanwhile left out; None without /proc/<pid>/task."""
     if pid is None:
         return None
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return None
-    total = 0
+    texts = []
     for task in tasks:
         try:
-            with open(f"/proc/{pid}/task/{task}/schedstat", "rb") as f:
-                total += int(f.read().split()[0])
-        except (OSError, IndexError, ValueError):
-            continue  # a thread that ended meanwhile
+            with open(f"/proc/{pid}/task/{task}/{name}", "rb") as f:
+                texts.append(f.read())
+        except OSError:
+            continue
+    return texts
+
+
+def threads_cpu_ns(pid: int | None) -> int | None:
+    """CPU nanoseconds the threads of ``pid`` now alive have run (their first schedstat field):
+    exact where :func:`cpu_seconds` counts clock ticks (10 ms), for windows of a fraction of a
+    second; None without /proc/<pid>/task/*/schedstat."""
+    texts = _threads(pid, "schedstat")
+    total = sum(int(text.split()[0]) for text in texts or () if text.strip())
     return total or None
 
 
@@ -66,23 +74,13 @@ def wakeups(pid: int | None) -> int | None:
     started (their voluntary context switches): on a virtual machine each such round trip is
     tens of microseconds of CPU (the core's idle state left and entered again), the dearest
     part of a message to a broker that is woken for nearly every one. None without /proc."""
-    if pid is None:
+    texts = _threads(pid, "status")
+    if texts is None:
         return None
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return None
-    total = 0
-    for task in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{task}/status", "rb") as f:
-                for line in f:
-                    if line.startswith(b"voluntary_ctxt_switches:"):
-                        total += int(line.split()[1])
-                        break
-        except (OSError, ValueError):
-            continue  # a thread that ended meanwhile
-    return total
+    key = b"voluntary_ctxt_switches:"
+    return sum(
+        int(line.split()[1]) for text in texts for line in text.splitlines() if line.startswith(key)
+    )
 
 
 def steal_seconds() -> float | None:
