@@ -40,6 +40,7 @@ from ..storage import StoreError
 from ..storage.lock import DataDirLock
 from . import StartError, streams
 from .listeners import Listener, start_listener
+from .memory import Trimmer
 from .polling import BusyPoll
 
 if TYPE_CHECKING:
@@ -92,6 +93,7 @@ class Server:
         self.stopping = False
         self.listeners: list[Listener] = []
         self._ticker: asyncio.Task[None] | None = None
+        self.trimmer = Trimmer()  # the allocator's free memory back after a burst
         self._executor: ThreadPoolExecutor | None = None
         self.addresses: list[tuple[str, int]] = []
         self.busy_poll: BusyPoll | None = None
@@ -233,7 +235,8 @@ class Server:
         return None
 
     async def _tick(self) -> None:
-        """Keep-alive, expiry, delayed wills, $SYS, the survey: an error in one pass is logged
+        """Keep-alive, expiry, delayed wills, the allocator's free memory given back after a
+        burst of connections (memory.Trimmer), $SYS, the survey: an error in one pass is logged
         and the next pass runs all the same (none may stop the others for good)."""
         while True:
             await asyncio.sleep(TICK_SECONDS)
@@ -246,6 +249,8 @@ class Server:
                     # first collection that sees it). Walked now, it is small; then old.
                     gc.collect(1)
                 self.broker.tick()
+                broker = self.broker
+                self.trimmer.tick(broker.stats.connects, len(broker.connections))
                 self._security_tick()
                 self.sys_tree.tick()
                 self.survey.tick()

@@ -1,5 +1,6 @@
 """server/app.py: the broker's periodic pass (keep-alive, expiry, delayed wills, $SYS, the
-survey) survives an error in one of its parts: it is logged, and the next pass runs."""
+survey) survives an error in one of its parts: it is logged, and the next pass runs; it gives
+the allocator's free memory back after a burst of connections."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import pytest
 from mqttbroker.config import Config
 from mqttbroker.server import app
 from mqttbroker.server.app import Server
+from mqttbroker.server.memory import Trimmer
+from tests.support.clients import connect_packet
 
 
 def quick_server(monkeypatch: pytest.MonkeyPatch, gc_threshold: int = 10_000) -> Server:
@@ -131,3 +134,38 @@ def test_what_starting_built_is_kept_out_of_the_collections(
     finally:
         gc.unfreeze()  # this test process's objects are the collector's again
     assert walked == [False]
+
+
+def test_the_pass_trims_once_a_burst_of_connections_is_over(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """70 clients connect (CONNECT, CONNACK) and stay: the periodic pass counts them, and
+    trims once, when a pass sees no more coming after 64 or more came; nothing before."""
+    trims: list[int] = []
+
+    async def scenario() -> None:
+        server = quick_server(monkeypatch)
+        server.trimmer = Trimmer(lambda: trims.append(len(server.broker.connections)))
+        await server.start()
+        try:
+            await asyncio.sleep(0.05)  # idle passes
+            assert trims == []
+            port = server.addresses[0][1]
+            clients = []
+            for i in range(70):
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.write(connect_packet(f"burst-{i}"))
+                await reader.readexactly(2)  # the CONNACK's fixed header (and more, MQTT 5)
+                clients.append(writer)
+            for _ in range(500):  # until a pass trimmed (or give up after ~5 s)
+                if trims:
+                    break
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.1)  # ten more passes, quiet: no second trim
+            for writer in clients:
+                writer.close()
+        finally:
+            await server.stop()
+
+    asyncio.run(scenario())
+    assert len(trims) == 1 and trims[0] >= 64
