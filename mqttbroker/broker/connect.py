@@ -272,6 +272,9 @@ def accept(conn: Connection, packet: pk.Connect, auth_props: dict[int, Any] | No
         _login(conn).expiry = expiry
     conn.will = packet.will
     session, present = broker.attach(conn, client_id, packet.clean_start, expiry, packet.username)
+    # The session's own copy of the id (the same text), so that a resumed session's connection
+    # keeps no second one: the CONNECT's goes with the packet.
+    conn.client_id = session.client_id
     conn.username = packet.username
     conn.attach(session)
     if v5:

@@ -487,6 +487,11 @@ class Session:
         for packet_id, delivery in too_large:
             self._finish(packet_id, delivery, now, refill=False)
         self._refill(now)
+        if not self.queue and self.queue is not _NO_QUEUE:
+            # Emptied on resuming (a device back for what waited for it, the common case): the
+            # empty deque (its block of 64 slots: 760 bytes) goes; a message queued later makes
+            # another. Here only, once per resumption, not as each drain empties the queue.
+            self.queue = _NO_QUEUE
 
     @staticmethod
     def _send_again(conn: Connection, packet_id: int, delivery: Delivery, now: float) -> bool:

@@ -495,3 +495,33 @@ def test_offline_qos0_not_queued_by_default(h: Harness, clean_start: bool) -> No
     publisher.publish("t", b"q1", 1)
     client = h.connect("s", clean_start=False, properties=expiry(100), expect_present=True)
     assert [p.payload for p in client.publishes()] == [b"q1"]
+
+
+def test_a_queue_emptied_on_resuming_is_given_up_and_made_again(
+    make_harness: Callable[..., Harness],
+) -> None:
+    """A session back for the messages queued while it was away, all of which its Receive
+    Maximum lets out at once, keeps no empty queue (shared again, as an idle session's); one
+    that gets only some keeps its own with the rest; and messages queued later make one again.
+    The resumed connection holds the session's own client id, not the CONNECT's copy."""
+    h = make_harness()
+    idle = h.connect("idle").session
+    sub = h.connect("sub", clean_start=False, properties=EXPIRY)
+    sub.subscribe("t", qos=1)
+    sub.send(pk.Disconnect())
+    pub = h.connect("pub")
+    for payload in (b"1", b"2", b"3"):
+        pub.publish("t", payload, qos=1)
+    session = h.broker.sessions["sub"]
+    assert len(session.queue) == 3 and session.queue is not idle.queue
+    back = come_back(h, receive_maximum=10)
+    assert [p.payload for p in back.publishes()] == [b"1", b"2", b"3"]
+    assert session.queue is idle.queue and len(session.inflight) == 3
+    assert back.conn.client_id is session.client_id
+    back.send(pk.Disconnect())
+    for payload in (b"4", b"5", b"6"):
+        pub.publish("t", payload, qos=1)
+    assert len(session.queue) == 3 and session.queue is not idle.queue and not idle.queue
+    again = come_back(h, receive_maximum=2)  # 3 in flight still (resent first), the queue kept
+    assert [p.payload for p in again.publishes()] == [b"1", b"2"]
+    assert len(session.queue) == 3 and session.queue is not idle.queue
