@@ -17,9 +17,9 @@
  * before it sends more. Nor while sockets have been found ready at a rate that would gather
  * fewer than GATHER_MIN in one sleep (measured over RATE_WINDOW_NS): the sleep is a wake-up
  * of its own, tens of microseconds of CPU on a virtual machine, which a few messages more per
- * pass do not pay back, where at a high rate it replaces many passes. Each connection is a Stream: an asyncio transport (write, close,
- * abort, write_eof, pause_reading...) of 64 bytes, where uvloop's transport and libuv's
- * handle hold about 1,250 bytes per socket. What a write leaves unsent waits in the stream's
+ * pass do not pay back, where at a high rate it replaces many passes. Each connection is a
+ * Stream: an asyncio transport (write, close, abort, write_eof, pause_reading...) of 64 bytes,
+ * where uvloop's transport and libuv's handle hold about 1,250 bytes per socket. What a write leaves unsent waits in the stream's
  * queue (Pending), copied or, a bytes object of REF_MIN bytes or more, by reference (the
  * broker writes one encoding of a message to all its subscribers: shared, not copied for each
  * client that does not read), and goes out with sendmsg() over the queue, in order. On a TLS
@@ -1465,38 +1465,48 @@ static PyObject *Stream_get_write_buffer_limits(Stream *s, PyObject *Py_UNUSED(u
     return Py_BuildValue("(II)", s->low, s->high);
 }
 
-/* set_write_buffer_limits(high=None, low=None), its arguments taken as the vectorcall gives
- * them: called once per connection, with a keyword (the parser of a tuple and a dictionary
- * would have them made for it, and cost more than the rest). */
+/* The two arguments of a method called with the vectorcall's (args, nargs, kwnames), by
+ * position or by ``names``, into ``given`` (NULL: not given); -1 with a TypeError as Python's
+ * own. set_write_buffer_limits and get_extra_info are called once per connection, with a
+ * keyword: the parser of a tuple and a dictionary would have them made for it, and cost more
+ * than the rest. */
+static int two_args(const char *method, const char *const names[2], PyObject *const *args,
+                    Py_ssize_t nargs, PyObject *kwnames, PyObject *given[2]) {
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    given[0] = given[1] = NULL;
+    if (nargs > 2) {
+        PyErr_Format(PyExc_TypeError, "%s() takes at most 2 arguments (%zd given)", method,
+                     nargs + nkw);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++) given[i] = args[i];
+    for (Py_ssize_t i = 0; i < nkw; i++) {
+        PyObject *key = PyTuple_GET_ITEM(kwnames, i);
+        int at = PyUnicode_CompareWithASCIIString(key, names[0]) == 0   ? 0
+                 : PyUnicode_CompareWithASCIIString(key, names[1]) == 0 ? 1
+                                                                        : -1;
+        if (at < 0) {
+            PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%U'", method,
+                         key);
+            return -1;
+        }
+        if (given[at]) {
+            PyErr_Format(PyExc_TypeError, "%s() got multiple values for argument '%U'", method,
+                         key);
+            return -1;
+        }
+        given[at] = args[nargs + i];
+    }
+    return 0;
+}
+
+/* set_write_buffer_limits(high=None, low=None) (see two_args). */
 static PyObject *Stream_set_write_buffer_limits(Stream *s, PyObject *const *args, Py_ssize_t nargs,
                                                 PyObject *kwnames) {
-    PyObject *high_arg = Py_None, *low_arg = Py_None;
-    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-    if (nargs > 2) {
-        PyErr_Format(PyExc_TypeError, "set_write_buffer_limits() takes at most 2 arguments (%zd given)",
-                     nargs + nkw);
-        return NULL;
-    }
-    if (nargs > 0) high_arg = args[0];
-    if (nargs > 1) low_arg = args[1];
-    for (Py_ssize_t i = 0; i < nkw; i++) {
-        PyObject *name = PyTuple_GET_ITEM(kwnames, i);
-        int at = PyUnicode_CompareWithASCIIString(name, "high") == 0  ? 0
-                 : PyUnicode_CompareWithASCIIString(name, "low") == 0 ? 1
-                                                                       : -1;
-        if (at < 0) {
-            PyErr_Format(PyExc_TypeError,
-                         "set_write_buffer_limits() got an unexpected keyword argument '%U'", name);
-            return NULL;
-        }
-        if (at < nargs) {
-            PyErr_Format(PyExc_TypeError,
-                         "set_write_buffer_limits() got multiple values for argument '%U'", name);
-            return NULL;
-        }
-        if (at == 0) high_arg = args[nargs + i];
-        else low_arg = args[nargs + i];
-    }
+    static const char *const names[2] = {"high", "low"};
+    PyObject *given[2];
+    if (two_args("set_write_buffer_limits", names, args, nargs, kwnames, given) < 0) return NULL;
+    PyObject *high_arg = given[0] ? given[0] : Py_None, *low_arg = given[1] ? given[1] : Py_None;
     long long high, low;
     if (high_arg == Py_None) {
         if (low_arg == Py_None) {
@@ -1553,35 +1563,12 @@ static PyObject *address(const struct sockaddr_storage *addr, socklen_t len) {
     Py_RETURN_NONE;
 }
 
-/* get_extra_info(name, default=None), its arguments as the vectorcall gives them (as
- * set_write_buffer_limits: the protocol asks once per connection). */
+/* get_extra_info(name, default=None) (see two_args). */
 static PyObject *Stream_get_extra_info(Stream *s, PyObject *const *args, Py_ssize_t nargs,
                                        PyObject *kwnames) {
-    PyObject *given[2] = {NULL, NULL};
-    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-    if (nargs > 2) {
-        PyErr_Format(PyExc_TypeError, "get_extra_info() takes at most 2 arguments (%zd given)",
-                     nargs + nkw);
-        return NULL;
-    }
-    for (Py_ssize_t i = 0; i < nargs; i++) given[i] = args[i];
-    for (Py_ssize_t i = 0; i < nkw; i++) {
-        PyObject *key = PyTuple_GET_ITEM(kwnames, i);
-        int at = PyUnicode_CompareWithASCIIString(key, "name") == 0      ? 0
-                 : PyUnicode_CompareWithASCIIString(key, "default") == 0 ? 1
-                                                                          : -1;
-        if (at < 0) {
-            PyErr_Format(PyExc_TypeError, "get_extra_info() got an unexpected keyword argument '%U'",
-                         key);
-            return NULL;
-        }
-        if (given[at]) {
-            PyErr_Format(PyExc_TypeError, "get_extra_info() got multiple values for argument '%U'",
-                         key);
-            return NULL;
-        }
-        given[at] = args[nargs + i];
-    }
+    static const char *const names[2] = {"name", "default"};
+    PyObject *given[2];
+    if (two_args("get_extra_info", names, args, nargs, kwnames, given) < 0) return NULL;
     if (!given[0]) {
         PyErr_SetString(PyExc_TypeError, "get_extra_info() missing required argument 'name'");
         return NULL;
