@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 TESTS = Path(__file__).resolve().parent
 
 CASES = """
@@ -26,10 +28,17 @@ def test_marked():
 
 def test_skips_itself():
     pytest.skip("not today")
+
+
+@pytest.mark.chaos
+def test_long():
+    pass
 """
 
 
-def run_pytest(tmp_path: Path, test: str, path: str, ci: bool) -> subprocess.CompletedProcess[str]:
+def run_pytest(
+    tmp_path: Path, test: str, path: str, ci: bool, *options: str
+) -> subprocess.CompletedProcess[str]:
     (tmp_path / "test_cases.py").write_text(CASES)
     env = {k: v for k, v in os.environ.items() if k != "CI"}
     env.update(PATH=path, PYTHONPATH=os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")]))
@@ -51,7 +60,8 @@ def run_pytest(tmp_path: Path, test: str, path: str, ci: bool) -> subprocess.Com
             os.devnull,
             "--rootdir",
             str(tmp_path),
-            f"test_cases.py::{test}",
+            *options,
+            f"test_cases.py{test and '::' + test}",
         ],
         cwd=tmp_path,
         env=env,
@@ -91,10 +101,21 @@ def test_a_present_program_runs(tmp_path: Path) -> None:
     assert "1 passed" in result.stdout
 
 
-def test_under_ci_any_skip_fails_the_run(tmp_path: Path) -> None:
-    quiet = run_pytest(tmp_path, "test_skips_itself", os.environ["PATH"], ci=False)
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_under_ci_any_skip_fails_the_run(tmp_path: Path, workers: str) -> None:
+    """Also with the test command's ``-n 2``, where the workers' reports reach the main process."""
+    quiet = run_pytest(tmp_path, "test_skips_itself", os.environ["PATH"], False, "-n", workers)
     assert quiet.returncode == 0, quiet.stdout
     assert "1 skipped" in quiet.stdout
-    ci = run_pytest(tmp_path, "test_skips_itself", os.environ["PATH"], ci=True)
+    ci = run_pytest(tmp_path, "test_skips_itself", os.environ["PATH"], True, "-n", workers)
     assert ci.returncode == 1, ci.stdout
     assert "CI=true: 1 test(s) skipped, so the run fails" in ci.stdout
+
+
+def test_the_chaos_run_is_collected_first(tmp_path: Path) -> None:
+    """So that with ``-n 2`` the longest test starts at once (tests/conftest.py)."""
+    result = run_pytest(tmp_path, "", os.environ["PATH"], False, "--collect-only", "-q")
+    assert result.returncode == 0, result.stdout
+    listed = [line for line in result.stdout.splitlines() if "::" in line]
+    assert listed[0] == "test_cases.py::test_long", listed
+    assert len(listed) == 3, listed
