@@ -11,10 +11,12 @@ saves its database) and started again on its store (ours: the default SQLite sto
 reconnect with Clean Start 0, ``--concurrency`` (default 1,000) being set up at once, by the C
 opener (benchmarks/c/open_many.c; the Python loop without a compiler). Figures: seconds until
 every CONNACK (the opener's clock) and the opener's CPU meanwhile, the broker's CPU per
-reconnection meanwhile (the schedstat of its threads), the queued messages the clients have
-received 3 s later (each must get its Q), its RSS growth per client, and the seconds from its
-start to its port opening. Brokers pinned to core 0, this process and the opener to core 1. One
-JSON line per run in ``benchmarks/results/reconnect-<time>.jsonl``, then medians.
+reconnection meanwhile (the schedstat of its threads) and the times its threads slept and were
+woken (each tens of µs of CPU on a virtual machine) with the host's steal beside, the queued
+messages the clients have received 3 s later (each must get its Q), its RSS growth per client,
+and the seconds from its start to its port opening. Brokers pinned to core 0, this process and
+the opener to core 1. One JSON line per run in ``benchmarks/results/reconnect-<time>.jsonl``,
+then medians.
 
 With ``--tls ec|rsa`` both brokers serve their one listener over TLS instead, with a certificate
 made for the run (benchmarks/tlscerts.py; Mosquitto's listener configured as the suite's,
@@ -210,9 +212,11 @@ def one_run(
         proc, start_s = start(name, workdir, port, pin, tls)
         time.sleep(1.0)
         rss0, ns0 = procfs.rss_kb(proc.pid), procfs.threads_cpu_ns(proc.pid)
+        woken0, steal0, t0 = procfs.wakeups(proc.pid), procfs.steal_seconds(), time.monotonic()
         requests = [persistent(i, False) for i in range(n)]
         again, leave = connect_all(port, requests, args.concurrency, opener, tls)
         ns1 = procfs.threads_cpu_ns(proc.pid)
+        woken1, steal1, t1 = procfs.wakeups(proc.pid), procfs.steal_seconds(), time.monotonic()
         time.sleep(3.0)
         rss1 = procfs.rss_kb(proc.pid)
         received = leave()
@@ -221,6 +225,16 @@ def one_run(
             "reconnect_s": round(again.elapsed_s, 4),
             "opener_cpu_s": round(again.cpu_s, 4),
             "cpu_us_per_conn": procfs.per_item_us(ns0, ns1, n),
+            # times the broker slept and was woken, per reconnection: tens of µs of CPU each
+            # on a virtual machine, paid more often by a broker that waits for its clients
+            "wakeups_per_conn": None
+            if woken0 is None or woken1 is None
+            else round((woken1 - woken0) / n, 3),
+            # the hypervisor's share of both cores meanwhile: a run with more than a few % of
+            # it measured the neighbours too (benchmarks/README.md, "Scenario 9 in detail")
+            "steal_pct": None
+            if steal0 is None or steal1 is None
+            else round(100 * (steal1 - steal0) / ((t1 - t0) * (os.cpu_count() or 1)), 1),
             "queued": n * args.queued,
             "received_3s": received,
             "rss_kb_per_conn": None
@@ -289,7 +303,13 @@ def main(argv: list[str] | None = None) -> int:
         if ok:
             medians = {
                 k: statistics.median(r[k] for r in ok)
-                for k in ("reconnect_s", "opener_cpu_s", "cpu_us_per_conn", "start_s")
+                for k in (
+                    "reconnect_s",
+                    "opener_cpu_s",
+                    "cpu_us_per_conn",
+                    "wakeups_per_conn",
+                    "start_s",
+                )
                 if all(r.get(k) is not None for r in ok)
             }
             print(f"  {name} medians: {json.dumps(medians)}")

@@ -188,6 +188,8 @@ def test_reconnect_storm_smoke(tmp_path: Path) -> None:
     [record] = read_jsonl(out)
     assert record["broker"] == "ours" and record["reconnect_s"] > 0
     assert record["received_3s"] == record["queued"] == 300  # every queued message after it
+    assert record["wakeups_per_conn"] > 0  # the broker slept and was woken meanwhile (/proc)
+    assert record["steal_pct"] >= 0
 
 
 @linux_only
