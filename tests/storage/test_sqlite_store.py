@@ -11,9 +11,10 @@ for QoS 2, the packet id awaiting PUBREL) is not committed yet.
 The SQLite store's writer under load (SQLiteStore._write_loop): after a commit of at least
 GATHER_MIN changes, the next commit waits until about as many changes again are recorded (the
 publishers' next messages, brought by the acknowledgements just released), at most GATHER_WAIT
-seconds; a wait that falls short stops the gathering for GATHER_PAUSE commits. Small commits,
-a ``sync`` level that does not fsync each commit and a configured ``commit_interval`` never
-gather.
+seconds; a wait that falls short stops the gathering for GATHER_PAUSE commits. After a smaller
+commit, the next one lets the loop's passes run while they find work (a storm of
+reconnections), at most GATHER_WAIT; a change alone waits one pass. A ``sync`` level that does
+not fsync each commit and a configured ``commit_interval`` never gather.
 
 The tests set GATHER_WAIT to an hour where a wait must not happen: only the changes recorded can
 then start the commit, and a test whose commit would wait for the timer fails on its guard.
@@ -481,6 +482,29 @@ async def test_a_wait_that_falls_short_commits_and_pauses_the_gathering(db_path:
         await _committed(store)
         _record(store, 1)
         await _assert_held(store, 1)
+
+
+@async_test
+async def test_changes_recorded_while_the_loop_is_busy_go_into_one_commit(db_path: Path) -> None:
+    """A storm of reconnections: each pass of the loop does a TLS handshake's work and reads a
+    CONNECT, a change. The commit waits while the passes find work (at most GATHER_WAIT, here
+    long enough never to end it), then takes them all; a pass with nothing to do ends the
+    wait (test_small_commits_never_wait: one change alone is committed at once)."""
+    async with _opened(db_path) as store:
+        store.GATHER_WAIT = 10.0
+        loop = asyncio.get_running_loop()
+
+        def one_per_pass(left: int) -> None:
+            time.sleep(2 * store.SETTLE_IDLE)  # the pass's work (a handshake: hundreds of µs)
+            _record(store, 1)
+            if left > 1:
+                loop.call_soon(one_per_pass, left - 1)
+
+        commits = store.commits
+        one_per_pass(6)
+        await _committed(store)
+        assert store.commits == commits + 1  # the 6 changes in one commit
+        assert _retained(db_path) == 6
 
 
 @async_test

@@ -87,6 +87,8 @@ class SQLiteStore(Recorder, Store):
     GATHER_MIN = 16
     GATHER_WAIT = 0.002
     GATHER_PAUSE = 4
+    # A pass of the event loop shorter than this found nothing to do: the commit waits no more.
+    SETTLE_IDLE = 0.00005
 
     def __init__(
         self,
@@ -337,11 +339,13 @@ class SQLiteStore(Recorder, Store):
         changes again (less an eighth) have been recorded since, as the acknowledgements just
         released bring the publishers' next messages, or after GATHER_WAIT seconds, whichever
         comes first. A wait that fell short with changes pending stops the gathering for
-        GATHER_PAUSE commits. Only with ``sync = "full"`` and no ``commit_interval`` (that
-        fixed wait is used instead)."""
+        GATHER_PAUSE commits. After a smaller commit the next one lets the event loop go on
+        while it is busy (:meth:`_settle`). Only with ``sync = "full"`` and no ``commit_interval``
+        (that fixed wait is used instead)."""
         loop = asyncio.get_running_loop()
         timer: asyncio.TimerHandle | None = None
         paused = 0  # commits left before the writer gathers again
+        last = 0  # the changes the last commit took
         while True:
             await self._wake.wait()
             self._wake.clear()
@@ -353,7 +357,9 @@ class SQLiteStore(Recorder, Store):
             short = target != 0 and self.writes < target and not self._batch.empty()
             if self.commit_interval and not self._closing:
                 await asyncio.sleep(self.commit_interval)
-            size = self.writes - self._taken  # the changes this commit takes
+            elif self._gathers and not self._closing and last < self.GATHER_MIN:
+                await self._settle()  # (after a large commit the gathering above has waited)
+            size = last = self.writes - self._taken  # the changes this commit takes
             await self._commit_pending()
             if self._closing:
                 return
@@ -366,6 +372,22 @@ class SQLiteStore(Recorder, Store):
                 self._woken = False
                 self._wake_at = self.writes + size - size // 8
                 timer = loop.call_later(self.GATHER_WAIT, self._wake_writer)
+
+    async def _settle(self) -> None:
+        """Let the event loop go on while its passes find work, at most GATHER_WAIT seconds:
+        what has arrived and is being handled (a storm of reconnecting clients, TLS handshakes
+        between their CONNECTs, each CONNECT a change whose CONNACK waits for the commit) goes
+        into this commit and its fsync, rather than each few changes into a commit of their
+        own. A pass that finds nothing to do (shorter than SETTLE_IDLE) ends the wait, so a
+        client alone, or publishers that all wait for their acknowledgements, wait one pass
+        more and no longer."""
+        begin = perf_counter()
+        while not self._closing:
+            started = perf_counter()
+            await asyncio.sleep(0)  # one pass of the loop: what is ready is handled
+            now = perf_counter()
+            if now - started < self.SETTLE_IDLE or now - begin >= self.GATHER_WAIT:
+                return
 
     async def _commit_pending(self) -> None:
         """Commit the current batch, then release what waited for it. While the disk refuses
