@@ -430,7 +430,7 @@ async def _committed(store: SQLiteStore) -> None:
 
 async def _assert_held(store: SQLiteStore, count: int) -> None:
     """The last ``count`` changes are still in the batch being recorded: no commit took them,
-    though the loop ran (a writer woken takes the batch at once, before its first await)."""
+    though the loop ran (a writer woken takes the batch within a pass or two: _settle)."""
     for _ in range(20):
         await asyncio.sleep(0)
     assert len(store._batch.retained) == count
