@@ -19,8 +19,9 @@
  * of its own, tens of microseconds of CPU on a virtual machine, which a few messages more per
  * pass do not pay back, where at a high rate it replaces many passes. Each connection is a
  * Stream: an asyncio transport (write, close, abort, write_eof, pause_reading...) of 64 bytes,
- * where uvloop's transport and libuv's handle hold about 1,250 bytes per socket. What a write leaves unsent waits in the stream's
- * queue (Pending), copied or, a bytes object of REF_MIN bytes or more, by reference (the
+ * where uvloop's transport and libuv's handle hold about 1,250 bytes per socket. What a write
+ * leaves unsent waits in the stream's queue (Pending), copied or, a bytes object of REF_MIN
+ * bytes or more, by reference (the
  * broker writes one encoding of a message to all its subscribers: shared, not copied for each
  * client that does not read), and goes out with sendmsg() over the queue, in order. On a TLS
  * listener each Stream is a TLSStream, OpenSSL on its socket (see "TLS" below).

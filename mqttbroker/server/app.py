@@ -249,8 +249,7 @@ class Server:
                     # first collection that sees it). Walked now, it is small; then old.
                     gc.collect(1)
                 self.broker.tick()
-                broker = self.broker
-                self.trimmer.tick(broker.stats.connects, len(broker.connections))
+                self.trimmer.tick(self.broker.stats.connects, len(self.broker.connections))
                 self._security_tick()
                 self.sys_tree.tick()
                 self.survey.tick()

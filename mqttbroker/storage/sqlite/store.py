@@ -359,7 +359,13 @@ class SQLiteStore(Recorder, Store):
                 await asyncio.sleep(self.commit_interval)
             elif self._gathers and not self._closing and last < self.GATHER_MIN:
                 await self._settle()  # (after a large commit the gathering above has waited)
-            size = last = self.writes - self._taken  # the changes this commit takes
+            # What was recorded while it waited woke the writer again: it goes into this
+            # commit, which leaves nothing for that wake-up.
+            self._wake.clear()
+            self._woken = False
+            size = self.writes - self._taken  # the changes this commit takes
+            if size:
+                last = size
             await self._commit_pending()
             if self._closing:
                 return
