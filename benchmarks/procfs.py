@@ -96,6 +96,15 @@ def steal_seconds() -> float | None:
     return int(fields[8]) / _TICK if len(fields) > 8 and fields[0] == b"cpu" else None
 
 
+def steal_pct(before: float | None, after: float | None, seconds: float) -> float | None:
+    """The hypervisor's share of the machine's cores over ``seconds`` between two
+    :func:`steal_seconds` readings, in %: a run with more than a few % of it measured the
+    neighbours too (benchmarks/README.md, "Scenario 9 in detail"). None without /proc/stat."""
+    if before is None or after is None or seconds <= 0:
+        return None
+    return round(100 * (after - before) / (seconds * (os.cpu_count() or 1)), 1)
+
+
 def broker_cpu_seconds(pid: int | None) -> float | None:
     """CPU seconds of ``pid``'s threads from the scheduler (:func:`threads_cpu_ns`), or by
     clock ticks (:func:`cpu_seconds`) without schedstat."""

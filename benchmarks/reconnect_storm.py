@@ -230,11 +230,7 @@ def one_run(
             "wakeups_per_conn": None
             if woken0 is None or woken1 is None
             else round((woken1 - woken0) / n, 3),
-            # the hypervisor's share of both cores meanwhile: a run with more than a few % of
-            # it measured the neighbours too (benchmarks/README.md, "Scenario 9 in detail")
-            "steal_pct": None
-            if steal0 is None or steal1 is None
-            else round(100 * (steal1 - steal0) / ((t1 - t0) * (os.cpu_count() or 1)), 1),
+            "steal_pct": procfs.steal_pct(steal0, steal1, t1 - t0),
             "queued": n * args.queued,
             "received_3s": received,
             "rss_kb_per_conn": None

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
-import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -910,11 +909,7 @@ async def many_devices(ctx: Ctx) -> dict[str, Any]:
         metrics[f"{name}_kernel_pct"] = (
             round(100 * d["kernel_s"] / d["ticks_s"], 1) if d["ticks_s"] else None
         )
-        # the machine's CPU time taken by the hypervisor in the window, of both cores: a run
-        # with more than a few % of it is the neighbours' (see "Scenario 9 in detail")
-        metrics[f"{name}_steal_pct"] = round(
-            100 * d["steal_s"] / (w["elapsed"] * (os.cpu_count() or 1)), 1
-        )
+        metrics[f"{name}_steal_pct"] = procfs.steal_pct(0.0, d["steal_s"], w["elapsed"])
         metrics[f"{name}_wakeups_per_msg"] = (
             round(d["wakeups"] / d["received"], 3) if d["received"] else None
         )

@@ -275,6 +275,10 @@ def test_broker_cpu_seconds_are_the_schedulers_and_steal_is_the_machines() -> No
     steal0 = procfs.steal_seconds()
     steal1 = procfs.steal_seconds()
     assert steal0 is not None and steal1 is not None and 0 <= steal0 <= steal1
+    # as a share of all the cores over the window: 2 CPU seconds over 1 s is 200% / cores
+    cores = os.cpu_count() or 1
+    assert procfs.steal_pct(1.0, 3.0, 1.0) == round(200 / cores, 1)
+    assert procfs.steal_pct(None, 3.0, 1.0) is None and procfs.steal_pct(1.0, 3.0, 0) is None
 
 
 def test_unread_bytes_counts_what_a_ports_connections_have_not_read() -> None:
