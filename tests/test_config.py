@@ -71,6 +71,9 @@ def test_no_file_gives_defaults() -> None:
         ("[broker]\nreceive_maximum = 0\n", "broker.receive_maximum must be between"),
         ("[storage]\nsync = 'sometimes'\n", "storage.sync: expected"),
         ("[storage]\non_corrupt = 'delete'\n", "storage.on_corrupt: expected"),
+        ("[storage]\ndefer_wait = -0.1\n", "storage.defer_wait: must be between 0 and 60"),
+        ("[storage]\ndefer_wait = 61\n", "storage.defer_wait: must be between 0 and 60"),
+        ("[storage]\ndefer_wait = 'soon'\n", "storage.defer_wait: expected a number"),
         ("[[listener]]\nport = 70000\n", "listener[0].port: must be between"),
         (
             "workers = 2\n[cluster]\nredis = 'redis://127.0.0.1/0'\n[admin]\nport = 65535\n"
@@ -160,6 +163,22 @@ def test_values_are_applied(tmp_path: Path) -> None:
     assert [(x.host, x.port) for x in config.listeners] == [("0.0.0.0", 1884)]
     assert config.storage.sync == "normal"
     assert config.store_path == Path("/var/lib/mqtt/mqttbroker.db")
+
+
+def test_storage_values_reach_the_store(tmp_path: Path) -> None:
+    from mqttbroker.server.app import Server
+    from mqttbroker.storage.sqlite import SQLiteStore
+
+    path = tmp_path / "store.toml"
+    path.write_text(
+        f"data_dir = '{tmp_path}'\n[storage]\nsync = 'normal'\ncommit_interval = 0.25\n"
+        "defer_wait = 0\n"
+    )
+    store = Server._make_store(load(path))
+    assert isinstance(store, SQLiteStore)
+    assert (store.sync, store.commit_interval, store.defer_wait) == ("normal", 0.25, 0)
+    default = Server._make_store(Config())
+    assert isinstance(default, SQLiteStore) and default.defer_wait == 0.05
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,10 @@ must not lose: sessions of non-zero expiry, their subscriptions, the QoS 1/2 mes
 flight to them, the QoS 2 packet ids they have not released, their wills, and retained messages.
 The calls are synchronous and cheap (a store records them and writes them in batches); a
 connection whose input caused writes holds its output until :meth:`Store.after_commit` says the
-batch is on disk, so an acknowledgement always means "stored".
+batch is on disk, so an acknowledgement always means "stored". A durable store may leave out of
+``writes`` the changes no acknowledgement waits for (a delivered message's removal, a QoS 1
+message's packet id, a known session's clock) and commit them a little later, with the next
+batch: losing one sends a message again, never loses one (storage/sqlite/batch.py, ``_defer``).
 
 At start the store hands back what it kept as plain records (:class:`Restored`), and the
 broker builds its sessions from them (:meth:`Broker.restore <mqttbroker.broker.core.Broker.restore>`):

@@ -95,6 +95,8 @@ def check(config: Config, source: str = "command line") -> None:
         raise ConfigError(f'{source}: storage.on_corrupt: expected "move" or "refuse"')
     if storage.commit_interval < 0:
         raise ConfigError(f"{source}: storage.commit_interval: must not be negative")
+    if not 0 <= storage.defer_wait <= 60:
+        raise ConfigError(f"{source}: storage.defer_wait: must be between 0 and 60 seconds")
     try:
         config.broker.check()
     except ValueError as exc:

@@ -102,6 +102,10 @@ class StorageConfig:
     # Seconds to wait before each commit so more changes share it (0: commit as soon as the
     # previous commit ends; batching then follows the load by itself).
     commit_interval: float = 0.0
+    # Seconds a change that no acknowledgement waits for (a delivered message's removal, a QoS 1
+    # message's packet id, a known session's clock) may wait for a commit; a crash within it
+    # sends such messages again (at least once). 0: committed at once, as the others.
+    defer_wait: float = 0.05
 
 
 @dataclass(slots=True)

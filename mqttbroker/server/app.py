@@ -119,7 +119,11 @@ class Server:
 
         storage = config.storage
         return SQLiteStore(
-            config.store_path, storage.sync, storage.on_corrupt, storage.commit_interval
+            config.store_path,
+            storage.sync,
+            storage.on_corrupt,
+            storage.commit_interval,
+            storage.defer_wait,
         )
 
     async def start(self) -> None:

@@ -58,6 +58,7 @@ from support.sqlite_harness import (
 )
 
 from mqttbroker.broker.message import Message
+from mqttbroker.protocol.properties import PropertyId as Prop
 from mqttbroker.storage import StoreError
 from mqttbroker.storage.sqlite import SQLiteStore
 from mqttbroker.storage.sqlite import store as sqlite_store
@@ -517,6 +518,105 @@ async def test_small_commits_never_wait(db_path: Path) -> None:
             await _committed(store)
             assert store.commits == commits + 1
         assert _retained(db_path) == store.GATHER_MIN + 2
+
+
+async def _resume(node: Node, client_id: str) -> tuple[Any, list[Any]]:
+    """A persistent client comes back (Clean Start 0): what reached its link at once (the
+    loop has not run: no commit can have happened)."""
+    client = node.client()
+    client.send(
+        pk.Connect(
+            client_id=client_id,
+            protocol_level=5,
+            clean_start=False,
+            keep_alive=0,
+            will=None,
+            properties={Prop.SESSION_EXPIRY_INTERVAL: 300},
+        )
+    )
+    node.b.scheduler.flush()
+    return client, client.unread()
+
+
+def _deliveries(path: Path) -> list[tuple[Any, ...]]:
+    return rows(path, "SELECT client_id, seq, packet_id FROM deliveries ORDER BY seq")
+
+
+@async_test
+async def test_what_no_acknowledgement_waits_for_starts_no_commit(
+    db_path: Path, fake_time: FakeTime
+) -> None:
+    """A known session's clock, a QoS 1 message's packet id and a delivered message's removal
+    (``defer_wait``, here an hour): a client resuming its session gets its CONNACK and queued
+    messages without a commit, its PUBACKs start none, and the next commit an acknowledgement
+    waits for takes them all."""
+    node = await Node(db_path, fake_time, store_options={"defer_wait": HOUR}).start()
+    await offline_subscriber(node, "sub", "d/#", qos=1)
+    pub = await node.connect("pub")
+    for i in range(2):
+        await pub.publish_acked("d/x", b"m%d" % i, 1)
+    store = node.s
+    commits, writes = store.commits, store.writes
+    assert _deliveries(db_path) == [("sub", 1, None), ("sub", 2, None)]
+
+    sub, got = await _resume(node, "sub")
+    assert [type(p) for p in got] == [pk.Connack, pk.Publish, pk.Publish]
+    assert [p.payload for p in got[1:]] == [b"m0", b"m1"]
+    sub.send(*[pk.Puback(p.packet_id) for p in got[1:]])
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert (store.commits, store.writes) == (commits, writes)
+    assert _deliveries(db_path) == [("sub", 1, None), ("sub", 2, None)]  # as they were
+    assert len(store._batch.deliveries) == 2 and store._batch.sessions
+
+    await pub.publish_acked("d/x", b"m2", 1)  # in flight at once to the client, now online
+    assert store.commits == commits + 1
+    assert _deliveries(db_path) == [("sub", 3, got[-1].packet_id + 1)]
+    assert rows(db_path, "SELECT payload FROM messages") == [(b"m2",)]
+    assert rows(db_path, "SELECT expires_at FROM sessions WHERE client_id = 'sub'") == [(None,)]
+    assert store._defer_timer is None  # (its changes went with that commit)
+    await node.close()
+
+
+@async_test
+async def test_what_no_acknowledgement_waits_for_is_committed_after_defer_wait(
+    db_path: Path, fake_time: FakeTime
+) -> None:
+    node = await Node(db_path, fake_time, store_options={"defer_wait": 0.01}).start()
+    await offline_subscriber(node, "sub", "d/#", qos=1)
+    pub = await node.connect("pub")
+    await pub.publish_acked("d/x", b"m0", 1)
+    store = node.s
+    commits = store.commits
+
+    sub, got = await _resume(node, "sub")
+    assert [type(p) for p in got] == [pk.Connack, pk.Publish]
+    sub.send(pk.Puback(got[1].packet_id))
+    while store.commits == commits:  # (guarded by the test's timeout)
+        await asyncio.sleep(0.005)
+    assert store.commits == commits + 1
+    assert _deliveries(db_path) == []
+    assert rows(db_path, "SELECT count(*) FROM messages") == [(0,)]
+    await node.close()
+
+
+@async_test
+async def test_with_defer_wait_0_a_resumed_session_waits_for_its_commit(
+    db_path: Path, fake_time: FakeTime
+) -> None:
+    node = await Node(db_path, fake_time, store_options={"defer_wait": 0}).start()
+    await offline_subscriber(node, "sub", "d/#", qos=1)
+    pub = await node.connect("pub")
+    await pub.publish_acked("d/x", b"m0", 1)
+    writes = node.s.writes
+
+    sub, got = await _resume(node, "sub")
+    assert node.s.writes > writes
+    assert got == []  # held until the commit
+    await node.committed()
+    node.b.scheduler.flush()
+    assert [type(p) for p in got + sub.unread()] == [pk.Connack, pk.Publish]
+    await node.close()
 
 
 @pytest.mark.parametrize(

@@ -90,6 +90,28 @@ class Recorder:
         # gathers, a count to come (SQLiteStore._write_loop).
         self._wake_at = 0
         self._next_message_id = 1
+        # Changes no acknowledgement waits for (see _defer) are committed after at most this
+        # many seconds (SQLiteStore's defer_wait; 0: as the others), on the loop given at load.
+        self.defer_wait = 0.0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._defer_timer: asyncio.TimerHandle | None = None
+
+    def _defer(self) -> None:
+        """Record a change that no acknowledgement waits for: it is not counted in ``writes``,
+        so no connection holds its output for it, and it wakes no commit of its own. The next
+        commit takes it with the rest of the batch, ``defer_wait`` seconds later at the latest.
+        Losing such a change in a crash sends a QoS 1 message again (at least once), never
+        loses one: what a commit writes is always the whole batch, so the disk holds the
+        broker's state as of a moment no earlier than its last acknowledgement."""
+        loop = self._loop
+        if loop is None or not self.defer_wait:
+            self._changed()
+        elif self._defer_timer is None and not self._woken:  # (else a commit is coming)
+            self._defer_timer = loop.call_later(self.defer_wait, self._defer_due)
+
+    def _defer_due(self) -> None:
+        self._defer_timer = None
+        self._wake_writer()
 
     def _wake_writer(self) -> None:
         if not self._woken:
@@ -128,7 +150,8 @@ class Recorder:
         msg = delivery.message
         client_id = session.client_id
         seq = delivery.stored
-        if not seq:
+        fresh = not seq
+        if fresh:
             seq = session.stored or 1
             delivery.stored = seq
             session.stored = seq + 1
@@ -163,7 +186,10 @@ class Recorder:
         else:  # queued (the common row: see QUEUED_ROW)
             row = (client_id, seq, msg.stored, delivery.qos, 1 if delivery.retain else 0)
         batch.deliveries[(client_id, seq)] = row
-        self._changed()
+        if fresh or delivery.qos != 1:
+            self._changed()  # a message accepted, or a step of a QoS 2 exchange
+        else:
+            self._defer()  # a QoS 1 message sent: lost, it is sent again as a new one
 
     def delete_delivery(self, session: Session, delivery: Delivery) -> None:
         seq = delivery.stored
@@ -186,7 +212,7 @@ class Recorder:
             if batch.messages.pop(mid, None) is None:
                 batch.dead_messages.add(mid)
             msg.stored = 0
-        self._changed()
+        self._defer()  # delivered (or expired, dropped): lost, it would be delivered again
 
     def save_release(self, session: Session, packet_id: int) -> None:
         self._batch.releases[(session.client_id, packet_id)] = True

@@ -10,6 +10,11 @@ whole window rather than half of it (see ``_write_loop``). Each commit is one ca
 database's thread (``batch.write``). Connections hold their acknowledgements until the batch
 with their changes has committed (see broker/store.py).
 
+Changes that no acknowledgement waits for (a delivered message's removal, a QoS 1 message's
+packet id, a known session's clock) neither hold output nor start a commit: they go with the
+next one, ``defer_wait`` seconds later at the latest (``Recorder._defer``). A storm of
+reconnecting clients thus costs a commit per few dozen clients, not per few.
+
 WAL checkpoints never run inside a commit (see ``_checkpoint_loop``): what a commit waits for is
 its own pages and, as ``sync`` says, one fsync of the log.
 
@@ -96,6 +101,7 @@ class SQLiteStore(Recorder, Store):
         sync: str = "full",
         on_corrupt: str = "move",
         commit_interval: float = 0.0,
+        defer_wait: float = 0.05,
     ) -> None:
         if sync not in SYNC_LEVELS:
             raise ValueError(f"sync must be one of {', '.join(SYNC_LEVELS)}")
@@ -106,6 +112,7 @@ class SQLiteStore(Recorder, Store):
         self.sync = sync
         self.on_corrupt = on_corrupt
         self.commit_interval = commit_interval
+        self.defer_wait = defer_wait
         self.commits = 0
         self.commit_times = CommitTimes()  # seconds per commit, for /metrics
         self._db: aiosqlite.Connection | None = None
@@ -246,6 +253,7 @@ class SQLiteStore(Recorder, Store):
         """Open the database and read back what it kept; StoreError (naming the path and the
         cause) if it cannot. The caller closes the store either way."""
         self._clock = clock
+        self._loop = asyncio.get_running_loop()
         log.info("store %s: opening (SQLite, sync %s)", self.path, self.sync)
         db = self._db = await self._open()
         reader = Reader(db, self._local, self.path)
@@ -270,7 +278,8 @@ class SQLiteStore(Recorder, Store):
     # here. The handles are described there.
 
     def save_session(self, session: Session) -> None:
-        if not session.stored:
+        fresh = not session.stored
+        if fresh:
             session.stored = 1
         self._batch.sessions[session.client_id] = (
             session.client_id,
@@ -278,7 +287,12 @@ class SQLiteStore(Recorder, Store):
             self._wall(session.expires_at),
             session.username,
         )
-        self._changed()
+        if fresh:
+            self._changed()  # a session created: its CONNACK or SUBACK waits
+        else:
+            # Its clock (resumed, left, restored) or its interval: lost, the session keeps
+            # the record it had (see Recorder._defer).
+            self._defer()
 
     def delete_session(self, session: Session) -> None:
         if not session.stored:
@@ -403,6 +417,9 @@ class SQLiteStore(Recorder, Store):
         batch = self._batch
         self._batch = Batch()
         self._taken = self.writes
+        if self._defer_timer is not None:  # (the changes it waited for are in this batch)
+            self._defer_timer.cancel()
+            self._defer_timer = None
         delay = self.RETRY_FIRST
         while not batch.empty():
             try:
