@@ -231,6 +231,9 @@ class Broker:
             self.end_session(session, now)
             session = None
         present = session is not None
+        # Back within the first half of its expiry interval (or it never expires): the record
+        # the store has would keep the session through a restart as well as a new one.
+        early = False
         if session is None:
             session = self.sessions[client_id] = Session(
                 client_id, self.options, self.store, self.backlog
@@ -241,6 +244,8 @@ class Broker:
                 session.will = None  # reconnected before the will delay ran out (MQTT-3.1.3-9)
                 session.will_due = None
                 self.store.delete_will(session)
+            due = session.expires_at
+            early = due is None or due - now >= session.expiry_interval / 2
             session.expires_at = None
         if present and not expiry:
             self.store.delete_session(session)  # it ends with this connection now
@@ -248,7 +253,7 @@ class Broker:
         session.connection = conn
         self._count(session, expiry != 0)
         if expiry:
-            self.store.save_session(session)
+            self.store.save_session(session, early)
             if conn.will is not None:
                 self.store.save_will(session, conn.will, None)
         if self.observers:

@@ -8,7 +8,8 @@ connection whose input caused writes holds its output until :meth:`Store.after_c
 batch is on disk, so an acknowledgement always means "stored". A durable store may leave out of
 ``writes`` the changes no acknowledgement waits for (a delivered message's removal, a QoS 1
 message's packet id, a known session's clock) and commit them a little later, with the next
-batch: losing one sends a message again, never loses one (storage/sqlite/batch.py, ``_defer``).
+batch: losing one sends a message again, never loses what was acknowledged
+(storage/sqlite/batch.py, ``_defer``).
 
 At start the store hands back what it kept as plain records (:class:`Restored`), and the
 broker builds its sessions from them (:meth:`Broker.restore <mqttbroker.broker.core.Broker.restore>`):
@@ -104,9 +105,11 @@ class Store:
         """Call ``callback`` once every change recorded so far is durable."""
         callback()
 
-    def save_session(self, session: Session) -> None:
+    def save_session(self, session: Session, early: bool = False) -> None:
         """A session to keep (new, or its expiry changed). A store that records it marks it
-        with a handle (``session.stored`` not 0): only such a session is deleted later."""
+        with a handle (``session.stored`` not 0): only such a session is deleted later.
+        ``early``: resumed within the first half of its expiry interval, so that the record
+        the store has is as safe to restore from for a while (see storage/sqlite/store.py)."""
 
     def delete_session(self, session: Session) -> None:
         """The session ended: forget it with everything that belongs to it. The broker calls

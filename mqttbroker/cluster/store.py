@@ -260,8 +260,8 @@ class ClusterStore(Store):
     async def close(self) -> None:
         await self.inner.close()
 
-    def save_session(self, session: Session) -> None:
-        self.inner.save_session(session)
+    def save_session(self, session: Session, early: bool = False) -> None:
+        self.inner.save_session(session, early)
         if session.sink is None:  # (an integration's session is this node's own)
             if not session.stored:  # (the memory store does not mark it: Redis has it now)
                 session.stored = 1

@@ -78,7 +78,7 @@ class MirrorStore(Store):
     def _write(self) -> None:
         self.writes += 1
 
-    def save_session(self, session: Session) -> None:
+    def save_session(self, session: Session, early: bool = False) -> None:
         self._write()
         self.sessions[session.client_id] = (session.expiry_interval, session.expires_at)
         session.stored = 1  # recorded: the broker deletes it when it ends

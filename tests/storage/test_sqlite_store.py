@@ -520,9 +520,11 @@ async def test_small_commits_never_wait(db_path: Path) -> None:
         assert _retained(db_path) == store.GATHER_MIN + 2
 
 
-async def _resume(node: Node, client_id: str) -> tuple[Any, list[Any]]:
-    """A persistent client comes back (Clean Start 0): what reached its link at once (the
-    loop has not run: no commit can have happened)."""
+async def _resume(
+    node: Node, client_id: str, properties: dict[int, Any] | None = None
+) -> tuple[Any, list[Any]]:
+    """A persistent client comes back (Clean Start 0, ``properties`` in its CONNECT): what
+    reached its link at once (the loop has not run: no commit can have happened)."""
     client = node.client()
     client.send(
         pk.Connect(
@@ -531,11 +533,34 @@ async def _resume(node: Node, client_id: str) -> tuple[Any, list[Any]]:
             clean_start=False,
             keep_alive=0,
             will=None,
-            properties={Prop.SESSION_EXPIRY_INTERVAL: 300},
+            properties={Prop.SESSION_EXPIRY_INTERVAL: 300, **(properties or {})},
         )
     )
     node.b.scheduler.flush()
     return client, client.unread()
+
+
+async def _after_commit(node: Node, client: Any) -> list[Any]:
+    """What reached ``client``'s link once the store committed what is recorded."""
+    await node.committed()
+    node.b.scheduler.flush()
+    return client.unread()
+
+
+async def _queued(
+    db_path: Path, fake_time: FakeTime, defer_wait: float, qos: int, *sent: int, **options: Any
+) -> tuple[Node, Any]:
+    """A node whose store defers for ``defer_wait`` seconds, with a message of each QoS in
+    ``sent`` queued for the offline persistent session "sub" (on d/# at ``qos``; payloads m0,
+    m1, ...); the node and the publisher."""
+    node = await Node(
+        db_path, fake_time, store_options={"defer_wait": defer_wait}, **options
+    ).start()
+    await offline_subscriber(node, "sub", "d/#", qos=qos)
+    pub = await node.connect("pub")
+    for i, message_qos in enumerate(sent):
+        await pub.publish_acked("d/x", b"m%d" % i, message_qos)
+    return node, pub
 
 
 def _deliveries(path: Path) -> list[tuple[Any, ...]]:
@@ -546,19 +571,16 @@ def _deliveries(path: Path) -> list[tuple[Any, ...]]:
 async def test_what_no_acknowledgement_waits_for_starts_no_commit(
     db_path: Path, fake_time: FakeTime
 ) -> None:
-    """A known session's clock, a QoS 1 message's packet id and a delivered message's removal
-    (``defer_wait``, here an hour): a client resuming its session gets its CONNACK and queued
-    messages without a commit, its PUBACKs start none, and the next commit an acknowledgement
-    waits for takes them all."""
-    node = await Node(db_path, fake_time, store_options={"defer_wait": HOUR}).start()
-    await offline_subscriber(node, "sub", "d/#", qos=1)
-    pub = await node.connect("pub")
-    for i in range(2):
-        await pub.publish_acked("d/x", b"m%d" % i, 1)
+    """A session resumed early in its expiry interval, a QoS 1 message's packet id and a
+    delivered message's removal (``defer_wait``, here an hour): the client gets its CONNACK
+    and queued messages without a commit, its PUBACKs start none, and the next commit an
+    acknowledgement waits for takes them all."""
+    node, pub = await _queued(db_path, fake_time, HOUR, 1, 1, 1)
     store = node.s
     commits, writes = store.commits, store.writes
     assert _deliveries(db_path) == [("sub", 1, None), ("sub", 2, None)]
 
+    fake_time.advance(149)  # of its 300 s
     sub, got = await _resume(node, "sub")
     assert [type(p) for p in got] == [pk.Connack, pk.Publish, pk.Publish]
     assert [p.payload for p in got[1:]] == [b"m0", b"m1"]
@@ -579,18 +601,51 @@ async def test_what_no_acknowledgement_waits_for_starts_no_commit(
 
 
 @async_test
+async def test_a_crash_before_the_deferred_commit_delivers_the_messages_again(
+    db_path: Path, fake_time: FakeTime
+) -> None:
+    """At least once: a QoS 1 message acknowledged by the client just before a crash that
+    came before the next commit is delivered again after the restart; the session is there."""
+    node, _ = await _queued(db_path, fake_time, HOUR, 1, 1, 1)
+    sub, got = await _resume(node, "sub")
+    sub.send(*[pk.Puback(p.packet_id) for p in got[1:]])
+    crashed = snapshot(db_path)  # killed before the next commit
+
+    fake_time.reboot(downtime=10)
+    again = await Node(crashed, fake_time).start()
+    client = again.client()
+    resent = await client.connect("sub", clean_start=False, expiry=300)
+    assert client.session_present
+    assert [p.payload for p in resent] == [b"m0", b"m1"]
+
+
+@async_test
+async def test_a_session_resumed_late_in_its_interval_waits_for_its_commit(
+    db_path: Path, fake_time: FakeTime
+) -> None:
+    """Past half its expiry interval, the deadline on file could pass while the broker is
+    down: the CONNACK (and what follows it) waits until the session's new record is stored."""
+    node, _ = await _queued(db_path, fake_time, HOUR, 1, 1)
+    writes = node.s.writes
+    fake_time.advance(151)
+    sub, got = await _resume(node, "sub")
+    assert got == [] and node.s.writes > writes
+    got = await _after_commit(node, sub)
+    assert [type(p) for p in got] == [pk.Connack, pk.Publish]
+    assert rows(db_path, "SELECT expires_at FROM sessions WHERE client_id = 'sub'") == [(None,)]
+    await node.close()
+
+
+@async_test
 async def test_what_no_acknowledgement_waits_for_is_committed_after_defer_wait(
     db_path: Path, fake_time: FakeTime
 ) -> None:
-    node = await Node(db_path, fake_time, store_options={"defer_wait": 0.01}).start()
-    await offline_subscriber(node, "sub", "d/#", qos=1)
-    pub = await node.connect("pub")
-    await pub.publish_acked("d/x", b"m0", 1)
+    node, _ = await _queued(db_path, fake_time, 0.01, 1, 1)
     store = node.s
     commits = store.commits
-
     sub, got = await _resume(node, "sub")
     assert [type(p) for p in got] == [pk.Connack, pk.Publish]
+
     sub.send(pk.Puback(got[1].packet_id))
     while store.commits == commits:  # (guarded by the test's timeout)
         await asyncio.sleep(0.005)
@@ -601,21 +656,65 @@ async def test_what_no_acknowledgement_waits_for_is_committed_after_defer_wait(
 
 
 @async_test
-async def test_with_defer_wait_0_a_resumed_session_waits_for_its_commit(
+async def test_with_defer_wait_0_every_change_waits_for_its_commit(
     db_path: Path, fake_time: FakeTime
 ) -> None:
-    node = await Node(db_path, fake_time, store_options={"defer_wait": 0}).start()
-    await offline_subscriber(node, "sub", "d/#", qos=1)
-    pub = await node.connect("pub")
-    await pub.publish_acked("d/x", b"m0", 1)
+    node, _ = await _queued(db_path, fake_time, 0, 1, 1)
+    writes = node.s.writes
+    sub, got = await _resume(node, "sub")
+    assert got == [] and node.s.writes > writes  # held for the session's commit
+    got = await _after_commit(node, sub)
     writes = node.s.writes
 
-    sub, got = await _resume(node, "sub")
-    assert node.s.writes > writes
-    assert got == []  # held until the commit
+    sub.send(pk.Puback(got[1].packet_id))
+    assert node.s.writes > writes  # counted: the delete is committed at once
     await node.committed()
+    assert _deliveries(db_path) == []
+    await node.close()
+
+
+@async_test
+async def test_a_queued_qos_2_message_goes_out_once_its_packet_id_is_stored(
+    db_path: Path, fake_time: FakeTime
+) -> None:
+    """The packet id a queued QoS 2 message goes out under is committed first: after a crash
+    it is sent again under that id, which the client knows, not under a new one (a copy)."""
+    node, _ = await _queued(db_path, fake_time, HOUR, 2, 2, 2)
+    sub, got = await _resume(node, "sub", {Prop.RECEIVE_MAXIMUM: 1})
+    assert got == []  # held for m0's packet id
+    got = await _after_commit(node, sub)
+    assert [(type(p), p.payload) for p in got[1:]] == [(pk.Publish, b"m0")]
+    sub.send(pk.Pubrec(got[1].packet_id))
+    assert [type(p) for p in await _after_commit(node, sub)] == [pk.Pubrel]
+    writes = node.s.writes
+
+    sub.send(pk.Pubcomp(got[1].packet_id))  # room for m1
     node.b.scheduler.flush()
-    assert [type(p) for p in got + sub.unread()] == [pk.Connack, pk.Publish]
+    assert sub.unread() == [] and node.s.writes > writes  # held for m1's packet id
+    got = await _after_commit(node, sub)
+    assert [(type(p), p.payload) for p in got] == [(pk.Publish, b"m1")]
+    assert _deliveries(db_path)[-1] == ("sub", 2, got[0].packet_id)
+    await node.close()
+
+
+@async_test
+async def test_a_queued_qos_0_message_goes_out_once_its_removal_is_stored(
+    db_path: Path, fake_time: FakeTime
+) -> None:
+    """A QoS 0 message sent from a session's queue (``queue_qos0``) leaves the store first: at
+    most once, also after a crash."""
+    node, _ = await _queued(db_path, fake_time, HOUR, 1, 1, 1, 0, queue_qos0=True)
+    sub, got = await _resume(node, "sub", {Prop.RECEIVE_MAXIMUM: 1})
+    got += await _after_commit(node, sub)
+    assert [(type(p), p.payload) for p in got[1:]] == [(pk.Publish, b"m0")]
+    writes = node.s.writes
+
+    sub.send(pk.Puback(got[1].packet_id))  # room for m1, then m2 (QoS 0) behind it
+    node.b.scheduler.flush()
+    assert sub.unread() == [] and node.s.writes > writes  # held for m2's removal
+    got = await _after_commit(node, sub)
+    assert [(p.qos, p.payload) for p in got] == [(1, b"m1"), (0, b"m2")]
+    assert _deliveries(db_path) == [("sub", 2, got[0].packet_id)]
     await node.close()
 
 

@@ -634,7 +634,7 @@ class GatedStore(Store):
     def __init__(self) -> None:
         self.waiting: list[Callable[[], None]] = []
 
-    def save_session(self, session: Session) -> None:
+    def save_session(self, session: Session, early: bool = False) -> None:
         self.writes += 1
 
     def save_retained(self, message: Message) -> None:

@@ -100,9 +100,12 @@ class Recorder:
         """Record a change that no acknowledgement waits for: it is not counted in ``writes``,
         so no connection holds its output for it, and it wakes no commit of its own. The next
         commit takes it with the rest of the batch, ``defer_wait`` seconds later at the latest.
-        Losing such a change in a crash sends a QoS 1 message again (at least once), never
-        loses one: what a commit writes is always the whole batch, so the disk holds the
-        broker's state as of a moment no earlier than its last acknowledgement."""
+        These are the removal of a QoS 1 or 2 delivery (acknowledged, expired, dropped), the
+        packet id a queued QoS 1 message goes out under, and the clock of a session that left.
+        Losing one in a crash sends a QoS 1 message again (at least once) or a PUBREL again,
+        or starts a session's clock at the restart: never loses what was acknowledged, as a
+        commit writes the whole batch, so the disk holds the broker's state as of a moment no
+        earlier than its last acknowledgement."""
         loop = self._loop
         if loop is None or not self.defer_wait:
             self._changed()
@@ -212,7 +215,10 @@ class Recorder:
             if batch.messages.pop(mid, None) is None:
                 batch.dead_messages.add(mid)
             msg.stored = 0
-        self._defer()  # delivered (or expired, dropped): lost, it would be delivered again
+        if delivery.qos:
+            self._defer()  # delivered (or expired, dropped): lost, it is delivered again
+        else:
+            self._changed()  # a QoS 0 message sent from the queue: at most once
 
     def save_release(self, session: Session, packet_id: int) -> None:
         self._batch.releases[(session.client_id, packet_id)] = True

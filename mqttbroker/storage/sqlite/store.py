@@ -277,7 +277,7 @@ class SQLiteStore(Recorder, Store):
     # What every message may change is recorded by the compiled Recorder (batch.py); the rest
     # here. The handles are described there.
 
-    def save_session(self, session: Session) -> None:
+    def save_session(self, session: Session, early: bool = False) -> None:
         fresh = not session.stored
         if fresh:
             session.stored = 1
@@ -287,11 +287,14 @@ class SQLiteStore(Recorder, Store):
             self._wall(session.expires_at),
             session.username,
         )
-        if fresh:
-            self._changed()  # a session created: its CONNACK or SUBACK waits
+        if fresh or (session.expires_at is None and not early):
+            # A session created, or resumed late in its expiry interval: its CONNACK says it
+            # is there, and the deadline on file may pass while the broker is down.
+            self._changed()
         else:
-            # Its clock (resumed, left, restored) or its interval: lost, the session keeps
-            # the record it had (see Recorder._defer).
+            # Its clock, running from when it left (or from a restart): lost, the record it had
+            # says "connected", and a restart starts its clock later. Or resumed early: lost,
+            # the deadline on file is at least half an interval away (Recorder._defer).
             self._defer()
 
     def delete_session(self, session: Session) -> None:
