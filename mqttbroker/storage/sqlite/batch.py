@@ -101,7 +101,8 @@ class Recorder:
         so no connection holds its output for it, and it wakes no commit of its own. The next
         commit takes it with the rest of the batch, ``defer_wait`` seconds later at the latest.
         These are the removal of a QoS 1 or 2 delivery (acknowledged, expired, dropped), the
-        packet id a queued QoS 1 message goes out under, and the clock of a session that left.
+        packet id a queued QoS 1 message goes out under, and the clock of a session that left
+        or came back early in its expiry interval (SQLiteStore.save_session).
         Losing one in a crash sends a QoS 1 message again (at least once) or a PUBREL again,
         or starts a session's clock at the restart: never loses what was acknowledged, as a
         commit writes the whole batch, so the disk holds the broker's state as of a moment no
