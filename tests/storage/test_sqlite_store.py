@@ -563,6 +563,15 @@ async def _queued(
     return node, pub
 
 
+async def _resume_held(node: Node) -> tuple[Any, list[Any]]:
+    """The client of "sub" comes back and nothing reaches it before a commit (its CONNECT's
+    change is counted: the output waits for it); then what reached it once committed."""
+    writes = node.s.writes
+    sub, got = await _resume(node, "sub")
+    assert got == [] and node.s.writes > writes  # held for the session's commit
+    return sub, await _after_commit(node, sub)
+
+
 def _deliveries(path: Path) -> list[tuple[Any, ...]]:
     return rows(path, "SELECT client_id, seq, packet_id FROM deliveries ORDER BY seq")
 
@@ -607,9 +616,13 @@ async def test_a_crash_before_the_deferred_commit_delivers_the_messages_again(
     """At least once: a QoS 1 message acknowledged by the client just before a crash that
     came before the next commit is delivered again after the restart; the session is there."""
     node, _ = await _queued(db_path, fake_time, HOUR, 1, 1, 1)
+    commits = node.s.commits
     sub, got = await _resume(node, "sub")
     sub.send(*[pk.Puback(p.packet_id) for p in got[1:]])
-    crashed = snapshot(db_path)  # killed before the next commit
+    for _ in range(50):  # (time enough for a commit the PUBACKs would have started)
+        await asyncio.sleep(0.005)
+    assert node.s.commits == commits  # the removals wait for the next commit
+    crashed = snapshot(db_path)  # killed before it
 
     fake_time.reboot(downtime=10)
     again = await Node(crashed, fake_time).start()
@@ -626,11 +639,8 @@ async def test_a_session_resumed_late_in_its_interval_waits_for_its_commit(
     """Past half its expiry interval, the deadline on file could pass while the broker is
     down: the CONNACK (and what follows it) waits until the session's new record is stored."""
     node, _ = await _queued(db_path, fake_time, HOUR, 1, 1)
-    writes = node.s.writes
     fake_time.advance(151)
-    sub, got = await _resume(node, "sub")
-    assert got == [] and node.s.writes > writes
-    got = await _after_commit(node, sub)
+    _, got = await _resume_held(node)
     assert [type(p) for p in got] == [pk.Connack, pk.Publish]
     assert rows(db_path, "SELECT expires_at FROM sessions WHERE client_id = 'sub'") == [(None,)]
     await node.close()
@@ -660,10 +670,8 @@ async def test_with_defer_wait_0_every_change_waits_for_its_commit(
     db_path: Path, fake_time: FakeTime
 ) -> None:
     node, _ = await _queued(db_path, fake_time, 0, 1, 1)
-    writes = node.s.writes
-    sub, got = await _resume(node, "sub")
-    assert got == [] and node.s.writes > writes  # held for the session's commit
-    got = await _after_commit(node, sub)
+    sub, got = await _resume_held(node)
+    assert [type(p) for p in got] == [pk.Connack, pk.Publish]
     writes = node.s.writes
 
     sub.send(pk.Puback(got[1].packet_id))
