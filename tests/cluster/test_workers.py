@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from support.clients import unique, wait_for
 from support.cluster_clients import client, close_all, subscriber
-from support.launcher import free_port
+from support.launcher import free_port, free_ports
 from support.redis_server import RedisServer
 
 pytestmark = pytest.mark.needs_redis
@@ -76,7 +76,7 @@ def test_workers_share_the_port_and_behave_as_one_broker(
 def test_each_worker_serves_its_admin_on_its_own_port(
     redis_server: RedisServer, start_broker: Callable[..., Any]
 ) -> None:
-    admin = free_port()
+    admin = free_ports(2)  # one per worker
     supervisor, started = start_workers(
         start_broker, redis_server, free_port(), "--admin-port", str(admin)
     )

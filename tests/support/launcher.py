@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -68,6 +69,29 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def free_ports(count: int) -> int:
+    """The first of ``count`` consecutive loopback ports nothing listens on now, below the
+    kernel's range for ports picked by bind(0) (``free_port``, the brokers' port 0), so that
+    no other test running meanwhile is handed one of them (a broker whose workers take a port
+    each, from the first on)."""
+    low, _ = (int(n) for n in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    rng = random.Random()
+    while True:
+        first = rng.randrange(10_000, low - count)
+        socks = []
+        try:
+            for port in range(first, first + count):
+                sock = socket.socket()
+                socks.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return first
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
 
 
 def wait_port(
