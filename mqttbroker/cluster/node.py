@@ -270,6 +270,8 @@ class ClusterNode(Backplane):
         self.recent = Recent()
         self._inherited: dict[str, tuple[float, dict[str, int]]] = {}
         self._inherited_until = 0.0  # (all of them stale from then: see _not_had)
+        # ... and for the whole of its stay here, for its next move (_seen_for)
+        self._came_with: dict[str, dict[str, int]] = {}
         # Sessions handed to other nodes lately: their plain filters (client id as the "node"),
         # and until when / to which node what this node routes for them is forwarded.
         self._leaving = RouteTable(1024)
@@ -774,15 +776,18 @@ class ClusterNode(Backplane):
         finally:
             recent.held -= 1
 
-    def _seen_for(self, client_id: str, now: float) -> dict[str, int]:
+    def _seen_for(self, client_id: str) -> dict[str, int]:
         """The counters of each origin (sequence.py) that ``client_id``'s session, leaving
         this node now, got every message up to: what this node routed (its own messages
-        among it), and what the session came here with."""
+        among it), and what the session came here with, however long ago (the node it goes
+        to may still hold messages it routed before then: its ``Recent`` is not trimmed
+        while another session is on its way there, or it read its stream late)."""
         seen = self.seen.snapshot()
         seen[self.origin] = self._counter
-        came = self._inherited.pop(client_id, None)
-        if came is not None and came[0] > now - REPLAY_SECONDS:
-            for origin, counter in came[1].items():
+        self._inherited.pop(client_id, None)
+        came = self._came_with.pop(client_id, None)
+        if came is not None:
+            for origin, counter in came.items():
                 if counter > seen.get(origin, 0):
                     seen[origin] = counter
         return seen
@@ -839,6 +844,7 @@ class ClusterNode(Backplane):
         messages up to ``seen`` (to it among others)."""
         self._inherited[client_id] = (now, seen)
         self._inherited_until = max(self._inherited_until, now + REPLAY_SECONDS)
+        self._came_with[client_id] = seen
 
     def _not_had(self, targets: list[Any], found: tuple[str, int], now: float) -> list[Any]:
         """``targets`` but the sessions that came here lately from a node that had routed
@@ -1369,7 +1375,7 @@ class ClusterNode(Backplane):
                     )
                 broker.end_session(session, now)
             else:
-                seen = self._seen_for(client_id, now)
+                seen = self._seen_for(client_id)
                 answer = serialise(session, now, seen)
                 self.recent.left(client_id, now)
                 got = self.store.forwards_got.get(client_id) or set()
@@ -1390,6 +1396,7 @@ class ClusterNode(Backplane):
         return found if found is session else None
 
     def session_ended(self, client_id: str) -> None:
+        self._came_with.pop(client_id, None)  # (a new session of that client id got nothing)
         self._queue(_RELEASE, client_id, None)
 
     def _queue(self, kind: int, name: str, data: Any) -> None:

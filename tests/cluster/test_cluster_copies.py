@@ -196,6 +196,42 @@ def test_a_session_adopted_then_handed_over_gets_no_message_twice(
     close_all(on_c, local, pub)
 
 
+def test_a_session_adopted_long_before_its_next_move_gets_no_message_twice(
+    start_node: Any, redis_server: Any
+) -> None:
+    """As above, but the device moves on more than REPLAY_SECONDS after a adopted its
+    session, to c, which routed its own copy of m1 (another origin's) only lately: c read
+    its stream late (frozen, Redis away, or keeping what it routed while another session was
+    on its way to it). a's answer still says that the session got m1 on b, so c does not
+    route m1 to it again."""
+    a = start_node("a")
+    b = start_node("b")
+    c = start_node("c")
+    client_id = unique("stay")
+    topic = unique("stay")
+    dev = subscribed(b, client_id, topic, 2)
+    local = subscriber(c, topic, 2)
+    frame = publish_frame(topic, b"m1", b"x.00000001\x1d1", qos=2)
+    with redis_server.client() as r:
+        r.xadd(STREAM + "b", {"m": frame})
+        arrives(b"m1", dev)
+        wait_for(lambda: r.hget("mqttbroker:seen:b", "x.00000001") == b"1", "b's counters in Redis")
+        kill(b)
+        dev.close()
+        on_a = resumed(a, client_id)
+        assert a.wait_for_log(r"node 'b' adopted: 1 sessions", 10) is not None
+        time.sleep(REPLAY_SECONDS + 1)
+        r.xadd(STREAM + "c", {"m": frame})
+        arrives(b"m1", local)
+    on_a.close()
+    on_c = resumed(c, client_id)
+    pub = client(c)
+    acknowledged(pub, topic, [b"m2"], 2)
+    arrives(b"m2", on_c)
+    assert counted(dev, on_a, on_c) == {b"m1": 1, b"m2": 1}
+    close_all(on_c, local, pub)
+
+
 def test_a_message_of_an_adopted_stream_is_not_routed_again_from_the_adopters_own(
     start_node: Any, redis_server: Any
 ) -> None:
