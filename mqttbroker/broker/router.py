@@ -18,14 +18,14 @@ from .message import Message
 from .options import BrokerOptions
 from .retained import RetainedStore
 from .store import Store
-from .topics import Match, Subscription, SubscriptionTrie, valid_topic_name
+from .topics import NO_MATCH, Match, Subscription, SubscriptionTrie, valid_topic_name
 
 if TYPE_CHECKING:
     from .session import Session
 
-# About what one match-cache entry costs beside its topic: the dict slot, the tuple, the match.
+# About what one match-cache entry costs beside its topic: the dict slot, the tuple, and the
+# match unless it is one trie node's shared one (topics.SubscriptionTrie.match).
 _ENTRY_BYTES = 200
-_NO_MATCH: Match = ([], [])
 # The server's own topics, on which no message is kept as a retained one: the dynamic
 # security's commands carry passwords, and a retained one would be stored (in the durable store
 # too) and sent to every later subscriber. The message is handled as if published without
@@ -109,7 +109,7 @@ class Router:
             if not valid_topic_name(topic) or not self.within_limits(topic):
                 return None
             if publisher is not None and not publisher.may_publish(topic):
-                return topic, _NO_MATCH
+                return topic, NO_MATCH
             found = (topic, self.trie.match(topic))
             cache = self.cache
             # The raw key and the decoded name (about twice the bytes), and the entry itself.

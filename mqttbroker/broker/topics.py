@@ -174,20 +174,42 @@ class SharedGroup:
         return chosen
 
 
+# One topic's match: per session the matching non-shared subscriptions, and the shared groups.
+# Its readers never change it: one match may serve many topics.
+Match = tuple[list[tuple["Session", tuple[Subscription, ...]]], list[SharedGroup]]
+NO_MATCH: Match = ([], [])
+
+
 class _Node:
     """One level of the trie. Its tables are created on first use: most nodes are leaves with
-    subscriptions and no groups, or inner levels with children only."""
+    subscriptions and no groups, or inner levels with children only. ``matched`` is the match
+    of a topic this node alone matches, kept until its subscriptions change: the topics a
+    fleet publishes under one wildcard filter share it instead of holding one each."""
 
-    __slots__ = ("children", "subs", "groups")
+    __slots__ = ("children", "subs", "groups", "matched")
 
     def __init__(self) -> None:
         self.children: dict[str, _Node] | None = None
         self.subs: dict[str, Subscription] | None = None
         self.groups: dict[str, SharedGroup] | None = None
+        self.matched: Match | None = None
 
 
-# One topic's match: per session the matching non-shared subscriptions, and the shared groups.
-Match = tuple[list[tuple["Session", tuple[Subscription, ...]]], list[SharedGroup]]
+def _match_of(found: list[_Node]) -> Match:
+    """The subscriptions of the ``found`` nodes, grouped per session."""
+    per_session: dict[str, list[Subscription]] = {}
+    groups: list[SharedGroup] = []
+    for node in found:
+        if node.subs:
+            for client_id, sub in node.subs.items():
+                entry = per_session.get(client_id)
+                if entry is None:
+                    per_session[client_id] = [sub]
+                else:
+                    entry.append(sub)
+        if node.groups:
+            groups.extend(node.groups.values())
+    return [(subs[0].session, tuple(subs)) for subs in per_session.values()], groups
 
 
 class SubscriptionTrie:
@@ -212,6 +234,7 @@ class SubscriptionTrie:
             if child is None:
                 child = children[level] = _Node()
             node = child
+        node.matched = None
         client_id = sub.session.client_id
         if sub.share_group is None:
             subs = node.subs
@@ -248,6 +271,7 @@ class SubscriptionTrie:
                 return False
             path.append(child)
             node = child
+        node.matched = None
         client_id = sub.session.client_id
         removed = False
         if sub.share_group is None:
@@ -326,19 +350,13 @@ class SubscriptionTrie:
                     hash_node = node.children.get("#")  # "a/#" matches "a"
                     if hash_node is not None:
                         found.append(hash_node)
-        per_session: dict[str, list[Subscription]] = {}
-        groups: list[SharedGroup] = []
-        for node in found:
-            if node.subs:
-                for client_id, sub in node.subs.items():
-                    entry = per_session.get(client_id)
-                    if entry is None:
-                        per_session[client_id] = [sub]
-                    else:
-                        entry.append(sub)
-            if node.groups:
-                groups.extend(node.groups.values())
-        return [(subs[0].session, tuple(subs)) for subs in per_session.values()], groups
+        if len(found) != 1:
+            return _match_of(found) if found else NO_MATCH
+        node = found[0]
+        matched = node.matched
+        if matched is None:
+            matched = node.matched = _match_of(found)
+        return matched
 
     def __iter__(self) -> Iterator[Subscription]:
         stack = [self._root]

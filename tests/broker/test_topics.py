@@ -405,6 +405,8 @@ def test_trie_after_removals(
     trie = SubscriptionTrie()
     for sub in subs.values():
         trie.add(sub)
+    for topic in topics:  # matched once first: what the trie keeps of a match must follow
+        assert trie_matches(trie, topic) == brute_force(subs, topic), topic
     remaining = dict(subs)
     for (key, sub), remove in zip(list(subs.items()), removal, strict=False):
         if remove:
@@ -504,3 +506,60 @@ def test_the_trie_keeps_little_per_subscription(make_harness: Callable[..., Harn
     for sub in subs:
         assert trie.remove(sub)
     assert trie.count == 1 and [s.topic_filter for s in trie] == ["dev/warm/state"]
+
+
+def clients_of(match: Any) -> list[str]:
+    return sorted(session.client_id for session, _subs in match[0])
+
+
+def test_the_topics_one_filter_alone_matches_share_one_match_until_it_changes() -> None:
+    """A fleet's topics under one wildcard filter share that filter's match (a cached match per
+    topic then costs its topic, not a copy each); a change to the filter's subscriptions gives
+    them a new one and leaves the old one as it was; a topic two filters match gets its own."""
+    trie = SubscriptionTrie()
+    trie.add(Subscription(SESSIONS["c1"], "fleet/+/state"))
+    first = trie.match("fleet/1/state")
+    # The lists: a compiled trie may box the pair that holds them anew on each return.
+    assert trie.match("fleet/2/state")[0] is first[0]
+    assert clients_of(first) == ["c1"]
+    trie.add(Subscription(SESSIONS["c2"], "fleet/+/state"))
+    second = trie.match("fleet/2/state")
+    assert second[0] is not first[0]
+    assert clients_of(second) == ["c1", "c2"] and clients_of(first) == ["c1"]
+    trie.add(Subscription(SESSIONS["c3"], "fleet/7/state"))
+    assert clients_of(trie.match("fleet/7/state")) == ["c1", "c2", "c3"]
+    assert trie.match("fleet/1/state")[0] is second[0]  # another node's change keeps it
+    trie.add(Subscription(SESSIONS["c3"], "$share/g/fleet/+/state"))
+    shared = trie.match("fleet/1/state")
+    assert [group.name for group in shared[1]] == ["g"] and not second[1]
+    assert trie.remove(Subscription(SESSIONS["c1"], "fleet/+/state"))
+    assert clients_of(trie.match("fleet/1/state")) == ["c2"] and clients_of(shared) == ["c1", "c2"]
+    assert trie.match("other/1/state") == ([], [])
+
+
+# What a cached match costs per topic of a fleet publishing under one wildcard filter: the topic
+# (its wire form and its name) and the entry; 510 bytes when each topic held its own match.
+CACHE_BYTES_PER_FLEET_TOPIC = 300
+
+
+def test_the_match_cache_keeps_little_per_topic_of_a_fleet(
+    make_harness: Callable[..., Harness],
+) -> None:
+    h = make_harness()
+    h.connect("watcher").subscribe("fleet/+/state")
+    router = h.broker.router
+    topics = [f"fleet/{i:05d}/state" for i in range(2000)]
+    router.lookup("fleet/warm/state")
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for topic in topics:
+            router.lookup(topic)
+        per_topic = (tracemalloc.get_traced_memory()[0] - before) / len(topics)
+    finally:
+        tracemalloc.stop()
+    assert len(router.cache) == len(topics) + 1
+    assert per_topic < CACHE_BYTES_PER_FLEET_TOPIC, per_topic
+    match = router.lookup("fleet/00042/state")
+    assert match is not None and clients_of(match) == ["watcher"]
