@@ -268,10 +268,9 @@ class ClusterNode(Backplane):
         self.seen = Routed()
         self._touched = False  # a persistent session changed since the counters were taken
         self.recent = Recent()
-        self._inherited: dict[str, tuple[float, dict[str, int]]] = {}
-        self._inherited_until = 0.0  # (all of them stale from then: see _not_had)
-        # ... and for the whole of its stay here, for its next move (_seen_for)
+        # (until this node has read as far itself: _not_had, _seen_for)
         self._came_with: dict[str, dict[str, int]] = {}
+        self._came_checked = 0.0  # (when those were last compared with ``seen``)
         # Sessions handed to other nodes lately: their plain filters (client id as the "node"),
         # and until when / to which node what this node routes for them is forwarded.
         self._leaving = RouteTable(1024)
@@ -784,7 +783,6 @@ class ClusterNode(Backplane):
         while another session is on its way there, or it read its stream late)."""
         seen = self.seen.snapshot()
         seen[self.origin] = self._counter
-        self._inherited.pop(client_id, None)
         came = self._came_with.pop(client_id, None)
         if came is not None:
             for origin, counter in came.items():
@@ -801,11 +799,7 @@ class ClusterNode(Backplane):
         if session is None or not isinstance(seen, dict):
             return
         now = self.broker.clock()
-        inherited = self._inherited
-        if len(inherited) > 1000:
-            for key in [k for k, (t, _) in inherited.items() if t < now - REPLAY_SECONDS]:
-                del inherited[key]
-        self._inherit(client_id, now, seen)
+        self._came_with[client_id] = seen
         gaps = self._gaps
         if len(gaps) > 1000:
             for key in [k for k, (t, _) in gaps.items() if t < now - REPLAY_SECONDS]:
@@ -839,32 +833,35 @@ class ClusterNode(Backplane):
                 count,
             )
 
-    def _inherit(self, client_id: str, now: float, seen: dict[str, int]) -> None:
-        """``client_id``'s session came at ``now`` from a node that had routed each origin's
-        messages up to ``seen`` (to it among others)."""
-        self._inherited[client_id] = (now, seen)
-        self._inherited_until = max(self._inherited_until, now + REPLAY_SECONDS)
-        self._came_with[client_id] = seen
-
     def _not_had(self, targets: list[Any], found: tuple[str, int], now: float) -> list[Any]:
-        """``targets`` but the sessions that came here lately from a node that had routed
-        them this message already (its counters, see _replay and _adopt): this node reading
-        its own copy after the session came, it would be a second one."""
-        if now > self._inherited_until:
-            self._inherited.clear()
-            return targets
+        """``targets`` but the sessions that came here from a node that had routed them this
+        message already (its counters, see _replay and _adopt): this node reading its own
+        copy after the session came, however long after, it would be a second one. Once a
+        second, the sessions whose counters this node has read up to itself are let go of:
+        a copy at or below ``seen`` is not routed at all (Routed.first)."""
         origin, counter = found
-        return [t for t in targets if not self._had(t[0].client_id, origin, counter, now)]
+        targets = [t for t in targets if not self._had(t[0].client_id, origin, counter)]
+        if now >= self._came_checked:  # (after this message: ``seen`` counts it already)
+            self._came_checked = now + 1.0
+            self._forget_covered()
+        return targets
 
-    def _had(self, client_id: str, origin: str, counter: int, now: float) -> bool:
-        """Whether the session of ``client_id`` came here lately with that message routed to
-        it already."""
-        came = self._inherited.get(client_id)
-        return (
-            came is not None
-            and came[0] > now - REPLAY_SECONDS
-            and counter <= came[1].get(origin, 0)
-        )
+    def _forget_covered(self) -> None:
+        highest = self.seen.highest
+        own = self.origin
+        came_with = self._came_with
+        for client_id in [
+            client_id
+            for client_id, came in came_with.items()
+            if all(o == own or c <= highest.get(o, 0) for o, c in came.items())
+        ]:
+            del came_with[client_id]
+
+    def _had(self, client_id: str, origin: str, counter: int) -> bool:
+        """Whether the session of ``client_id`` came here with that message routed to it
+        already."""
+        came = self._came_with.get(client_id)
+        return came is not None and counter <= came.get(origin, 0)
 
     def _deliver_to(self, client_id: str, message: Message, now: float) -> int:
         """``message`` to the plain subscriptions of ``client_id``'s session here: 1 if any."""
@@ -1027,7 +1024,7 @@ class ClusterNode(Backplane):
         if message is None:
             return
         if here:
-            if self._had(client_id, origin, counter, now):
+            if self._had(client_id, origin, counter):
                 return  # (meant for an earlier stay of the session here: it came with it)
             self._got_forward(client_id, origin, counter, now)
             self._deliver_to(client_id, message, now)
@@ -1159,7 +1156,7 @@ class ClusterNode(Backplane):
                 self._own_since(taken, routed_there)
                 got = routed_there.snapshot()  # (what they have: not routed to them again)
                 for client_id in taken:
-                    self._inherit(client_id, restored, got)
+                    self._came_with[client_id] = got
                 routed = len(ids)
                 await self._ack(stream, ids)
                 await self._committed()  # the sessions' routes announced before the next read
@@ -1179,10 +1176,9 @@ class ClusterNode(Backplane):
                 await self._ack(stream, ids)
                 await self._committed()
                 # What the sessions got there (and here from its stream), for their next move.
-                now = self.broker.clock()
                 got = routed_there.snapshot()
                 for client_id in taken:
-                    self._inherit(client_id, now, got)
+                    self._came_with[client_id] = got
                 pipe = self.redis.pipeline(transaction=False)
                 pipe.delete(stream, f"{PREFIX}owned:{node}", f"{PREFIX}seen:{node}")
                 pipe.eval(LEAVE_SCRIPT, 1, lease, self.token)
@@ -1864,7 +1860,7 @@ class ClusterNode(Backplane):
                 got = self._forwarded_to.get(found)
                 if got is not None:  # (those sessions had it forwarded already)
                     targets = [t for t in targets if t[0].client_id not in got]
-            if self._inherited:
+            if self._came_with:
                 targets = self._not_had(targets, found, now)
         shares = set(names.decode().split("\x1f")) if names else set()
         if header[:1] != b"1":

@@ -418,6 +418,35 @@ def test_a_message_read_by_the_new_node_after_the_session_came_is_not_routed_aga
     again.close()
 
 
+def test_a_message_the_new_node_reads_long_after_the_session_came_is_not_routed_again(
+    start_node: Any, redis_server: Any
+) -> None:
+    """As above, but b reads its own copies (of m1 and m2) more than REPLAY_SECONDS after the
+    session came (its stream that far behind): the counters the session came with still say
+    it got both, and b lets go of them only once it has read that far itself."""
+    a = start_node("a")
+    b = start_node("b")
+    client_id = unique("later")
+    topic = unique("later")
+    dev = subscribed(a, client_id, topic, 2)
+    frames = [publish_frame(topic, b"m%d" % n, b"c.00000001\x1d%d" % n, qos=2) for n in (1, 2, 3)]
+    r = redis_server.client()
+    try:
+        for frame in frames[:2]:
+            r.xadd(STREAM + "a", {"m": frame})
+        arrives(b"m2", dev)
+        dev.close()
+        again = resumed(b, client_id)
+        time.sleep(REPLAY_SECONDS + 1)
+        for frame in frames:  # b's own copies, read only now
+            r.xadd(STREAM + "b", {"m": frame})
+    finally:
+        r.close()
+    arrives(b"m3", again)
+    assert counted(dev, again) == {b"m1": 1, b"m2": 1, b"m3": 1}
+    again.close()
+
+
 def forward_frame(
     client_id: str, topic: str, payload: bytes, ident: bytes, qos: int = 1, sent: bytes = b""
 ) -> bytes:
