@@ -183,6 +183,13 @@ class Cluster(RuleBasedStateMachine):
         new.sessions[client_id] = session
         return b'{"session": 1}'
 
+    def _wait(self, node: Node, until: float) -> None:
+        """``node`` waits for an answer until ``until``: its lease is renewed meanwhile, as
+        ClusterNode renews it every third of ``node_ttl`` whatever else it waits for."""
+        self.renew(node.name)
+        self.now = until
+        self.renew(node.name)
+
     # -- rules ------------------------------------------------------------------------------
 
     @rule(name=st.sampled_from(NODES), client_id=st.sampled_from(CLIENTS), clean=st.booleans())
@@ -221,11 +228,11 @@ class Cluster(RuleBasedStateMachine):
             elif step is Step.ASK:
                 answer = answer_kind(self._hand_over(other, node, client_id, clean))
                 if answer is Answer.SILENT:
-                    self.now = deadline  # (the requester waited that long, then abandoned)
+                    self._wait(node, deadline)  # (that long, then abandoned)
                 else:
                     break
             else:
-                self.now = deadline
+                self._wait(node, deadline)
             owner = self.client_key.get(client_id)
         if refused:
             assert lived == self.lives[client_id]  # the session stays where it is
