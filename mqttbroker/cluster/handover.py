@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from ..broker.session import NEVER, Delivery, Session
@@ -77,9 +78,13 @@ def _subscription_state(sub: Subscription) -> list[Any]:
     ]
 
 
-def serialise(session: Session, now: float, seen: dict[str, int] | None = None) -> bytes:
+def serialise(
+    session: Session, now: float, seen: dict[str, int] | None = None, got: Iterable[str] = ()
+) -> bytes:
     """The session as a hand-over's answer; ``seen``: the counters of each origin the
-    session got every message up to (sequence.py), for the new node to route it the rest."""
+    session got every message up to (sequence.py), for the new node to route it the rest;
+    ``got``: the ids of the messages forwarded to it where it was (above those counters,
+    some of them: the new node routes it none of them again)."""
     from .node import encode
 
     deliveries = []
@@ -99,6 +104,7 @@ def serialise(session: Session, now: float, seen: dict[str, int] | None = None) 
             "releases": sorted(session.awaiting_release),
             "next_packet_id": session.next_packet_id,
             "seen": seen or {},
+            "got": sorted(got),
         }
     ).encode()
 

@@ -720,7 +720,7 @@ class ClusterNode(Backplane):
                     assert data is not None
                     state = _answer(client_id, data)
                     self._restore(client_id, state)
-                    self._replay(client_id, state.get("seen"))
+                    self._replay(client_id, state.get("seen"), state.get("got"))
                     log.info(
                         "cluster: client %s: session taken over from node %r", client_id, owner
                     )
@@ -790,11 +790,12 @@ class ClusterNode(Backplane):
                     seen[origin] = counter
         return seen
 
-    def _replay(self, client_id: str, seen: Any) -> None:
+    def _replay(self, client_id: str, seen: Any, got: Any = None) -> None:
         """The session of ``client_id`` came from a node that had routed each origin's
         messages up to ``seen``: route it what this node routed lately above that (the
         messages that reached this node before the session did, and that node after it was
-        gone), before anything newer."""
+        gone), before anything newer; but those forwarded to it there (``got``, their ids:
+        this node forwarded them when the session had left it before)."""
         session = self.broker.sessions.get(client_id)
         if session is None or not isinstance(seen, dict):
             return
@@ -824,7 +825,8 @@ class ClusterNode(Backplane):
             ):
                 self._got_forward(client_id, origin, counter, now)
                 count += self._deliver_to(client_id, message, now)
-        for packet in list(self.recent.missed(client_id, seen, now)):
+        forwarded = set(got) if isinstance(got, list) else set()
+        for packet in list(self.recent.missed(client_id, seen, now, forwarded)):
             count += self._deliver_to(client_id, decode(packet, now), now)
         if count:
             log.info(
@@ -1372,9 +1374,9 @@ class ClusterNode(Backplane):
                 broker.end_session(session, now)
             else:
                 seen = self._seen_for(client_id)
-                answer = serialise(session, now, seen)
-                self.recent.left(client_id, now)
                 got = self.store.forwards_got.get(client_id) or set()
+                answer = serialise(session, now, seen, got)
+                self.recent.left(client_id, now)
                 gaps = {o: (seen.get(o, 0), c) for o, c in forgotten.items() if c > seen.get(o, 0)}
                 self._went(client_id, requester, session, now, got, gaps)
                 forget(broker, session)

@@ -34,7 +34,8 @@ reading a stream sees each origin's counters rise, and:
   (``_forwards``) and of the sessions' counters it came with lasts 10 s; a forward routed to a
   session is also kept with the session for its stay (``ClusterStore.forwards_got``, written to
   its hash): the same forward coming again later is not routed again, and a node adopting a
-  dead one routes the forwards left in its stream but those.
+  dead one routes the forwards left in its stream but those. Their ids go with the session
+  when it moves on: back on A within the 10 s, it is not routed again what A forwarded.
 - **The old node is behind.** B may have let go of messages it routed before the session came
   that A had not routed when it gave the session up (A's stream behind B's by more than B
   keeps): B cannot give them to the session. B's request says what it let go of of each
@@ -49,7 +50,7 @@ from __future__ import annotations
 
 import secrets
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from typing import Any
 
 REPLAY_SECONDS = 10.0  # how long a node keeps what it routed, for a session arriving
@@ -213,12 +214,17 @@ class Recent:
             for key in [k for k, t in away.items() if t < oldest]:
                 del away[key]
 
-    def missed(self, client_id: str, seen: dict[str, int], now: float) -> Iterator[Any]:
+    def missed(
+        self, client_id: str, seen: dict[str, int], now: float, got: Container[str] = ()
+    ) -> Iterator[Any]:
         """The messages routed here lately that the session of ``client_id``, coming from a
         node whose ``Routed`` was ``seen``, did not get there: above that node's counter of
-        their origin, and routed here after the session was last here. Oldest first."""
+        their origin, not forwarded to it there (``got``: their ids, see ClusterNode._forward),
+        and routed here after the session was last here. Oldest first."""
         self._trim(now)
         since = self.away.pop(client_id, float("-inf"))
         for when, origin, counter, message in self.entries:
             if when > since and counter > seen.get(origin, 0):
+                if got and f"{origin}\x1d{counter}" in got:
+                    continue
                 yield message

@@ -169,6 +169,33 @@ def test_what_the_old_node_routes_after_a_hand_over_is_forwarded_to_the_session(
     close_all(again, pub)
 
 
+def test_a_session_back_on_its_old_node_gets_no_forwarded_message_twice(
+    start_node: Any, redis_server: Any
+) -> None:
+    """As above, and the device moves back to a within REPLAY_SECONDS. a routed the message
+    while the session was away (forwarded to b, which routed it to the session there; b
+    never had a copy of its own): b's answer says which forwards the session got, so a does
+    not route that message to it again with what it routed while it was away."""
+    a = start_node("a")
+    b = start_node("b")
+    client_id = unique("back")
+    topic = unique("back")
+    dev = subscribed(a, client_id, topic, 2)
+    dev.close()
+    there = resumed(b, client_id)
+    frame = publish_frame(topic, b"m1", b"c.00000001\x1d1", qos=2, sent=b"a")
+    with redis_server.client() as r:
+        r.xadd(STREAM + "a", {"m": frame})  # (sent to a alone)
+    arrives(b"m1", there)
+    there.close()
+    back = resumed(a, client_id)
+    pub = client(a)
+    acknowledged(pub, topic, [b"m2"], 2)
+    arrives(b"m2", back)
+    assert counted(dev, there, back) == {b"m1": 1, b"m2": 1}
+    close_all(back, pub)
+
+
 def test_a_session_adopted_then_handed_over_gets_no_message_twice(
     start_node: Any, redis_server: Any
 ) -> None:

@@ -43,6 +43,15 @@ def test_what_was_routed_while_the_session_was_here_is_not_routed_again() -> Non
     assert list(recent.missed("dev", {}, 4.0)) == ["a2"]
 
 
+def test_what_was_forwarded_to_the_session_where_it_was_is_not_routed_again() -> None:
+    recent = Recent(seconds=10.0)
+    recent.left("dev", 1.0)
+    for counter in (1, 2, 3):
+        recent.add(1.0 + counter, "a.1", counter, f"a{counter}")
+    # The node it comes from routed none of a's messages itself, but got a2 forwarded from here.
+    assert list(recent.missed("dev", {}, 5.0, {"a.1\x1d2", "b.1\x1d2"})) == ["a1", "a3"]
+
+
 def test_only_the_last_seconds_are_kept() -> None:
     recent = Recent(seconds=10.0, limit=3)
     recent.add(0.0, "a.1", 1, "a1")
