@@ -24,6 +24,7 @@ from support.cluster_clients import (
     counted,
     device,
     kill,
+    moved,
     payloads,
     resumed,
     routed,
@@ -151,13 +152,8 @@ def test_what_the_old_node_routes_after_a_hand_over_is_forwarded_to_the_session(
 ) -> None:
     """b has no subscriber of the topic: a publisher's node that has not heard of b's new
     route yet sends to a only. a, the session gone to b, forwards it there."""
-    a = start_node("a")
     b = start_node("b")
-    client_id = unique("fwd")
-    topic = unique("fwd")
-    dev = subscribed(a, client_id, topic, 1)
-    dev.close()
-    again = resumed(b, client_id)
+    _, topic, _, again = moved(start_node("a"), b, 1, "fwd")
     with redis_server.client() as r:
         # (a third node's message, sent before it heard that b has the route now)
         r.xadd(STREAM + "a", {"m": publish_frame(topic, b"late", b"c.00000001\x1d1")})
@@ -177,12 +173,7 @@ def test_a_session_back_on_its_old_node_gets_no_forwarded_message_twice(
     never had a copy of its own): b's answer says which forwards the session got, so a does
     not route that message to it again with what it routed while it was away."""
     a = start_node("a")
-    b = start_node("b")
-    client_id = unique("back")
-    topic = unique("back")
-    dev = subscribed(a, client_id, topic, 2)
-    dev.close()
-    there = resumed(b, client_id)
+    client_id, topic, dev, there = moved(a, start_node("b"), 2, "back")
     frame = publish_frame(topic, b"m1", b"c.00000001\x1d1", qos=2, sent=b"a")
     with redis_server.client() as r:
         r.xadd(STREAM + "a", {"m": frame})  # (sent to a alone)

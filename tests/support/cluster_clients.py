@@ -108,6 +108,17 @@ def routed(device_on: Any, publisher_on: Any, qos: int, name: str) -> Routed:
     return Routed(client_id, topic, dev, pub)
 
 
+def moved(old: Any, new: Any, qos: int, name: str) -> tuple[str, str, PahoClient, PahoClient]:
+    """A device (client id and topic ``name`` made unique) subscribed on ``old`` with Clean
+    Start, then connected again to ``new``, its session there: (client id, topic, its first
+    connection, its second)."""
+    client_id = unique(name)
+    topic = unique(name)
+    dev = subscribed(old, client_id, topic, qos)
+    dev.close()
+    return client_id, topic, dev, resumed(new, client_id)
+
+
 def acknowledged(pub: PahoClient, topic: str, sent: Iterable[bytes], qos: int = 1) -> None:
     """Publish each of ``sent`` once the one before is acknowledged; each with reason 0."""
     for payload in sent:
