@@ -268,9 +268,11 @@ class ClusterNode(Backplane):
         self.seen = Routed()
         self._touched = False  # a persistent session changed since the counters were taken
         self.recent = Recent()
-        # (until this node has read as far itself: _not_had, _seen_for)
+        # (for its stay here: _not_had, _seen_for), when it came (_had), and of each origin
+        # the highest of those counters (a message above it is none of theirs: _not_had).
         self._came_with: dict[str, dict[str, int]] = {}
-        self._came_checked = 0.0  # (when those were last compared with ``seen``)
+        self._came_at: dict[str, float] = {}
+        self._came_max: dict[str, int] = {}
         # Sessions handed to other nodes lately: their plain filters (client id as the "node"),
         # and until when / to which node what this node routes for them is forwarded.
         self._leaving = RouteTable(1024)
@@ -784,6 +786,7 @@ class ClusterNode(Backplane):
         seen = self.seen.snapshot()
         seen[self.origin] = self._counter
         came = self._came_with.pop(client_id, None)
+        self._came_at.pop(client_id, None)
         if came is not None:
             for origin, counter in came.items():
                 if counter > seen.get(origin, 0):
@@ -800,7 +803,8 @@ class ClusterNode(Backplane):
         if session is None or not isinstance(seen, dict):
             return
         now = self.broker.clock()
-        self._came_with[client_id] = seen
+        seen = {o: c for o, c in seen.items() if isinstance(o, str) and isinstance(c, int)}
+        self._came(client_id, seen, now)
         gaps = self._gaps
         if len(gaps) > 1000:
             for key in [k for k, (t, _) in gaps.items() if t < now - REPLAY_SECONDS]:
@@ -825,7 +829,7 @@ class ClusterNode(Backplane):
             ):
                 self._got_forward(client_id, origin, counter, now)
                 count += self._deliver_to(client_id, message, now)
-        forwarded = set(got) if isinstance(got, list) else set()
+        forwarded = {g for g in got if isinstance(g, str)} if isinstance(got, list) else set()
         for packet in list(self.recent.missed(client_id, seen, now, forwarded)):
             count += self._deliver_to(client_id, decode(packet, now), now)
         if count:
@@ -835,35 +839,36 @@ class ClusterNode(Backplane):
                 count,
             )
 
-    def _not_had(self, targets: list[Any], found: tuple[str, int], now: float) -> list[Any]:
+    def _came(self, client_id: str, came: dict[str, int], now: float) -> None:
+        """``client_id``'s session came at ``now`` from a node that had routed each origin's
+        messages up to ``came`` (to it among others)."""
+        self._came_with[client_id] = came
+        self._came_at[client_id] = now
+        highest = self._came_max
+        for origin, counter in came.items():
+            if counter > highest.get(origin, 0):
+                highest[origin] = counter
+
+    def _not_had(self, targets: list[Any], found: tuple[str, int]) -> list[Any]:
         """``targets`` but the sessions that came here from a node that had routed them this
-        message already (its counters, see _replay and _adopt): this node reading its own
-        copy after the session came, however long after, it would be a second one. Once a
-        second, the sessions whose counters this node has read up to itself are let go of:
-        a copy at or below ``seen`` is not routed at all (Routed.first)."""
+        message already (_came): this node reading its own copy after the session came,
+        however long after, it would be a second one. A message above the counters of its
+        origin that any session came with (nearly all, once this node has read as far as
+        their nodes had) costs one look-up."""
         origin, counter = found
-        targets = [t for t in targets if not self._had(t[0].client_id, origin, counter)]
-        if now >= self._came_checked:  # (after this message: ``seen`` counts it already)
-            self._came_checked = now + 1.0
-            self._forget_covered()
-        return targets
-
-    def _forget_covered(self) -> None:
-        highest = self.seen.highest
-        own = self.origin
+        if counter > self._came_max.get(origin, 0):
+            return targets
         came_with = self._came_with
-        for client_id in [
-            client_id
-            for client_id, came in came_with.items()
-            if all(o == own or c <= highest.get(o, 0) for o, c in came.items())
-        ]:
-            del came_with[client_id]
+        return [t for t in targets if counter > came_with.get(t[0].client_id, {}).get(origin, 0)]
 
-    def _had(self, client_id: str, origin: str, counter: int) -> bool:
-        """Whether the session of ``client_id`` came here with that message routed to it
-        already."""
-        came = self._came_with.get(client_id)
-        return came is not None and counter <= came.get(origin, 0)
+    def _had(self, client_id: str, origin: str, counter: int, now: float) -> bool:
+        """Whether the session of ``client_id`` came here lately (in the last REPLAY_SECONDS)
+        with that message routed to it already: a forward of it, meant for an earlier stay
+        of the session here, comes late."""
+        came_at = self._came_at.get(client_id)
+        if came_at is None or came_at <= now - REPLAY_SECONDS:
+            return False
+        return counter <= self._came_with.get(client_id, {}).get(origin, 0)
 
     def _deliver_to(self, client_id: str, message: Message, now: float) -> int:
         """``message`` to the plain subscriptions of ``client_id``'s session here: 1 if any."""
@@ -1026,7 +1031,7 @@ class ClusterNode(Backplane):
         if message is None:
             return
         if here:
-            if self._had(client_id, origin, counter):
+            if self._had(client_id, origin, counter, now):
                 return  # (meant for an earlier stay of the session here: it came with it)
             self._got_forward(client_id, origin, counter, now)
             self._deliver_to(client_id, message, now)
@@ -1158,7 +1163,7 @@ class ClusterNode(Backplane):
                 self._own_since(taken, routed_there)
                 got = routed_there.snapshot()  # (what they have: not routed to them again)
                 for client_id in taken:
-                    self._came_with[client_id] = got
+                    self._came(client_id, got, restored)
                 routed = len(ids)
                 await self._ack(stream, ids)
                 await self._committed()  # the sessions' routes announced before the next read
@@ -1180,7 +1185,7 @@ class ClusterNode(Backplane):
                 # What the sessions got there (and here from its stream), for their next move.
                 got = routed_there.snapshot()
                 for client_id in taken:
-                    self._came_with[client_id] = got
+                    self._came(client_id, got, self.broker.clock())
                 pipe = self.redis.pipeline(transaction=False)
                 pipe.delete(stream, f"{PREFIX}owned:{node}", f"{PREFIX}seen:{node}")
                 pipe.eval(LEAVE_SCRIPT, 1, lease, self.token)
@@ -1395,6 +1400,7 @@ class ClusterNode(Backplane):
 
     def session_ended(self, client_id: str) -> None:
         self._came_with.pop(client_id, None)  # (a new session of that client id got nothing)
+        self._came_at.pop(client_id, None)
         self._queue(_RELEASE, client_id, None)
 
     def _queue(self, kind: int, name: str, data: Any) -> None:
@@ -1863,7 +1869,7 @@ class ClusterNode(Backplane):
                 if got is not None:  # (those sessions had it forwarded already)
                     targets = [t for t in targets if t[0].client_id not in got]
             if self._came_with:
-                targets = self._not_had(targets, found, now)
+                targets = self._not_had(targets, found)
         shares = set(names.decode().split("\x1f")) if names else set()
         if header[:1] != b"1":
             targets = []
