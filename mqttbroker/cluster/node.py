@@ -1646,14 +1646,22 @@ class ClusterNode(Backplane):
     def _give_up_moved(self) -> None:
         """The messages waiting to be sent that clients of sessions now on other nodes
         published here: not sent (their acknowledgements were not: the clients send them
-        again there, where the session is; sent from here too, they would come twice)."""
+        again there, where the session is; sent from here too, they would come twice). Nor
+        routed from what this node keeps for sessions arriving (``recent``): a session that
+        got the message sent again would get it a second time, under another id."""
         sessions = self.broker.sessions
         kept = []
+        given_up: set[tuple[str, int]] = set()
         for op in self._ops:
             if op[0] == _XADD and op[2][1] is not None and op[2][1] not in sessions:
+                found = parse_id(op[2][0][1:].partition(b"\x1e")[0])
+                if found is not None:
+                    given_up.add(found)
                 continue
             kept.append(op)
         dropped = len(self._ops) - len(kept)
+        if given_up:
+            self.recent.drop(given_up)
         if dropped:
             self._ops = kept
             self._unconfirmed -= dropped

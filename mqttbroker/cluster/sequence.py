@@ -194,6 +194,12 @@ class Recent:
             if ids:
                 ids.pop((origin, counter), None)
 
+    def drop(self, ids: set[tuple[str, int]]) -> None:
+        """Forget these messages (``(origin, counter)``): not sent on after all."""
+        self.entries = deque(e for e in self.entries if (e[1], e[2]) not in ids)
+        for found in ids:
+            self.ids.pop(found, None)
+
     def gaps(self, seen: dict[str, int], now: float) -> dict[str, tuple[int, int]]:
         """For each origin, the counters above ``seen`` (those a session coming now got
         where it was) up to the last of its messages let go of: routed here before, and not

@@ -307,6 +307,53 @@ def test_a_node_woken_past_its_lease_does_not_send_what_a_moved_session_publishe
     close_all(moved, sub)
 
 
+SHORT_LEASE = "[cluster]\nnode_ttl = 2.0\nadopt_after = 1.0\n"
+
+
+def test_a_node_woken_past_its_lease_does_not_replay_what_it_did_not_send(
+    start_node: Any, redis_server: Any
+) -> None:
+    """b routes the publisher's m1 (it keeps it, for sessions coming) but freezes before
+    sending it on: Redis is stopped a moment, with m0's write in flight and m1's waiting
+    behind it. a adopts the publisher's session, where m1 is sent again and reaches the
+    subscriber. b wakes and drops m1 (its publisher's session moved); when the subscriber's
+    session then comes to b, b does not route it m1 from what it kept. (A lease of 2 s:
+    all of it within the 10 s b keeps what it routed.)"""
+    a = start_node("a", config=SHORT_LEASE)
+    b = start_node("b", config=SHORT_LEASE)
+    client_id = unique("unsent-pub")
+    topic = unique("unsent")
+    sub_id = unique("unsent-sub")
+    sub = subscribed(a, sub_id, topic, 2)
+    first = device(b, client_id)
+    first.connect()
+    until_routed(first, sub, topic)
+    assert redis_server.proc is not None
+    redis_server.proc.send_signal(signal.SIGSTOP)
+    try:
+        first.publish(topic, b"m0", qos=2, wait=False)
+        time.sleep(0.3)  # (its write in flight)
+        first.publish(topic, b"m1", qos=2, wait=False)
+        time.sleep(0.3)  # (routed, its write waiting)
+        b.send_signal(signal.SIGSTOP)
+    finally:
+        redis_server.proc.send_signal(signal.SIGCONT)
+    try:
+        arrives(b"m0", sub)
+        moved = adopted(a, client_id)  # once b's lease has run out
+        acknowledged(moved, topic, [b"m1"], 2)
+        arrives(b"m1", sub)
+    finally:
+        b.send_signal(signal.SIGCONT)
+    assert b.wait_for_log(r"reachable again; routes resynchronised", 30) is not None
+    sub.close()
+    again = resumed(b, sub_id)
+    acknowledged(moved, topic, [b"m2"], 2)
+    arrives(b"m2", again)
+    assert counted(sub, again) == {b"m0": 1, b"m1": 1, b"m2": 1}
+    close_all(moved, again)
+
+
 def publishes(data: bytes) -> list[bytes]:
     """The payloads of the MQTT 5 PUBLISH packets (no properties) in ``data``, whole packets."""
     found = []

@@ -52,6 +52,16 @@ def test_what_was_forwarded_to_the_session_where_it_was_is_not_routed_again() ->
     assert list(recent.missed("dev", {}, 5.0, {"a.1\x1d2", "b.1\x1d2"})) == ["a1", "a3"]
 
 
+def test_what_was_not_sent_on_after_all_is_not_routed_to_a_session_arriving() -> None:
+    recent = Recent(seconds=10.0)
+    for counter in (1, 2, 3):
+        recent.add(float(counter), "a.1", counter, f"a{counter}")
+    assert recent.has("a.1", 2, 4.0)  # (indexed from now on)
+    recent.drop({("a.1", 2), ("b.1", 1)})
+    assert not recent.has("a.1", 2, 4.0) and recent.has("a.1", 3, 4.0)
+    assert list(recent.missed("dev", {}, 5.0)) == ["a1", "a3"]
+
+
 def test_only_the_last_seconds_are_kept() -> None:
     recent = Recent(seconds=10.0, limit=3)
     recent.add(0.0, "a.1", 1, "a1")
