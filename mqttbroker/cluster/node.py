@@ -42,7 +42,7 @@ import json
 import logging
 import secrets
 import sqlite3
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -109,6 +109,8 @@ ASK_SLICE = 0.5  # ... looking every so often whether it is gone meanwhile
 
 # Writes, in the order they were asked for.
 _XADD, _PUB, _ROUTE, _RETAIN, _XACK, _REPLY, _RELEASE = range(7)
+# A client id whose session did not come from another node (ClusterNode._came_with).
+_NOT_CAME: tuple[float, dict[str, int]] = (float("-inf"), {})
 
 
 async def kept_running(work: Callable[[], Awaitable[None]]) -> None:
@@ -268,10 +270,9 @@ class ClusterNode(Backplane):
         self.seen = Routed()
         self._touched = False  # a persistent session changed since the counters were taken
         self.recent = Recent()
-        # (for its stay here: _not_had, _seen_for), when it came (_had), and of each origin
+        # for its stay here (_not_had, _seen_for), with when it came (_had); and of each origin
         # the highest of those counters (a message above it is none of theirs: _not_had).
-        self._came_with: dict[str, dict[str, int]] = {}
-        self._came_at: dict[str, float] = {}
+        self._came_with: dict[str, tuple[float, dict[str, int]]] = {}
         self._came_max: dict[str, int] = {}
         # Sessions handed to other nodes lately: their plain filters (client id as the "node"),
         # and until when / to which node what this node routes for them is forwarded.
@@ -786,9 +787,8 @@ class ClusterNode(Backplane):
         seen = self.seen.snapshot()
         seen[self.origin] = self._counter
         came = self._came_with.pop(client_id, None)
-        self._came_at.pop(client_id, None)
         if came is not None:
-            for origin, counter in came.items():
+            for origin, counter in came[1].items():
                 if counter > seen.get(origin, 0):
                     seen[origin] = counter
         return seen
@@ -804,7 +804,7 @@ class ClusterNode(Backplane):
             return
         now = self.broker.clock()
         seen = {o: c for o, c in seen.items() if isinstance(o, str) and isinstance(c, int)}
-        self._came(client_id, seen, now)
+        self._came((client_id,), seen, now)
         gaps = self._gaps
         if len(gaps) > 1000:
             for key in [k for k, (t, _) in gaps.items() if t < now - REPLAY_SECONDS]:
@@ -829,7 +829,11 @@ class ClusterNode(Backplane):
             ):
                 self._got_forward(client_id, origin, counter, now)
                 count += self._deliver_to(client_id, message, now)
-        forwarded = {g for g in got if isinstance(g, str)} if isinstance(got, list) else set()
+        forwarded = (
+            {parse_id(g.encode()) for g in got if isinstance(g, str)}
+            if isinstance(got, list)
+            else set()
+        )
         for packet in list(self.recent.missed(client_id, seen, now, forwarded)):
             count += self._deliver_to(client_id, decode(packet, now), now)
         if count:
@@ -839,11 +843,11 @@ class ClusterNode(Backplane):
                 count,
             )
 
-    def _came(self, client_id: str, came: dict[str, int], now: float) -> None:
-        """``client_id``'s session came at ``now`` from a node that had routed each origin's
-        messages up to ``came`` (to it among others)."""
-        self._came_with[client_id] = came
-        self._came_at[client_id] = now
+    def _came(self, client_ids: Iterable[str], came: dict[str, int], now: float) -> None:
+        """The sessions of ``client_ids`` came at ``now`` from a node that had routed each
+        origin's messages up to ``came`` (to them among others)."""
+        for client_id in client_ids:
+            self._came_with[client_id] = (now, came)
         highest = self._came_max
         for origin, counter in came.items():
             if counter > highest.get(origin, 0):
@@ -859,16 +863,18 @@ class ClusterNode(Backplane):
         if counter > self._came_max.get(origin, 0):
             return targets
         came_with = self._came_with
-        return [t for t in targets if counter > came_with.get(t[0].client_id, {}).get(origin, 0)]
+        return [
+            t
+            for t in targets
+            if counter > came_with.get(t[0].client_id, _NOT_CAME)[1].get(origin, 0)
+        ]
 
     def _had(self, client_id: str, origin: str, counter: int, now: float) -> bool:
         """Whether the session of ``client_id`` came here lately (in the last REPLAY_SECONDS)
         with that message routed to it already: a forward of it, meant for an earlier stay
         of the session here, comes late."""
-        came_at = self._came_at.get(client_id)
-        if came_at is None or came_at <= now - REPLAY_SECONDS:
-            return False
-        return counter <= self._came_with.get(client_id, {}).get(origin, 0)
+        at, came = self._came_with.get(client_id, _NOT_CAME)
+        return at > now - REPLAY_SECONDS and counter <= came.get(origin, 0)
 
     def _deliver_to(self, client_id: str, message: Message, now: float) -> int:
         """``message`` to the plain subscriptions of ``client_id``'s session here: 1 if any."""
@@ -1162,8 +1168,7 @@ class ClusterNode(Backplane):
                 ids = self._drain(entries, node, taken, routed_there, restored)
                 self._own_since(taken, routed_there)
                 got = routed_there.snapshot()  # (what they have: not routed to them again)
-                for client_id in taken:
-                    self._came(client_id, got, restored)
+                self._came(taken, got, restored)
                 routed = len(ids)
                 await self._ack(stream, ids)
                 await self._committed()  # the sessions' routes announced before the next read
@@ -1184,8 +1189,7 @@ class ClusterNode(Backplane):
                 await self._committed()
                 # What the sessions got there (and here from its stream), for their next move.
                 got = routed_there.snapshot()
-                for client_id in taken:
-                    self._came(client_id, got, self.broker.clock())
+                self._came(taken, got, self.broker.clock())
                 pipe = self.redis.pipeline(transaction=False)
                 pipe.delete(stream, f"{PREFIX}owned:{node}", f"{PREFIX}seen:{node}")
                 pipe.eval(LEAVE_SCRIPT, 1, lease, self.token)
@@ -1400,7 +1404,6 @@ class ClusterNode(Backplane):
 
     def session_ended(self, client_id: str) -> None:
         self._came_with.pop(client_id, None)  # (a new session of that client id got nothing)
-        self._came_at.pop(client_id, None)
         self._queue(_RELEASE, client_id, None)
 
     def _queue(self, kind: int, name: str, data: Any) -> None:

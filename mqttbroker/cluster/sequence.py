@@ -221,16 +221,19 @@ class Recent:
                 del away[key]
 
     def missed(
-        self, client_id: str, seen: dict[str, int], now: float, got: Container[str] = ()
+        self,
+        client_id: str,
+        seen: dict[str, int],
+        now: float,
+        got: Container[tuple[str, int] | None] = (),
     ) -> Iterator[Any]:
         """The messages routed here lately that the session of ``client_id``, coming from a
         node whose ``Routed`` was ``seen``, did not get there: above that node's counter of
-        their origin, not forwarded to it there (``got``: their ids, see ClusterNode._forward),
+        their origin, not forwarded to it there (``got``, see ClusterNode._forward),
         and routed here after the session was last here. Oldest first."""
         self._trim(now)
         since = self.away.pop(client_id, float("-inf"))
         for when, origin, counter, message in self.entries:
             if when > since and counter > seen.get(origin, 0):
-                if got and f"{origin}\x1d{counter}" in got:
-                    continue
-                yield message
+                if (origin, counter) not in got:
+                    yield message
