@@ -5,9 +5,7 @@ malformed packets, protocol errors and internal errors."""
 
 from __future__ import annotations
 
-import gc
 import logging
-import tracemalloc
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +26,7 @@ from support.harness import (
     split_packets,
     split_raw,
 )
+from support.traced import bytes_per
 
 from mqttbroker import compiled
 from mqttbroker.broker.core import Broker
@@ -516,17 +515,11 @@ def test_an_idle_connection_keeps_little_memory() -> None:
     peers = [f"127.0.0.1:{40000 + i}" for i in range(count)]
     for data in connects[:20]:  # the broker's own tables get going first
         broker.connect(link, "127.0.0.1:1").data_received(data)
-    gc.collect()
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        for peer, data in zip(peers[20:], connects[20:], strict=True):
-            broker.connect(link, peer).data_received(data)
-        broker.scheduler.flush()
-        gc.collect()
-        per_connection = (tracemalloc.get_traced_memory()[0] - before) / (count - 20)
-    finally:
-        tracemalloc.stop()
+    per_connection = bytes_per(
+        list(zip(peers[20:], connects[20:], strict=True)),
+        lambda peer_data: broker.connect(link, peer_data[0]).data_received(peer_data[1]),
+        broker.scheduler.flush,
+    )
     assert len(broker.connections) == count
     assert per_connection < IDLE_CONNECTION_BYTES, per_connection
 
