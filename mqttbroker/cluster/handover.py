@@ -46,6 +46,7 @@ from ..protocol.fastpath import decode_properties, encode_properties
 from ..protocol.packets import MQTT_5, Will
 from ..protocol.properties import WILL
 from ..protocol.properties import PropertyId as Prop
+from .sequence import Came
 
 if TYPE_CHECKING:
     from ..broker.core import Broker
@@ -79,10 +80,11 @@ def _subscription_state(sub: Subscription) -> list[Any]:
 
 
 def serialise(
-    session: Session, now: float, seen: dict[str, int] | None = None, got: Iterable[str] = ()
+    session: Session, now: float, seen: Came | None = None, got: Iterable[str] = ()
 ) -> bytes:
-    """The session as a hand-over's answer; ``seen``: the counters of each origin the
-    session got every message up to (sequence.py), for the new node to route it the rest;
+    """The session as a hand-over's answer; ``seen``: for each node it was at, the counters
+    of each origin it got every message sent there up to (sequence.Came), for the new node
+    to route it the rest;
     ``got``: the ids of the messages forwarded to it where it was (above those counters,
     some of them: the new node routes it none of them again)."""
     from .node import encode

@@ -42,7 +42,7 @@ import json
 import logging
 import secrets
 import sqlite3
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -82,7 +82,18 @@ from .ownership import (
 )
 from .redis_client import redis_client
 from .routes import RouteTable
-from .sequence import REPLAY_SECONDS, Recent, Routed, new_origin, parse_id
+from .sequence import (
+    REPLAY_SECONDS,
+    Came,
+    Recent,
+    Routed,
+    covered,
+    highest,
+    new_origin,
+    newest,
+    parse_id,
+    sent_to,
+)
 from .store import FENCED_WRITE, ClusterStore, SessionChanges
 
 if TYPE_CHECKING:
@@ -104,13 +115,14 @@ RETRY_SECONDS = 0.5  # between tries while Redis is unreachable
 # (QoS 0 is at most once), so a node publishing faster than Redis takes keeps its memory.
 MAX_QOS0_WAITING = 100_000
 ENTRY_BYTES = 65536  # messages for one node share a stream entry (or pub/sub message) up to this
+GOT_MAX = 1000  # the ids of forwards a session got that go with it when it moves, at most
 HANDOVER_SECONDS = 5.0  # how long a node waits for another to hand a session over
 ASK_SLICE = 0.5  # ... looking every so often whether it is gone meanwhile
 
 # Writes, in the order they were asked for.
 _XADD, _PUB, _ROUTE, _RETAIN, _XACK, _REPLY, _RELEASE = range(7)
 # A client id whose session did not come from another node (ClusterNode._came_with).
-_NOT_CAME: tuple[float, dict[str, int]] = (float("-inf"), {})
+_NOT_CAME: tuple[float, Came] = (float("-inf"), {})
 
 
 async def kept_running(work: Callable[[], Awaitable[None]]) -> None:
@@ -272,7 +284,7 @@ class ClusterNode(Backplane):
         self.recent = Recent()
         # for its stay here (_not_had, _seen_for), with when it came (_had); and of each origin
         # the highest of those counters (a message above it is none of theirs: _not_had).
-        self._came_with: dict[str, tuple[float, dict[str, int]]] = {}
+        self._came_with: dict[str, tuple[float, Came]] = {}
         self._came_max: dict[str, int] = {}
         # Sessions handed to other nodes lately: their plain filters (client id as the "node"),
         # and until when / to which node what this node routes for them is forwarded.
@@ -284,8 +296,8 @@ class ClusterNode(Backplane):
         self._forwards = Recent(indexed=True)  # forwarded messages routed here (ids only)
         # ... and to which sessions (also the messages of a gone node's stream, see _drain)
         self._forwarded_to: dict[tuple[str, int], set[str]] = {}
-        # (before the session: when, origin, counter, whether it may have had it, message)
-        self._early: dict[str, list[tuple[float, str, int, bool, Message]]] = {}
+        # (before the session: when, origin, counter, the nodes it was sent to, message)
+        self._early: dict[str, list[tuple[float, str, int, frozenset[str] | None, Message]]] = {}
         # Client id -> when its session came, and for each origin the counters above those it
         # came with up to the last this node had let go of then (_missed_here).
         self._gaps: dict[str, tuple[float, dict[str, tuple[int, int]]]] = {}
@@ -588,14 +600,17 @@ class ClusterNode(Backplane):
                 return 0, groups
             self._qos0_waiting += len(targets)
         packet = encode(message, now)
-        if qos:  # (its PUBLISH, not the message: nothing more for the garbage collector)
-            self.recent.add(now, self.origin, self._counter, packet)
         # (a persistent session's: given up if the session moved meanwhile, see _back)
         moves = publisher.client_id if publisher.persistent else None
         # (QoS 1/2: the message's id, 0x1E, the nodes sent it for their plain subscriptions
         # and 0x1C, before the shared subscriptions: see _forward)
-        ident = f"{self.origin}\x1d{self._counter}\x1e".encode() if qos else b""
-        head = ident + ",".join(plain).encode() + b"\x1c" if qos else b""
+        ident = head = b""
+        if qos:
+            listed = ",".join(plain).encode()
+            # (its PUBLISH, not the message: nothing more for the garbage collector)
+            self.recent.add(now, self.origin, self._counter, packet, sent_to(listed))
+            ident = f"{self.origin}\x1d{self._counter}\x1e".encode()
+            head = ident + listed + b"\x1c"
         for node in targets:
             header = b"1" if node in plain else b"0"
             data = header + head + "\x1f".join(chosen.get(node, ())).encode() + b"\0" + packet
@@ -778,38 +793,47 @@ class ClusterNode(Backplane):
         finally:
             recent.held -= 1
 
-    def _seen_for(self, client_id: str) -> dict[str, int]:
-        """The counters of each origin (sequence.py) that ``client_id``'s session, leaving
-        this node now, got every message up to: what this node routed (its own messages
-        among it), and what the session came here with, however long ago (the node it goes
-        to may still hold messages it routed before then: its ``Recent`` is not trimmed
-        while another session is on its way there, or it read its stream late)."""
+    def _seen_for(self, client_id: str) -> Came:
+        """The counters of each origin (sequence.py) up to which ``client_id``'s session,
+        leaving this node now, got every message sent to each node it was at: this node's
+        (its own messages among them), and those the session came here with, however long
+        ago (the node it goes to may still hold messages it routed before then: its
+        ``Recent`` is not trimmed while another session is on its way there, or it read its
+        stream late)."""
         seen = self.seen.snapshot()
         seen[self.origin] = self._counter
         came = self._came_with.pop(client_id, None)
-        if came is not None:
-            for origin, counter in came[1].items():
+        path = {} if came is None else dict(came[1])  # (shared by the sessions that came)
+        before = path.get(self.node_id)
+        if before is not None:  # (it was here before too)
+            for origin, counter in before.items():
                 if counter > seen.get(origin, 0):
                     seen[origin] = counter
-        return seen
+        path[self.node_id] = seen
+        return path
 
     def _replay(self, client_id: str, seen: Any, got: Any = None) -> None:
         """The session of ``client_id`` came from a node that had routed each origin's
-        messages up to ``seen``: route it what this node routed lately above that (the
-        messages that reached this node before the session did, and that node after it was
-        gone), before anything newer; but those forwarded to it there (``got``, their ids:
-        this node forwarded them when the session had left it before)."""
+        messages up to ``seen``, the nodes it was at before up to theirs (sequence.Came):
+        route it what this node routed lately that it did not get there (the messages that
+        reached this node before the session did, and that node after it was gone), before
+        anything newer; but those forwarded to it there (``got``, their ids: this node
+        forwarded them when the session had left it before)."""
         session = self.broker.sessions.get(client_id)
         if session is None or not isinstance(seen, dict):
             return
         now = self.broker.clock()
-        seen = {o: c for o, c in seen.items() if isinstance(o, str) and isinstance(c, int)}
-        self._came((client_id,), seen, now)
+        came: Came = {
+            node: {o: c for o, c in counters.items() if isinstance(o, str) and isinstance(c, int)}
+            for node, counters in seen.items()
+            if isinstance(node, str) and isinstance(counters, dict)
+        }
+        self._came((client_id,), came, now)
         gaps = self._gaps
         if len(gaps) > 1000:
             for key in [k for k, (t, _) in gaps.items() if t < now - REPLAY_SECONDS]:
                 del gaps[key]
-        gap = self.recent.gaps(seen, now)
+        gap = self.recent.gaps(highest(came), now)
         if gap:
             gaps[client_id] = (now, gap)
         else:
@@ -818,14 +842,15 @@ class ClusterNode(Backplane):
         # First what the old node forwarded before the session came: messages this node never
         # had, published before their publishers' nodes knew of its route, so before those it
         # had (of the same publisher: MQTT 4.6).
-        for when, origin, counter, direct, message in self._early.pop(client_id, ()):
+        had = self.store.forwards_got.get(client_id, ())  # (forwarded to it where it was)
+        for when, origin, counter, sent, message in self._early.pop(client_id, ()):
             # (not what the session got where it was: a forward meant for a stay here before
             # that, or for this node's previous run, comes late)
-            if counter <= seen.get(origin, 0):
+            if covered(came, origin, counter, sent) or f"{origin}\x1d{counter}" in had:
                 continue
             if when > now - REPLAY_SECONDS and (
                 self._missed_here(client_id, origin, counter, now)
-                or not self._routed(client_id, origin, counter, now, direct)
+                or not self._routed(client_id, origin, counter, now, self._direct(origin, sent))
             ):
                 self._got_forward(client_id, origin, counter, now)
                 count += self._deliver_to(client_id, message, now)
@@ -834,7 +859,7 @@ class ClusterNode(Backplane):
             if isinstance(got, list)
             else set()
         )
-        for packet in list(self.recent.missed(client_id, seen, now, forwarded)):
+        for packet in list(self.recent.missed(client_id, came, now, forwarded)):
             count += self._deliver_to(client_id, decode(packet, now), now)
         if count:
             log.info(
@@ -843,38 +868,50 @@ class ClusterNode(Backplane):
                 count,
             )
 
-    def _came(self, client_ids: Iterable[str], came: dict[str, int], now: float) -> None:
-        """The sessions of ``client_ids`` came at ``now`` from a node that had routed each
+    def _came(self, client_ids: Iterable[str], came: Came, now: float) -> None:
+        """The sessions of ``client_ids`` came at ``now`` from nodes that had routed each
         origin's messages up to ``came`` (to them among others)."""
         for client_id in client_ids:
             self._came_with[client_id] = (now, came)
-        highest = self._came_max
-        for origin, counter in came.items():
-            if counter > highest.get(origin, 0):
-                highest[origin] = counter
+        top = self._came_max
+        for origin, counter in highest(came).items():
+            if counter > top.get(origin, 0):
+                top[origin] = counter
 
-    def _not_had(self, targets: list[Any], found: tuple[str, int]) -> list[Any]:
-        """``targets`` but the sessions that came here from a node that had routed them this
-        message already (_came): this node reading its own copy after the session came,
-        however long after, it would be a second one. A message above the counters of its
-        origin that any session came with (nearly all, once this node has read as far as
-        their nodes had) costs one look-up."""
+    def _direct(self, origin: str, sent: frozenset[str] | None) -> bool:
+        """Whether this node may have had that message itself: its own, or its origin sent it
+        here (``sent``; None: not known, it may have)."""
+        return sent is None or self.node_id in sent or origin.rpartition(".")[0] == self.node_id
+
+    def _not_had(
+        self, targets: list[Any], found: tuple[str, int], sent: frozenset[str] | None
+    ) -> list[Any]:
+        """``targets`` but the sessions that came here from nodes that had routed them this
+        message already (_came, sequence.covered): this node reading its own copy after the
+        session came, however long after, it would be a second one. A message above the
+        counters of its origin that any session came with (nearly all, once this node has
+        read as far as their nodes had) costs one look-up."""
         origin, counter = found
         if counter > self._came_max.get(origin, 0):
             return targets
         came_with = self._came_with
+        got = self.store.forwards_got
+        ident = f"{origin}\x1d{counter}"
         return [
             t
             for t in targets
-            if counter > came_with.get(t[0].client_id, _NOT_CAME)[1].get(origin, 0)
+            if not covered(came_with.get(t[0].client_id, _NOT_CAME)[1], origin, counter, sent)
+            and ident not in got.get(t[0].client_id, ())
         ]
 
-    def _had(self, client_id: str, origin: str, counter: int, now: float) -> bool:
+    def _had(
+        self, client_id: str, origin: str, counter: int, sent: frozenset[str] | None, now: float
+    ) -> bool:
         """Whether the session of ``client_id`` came here lately (in the last REPLAY_SECONDS)
         with that message routed to it already: a forward of it, meant for an earlier stay
         of the session here, comes late."""
         at, came = self._came_with.get(client_id, _NOT_CAME)
-        return at > now - REPLAY_SECONDS and counter <= came.get(origin, 0)
+        return at > now - REPLAY_SECONDS and covered(came, origin, counter, sent)
 
     def _deliver_to(self, client_id: str, message: Message, now: float) -> int:
         """``message`` to the plain subscriptions of ``client_id``'s session here: 1 if any."""
@@ -949,7 +986,7 @@ class ClusterNode(Backplane):
             self._leaving.replace(client_id, set())
 
     def _forward(
-        self, topic: str, ident: bytes, packet: bytes, now: float, sent: Sequence[str] | None
+        self, topic: str, ident: bytes, packet: bytes, now: float, sent: Collection[str] | None
     ) -> None:
         """A QoS 1/2 message routed here (``ident`` its id, ``packet`` its PUBLISH): to the
         nodes that sessions matching it went to lately, for them only (``f`` frames), but
@@ -993,15 +1030,15 @@ class ClusterNode(Backplane):
         self,
         client_id: str,
         found: tuple[str, int],
-        listed: bytes | None,
+        sent: frozenset[str] | None,
         data: bytes,
         packet: bytes,
         now: float,
     ) -> None:
         """A message forwarded by the node ``client_id``'s session came from (_forward):
         routed to that session unless this node routed it itself (before the session came,
-        it was routed to it then, see _replay, or not needed; after, directly). ``listed``:
-        the nodes its own node sent it to (None or ``*``: not known). A message this node
+        it was routed to it then, see _replay, or not needed; after, directly). ``sent``:
+        the nodes its own node sent it to (None: not known). A message this node
         never had (neither its own nor sent here) is routed however late its forward comes;
         one it may have had is dropped once it cannot tell any more (_routed), but one it
         routed before the session came and let go of before it could route it to it then
@@ -1011,12 +1048,7 @@ class ClusterNode(Backplane):
         ident = f"{origin}\x1d{counter}"
         if ident in self.store.forwards_got.get(client_id, ()):
             return  # (routed to it here already: this one sent twice, or from two nodes)
-        direct = (
-            listed is None
-            or listed == b"*"
-            or self.node_id in listed.decode().split(",")
-            or origin.rpartition(".")[0] == self.node_id
-        )
+        direct = self._direct(origin, sent)
         here = client_id in self.broker.sessions
         left = self._left.get(client_id)
         if not here and (left is None or now > left[0]):
@@ -1027,7 +1059,7 @@ class ClusterNode(Backplane):
             if len(early) > 1000:
                 for key in [k for k, v in early.items() if v[-1][0] < now - REPLAY_SECONDS]:
                     del early[key]
-            early.setdefault(client_id, []).append((now, origin, counter, direct, message))
+            early.setdefault(client_id, []).append((now, origin, counter, sent, message))
             return
         if not self._missed_here(client_id, origin, counter, now) and self._routed(
             client_id, origin, counter, now, direct
@@ -1037,7 +1069,7 @@ class ClusterNode(Backplane):
         if message is None:
             return
         if here:
-            if self._had(client_id, origin, counter, now):
+            if self._had(client_id, origin, counter, sent, now):
                 return  # (meant for an earlier stay of the session here: it came with it)
             self._got_forward(client_id, origin, counter, now)
             self._deliver_to(client_id, message, now)
@@ -1059,7 +1091,7 @@ class ClusterNode(Backplane):
         self,
         client_id: str,
         found: tuple[str, int],
-        listed: bytes | None,
+        sent: frozenset[str] | None,
         packet: bytes,
         adopted: tuple[str, set[str], Routed, float],
         now: float,
@@ -1080,13 +1112,7 @@ class ClusterNode(Backplane):
             return  # (its own copy, read here after the session came, went to it)
         if f"{origin}\x1d{counter}" in self.store.forwards_got.get(client_id, ()):
             return
-        direct = (
-            listed is None
-            or listed == b"*"
-            or gone in listed.decode().split(",")
-            or origin.rpartition(".")[0] == gone
-        )
-        if direct and seen.covers(origin, counter):
+        if covered({gone: seen.highest}, origin, counter, sent):
             return
         got = self._forwarded_to.get(found)
         if got is not None and client_id in got and self._forwards.has(origin, counter, now):
@@ -1101,10 +1127,11 @@ class ClusterNode(Backplane):
         """A session from another node or from Redis, built here and written afresh there."""
         session = restore(self.broker, client_id, data, away)
         self._stop_forwarding(client_id)
-        # (what was forwarded to it where it was adopted from, if it was: see _forwarded_gone)
-        got = data.get("forwarded") if isinstance(data, dict) else None
-        if got:
-            self.store.forwards_got[client_id] = set(got)
+        # What was forwarded to it where it was adopted from (see _forwarded_gone), or where
+        # it was, and before, if it was handed over: none of them is routed to it again.
+        got = (data.get("forwarded") or data.get("got")) if isinstance(data, dict) else None
+        if isinstance(got, list):
+            self.store.forwards_got[client_id] = {g for g in got if isinstance(g, str)}
         if session.persistent:
             self.store.rewrite_all(session)
 
@@ -1168,7 +1195,7 @@ class ClusterNode(Backplane):
                 ids = self._drain(entries, node, taken, routed_there, restored)
                 self._own_since(taken, routed_there)
                 got = routed_there.snapshot()  # (what they have: not routed to them again)
-                self._came(taken, got, restored)
+                self._came(taken, {node: got}, restored)
                 routed = len(ids)
                 await self._ack(stream, ids)
                 await self._committed()  # the sessions' routes announced before the next read
@@ -1189,7 +1216,7 @@ class ClusterNode(Backplane):
                 await self._committed()
                 # What the sessions got there (and here from its stream), for their next move.
                 got = routed_there.snapshot()
-                self._came(taken, got, self.broker.clock())
+                self._came(taken, {node: got}, self.broker.clock())
                 pipe = self.redis.pipeline(transaction=False)
                 pipe.delete(stream, f"{PREFIX}owned:{node}", f"{PREFIX}seen:{node}")
                 pipe.eval(LEAVE_SCRIPT, 1, lease, self.token)
@@ -1286,7 +1313,7 @@ class ClusterNode(Backplane):
         now = self.broker.clock()
         count = 0
         forwards = self._forwards
-        for _, from_, counter, packet in list(self.recent.entries):
+        for _, from_, counter, packet, _ in list(self.recent.entries):
             if from_ != origin or counter <= above:
                 continue
             # (not to those it was forwarded to in that stream: sent to another node only, and
@@ -1383,10 +1410,11 @@ class ClusterNode(Backplane):
                 broker.end_session(session, now)
             else:
                 seen = self._seen_for(client_id)
-                got = self.store.forwards_got.get(client_id) or set()
+                got = newest(self.store.forwards_got.get(client_id) or set(), GOT_MAX)
                 answer = serialise(session, now, seen, got)
                 self.recent.left(client_id, now)
-                gaps = {o: (seen.get(o, 0), c) for o, c in forgotten.items() if c > seen.get(o, 0)}
+                top = highest(seen)
+                gaps = {o: (top.get(o, 0), c) for o, c in forgotten.items() if c > top.get(o, 0)}
                 self._went(client_id, requester, session, now, got, gaps)
                 forget(broker, session)
         self._queue(_REPLY, reply, (client_id, answer, requester))
@@ -1829,25 +1857,26 @@ class ClusterNode(Backplane):
         header, _, packet = data.partition(b"\0")
         ident, sep, names = header[1:].partition(b"\x1e")
         found = None
+        sent: frozenset[str] | None = None
         flag = header[:1]
         if not sep:
             names = ident  # (QoS 0: no id)
         else:
             found = parse_id(ident)
-            listed: bytes | None
             listed, mark, rest = names.partition(b"\x1c")
             if mark:
                 names = rest
+                sent = sent_to(listed)
             else:
-                listed = None  # (a frame that does not say)
+                sent = None  # (a frame that does not say)
             if flag == b"f":  # forwarded for a session that came here (_forward)
                 if found is None:
                     return
                 if sessions is None:
-                    self._forwarded(names.decode(), found, listed, data, packet, now)
+                    self._forwarded(names.decode(), found, sent, data, packet, now)
                 elif seen is not None:
                     self._forwarded_gone(
-                        names.decode(), found, listed, packet, (gone, sessions, seen, since), now
+                        names.decode(), found, sent, packet, (gone, sessions, seen, since), now
                     )
                 return
             if found is not None and not (self.seen if seen is None else seen).first(*found):
@@ -1866,9 +1895,8 @@ class ClusterNode(Backplane):
         if message is None:
             return
         if found is not None and sessions is None and flag == b"1":
-            self.recent.add(now, found[0], found[1], packet)
+            self.recent.add(now, found[0], found[1], packet, sent)
             if self._left:
-                sent = None if listed is None else listed.decode().split(",") if listed else []
                 self._forward(message.topic, ident, packet, now, sent)
         match = self.router.lookup(message.topic)
         if match is None:
@@ -1880,7 +1908,7 @@ class ClusterNode(Backplane):
                 if got is not None:  # (those sessions had it forwarded already)
                     targets = [t for t in targets if t[0].client_id not in got]
             if self._came_with:
-                targets = self._not_had(targets, found)
+                targets = self._not_had(targets, found, sent)
         shares = set(names.decode().split("\x1f")) if names else set()
         if header[:1] != b"1":
             targets = []

@@ -16,10 +16,13 @@ reading a stream sees each origin's counters rise, and:
 - **A session that moves misses nothing.** When node A hands a session over to node B, the
   messages for it that B read before it had the session and A reads only after it gave the
   session up would reach it from neither (both have the route: each publisher's node sends a
-  copy to each). A's answer carries A's ``Routed``: every message of an origin up to its
-  counter there went to the session at A (or before, to where it was then). B keeps the
-  messages it routed lately (:class:`Recent`) and routes to the session those above A's
-  counters, before anything newer.
+  copy to each). A's answer carries A's ``Routed``, and those of the nodes the session was at
+  before A (each node's own, :data:`Came`): every message of an origin up to a node's
+  counter that was sent to that node went to the session there. Not those never sent there:
+  an origin that had not heard of the session's route at A yet sent them to the node before,
+  which forwards them (below); the frame of each message names the nodes it was sent to, so
+  a node's counters cover only those (:func:`covered`). B keeps the messages it routed lately
+  (:class:`Recent`) and routes to the session those not covered, before anything newer.
 - **A forward comes late or not at all.** For those 10 s, A also forwards to B what it routes
   for the session (a publisher's node learns of B's route a moment after the session came), and
   B routes a forward to the session unless B routed that message itself. A message's frame
@@ -82,6 +85,57 @@ def parse_id(ident: bytes) -> tuple[str, int] | None:
     return name, number
 
 
+_SENT: dict[bytes, frozenset[str] | None] = {}  # (parsed once each)
+
+
+def sent_to(listed: bytes | None) -> frozenset[str] | None:
+    """The nodes a frame says its origin sent the message to for their plain subscriptions
+    (``<nodes>``, comma-separated); None where it does not say (``*``, or no list)."""
+    if listed is None or listed == b"*":
+        return None
+    names = _SENT.get(listed)
+    if names is None:
+        if len(_SENT) > 10_000:
+            _SENT.clear()
+        names = _SENT[listed] = frozenset(listed.decode().split(",")) if listed else frozenset()
+    return names
+
+
+# What a session that moved got where it was lately: for each node, the counter of each
+# origin that node had routed up to when the session left it (the node's ``Routed``).
+Came = dict[str, dict[str, int]]
+
+
+def covered(came: Came, origin: str, counter: int, sent: frozenset[str] | None) -> bool:
+    """Whether a session that came with ``came`` got that message where it was: one of those
+    nodes routed it, since the message's origin sent it there (``sent``; None: not known,
+    any of them) or is that node's own, and that node's counter of the origin is not below
+    the message's. A node's counters say nothing of the messages never sent to it: sent to
+    the node the session was at before (and forwarded from there, see ClusterNode._forward)."""
+    home = origin.rpartition(".")[0]
+    for node, counters in came.items():
+        if counter <= counters.get(origin, 0) and (sent is None or node in sent or node == home):
+            return True
+    return False
+
+
+def highest(came: Came) -> dict[str, int]:
+    """The highest counter of each origin among ``came``'s nodes."""
+    top: dict[str, int] = {}
+    for counters in came.values():
+        for origin, counter in counters.items():
+            if counter > top.get(origin, 0):
+                top[origin] = counter
+    return top
+
+
+def newest(ids: set[str], limit: int) -> set[str]:
+    """``ids`` (``<origin>\x1d<counter>``), or the ``limit`` of them with the highest counters."""
+    if len(ids) <= limit:
+        return ids
+    return set(sorted(ids, key=lambda i: int(i.rpartition("\x1d")[2] or 0))[-limit:])
+
+
 class Routed:
     """The highest counter routed from each origin (in the order they come from a stream)."""
 
@@ -119,8 +173,9 @@ class Routed:
 
 class Recent:
     """The messages a node routed for its plain subscriptions lately (from its stream, or from
-    its own publishers, for other nodes too): ``(when, origin, counter, message)`` (the message
-    as its PUBLISH), oldest first; and the sessions
+    its own publishers, for other nodes too): ``(when, origin, counter, message, sent)`` (the
+    message as its PUBLISH, and the nodes its origin sent it to: :func:`sent_to`), oldest
+    first; and the sessions
     it handed to other nodes lately (what it routed before that went to them here). Looking
     one up by its id (``has``, ``when``) keeps an index of them for ``seconds`` from then
     (``indexed``: always): a node that hands nothing over pays only the append."""
@@ -140,7 +195,7 @@ class Recent:
     def __init__(
         self, seconds: float = REPLAY_SECONDS, limit: int = REPLAY_MAX, indexed: bool = False
     ) -> None:
-        self.entries: deque[tuple[float, str, int, Any]] = deque()
+        self.entries: deque[tuple[float, str, int, Any, frozenset[str] | None]] = deque()
         self.ids: dict[tuple[str, int], float] = {}  # (origin, counter) -> when, see above
         self.away: dict[str, float] = {}  # client id -> when it left this node
         self.forgotten: dict[str, int] = {}  # origin -> the counter of its last one let go
@@ -150,9 +205,16 @@ class Recent:
         self.index_until = float("inf") if indexed else float("-inf")
         self.held = 0  # while above 0, nothing is let go of (a session on its way here)
 
-    def add(self, now: float, origin: str, counter: int, message: Any) -> None:
+    def add(
+        self,
+        now: float,
+        origin: str,
+        counter: int,
+        message: Any,
+        sent: frozenset[str] | None = None,
+    ) -> None:
         entries = self.entries
-        entries.append((now, origin, counter, message))
+        entries.append((now, origin, counter, message, sent))
         if now < self.index_until:
             self.ids[(origin, counter)] = now
         if len(entries) > self.limit or entries[0][0] < now - self.seconds:
@@ -160,7 +222,7 @@ class Recent:
 
     def _index(self, now: float) -> dict[tuple[str, int], float]:
         if now >= self.index_until:  # (not kept meanwhile: built again)
-            self.ids = {(origin, counter): at for at, origin, counter, _ in self.entries}
+            self.ids = {(origin, counter): at for at, origin, counter, _, _ in self.entries}
         if not self.indexed:
             self.index_until = now + self.seconds
         return self.ids
@@ -189,7 +251,7 @@ class Recent:
         forgotten = self.forgotten
         oldest = now - self.seconds
         while entries and (len(entries) > self.limit or entries[0][0] < oldest):
-            _, origin, counter, _ = entries.popleft()
+            _, origin, counter, _, _ = entries.popleft()
             forgotten[origin] = counter
             if ids:
                 ids.pop((origin, counter), None)
@@ -223,17 +285,20 @@ class Recent:
     def missed(
         self,
         client_id: str,
-        seen: dict[str, int],
+        came: Came,
         now: float,
         got: Container[tuple[str, int] | None] = (),
     ) -> Iterator[Any]:
-        """The messages routed here lately that the session of ``client_id``, coming from a
-        node whose ``Routed`` was ``seen``, did not get there: above that node's counter of
-        their origin, not forwarded to it there (``got``, see ClusterNode._forward),
-        and routed here after the session was last here. Oldest first."""
+        """The messages routed here lately that the session of ``client_id``, coming with
+        ``came``, did not get where it was (:func:`covered`), nor had forwarded to it there
+        (``got``, see ClusterNode._forward), routed here after the session was last here.
+        Oldest first."""
         self._trim(now)
         since = self.away.pop(client_id, float("-inf"))
-        for when, origin, counter, message in self.entries:
-            if when > since and counter > seen.get(origin, 0):
+        top = highest(came)
+        for when, origin, counter, message, sent in self.entries:
+            if when > since and (
+                counter > top.get(origin, 0) or not covered(came, origin, counter, sent)
+            ):
                 if (origin, counter) not in got:
                     yield message

@@ -4,7 +4,15 @@ this node routed meanwhile and the other had not."""
 
 from __future__ import annotations
 
-from mqttbroker.cluster.sequence import Recent, Routed, new_origin, parse_id
+from mqttbroker.cluster.sequence import (
+    Recent,
+    Routed,
+    covered,
+    new_origin,
+    newest,
+    parse_id,
+    sent_to,
+)
 
 
 def test_an_id_is_read_back_and_a_frame_without_one_is_not() -> None:
@@ -32,7 +40,30 @@ def test_a_session_arriving_gets_what_it_missed_oldest_first() -> None:
         recent.add(float(counter), "a.1", counter, f"a{counter}")
     recent.add(5.5, "b.1", 1, "b1")
     # The node it comes from had routed a's messages up to 3, none of b's.
-    assert list(recent.missed("dev", {"a.1": 3}, 6.0)) == ["a4", "a5", "b1"]
+    assert list(recent.missed("dev", {"n": {"a.1": 3}}, 6.0)) == ["a4", "a5", "b1"]
+
+
+def test_a_session_arriving_gets_what_the_nodes_it_was_at_were_never_sent() -> None:
+    """The session was at n1, then n2. a's origin sent a2 to n1 and here (n1 had routed a's
+    messages up to 1 when the session left it), a3 to n2 and here, a4 here alone; n2 had
+    routed a's up to 3. Only a3 reached the session where it was: n2's counter covers a2,
+    but a2 was never sent to n2 (its forward from n1, on its way, is not routed here: this
+    node had a2 itself)."""
+    recent = Recent(seconds=10.0)
+    recent.add(1.0, "a.1", 2, "a2", sent_to(b"n1,here"))
+    recent.add(2.0, "a.1", 3, "a3", sent_to(b"n2,here"))
+    recent.add(3.0, "a.1", 4, "a4", sent_to(b"here"))
+    came = {"n1": {"a.1": 1}, "n2": {"a.1": 3}}
+    assert list(recent.missed("dev", came, 4.0)) == ["a2", "a4"]
+
+
+def test_a_nodes_counters_cover_what_was_sent_there_and_its_own() -> None:
+    came = {"n1": {"a.1": 5, "n1.x": 7}}
+    assert covered(came, "a.1", 5, sent_to(b"n1,n2")) and covered(came, "a.1", 4, None)
+    assert not covered(came, "a.1", 5, sent_to(b"n2")) and not covered(came, "a.1", 6, None)
+    assert not covered(came, "a.1", 3, sent_to(b""))  # (sent to nobody's plain subscriptions)
+    assert covered(came, "n1.x", 7, sent_to(b"n2"))  # (n1's own: routed there)
+    assert sent_to(b"*") is None and sent_to(b"n1,n2") == {"n1", "n2"}
 
 
 def test_what_was_routed_while_the_session_was_here_is_not_routed_again() -> None:
@@ -97,3 +128,9 @@ def test_a_message_let_go_of_is_one_the_node_may_have_routed_whatever_the_delay(
     recent.add(20.0, "a.1", 5, "a5")  # (b7 and a3 let go now)
     assert recent.may_have("a.1", 2, 20.0) and recent.may_have("b.1", 6, 20.0)
     assert not recent.may_have("b.1", 8, 20.0)
+
+
+def test_the_forwards_a_session_takes_along_are_bounded_newest_kept() -> None:
+    ids = {f"a.1\x1d{n}" for n in range(1, 13)} | {"b.1\x1d30"}
+    assert newest(ids, 20) is ids
+    assert newest(ids, 3) == {"a.1\x1d11", "a.1\x1d12", "b.1\x1d30"}
