@@ -122,7 +122,7 @@ ASK_SLICE = 0.5  # ... looking every so often whether it is gone meanwhile
 # Writes, in the order they were asked for.
 _XADD, _PUB, _ROUTE, _RETAIN, _XACK, _REPLY, _RELEASE = range(7)
 # A client id whose session did not come from another node (ClusterNode._came_with).
-_NOT_CAME: tuple[float, Came] = (float("-inf"), {})
+_NOT_CAME: Came = {}
 
 
 async def kept_running(work: Callable[[], Awaitable[None]]) -> None:
@@ -282,9 +282,9 @@ class ClusterNode(Backplane):
         self.seen = Routed()
         self._touched = False  # a persistent session changed since the counters were taken
         self.recent = Recent()
-        # for its stay here (_not_had, _seen_for), with when it came (_had); and of each origin
-        # the highest of those counters (a message above it is none of theirs: _not_had).
-        self._came_with: dict[str, tuple[float, Came]] = {}
+        # for its stay here (_not_had, _had, _seen_for); and of each origin the highest of
+        # those counters (a message above it is none of theirs: _not_had).
+        self._came_with: dict[str, Came] = {}
         self._came_max: dict[str, int] = {}
         # Sessions handed to other nodes lately: their plain filters (client id as the "node"),
         # and until when / to which node what this node routes for them is forwarded.
@@ -803,7 +803,7 @@ class ClusterNode(Backplane):
         seen = self.seen.snapshot()
         seen[self.origin] = self._counter
         came = self._came_with.pop(client_id, None)
-        path = {} if came is None else dict(came[1])  # (shared by the sessions that came)
+        path = {} if came is None else dict(came)  # (shared by the sessions that came)
         before = path.get(self.node_id)
         if before is not None:  # (it was here before too)
             for origin, counter in before.items():
@@ -828,7 +828,7 @@ class ClusterNode(Backplane):
             for node, counters in seen.items()
             if isinstance(node, str) and isinstance(counters, dict)
         }
-        self._came((client_id,), came, now)
+        self._came((client_id,), came)
         gaps = self._gaps
         if len(gaps) > 1000:
             for key in [k for k, (t, _) in gaps.items() if t < now - REPLAY_SECONDS]:
@@ -868,11 +868,11 @@ class ClusterNode(Backplane):
                 count,
             )
 
-    def _came(self, client_ids: Iterable[str], came: Came, now: float) -> None:
-        """The sessions of ``client_ids`` came at ``now`` from nodes that had routed each
-        origin's messages up to ``came`` (to them among others)."""
+    def _came(self, client_ids: Iterable[str], came: Came) -> None:
+        """The sessions of ``client_ids`` came from nodes that had routed each origin's
+        messages up to ``came`` (to them among others)."""
         for client_id in client_ids:
-            self._came_with[client_id] = (now, came)
+            self._came_with[client_id] = came
         top = self._came_max
         for origin, counter in highest(came).items():
             if counter > top.get(origin, 0):
@@ -900,18 +900,15 @@ class ClusterNode(Backplane):
         return [
             t
             for t in targets
-            if not covered(came_with.get(t[0].client_id, _NOT_CAME)[1], origin, counter, sent)
+            if not covered(came_with.get(t[0].client_id, _NOT_CAME), origin, counter, sent)
             and ident not in got.get(t[0].client_id, ())
         ]
 
-    def _had(
-        self, client_id: str, origin: str, counter: int, sent: frozenset[str] | None, now: float
-    ) -> bool:
-        """Whether the session of ``client_id`` came here lately (in the last REPLAY_SECONDS)
-        with that message routed to it already: a forward of it, meant for an earlier stay
-        of the session here, comes late."""
-        at, came = self._came_with.get(client_id, _NOT_CAME)
-        return at > now - REPLAY_SECONDS and covered(came, origin, counter, sent)
+    def _had(self, client_id: str, origin: str, counter: int, sent: frozenset[str] | None) -> bool:
+        """Whether the session of ``client_id`` came here with that message routed to it
+        already (sequence.covered), however long ago: a forward of it, meant for an earlier
+        stay of the session here, comes late."""
+        return covered(self._came_with.get(client_id, _NOT_CAME), origin, counter, sent)
 
     def _deliver_to(self, client_id: str, message: Message, now: float) -> int:
         """``message`` to the plain subscriptions of ``client_id``'s session here: 1 if any."""
@@ -1069,7 +1066,7 @@ class ClusterNode(Backplane):
         if message is None:
             return
         if here:
-            if self._had(client_id, origin, counter, sent, now):
+            if self._had(client_id, origin, counter, sent):
                 return  # (meant for an earlier stay of the session here: it came with it)
             self._got_forward(client_id, origin, counter, now)
             self._deliver_to(client_id, message, now)
@@ -1195,7 +1192,7 @@ class ClusterNode(Backplane):
                 ids = self._drain(entries, node, taken, routed_there, restored)
                 self._own_since(taken, routed_there)
                 got = routed_there.snapshot()  # (what they have: not routed to them again)
-                self._came(taken, {node: got}, restored)
+                self._came(taken, {node: got})
                 routed = len(ids)
                 await self._ack(stream, ids)
                 await self._committed()  # the sessions' routes announced before the next read
@@ -1216,7 +1213,7 @@ class ClusterNode(Backplane):
                 await self._committed()
                 # What the sessions got there (and here from its stream), for their next move.
                 got = routed_there.snapshot()
-                self._came(taken, {node: got}, self.broker.clock())
+                self._came(taken, {node: got})
                 pipe = self.redis.pipeline(transaction=False)
                 pipe.delete(stream, f"{PREFIX}owned:{node}", f"{PREFIX}seen:{node}")
                 pipe.eval(LEAVE_SCRIPT, 1, lease, self.token)

@@ -34,19 +34,20 @@ reading a stream sees each origin's counters rise, and:
   forward above it that B does not have is one B has not routed yet (routed now, its own copy
   then skipped); one at or below it B routed before, to the session or (before it came) in
   time for the replay above, and it is not routed. What B remembers of forwards it routed
-  (``_forwards``) and of the sessions' counters it came with lasts 10 s; a forward routed to a
-  session is also kept with the session for its stay (``ClusterStore.forwards_got``, written to
-  its hash): the same forward coming again later is not routed again, and a node adopting a
-  dead one routes the forwards left in its stream but those. Their ids go with the session
-  when it moves on: back on A within the 10 s, it is not routed again what A forwarded.
+  (``_forwards``) lasts 10 s, the counters a session came with its stay (a forward meant for
+  an earlier stay of the session at B, however late, is not routed if they cover it); a
+  forward routed to a session is also kept with the session for its stay
+  (``ClusterStore.forwards_got``, written to its hash): the same forward coming again later is
+  not routed again, and a node adopting a dead one routes the forwards left in its stream but
+  those. Their ids go with the session when it moves on, from node to node (at most the
+  newest 1,000): wherever it goes next, it is not routed again what was forwarded to it.
 - **The old node is behind.** B may have let go of messages it routed before the session came
   that A had not routed when it gave the session up (A's stream behind B's by more than B
   keeps): B cannot give them to the session. B's request says what it let go of of each
   origin (``Recent.forgotten``; B lets go of nothing more until the session is there), and A
   forwards those it routes above its counters and up to B's although B had them; B routes
-  them to the session (``ClusterNode._missed_here``). Still open (docs/cluster.md): a forward
-  more than 10 s late to a node the session left and came back to can be routed a second
-  time, and A forwards only for 10 s.
+  them to the session (``ClusterNode._missed_here``). Still open (docs/cluster.md): A forwards
+  only for 10 s.
 """
 
 from __future__ import annotations

@@ -864,3 +864,31 @@ def test_a_message_forwarded_to_the_session_is_not_routed_again_where_it_goes_ne
     arrives(b"m3", clients[-1])
     assert counted(*clients) == {b"m1": 1, b"m2": 1, b"m3": 1}
     clients[-1].close()
+
+
+def test_a_forward_for_an_earlier_stay_coming_long_after_the_session_came_back_is_dropped(
+    start_node: Any, redis_server: Any
+) -> None:
+    """The device's session went from c to b and came back to c. x sent m1 to a (the device's
+    node before c, whose forward of it to c is late: a frozen past its lease, say) and to b,
+    which routed it to the session there. The forward comes to c more than REPLAY_SECONDS
+    after the session came back: b's counters, in its answer and kept for the session's stay,
+    cover m1, which x sent to b, and c does not route it a second time (QoS 2)."""
+    b = start_node("b")
+    c = start_node("c")
+    client_id = unique("staylate")
+    topic = unique("staylate")
+    subscribed(c, client_id, topic, 2).close()
+    there = resumed(b, client_id)
+    m1 = b"x.00000001\x1d1"
+    with redis_server.client() as r:
+        r.xadd(STREAM + "b", {"m": publish_frame(topic, b"m1", m1, 2, b"a,b")})
+        arrives(b"m1", there)
+        there.close()
+        back = resumed(c, client_id)
+        time.sleep(REPLAY_SECONDS + 1)
+        r.xadd(STREAM + "c", {"m": forward_frame(client_id, topic, b"m1", m1, 2, sent=b"a,b")})
+        r.xadd(STREAM + "c", {"m": publish_frame(topic, b"m2", b"x.00000001\x1d2", 2, b"c")})
+    arrives(b"m2", back)
+    assert counted(there, back) == {b"m1": 1, b"m2": 1}
+    back.close()
