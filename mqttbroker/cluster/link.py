@@ -87,16 +87,21 @@ return redis.call('LPOP', KEYS[1])
 
 # A hand-over's answer ARGV[1] from the node ARGV[2] to the node ARGV[3], to the reply list
 # KEYS[1] unless the requester gave up (KEYS[2]). With ARGV[4] "1" (a session, or none: not a
-# refusal) the client id KEYS[3] goes to the requester in the same step, the session with it;
-# if the client id is not the answering node's any more (handed over to another requester just
-# before), the answer is "moved" (the requester looks again). 0: not answered (abandoned, or a
-# session whose client id is not this node's): the session stays with the answering node.
+# refusal) the client id KEYS[3] (ARGV[5]) goes to the requester in the same step, the session
+# with it: counted among the requester's (KEYS[4], owned:<requester>) at once, as TAKE_SCRIPT
+# does, so that a node adopting the requester, lost before it wrote the session, takes it along
+# (its hash, as the answering node last wrote it, stays while another node owns the client id:
+# store.FENCED_WRITE); if the client id is not the answering node's any more (handed over to
+# another requester just before), the answer is "moved" (the requester looks again). 0: not
+# answered (abandoned, or a session whose client id is not this node's): the session stays
+# with the answering node.
 REPLY_SCRIPT = """
 if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
 local answer = ARGV[1]
 if ARGV[4] == '1' then
   if redis.call('GET', KEYS[3]) == ARGV[2] then
     redis.call('SET', KEYS[3], ARGV[3])
+    if answer ~= '' then redis.call('SADD', KEYS[4], ARGV[5]) end
   elseif answer == '' then
     answer = 'moved'
   else

@@ -1545,14 +1545,16 @@ class ClusterNode(Backplane):
                 replies.append((len(pipe.command_stack), data))
                 pipe.eval(
                     REPLY_SCRIPT,
-                    3,
+                    4,
                     name,
                     name + ":gone",
                     f"{PREFIX}client:{client_id}",
+                    f"{PREFIX}owned:{requester}",
                     answer,
                     me,
                     requester,
                     gives,
+                    client_id,
                 )
         written = ClusterStore.write_changes(
             pipe, changes, me, PREFIX, self.broker.clock(), self.token

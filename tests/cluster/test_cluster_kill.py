@@ -8,6 +8,7 @@ not wait for a lease to run out before reconnecting."""
 
 from __future__ import annotations
 
+import json
 import signal
 import threading
 import time
@@ -30,6 +31,9 @@ from support.cluster_clients import (
 )
 
 pytestmark = pytest.mark.needs_redis
+
+# A lease of 2 s (adopted 1 s after it runs out): a node killed is adopted within seconds.
+SHORT_LEASE = "[cluster]\nnode_ttl = 2.0\nadopt_after = 1.0\n"
 
 
 def test_a_device_back_at_once_after_its_node_is_killed_finds_its_session(
@@ -140,3 +144,38 @@ def test_a_device_retrying_on_two_nodes_while_its_node_is_frozen_never_gets_an_e
             assert (code, present) in ((SERVER_UNAVAILABLE, False), (0, True)), results
     finally:
         c.send_signal(signal.SIGCONT)
+
+
+def test_a_session_handed_to_a_node_that_dies_before_writing_it_is_adopted_with_it(
+    start_node: Any, redis_server: Any
+) -> None:
+    """b asks a for the device's session and freezes before it writes the session it got
+    (here: b is frozen first and its request written to Redis as b writes it), then dies. a's
+    answer moved the client id to b and counted the session among b's in the same step, and
+    a's end of the session kept its hash (b owns the client id): a adopts b with the session,
+    and the device, back on a, finds it (Session Present 1) with its subscription, where it
+    used to get an empty one."""
+    a = start_node("a", config=SHORT_LEASE)
+    b = start_node("b", config=SHORT_LEASE)
+    client_id = unique("handed")
+    topic = unique("handed")
+    subscribed(a, client_id, topic, 1).close()
+    with redis_server.client() as r:
+        wait_for(lambda: r.sismember("mqttbroker:owned:a", client_id), "the session in Redis")
+        b.send_signal(signal.SIGSTOP)
+        request = {
+            "client": client_id,
+            "reply": f"mqttbroker:handover:{client_id}",
+            "clean": False,
+            "user": None,
+            "node": "b",
+            "forgotten": {},
+        }
+        assert r.publish("mqttbroker:ctl:a", json.dumps(request)) == 1
+        wait_for(lambda: r.get(f"mqttbroker:client:{client_id}") == b"b", "a to answer b")
+    kill(b)
+    again = adopted(a, client_id)
+    pub = client(a)
+    acknowledged(pub, topic, [b"m1"])
+    wait_for(lambda: payloads(again) == [b"m1"], "m1 on the session's subscription")
+    close_all(again, pub)
