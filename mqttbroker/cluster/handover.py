@@ -16,9 +16,10 @@ it; the new node builds it again and then lets the client's CONNECT go on, which
 The form is JSON: the session's owner, expiry, subscriptions with their options, its queued and
 in-flight QoS 1/2 messages (each an MQTT 5 PUBLISH, hex) with their packet ids and QoS 2 state
 (a queued one also with how long it has waited, so that its age in the queue goes on there),
-and the QoS 2 packet ids it has not released; and the old node's counters of the messages it
-routed (``seen``, see sequence.py: the new node routes the session what it routed itself
-meanwhile and the old node had not).
+and the QoS 2 packet ids it has not released; the counters of the messages routed by the old
+node and the nodes the session was at before it (``seen``, one table per node, see
+sequence.Came: the new node routes the session what it routed itself meanwhile and those nodes
+had not), and the ids of the messages forwarded to it on its way (``got``).
 
 A persistent session is also kept in Redis while it lives (``session:<client id>``, a hash
 written by store.py, one field per part, so that a change is one field written): ``s`` its
@@ -26,10 +27,11 @@ owner and expiry, ``f:<filter>`` a subscription, ``d:<seq>`` a queued or in-flig
 state in JSON, a newline, the MQTT 5 PUBLISH), ``r:<packet id>`` an unreleased QoS 2 id, ``w``
 its will (armed while its client is connected, or waiting out its delay: wall-clock time),
 ``p`` its next packet id as of the last write of its messages, ``g:<message id>`` a message
-forwarded to it where it is (node.py ``_forwarded``; not in the hand-over form). :func:`from_hash` turns that
-hash into the form above, so that a node adopting the sessions of a node that is gone builds
-them as it builds a session handed over; its new packet ids start PACKET_ID_MARGIN past ``p``
-(the node gone may have sent messages under the next ones before it wrote them).
+forwarded to it where it is or was (node.py ``_forwarded``; ``got`` in the hand-over form).
+:func:`from_hash` turns that hash into the form above, so that a node adopting the sessions
+of a node that is gone builds them as it builds a session handed over; its new packet ids start
+PACKET_ID_MARGIN past ``p`` (the node gone may have sent messages under the next ones before it
+wrote them).
 """
 
 from __future__ import annotations

@@ -1044,7 +1044,7 @@ class ClusterNode(Backplane):
         origin, counter = found
         ident = f"{origin}\x1d{counter}"
         if ident in self.store.forwards_got.get(client_id, ()):
-            return  # (routed to it here already: this one sent twice, or from two nodes)
+            return  # (routed to it here or where it was: sent twice, or from two nodes)
         direct = self._direct(origin, sent)
         here = client_id in self.broker.sessions
         left = self._left.get(client_id)

@@ -102,9 +102,10 @@ class ClusterStore(Store):
         self.changed: Callable[[], None] = lambda: None
         self.changes: dict[str, SessionChanges] = {}  # client id -> changes not yet in Redis
         # Client id -> the ids (``<origin>\x1d<counter>``, sequence.py) of the messages
-        # forwarded to its session here by the node it came from (node.py ``_forwarded``),
-        # for its stay here: written with the session (fields ``g:<id>``, in the same script
-        # as the delivery), so that a node adopting it routes none of them again.
+        # forwarded to its session here by the node it came from (node.py ``_forwarded``), and
+        # where it was before (a hand-over's answer names them), for its stay here: written
+        # with the session (fields ``g:<id>``, in the same script as the delivery), so that a
+        # node adopting it routes none of them again.
         self.forwards_got: dict[str, set[str]] = {}
 
     def _change(self, session: Session) -> SessionChanges:
