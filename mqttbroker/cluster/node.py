@@ -738,7 +738,7 @@ class ClusterNode(Backplane):
                     assert data is not None
                     state = _answer(client_id, data)
                     self._restore(client_id, state)
-                    self._replay(client_id, state.get("seen"), state.get("got"))
+                    self._replay(client_id, state.get("seen"))
                     log.info(
                         "cluster: client %s: session taken over from node %r", client_id, owner
                     )
@@ -812,13 +812,14 @@ class ClusterNode(Backplane):
         path[self.node_id] = seen
         return path
 
-    def _replay(self, client_id: str, seen: Any, got: Any = None) -> None:
+    def _replay(self, client_id: str, seen: Any) -> None:
         """The session of ``client_id`` came from a node that had routed each origin's
         messages up to ``seen``, the nodes it was at before up to theirs (sequence.Came):
         route it what this node routed lately that it did not get there (the messages that
         reached this node before the session did, and that node after it was gone), before
-        anything newer; but those forwarded to it there (``got``, their ids: this node
-        forwarded them when the session had left it before)."""
+        anything newer; but those forwarded to it on its way (the answer's ``got``, kept by
+        _restore with those forwarded to it here: this node forwarded them when the session
+        had left it before)."""
         session = self.broker.sessions.get(client_id)
         if session is None or not isinstance(seen, dict):
             return
@@ -842,7 +843,7 @@ class ClusterNode(Backplane):
         # First what the old node forwarded before the session came: messages this node never
         # had, published before their publishers' nodes knew of its route, so before those it
         # had (of the same publisher: MQTT 4.6).
-        had = self.store.forwards_got.get(client_id, ())  # (forwarded to it where it was)
+        had = self.store.forwards_got.get(client_id, ())  # (forwarded to it on its way)
         for when, origin, counter, sent, message in self._early.pop(client_id, ()):
             # (not what the session got where it was: a forward meant for a stay here before
             # that, or for this node's previous run, comes late)
@@ -854,11 +855,8 @@ class ClusterNode(Backplane):
             ):
                 self._got_forward(client_id, origin, counter, now)
                 count += self._deliver_to(client_id, message, now)
-        forwarded = (
-            {parse_id(g.encode()) for g in got if isinstance(g, str)}
-            if isinstance(got, list)
-            else set()
-        )
+        # (and those routed to it just now: its set, made by the first one if there was none)
+        forwarded = {parse_id(g.encode()) for g in self.store.forwards_got.get(client_id, ())}
         for packet in list(self.recent.missed(client_id, came, now, forwarded)):
             count += self._deliver_to(client_id, decode(packet, now), now)
         if count:
@@ -1863,11 +1861,9 @@ class ClusterNode(Backplane):
         else:
             found = parse_id(ident)
             listed, mark, rest = names.partition(b"\x1c")
-            if mark:
+            if mark:  # (else a frame that does not say)
                 names = rest
                 sent = sent_to(listed)
-            else:
-                sent = None  # (a frame that does not say)
             if flag == b"f":  # forwarded for a session that came here (_forward)
                 if found is None:
                     return

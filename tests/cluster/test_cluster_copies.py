@@ -777,57 +777,39 @@ def test_a_message_the_new_node_let_go_of_before_the_session_came_is_forwarded_t
     again.close()
 
 
-def test_a_forward_passed_on_by_a_node_never_sent_the_message_is_routed(
-    start_node: Any, redis_server: Any
+@pytest.mark.parametrize(
+    "how", ["forward-passed-on", "own-copy-read-before", "own-copy-read-after"]
+)
+def test_a_message_the_old_node_was_never_sent_reaches_the_session(
+    start_node: Any, redis_server: Any, how: str
 ) -> None:
-    """The device's session went from a to b and on to c within moments. a routed m1 after
-    the session had left it (its origin x sent m1 to a alone: x had not heard of b's route
-    yet) and forwarded it to b, which passes it on to c as it came. b had routed x's newer
-    m2 itself, so b's counters in its answer cover m1; but x never sent m1 to b, the forward
-    says so, and c routes m1 to the session (no acknowledged message lost), once."""
-    b = start_node("b")
-    c = start_node("c")
-    client_id = unique("passed")
-    topic = unique("passed")
-    dev = subscribed(b, client_id, topic, 2)
-    with redis_server.client() as r:
-        r.xadd(STREAM + "b", {"m": publish_frame(topic, b"m2", b"x.00000001\x1d2", 2, b"b")})
-        arrives(b"m2", dev)
-        dev.close()
-        again = resumed(c, client_id)
-        frame = forward_frame(client_id, topic, b"m1", b"x.00000001\x1d1", 2, sent=b"a")
-        r.xadd(STREAM + "c", {"m": frame})
-        r.xadd(STREAM + "c", {"m": publish_frame(topic, b"m3", b"x.00000001\x1d3", 2, b"c")})
-    arrives(b"m3", again)
-    assert counted(dev, again) == {b"m1": 1, b"m2": 1, b"m3": 1}
-    again.close()
-
-
-@pytest.mark.parametrize("before", [True, False], ids=["read-before", "read-after"])
-def test_a_message_the_old_node_was_never_sent_reaches_the_session_from_the_new_one(
-    start_node: Any, redis_server: Any, before: bool
-) -> None:
-    """x sent m1 to a (the device's node a moment before, whose forward of it is on its way)
-    and to c (another subscriber's node), not to b, and then m2 to b, which routed it to the
-    device's session. The session moves from b to c: b's counters cover m1, but b was never
-    sent it, so c routes its own copy of m1 to the session, whether c read it before the
-    session came (from what it routed lately) or after; and only once."""
+    """x sent m1 to a (the device's node a moment before), not to b (x had not heard of b's
+    route yet), and then m2 to b, which routed it to the device's session. The session moves
+    on from b to c: b's counters in its answer cover m1, but b was never sent it (the frames
+    say so), and c routes m1 to the session once (no acknowledged message lost), whether it
+    comes as a's forward of it, passed on by b as it came, or as c's own copy (x sent it to
+    c too, for another subscriber there), read before the session came (from what c routed
+    lately) or after."""
     b = start_node("b")
     c = start_node("c")
     client_id = unique("unsent")
     topic = unique("unsent")
     dev = subscribed(b, client_id, topic, 2)
-    m1 = publish_frame(topic, b"m1", b"x.00000001\x1d1", 2, b"a,c")
+    m1 = b"x.00000001\x1d1"
+    if how == "forward-passed-on":
+        frame = forward_frame(client_id, topic, b"m1", m1, 2, sent=b"a")
+    else:
+        frame = publish_frame(topic, b"m1", m1, 2, b"a,c")
     with redis_server.client() as r:
-        if before:
-            last = r.xadd(STREAM + "c", {"m": m1})
+        if how == "own-copy-read-before":
+            last = r.xadd(STREAM + "c", {"m": frame})
             read_up_to(r, STREAM + "c", last, "c to route m1")
         r.xadd(STREAM + "b", {"m": publish_frame(topic, b"m2", b"x.00000001\x1d2", 2, b"b")})
         arrives(b"m2", dev)
         dev.close()
         again = resumed(c, client_id)
-        if not before:
-            r.xadd(STREAM + "c", {"m": m1})
+        if how != "own-copy-read-before":
+            r.xadd(STREAM + "c", {"m": frame})
         r.xadd(STREAM + "c", {"m": publish_frame(topic, b"m3", b"x.00000001\x1d3", 2, b"c")})
     arrives(b"m3", again)
     assert counted(dev, again) == {b"m1": 1, b"m2": 1, b"m3": 1}
