@@ -28,7 +28,7 @@ _NO_PROPERTIES: dict[int, Any] = {}
 @mypyc_attr(acyclic=True, free_list_len=1)
 class Message:
     __slots__ = (
-        "topic",
+        "_topic",
         "payload",
         "qos",
         "retain",
@@ -48,7 +48,7 @@ class Message:
 
     def __init__(
         self,
-        topic: str,
+        topic: str | None,
         payload: bytes,
         qos: int = 0,
         retain: bool = False,
@@ -59,9 +59,11 @@ class Message:
         forwarded: bytes | None = None,
         version: int = 0,
     ) -> None:
-        """``forwarded``: this message's QoS 0 PUBLISH, without properties, as a client of
+        """``topic``: its name, or None when ``topic_bytes`` is given (a topic the match cache
+        knows, which routing does not need as text: decoded on first use, see :attr:`topic`).
+        ``forwarded``: this message's QoS 0 PUBLISH, without properties, as a client of
         ``version`` sent it: subscribers of that version get it as it is (same RETAIN flag)."""
-        self.topic = topic
+        self._topic = topic
         self.payload = payload
         self.qos = qos
         self.retain = retain
@@ -70,7 +72,10 @@ class Message:
         self.properties = properties if properties is not None else _NO_PROPERTIES
         self.expires_at = expires_at
         self.expiry_interval = expiry_interval  # as published; the forwarded value never exceeds it
-        self.topic_bytes = topic_bytes if topic_bytes is not None else encode_topic(topic)
+        if topic_bytes is None:
+            assert topic is not None
+            topic_bytes = encode_topic(topic)
+        self.topic_bytes = topic_bytes
         self._props5: bytes | None = None
         # Its QoS 0 PUBLISH by version * 2 + RETAIN: the first one built (or forwarded) in a
         # pair of fields, since most messages go out in one shape; any other in a dict.
@@ -92,9 +97,18 @@ class Message:
         self.origin_id: str | None = None
         self.origin_user: str | None = None
 
+    @property
+    def topic(self) -> str:
+        """The topic name; decoded from the wire form at first use when the message was made
+        without it (a topic the match cache holds as validated bytes only)."""
+        topic = self._topic
+        if topic is None:
+            topic = self._topic = self.topic_bytes[2:].decode()
+        return topic
+
     @staticmethod
     def received(
-        topic: str,
+        topic: str | None,
         topic_bytes: bytes,
         payload: bytes,
         qos: int,

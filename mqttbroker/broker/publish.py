@@ -123,26 +123,32 @@ def route(
         )  # MQTT-3.2.2-14
     router = broker.router
     authorizer = broker.authorizer
-    found = router.cache.get(raw_topic)  # a topic seen before (Router.lookup_raw's first step)
-    if found is None:
+    # A topic seen before (Router.lookup_raw's first step): its name is not decoded unless
+    # something below needs it (else the message decodes it on first use, Message.topic).
+    topic: str | None = None
+    match = router.cache.get(raw_topic)
+    if match is None:
         found = router.lookup_raw(raw_topic, None if authorizer is None else conn)
-    if found is None:
-        if raw_topic == b"\x00\x00":
-            raise ProtocolError("PUBLISH with an empty topic and no topic alias")
-        raise MQTTError("invalid topic name", ReasonCode.TOPIC_NAME_INVALID)  # 3.3.2-2
-    topic, match = found
-    if authorizer is not None and not conn.may_publish(topic):
-        broker.stats.denied += 1
-        conn.log_denied("publish to", topic)
-        if qos:  # QoS 0 is dropped silently (and counted)
-            refuse(
-                conn,
-                qos,
-                packet_id,
-                ReasonCode.NOT_AUTHORIZED,
-                "not authorized to publish to this topic",
-            )
-        return
+        if found is None:
+            if raw_topic == b"\x00\x00":
+                raise ProtocolError("PUBLISH with an empty topic and no topic alias")
+            raise MQTTError("invalid topic name", ReasonCode.TOPIC_NAME_INVALID)  # 3.3.2-2
+        topic, match = found
+    if authorizer is not None:
+        if topic is None:
+            topic = raw_topic[2:].decode()
+        if not conn.may_publish(topic):
+            broker.stats.denied += 1
+            conn.log_denied("publish to", topic)
+            if qos:  # QoS 0 is dropped silently (and counted)
+                refuse(
+                    conn,
+                    qos,
+                    packet_id,
+                    ReasonCode.NOT_AUTHORIZED,
+                    "not authorized to publish to this topic",
+                )
+            return
     session = conn.session
     assert session is not None
     if qos:
@@ -154,22 +160,22 @@ def route(
             f"publishing faster than {opts.max_publish_rate:g} messages/s",
             ReasonCode.MESSAGE_RATE_TOO_HIGH,
         )
-    if (
-        retain
-        and payload
-        and len(router.retained) >= opts.max_retained
-        and (router.retained.get(topic) is None)
-    ):
-        log.warning(
-            "client %s: retained message on %r refused: max_retained (%d) reached",
-            conn.client_id,
-            topic,
-            opts.max_retained,
-        )
-        broker.stats.denied += 1
-        if qos:
-            refuse(conn, qos, packet_id, ReasonCode.QUOTA_EXCEEDED, "too many retained messages")
-        return
+    if retain and payload and len(router.retained) >= opts.max_retained:
+        if topic is None:
+            topic = raw_topic[2:].decode()
+        if router.retained.get(topic) is None:
+            log.warning(
+                "client %s: retained message on %r refused: max_retained (%d) reached",
+                conn.client_id,
+                topic,
+                opts.max_retained,
+            )
+            broker.stats.denied += 1
+            if qos:
+                refuse(
+                    conn, qos, packet_id, ReasonCode.QUOTA_EXCEEDED, "too many retained messages"
+                )
+            return
     if qos == 2:
         waiting = session.awaiting_release
         if packet_id not in waiting:

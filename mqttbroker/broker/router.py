@@ -1,8 +1,10 @@
 """PUBLISH fan-out: match the topic, apply each subscription's options, hand the message to each
 matching session once.
 
-A match cache maps a topic name to its matching subscriptions. A hit also stands for "this topic
-name was validated", so the per-message cost of a repeated topic is one dict lookup. A
+A match cache maps a topic name, as it is on the wire, to its matching subscriptions. A hit also
+stands for "this topic name was validated", so the per-message cost of a repeated topic is one
+dict lookup; the name is not kept as text (a message decodes it if something asks, see
+Message.topic), so a fleet's topics cost the cache their wire form and a dict slot each. A
 subscription change forgets what it may change: the one topic a filter without wildcards
 matches, or else the whole cache; the cache is cleared too when it grows past its bound.
 """
@@ -23,9 +25,10 @@ from .topics import NO_MATCH, Match, Subscription, SubscriptionTrie, valid_topic
 if TYPE_CHECKING:
     from .session import Session
 
-# About what one match-cache entry costs beside its topic: the dict slot, the tuple, and the
-# match unless it is one trie node's shared one (topics.SubscriptionTrie.match).
-_ENTRY_BYTES = 200
+# About what one match-cache entry costs beside its topic's bytes: the dict slot and the bytes
+# object's own header, and the match unless it is one trie node's shared one
+# (topics.SubscriptionTrie.match).
+_ENTRY_BYTES = 120
 # The server's own topics, on which no message is kept as a retained one: the dynamic
 # security's commands carry passwords, and a retained one would be stored (in the durable store
 # too) and sent to every later subscriber. The message is handled as if published without
@@ -44,7 +47,7 @@ class Router:
         self.trie = SubscriptionTrie()
         self.retained = RetainedStore(self.store)
         # The match cache (see lookup_raw): read directly by publish.route, a hit without a call
-        self.cache: dict[bytes, tuple[str, Match]] = {}
+        self.cache: dict[bytes, Match] = {}
         self._cache_bytes = 0  # what the cached topics take, about
         # Record each message's publisher on it (Message.origin_id): set by webhooks.
         self.track_origin = False
@@ -84,7 +87,7 @@ class Router:
             return
         raw = encode_topic(topic_filter)
         if cache.pop(raw, None) is not None:
-            self._cache_bytes -= 2 * len(raw) + _ENTRY_BYTES
+            self._cache_bytes -= len(raw) + _ENTRY_BYTES
 
     def _clear_cache(self) -> None:
         self.cache.clear()
@@ -92,38 +95,36 @@ class Router:
 
     def lookup_raw(
         self, raw: bytes, publisher: Publisher | None = None
-    ) -> tuple[str, Match] | None:
-        """The topic name and the subscriptions matching it, from the topic as it is on the wire
-        (2-byte length, then UTF-8); None if it is not a valid Topic Name. A cache hit skips
-        decoding and validation as well as matching. A topic ``publisher`` may not publish to
-        is neither matched nor cached (it gets no match): the cache holds only topics that
-        someone may publish to."""
-        found = self.cache.get(raw)
-        if found is None:
-            try:
-                topic = raw[2:].decode()
-            except UnicodeDecodeError:
-                raise MalformedPacket("topic name is not well-formed UTF-8") from None
-            if "\x00" in topic:
-                raise MalformedPacket("topic name contains U+0000")  # MQTT-4.7.3-2
-            if not valid_topic_name(topic) or not self.within_limits(topic):
-                return None
-            if publisher is not None and not publisher.may_publish(topic):
-                return topic, NO_MATCH
-            found = (topic, self.trie.match(topic))
-            cache = self.cache
-            # The raw key and the decoded name (about twice the bytes), and the entry itself.
-            size = 2 * len(raw) + _ENTRY_BYTES
-            opts = self.options
-            if (
-                len(cache) >= opts.match_cache_size
-                or self._cache_bytes + size > opts.match_cache_bytes
-            ):
-                self._clear_cache()
-            if size <= opts.match_cache_bytes:
-                cache[raw] = found
-                self._cache_bytes += size
-        return found
+    ) -> tuple[str | None, Match] | None:
+        """The subscriptions matching a topic as it is on the wire (2-byte length, then UTF-8),
+        with its name when it had to be decoded (None on a cache hit: the caller decodes it if
+        it needs it); None if it is not a valid Topic Name. A cache hit skips decoding and
+        validation as well as matching. A topic ``publisher`` may not publish to is neither
+        matched nor cached (it gets no match): the cache holds only topics that someone may
+        publish to."""
+        cache = self.cache
+        match = cache.get(raw)
+        if match is not None:
+            return None, match
+        try:
+            topic = raw[2:].decode()
+        except UnicodeDecodeError:
+            raise MalformedPacket("topic name is not well-formed UTF-8") from None
+        if "\x00" in topic:
+            raise MalformedPacket("topic name contains U+0000")  # MQTT-4.7.3-2
+        if not valid_topic_name(topic) or not self.within_limits(topic):
+            return None
+        if publisher is not None and not publisher.may_publish(topic):
+            return topic, NO_MATCH
+        match = self.trie.match(topic)
+        size = len(raw) + _ENTRY_BYTES
+        opts = self.options
+        if len(cache) >= opts.match_cache_size or self._cache_bytes + size > opts.match_cache_bytes:
+            self._clear_cache()
+        if size <= opts.match_cache_bytes:
+            cache[raw] = match
+            self._cache_bytes += size
+        return topic, match
 
     def within_limits(self, topic: str) -> bool:
         """The configured length and depth limits for topic names and filters."""

@@ -337,6 +337,33 @@ def test_denied_topics_are_not_cached(make_harness: Any) -> None:
     assert rights.size <= 65_536 and len(rights.allowed) < 21
 
 
+def test_a_topic_the_match_cache_knows_is_named_where_it_is_needed(make_harness: Any) -> None:
+    """A topic the match cache knows is routed without decoding its name (the cache keeps only
+    its wire form); what asks for the name gets it all the same: the retained store, the
+    authorizer, a subscriber's copy."""
+    h: Harness = make_harness()
+    watcher = h.connect("watcher")
+    watcher.subscribe("é/#", 1)
+    client = h.connect("c")
+    for payload in (b"first", b"second"):  # the second from the cache
+        client.publish("é/1", payload, 1, retain=True)
+        assert client.one(pk.Puback).reason_code == 0
+    assert list(h.broker.router.cache) == [b"\x00\x04\xc3\xa9/1"]
+    kept = h.broker.router.retained.get("é/1")
+    assert kept is not None and (kept.topic, kept.payload) == ("é/1", b"second")
+    h.broker.authorizer = _PublishOnlyTo("é/")
+    client.publish("é/1", b"third", 1)  # from the cache, its name asked by the authorizer
+    assert client.one(pk.Puback).reason_code == 0
+    client.publish("x/1", b"no", 1)  # refused by name
+    assert client.one(pk.Puback).reason_code == 0x87
+    got = watcher.publishes()
+    assert [(p.topic, p.payload) for p in got] == [
+        ("é/1", b"first"),
+        ("é/1", b"second"),
+        ("é/1", b"third"),
+    ]
+
+
 def test_qos0_publish_not_utf8_disconnects(h: Harness) -> None:
     """[MQTT-3.3.2-4] A QoS 0 PUBLISH cannot be answered: DISCONNECT 0x99 saying why."""
     client = h.connect("c")
