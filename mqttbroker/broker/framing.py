@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol, final
 
+from mypy_extensions import mypyc_attr
+
 from ..protocol.errors import MalformedPacket, PacketTooLarge
 
 if TYPE_CHECKING:
@@ -25,7 +27,11 @@ class Reader(Protocol):
     def resume_reading(self) -> None: ...
 
 
+# Compiled, not tracked by the cycle collector: it refers only to the bytes of an incomplete
+# packet and to numbers, so it can never be part of a cycle. One per connection: 16 bytes and
+# one object fewer for the collector to walk.
 @final
+@mypyc_attr(acyclic=True)
 class Framing:
     __slots__ = (
         "pending",

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Protocol, final
 
+from mypy_extensions import mypyc_attr
+
 
 class Writer(Protocol):
     """What the output needs from the transport."""
@@ -24,7 +26,11 @@ class Writer(Protocol):
         ...
 
 
+# Compiled, not tracked by the cycle collector: it refers only to the packets waiting to be
+# written and to numbers, so it can never be part of a cycle. One per connection: 16 bytes and
+# one object fewer for the collector to walk.
 @final
+@mypyc_attr(acyclic=True)
 class Output:
     __slots__ = (
         "chunks",
