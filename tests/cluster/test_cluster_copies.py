@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from support.clients import RawClient, connect_packet, prop, subscribe_packet, unique, wait_for
 from support.cluster_clients import (
+    SHORT_LEASE,
     acknowledged,
     adopted,
     arrives,
@@ -305,9 +306,6 @@ def test_a_node_woken_past_its_lease_does_not_send_what_a_moved_session_publishe
     arrives(b"m2", sub)
     assert counted(sub) == {b"m1": 1, b"m2": 1}
     close_all(moved, sub)
-
-
-SHORT_LEASE = "[cluster]\nnode_ttl = 2.0\nadopt_after = 1.0\n"
 
 
 def test_a_node_woken_past_its_lease_does_not_replay_what_it_did_not_send(

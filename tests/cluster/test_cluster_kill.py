@@ -18,6 +18,7 @@ import pytest
 from support.clients import unique, wait_for
 from support.cluster_clients import (
     SERVER_UNAVAILABLE,
+    SHORT_LEASE,
     acknowledged,
     adopted,
     client,
@@ -31,9 +32,6 @@ from support.cluster_clients import (
 )
 
 pytestmark = pytest.mark.needs_redis
-
-# A lease of 2 s (adopted 1 s after it runs out): a node killed is adopted within seconds.
-SHORT_LEASE = "[cluster]\nnode_ttl = 2.0\nadopt_after = 1.0\n"
 
 
 def test_a_device_back_at_once_after_its_node_is_killed_finds_its_session(

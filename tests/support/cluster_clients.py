@@ -28,6 +28,8 @@ HOUR = 3600
 PROBE = b"probe"
 SERVER_UNAVAILABLE = 0x88
 TAKEN_OVER = 0x8E
+# A lease of 2 s, a node adopted 1 s after it runs out: a node killed is adopted within seconds.
+SHORT_LEASE = "[cluster]\nnode_ttl = 2.0\nadopt_after = 1.0\n"
 
 
 def client(node: Any, **kw: Any) -> PahoClient:
