@@ -90,18 +90,23 @@ return redis.call('LPOP', KEYS[1])
 # refusal) the client id KEYS[3] (ARGV[5]) goes to the requester in the same step, the session
 # with it: counted among the requester's (KEYS[4], owned:<requester>) at once, as TAKE_SCRIPT
 # does, so that a node adopting the requester, lost before it wrote the session, takes it along
-# (its hash, as the answering node last wrote it, stays while another node owns the client id:
-# store.FENCED_WRITE); if the client id is not the answering node's any more (handed over to
-# another requester just before), the answer is "moved" (the requester looks again). 0: not
-# answered (abandoned, or a session whose client id is not this node's): the session stays
-# with the answering node.
+# with the answer itself in its hash (KEYS[5], field "h"): the hash as the answering node last
+# wrote it lacks what the session got since (the messages routed to it in the moment before it
+# was answered), and stays while another node owns the client id (store.FENCED_WRITE); the
+# requester's first write of the session replaces the hash whole. If the client id is not the
+# answering node's any more (handed over to another requester just before), the answer is
+# "moved" (the requester looks again). 0: not answered (abandoned, or a session whose client id
+# is not this node's): the session stays with the answering node.
 REPLY_SCRIPT = """
 if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
 local answer = ARGV[1]
 if ARGV[4] == '1' then
   if redis.call('GET', KEYS[3]) == ARGV[2] then
     redis.call('SET', KEYS[3], ARGV[3])
-    if answer ~= '' then redis.call('SADD', KEYS[4], ARGV[5]) end
+    if answer ~= '' then
+      redis.call('SADD', KEYS[4], ARGV[5])
+      redis.call('HSET', KEYS[5], 'h', answer)
+    end
   elseif answer == '' then
     answer = 'moved'
   else

@@ -200,6 +200,18 @@ def pack(frames: list[bytes], limit: int = ENTRY_BYTES) -> list[bytes]:
     return entries
 
 
+def came_from(seen: Any) -> Came:
+    """The counters a hand-over's answer says its session got (``seen``, sequence.Came), as
+    far as they are readable."""
+    if not isinstance(seen, dict):
+        return {}
+    return {
+        node: {o: c for o, c in counters.items() if isinstance(o, str) and isinstance(c, int)}
+        for node, counters in seen.items()
+        if isinstance(node, str) and isinstance(counters, dict)
+    }
+
+
 def _answer(client_id: str, data: bytes) -> dict[str, Any]:
     """A hand-over's answer (see ``ClusterNode._hand_over``): the session (handover.py's form)
     or a refusal (``refused``: its reason code, ``reason``: why); MQTTError if not readable."""
@@ -285,6 +297,9 @@ class ClusterNode(Backplane):
         # for its stay here (_not_had, _had, _seen_for); and of each origin the highest of
         # those counters (a message above it is none of theirs: _not_had).
         self._came_with: dict[str, Came] = {}
+        # Client id -> what its answer said it got (came_from), for the sessions on their way
+        # to a node being adopted here when it was lost (_adopt), while it is.
+        self._arriving: dict[str, Came] = {}
         self._came_max: dict[str, int] = {}
         # Sessions handed to other nodes lately: their plain filters (client id as the "node"),
         # and until when / to which node what this node routes for them is forwarded.
@@ -824,11 +839,7 @@ class ClusterNode(Backplane):
         if session is None or not isinstance(seen, dict):
             return
         now = self.broker.clock()
-        came: Came = {
-            node: {o: c for o, c in counters.items() if isinstance(o, str) and isinstance(c, int)}
-            for node, counters in seen.items()
-            if isinstance(node, str) and isinstance(counters, dict)
-        }
+        came = came_from(seen)
         self._came((client_id,), came)
         gaps = self._gaps
         if len(gaps) > 1000:
@@ -857,7 +868,7 @@ class ClusterNode(Backplane):
                 count += self._deliver_to(client_id, message, now)
         # (and those routed to it just now: its set, made by the first one if there was none)
         forwarded = {parse_id(g.encode()) for g in self.store.forwards_got.get(client_id, ())}
-        for packet in list(self.recent.missed(client_id, came, now, forwarded)):
+        for _, _, packet in list(self.recent.missed(client_id, came, now, forwarded)):
             count += self._deliver_to(client_id, decode(packet, now), now)
         if count:
             log.info(
@@ -865,6 +876,20 @@ class ClusterNode(Backplane):
                 client_id,
                 count,
             )
+
+    def _caught_up(self, client_id: str, came: Came, now: float) -> None:
+        """Route to ``client_id``'s session, adopted on its way to the node it came to (its
+        answer says it got ``came``), what this node routed lately that it did not get: since
+        it left here, or, never here, all that ``came`` does not cover (_replay's second
+        part). Counted as routed to it, so that the gone node's stream does not route any of
+        them to it again (_arrived_one, _forwarded_gone)."""
+        forwarded = {parse_id(g.encode()) for g in self.store.forwards_got.get(client_id, ())}
+        for origin, counter, packet in list(self.recent.missed(client_id, came, now, forwarded)):
+            had = self._forwarded_to.get((origin, counter))
+            self._got_message(
+                {client_id} if had is None else had | {client_id}, origin, counter, now
+            )
+            self._deliver_to(client_id, decode(packet, now), now)
 
     def _came(self, client_ids: Iterable[str], came: Came) -> None:
         """The sessions of ``client_ids`` came from nodes that had routed each origin's
@@ -1107,7 +1132,8 @@ class ClusterNode(Backplane):
             return  # (its own copy, read here after the session came, went to it)
         if f"{origin}\x1d{counter}" in self.store.forwards_got.get(client_id, ()):
             return
-        if covered({gone: seen.highest}, origin, counter, sent):
+        came = self._arriving.get(client_id)  # (on its way there: what it got is in its answer)
+        if covered({gone: seen.highest} if came is None else came, origin, counter, sent):
             return
         got = self._forwarded_to.get(found)
         if got is not None and client_id in got and self._forwards.has(origin, counter, now):
@@ -1150,6 +1176,7 @@ class ClusterNode(Backplane):
             # Hand-overs of these sessions wait until their messages are routed to them here
             # (_hand_over): a session handed on before would miss what is in its stream.
             self._holding.update(owned)
+            arriving = self._arriving  # (empty: one adoption at a time)
             try:
                 taken: set[str] = set()  # the client ids of the sessions adopted
                 found_all: list[tuple[str, Any]] = []
@@ -1182,15 +1209,29 @@ class ClusterNode(Backplane):
                             continue
                         fields = dict(zip(found[::2], found[1::2], strict=True))
                         try:
-                            self._restore(client_id, from_hash(client_id, fields), away=True)
+                            handed = fields.get(b"h")
+                            if handed is None:
+                                self._restore(client_id, from_hash(client_id, fields), away=True)
+                            else:  # on its way to ``node``: the answer it got (REPLY_SCRIPT)
+                                state = _answer(client_id, handed)
+                                self._restore(client_id, state, away=True)
+                                arriving[client_id] = came_from(state.get("seen"))
                             taken.add(client_id)
                         except MQTTError as exc:
                             log.warning("cluster: %s; not adopted", exc)
                 restored = self.broker.clock()  # (what this node routes from now on, they get)
+                # The sessions on their way to ``node`` when it was lost got nothing there:
+                # first what this node routed since they left it (or, never here, that the
+                # answer does not cover), then ``node``'s stream as for the others (but what
+                # ``node`` routed says nothing of them: they are checked against their answer).
+                for client_id, came in arriving.items():
+                    self._caught_up(client_id, came, restored)
                 ids = self._drain(entries, node, taken, routed_there, restored)
-                self._own_since(taken, routed_there)
+                self._own_since(taken - arriving.keys(), routed_there)
                 got = routed_there.snapshot()  # (what they have: not routed to them again)
-                self._came(taken, {node: got})
+                self._came(taken - arriving.keys(), {node: got})
+                for client_id, came in arriving.items():
+                    self._came((client_id,), came)
                 routed = len(ids)
                 await self._ack(stream, ids)
                 await self._committed()  # the sessions' routes announced before the next read
@@ -1211,7 +1252,7 @@ class ClusterNode(Backplane):
                 await self._committed()
                 # What the sessions got there (and here from its stream), for their next move.
                 got = routed_there.snapshot()
-                self._came(taken, {node: got})
+                self._came(taken - arriving.keys(), {node: got})
                 pipe = self.redis.pipeline(transaction=False)
                 pipe.delete(stream, f"{PREFIX}owned:{node}", f"{PREFIX}seen:{node}")
                 pipe.eval(LEAVE_SCRIPT, 1, lease, self.token)
@@ -1223,6 +1264,7 @@ class ClusterNode(Backplane):
                     routed,
                 )
             finally:
+                arriving.clear()
                 self._holding.difference_update(owned)
                 waiting, self._deferred = self._deferred, []
                 for request in waiting:
@@ -1543,11 +1585,12 @@ class ClusterNode(Backplane):
                 replies.append((len(pipe.command_stack), data))
                 pipe.eval(
                     REPLY_SCRIPT,
-                    4,
+                    5,
                     name,
                     name + ":gone",
                     f"{PREFIX}client:{client_id}",
                     f"{PREFIX}owned:{requester}",
+                    f"{PREFIX}session:{client_id}",
                     answer,
                     me,
                     requester,
@@ -1874,8 +1917,21 @@ class ClusterNode(Backplane):
                         names.decode(), found, sent, packet, (gone, sessions, seen, since), now
                     )
                 return
-            if found is not None and not (self.seen if seen is None else seen).first(*found):
-                return
+            if found is not None:
+                fresh = (self.seen if seen is None else seen).first(*found)
+                arriving = self._arriving
+                if sessions is not None and arriving:  # (see _adopt)
+                    sessions = {
+                        s
+                        for s in sessions
+                        if (fresh if s not in arriving else not covered(arriving[s], *found, sent))
+                    }
+                    if not fresh:  # (routed there to its groups' members already)
+                        names = b""
+                        if not sessions:
+                            return
+                elif not fresh:
+                    return
             if found is not None and sessions is not None:  # (a gone node's stream)
                 at = self.recent.when(found[0], found[1], now)
                 if at is not None and at >= since:

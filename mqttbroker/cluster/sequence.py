@@ -289,11 +289,11 @@ class Recent:
         came: Came,
         now: float,
         got: Container[tuple[str, int] | None] = (),
-    ) -> Iterator[Any]:
+    ) -> Iterator[tuple[str, int, Any]]:
         """The messages routed here lately that the session of ``client_id``, coming with
         ``came``, did not get where it was (:func:`covered`), nor had forwarded to it there
-        (``got``, see ClusterNode._forward), routed here after the session was last here.
-        Oldest first."""
+        (``got``, see ClusterNode._forward), routed here after the session was last here:
+        ``(origin, counter, message)``, oldest first."""
         self._trim(now)
         since = self.away.pop(client_id, float("-inf"))
         top = highest(came)
@@ -302,4 +302,4 @@ class Recent:
                 counter > top.get(origin, 0) or not covered(came, origin, counter, sent)
             ):
                 if (origin, counter) not in got:
-                    yield message
+                    yield origin, counter, message

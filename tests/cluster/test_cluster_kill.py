@@ -177,3 +177,58 @@ def test_a_session_handed_to_a_node_that_dies_before_writing_it_is_adopted_with_
     acknowledged(pub, topic, [b"m1"])
     wait_for(lambda: payloads(again) == [b"m1"], "m1 on the session's subscription")
     close_all(again, pub)
+
+
+def _stream_read(r: Any, node: str) -> bool:
+    """Whether ``node`` has read and acknowledged every entry of its stream."""
+    groups = r.xinfo_groups(f"mqttbroker:stream:{node}")
+    return bool(groups) and all(g["pending"] == 0 and not g.get("lag") for g in groups)
+
+
+@pytest.mark.parametrize("answered_first", [False, True], ids=["read-first", "answered-first"])
+def test_a_message_for_a_session_on_its_way_to_a_node_that_dies_is_not_lost(
+    start_node: Any, redis_server: Any, answered_first: bool
+) -> None:
+    """A QoS 2 message published on b while the device's session is on its way from a to b,
+    b freezing before the session came and then dying: a adopts b with the session, and the
+    device, back on a, gets the message. a reads the message from its stream before it answers
+    (the message goes with the answer) or after (a forwards it to b). Either way it was lost:
+    a's last write of the session says nothing of what it got since, and b's own counters,
+    which say that b routed its own message to its sessions, say nothing of a session that
+    never reached it (the long chaos run's d044 and d019). (a is frozen meanwhile; which of
+    the two it does first, woken, is as its event loop finds them.)"""
+    a = start_node("a", config=SHORT_LEASE)
+    b = start_node("b", config=SHORT_LEASE)
+    client_id = unique("onway")
+    topic = unique("onway")
+    first = subscribed(a, client_id, topic, 2)
+    pub = device(b, unique("onway-pub"))  # (persistent: b writes its counters with its session)
+    pub.connect()
+    until_routed(pub, first, topic)
+    first.close()
+    request = {
+        "client": client_id,
+        "reply": f"mqttbroker:handover:{client_id}",
+        "clean": False,
+        "user": None,
+        "node": "b",  # (as b writes it, b frozen)
+        "forgotten": {},
+    }
+    with redis_server.client() as r:
+        wait_for(lambda: r.sismember("mqttbroker:owned:a", client_id), "the session in Redis")
+        a.send_signal(signal.SIGSTOP)
+        try:
+            if answered_first:
+                assert r.publish("mqttbroker:ctl:a", json.dumps(request)) == 1
+            acknowledged(pub, topic, [b"on-its-way"], qos=2)  # in a's stream, not yet read
+            b.send_signal(signal.SIGSTOP)
+            if not answered_first:
+                assert r.publish("mqttbroker:ctl:a", json.dumps(request)) == 1
+        finally:
+            a.send_signal(signal.SIGCONT)
+        wait_for(lambda: r.get(f"mqttbroker:client:{client_id}") == b"b", "a to answer b")
+        wait_for(lambda: _stream_read(r, "a"), "a to read its stream")
+    kill(b)
+    again = adopted(a, client_id)
+    wait_for(lambda: payloads(again) == [b"on-its-way"], "the message acknowledged on b")
+    close_all(again, pub)

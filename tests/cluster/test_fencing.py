@@ -97,24 +97,30 @@ def test_a_session_handed_over_counts_among_the_requesters_at_once(
 ) -> None:
     """n1 answers n2's hand-over request with the session (``link.REPLY_SCRIPT``): the client id
     goes to n2 and the session is among n2's from then on, so that a node adopting n2, lost
-    before it wrote the session (frozen at that moment, say), takes it along with what n1 last
-    wrote of it (its hash stays: n1's end of it keeps the hash of a client id another node
-    owns). Not when n1 had no session to give (a Clean Start, or none), nor when n2 had given
-    up waiting."""
+    before it wrote the session (frozen at that moment, say), takes it along: the answer
+    itself, in the session's hash beside what n1 last wrote of it (that stays: n1's end of it
+    keeps the hash of a client id another node owns; the messages routed to it since are in
+    the answer only). Not when n1 had no session to give (a Clean Start, or none), nor when
+    n2 had given up waiting."""
 
     def reply(r: redis.Redis, answer: bytes, requester: str, reply: str = "reply") -> int:
-        keys = (reply, reply + ":gone", CLIENT, f"mqttbroker:owned:{requester}")
-        return int(r.eval(REPLY_SCRIPT, 4, *keys, answer, "n1", requester, "1", "dev"))
+        keys = (reply, reply + ":gone", CLIENT, f"mqttbroker:owned:{requester}", SESSION)
+        return int(r.eval(REPLY_SCRIPT, 5, *keys, answer, "n1", requester, "1", "dev"))
 
     with redis_server.client() as r:
         r.set(CLIENT, "n1")
+        r.hset(SESSION, "s", '["u", 3600]')
         assert reply(r, b'{"username": "u"}', "n2") == 1
         assert r.get(CLIENT) == b"n2"
         assert r.smembers("mqttbroker:owned:n2") == {b"dev"}
+        assert r.hgetall(SESSION) == {b"s": b'["u", 3600]', b"h": b'{"username": "u"}'}
+        r.delete(SESSION)
         r.set(CLIENT, "n1")
         assert reply(r, b"", "n3") == 1  # (a Clean Start: the session ends)
         assert r.get(CLIENT) == b"n3" and not r.exists("mqttbroker:owned:n3")
+        assert not r.exists(SESSION)
         r.set(CLIENT, "n1")
         r.set("late:gone", "1")
         assert reply(r, b'{"username": "u"}', "n4", "late") == 0
         assert r.get(CLIENT) == b"n1" and not r.exists("mqttbroker:owned:n4")
+        assert not r.exists(SESSION)

@@ -181,7 +181,8 @@ class Cluster(RuleBasedStateMachine):
         if session is None or clean:
             return b""
         new.sessions[client_id] = session
-        self.owned[new.name].add(client_id)  # (in the same step: link.REPLY_SCRIPT)
+        self.owned[new.name].add(client_id)  # (in the same step: link.REPLY_SCRIPT ...)
+        self.hashes[client_id] = set(session)  # (... with the answer in the session's hash)
         return b'{"session": 1}'
 
     def _wait(self, node: Node, until: float) -> None:
