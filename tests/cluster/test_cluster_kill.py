@@ -21,6 +21,7 @@ from support.cluster_clients import (
     SHORT_LEASE,
     acknowledged,
     adopted,
+    arrives,
     client,
     close_all,
     device,
@@ -28,6 +29,7 @@ from support.cluster_clients import (
     payloads,
     resumed,
     subscribed,
+    subscriber,
     until_routed,
 )
 
@@ -185,20 +187,23 @@ def _stream_read(r: Any, node: str) -> bool:
     return bool(groups) and all(g["pending"] == 0 and not g.get("lag") for g in groups)
 
 
+@pytest.mark.parametrize("adopter", ["a", "c"])
 @pytest.mark.parametrize("answered_first", [False, True], ids=["read-first", "answered-first"])
 def test_a_message_for_a_session_on_its_way_to_a_node_that_dies_is_not_lost(
-    start_node: Any, redis_server: Any, answered_first: bool
+    start_node: Any, redis_server: Any, answered_first: bool, adopter: str
 ) -> None:
     """A QoS 2 message published on b while the device's session is on its way from a to b,
-    b freezing before the session came and then dying: a adopts b with the session, and the
-    device, back on a, gets the message. a reads the message from its stream before it answers
-    (the message goes with the answer) or after (a forwards it to b). Either way it was lost:
-    a's last write of the session says nothing of what it got since, and b's own counters,
-    which say that b routed its own message to its sessions, say nothing of a session that
-    never reached it (the long chaos run's d044 and d019). (a is frozen meanwhile; which of
-    the two it does first, woken, is as its event loop finds them.)"""
+    b freezing before the session came and then dying: the node the device comes back to (a,
+    or c, which never had the message) adopts b with the session, and the device gets the
+    message. a reads the message from its stream before it answers (the message goes with the
+    answer) or after (a forwards it to b). Either way it was lost: a's last write of the
+    session says nothing of what it got since, and b's own counters, which say that b routed
+    its own message to its sessions, say nothing of a session that never reached it (the long
+    chaos run's d044 and d019). (a is frozen meanwhile; which of the two it does first, woken,
+    is as its event loop finds them.)"""
     a = start_node("a", config=SHORT_LEASE)
     b = start_node("b", config=SHORT_LEASE)
+    back = a if adopter == "a" else start_node("c", config=SHORT_LEASE)
     client_id = unique("onway")
     topic = unique("onway")
     first = subscribed(a, client_id, topic, 2)
@@ -229,6 +234,95 @@ def test_a_message_for_a_session_on_its_way_to_a_node_that_dies_is_not_lost(
         wait_for(lambda: r.get(f"mqttbroker:client:{client_id}") == b"b", "a to answer b")
         wait_for(lambda: _stream_read(r, "a"), "a to read its stream")
     kill(b)
-    again = adopted(a, client_id)
+    again = adopted(back, client_id)
     wait_for(lambda: payloads(again) == [b"on-its-way"], "the message acknowledged on b")
     close_all(again, pub)
+
+
+def test_a_message_the_lost_node_had_is_routed_to_a_session_on_its_way_there(
+    start_node: Any, redis_server: Any
+) -> None:
+    """The device's session on its way from a to b, as above; a QoS 1 message published on c
+    meanwhile goes to a (the device's route) and to b (another subscriber's). b routes it to
+    its own subscriber and acknowledges it in its stream, keeping it for the session coming;
+    a, having answered, does not forward it (b has it). b freezes, then dies: a adopts b with
+    the session and routes it the message itself, from what it routed since the session left
+    (b's stream no longer holds it)."""
+    a = start_node("a", config=SHORT_LEASE)
+    b = start_node("b", config=SHORT_LEASE)
+    c = start_node("c", config=SHORT_LEASE)
+    client_id = unique("had")
+    topic = unique("had")
+    first = subscribed(a, client_id, topic, 1)
+    other = subscriber(b, topic, 1)
+    pub = client(c)
+    until_routed(pub, first, topic)
+    until_routed(pub, other, topic)
+    first.close()
+    request = {
+        "client": client_id,
+        "reply": f"mqttbroker:handover:{client_id}",
+        "clean": False,
+        "user": None,
+        "node": "b",
+        "forgotten": {},
+    }
+    with redis_server.client() as r:
+        wait_for(lambda: r.sismember("mqttbroker:owned:a", client_id), "the session in Redis")
+        a.send_signal(signal.SIGSTOP)
+        try:
+            assert r.publish("mqttbroker:ctl:a", json.dumps(request)) == 1
+            acknowledged(pub, topic, [b"both"])
+            arrives(b"both", other)
+            wait_for(lambda: _stream_read(r, "b"), "b to acknowledge it in its stream")
+            b.send_signal(signal.SIGSTOP)
+        finally:
+            a.send_signal(signal.SIGCONT)
+        wait_for(lambda: r.get(f"mqttbroker:client:{client_id}") == b"b", "a to answer b")
+        wait_for(lambda: _stream_read(r, "a"), "a to read its stream")
+    kill(b)
+    again = adopted(a, client_id)
+    wait_for(lambda: b"both" in payloads(again), "the message b had acknowledged")
+    assert payloads(again) == [b"both"]
+    close_all(again, pub, other)
+
+
+def test_a_session_on_its_way_to_a_lost_node_is_not_routed_again_what_its_answer_holds(
+    start_node: Any, redis_server: Any
+) -> None:
+    """b is frozen; a QoS 2 message published on c goes to a (the device's route: a queues it in
+    the session) and to b's stream (another subscriber's), unread. The session is then handed
+    from a to b (its answer holds the message) and b dies: a adopts b, and routes the session
+    what b's stream holds but what its answer says it got. The message comes once."""
+    a = start_node("a", config=SHORT_LEASE)
+    b = start_node("b", config=SHORT_LEASE)
+    c = start_node("c", config=SHORT_LEASE)
+    client_id = unique("once")
+    topic = unique("once")
+    first = subscribed(a, client_id, topic, 2)
+    other = subscriber(b, topic, 2)
+    pub = client(c)
+    until_routed(pub, first, topic)
+    until_routed(pub, other, topic)
+    first.close()
+    request = {
+        "client": client_id,
+        "reply": f"mqttbroker:handover:{client_id}",
+        "clean": False,
+        "user": None,
+        "node": "b",
+        "forgotten": {},
+    }
+    with redis_server.client() as r:
+        wait_for(lambda: r.sismember("mqttbroker:owned:a", client_id), "the session in Redis")
+        b.send_signal(signal.SIGSTOP)
+        acknowledged(pub, topic, [b"once"], qos=2)
+        wait_for(lambda: _stream_read(r, "a"), "a to queue it in the session")
+        assert r.publish("mqttbroker:ctl:a", json.dumps(request)) == 1
+        wait_for(lambda: r.get(f"mqttbroker:client:{client_id}") == b"b", "a to answer b")
+    kill(b)
+    again = adopted(a, client_id)
+    acknowledged(pub, topic, [b"after"], qos=2)
+    wait_for(lambda: b"after" in payloads(again), "a message published after")
+    assert payloads(again) == [b"once", b"after"]
+    close_all(again, pub, other)

@@ -1,8 +1,9 @@
 """The ownership protocol's decisions (mqttbroker/cluster/ownership.py) checked with Hypothesis:
 a cluster of three nodes over a model of Redis (leases, client id keys, session hashes, the
-nodes' streams), driven through any interleaving of CONNECTs on any node, node deaths, freezes
-and wake-ups, Redis lost and back for a node, renewals, resynchronisations, adoptions and time
-passing (leases running out). The nodes decide with the very ``Lease``, ``claim_step`` and
+nodes' streams), driven through any interleaving of CONNECTs on any node, node deaths (one
+right after another node handed it a session, before it wrote it), freezes and wake-ups, Redis
+lost and back for a node, renewals, resynchronisations, adoptions and time passing (leases
+running out). The nodes decide with the very ``Lease``, ``claim_step`` and
 ``answer_kind`` that ``ClusterNode`` uses; the model stands for the I/O, each Redis script one
 atomic step as in Redis.
 
@@ -194,8 +195,15 @@ class Cluster(RuleBasedStateMachine):
 
     # -- rules ------------------------------------------------------------------------------
 
-    @rule(name=st.sampled_from(NODES), client_id=st.sampled_from(CLIENTS), clean=st.booleans())
-    def connect(self, name: str, client_id: str, clean: bool) -> None:
+    @rule(
+        name=st.sampled_from(NODES),
+        client_id=st.sampled_from(CLIENTS),
+        clean=st.booleans(),
+        dies=st.sampled_from((False, False, False, True)),
+    )
+    def connect(self, name: str, client_id: str, clean: bool, dies: bool) -> None:
+        """A CONNECT on ``name``; ``dies``: the node dies (SIGKILL) as soon as another node has
+        answered it with the session, before it wrote the session it got."""
         node = self.nodes[name]
         if not node.reaches:
             return
@@ -231,6 +239,9 @@ class Cluster(RuleBasedStateMachine):
                 answer = answer_kind(self._hand_over(other, node, client_id, clean))
                 if answer is Answer.SILENT:
                     self._wait(node, deadline)  # (that long, then abandoned)
+                elif answer is Answer.SESSION and dies and self._others_alive(node):
+                    self._die(node)
+                    return
                 else:
                     break
             else:
@@ -347,10 +358,16 @@ class Cluster(RuleBasedStateMachine):
         if name != gone and node.reaches and self._check(node) and self._gone(gone):
             self._adopt(node, gone, "")
 
+    def _others_alive(self, node: Node) -> bool:
+        return any(n.alive for n in self.nodes.values() if n is not node)
+
     @precondition(lambda self: sum(n.alive for n in self.nodes.values()) > 1)
     @rule(name=st.sampled_from(NODES))
     def kill(self, name: str) -> None:
-        node = self.nodes[name]
+        self._die(self.nodes[name])
+
+    def _die(self, node: Node) -> None:
+        name = node.name
         node.alive = False
         node.connected.clear()
         node.sessions.clear()
