@@ -51,6 +51,7 @@ MODULES = (
     "mqttbroker.broker.framing",
     "mqttbroker.broker.output",
     "mqttbroker.broker.rights",
+    "mqttbroker.broker.aliases",
     "mqttbroker.broker.connection",
     "mqttbroker.broker.connection_log",
     "mqttbroker.broker.connect",

@@ -17,7 +17,8 @@ per event-loop pass (passes.PassScheduler).
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict, deque
+import sys
+from collections import deque
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Final, Protocol, final
 
@@ -50,6 +51,7 @@ from .state import (
 from .topics import Subscription, parse_shared
 
 if TYPE_CHECKING:
+    from .aliases import TopicAliases
     from .core import Broker
     from .session import Session
 
@@ -92,7 +94,8 @@ class Connection:
     __slots__ = (
         "broker",
         "link",
-        "peer",
+        "host",
+        "port",
         "policy",
         "state",
         "version",
@@ -108,7 +111,6 @@ class Connection:
         "will",
         "aliases",
         "alias_maximum",
-        "out_aliases",
         "retained",
         "input",
         "output",
@@ -127,7 +129,16 @@ class Connection:
     ) -> None:
         self.broker = broker
         self.link = link
-        self.peer = peer
+        # Its peer as the log names it ("address:port"), kept as the address, one string
+        # however many clients it has, and the port (no object): an idle connection keeps no
+        # string of its own. A peer without a port (a Unix socket's path) is all in ``host``.
+        host, _, port = peer.rpartition(":")
+        if host and port.isdigit():
+            self.host = sys.intern(host)
+            self.port = int(port)
+        else:
+            self.host = peer
+            self.port = -1
         self.policy = policy  # its listener's rules
         self.state = AWAIT_CONNECT
         self.version = MQTT_5
@@ -142,11 +153,10 @@ class Connection:
         self.send_quota = 65535  # the client's Receive Maximum, capped by max_inflight
         self.max_send_size = 268_435_460  # the client's Maximum Packet Size
         self.will: pk.Will | None = None
-        # What most connections never need is created on first use: the client's topic
-        # aliases, ours for it (topic -> alias, least recently used first), the publish rights.
-        self.aliases: dict[int, str] | None = None
+        # What most connections never need is created on first use: the topic aliases (the
+        # client's and ours for it), the publish rights.
+        self.aliases: TopicAliases | None = None
         self.alias_maximum = 0  # the client's Topic Alias Maximum
-        self.out_aliases: OrderedDict[str, int] | None = None
         # Retained messages still to send for new subscriptions, sent a share per loop pass
         # while the output drains (see subscribe.send_retained).
         self.retained: deque[tuple[Subscription, Iterator[Message]]] | None = None
@@ -159,6 +169,12 @@ class Connection:
 
     def __repr__(self) -> str:
         return f"Connection({self.client_id or self.peer!r})"
+
+    @property
+    def peer(self) -> str:
+        """The client's socket peer as the log names it (see ``tcp.peer_name``)."""
+        port = self.port
+        return self.host if port < 0 else f"{self.host}:{port}"
 
     @property
     def certificate_user(self) -> str | None:

@@ -151,7 +151,7 @@ class Broker:
         conn = Connection(self, link, peer, policy, certificate_user)
         opts = self.options
         if address is None:
-            address = peer.rpartition(":")[0] or peer
+            address = conn.host
         # One string per address, however many of its clients are connected (it lives as long
         # as they do): an idle connection keeps no copy of its own.
         address = sys.intern(address)
@@ -607,7 +607,8 @@ class Broker:
             conn.disconnect(ReasonCode.KEEP_ALIVE_TIMEOUT, "keep alive timeout")
         due: list[Session] = []
         for session in self.sessions.values():
-            if session.drops_unlogged and now >= session.drop_log_next:
+            drops = session.drops
+            if drops is not None and drops.unlogged and now >= drops.log_next:
                 session.report_drops(now)  # the rest of a burst of drops
             if session.connection is None and (
                 (session.will_due is not None and now >= session.will_due)

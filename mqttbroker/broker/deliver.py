@@ -5,13 +5,13 @@ owns the in-flight window and the queue."""
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 from ..protocol import fastpath
 from ..protocol import packets as pk
 from ..protocol.packets import MQTT_5
 from ..protocol.reasons import ReasonCode
+from .aliases import TopicAliases
 from .message import Message
 from .state import CLOSED
 
@@ -42,9 +42,10 @@ def send_publish(
         if len(data) > conn.max_send_size:
             return False
     else:
-        aliases = conn.out_aliases
-        if aliases is None:
-            aliases = conn.out_aliases = OrderedDict()
+        known = conn.aliases
+        if known is None:
+            known = conn.aliases = TopicAliases()
+        aliases = known.outbound
         topic = message.topic
         alias = aliases.get(topic)
         if alias is not None:

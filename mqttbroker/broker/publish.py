@@ -15,6 +15,7 @@ from ..protocol.errors import MQTTError, ProtocolError
 from ..protocol.fastpath import scan_publish
 from ..protocol.packets import MQTT_5
 from ..protocol.reasons import ReasonCode
+from .aliases import TopicAliases
 from .message import Message
 from .topics import valid_topic_name
 
@@ -59,10 +60,10 @@ def on_publish(conn: Connection, packet: pk.Publish, now: float) -> None:
         aliases = conn.aliases
         if topic:
             if aliases is None:
-                aliases = conn.aliases = {}
-            aliases[alias] = topic
+                aliases = conn.aliases = TopicAliases()
+            aliases.inbound[alias] = topic
         else:
-            known = None if aliases is None else aliases.get(alias)
+            known = None if aliases is None else aliases.inbound.get(alias)
             if known is None:
                 raise ProtocolError(f"topic alias {alias} has no mapping")
             topic = known

@@ -98,6 +98,19 @@ _NO_SUBSCRIPTIONS: Mapping[str, Subscription] = MappingProxyType({})  # read-onl
 _NO_INFLIGHT: dict[int, Delivery] = {}
 
 
+@mypyc_attr(acyclic=True)
+class Drops:
+    """A session's drops not logged yet (Session.report_drops), made at its first drop: a
+    session that drops nothing, nearly all, keeps none of this."""
+
+    __slots__ = ("unlogged", "why", "log_next")
+
+    def __init__(self) -> None:
+        self.unlogged = 0  # since the last log line about them
+        self.why = ""
+        self.log_next = float("-inf")  # no line about drops before this time
+
+
 class Session:
     __slots__ = (
         "client_id",
@@ -114,9 +127,7 @@ class Session:
         "will",
         "will_due",
         "dropped",
-        "drops_unlogged",
-        "_drop_why",
-        "drop_log_next",
+        "drops",
         "store",
         "held",
         "stored",
@@ -157,9 +168,7 @@ class Session:
         self.will: Will | None = None  # a will waiting out its Will Delay Interval
         self.will_due: float | None = None
         self.dropped = 0  # messages dropped for this session, in all
-        self.drops_unlogged = 0  # ... since the last log line about them
-        self._drop_why = ""
-        self.drop_log_next = float("-inf")  # no line about drops before this time
+        self.drops: Drops | None = None
         # An integration (bridge, webhook) that takes this session's queue instead of a network
         # connection (see sink.py); such a session never has a connection.
         self.sink: Sink | None = None
@@ -373,23 +382,28 @@ class Session:
         this session's queue policy). Logged at the first drop, then at most once per
         DROP_LOG_INTERVAL while drops go on; :meth:`report_drops` logs what is left."""
         self.dropped += 1
-        self.drops_unlogged += 1
-        self._drop_why = why
-        if now >= self.drop_log_next:
+        drops = self.drops
+        if drops is None:
+            drops = self.drops = Drops()
+        drops.unlogged += 1
+        drops.why = why
+        if now >= drops.log_next:
             self.report_drops(now)
 
     def report_drops(self, now: float) -> None:
         """Log the drops not logged yet (the broker's tick calls it once the interval is over:
         the end of a burst is reported too)."""
+        drops = self.drops
+        assert drops is not None
         log.warning(
             "session %s: %d messages dropped (%s); %d dropped in all",
             self.client_id,
-            self.drops_unlogged,
-            self._drop_why,
+            drops.unlogged,
+            drops.why,
             self.dropped,
         )
-        self.drops_unlogged = 0
-        self.drop_log_next = now + DROP_LOG_INTERVAL
+        drops.unlogged = 0
+        drops.log_next = now + DROP_LOG_INTERVAL
 
     def drop_unreadable(self, can_read: Callable[[str], bool], now: float) -> int:
         """Drop the queued messages whose topic ``can_read`` refuses, and such messages in

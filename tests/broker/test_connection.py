@@ -37,6 +37,7 @@ from mqttbroker.broker.options import BrokerOptions
 from mqttbroker.broker.output import Output
 from mqttbroker.broker.session import Delivery
 from mqttbroker.protocol import fastpath, grammar
+from mqttbroker.server.tcp import peer_name
 
 MQTT_3_1_1 = 4
 
@@ -53,10 +54,10 @@ PINGREQ = b"\xc0\x00"
 # What one idle connection (clean session, no subscription) may keep in the sans-I/O broker:
 # its Connection (with its Framing and Output) and Session with what they hold, its entries in
 # the broker's tables. An empty deque alone takes 760 bytes, a set 216, a dict 64, a list 56:
-# what most connections and sessions never use is created on first use (about 820 bytes in all
-# compiled, where Framing and Output are outside the cycle collector: 850 while they were in it;
-# 860 pure, where every field is a full pointer).
-IDLE_CONNECTION_BYTES = 835 if compiled.mode == "compiled" else 1000
+# what most connections and sessions never use is created on first use (about 800 bytes in all
+# compiled, 845 pure, where every field is a full pointer; 880 and 920 while each connection
+# kept its peer's name as a string of its own, and its session its drop log's fields).
+IDLE_CONNECTION_BYTES = 815 if compiled.mode == "compiled" else 880
 
 
 @pytest.fixture
@@ -518,12 +519,15 @@ def test_an_idle_connection_keeps_little_memory() -> None:
         grammar.encode(pk.Connect(client_id=f"idle-{i:04d}", protocol_level=MQTT_5), MQTT_5)
         for i in range(count)
     ]
-    peers = [f"127.0.0.1:{40000 + i}" for i in range(count)]
     for data in connects[:20]:  # the broker's own tables get going first
         broker.connect(link, "127.0.0.1:1").data_received(data)
+    # Each peer's name made as the transport makes it (tcp.peer_name), counted with its
+    # connection: a connection that kept it would keep its own string.
     per_connection = bytes_per(
-        list(zip(peers[20:], connects[20:], strict=True)),
-        lambda peer_data: broker.connect(link, peer_data[0]).data_received(peer_data[1]),
+        list(enumerate(connects[20:], 40000)),
+        lambda port_data: broker.connect(
+            link, peer_name(("127.0.0.1", port_data[0]))
+        ).data_received(port_data[1]),
         broker.scheduler.flush,
     )
     assert len(broker.connections) == count
@@ -627,3 +631,19 @@ def test_input_budget_is_per_pass_not_per_read(make_harness: Any) -> None:
     for _ in range(3):
         answers += client.receive()
     assert [type(p) for p in answers] == [pk.Pingresp] * 3
+
+
+@pytest.mark.parametrize(
+    "peer",
+    ["127.0.0.1:40001", "::1:40001", "/run/mqtt.sock", "/run/a:b.sock", "?", "host:"],
+)
+def test_a_connection_names_its_peer_as_it_was_given(peer: str) -> None:
+    """A connection keeps its peer as an address shared with the others from it and a port,
+    and names it as the transport did: an IPv6 address, a Unix socket's path (with or
+    without a colon in it), a peer without a port."""
+    broker = Broker(BrokerOptions(max_connections_per_address=0), clock=FakeClock())
+    conn = broker.connect(FakeLink(keep=False), peer)
+    assert conn.peer == peer
+    if peer.rpartition(":")[2].isdigit():
+        again = broker.connect(FakeLink(keep=False), peer.rpartition(":")[0] + ":1")
+        assert again.host is conn.host  # (one string for both)
