@@ -36,7 +36,7 @@ from ..storage import describe
 from . import StartError, streams
 from .proxy import ProxyAcceptor, bind
 from .streams import StreamServer
-from .tcp import MQTTProtocol
+from .tcp import ListenerContext, MQTTProtocol
 from .tlslayer import TLSLayer
 
 if TYPE_CHECKING:
@@ -72,13 +72,10 @@ class Listener:
 
 
 def _protocol(
-    broker: Broker,
-    listener: ListenerConfig,
-    origin: tuple[str, str | None] | None,
-    policy: ListenerPolicy,
+    shared: ListenerContext, origin: tuple[str, str | None] | None
 ) -> asyncio.BaseProtocol:
     # MQTTProtocol has every method of asyncio.Protocol but, compiled, not that base class
-    return cast(asyncio.BaseProtocol, MQTTProtocol(broker, listener, origin, policy))
+    return cast(asyncio.BaseProtocol, MQTTProtocol(shared, origin))
 
 
 def somaxconn() -> int | None:
@@ -145,6 +142,7 @@ async def _start_listener(
     runner: web.AppRunner | None = None
     native_tls: ssl.SSLContext | None = None  # TLS in the C transport (streams.py)
     factory: Callable[[], asyncio.BaseProtocol]
+    shared = ListenerContext(broker, listener, policy)  # (one for all its connections)
     if listener.protocol == "ws":
         from aiohttp import web
 
@@ -163,7 +161,7 @@ async def _start_listener(
             loop,
             bind(listener.host, listener.port, reuse_port, listener.backlog),
             trusted_networks(listener.proxy_protocol),
-            lambda name, address: _protocol(broker, listener, (name, address), policy),
+            lambda name, address: _protocol(shared, (name, address)),
             context,
             broker.options.connect_timeout,
         )
@@ -181,7 +179,7 @@ async def _start_listener(
         # a partial, not a lambda: the loop calls it for each connection, straight into C
         factory = cast(
             Callable[[], asyncio.BaseProtocol],
-            partial(MQTTProtocol, broker, listener, None, policy),
+            partial(MQTTProtocol, shared),
         )
         if context is not None:
             why = streams.native_tls(context) if streams.available() else None

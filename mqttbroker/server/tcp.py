@@ -103,6 +103,23 @@ def peer_name(peer: object) -> str:
     return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
 
 
+class ListenerContext:
+    """What the connections of one listener share: the broker, the listener's configuration
+    and its rules, one object that each connection's protocol refers to."""
+
+    __slots__ = ("broker", "listener", "policy")
+
+    def __init__(
+        self,
+        broker: Broker,
+        listener: ListenerConfig | None = None,
+        policy: ListenerPolicy = OPEN,
+    ) -> None:
+        self.broker = broker
+        self.listener = listener if listener is not None else ListenerConfig()
+        self.policy = policy
+
+
 class MQTTProtocol:
     """An asyncio protocol (it has every method of ``asyncio.Protocol``, and is compiled, so it
     does not derive from that Python class: the event loop calls a read straight into C).
@@ -110,9 +127,7 @@ class MQTTProtocol:
     the log and the per-address limit then use instead of the socket's peer."""
 
     __slots__ = (
-        "broker",
-        "listener",
-        "policy",
+        "context",
         "transport",
         "conn",
         "origin",
@@ -121,15 +136,9 @@ class MQTTProtocol:
     )
 
     def __init__(
-        self,
-        broker: Broker,
-        listener: ListenerConfig | None = None,
-        origin: tuple[str, str | None] | None = None,
-        policy: ListenerPolicy = OPEN,
+        self, context: ListenerContext, origin: tuple[str, str | None] | None = None
     ) -> None:
-        self.broker = broker
-        self.listener = listener if listener is not None else ListenerConfig()
-        self.policy = policy
+        self.context = context
         self.transport: asyncio.Transport | None = None
         self.conn: Connection | None = None
         self.origin = origin
@@ -143,19 +152,20 @@ class MQTTProtocol:
             name, address = peer_name(transport.get_extra_info("peername")), None
         else:
             name, address = self.origin
-        field = self.listener.tls_certificate_username
+        context = self.context
+        field = context.listener.tls_certificate_username
         user = None
         if field != "none":
             user = certificate_user(transport.get_extra_info("peercert"), field)
             log.debug("connection from %s: client certificate user %r", name, user)
-        self.conn = self.broker.connect(self, name, address, self.policy, user)
+        self.conn = context.broker.connect(self, name, address, context.policy, user)
 
     def data_received(self, data: bytes) -> None:
         conn = self.conn
         if conn is None:
             self._discard(len(data))
             return
-        self.broker.scheduler.handle_read(conn, data)
+        conn.broker.scheduler.handle_read(conn, data)
 
     def eof_received(self) -> bool:
         # The client sends nothing more: the transport closes once what is buffered is written.

@@ -190,7 +190,7 @@ def test_close_graces_share_one_timer_and_end_in_the_order_they_were_armed(
         for index, name in enumerate(["a", "b", "c", "d", "e"]):
             if index == 1:
                 await asyncio.sleep(GRACE / 4)  # "a" ends first, alone
-            protocol = tcp.MQTTProtocol(broker)
+            protocol = tcp.MQTTProtocol(tcp.ListenerContext(broker))
             protocol.transport = _Transport(name, aborted)  # type: ignore[assignment]
             armed[name] = running.time()
             assert protocol.eof_received() is False
