@@ -27,8 +27,11 @@ owner and expiry, ``f:<filter>`` a subscription, ``d:<seq>`` a queued or in-flig
 state in JSON, a newline, the MQTT 5 PUBLISH), ``r:<packet id>`` an unreleased QoS 2 id, ``w``
 its will (armed while its client is connected, or waiting out its delay: wall-clock time),
 ``p`` its next packet id as of the last write of its messages, ``g:<message id>`` a message
-forwarded to it where it is or was (node.py ``_forwarded``; ``got`` in the hand-over form).
-:func:`from_hash` turns that hash into the form above, so that a node adopting the sessions
+forwarded to it where it is or was (node.py ``_forwarded``; ``got`` in the hand-over form),
+and ``h``, while the session is on its way to another node, the answer that node got (written
+with it by link.REPLY_SCRIPT; gone with the new node's first write, which replaces the hash
+whole): a node adopting the new one, lost before that write, builds the session from it.
+Otherwise :func:`from_hash` turns that hash into the form above, so that a node adopting the sessions
 of a node that is gone builds them as it builds a session handed over; its new packet ids start
 PACKET_ID_MARGIN past ``p`` (the node gone may have sent messages under the next ones before it
 wrote them).
