@@ -145,6 +145,11 @@ class MQTTProtocol:
         self.lingering = -1  # while lingering: the bytes discarded so far
         self.grace: Graces | None = None  # where the abort after CLOSE_GRACE is armed, once it is
 
+    @property
+    def listener(self) -> ListenerConfig:
+        """The listener this connection came through (the dashboard's and metrics' label)."""
+        return self.context.listener
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
