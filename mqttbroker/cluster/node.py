@@ -1921,10 +1921,17 @@ class ClusterNode(Backplane):
                 fresh = (self.seen if seen is None else seen).first(*found)
                 arriving = self._arriving
                 if sessions is not None and arriving:  # (see _adopt)
+                    forwards_got = self.store.forwards_got
+                    name = f"{found[0]}\x1d{found[1]}"
                     sessions = {
                         s
                         for s in sessions
-                        if (fresh if s not in arriving else not covered(arriving[s], *found, sent))
+                        if (
+                            fresh
+                            if s not in arriving
+                            else not covered(arriving[s], *found, sent)
+                            and name not in forwards_got.get(s, ())
+                        )
                     }
                     if not fresh:  # (routed there to its groups' members already)
                         names = b""
@@ -1933,6 +1940,8 @@ class ClusterNode(Backplane):
                 elif not fresh:
                     return
             if found is not None and sessions is not None:  # (a gone node's stream)
+                if flag != b"1":  # (for a shared group there: none of the sessions gets it)
+                    sessions = set()
                 at = self.recent.when(found[0], found[1], now)
                 if at is not None and at >= since:
                     return  # routed here (to those sessions too) after they came

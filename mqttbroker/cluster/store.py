@@ -38,7 +38,9 @@ KEEP, END, REWRITE = range(3)
 # if unchanged), the number of fields removed, their names, then the fields set (name, value).
 # -1: the lease is not that token's any more (the node was adopted, or its lease ran out):
 # nothing written; 0: another node owns the client id now: nothing written; 1: written. An END
-# removes the hash unless another node owns the client id.
+# removes the hash unless another node owns the client id. A hand-over's answer kept in the hash
+# (``h``, link.REPLY_SCRIPT) goes with any write of the node owning the session: it has the
+# session now (built from that answer, or a new one if it never was).
 FENCED_WRITE = """
 local lease = redis.call('GET', KEYS[1])
 if not lease or string.match(lease, '^[^/]*') ~= ARGV[1] then return -1 end
@@ -49,7 +51,7 @@ if ARGV[4] == '1' then
   return 1
 end
 if owner ~= ARGV[2] then return 0 end
-if ARGV[4] == '2' then redis.call('DEL', KEYS[3]) end
+if ARGV[4] == '2' then redis.call('DEL', KEYS[3]) else redis.call('HDEL', KEYS[3], 'h') end
 if ARGV[5] ~= '' then
   redis.call('HSET', KEYS[3], 's', ARGV[5])
   redis.call('SADD', KEYS[4], ARGV[3])

@@ -64,6 +64,29 @@ def test_a_write_passes_only_under_the_writers_lease_and_ownership(
         assert r.smembers(OWNED) == set()
 
 
+def test_a_hand_over_answer_kept_in_the_hash_goes_with_the_owners_first_write(
+    redis_server: RedisServer,
+) -> None:
+    """The answer a hand-over left in the session's hash (``h``, link.REPLY_SCRIPT) is what a
+    node adopting the requester builds the session from while the requester has not written
+    it. Any write of the owner removes it, a REWRITE as the whole hash goes and a KEEP too:
+    the owner may have started a new session (the answer never built into one), and a later
+    adoption must not bring back the answered one."""
+    with redis_server.client() as r:
+        r.set(LEASE, "t1/7/run")
+        r.set(CLIENT, "n1")
+        r.hset(SESSION, mapping={"s": '["u", 3600]', "h": '{"username": "u"}'})
+        assert write(r, "t1", KEEP, [], {"f:a": b"{}"}) == 1
+        assert set(r.hkeys(SESSION)) == {b"s", b"f:a"}
+        r.hset(SESSION, "h", '{"username": "u"}')
+        assert write(r, "t1", REWRITE, [], {"d:1": b"m1"}) == 1
+        assert set(r.hkeys(SESSION)) == {b"s", b"d:1"}
+        r.hset(SESSION, "h", '{"username": "u"}')
+        r.set(CLIENT, "n2")  # (another node's now: its answer stays)
+        assert write(r, "t1", KEEP, [], {"d:2": b"m2"}) == 0
+        assert set(r.hkeys(SESSION)) == {b"s", b"d:1", b"h"}
+
+
 def test_a_large_rewrite_goes_in_slices(redis_server: RedisServer) -> None:
     """Lua's unpack has a limit: thousands of fields are written in slices."""
     with redis_server.client() as r:
