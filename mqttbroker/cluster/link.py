@@ -130,6 +130,19 @@ return 1
 """
 SEEN_SHA = hashlib.sha1(SEEN_SCRIPT.encode()).hexdigest()
 
+# An entry of QoS 1/2 messages (ARGV[3]) added to another node's stream (KEYS[2]), fenced like
+# the session writes of its batch (KEYS[1] the writing node's lease, ARGV[1] its token, ARGV[2]
+# the stream's approximate length): -1, nothing added, if the lease is not that token's. A node
+# frozen with a batch on its way, and adopted meanwhile, sends it when it wakes: its session
+# writes were refused, and so are its messages now (their publishers were not acknowledged and
+# send them again where their sessions are; sent from here too, they came twice).
+FENCED_XADD = """
+local lease = redis.call('GET', KEYS[1])
+if not lease or string.match(lease, '^[^/]*') ~= ARGV[1] then return -1 end
+return redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'm', ARGV[3])
+"""
+FENCED_XADD_SHA = hashlib.sha1(FENCED_XADD.encode()).hexdigest()
+
 
 class Link:
     """The Redis commands of one node's ownership protocol. ``redis``: the node's client;

@@ -59,6 +59,8 @@ from ..protocol.packets import MQTT_5
 from ..protocol.reasons import ReasonCode
 from .handover import forget, from_hash, restore, serialise
 from .link import (
+    FENCED_XADD,
+    FENCED_XADD_SHA,
     LEAVE_SCRIPT,
     RELEASE_SCRIPT,
     REPLY_SCRIPT,
@@ -435,6 +437,7 @@ class ClusterNode(Backplane):
         from the router's, its stream's consumer group there."""
         await self.redis.script_load(FENCED_WRITE)  # (sent by its SHA: see store.py)
         await self.redis.script_load(SEEN_SCRIPT)
+        await self.redis.script_load(FENCED_XADD)
         pipe = self.redis.pipeline(transaction=True)
         pipe.sadd(PREFIX + "nodes", self.node_id)
         pipe.delete(self._routes_key)
@@ -1633,15 +1636,19 @@ class ClusterNode(Backplane):
             elif name not in self.broker.sessions:  # _RELEASE: not if it is back already
                 pipe.eval(RELEASE_SCRIPT, 1, f"{PREFIX}client:{name}", me)
         # The messages for one node go as few entries (or pub/sub messages) as their size allows.
+        added = len(pipe.command_stack)  # (fenced: see link.FENCED_XADD)
         for node, frames in streams.items():
             key = self.stream_key(node)
             for entry in pack(frames):
-                pipe.xadd(key, {"m": entry}, maxlen=maxlen, approximate=True)
+                pipe.evalsha(FENCED_XADD_SHA, 2, self._lease_key, key, self.token, maxlen, entry)
+        appends = len(pipe.command_stack) - added
         for node, frames in channels.items():
             channel = f"{PREFIX}pub:{node}"
             for entry in pack(frames):
                 pipe.publish(channel, entry)
         results = await pipe.execute()
+        if -1 in results[added : added + appends]:
+            return False
         for index, client_id in written:
             act = self.lease.written(results[index])
             if act is Act.FENCE:

@@ -9,7 +9,7 @@ import pytest
 import redis
 from support.redis_server import RedisServer
 
-from mqttbroker.cluster.link import REPLY_SCRIPT, TAKE_SCRIPT
+from mqttbroker.cluster.link import FENCED_XADD, REPLY_SCRIPT, TAKE_SCRIPT
 from mqttbroker.cluster.store import END, FENCED_WRITE, KEEP, REWRITE
 
 pytestmark = pytest.mark.needs_redis
@@ -147,3 +147,23 @@ def test_a_session_handed_over_counts_among_the_requesters_at_once(
         assert reply(r, b'{"username": "u"}', "n4", "late") == 0
         assert r.get(CLIENT) == b"n1" and not r.exists("mqttbroker:owned:n4")
         assert not r.exists(SESSION)
+
+
+def test_messages_for_other_nodes_pass_only_under_the_writers_lease(
+    redis_server: RedisServer,
+) -> None:
+    """A batch's QoS 1/2 messages for another node's stream are fenced like its session writes
+    (``link.FENCED_XADD``): a node frozen with a batch on its way, adopted meanwhile, adds
+    nothing when it wakes (its publishers were not acknowledged: they send again where their
+    sessions are now, and a copy from here came twice)."""
+    stream = "mqttbroker:stream:n2"
+    with redis_server.client() as r:
+        r.set(LEASE, "t1/7/run")
+        args = (2, LEASE, stream, "t1", 1000, b"frames")
+        assert r.eval(FENCED_XADD, *args) != -1
+        assert r.xlen(stream) == 1
+        r.set(LEASE, "t-of-n3")  # adopted meanwhile
+        assert r.eval(FENCED_XADD, *args) == -1
+        r.delete(LEASE)
+        assert r.eval(FENCED_XADD, *args) == -1
+        assert r.xlen(stream) == 1
