@@ -36,6 +36,19 @@ from support.cluster_clients import (
 pytestmark = pytest.mark.needs_redis
 
 
+def asked_by_b(client_id: str) -> dict[str, Any]:
+    """A hand-over request for ``client_id``'s session as node b writes it (b frozen: the test
+    publishes it on the old node's control channel itself)."""
+    return {
+        "client": client_id,
+        "reply": f"mqttbroker:handover:{client_id}",
+        "clean": False,
+        "user": None,
+        "node": "b",
+        "forgotten": {},
+    }
+
+
 def test_a_device_back_at_once_after_its_node_is_killed_finds_its_session(
     start_node: Any,
 ) -> None:
@@ -163,14 +176,7 @@ def test_a_session_handed_to_a_node_that_dies_before_writing_it_is_adopted_with_
     with redis_server.client() as r:
         wait_for(lambda: r.sismember("mqttbroker:owned:a", client_id), "the session in Redis")
         b.send_signal(signal.SIGSTOP)
-        request = {
-            "client": client_id,
-            "reply": f"mqttbroker:handover:{client_id}",
-            "clean": False,
-            "user": None,
-            "node": "b",
-            "forgotten": {},
-        }
+        request = asked_by_b(client_id)
         assert r.publish("mqttbroker:ctl:a", json.dumps(request)) == 1
         wait_for(lambda: r.get(f"mqttbroker:client:{client_id}") == b"b", "a to answer b")
     kill(b)
@@ -211,14 +217,7 @@ def test_a_message_for_a_session_on_its_way_to_a_node_that_dies_is_not_lost(
     pub.connect()
     until_routed(pub, first, topic)
     first.close()
-    request = {
-        "client": client_id,
-        "reply": f"mqttbroker:handover:{client_id}",
-        "clean": False,
-        "user": None,
-        "node": "b",  # (as b writes it, b frozen)
-        "forgotten": {},
-    }
+    request = asked_by_b(client_id)
     with redis_server.client() as r:
         wait_for(lambda: r.sismember("mqttbroker:owned:a", client_id), "the session in Redis")
         a.send_signal(signal.SIGSTOP)
@@ -259,14 +258,7 @@ def test_a_message_the_lost_node_had_is_routed_to_a_session_on_its_way_there(
     until_routed(pub, first, topic)
     until_routed(pub, other, topic)
     first.close()
-    request = {
-        "client": client_id,
-        "reply": f"mqttbroker:handover:{client_id}",
-        "clean": False,
-        "user": None,
-        "node": "b",
-        "forgotten": {},
-    }
+    request = asked_by_b(client_id)
     with redis_server.client() as r:
         wait_for(lambda: r.sismember("mqttbroker:owned:a", client_id), "the session in Redis")
         a.send_signal(signal.SIGSTOP)
@@ -305,14 +297,7 @@ def test_a_session_on_its_way_to_a_lost_node_is_not_routed_again_what_its_answer
     until_routed(pub, first, topic)
     until_routed(pub, other, topic)
     first.close()
-    request = {
-        "client": client_id,
-        "reply": f"mqttbroker:handover:{client_id}",
-        "clean": False,
-        "user": None,
-        "node": "b",
-        "forgotten": {},
-    }
+    request = asked_by_b(client_id)
     with redis_server.client() as r:
         wait_for(lambda: r.sismember("mqttbroker:owned:a", client_id), "the session in Redis")
         b.send_signal(signal.SIGSTOP)
