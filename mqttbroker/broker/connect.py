@@ -6,7 +6,9 @@ while an answer is awaited, the Session Expiry Interval asked for) is its :class
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, final
+from typing import TYPE_CHECKING, Any, Final, final
+
+from mypy_extensions import mypyc_attr
 
 from ..protocol import fastpath, grammar
 from ..protocol import packets as pk
@@ -21,6 +23,7 @@ from .topics import valid_topic_name
 if TYPE_CHECKING:
     from .backplane import Backplane
     from .connection import Connection
+    from .core import Broker
 
 log = logging.getLogger("mqttbroker.connection")
 
@@ -36,6 +39,52 @@ _V311_REFUSALS = (
     ReasonCode.USE_ANOTHER_SERVER,
     ReasonCode.SERVER_MOVED,
 )
+
+
+# Distinct ClientLimits a broker shares between its clients, at most: beyond them (clients that
+# each ask for something else), a client's are its own.
+SHARED_LIMITS: Final = 64
+
+
+@final
+@mypyc_attr(acyclic=True)
+class ClientLimits:
+    """What a client's CONNECT asked of what it is sent, fixed for its connection: its Receive
+    Maximum (capped by max_inflight), Maximum Packet Size, Topic Alias Maximum and Request
+    Problem Information. Clients that ask the same share one (most ask for nothing: the
+    defaults), where four fields of each connection took 32 bytes."""
+
+    __slots__ = ("send_quota", "max_send_size", "alias_maximum", "problem_info")
+
+    def __init__(
+        self, send_quota: int, max_send_size: int, alias_maximum: int, problem_info: bool
+    ) -> None:
+        self.send_quota = send_quota
+        self.max_send_size = max_send_size
+        self.alias_maximum = alias_maximum
+        self.problem_info = problem_info
+
+
+# Before its CONNECT is read: what a refusal may be sent as (no limit of the client's yet).
+NO_LIMITS: Final = ClientLimits(65535, 268_435_460, 0, True)
+
+
+def client_limits(broker: Broker, props: dict[int, Any], v5: bool) -> ClientLimits:
+    """The ClientLimits of a CONNECT with properties ``props``: shared with the clients that
+    asked the same, up to SHARED_LIMITS distinct ones."""
+    key = (
+        min(props.get(prop.RECEIVE_MAXIMUM, 65535), broker.options.max_inflight),
+        props.get(prop.MAXIMUM_PACKET_SIZE, 268_435_460),
+        props.get(prop.TOPIC_ALIAS_MAXIMUM, 0) if v5 else 0,
+        props.get(prop.REQUEST_PROBLEM_INFORMATION, 1) == 1,
+    )
+    shared = broker.client_limits
+    limits = shared.get(key)
+    if limits is None:
+        limits = ClientLimits(key[0], key[1], key[2], key[3])
+        if len(shared) < SHARED_LIMITS:
+            shared[key] = limits
+    return limits
 
 
 @final
@@ -79,8 +128,7 @@ def on_connect(conn: Connection, packet: pk.Connect) -> None:
     conn.version = version = packet.protocol_level
     v5 = version == MQTT_5
     props = packet.properties
-    conn.max_send_size = props.get(prop.MAXIMUM_PACKET_SIZE, 268_435_460)
-    conn.problem_info = props.get(prop.REQUEST_PROBLEM_INFORMATION, 1) == 1
+    conn.limits = client_limits(broker, props, v5)
     if not packet.client_id:
         if not v5 and not packet.clean_start:
             raise MQTTError(
@@ -256,8 +304,6 @@ def accept(conn: Connection, packet: pk.Connect, auth_props: dict[int, Any] | No
     v5 = version == MQTT_5
     props = packet.properties
     client_id = packet.client_id
-    conn.send_quota = min(props.get(prop.RECEIVE_MAXIMUM, 65535), opts.max_inflight)
-    conn.alias_maximum = props.get(prop.TOPIC_ALIAS_MAXIMUM, 0) if v5 else 0
     keep_alive = packet.keep_alive
     server_keep_alive = None
     if opts.max_keepalive and (keep_alive == 0 or keep_alive > opts.max_keepalive):
@@ -356,7 +402,7 @@ def refuse(conn: Connection, code: int, reason: str) -> None:
         if code in (ReasonCode.USE_ANOTHER_SERVER, ReasonCode.SERVER_MOVED):
             props[prop.SERVER_REFERENCE] = conn.broker.options.server_reference
         data = fastpath.encode_connack(pk.Connack(False, code, props), MQTT_5)
-        if len(data) > conn.max_send_size:
+        if len(data) > conn.limits.max_send_size:
             data = fastpath.encode_connack(pk.Connack(False, code), MQTT_5)
         conn.send(data)
     elif code in _V311_REFUSALS:

@@ -30,7 +30,7 @@ from ..protocol.packets import MQTT_5, PUBLISH
 from ..protocol.reasons import DISCONNECT_CODES, ReasonCode
 from . import connect, deliver, publish, subscribe
 from .auth import Pending
-from .connect import Login
+from .connect import NO_LIMITS, Login
 from .framing import Framing
 from .message import Message
 from .output import Output
@@ -106,17 +106,14 @@ class Connection:
         "keep_alive",
         "last_received",
         "opened_at",
-        "send_quota",
-        "max_send_size",
+        "limits",
         "will",
         "aliases",
-        "alias_maximum",
         "retained",
         "input",
         "output",
         "login",
         "rights",
-        "problem_info",
     )
 
     def __init__(
@@ -150,13 +147,11 @@ class Connection:
         now = broker.clock()
         self.last_received = now
         self.opened_at = now
-        self.send_quota = 65535  # the client's Receive Maximum, capped by max_inflight
-        self.max_send_size = 268_435_460  # the client's Maximum Packet Size
+        self.limits = NO_LIMITS  # what its CONNECT asked of what it is sent (connect.py)
         self.will: pk.Will | None = None
         # What most connections never need is created on first use: the topic aliases (the
         # client's and ours for it), the publish rights.
         self.aliases: TopicAliases | None = None
-        self.alias_maximum = 0  # the client's Topic Alias Maximum
         # Retained messages still to send for new subscriptions, sent a share per loop pass
         # while the output drains (see subscribe.send_retained).
         self.retained: deque[tuple[Subscription, Iterator[Message]]] | None = None
@@ -165,7 +160,6 @@ class Connection:
         # Made when a CONNECT needs one (most clean connections never do).
         self.login: Login | None = Login(certificate_user) if certificate_user is not None else None
         self.rights: Rights | None = None
-        self.problem_info = True  # the client's Request Problem Information
 
     def __repr__(self) -> str:
         return f"Connection({self.client_id or self.peer!r})"
@@ -511,9 +505,11 @@ class Connection:
         """An acknowledgement (PUBACK, PUBREC, PUBREL, PUBCOMP) with a Reason String, unless the
         client asked for none (MQTT-3.1.2-29) or it would exceed the client's Maximum Packet
         Size (MQTT-3.4.2-2, -3.5.2-2, -3.6.2-2, -3.7.2-2)."""
-        props: dict[int, Any] | None = {prop.REASON_STRING: reason} if self.problem_info else None
+        props: dict[int, Any] | None = (
+            {prop.REASON_STRING: reason} if self.limits.problem_info else None
+        )
         data = fastpath.encode_ack(ptype, packet_id, code, props, self.version)
-        if len(data) > self.max_send_size:
+        if len(data) > self.limits.max_send_size:
             data = fastpath.encode_ack(ptype, packet_id, code, None, self.version)
         self.send(data)
 
@@ -597,7 +593,7 @@ class Connection:
             if reason:
                 props[prop.REASON_STRING] = reason
             data = grammar.encode(pk.Disconnect(reason_code, props), MQTT_5)
-            if len(data) > self.max_send_size:  # MQTT-3.14.2-3
+            if len(data) > self.limits.max_send_size:  # MQTT-3.14.2-3
                 data = grammar.encode(pk.Disconnect(reason_code), MQTT_5)
             self.send(data)
         self.close(publish_will)

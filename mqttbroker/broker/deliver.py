@@ -36,10 +36,11 @@ def send_publish(
     # The fixed header's flags: RETAIN alone at QoS 0 without DUP, what nearly every delivery
     # is, so that it costs no shifts of a compiled int (nor a call of int() in Python).
     flags = (dup << 3) | (qos << 1) | retain if qos or dup else 1 if retain else 0
-    alias_maximum = conn.alias_maximum
+    limits = conn.limits
+    alias_maximum = limits.alias_maximum
     if not alias_maximum:
         data = message.encode(conn.version, flags, packet_id, sub_ids, now)
-        if len(data) > conn.max_send_size:
+        if len(data) > limits.max_send_size:
             return False
     else:
         known = conn.aliases
@@ -51,7 +52,7 @@ def send_publish(
         if alias is not None:
             aliases.move_to_end(topic)
             data = message.encode(conn.version, flags, packet_id, sub_ids, now, alias, False)
-            if len(data) > conn.max_send_size:
+            if len(data) > limits.max_send_size:
                 return False
         else:
             evicted = None
@@ -61,7 +62,7 @@ def send_publish(
                 evicted = aliases.popitem(last=False)
                 alias = evicted[1]
             data = message.encode(conn.version, flags, packet_id, sub_ids, now, alias)
-            if len(data) > conn.max_send_size:
+            if len(data) > limits.max_send_size:
                 if evicted is not None:  # not sent: the client still has the old mapping
                     aliases[evicted[0]] = evicted[1]
                     aliases.move_to_end(evicted[0], last=False)

@@ -304,7 +304,7 @@ class Session:
             return
         if not qos:
             send_publish(conn, message, 0, retain, False, None, sub_ids, now)
-        elif not self.queue and len(self.inflight) < conn.send_quota:
+        elif not self.queue and len(self.inflight) < conn.limits.send_quota:
             self._start(Delivery(message, qos, retain, sub_ids, share), conn, now)
         else:
             self._enqueue(Delivery(message, qos, retain, sub_ids, share), now)
@@ -345,7 +345,7 @@ class Session:
         conn = self.connection
         if conn is None:
             return
-        while self.held and len(self.inflight) - self.held < conn.send_quota:
+        while self.held and len(self.inflight) - self.held < conn.limits.send_quota:
             packet_id, delivery = next((p, d) for p, d in self.inflight.items() if d.held)
             delivery.held = False
             self.held -= 1
@@ -451,7 +451,7 @@ class Session:
         queue = self.queue
         if conn is None:
             return
-        quota = conn.send_quota
+        quota = conn.limits.send_quota
         while queue and not conn.output.paused:
             delivery = queue[0]
             # (not a local: the first delivery in flight gives the session a dict of its own)
@@ -480,7 +480,7 @@ class Session:
             return
         # The new connection's Receive Maximum bounds the PUBLISHes resent now (MQTT-3.3.4-9);
         # the others keep their packet ids and go out as acknowledgements make room.
-        room = conn.send_quota
+        room = conn.limits.send_quota
         too_large = []
         for packet_id, delivery in list(self.inflight.items()):
             if delivery.released:

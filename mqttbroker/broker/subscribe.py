@@ -257,7 +257,7 @@ def _encode_explained(conn: Connection, ack: pk.Suback | pk.Unsuback, filters: l
     (MQTT-3.1.2-29) or it would exceed the client's Maximum Packet Size (MQTT-3.9.2-1,
     MQTT-3.11.2-1)."""
     codes = ack.reason_codes
-    if conn.version == MQTT_5 and conn.problem_info and any(c in _REFUSAL for c in codes):
+    if conn.version == MQTT_5 and conn.limits.problem_info and any(c in _REFUSAL for c in codes):
         refused = [
             f"{topic_filter!r}: {_REFUSAL[code]}"
             for topic_filter, code in zip(filters, codes, strict=True)
@@ -265,7 +265,7 @@ def _encode_explained(conn: Connection, ack: pk.Suback | pk.Unsuback, filters: l
         ]
         ack.properties[prop.REASON_STRING] = "; ".join(refused)[:_REASON_MAX]
         data = fastpath.encode_suback(ack, MQTT_5)
-        if len(data) <= conn.max_send_size:
+        if len(data) <= conn.limits.max_send_size:
             return data
         ack.properties.clear()
     return fastpath.encode_suback(ack, conn.version)

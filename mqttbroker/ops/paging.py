@@ -43,7 +43,7 @@ def scan(
     entries: Iterable[T], wanted: Callable[[T], bool], start: int, limit: int
 ) -> tuple[list[T], list[int] | None]:
     """Up to ``limit`` entries that are ``wanted``, from position ``start`` of ``entries`` (a
-    dict's values or a set), examining at most SCAN_LIMIT; and the cursor to go on from (None:
+    dict's keys or values), examining at most SCAN_LIMIT; and the cursor to go on from (None:
     the end)."""
     found: list[T] = []
     position = start

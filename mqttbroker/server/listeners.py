@@ -75,7 +75,7 @@ def _protocol(
     shared: ListenerContext, origin: tuple[str, str | None] | None
 ) -> asyncio.BaseProtocol:
     # MQTTProtocol has every method of asyncio.Protocol but, compiled, not that base class
-    return cast(asyncio.BaseProtocol, MQTTProtocol(shared, origin))
+    return cast(asyncio.BaseProtocol, MQTTProtocol(shared.for_origin(origin)))
 
 
 def somaxconn() -> int | None:

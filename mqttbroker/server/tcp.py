@@ -105,43 +105,48 @@ def peer_name(peer: object) -> str:
 
 class ListenerContext:
     """What the connections of one listener share: the broker, the listener's configuration
-    and its rules, one object that each connection's protocol refers to."""
+    and its rules, one object that each connection's protocol refers to. ``origin``: (name,
+    address) of the client a PROXY protocol header named (proxy.py), which the log and the
+    per-address limit then use instead of the socket's peer: such a connection has a context
+    of its own (:meth:`for_origin`), so that the others keep no field for it."""
 
-    __slots__ = ("broker", "listener", "policy")
+    __slots__ = ("broker", "listener", "policy", "origin")
 
     def __init__(
         self,
         broker: Broker,
         listener: ListenerConfig | None = None,
         policy: ListenerPolicy = OPEN,
+        origin: tuple[str, str | None] | None = None,
     ) -> None:
         self.broker = broker
         self.listener = listener if listener is not None else ListenerConfig()
         self.policy = policy
+        self.origin = origin
+
+    def for_origin(self, origin: tuple[str, str | None] | None) -> ListenerContext:
+        """This context, for a connection whose client a PROXY header named (None: itself)."""
+        if origin is None:
+            return self
+        return ListenerContext(self.broker, self.listener, self.policy, origin)
 
 
 class MQTTProtocol:
     """An asyncio protocol (it has every method of ``asyncio.Protocol``, and is compiled, so it
-    does not derive from that Python class: the event loop calls a read straight into C).
-    ``origin``: (name, address) of a client a PROXY protocol header named (proxy.py), which
-    the log and the per-address limit then use instead of the socket's peer."""
+    does not derive from that Python class: the event loop calls a read straight into C)."""
 
     __slots__ = (
         "context",
         "transport",
         "conn",
-        "origin",
         "lingering",
         "grace",
     )
 
-    def __init__(
-        self, context: ListenerContext, origin: tuple[str, str | None] | None = None
-    ) -> None:
+    def __init__(self, context: ListenerContext) -> None:
         self.context = context
         self.transport: asyncio.Transport | None = None
         self.conn: Connection | None = None
-        self.origin = origin
         self.lingering = -1  # while lingering: the bytes discarded so far
         self.grace: Graces | None = None  # where the abort after CLOSE_GRACE is armed, once it is
 
@@ -153,11 +158,11 @@ class MQTTProtocol:
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
-        if self.origin is None:
+        context = self.context
+        if context.origin is None:
             name, address = peer_name(transport.get_extra_info("peername")), None
         else:
-            name, address = self.origin
-        context = self.context
+            name, address = context.origin
         field = context.listener.tls_certificate_username
         user = None
         if field != "none":

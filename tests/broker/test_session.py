@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from support.harness import PERSISTENT, Client, Harness, Prop, pair, pk, queued_while_away, window
 
+from mqttbroker.broker.connect import SHARED_LIMITS
 from mqttbroker.broker.session import DROP_LOG_INTERVAL
 
 EXPIRY = {Prop.SESSION_EXPIRY_INTERVAL: 300}  # a session that outlives its connection
@@ -94,6 +95,32 @@ def test_receive_maximum_respected(h: Harness) -> None:
     assert [p.payload for p in rest] == [b"3", b"4"]
     subscriber.puback(rest[0].packet_id)
     assert [p.payload for p in subscriber.publishes()] == [b"5"]
+
+
+def test_clients_that_ask_the_same_share_what_they_asked(h: Harness) -> None:
+    """What a CONNECT asked of what its client is sent (Receive Maximum, Maximum Packet Size,
+    Topic Alias Maximum, Request Problem Information) is one object, shared by the clients that
+    asked the same; each client is still held to its own. The broker keeps at most
+    SHARED_LIMITS distinct ones: past them, a client's are its own."""
+    plain = [h.connect(f"plain-{i}") for i in range(3)]
+    assert plain[0].conn.limits is plain[1].conn.limits is plain[2].conn.limits
+    asked = {Prop.RECEIVE_MAXIMUM: 2, Prop.MAXIMUM_PACKET_SIZE: 4096}
+    small = [h.connect(f"small-{i}", properties=dict(asked)) for i in range(2)]
+    assert small[0].conn.limits is small[1].conn.limits is not plain[0].conn.limits
+    limits = small[0].conn.limits
+    assert (limits.send_quota, limits.max_send_size) == (2, 4096)
+    defaults = plain[0].conn.limits
+    assert (defaults.send_quota, defaults.max_send_size, defaults.alias_maximum) == (
+        min(65535, h.broker.options.max_inflight),
+        268_435_460,
+        0,
+    )
+    for i in range(SHARED_LIMITS + 10):
+        h.connect(f"many-{i}", properties={Prop.RECEIVE_MAXIMUM: 100 + i})
+    assert len(h.broker.client_limits) == SHARED_LIMITS
+    late = [h.connect(f"late-{i}", properties={Prop.RECEIVE_MAXIMUM: 7}) for i in range(2)]
+    assert late[0].conn.limits is not late[1].conn.limits
+    assert late[0].conn.limits.send_quota == late[1].conn.limits.send_quota == 7
 
 
 def test_receive_maximum_qos2_slot_freed_by_pubcomp(h: Harness) -> None:

@@ -210,12 +210,18 @@ def test_a_hooked_pass_asks_for_no_callback_and_is_flushed_at_its_end() -> None:
 
 def test_the_protocols_of_one_listener_share_what_it_gives_them() -> None:
     """A connection's protocol refers to its listener's broker, configuration and rules through
-    one object, the same for all its connections: compiled, a protocol is 88 bytes (it was 104
-    with a reference to each)."""
+    one object, the same for all its connections: compiled, a protocol is 80 bytes (it was 104
+    with a reference to each, 88 with a field for a PROXY header's client). A connection a PROXY
+    header named has a context of its own, with that client."""
     shared = ListenerContext(Broker(BrokerOptions()))
     first, second = MQTTProtocol(shared), MQTTProtocol(shared)
-    assert first.context is second.context is shared
+    assert first.context is second.context is shared and shared.origin is None
+    assert shared.for_origin(None) is shared
+    proxied = MQTTProtocol(shared.for_origin(("10.0.0.7:4242", "10.0.0.7")))
+    assert proxied.context.origin == ("10.0.0.7:4242", "10.0.0.7")
+    assert proxied.context.broker is shared.broker and proxied.context.policy is shared.policy
+    assert proxied.context.listener is shared.listener and shared.origin is None
     if compiled.mode == "compiled":
-        assert sys.getsizeof(first) <= 88, sys.getsizeof(first)
+        assert sys.getsizeof(first) <= 80, sys.getsizeof(first)
     else:
         assert not hasattr(first, "__dict__")
