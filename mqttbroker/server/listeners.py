@@ -71,9 +71,7 @@ class Listener:
         await self.server.wait_closed()
 
 
-def _protocol(
-    shared: ListenerContext, origin: tuple[str, str | None] | None
-) -> asyncio.BaseProtocol:
+def _protocol(shared: ListenerContext, origin: tuple[str, str | None]) -> asyncio.BaseProtocol:
     # MQTTProtocol has every method of asyncio.Protocol but, compiled, not that base class
     return cast(asyncio.BaseProtocol, MQTTProtocol(shared.for_origin(origin)))
 

@@ -124,10 +124,8 @@ class ListenerContext:
         self.policy = policy
         self.origin = origin
 
-    def for_origin(self, origin: tuple[str, str | None] | None) -> ListenerContext:
-        """This context, for a connection whose client a PROXY header named (None: itself)."""
-        if origin is None:
-            return self
+    def for_origin(self, origin: tuple[str, str | None]) -> ListenerContext:
+        """This context, for a connection whose client a PROXY header named ``origin``."""
         return ListenerContext(self.broker, self.listener, self.policy, origin)
 
 

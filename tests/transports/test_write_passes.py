@@ -216,8 +216,8 @@ def test_the_protocols_of_one_listener_share_what_it_gives_them() -> None:
     shared = ListenerContext(Broker(BrokerOptions()))
     first, second = MQTTProtocol(shared), MQTTProtocol(shared)
     assert first.context is second.context is shared and shared.origin is None
-    assert shared.for_origin(None) is shared
     proxied = MQTTProtocol(shared.for_origin(("10.0.0.7:4242", "10.0.0.7")))
+    assert proxied.context is not shared
     assert proxied.context.origin == ("10.0.0.7:4242", "10.0.0.7")
     assert proxied.context.broker is shared.broker and proxied.context.policy is shared.policy
     assert proxied.context.listener is shared.listener and shared.origin is None
